@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs every Debian package mmfeed needs to build, test and run its demo.
+# Usage: scripts/setup.sh [--bench]   (--bench adds the Python baselines: torch, torchvision)
+set -euo pipefail
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+PKGS=(
+  build-essential cmake pkg-config ninja-build
+  libasio-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libconcurrentqueue-dev
+  nlohmann-json3-dev libssl-dev
+  libopencv-dev libturbojpeg0-dev libjpeg62-turbo-dev libnuma-dev libsystemd-dev
+  libavformat-dev libavcodec-dev libavutil-dev libswscale-dev libswresample-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-numpy
+)
+if [ "${1:-}" = "--bench" ]; then
+  PKGS+=(python3-torch python3-torchvision python3-pil)
+fi
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update
+  $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+fi
