@@ -1,0 +1,55 @@
+// mmfeedctl: talks to a running mmfeedd.
+//
+//   mmfeedctl [--socket PATH] status [--json]   per-stage profile, consumers, errors
+//   mmfeedctl [--socket PATH] stop              drain and exit
+#include <cstdio>
+#include <string>
+
+#include "client/client.h"
+#include "stages/runtime/profile.h"
+
+using namespace mmfeed;
+
+int main(int argc, char** argv) {
+  std::string socket_path = "/tmp/mmfeed.sock", cmd;
+  if (const char* s = std::getenv("MMFEED_SOCKET")) socket_path = s;
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--socket" && i + 1 < argc) socket_path = argv[++i];
+    else if (a == "--json") json = true;
+    else if (cmd.empty() && (a == "status" || a == "stop")) cmd = a;
+    else {
+      std::fprintf(stderr, "usage: mmfeedctl [--socket PATH] status [--json] | stop\n");
+      return 2;
+    }
+  }
+  if (cmd.empty()) {
+    std::fprintf(stderr, "usage: mmfeedctl [--socket PATH] status [--json] | stop\n");
+    return 2;
+  }
+  Result<nlohmann::json> reply = ControlRequest(socket_path, {{"cmd", cmd}});
+  if (!reply.ok()) {
+    std::fprintf(stderr, "mmfeedctl: %s\n", reply.status().message().c_str());
+    return 1;
+  }
+  if (cmd == "stop") {
+    std::printf("stopping\n");
+    return 0;
+  }
+  const nlohmann::json& s = (*reply)["status"];
+  if (json) {
+    std::printf("%s\n", s.dump(2).c_str());
+    return 0;
+  }
+  std::printf("pipeline %s (pid %d): %s\n", s["pipeline"].get<std::string>().c_str(), s["pid"].get<int>(),
+              s["state"].get<std::string>().c_str());
+  for (const auto& r : s["consumers"])
+    std::printf("  rank %d: %s, %lu published, %lu released\n", r["rank"].get<int>(),
+                r["attached"].get<bool>() ? ("pid " + std::to_string(r["pid"].get<int>())).c_str() : "not attached",
+                static_cast<unsigned long>(r["published"].get<uint64_t>()),
+                static_cast<unsigned long>(r["released"].get<uint64_t>()));
+  std::printf("%s", FormatProfile(s["profile"]).c_str());
+  std::printf("errors: %lu\n", static_cast<unsigned long>(s["profile"]["errors"]["total"].get<uint64_t>()));
+  return 0;
+}

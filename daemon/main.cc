@@ -1,0 +1,256 @@
+// mmfeedd: the mmfeed daemon. Loads a pipeline graph, runs it, and serves batches to trainer
+// processes through shared-memory rings. See README.md and docs/threads.md.
+//
+//   mmfeedd --config FILE [--socket PATH] [--drain-timeout SECONDS] [--log-level LEVEL]
+//   mmfeedd --check FILE        validate a config and exit (0 ok, 2 invalid)
+//   mmfeedd --list-stages       print every stage type and its parameters
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <asio.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <optional>
+
+#include "daemon/control_server.h"
+#include "daemon/ring_sink.h"
+#include "stages/runtime/config.h"
+#include "stages/runtime/pipeline.h"
+#include "stages/runtime/registry.h"
+
+namespace mmfeed {
+namespace {
+
+constexpr int kExitConfig = 2;
+
+struct Options {
+  std::string config, check, socket = "/tmp/mmfeed.sock", log_level = "info";
+  double drain_timeout = 30;
+  bool list_stages = false;
+};
+
+[[noreturn]] void Usage(int code) {
+  std::fprintf(code ? stderr : stdout,
+               "usage: mmfeedd --config FILE [--socket PATH] [--drain-timeout SECONDS] [--log-level LEVEL]\n"
+               "       mmfeedd --check FILE\n"
+               "       mmfeedd --list-stages\n");
+  std::exit(code);
+}
+
+Options ParseArgs(int argc, char** argv) {
+  Options o;
+  if (const char* s = std::getenv("MMFEED_SOCKET")) o.socket = s;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) Usage(kExitConfig);
+      return argv[++i];
+    };
+    if (a == "--config") o.config = value();
+    else if (a == "--check") o.check = value();
+    else if (a == "--socket") o.socket = value();
+    else if (a == "--drain-timeout") o.drain_timeout = std::atof(value().c_str());
+    else if (a == "--log-level") o.log_level = value();
+    else if (a == "--list-stages") o.list_stages = true;
+    else if (a == "--help" || a == "-h") Usage(0);
+    else {
+      std::fprintf(stderr, "mmfeedd: unknown argument '%s'\n", a.c_str());
+      Usage(kExitConfig);
+    }
+  }
+  if (!o.list_stages && o.config.empty() && o.check.empty()) Usage(kExitConfig);
+  return o;
+}
+
+// Bytes of ids a slot reserves per sample; a longer id fails its sample.
+constexpr uint64_t kMaxIdBytes = 256;
+
+class Daemon {
+ public:
+  Daemon(PipelineConfig cfg, Options opt) : cfg_(std::move(cfg)), opt_(std::move(opt)), timer_(io_) {}
+
+  int Run() {
+    // Rings first: their size is known from the stage specs, and running out of memory
+    // must be an error now, not later.
+    std::vector<uint64_t> tensor_bytes;
+    for (const std::string& in : cfg_.stages[cfg_.batch_stage].inputs)
+      for (const StageConfig& s : cfg_.stages)
+        if (s.name == in)
+          for (const TensorSpec& t : s.stage->OutputSpecs()) tensor_bytes.push_back(t.NumBytes() * cfg_.batch_size);
+    uint64_t slot_bytes = shm::SlotBytesFor(kMaxIdBytes * cfg_.batch_size, tensor_bytes);
+    std::vector<BatchSink*> sinks;
+    for (int r = 0; r < cfg_.consumers; ++r) {
+      auto ring = shm::RingWriter::Create(r, cfg_.consumers, cfg_.ring_slots, slot_bytes);
+      if (!ring.ok()) {
+        spdlog::error("{}", ring.status().message());
+        return 1;
+      }
+      sinks_.push_back(std::make_unique<RingSink>(r, std::move(ring.value()), cfg_.pending_batches));
+      sinks.push_back(sinks_.back().get());
+    }
+    spdlog::info("{} ring(s) of {} slots x {:.1f} MiB", cfg_.consumers, cfg_.ring_slots, slot_bytes / 1048576.0);
+    auto pipeline = Pipeline::Create(cfg_, sinks);
+    if (!pipeline.ok()) {
+      spdlog::error("{}", pipeline.status().message());
+      return kExitConfig;
+    }
+    pipeline_ = std::move(pipeline.value());
+    for (auto& s : sinks_) pipeline_->AddProfiledStage(s->info());
+    attached_.assign(cfg_.consumers, 0);
+
+    ControlServer server(io_, opt_.socket, {
+        [this](int rank, int pid) { return Attach(rank, pid); },
+        [this](int rank, int pid) { Detach(rank, pid); },
+        [this] { return StatusJson(); },
+        [this] { BeginDrain("stop requested"); },
+    });
+    Status st = server.Listen();
+    if (!st.ok()) {
+      spdlog::error("{}", st.message());
+      return 1;
+    }
+    asio::signal_set signals(io_, SIGINT, SIGTERM, SIGHUP);
+    WaitSignal(signals);
+    for (auto& s : sinks_) s->Start();
+    pipeline_->Start();
+    spdlog::info("serving on {}", opt_.socket);
+    Tick();
+    io_.run();
+
+    pipeline_->Wait();
+    for (auto& s : sinks_) s->Join();
+    return Report();
+  }
+
+ private:
+  Result<std::pair<int, nlohmann::json>> Attach(int rank, int pid) {
+    if (rank < 0 || rank >= cfg_.consumers)
+      return Status::Invalid(fmt::format("rank {} out of range: this pipeline has {} consumer rank(s)", rank, cfg_.consumers));
+    if (attached_[rank])
+      return Status::Invalid(fmt::format("rank {} is already attached (pid {})", rank, attached_[rank]));
+    attached_[rank] = pid;
+    shm::RingWriter& ring = sinks_[rank]->ring();
+    spdlog::info("rank {} attached (pid {})", rank, pid);
+    return std::make_pair(ring.fd(), nlohmann::json{{"rank", rank}, {"ring_bytes", ring.size()},
+                                                    {"consumers", cfg_.consumers}, {"pipeline", cfg_.name}});
+  }
+
+  void Detach(int rank, int pid) {
+    attached_[rank] = 0;
+    int n = sinks_[rank]->ring().Reclaim();
+    spdlog::info("rank {} detached (pid {}); {} unreleased batch(es) will be delivered again", rank, pid, n);
+  }
+
+  nlohmann::json StatusJson() {
+    nlohmann::json ranks = nlohmann::json::array();
+    for (int r = 0; r < cfg_.consumers; ++r)
+      ranks.push_back({{"rank", r}, {"pid", attached_[r]}, {"attached", attached_[r] != 0},
+                       {"published", sinks_[r]->ring().published()}, {"released", sinks_[r]->ring().released()}});
+    return {{"pipeline", cfg_.name}, {"state", draining_ ? "draining" : pipeline_->Finished() ? "finished" : "running"},
+            {"pid", getpid()}, {"consumers", ranks}, {"profile", pipeline_->Profile()}};
+  }
+
+  void WaitSignal(asio::signal_set& signals) {
+    signals.async_wait([this, &signals](std::error_code ec, int sig) {
+      if (ec) return;
+      if (sig == SIGHUP) spdlog::warn("SIGHUP: config reload is not supported yet; ignoring");
+      else BeginDrain(sig == SIGINT ? "SIGINT" : "SIGTERM");
+      WaitSignal(signals);
+    });
+  }
+
+  void BeginDrain(const std::string& why) {
+    if (draining_) return;
+    draining_ = true;
+    drain_deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int>(opt_.drain_timeout * 1000));
+    spdlog::info("{}: draining (up to {:.0f}s for trainers to take the produced batches)", why, opt_.drain_timeout);
+    pipeline_->RequestStop();
+  }
+
+  // Every 100 ms: exit once every produced batch was taken, or the drain timed out.
+  void Tick() {
+    timer_.expires_after(std::chrono::milliseconds(100));
+    timer_.async_wait([this](std::error_code ec) {
+      if (ec) return;
+      bool all_done = pipeline_->Finished();
+      for (auto& s : sinks_) all_done = all_done && s->done() && s->ring().Drained();
+      if (all_done) {
+        io_.stop();
+        return;
+      }
+      if (!pipeline_->status().ok() && !draining_) BeginDrain("on_error: fail");
+      if (draining_ && std::chrono::steady_clock::now() > drain_deadline_) {
+        spdlog::warn("drain timed out");
+        for (auto& s : sinks_) s->Abort();
+        pipeline_->RequestStop();
+        if (pipeline_->Finished()) {
+          io_.stop();
+          return;
+        }
+      }
+      Tick();
+    });
+  }
+
+  int Report() {
+    nlohmann::json profile = pipeline_->Profile();
+    std::string text = FormatProfile(profile);
+    uint64_t written = 0, undelivered = 0, unreleased = 0;
+    for (auto& s : sinks_) {
+      written += s->batches_written();
+      undelivered += s->batches_undelivered();
+      unreleased += s->ring().published() - s->ring().released();
+    }
+    const auto& errors = profile["errors"];
+    std::fprintf(stderr, "mmfeedd profile:\n%s", text.c_str());
+    std::fprintf(stderr, "batches: %lu published, %lu taken and released, %lu left in rings, %lu never published; "
+                 "samples skipped: %lu\n",
+                 static_cast<unsigned long>(written), static_cast<unsigned long>(written - unreleased),
+                 static_cast<unsigned long>(unreleased), static_cast<unsigned long>(undelivered),
+                 static_cast<unsigned long>(errors["total"].get<uint64_t>()));
+    Status st = pipeline_->status();
+    if (!st.ok()) {
+      std::fprintf(stderr, "mmfeedd: stopped on error: %s\n", st.message().c_str());
+      return 1;
+    }
+    return 0;
+  }
+
+  PipelineConfig cfg_;
+  Options opt_;
+  asio::io_context io_;
+  asio::steady_timer timer_;
+  std::vector<std::unique_ptr<RingSink>> sinks_;
+  std::unique_ptr<Pipeline> pipeline_;
+  std::vector<int> attached_;
+  bool draining_ = false;
+  std::chrono::steady_clock::time_point drain_deadline_;
+};
+
+}  // namespace
+}  // namespace mmfeed
+
+int main(int argc, char** argv) {
+  using namespace mmfeed;
+  Options opt = ParseArgs(argc, argv);
+  spdlog::set_level(spdlog::level::from_str(opt.log_level));
+  spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
+  if (opt.list_stages) {
+    std::fputs(Registry::Get().Describe().c_str(), stdout);
+    return 0;
+  }
+  std::string file = opt.check.empty() ? opt.config : opt.check;
+  Result<PipelineConfig> cfg = LoadConfigFile(file);
+  if (!cfg.ok()) {
+    std::fprintf(stderr, "%s\n", cfg.status().message().c_str());
+    return kExitConfig;
+  }
+  if (!opt.check.empty()) {
+    std::printf("%s: ok (%zu stages, %d consumer rank(s))\n", file.c_str(), cfg->stages.size(), cfg->consumers);
+    return 0;
+  }
+  Daemon daemon(std::move(cfg.value()), opt);
+  return daemon.Run();
+}

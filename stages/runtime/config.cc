@@ -1,0 +1,359 @@
+#include "stages/runtime/config.h"
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+
+#include "stages/source/brace.h"
+
+namespace mmfeed {
+namespace {
+
+// Thrown inside the parser only; ParseConfig turns it into one Status.
+struct ConfigError {
+  YAML::Mark mark;
+  std::string message;
+};
+
+[[noreturn]] void Fail(const YAML::Node& node, std::string message) {
+  throw ConfigError{node.Mark(), std::move(message)};
+}
+
+ConfigMark ToMark(const YAML::Mark& m) { return {m.line + 1, m.column + 1}; }
+
+std::string Describe(const YAML::Node& n) {
+  if (n.IsScalar()) return "'" + n.Scalar() + "'";
+  if (n.IsSequence()) return "a list";
+  if (n.IsMap()) return "a mapping";
+  return "nothing";
+}
+
+// Checks that `map` is a mapping whose keys are all in `allowed`.
+void CheckKeys(const YAML::Node& map, const std::string& what, const std::vector<std::string>& allowed) {
+  if (!map.IsMap()) Fail(map, fmt::format("{} must be a mapping, got {}", what, Describe(map)));
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    std::string key = it->first.as<std::string>();
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end())
+      Fail(it->first, fmt::format("unknown key '{}' in {}; expected one of: {}", key, what,
+                                  fmt::join(allowed, ", ")));
+  }
+}
+
+template <typename T>
+T Scalar(const YAML::Node& n, const std::string& what, const char* type_name) {
+  if (!n.IsScalar()) Fail(n, fmt::format("{} must be {}, got {}", what, type_name, Describe(n)));
+  try {
+    return n.as<T>();
+  } catch (const YAML::Exception&) {
+    Fail(n, fmt::format("{} must be {}, got {}", what, type_name, Describe(n)));
+  }
+}
+
+int64_t Int(const YAML::Node& n, const std::string& what) { return Scalar<int64_t>(n, what, "an integer"); }
+bool Bool(const YAML::Node& n, const std::string& what) { return Scalar<bool>(n, what, "true or false"); }
+std::string Str(const YAML::Node& n, const std::string& what) {
+  return Scalar<std::string>(n, what, "a string");
+}
+double Float(const YAML::Node& n, const std::string& what) { return Scalar<double>(n, what, "a number"); }
+
+int64_t IntAtLeast(const YAML::Node& n, const std::string& what, int64_t min) {
+  int64_t v = Int(n, what);
+  if (v < min) Fail(n, fmt::format("{} must be at least {}, got {}", what, min, v));
+  return v;
+}
+
+Placement ParsePlacement(const YAML::Node& n, const std::string& what) {
+  CheckKeys(n, what, {"numa_node"});
+  Placement p;
+  if (n["numa_node"]) p.numa_node = static_cast<int>(IntAtLeast(n["numa_node"], what + ".numa_node", 0));
+  return p;
+}
+
+ParamValue ParseParam(const ParamSpec& spec, const YAML::Node& n, const std::string& what) {
+  auto list = [&](auto elem) {
+    if (!n.IsSequence())
+      Fail(n, fmt::format("{} must be a {}, got {}", what, ParamTypeName(spec.type), Describe(n)));
+    if (spec.list_size && static_cast<int>(n.size()) != spec.list_size)
+      Fail(n, fmt::format("{} must have {} values, got {}", what, spec.list_size, n.size()));
+    std::vector<decltype(elem(n))> out;
+    for (size_t i = 0; i < n.size(); ++i) out.push_back(elem(n[i]));
+    return out;
+  };
+  switch (spec.type) {
+    case ParamType::kBool: return Bool(n, what);
+    case ParamType::kInt: return Int(n, what);
+    case ParamType::kFloat: return Float(n, what);
+    case ParamType::kString: {
+      std::string s = Str(n, what);
+      if (!spec.choices.empty() &&
+          std::find(spec.choices.begin(), spec.choices.end(), s) == spec.choices.end())
+        Fail(n, fmt::format("{} must be one of {}, got '{}'", what, fmt::join(spec.choices, ", "), s));
+      return s;
+    }
+    case ParamType::kIntList:
+      return list([&](const YAML::Node& e) { return Int(e, what + " element"); });
+    case ParamType::kFloatList:
+      return list([&](const YAML::Node& e) { return Float(e, what + " element"); });
+  }
+  Fail(n, "unsupported parameter type");
+}
+
+std::string Resolve(const std::string& base_dir, const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  return (std::filesystem::path(base_dir) / path).lexically_normal().string();
+}
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (*end != 0 || x < 0) return fallback;
+  return static_cast<int>(x);
+}
+
+SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir) {
+  CheckKeys(n, "source", {"type", "path", "shuffle", "seed", "epochs", "node_rank", "num_nodes", "fields"});
+  SourceConfig s;
+  if (!n["type"]) Fail(n, "source needs a 'type' (manifest or webdataset)");
+  s.type = Str(n["type"], "source.type");
+  if (s.type != "manifest" && s.type != "webdataset")
+    Fail(n["type"], fmt::format("unknown source type '{}'; expected manifest or webdataset", s.type));
+  if (!n["path"]) Fail(n, "source needs a 'path'");
+  s.path = Resolve(base_dir, Str(n["path"], "source.path"));
+  s.path_mark = ToMark(n["path"].Mark());
+  if (n["shuffle"]) s.shuffle = Bool(n["shuffle"], "source.shuffle");
+  if (n["seed"]) s.seed = static_cast<uint64_t>(IntAtLeast(n["seed"], "source.seed", 0));
+  if (n["epochs"]) s.epochs = static_cast<int>(IntAtLeast(n["epochs"], "source.epochs", 0));
+  s.node_rank = EnvInt("NODE_RANK", 0);
+  s.num_nodes = EnvInt("NUM_NODES", 1);
+  if (n["node_rank"]) s.node_rank = static_cast<int>(IntAtLeast(n["node_rank"], "source.node_rank", 0));
+  if (n["num_nodes"]) s.num_nodes = static_cast<int>(IntAtLeast(n["num_nodes"], "source.num_nodes", 1));
+  if (s.num_nodes < 1) s.num_nodes = 1;
+  if (s.node_rank >= s.num_nodes)
+    Fail(n["node_rank"] ? n["node_rank"] : n,
+         fmt::format("node_rank {} must be below num_nodes {}", s.node_rank, s.num_nodes));
+  s.fields = {{"image", {"jpg", "jpeg", "png", "webp", "bmp"}},
+              {"text", {"txt", "caption", "text"}},
+              {"video", {"mp4", "mkv", "webm"}},
+              {"audio", {"flac", "wav", "mp3", "ogg", "opus", "m4a"}}};
+  if (n["fields"]) {
+    const YAML::Node& f = n["fields"];
+    if (!f.IsMap()) Fail(f, "source.fields must map field names to lists of extensions");
+    for (auto it = f.begin(); it != f.end(); ++it) {
+      std::vector<std::string> exts;
+      if (it->second.IsScalar()) exts.push_back(it->second.Scalar());
+      else if (it->second.IsSequence())
+        for (const auto& e : it->second) exts.push_back(Str(e, "source.fields extension"));
+      else Fail(it->second, "source.fields values must be an extension or a list of them");
+      s.fields[it->first.as<std::string>()] = exts;
+    }
+  }
+  // The data must be there before anything starts.
+  if (s.type == "manifest") {
+    if (!std::filesystem::is_regular_file(s.path))
+      Fail(n["path"], fmt::format("manifest '{}' not found", s.path));
+  } else {
+    Result<std::vector<std::string>> shards = ExpandBraces(s.path);
+    if (!shards.ok()) Fail(n["path"], shards.status().message());
+    for (const std::string& shard : *shards)
+      if (!std::filesystem::is_regular_file(shard))
+        Fail(n["path"], fmt::format("shard '{}' not found", shard));
+  }
+  return s;
+}
+
+void ParseStageParams(StageConfig* sc, const YAML::Node& stage_node, const std::string& base_dir) {
+  const YAML::Node params = stage_node["params"];
+  const StageSchema& schema = *sc->schema;
+  std::string where = fmt::format("stage '{}' ({})", sc->name, sc->type);
+  std::set<std::string> given;
+  if (params) {
+    if (!params.IsMap()) Fail(params, fmt::format("params of {} must be a mapping", where));
+    for (auto it = params.begin(); it != params.end(); ++it) {
+      std::string key = it->first.as<std::string>();
+      auto spec = std::find_if(schema.params.begin(), schema.params.end(),
+                               [&](const ParamSpec& p) { return p.name == key; });
+      if (spec == schema.params.end()) {
+        std::vector<std::string> names;
+        for (const auto& p : schema.params) names.push_back(p.name);
+        Fail(it->first, fmt::format("unknown parameter '{}' for {}; known: {}", key, where,
+                                    fmt::join(names, ", ")));
+      }
+      sc->params.Set(key, ParseParam(*spec, it->second, fmt::format("{}.{}", sc->name, key)));
+      given.insert(key);
+    }
+  }
+  for (const ParamSpec& p : schema.params) {
+    if (given.count(p.name)) continue;
+    if (!p.default_value)
+      Fail(params ? params : stage_node, fmt::format("{} needs parameter '{}' ({})", where, p.name, p.doc));
+    sc->params.Set(p.name, *p.default_value);
+  }
+  if (schema.factory) {
+    Result<std::unique_ptr<Stage>> stage = schema.factory({sc->name, sc->params, base_dir});
+    if (!stage.ok()) Fail(params ? params : stage_node, fmt::format("{}: {}", where, stage.status().message()));
+    sc->stage = std::move(stage.value());
+  }
+}
+
+StageConfig ParseStage(const YAML::Node& n, const std::string& base_dir) {
+  CheckKeys(n, "a stage", {"name", "type", "field", "inputs", "workers", "queue", "params", "placement"});
+  StageConfig sc;
+  sc.mark = ToMark(n.Mark());
+  if (!n["name"]) Fail(n, "stage needs a 'name'");
+  sc.name = Str(n["name"], "stage name");
+  if (!n["type"]) Fail(n, fmt::format("stage '{}' needs a 'type'", sc.name));
+  sc.type = Str(n["type"], "stage type");
+  sc.schema = Registry::Get().Find(sc.type);
+  if (!sc.schema)
+    Fail(n["type"], fmt::format("unknown stage type '{}'; known types: {}", sc.type,
+                                fmt::join(Registry::Get().Types(), ", ")));
+  if (sc.schema->kind == StageKind::kField) {
+    if (n["inputs"]) Fail(n["inputs"], fmt::format("stage '{}' ({}) reads a source field: use 'field:', not 'inputs:'", sc.name, sc.type));
+    if (!n["field"]) Fail(n, fmt::format("stage '{}' ({}) needs a 'field' naming the source field it reads", sc.name, sc.type));
+    sc.field = Str(n["field"], "field");
+  } else {
+    if (n["field"]) Fail(n["field"], fmt::format("stage '{}' ({}) takes 'inputs:', not 'field:'", sc.name, sc.type));
+    if (!n["inputs"] || !n["inputs"].IsSequence() || n["inputs"].size() == 0)
+      Fail(n["inputs"] ? n["inputs"] : n, fmt::format("stage '{}' ({}) needs 'inputs:', a list of stage names", sc.name, sc.type));
+    for (const auto& i : n["inputs"]) sc.inputs.push_back(Str(i, "input"));
+  }
+  if (n["workers"]) sc.workers = static_cast<int>(IntAtLeast(n["workers"], "workers", 1));
+  if (sc.schema->kind == StageKind::kBatch && sc.workers != 1)
+    Fail(n["workers"], "a batch stage runs on one thread; remove 'workers'");
+  if (n["queue"]) sc.queue = static_cast<int>(IntAtLeast(n["queue"], "queue", 1));
+  if (n["placement"]) sc.placement = ParsePlacement(n["placement"], "placement");
+  ParseStageParams(&sc, n, base_dir);
+  return sc;
+}
+
+// Checks names, inputs and cycles over the whole graph.
+void ValidateGraph(PipelineConfig* cfg, const YAML::Node& stages) {
+  std::map<std::string, int> index;
+  for (size_t i = 0; i < cfg->stages.size(); ++i) {
+    const StageConfig& s = cfg->stages[i];
+    if (!index.emplace(s.name, static_cast<int>(i)).second)
+      Fail(stages[i]["name"], fmt::format("duplicate stage name '{}'", s.name));
+  }
+  for (size_t i = 0; i < cfg->stages.size(); ++i) {
+    const StageConfig& s = cfg->stages[i];
+    for (size_t k = 0; k < s.inputs.size(); ++k)
+      if (!index.count(s.inputs[k]))
+        Fail(stages[i]["inputs"][k], fmt::format("stage '{}' reads input '{}', but no stage has that name", s.name, s.inputs[k]));
+  }
+  // Depth-first search for a cycle through `inputs`.
+  std::vector<int> state(cfg->stages.size(), 0);  // 0 new, 1 on stack, 2 done
+  std::vector<std::string> path;
+  std::function<void(int)> visit = [&](int i) {
+    state[i] = 1;
+    path.push_back(cfg->stages[i].name);
+    for (const std::string& in : cfg->stages[i].inputs) {
+      int j = index[in];
+      if (state[j] == 1) {
+        path.push_back(in);
+        Fail(stages[i], fmt::format("the stages form a cycle: {}", fmt::join(path, " -> ")));
+      }
+      if (state[j] == 0) visit(j);
+    }
+    path.pop_back();
+    state[i] = 2;
+  };
+  for (size_t i = 0; i < cfg->stages.size(); ++i)
+    if (state[i] == 0) visit(static_cast<int>(i));
+
+  std::vector<int> batches;
+  for (size_t i = 0; i < cfg->stages.size(); ++i)
+    if (cfg->stages[i].schema->kind == StageKind::kBatch) batches.push_back(static_cast<int>(i));
+  if (batches.size() != 1)
+    Fail(stages, fmt::format("a pipeline needs exactly one batch stage, found {}", batches.size()));
+  cfg->batch_stage = batches[0];
+  const StageConfig& batch = cfg->stages[batches[0]];
+  for (size_t k = 0; k < batch.inputs.size(); ++k)
+    if (cfg->stages[index[batch.inputs[k]]].schema->kind != StageKind::kField)
+      Fail(stages[batches[0]]["inputs"][k], "a batch stage's inputs must be processing stages");
+  for (size_t i = 0; i < cfg->stages.size(); ++i) {
+    const StageConfig& s = cfg->stages[i];
+    if (s.schema->kind == StageKind::kField &&
+        std::find(batch.inputs.begin(), batch.inputs.end(), s.name) == batch.inputs.end())
+      Fail(stages[i], fmt::format("the output of stage '{}' is not used: add it to the inputs of batch stage '{}'", s.name, batch.name));
+  }
+  cfg->batch_size = batch.params.GetInt("batch_size");
+  cfg->drop_last = batch.params.GetBool("drop_last");
+  if (cfg->batch_size < 1) Fail(stages[batches[0]], "batch_size must be at least 1");
+  // Every tensor name must be unique across stages: they share one tensor table.
+  std::set<std::string> tensor_names;
+  for (const std::string& in : batch.inputs)
+    for (const TensorSpec& t : cfg->stages[index[in]].stage->OutputSpecs())
+      if (!tensor_names.insert(t.name).second)
+        Fail(stages[index[in]], fmt::format("two stages produce a tensor named '{}'", t.name));
+}
+
+PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
+  PipelineConfig cfg;
+  cfg.file = file;
+  cfg.base_dir = std::filesystem::path(file).parent_path().string();
+  if (cfg.base_dir.empty()) cfg.base_dir = ".";
+  CheckKeys(root, "the pipeline config",
+            {"pipeline", "source", "consumers", "stages", "output", "on_error", "placement"});
+  if (root["pipeline"]) cfg.name = Str(root["pipeline"], "pipeline");
+  if (!root["source"]) Fail(root, "the config needs a 'source'");
+  cfg.source = ParseSource(root["source"], cfg.base_dir);
+  if (root["consumers"]) cfg.consumers = static_cast<int>(IntAtLeast(root["consumers"], "consumers", 1));
+  if (cfg.consumers > 64) Fail(root["consumers"], "consumers must be at most 64");
+  if (root["on_error"]) {
+    std::string p = Str(root["on_error"], "on_error");
+    if (p == "skip") cfg.on_error = ErrorPolicy::kSkip;
+    else if (p == "fail") cfg.on_error = ErrorPolicy::kFail;
+    else Fail(root["on_error"], fmt::format("on_error must be skip or fail, got '{}'", p));
+  }
+  if (root["placement"]) cfg.placement = ParsePlacement(root["placement"], "placement");
+  if (root["output"]) {
+    const YAML::Node& o = root["output"];
+    CheckKeys(o, "output", {"ring_slots", "pending_batches"});
+    if (o["ring_slots"]) cfg.ring_slots = static_cast<int>(IntAtLeast(o["ring_slots"], "output.ring_slots", 2));
+    if (cfg.ring_slots > 1024) Fail(o["ring_slots"], "output.ring_slots must be at most 1024");
+    if (o["pending_batches"])
+      cfg.pending_batches = static_cast<int>(IntAtLeast(o["pending_batches"], "output.pending_batches", 1));
+  }
+  const YAML::Node& stages = root["stages"];
+  if (!stages || !stages.IsSequence() || stages.size() == 0)
+    Fail(stages ? stages : root, "the config needs 'stages', a list of stages");
+  for (const auto& s : stages) {
+    cfg.stages.push_back(ParseStage(s, cfg.base_dir));
+    if (cfg.stages.back().placement.numa_node < 0) cfg.stages.back().placement = cfg.placement;
+  }
+  ValidateGraph(&cfg, stages);
+  return cfg;
+}
+
+}  // namespace
+
+Result<PipelineConfig> ParseConfig(const std::string& text, const std::string& file) {
+  try {
+    YAML::Node root = YAML::Load(text);
+    if (!root.IsMap()) throw ConfigError{root.Mark(), "the config must be a YAML mapping"};
+    return ParseRoot(root, file);
+  } catch (const ConfigError& e) {
+    if (e.mark.line < 0) return Status::Invalid(fmt::format("{}: {}", file, e.message));
+    return Status::Invalid(fmt::format("{}:{}:{}: {}", file, e.mark.line + 1, e.mark.column + 1, e.message));
+  } catch (const YAML::Exception& e) {
+    return Status::Invalid(fmt::format("{}:{}:{}: {}", file, e.mark.line + 1, e.mark.column + 1, e.msg));
+  }
+}
+
+Result<PipelineConfig> LoadConfigFile(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) return Status::NotFound(fmt::format("{}: cannot open config file", file));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseConfig(ss.str(), file);
+}
+
+}  // namespace mmfeed

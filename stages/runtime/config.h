@@ -1,0 +1,75 @@
+// The pipeline config: the YAML graph a user writes, parsed and validated in full before
+// anything starts. Every mistake is reported as "file:line:col: message". Parsing runs on the
+// supervisor thread; the resulting PipelineConfig is a plain value.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "stages/runtime/registry.h"
+#include "stages/runtime/status.h"
+
+namespace mmfeed {
+
+// Where a config item was written, for error messages.
+struct ConfigMark {
+  int line = 0;    // 1-based, 0 = unknown
+  int column = 0;  // 1-based
+};
+
+struct Placement {
+  int numa_node = -1;  // -1: every CPU the daemon may use
+};
+
+struct SourceConfig {
+  std::string type;        // manifest | webdataset
+  std::string path;        // resolved against the config's folder
+  bool shuffle = false;
+  uint64_t seed = 0;
+  int epochs = 1;          // 0 = forever
+  int node_rank = 0;
+  int num_nodes = 1;
+  // webdataset: logical field name -> member extensions that provide it
+  std::map<std::string, std::vector<std::string>> fields;
+  ConfigMark path_mark;
+};
+
+enum class ErrorPolicy { kSkip, kFail };
+
+struct StageConfig {
+  std::string name;
+  std::string type;
+  std::string field;                // kField stages
+  std::vector<std::string> inputs;  // kBatch stages
+  int workers = 1;
+  int queue = 0;  // mailbox capacity; 0 = default (4 x workers, at least 8)
+  Placement placement;
+  const StageSchema* schema = nullptr;
+  std::shared_ptr<Stage> stage;  // built by the factory during validation
+  Params params;
+  ConfigMark mark;
+};
+
+struct PipelineConfig {
+  std::string file;      // the config file's path
+  std::string base_dir;  // its folder
+  std::string name;      // `pipeline:`
+  SourceConfig source;
+  int consumers = 1;
+  std::vector<StageConfig> stages;  // in file order; the batch stage is `batch_stage`
+  int batch_stage = -1;
+  int64_t batch_size = 0;
+  bool drop_last = false;
+  int ring_slots = 8;
+  int pending_batches = 2;  // finished batches queued per rank in front of its ring
+  ErrorPolicy on_error = ErrorPolicy::kSkip;
+  Placement placement;
+};
+
+// Parses and validates `text` as if read from `file` (used for messages and relative paths).
+Result<PipelineConfig> ParseConfig(const std::string& text, const std::string& file);
+Result<PipelineConfig> LoadConfigFile(const std::string& file);
+
+}  // namespace mmfeed

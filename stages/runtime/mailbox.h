@@ -1,0 +1,66 @@
+// Mailbox<T>: the bounded, lock-free inbox of a stage. Any number of threads may Push and Pop
+// concurrently. Push blocks while the mailbox holds `capacity` items (back-pressure); Pop blocks
+// while it is empty. Close(n) wakes n poppers with an empty item (nullptr for unique_ptr), which
+// each takes as "no more input". Time spent blocked is added to the caller's counters so the
+// profile can tell a starved stage from a blocked one.
+#pragma once
+
+#include <concurrentqueue/blockingconcurrentqueue.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+namespace mmfeed {
+
+inline uint64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+template <typename T>
+class Mailbox {
+ public:
+  explicit Mailbox(size_t capacity) : capacity_(capacity), free_slots_(static_cast<ssize_t>(capacity)) {}
+  Mailbox(const Mailbox&) = delete;
+  Mailbox& operator=(const Mailbox&) = delete;
+
+  // Blocks while full. Adds the time spent waiting to *blocked_ns.
+  void Push(T item, std::atomic<uint64_t>* blocked_ns) {
+    if (!free_slots_.tryWait()) {
+      uint64_t t0 = NowNs();
+      free_slots_.wait();
+      blocked_ns->fetch_add(NowNs() - t0, std::memory_order_relaxed);
+    }
+    queue_.enqueue(std::move(item));
+  }
+
+  // Blocks while empty. Adds the time spent waiting to *starved_ns.
+  T Pop(std::atomic<uint64_t>* starved_ns) {
+    T item;
+    if (!queue_.try_dequeue(item)) {
+      uint64_t t0 = NowNs();
+      queue_.wait_dequeue(item);
+      starved_ns->fetch_add(NowNs() - t0, std::memory_order_relaxed);
+    }
+    if (item) free_slots_.signal();
+    return item;
+  }
+
+  // Wakes `poppers` blocked or future Pop calls with an empty item. Does not count against
+  // the capacity, so it never blocks.
+  void Close(int poppers) {
+    for (int i = 0; i < poppers; ++i) queue_.enqueue(T());
+  }
+
+  size_t SizeApprox() const { return queue_.size_approx(); }
+  size_t capacity() const { return capacity_; }
+
+ private:
+  size_t capacity_;
+  moodycamel::BlockingConcurrentQueue<T> queue_;
+  moodycamel::LightweightSemaphore free_slots_;
+};
+
+}  // namespace mmfeed

@@ -1,0 +1,93 @@
+#include "stages/runtime/profile.h"
+
+#include <fmt/format.h>
+#include <time.h>
+
+#include <algorithm>
+
+namespace mmfeed {
+
+uint64_t ThreadCpuNs() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
+}
+
+nlohmann::json BuildProfile(const std::vector<StageInfo>& stages, double wall_seconds) {
+  nlohmann::json out;
+  out["wall_seconds"] = wall_seconds;
+  nlohmann::json list = nlohmann::json::array();
+  double wall_ns = std::max(wall_seconds, 1e-9) * 1e9;
+  const StageInfo* worst = nullptr;
+  double worst_busy = -1;
+  const StageInfo* ring_blocked = nullptr;
+  double ring_blocked_share = 0;
+  for (const StageInfo& s : stages) {
+    const StageCounters& c = *s.counters;
+    double capacity_ns = wall_ns * std::max(1, s.workers);
+    double busy = c.busy_ns.load() / capacity_ns;
+    double starved = c.starved_ns.load() / capacity_ns;
+    double blocked = c.blocked_ns.load() / capacity_ns;
+    double cpu = c.busy_ns.load() ? static_cast<double>(c.cpu_ns.load()) / c.busy_ns.load() : 0;
+    double fill = 0;
+    if (s.queue_capacity && c.fill_samples.load())
+      fill = static_cast<double>(c.fill_sum.load()) / c.fill_samples.load() / s.queue_capacity;
+    nlohmann::json j = {{"name", s.name},           {"type", s.type},
+                        {"workers", s.workers},     {"items", c.items.load()},
+                        {"errors", c.errors.load()}, {"busy_seconds", c.busy_ns.load() / 1e9},
+                        {"busy_share", busy},       {"starved_share", starved},
+                        {"blocked_share", blocked}, {"cpu_share_of_busy", cpu},
+                        {"queue_capacity", s.queue_capacity}, {"queue_fill", fill}};
+    list.push_back(j);
+    if (s.type == "ring") {
+      if (blocked > ring_blocked_share) {
+        ring_blocked_share = blocked;
+        ring_blocked = &s;
+      }
+    } else if (busy > worst_busy) {
+      worst_busy = busy;
+      worst = &s;
+    }
+  }
+  out["stages"] = list;
+  nlohmann::json b;
+  if (ring_blocked && ring_blocked_share > 0.5) {
+    b = {{"stage", ring_blocked->name},
+         {"kind", "transfer"},
+         {"why", fmt::format("{} waited for trainers to release ring slots {:.0f}% of the time: the "
+                             "consumers, not mmfeed, limit throughput",
+                             ring_blocked->name, ring_blocked_share * 100)}};
+  } else if (worst) {
+    const StageCounters& c = *worst->counters;
+    double cpu = c.busy_ns.load() ? static_cast<double>(c.cpu_ns.load()) / c.busy_ns.load() : 0;
+    std::string kind = worst->type == "batch" ? "memory" : (cpu >= 0.6 ? "cpu" : "io");
+    b = {{"stage", worst->name},
+         {"kind", kind},
+         {"why", fmt::format("{} workers were busy {:.0f}% of the time ({:.0f}% of that on CPU)",
+                             worst->name, worst_busy * 100, cpu * 100)}};
+  }
+  out["bottleneck"] = b;
+  return out;
+}
+
+std::string FormatProfile(const nlohmann::json& p) {
+  std::string s = fmt::format("{:<12} {:>7} {:>9} {:>7} {:>6} {:>8} {:>8} {:>6} {:>7}\n", "stage",
+                              "workers", "items", "errors", "busy", "starved", "blocked", "cpu",
+                              "queue");
+  for (const auto& st : p["stages"]) {
+    s += fmt::format("{:<12} {:>7} {:>9} {:>7} {:>5.0f}% {:>7.0f}% {:>7.0f}% {:>5.0f}% {:>6.0f}%\n",
+                     st["name"].get<std::string>(), st["workers"].get<int>(),
+                     st["items"].get<uint64_t>(), st["errors"].get<uint64_t>(),
+                     st["busy_share"].get<double>() * 100, st["starved_share"].get<double>() * 100,
+                     st["blocked_share"].get<double>() * 100,
+                     st["cpu_share_of_busy"].get<double>() * 100,
+                     st["queue_fill"].get<double>() * 100);
+  }
+  if (p.contains("bottleneck") && !p["bottleneck"].is_null())
+    s += fmt::format("bottleneck: {} ({}): {}\n", p["bottleneck"]["stage"].get<std::string>(),
+                     p["bottleneck"]["kind"].get<std::string>(),
+                     p["bottleneck"]["why"].get<std::string>());
+  return s;
+}
+
+}  // namespace mmfeed

@@ -1,0 +1,44 @@
+// Per-stage counters and the profile report built from them. Counters are relaxed atomics
+// written by the stage's own threads; the report may be taken from any thread at any time.
+// Everything in the report is measured (clocks and counts), nothing is estimated.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mmfeed {
+
+struct StageCounters {
+  std::atomic<uint64_t> items{0};
+  std::atomic<uint64_t> errors{0};
+  std::atomic<uint64_t> busy_ns{0};     // wall time spent working on items
+  std::atomic<uint64_t> cpu_ns{0};      // thread CPU time spent working on items
+  std::atomic<uint64_t> starved_ns{0};  // waiting for input
+  std::atomic<uint64_t> blocked_ns{0};  // waiting for downstream to take output
+  std::atomic<uint64_t> fill_sum{0};    // sum of mailbox fill seen at each pop
+  std::atomic<uint64_t> fill_samples{0};
+};
+
+struct StageInfo {
+  std::string name;
+  std::string type;
+  int workers = 1;
+  size_t queue_capacity = 0;  // 0: the stage has no mailbox of its own
+  const StageCounters* counters = nullptr;
+};
+
+// Builds the report: per stage items, busy share, starved/blocked share, queue fill, CPU share,
+// plus "bottleneck": the stage that limits throughput and the kind of limit (cpu, io, transfer).
+nlohmann::json BuildProfile(const std::vector<StageInfo>& stages, double wall_seconds);
+
+// Renders the report as an aligned text table for people.
+std::string FormatProfile(const nlohmann::json& profile);
+
+// Thread CPU time of the calling thread in nanoseconds.
+uint64_t ThreadCpuNs();
+
+}  // namespace mmfeed

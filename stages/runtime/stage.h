@@ -1,0 +1,60 @@
+// Stage and StageWorker: the interface every processing stage type implements.
+//
+// A Stage is built once from its config (on the supervisor thread) and is immutable afterwards.
+// It creates one StageWorker per worker thread; a worker keeps whatever per-thread state it
+// needs (decoder handles, scratch buffers) and is only ever called from its own thread.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "stages/runtime/status.h"
+#include "stages/runtime/tensor.h"
+
+namespace mmfeed {
+
+// One field of a sample as the source found it.
+struct FieldValue {
+  enum class Kind { kText, kPath, kBytes, kFileRange };
+  Kind kind = Kind::kText;
+  std::string data;  // the text itself, a file path, or the bytes
+  // kFileRange: `size` bytes at `offset` of the file `data` (a tar member, read in place)
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
+// What a worker may know about the sample it processes. Random choices must be drawn from
+// Rng(seed, epoch, id, stage name) so they do not depend on the worker that runs the sample.
+struct SampleContext {
+  uint64_t seed = 0;
+  uint32_t epoch = 0;
+  std::string_view id;
+  std::string_view origin;  // where the sample came from, for error messages
+};
+
+// Returns the bytes of a field: the file's contents (or range of it) for kPath and kFileRange,
+// the data itself otherwise.
+// `storage` receives file contents; the view points into it or into `field`.
+Result<std::string_view> FieldBytes(const FieldValue& field, std::string* storage);
+
+class StageWorker {
+ public:
+  virtual ~StageWorker() = default;
+  // Turns one field into the stage's output tensors, in the order of Stage::OutputSpecs().
+  // Errors are per-sample: the pipeline applies its on_error policy.
+  virtual Status Process(const SampleContext& ctx, const FieldValue& in,
+                         std::vector<Tensor>* out) = 0;
+};
+
+class Stage {
+ public:
+  virtual ~Stage() = default;
+  // Per-sample outputs (name, dtype, shape); fixed for the life of the stage so the ring can
+  // size its slots up front.
+  virtual std::vector<TensorSpec> OutputSpecs() const = 0;
+  virtual std::unique_ptr<StageWorker> NewWorker() const = 0;
+};
+
+}  // namespace mmfeed

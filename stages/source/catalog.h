@@ -1,0 +1,49 @@
+// Catalog: every sample a source offers, enumerated once at start (a JSONL manifest's lines,
+// or the members of WebDataset tar shards, found by reading only their 512-byte headers).
+// Samples that cannot be used (malformed line, missing field, tar cut in the middle) are not
+// in the catalog; they are listed in `errors` with their origin and reason.
+// Built on the supervisor thread; read-only afterwards and safe to share between threads.
+#pragma once
+
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "stages/runtime/config.h"
+#include "stages/runtime/stage.h"
+
+namespace mmfeed {
+
+struct CatalogEntry {
+  std::string id;
+  std::string origin;  // "manifest.jsonl:12" or "shard-00003.tar:sample0042"
+  std::vector<std::pair<std::string, FieldValue>> fields;
+};
+
+struct LoadError {
+  std::string origin;
+  std::string reason;
+};
+
+struct Catalog {
+  std::vector<CatalogEntry> entries;
+  std::vector<LoadError> errors;
+};
+
+// `needed`: the fields the pipeline's stages read; `path_fields`: those whose plain-string
+// manifest values name files.
+Result<Catalog> LoadManifest(const std::string& path, const std::set<std::string>& needed,
+                             const std::set<std::string>& path_fields);
+Result<Catalog> LoadWebDataset(const SourceConfig& source, const std::set<std::string>& needed);
+Result<Catalog> LoadCatalog(const SourceConfig& source, const std::set<std::string>& needed,
+                            const std::set<std::string>& path_fields);
+
+// The catalog positions this node deals in `epoch`, in dealing order: position i goes to
+// consumer rank i % consumers. A deterministic function of (seed, epoch, node_rank, num_nodes);
+// every node gets the same count and every rank the same count (the remainder is left out).
+std::vector<uint32_t> EpochOrder(size_t catalog_size, const SourceConfig& source, uint32_t epoch,
+                                 int consumers);
+
+}  // namespace mmfeed
