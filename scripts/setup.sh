@@ -11,7 +11,7 @@ PKGS=(
   libopencv-dev libturbojpeg0-dev libjpeg62-turbo-dev libnuma-dev libsystemd-dev
   libavformat-dev libavcodec-dev libavutil-dev libswscale-dev libswresample-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-numpy
+  python3 python3-numpy ffmpeg
 )
 if [ "${1:-}" = "--bench" ]; then
   PKGS+=(python3-torch python3-torchvision python3-pil)

@@ -1,0 +1,70 @@
+// Pins the shared-memory layout: if this test needs changing, kRingLayoutVersion must change too.
+#include "shm/ring_format.h"
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstring>
+
+namespace mmfeed::shm {
+namespace {
+
+TEST(RingFormatTest, VersionAndMagic) {
+  EXPECT_EQ(kRingLayoutVersion, 1u);
+  EXPECT_EQ(kRingMagic, 0x474e495244464d4dull);
+  EXPECT_EQ(std::memcmp(&kRingMagic, "MMFDRING", 8), 0);
+}
+
+TEST(RingFormatTest, HeaderLayout) {
+  EXPECT_EQ(sizeof(RingHeader), 192u);
+  EXPECT_EQ(alignof(RingHeader), 64u);
+  EXPECT_EQ(offsetof(RingHeader, magic), 0u);
+  EXPECT_EQ(offsetof(RingHeader, layout_version), 8u);
+  EXPECT_EQ(offsetof(RingHeader, header_bytes), 12u);
+  EXPECT_EQ(offsetof(RingHeader, total_bytes), 16u);
+  EXPECT_EQ(offsetof(RingHeader, slots_offset), 24u);
+  EXPECT_EQ(offsetof(RingHeader, slot_stride), 32u);
+  EXPECT_EQ(offsetof(RingHeader, payload_offset), 40u);
+  EXPECT_EQ(offsetof(RingHeader, slot_count), 48u);
+  EXPECT_EQ(offsetof(RingHeader, rank), 52u);
+  EXPECT_EQ(offsetof(RingHeader, num_ranks), 56u);
+  EXPECT_EQ(offsetof(RingHeader, reserved0), 60u);
+  EXPECT_EQ(offsetof(RingHeader, publish_futex), 64u);
+  EXPECT_EQ(offsetof(RingHeader, closed), 68u);
+  EXPECT_EQ(offsetof(RingHeader, published), 72u);
+  EXPECT_EQ(offsetof(RingHeader, reserved1), 80u);
+  EXPECT_EQ(offsetof(RingHeader, release_futex), 128u);
+  EXPECT_EQ(offsetof(RingHeader, reserved2), 132u);
+  EXPECT_EQ(offsetof(RingHeader, released), 136u);
+  EXPECT_EQ(offsetof(RingHeader, reserved3), 144u);
+}
+
+TEST(RingFormatTest, SlotLayout) {
+  EXPECT_EQ(sizeof(TensorDesc), 104u);
+  EXPECT_EQ(offsetof(TensorDesc, name), 0u);
+  EXPECT_EQ(offsetof(TensorDesc, dtype), 32u);
+  EXPECT_EQ(offsetof(TensorDesc, ndim), 36u);
+  EXPECT_EQ(offsetof(TensorDesc, shape), 40u);
+  EXPECT_EQ(offsetof(TensorDesc, offset), 88u);
+  EXPECT_EQ(offsetof(TensorDesc, nbytes), 96u);
+  EXPECT_EQ(sizeof(SlotDescriptor), 56u + 16 * 104);
+  EXPECT_EQ(alignof(SlotDescriptor), 8u);
+  EXPECT_EQ(offsetof(SlotDescriptor, state), 0u);
+  EXPECT_EQ(offsetof(SlotDescriptor, reader_mask), 4u);
+  EXPECT_EQ(offsetof(SlotDescriptor, seq), 8u);
+  EXPECT_EQ(offsetof(SlotDescriptor, epoch), 16u);
+  EXPECT_EQ(offsetof(SlotDescriptor, num_samples), 20u);
+  EXPECT_EQ(offsetof(SlotDescriptor, num_tensors), 24u);
+  EXPECT_EQ(offsetof(SlotDescriptor, reserved0), 28u);
+  EXPECT_EQ(offsetof(SlotDescriptor, ids_offset), 32u);
+  EXPECT_EQ(offsetof(SlotDescriptor, ids_bytes), 40u);
+  EXPECT_EQ(offsetof(SlotDescriptor, payload_bytes), 48u);
+  EXPECT_EQ(offsetof(SlotDescriptor, tensors), 56u);
+  EXPECT_EQ(kSlotFree, 0u);
+  EXPECT_EQ(kSlotWriting, 1u);
+  EXPECT_EQ(kSlotReady, 2u);
+  EXPECT_EQ(kSlotTaken, 3u);
+}
+
+}  // namespace
+}  // namespace mmfeed::shm

@@ -1,0 +1,142 @@
+#include <gtest/gtest.h>
+
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+
+#include "stages/image/jpeg_decoder.h"
+#include "tests/stage_util.h"
+#include "tests/test_util.h"
+
+namespace mmfeed {
+namespace {
+
+using testing::MakeStage;
+using testing::PathField;
+using testing::TestData;
+
+Result<Tensor> RunImage(const Stage& stage, const FieldValue& in, const std::string& id = "x", uint32_t epoch = 0) {
+  auto w = stage.NewWorker();
+  std::vector<Tensor> out;
+  SampleContext ctx{42, epoch, id, "test"};
+  Status st = w->Process(ctx, in, &out);
+  if (!st.ok()) return st;
+  return std::move(out[0]);
+}
+
+TEST(ImageStageTest, CenterCropMatchesAFullDecodeReference) {
+  auto stage = MakeStage("image", "image", {{"crop", std::string("center")}, {"resize", int64_t{256}},
+                                            {"size", std::vector<int64_t>{224, 224}}});
+  for (const char* name : {"photo00.jpg", "photo05.jpg", "photo09.jpg", "photo00_progressive.jpg"}) {
+    std::string path = TestData(std::string("photos/") + name);
+    Result<Tensor> t = RunImage(*stage, PathField(path));
+    ASSERT_TRUE(t.ok()) << t.status().message();
+    ASSERT_EQ(t->spec.shape, (std::vector<int64_t>{224, 224, 3}));
+    // Reference: decode every pixel with OpenCV, resize the shorter side to 256, crop 224.
+    // Resampling differs (DCT scaling + bilinear vs area), which shows on sharp edges; the
+    // shifted-crop check below is what catches a misplaced crop.
+    cv::Mat bgr = cv::imread(path, cv::IMREAD_COLOR), rgb, small;
+    cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
+    double s = 256.0 / std::min(rgb.cols, rgb.rows);
+    cv::resize(rgb, small, cv::Size(static_cast<int>(std::lround(rgb.cols * s)), static_cast<int>(std::lround(rgb.rows * s))), 0, 0, cv::INTER_AREA);
+    cv::Mat ref = small(cv::Rect((small.cols - 224) / 2, (small.rows - 224) / 2, 224, 224)).clone();
+    cv::Mat got(224, 224, CV_8UC3, t->data.data());
+    double diff = cv::norm(got, ref, cv::NORM_L1) / (224.0 * 224 * 3);
+    EXPECT_LT(diff, 16.0) << name << ": mean abs difference " << diff;
+    // A crop shifted by 16 pixels must be clearly worse, so the test can see a misplaced crop.
+    cv::Mat shifted = small(cv::Rect((small.cols - 224) / 2 + 16, (small.rows - 224) / 2, 224, 224));
+    EXPECT_GT(cv::norm(got, shifted, cv::NORM_L1) / (224.0 * 224 * 3), diff * 1.5) << name;
+  }
+}
+
+TEST(ImageStageTest, RandomCropIsSeededBySampleAndEpoch) {
+  auto stage = MakeStage("image", "image", {{"crop", std::string("random_resized_crop")}, {"size", std::vector<int64_t>{64, 64}}});
+  FieldValue f = PathField(TestData("photos/photo03.jpg"));
+  Result<Tensor> a = RunImage(*stage, f, "id1"), b = RunImage(*stage, f, "id1"), c = RunImage(*stage, f, "id2"),
+                 d = RunImage(*stage, f, "id1", 1);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok() && d.ok());
+  EXPECT_EQ(a->data, b->data);
+  EXPECT_NE(a->data, c->data);
+  EXPECT_NE(a->data, d->data);
+}
+
+TEST(ImageStageTest, FlipMirrorsAndFloatNormalizeMatchesPixels) {
+  std::map<std::string, ParamValue> base = {{"crop", std::string("center")}, {"size", std::vector<int64_t>{40, 60}}};
+  auto plain = MakeStage("image", "image", base);
+  auto with_flip = base;
+  with_flip["flip"] = 1.0;
+  auto flipped = MakeStage("image", "image", with_flip);
+  auto with_norm = base;
+  with_norm["dtype"] = std::string("float32");
+  with_norm["layout"] = std::string("CHW");
+  with_norm["mean"] = std::vector<double>{0.485, 0.456, 0.406};
+  with_norm["std"] = std::vector<double>{0.229, 0.224, 0.225};
+  auto normalized = MakeStage("image", "image", with_norm);
+  FieldValue f = PathField(TestData("photos/photo07.jpg"));
+  Result<Tensor> p = RunImage(*plain, f), q = RunImage(*flipped, f), n = RunImage(*normalized, f);
+  ASSERT_TRUE(p.ok() && q.ok() && n.ok());
+  const int H = 40, W = 60;
+  const double mean[3] = {0.485, 0.456, 0.406}, sd[3] = {0.229, 0.224, 0.225};
+  ASSERT_EQ(n->spec.shape, (std::vector<int64_t>{3, H, W}));
+  const float* nf = n->As<float>();
+  for (int y = 0; y < H; ++y)
+    for (int x = 0; x < W; ++x)
+      for (int c = 0; c < 3; ++c) {
+        uint8_t v = p->data[(y * W + x) * 3 + c];
+        ASSERT_EQ(v, q->data[(y * W + (W - 1 - x)) * 3 + c]);
+        ASSERT_NEAR(nf[(c * H + y) * W + x], (v / 255.0 - mean[c]) / sd[c], 1e-5);
+      }
+}
+
+TEST(ImageStageTest, GrayscaleProgressiveAndPngDecode) {
+  auto stage = MakeStage("image", "image", {{"crop", std::string("center")}, {"size", std::vector<int64_t>{50, 50}}});
+  Result<Tensor> gray = RunImage(*stage, PathField(TestData("photos/photo01_gray.jpg")));
+  ASSERT_TRUE(gray.ok()) << gray.status().message();
+  for (int i = 0; i < 50 * 50; ++i) {
+    ASSERT_EQ(gray->data[3 * i], gray->data[3 * i + 1]);
+    ASSERT_EQ(gray->data[3 * i], gray->data[3 * i + 2]);
+  }
+  EXPECT_TRUE(RunImage(*stage, PathField(TestData("photos/photo00_progressive.jpg"))).ok());
+  Result<Tensor> png = RunImage(*stage, PathField(TestData("photos/photo02.png")));
+  ASSERT_TRUE(png.ok()) << png.status().message();
+  Result<Tensor> jpg = RunImage(*stage, PathField(TestData("photos/photo02.jpg")));
+  ASSERT_TRUE(jpg.ok());
+  cv::Mat a(50, 50, CV_8UC3, png->data.data()), b(50, 50, CV_8UC3, jpg->data.data());
+  EXPECT_LT(cv::norm(a, b, cv::NORM_L1) / (50.0 * 50 * 3), 12.0) << "PNG and JPEG of one photo must agree";
+}
+
+TEST(ImageStageTest, HugeDeclaredSizeIsRefusedBeforeDecoding) {
+  auto stage = MakeStage("image", "image", {{"size", std::vector<int64_t>{32, 32}}});
+  FieldValue f;
+  f.kind = FieldValue::Kind::kBytes;
+  f.data = testing::PatchJpegSize(testing::ReadFile(TestData("photos/photo00.jpg")), 60000, 60000);
+  Result<Tensor> t = RunImage(*stage, f);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), Status::Code::kTooLarge);
+  EXPECT_NE(t.status().message().find("60000x60000 = 3600000000 pixels, above max_pixels 89478485"), std::string::npos);
+  auto strict = MakeStage("image", "image", {{"size", std::vector<int64_t>{32, 32}}, {"max_pixels", int64_t{1000}}});
+  EXPECT_EQ(RunImage(*strict, PathField(TestData("photos/photo00.jpg"))).status().code(), Status::Code::kTooLarge);
+}
+
+TEST(ImageStageTest, RegionDecodeReadsOnlyTheRowsAndColumnsNeeded) {
+  std::string jpeg = testing::ReadFile(TestData("photos/photo05.jpg"));
+  JpegDecoder dec;
+  int w, h;
+  ASSERT_TRUE(dec.ReadSize(jpeg, &w, &h).ok());
+  cv::Mat region;
+  cv::Rect2d roi;
+  cv::Rect want(w / 2, h / 3, w / 4, h / 5);
+  ASSERT_TRUE(dec.DecodeRegion(jpeg, want, 4, &region, &roi).ok());
+  EXPECT_LT(region.cols, w / 2 / 2 + 32) << "columns outside the crop (plus iMCU rounding) are not decoded";
+  EXPECT_LE(region.rows, h / 5 / 2 + 2);
+  // The decoded region agrees with the same area of a full half-scale decode.
+  cv::Mat full;
+  cv::Rect2d full_roi;
+  ASSERT_TRUE(dec.DecodeRegion(jpeg, cv::Rect(0, 0, w, h), 4, &full, &full_roi).ok());
+  cv::Rect in_region(static_cast<int>(roi.x), static_cast<int>(roi.y), static_cast<int>(roi.width), static_cast<int>(roi.height));
+  cv::Rect in_full(static_cast<int>(want.x * 0.5), static_cast<int>(want.y * 0.5), in_region.width, in_region.height);
+  double diff = cv::norm(region(in_region), full(in_full), cv::NORM_L1) / (in_region.area() * 3.0);
+  EXPECT_LT(diff, 1.0);
+}
+
+}  // namespace
+}  // namespace mmfeed

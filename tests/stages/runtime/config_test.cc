@@ -1,0 +1,135 @@
+#include "stages/runtime/config.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/test_util.h"
+
+namespace mmfeed {
+namespace {
+
+using testing::TempDir;
+using testing::WriteFile;
+
+class ConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override { WriteFile(dir_ / "manifest.jsonl", "{\"id\":\"a\",\"image\":\"x.jpg\",\"text\":\"t\"}\n"); }
+  // Returns "" on success, the error message otherwise.
+  std::string Error(const std::string& yaml) {
+    Result<PipelineConfig> r = ParseConfig(yaml, dir_ / "p.yaml");
+    return r.ok() ? "" : r.status().message();
+  }
+  TempDir dir_;
+};
+
+const char* kCanonical = R"(pipeline: image-text
+source: {type: manifest, path: manifest.jsonl, shuffle: true, seed: 42, epochs: 1}
+consumers: 2
+stages:
+  - {name: image, type: image, field: image, workers: 2,
+     params: {crop: random_resized_crop, size: [224, 224], flip: 0.5,
+              mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225], dtype: float32, layout: CHW}}
+  - {name: text, type: text, field: text, params: {tokenizer: bytes, max_len: 128}}
+  - {name: batch, type: batch, inputs: [image, text], params: {batch_size: 32}}
+output: {ring_slots: 8}
+on_error: skip
+)";
+
+TEST_F(ConfigTest, CanonicalImageTextConfigIsAccepted) {
+  Result<PipelineConfig> r = ParseConfig(kCanonical, dir_ / "p.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->consumers, 2);
+  EXPECT_EQ(r->batch_size, 32);
+  EXPECT_EQ(r->stages.size(), 3u);
+  EXPECT_EQ(r->stages[0].workers, 2);
+  EXPECT_EQ(r->source.seed, 42u);
+  EXPECT_EQ(r->source.path, dir_ / "manifest.jsonl");
+  auto specs = r->stages[0].stage->OutputSpecs();
+  ASSERT_EQ(specs.size(), 1u);
+  EXPECT_EQ(specs[0].shape, (std::vector<int64_t>{3, 224, 224}));
+  EXPECT_EQ(specs[0].dtype, DType::kFloat32);
+}
+
+std::string Replace(std::string s, const std::string& from, const std::string& to) {
+  size_t p = s.find(from);
+  EXPECT_NE(p, std::string::npos) << from;
+  return s.replace(p, from.size(), to);
+}
+
+TEST_F(ConfigTest, UnknownStageTypeNamesLineAndColumn) {
+  std::string e = Error(Replace(kCanonical, "type: text,", "type: txet,"));
+  EXPECT_NE(e.find("p.yaml:8:24: unknown stage type 'txet'"), std::string::npos) << e;
+  EXPECT_NE(e.find("known types: batch, image, text"), std::string::npos) << e;
+}
+
+TEST_F(ConfigTest, UnknownParameterIsRejected) {
+  std::string e = Error(Replace(kCanonical, "flip: 0.5", "flop: 0.5"));
+  EXPECT_NE(e.find("p.yaml:6:60: unknown parameter 'flop' for stage 'image' (image)"), std::string::npos) << e;
+}
+
+TEST_F(ConfigTest, UnknownTopLevelKeyIsRejected) {
+  std::string e = Error(std::string(kCanonical) + "colour: blue\n");
+  EXPECT_NE(e.find("p.yaml:12:1: unknown key 'colour'"), std::string::npos) << e;
+}
+
+TEST_F(ConfigTest, IllTypedParametersAreRejected) {
+  std::string e = Error(Replace(kCanonical, "size: [224, 224]", "size: [224]"));
+  EXPECT_NE(e.find("p.yaml:6:48: image.size must have 2 values, got 1"), std::string::npos) << e;
+  e = Error(Replace(kCanonical, "max_len: 128", "max_len: long"));
+  EXPECT_NE(e.find("text.max_len must be an integer, got 'long'"), std::string::npos) << e;
+  e = Error(Replace(kCanonical, "dtype: float32", "dtype: float64"));
+  EXPECT_NE(e.find("image.dtype must be one of uint8, float32, got 'float64'"), std::string::npos) << e;
+  e = Error(Replace(kCanonical, "workers: 2", "workers: 0"));
+  EXPECT_NE(e.find("workers must be at least 1"), std::string::npos) << e;
+}
+
+TEST_F(ConfigTest, MissingInputIsRejected) {
+  std::string e = Error(Replace(kCanonical, "inputs: [image, text]", "inputs: [image, txt]"));
+  EXPECT_NE(e.find("p.yaml:9:48: stage 'batch' reads input 'txt', but no stage has that name"), std::string::npos) << e;
+}
+
+TEST_F(ConfigTest, DuplicateStageNameIsRejected) {
+  std::string e = Error(Replace(kCanonical, "{name: text,", "{name: image,"));
+  EXPECT_NE(e.find("p.yaml:8:12: duplicate stage name 'image'"), std::string::npos) << e;
+}
+
+TEST_F(ConfigTest, CycleIsRejected) {
+  std::string yaml = Replace(kCanonical, "  - {name: batch, type: batch, inputs: [image, text], params: {batch_size: 32}}\n",
+                             "  - {name: batch, type: batch, inputs: [image, text, b2], params: {batch_size: 32}}\n"
+                             "  - {name: b2, type: batch, inputs: [batch], params: {batch_size: 32}}\n");
+  std::string e = Error(yaml);
+  EXPECT_NE(e.find("the stages form a cycle: batch -> b2 -> batch"), std::string::npos) << e;
+}
+
+TEST_F(ConfigTest, MissingRequiredParameterAndField) {
+  std::string e = Error(Replace(kCanonical, "params: {batch_size: 32}", "params: {}"));
+  EXPECT_NE(e.find("stage 'batch' (batch) needs parameter 'batch_size'"), std::string::npos) << e;
+  e = Error(Replace(kCanonical, "type: text, field: text,", "type: text,"));
+  EXPECT_NE(e.find("p.yaml:8:5: stage 'text' (text) needs a 'field'"), std::string::npos) << e;
+}
+
+TEST_F(ConfigTest, UnusedStageAndMissingManifestAreRejected) {
+  std::string e = Error(Replace(kCanonical, "inputs: [image, text]", "inputs: [image]"));
+  EXPECT_NE(e.find("the output of stage 'text' is not used"), std::string::npos) << e;
+  e = Error(Replace(kCanonical, "path: manifest.jsonl", "path: nope.jsonl"));
+  EXPECT_NE(e.find("p.yaml:2:32: manifest '"), std::string::npos) << e;
+}
+
+TEST_F(ConfigTest, YamlSyntaxErrorHasLocation) {
+  std::string e = Error("source: {type: manifest\nstages: [\n");
+  EXPECT_EQ(e.rfind(dir_ / "p.yaml:", 0), 0u) << e;
+  EXPECT_NE(e.find(":2:"), std::string::npos) << e;
+}
+
+TEST_F(ConfigTest, NodeRankFromEnvironment) {
+  setenv("NODE_RANK", "1", 1);
+  setenv("NUM_NODES", "4", 1);
+  Result<PipelineConfig> r = ParseConfig(kCanonical, dir_ / "p.yaml");
+  unsetenv("NODE_RANK");
+  unsetenv("NUM_NODES");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->source.node_rank, 1);
+  EXPECT_EQ(r->source.num_nodes, 4);
+}
+
+}  // namespace
+}  // namespace mmfeed
