@@ -5,7 +5,9 @@
 //   mmfeedd --check FILE        validate a config and exit (0 ok, 2 invalid)
 //   mmfeedd --list-stages       print every stage type and its parameters
 #include <fmt/format.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <asio.hpp>
@@ -234,7 +236,13 @@ class Daemon {
 
 int main(int argc, char** argv) {
   using namespace mmfeed;
+  // Per-sample outputs (e.g. 600 KB float images) are allocated and freed thousands of times a
+  // second on different threads: keep them on the heap instead of fresh mmaps, whose page
+  // faults would otherwise cost as much as the data copy.
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
   Options opt = ParseArgs(argc, argv);
+  spdlog::set_default_logger(spdlog::stderr_color_mt("mmfeedd"));
   spdlog::set_level(spdlog::level::from_str(opt.log_level));
   spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
   if (opt.list_stages) {

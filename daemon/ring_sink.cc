@@ -54,8 +54,13 @@ void RingSink::Loop() {
     view.seq = batch->seq;
     view.epoch = batch->epoch;
     for (const std::string& id : batch->ids) view.ids.emplace_back(id);
-    for (const Tensor& t : batch->tensors)
-      view.tensors.push_back({t.spec.name, static_cast<uint32_t>(t.spec.dtype), t.spec.shape, t.data.data(), t.data.size()});
+    for (size_t k = 0; k < batch->specs.size(); ++k) {
+      shm::TensorView t{batch->specs[k].name, static_cast<uint32_t>(batch->specs[k].dtype), batch->BatchShape(k)};
+      t.row_bytes = batch->specs[k].NumBytes();
+      t.nbytes = t.row_bytes * batch->rows.size();
+      for (const auto& row : batch->rows) t.rows.push_back(row[k].data.data());
+      view.tensors.push_back(std::move(t));
+    }
     Status st = ring_->Publish(slot, view);
     if (!st.ok()) {
       spdlog::error("rank {}: batch {} not delivered: {}", rank_, batch->seq, st.message());

@@ -29,7 +29,7 @@ def main():
     photos = sorted(p for p in PHOTOS.glob("*.jpg"))
     variants = []  # (source, width, quality)
     for p in photos:
-        for w in (500, 640, 800, 1024):
+        for w in (400, 500, 640, 800):  # ImageNet-like: most photos are 400-800 px wide
             variants.append((p, w))
     # Produce each distinct variant once with ffmpeg, then reuse it for several samples.
     files = []

@@ -130,7 +130,11 @@ Status RingWriter::Publish(int index, const BatchView& batch) {
     for (uint32_t k = 0; k < td.ndim; ++k) td.shape[k] = t.shape[k];
     td.offset = offsets[i];
     td.nbytes = t.nbytes;
-    std::memcpy(slot_base + td.offset, t.data, t.nbytes);
+    if (t.rows.empty()) {
+      std::memcpy(slot_base + td.offset, t.data, t.nbytes);
+    } else {
+      for (size_t r = 0; r < t.rows.size(); ++r) std::memcpy(slot_base + td.offset + r * t.row_bytes, t.rows[r], t.row_bytes);
+    }
   }
   d->payload_bytes = off - h->payload_offset;
   d->reader_mask = 1;

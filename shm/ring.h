@@ -24,6 +24,10 @@ struct TensorView {
   std::vector<int64_t> shape;
   const uint8_t* data = nullptr;
   uint64_t nbytes = 0;
+  // Writer only: if not empty, the tensor is gathered from these pieces of `row_bytes` each
+  // (one per sample) instead of `data`; nbytes must equal rows.size() * row_bytes.
+  std::vector<const uint8_t*> rows;
+  uint64_t row_bytes = 0;
 };
 
 // One batch, as seen in a slot (pointers into the mapping) or as handed to the writer.

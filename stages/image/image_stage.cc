@@ -106,8 +106,10 @@ class ImageWorker : public StageWorker {
       MMFEED_RETURN_IF_ERROR(CheckPixels(w, h));
       cv::Rect crop = CropRect(w, h, p_, rng);
       // The smallest DCT scale that still leaves the crop at least as large as the output.
+      // Only 1/8, 2/8, 4/8 and 8/8: libjpeg-turbo has SIMD IDCTs for those, while the other
+      // scales run plain C (perf showed jpeg_idct_6x6, _10x10, _12x12 ... at the top).
       int n = 1;
-      while (n < 8 && (crop.width * n < p_.out_w * 8 || crop.height * n < p_.out_h * 8)) ++n;
+      while (n < 8 && (crop.width * n < p_.out_w * 8 || crop.height * n < p_.out_h * 8)) n *= 2;
       Status st = jpeg_.DecodeRegion(data, crop, n, &region, &roi);
       if (st.code() == Status::Code::kUnsupported) {
         MMFEED_RETURN_IF_ERROR(DecodeWithOpenCv(data, &decoded_));
@@ -171,7 +173,7 @@ class ImageWorker : public StageWorker {
   }
 
   // Flip, normalize and change layout in one pass over the resized pixels.
-  void WriteOutput(const cv::Mat& rgb, bool flip, Tensor* t) const {
+  void WriteOutput(const cv::Mat& rgb, bool flip, Tensor* t) {
     const int H = p_.out_h, W = p_.out_w;
     if (p_.dtype == DType::kUInt8) {
       uint8_t* dst = t->As<uint8_t>();
@@ -188,26 +190,20 @@ class ImageWorker : public StageWorker {
       return;
     }
     float* dst = t->As<float>();
-    if (p_.chw) {
-      float* planes[3] = {dst, dst + H * W, dst + 2 * H * W};
-      for (int y = 0; y < H; ++y) {
-        const uint8_t* row = rgb.ptr<uint8_t>(y);
-        for (int c = 0; c < 3; ++c) {
-          float* o = planes[c] + y * W;
-          const float m = p_.mul[c], a = p_.add[c];
-          if (flip)
-            for (int x = 0; x < W; ++x) o[x] = row[3 * (W - 1 - x) + c] * m + a;
-          else
-            for (int x = 0; x < W; ++x) o[x] = row[3 * x + c] * m + a;
-        }
-      }
+    const cv::Mat* src = &rgb;
+    if (flip) {
+      cv::flip(rgb, flipped_, 1);
+      src = &flipped_;
+    }
+    if (p_.chw) {  // deinterleave, then scale+shift each plane (both SIMD in OpenCV)
+      cv::split(*src, planes_);
+      for (int c = 0; c < 3; ++c)
+        planes_[c].convertTo(cv::Mat(H, W, CV_32F, dst + c * H * W), CV_32F, p_.mul[c], p_.add[c]);
     } else {
       for (int y = 0; y < H; ++y) {
-        const uint8_t* row = rgb.ptr<uint8_t>(y);
-        for (int x = 0; x < W; ++x) {
-          const uint8_t* px = row + 3 * (flip ? W - 1 - x : x);
-          for (int c = 0; c < 3; ++c) dst[(y * W + x) * 3 + c] = px[c] * p_.mul[c] + p_.add[c];
-        }
+        const uint8_t* row = src->ptr<uint8_t>(y);
+        for (int x = 0; x < W; ++x)
+          for (int c = 0; c < 3; ++c) dst[(y * W + x) * 3 + c] = row[3 * x + c] * p_.mul[c] + p_.add[c];
       }
     }
   }
@@ -215,7 +211,8 @@ class ImageWorker : public StageWorker {
   const ImageParams& p_;
   JpegDecoder jpeg_;
   std::string file_;
-  cv::Mat decoded_, resized_;
+  cv::Mat decoded_, resized_, flipped_;
+  cv::Mat planes_[3];
 };
 
 class ImageStage : public Stage {
@@ -229,6 +226,9 @@ class ImageStage : public Stage {
 };
 
 Result<std::unique_ptr<Stage>> MakeImageStage(const StageArgs& a) {
+  // Our workers are the parallelism: OpenCV's own thread pool inside cv::resize would only
+  // compete with them for the same cores.
+  cv::setNumThreads(0);
   const Params& prm = a.params;
   ImageParams p;
   p.name = a.name;

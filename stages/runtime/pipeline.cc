@@ -35,6 +35,19 @@ nlohmann::json ErrorLog::ToJson() const {
   return {{"total", total_}, {"by_reason", by_reason_}, {"recent", recent_}};
 }
 
+std::vector<int64_t> Batch::BatchShape(size_t k) const {
+  std::vector<int64_t> shape = specs[k].shape;
+  shape.insert(shape.begin(), static_cast<int64_t>(ids.size()));
+  return shape;
+}
+
+Tensor Batch::Collate(size_t k) const {
+  Tensor t = Tensor::Make({specs[k].name, specs[k].dtype, BatchShape(k)});
+  size_t per = specs[k].NumBytes();
+  for (size_t i = 0; i < rows.size(); ++i) std::memcpy(t.data.data() + i * per, rows[i][k].data.data(), per);
+  return t;
+}
+
 // ---------------------------------------------------------------- internals
 
 // One sample's field on its way through one branch, and back to the join.
@@ -246,11 +259,6 @@ void Pipeline::BatchLoop() {
   auto emit = [&](uint32_t rank) {
     RankState& rs = ranks[rank];
     std::unique_ptr<Batch> batch = std::move(rs.batch);
-    size_t n = batch->ids.size();
-    for (Tensor& t : batch->tensors) {
-      t.data.resize(t.spec.NumBytes() / t.spec.shape[0] * n);
-      t.spec.shape[0] = static_cast<int64_t>(n);
-    }
     batch->seq = rs.batch_seq++;
     uint64_t t0 = NowNs();
     sinks_[rank]->Put(std::move(batch));
@@ -275,20 +283,14 @@ void Pipeline::BatchLoop() {
       rs.batch = std::make_unique<Batch>();
       rs.batch->rank = rank;
       rs.batch->epoch = r.epoch;
-      for (const TensorSpec& s : specs) {
-        TensorSpec bspec = s;
-        bspec.shape.insert(bspec.shape.begin(), bs);
-        rs.batch->tensors.push_back(Tensor::Make(std::move(bspec)));
-      }
+      rs.batch->specs = specs;
+      rs.batch->rows.reserve(bs);
     }
-    size_t row = rs.batch->ids.size();
-    size_t k = 0;
+    std::vector<Tensor> row;
+    row.reserve(specs.size());
     for (auto& outs : r.outs)
-      for (Tensor& t : outs) {
-        Tensor& dst = rs.batch->tensors[k++];
-        size_t per = dst.spec.NumBytes() / bs;
-        std::memcpy(dst.data.data() + row * per, t.data.data(), std::min(per, t.data.size()));
-      }
+      for (Tensor& t : outs) row.push_back(std::move(t));
+    rs.batch->rows.push_back(std::move(row));
     rs.batch->ids.push_back(e.id);
     batch_counters_.items.fetch_add(1, std::memory_order_relaxed);
     if (static_cast<int64_t>(rs.batch->ids.size()) == bs) emit(rank);

@@ -29,14 +29,21 @@ namespace mmfeed {
 
 struct Catalog;
 
-// One collated batch for one consumer rank. Tensors have a leading batch dimension equal to
-// ids.size() (the last batch of an epoch may be short unless drop_last).
+// One batch for one consumer rank: the samples' outputs, not yet collated, so that a sink can
+// gather them straight into their final place (the ring sink copies each row once, into the
+// shared-memory slot). The last batch of an epoch may be short unless drop_last.
 struct Batch {
   uint32_t rank = 0;
   uint64_t seq = 0;  // batch number for this rank, from 0, across epochs
   uint32_t epoch = 0;
   std::vector<std::string> ids;
-  std::vector<Tensor> tensors;
+  std::vector<TensorSpec> specs;         // per-sample shape of each output, in tensor order
+  std::vector<std::vector<Tensor>> rows;  // rows[i][k]: sample i's tensor k
+
+  // Shape of collated tensor k: [ids.size(), specs[k].shape...].
+  std::vector<int64_t> BatchShape(size_t k) const;
+  // Tensor k of every sample copied into one contiguous [n, ...] tensor.
+  Tensor Collate(size_t k) const;
 };
 
 class BatchSink {

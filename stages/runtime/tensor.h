@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,13 +26,31 @@ struct TensorSpec {
   size_t NumBytes() const;
 };
 
+// Bytes that are not zeroed on allocation: a stage writes every byte of its outputs, and at
+// thousands of images a second the memset would cost as much as a copy.
+class Buffer {
+ public:
+  Buffer() = default;
+  explicit Buffer(size_t n) : data_(new uint8_t[n]), size_(n) {}
+  uint8_t* data() { return data_.get(); }
+  const uint8_t* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+  uint8_t& operator[](size_t i) { return data_[i]; }
+  uint8_t operator[](size_t i) const { return data_[i]; }
+  bool operator==(const Buffer& o) const;
+
+ private:
+  std::unique_ptr<uint8_t[]> data_;
+  size_t size_ = 0;
+};
+
 struct Tensor {
   TensorSpec spec;
-  std::vector<uint8_t> data;
+  Buffer data;
 
   static Tensor Make(TensorSpec spec) {
     Tensor t;
-    t.data.resize(spec.NumBytes());
+    t.data = Buffer(spec.NumBytes());
     t.spec = std::move(spec);
     return t;
   }

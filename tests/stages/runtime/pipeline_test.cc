@@ -21,6 +21,7 @@ class MemorySink : public BatchSink {
   void Put(std::unique_ptr<Batch> b) override {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !hold_; });
+    for (size_t k = 0; k < b->specs.size(); ++k) collated[b.get()].push_back(b->Collate(k));
     batches.push_back(std::move(b));
   }
   void Finish() override { finished = true; }
@@ -30,6 +31,7 @@ class MemorySink : public BatchSink {
     cv_.notify_all();
   }
   std::vector<std::unique_ptr<Batch>> batches;
+  std::map<const Batch*, std::vector<Tensor>> collated;
   std::atomic<bool> finished{false};
 
  private:
@@ -92,19 +94,20 @@ TEST(PipelineTest, EveryRankGetsDistinctSamplesAndEqualBatchCounts) {
     EXPECT_EQ(s->batches.back()->ids.size(), 1u);
     for (size_t i = 0; i < s->batches.size(); ++i) {
       const Batch& b = *s->batches[i];
+      const std::vector<Tensor>& tensors = s->collated[&b];
       EXPECT_EQ(b.seq, i);
-      ASSERT_EQ(b.tensors.size(), 3u);
-      EXPECT_EQ(b.tensors[0].spec.name, "image");
-      EXPECT_EQ(b.tensors[0].spec.shape, (std::vector<int64_t>{static_cast<int64_t>(b.ids.size()), 3, 32, 48}));
-      EXPECT_EQ(b.tensors[1].spec.shape, (std::vector<int64_t>{static_cast<int64_t>(b.ids.size()), 16}));
-      EXPECT_EQ(b.tensors[2].spec.name, "text_lengths");
+      ASSERT_EQ(tensors.size(), 3u);
+      EXPECT_EQ(tensors[0].spec.name, "image");
+      EXPECT_EQ(tensors[0].spec.shape, (std::vector<int64_t>{static_cast<int64_t>(b.ids.size()), 3, 32, 48}));
+      EXPECT_EQ(tensors[1].spec.shape, (std::vector<int64_t>{static_cast<int64_t>(b.ids.size()), 16}));
+      EXPECT_EQ(tensors[2].spec.name, "text_lengths");
       for (size_t k = 0; k < b.ids.size(); ++k) {
         EXPECT_TRUE(seen.insert(b.ids[k]).second) << "sample " << b.ids[k] << " delivered twice";
         // The text tensor must belong to the same sample as the id (join by sequence).
         std::string want = "caption " + b.ids[k].substr(1);
-        const int32_t* ids = reinterpret_cast<const int32_t*>(b.tensors[1].data.data()) + k * 16;
+        const int32_t* ids = reinterpret_cast<const int32_t*>(tensors[1].data.data()) + k * 16;
         std::string got;
-        for (int j = 0; j < reinterpret_cast<const int32_t*>(b.tensors[2].data.data())[k]; ++j) got += static_cast<char>(ids[j]);
+        for (int j = 0; j < reinterpret_cast<const int32_t*>(tensors[2].data.data())[k]; ++j) got += static_cast<char>(ids[j]);
         EXPECT_EQ(got, want);
       }
     }
@@ -118,7 +121,7 @@ std::string Fingerprint(const PipelineRun& run) {
   for (auto& s : run.sinks)
     for (auto& b : s->batches) {
       for (auto& id : b->ids) out += id + ",";
-      for (auto& t : b->tensors) out.append(reinterpret_cast<const char*>(t.data.data()), t.data.size());
+      for (auto& t : s->collated.at(b.get())) out.append(reinterpret_cast<const char*>(t.data.data()), t.data.size());
     }
   return out;
 }

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Runs every benchmark with its baseline, on the same files, in one run:
+#   bash bench/run.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --bench
+bash scripts/build.sh
+/usr/bin/python3 bench/image_text_bench.py "$@"

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Configures and builds mmfeed in Release into build/ (or $BUILD_DIR), two jobs at a time.
+# Extra arguments go to cmake's configure step (e.g. -DMMFEED_SANITIZE=ON).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build}
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release "$@" > "$BUILD_DIR.configure.log" 2>&1 || {
+  cat "$BUILD_DIR.configure.log"; exit 1; }
+cmake --build "$BUILD_DIR" -j2

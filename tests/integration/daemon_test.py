@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""Integration tests: the real mmfeedd, mmfeed-consume and mmfeedctl binaries as separate
+processes on real shared memory.
+
+usage: daemon_test.py --bin BUILD/bin
+"""
+import argparse, hashlib, io, json, os, pathlib, shutil, signal, subprocess, sys, tarfile, tempfile, time, unittest
+
+import numpy as np
+
+BIN = None
+DAEMONS = []
+PHOTOS = pathlib.Path(__file__).resolve().parent.parent / "data" / "photos"
+
+CONFIG = """pipeline: it
+source: {{type: {source_type}, path: {path}, shuffle: true, seed: {seed}, epochs: {epochs}}}
+consumers: {consumers}
+stages:
+  - {{name: image, type: image, field: image, workers: {workers},{placement}
+     params: {{crop: random_resized_crop, size: [64, 64], flip: 0.5,
+              mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225], dtype: float32, layout: CHW}}}}
+  - {{name: text, type: text, field: text, params: {{tokenizer: bytes, max_len: 32}}}}
+  - {{name: batch, type: batch, inputs: [image, text], params: {{batch_size: {batch}}}}}
+output: {{ring_slots: 4}}
+on_error: skip
+"""
+
+
+def make_dataset(d, n):
+    photos = sorted(PHOTOS.glob("*.jpg"))
+    for p in photos:
+        shutil.copy(p, d / p.name)
+    ids = []
+    with open(d / "manifest.jsonl", "w") as m:
+        for i in range(n):
+            ids.append(f"s{i:04d}")
+            m.write(json.dumps({"id": ids[-1], "image": photos[i % len(photos)].name, "text": f"caption {i}"}) + "\n")
+    return ids
+
+
+class Daemon:
+    def __init__(self, d, config_text, extra=()):
+        self.dir = d
+        self.socket = str(d / "mmfeed.sock")
+        (d / "p.yaml").write_text(config_text)
+        self.stderr = open(d / "daemon.log", "w+")
+        DAEMONS.append(self)
+        self.proc = subprocess.Popen([f"{BIN}/mmfeedd", "--config", str(d / "p.yaml"), "--socket", self.socket, *extra],
+                                     stderr=self.stderr, stdout=self.stderr)
+        deadline = time.time() + 20
+        while not os.path.exists(self.socket):
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise AssertionError("daemon did not start:\n" + self.log())
+            time.sleep(0.02)
+
+    def log(self):
+        self.stderr.flush()
+        return (self.dir / "daemon.log").read_text()
+
+    def wait(self, timeout=60):
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError("daemon did not exit:\n" + self.log())
+
+    def consume(self, rank, *args):
+        return subprocess.Popen([f"{BIN}/mmfeed-consume", "--socket", self.socket, "--rank", str(rank), *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def dumped_batches(d):
+    out = []
+    for b in sorted(pathlib.Path(d).iterdir()):
+        meta = json.loads((b / "meta.json").read_text())
+        out.append((meta, b))
+    return out
+
+
+def finish(proc, timeout=60):
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, f"consumer failed ({proc.returncode}): {err}"
+    return json.loads(out) if out.strip().startswith("{") else out
+
+
+class DaemonTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="mmfeed-it-"))
+
+    def tearDown(self):
+        while DAEMONS:
+            d = DAEMONS.pop()
+            if d.proc.poll() is None:
+                d.proc.kill()
+                d.proc.wait()
+            d.stderr.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def config(self, **kw):
+        args = dict(source_type="manifest", path="manifest.jsonl", seed=1, epochs=1, consumers=2, workers=2,
+                    batch=16, placement="")
+        args.update(kw)
+        return CONFIG.format(**args)
+
+    def test_two_ranks_together_receive_every_sample_exactly_once(self):
+        ids = make_dataset(self.dir, 203)
+        d = Daemon(self.dir, self.config())
+        c0 = d.consume(0, "--json", "--dump", str(self.dir / "r0"))
+        c1 = d.consume(1, "--json", "--dump", str(self.dir / "r1"))
+        r0, r1 = finish(c0), finish(c1)
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEqual(r0["samples"], 101)
+        self.assertEqual(r1["samples"], 101)
+        self.assertEqual(r0["batches"], r1["batches"])
+        got = []
+        for rank, summary in ((0, r0), (1, r1)):
+            h = hashlib.sha256()
+            for meta, path in dumped_batches(self.dir / f"r{rank}"):
+                got += meta["ids"]
+                for i in meta["ids"]:
+                    h.update((i + "\n").encode())
+                img = np.load(path / "image.npy")
+                self.assertEqual(img.shape, (len(meta["ids"]), 3, 64, 64))
+                self.assertEqual(img.dtype, np.float32)
+                lengths = np.load(path / "text_lengths.npy")
+                text = np.load(path / "text.npy")
+                for k, sid in enumerate(meta["ids"]):  # each row's text belongs to its id
+                    self.assertEqual(bytes(text[k, :lengths[k]].astype(np.uint8)).decode(), f"caption {int(sid[1:])}")
+            self.assertEqual(h.hexdigest(), summary["sample_ids_sha256"])
+        self.assertEqual(len(got), len(set(got)), "a sample was delivered twice")
+        self.assertEqual(len(got), 202)  # 203 dealt to 2 ranks: one left out
+        self.assertTrue(set(got) <= set(ids))
+        log = d.log()
+        self.assertIn("bottleneck:", log)
+        self.assertIn("image", log)
+
+    def test_same_bytes_whatever_the_worker_count(self):
+        make_dataset(self.dir, 64)
+        results = []
+        for workers in (1, 2):
+            d = Daemon(self.dir, self.config(workers=workers, consumers=1))
+            r = finish(d.consume(0, "--json", "--dump", str(self.dir / f"w{workers}")))
+            self.assertEqual(d.wait(), 0)
+            results.append(r)
+        self.assertEqual(results[0]["sample_ids_sha256"], results[1]["sample_ids_sha256"])
+        for b in ("000000", "000003"):
+            a = np.load(self.dir / "w1" / b / "image.npy")
+            c = np.load(self.dir / "w2" / b / "image.npy")
+            self.assertTrue(np.array_equal(a, c))
+
+    def test_crashed_trainer_loses_no_batch(self):
+        make_dataset(self.dir, 160)
+        d = Daemon(self.dir, self.config(consumers=1))
+        crashed = d.consume(0, "--abort-after", "2", "--dump", str(self.dir / "a"))
+        crashed.communicate(timeout=60)
+        self.assertEqual(crashed.returncode, 3)
+        # The first trainer released batch 0 and died holding batch 1.
+        first = dumped_batches(self.dir / "a")
+        self.assertEqual(len(first), 2)
+        time.sleep(0.3)
+        r = finish(d.consume(0, "--json", "--dump", str(self.dir / "b")))
+        self.assertEqual(d.wait(), 0, d.log())
+        second = dumped_batches(self.dir / "b")
+        self.assertEqual(second[0][0]["ids"], first[1][0]["ids"], "the unreleased batch comes first")
+        self.assertEqual(second[0][0]["seq"], 1)
+        ids = first[0][0]["ids"] + [i for meta, _ in second for i in meta["ids"]]
+        self.assertEqual(len(ids), 160)
+        self.assertEqual(len(set(ids)), 160)
+        self.assertIn("1 unreleased batch(es) will be delivered again", d.log())
+
+    def test_bad_config_names_file_line_column_and_exits_2(self):
+        make_dataset(self.dir, 4)
+        bad = self.config().replace("type: text", "type: txet")
+        (self.dir / "bad.yaml").write_text(bad)
+        p = subprocess.run([f"{BIN}/mmfeedd", "--config", str(self.dir / "bad.yaml")], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn(f"{self.dir}/bad.yaml:8:", p.stderr)
+        self.assertIn("unknown stage type 'txet'", p.stderr)
+        (self.dir / "good.yaml").write_text(self.config())
+        p = subprocess.run([f"{BIN}/mmfeedd", "--check", str(self.dir / "good.yaml")], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        p = subprocess.run([f"{BIN}/mmfeedd", "--list-stages"], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0)
+        for word in ("image", "text", "batch", "random_resized_crop", "max_len", "batch_size"):
+            self.assertIn(word, p.stdout)
+
+    def test_sigterm_drains_and_exits_zero_with_pinned_threads_and_status(self):
+        make_dataset(self.dir, 64)
+        node0 = pathlib.Path("/sys/devices/system/node/node0/cpulist")
+        d = Daemon(self.dir, self.config(epochs=0, consumers=1, placement="\n     placement: {numa_node: 0},"),
+                   extra=("--drain-timeout", "3"))
+        r = finish(d.consume(0, "--json", "--batches", "5"))
+        self.assertEqual(r["batches"], 5)
+        # Worker threads are named and pinned to node 0's CPUs.
+        pinned = {}
+        for task in pathlib.Path(f"/proc/{d.proc.pid}/task").iterdir():
+            name = (task / "comm").read_text().strip()
+            status = (task / "status").read_text()
+            cpus = [l.split(":")[1].strip() for l in status.splitlines() if l.startswith("Cpus_allowed_list")][0]
+            pinned[name] = cpus
+        self.assertIn("mmf:image:0", pinned)
+        self.assertIn("mmf:image:1", pinned)
+        if node0.exists():
+            self.assertEqual(pinned["mmf:image:0"], node0.read_text().strip())
+        status = subprocess.run([f"{BIN}/mmfeedctl", "--socket", d.socket, "status"], capture_output=True, text=True)
+        self.assertEqual(status.returncode, 0, status.stderr)
+        self.assertIn("bottleneck:", status.stdout)
+        self.assertIn("rank 0: not attached", status.stdout)
+        js = json.loads(subprocess.run([f"{BIN}/mmfeedctl", "--socket", d.socket, "status", "--json"],
+                                       capture_output=True, text=True).stdout)
+        self.assertEqual([s["name"] for s in js["profile"]["stages"]], ["source", "image", "text", "batch", "ring0"])
+        self.assertGreaterEqual(js["consumers"][0]["released"], 5)
+        d.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(d.wait(30), 0, d.log())
+        log = d.log()
+        self.assertIn("SIGTERM: draining", log)
+        self.assertIn("batches:", log)
+
+    def test_ctl_stop_and_webdataset_source(self):
+        ids = make_dataset(self.dir, 40)
+        lines = [json.loads(l) for l in (self.dir / "manifest.jsonl").read_text().splitlines()]
+        for s in range(2):
+            with tarfile.open(self.dir / f"shard-{s:03d}.tar", "w", format=tarfile.USTAR_FORMAT) as t:
+                for l in lines[s * 20:(s + 1) * 20]:
+                    for ext, data in (("jpg", (self.dir / l["image"]).read_bytes()), ("txt", l["text"].encode())):
+                        info = tarfile.TarInfo(f"{l['id']}.{ext}")
+                        info.size = len(data)
+                        t.addfile(info, io.BytesIO(data))
+        d = Daemon(self.dir, self.config(source_type="webdataset", path='"shard-{000..001}.tar"', consumers=1, batch=8))
+        r = finish(d.consume(0, "--json", "--dump", str(self.dir / "w")))
+        self.assertEqual(r["samples"], 40)
+        got = [i for meta, _ in dumped_batches(self.dir / "w") for i in meta["ids"]]
+        self.assertEqual(sorted(got), ids)
+        self.assertEqual(d.wait(), 0, d.log())
+        d = Daemon(self.dir, self.config(epochs=0, consumers=1), extra=("--drain-timeout", "1"))
+        p = subprocess.run([f"{BIN}/mmfeedctl", "--socket", d.socket, "stop"], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        # Nobody consumes: the drain gives up after its timeout, accounts, and exits 0.
+        self.assertEqual(d.wait(60), 0, d.log())
+        self.assertIn("left in rings", d.log())
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    a, rest = ap.parse_known_args()
+    BIN = os.path.abspath(a.bin)
+    unittest.main(argv=[sys.argv[0], "-v", *rest])
