@@ -21,6 +21,7 @@
 #include "stages/runtime/config.h"
 #include "stages/runtime/pipeline.h"
 #include "stages/runtime/registry.h"
+#include "stages/source/catalog.h"
 
 namespace mmfeed {
 namespace {
@@ -66,9 +67,6 @@ Options ParseArgs(int argc, char** argv) {
   return o;
 }
 
-// Bytes of ids a slot reserves per sample; a longer id fails its sample.
-constexpr uint64_t kMaxIdBytes = 256;
-
 class Daemon {
  public:
   Daemon(PipelineConfig cfg, Options opt) : cfg_(std::move(cfg)), opt_(std::move(opt)), timer_(io_) {}
@@ -76,23 +74,21 @@ class Daemon {
   int Run() {
     // Rings first: their size is known from the stage specs, and running out of memory
     // must be an error now, not later.
+    std::vector<TensorSpec> specs = BatchSpecs(cfg_);
     std::vector<uint64_t> tensor_bytes;
-    for (const std::string& in : cfg_.stages[cfg_.batch_stage].inputs)
-      for (const StageConfig& s : cfg_.stages)
-        if (s.name == in)
-          for (const TensorSpec& t : s.stage->OutputSpecs()) tensor_bytes.push_back(t.NumBytes() * cfg_.batch_size);
-    uint64_t slot_bytes = shm::SlotBytesFor(kMaxIdBytes * cfg_.batch_size, tensor_bytes);
+    for (const TensorSpec& t : specs) tensor_bytes.push_back(t.NumBytes() * cfg_.batch_size);
+    shm::SlotLayout layout = shm::PlanSlot((kMaxIdBytes + 1) * cfg_.batch_size, tensor_bytes);
     std::vector<BatchSink*> sinks;
     for (int r = 0; r < cfg_.consumers; ++r) {
-      auto ring = shm::RingWriter::Create(r, cfg_.consumers, cfg_.ring_slots, slot_bytes);
+      auto ring = shm::RingWriter::Create(r, cfg_.consumers, cfg_.ring_slots, layout);
       if (!ring.ok()) {
         spdlog::error("{}", ring.status().message());
         return 1;
       }
-      sinks_.push_back(std::make_unique<RingSink>(r, std::move(ring.value()), cfg_.pending_batches));
+      sinks_.push_back(std::make_unique<RingSink>(r, specs, std::move(ring.value())));
       sinks.push_back(sinks_.back().get());
     }
-    spdlog::info("{} ring(s) of {} slots x {:.1f} MiB", cfg_.consumers, cfg_.ring_slots, slot_bytes / 1048576.0);
+    spdlog::info("{} ring(s) of {} slots x {:.1f} MiB", cfg_.consumers, cfg_.ring_slots, layout.slot_bytes / 1048576.0);
     auto pipeline = Pipeline::Create(cfg_, sinks);
     if (!pipeline.ok()) {
       spdlog::error("{}", pipeline.status().message());
@@ -115,14 +111,12 @@ class Daemon {
     }
     asio::signal_set signals(io_, SIGINT, SIGTERM, SIGHUP);
     WaitSignal(signals);
-    for (auto& s : sinks_) s->Start();
     pipeline_->Start();
     spdlog::info("serving on {}", opt_.socket);
     Tick();
     io_.run();
 
     pipeline_->Wait();
-    for (auto& s : sinks_) s->Join();
     return Report();
   }
 
@@ -177,7 +171,7 @@ class Daemon {
     timer_.async_wait([this](std::error_code ec) {
       if (ec) return;
       bool all_done = pipeline_->Finished();
-      for (auto& s : sinks_) all_done = all_done && s->done() && s->ring().Drained();
+      for (auto& s : sinks_) all_done = all_done && s->ring().Drained();
       if (all_done) {
         io_.stop();
         return;
@@ -199,19 +193,16 @@ class Daemon {
   int Report() {
     nlohmann::json profile = pipeline_->Profile();
     std::string text = FormatProfile(profile);
-    uint64_t written = 0, undelivered = 0, unreleased = 0;
+    uint64_t written = 0, unreleased = 0;
     for (auto& s : sinks_) {
-      written += s->batches_written();
-      undelivered += s->batches_undelivered();
+      written += s->ring().published();
       unreleased += s->ring().published() - s->ring().released();
     }
     const auto& errors = profile["errors"];
     std::fprintf(stderr, "mmfeedd profile:\n%s", text.c_str());
-    std::fprintf(stderr, "batches: %lu published, %lu taken and released, %lu left in rings, %lu never published; "
-                 "samples skipped: %lu\n",
+    std::fprintf(stderr, "batches: %lu published, %lu taken and released, %lu left in rings; samples skipped: %lu\n",
                  static_cast<unsigned long>(written), static_cast<unsigned long>(written - unreleased),
-                 static_cast<unsigned long>(unreleased), static_cast<unsigned long>(undelivered),
-                 static_cast<unsigned long>(errors["total"].get<uint64_t>()));
+                 static_cast<unsigned long>(unreleased), static_cast<unsigned long>(errors["total"].get<uint64_t>()));
     Status st = pipeline_->status();
     if (!st.ok()) {
       std::fprintf(stderr, "mmfeedd: stopped on error: %s\n", st.message().c_str());

@@ -1,17 +1,16 @@
-// RingSink: delivers one consumer rank's batches into its shared-memory ring.
+// RingSink: one consumer rank's batches, living in its shared-memory ring.
 //
-// The pipeline's batch thread calls Put/Finish; the sink's own thread waits for a free slot
-// (the trainer's release), copies the batch in and publishes it. Between the two sits a small
-// bounded mailbox, so a slow rank delays the others only once it is that far behind.
-// The control thread may call Abort(), counters and ring() at any time.
+// Reserve (source thread) claims a free slot and hands out its tensor memory, so workers write
+// samples straight into shared memory; Commit/Discard (batch thread) publish or return it.
+// When the ring is full, Reserve waits for the trainer to release a slot: that wait is the
+// back-pressure, and shows in the profile as this stage's "blocked" time. The control thread
+// may call Abort(), done(), info() and ring() at any time.
 #pragma once
 
 #include <atomic>
 #include <memory>
-#include <thread>
 
 #include "shm/ring.h"
-#include "stages/runtime/mailbox.h"
 #include "stages/runtime/pipeline.h"
 #include "stages/runtime/profile.h"
 
@@ -19,35 +18,26 @@ namespace mmfeed {
 
 class RingSink : public BatchSink {
  public:
-  RingSink(uint32_t rank, std::unique_ptr<shm::RingWriter> ring, size_t pending);
-  ~RingSink() override;
+  RingSink(uint32_t rank, std::vector<TensorSpec> specs, std::unique_ptr<shm::RingWriter> ring);
 
-  void Put(std::unique_ptr<Batch> batch) override;
+  bool Reserve(BatchMemory* memory) override;
+  void Commit(const BatchMemory& memory, const BatchInfo& info) override;
+  void Discard(const BatchMemory& memory) override;
   void Finish() override;
 
-  void Start();
-  // Stop waiting for the trainer: batches not yet in the ring are counted as undelivered.
-  void Abort();
-  void Join();
+  // Stop waiting for the trainer: Reserve returns false from now on.
+  void Abort() { abort_.store(true, std::memory_order_release); }
   bool done() const { return done_.load(std::memory_order_acquire); }
-
   shm::RingWriter& ring() { return *ring_; }
-  StageInfo info() const;
-  uint64_t batches_written() const { return written_.load(); }
-  uint64_t batches_undelivered() const { return undelivered_.load(); }
+  StageInfo info() const { return {name_, "ring", 1, 0, &counters_}; }
 
  private:
-  void Loop();
-
   uint32_t rank_;
   std::string name_;
+  std::vector<TensorSpec> specs_;
   std::unique_ptr<shm::RingWriter> ring_;
-  Mailbox<std::unique_ptr<Batch>> inbox_;
   StageCounters counters_;
-  StageCounters unused_;  // the batch thread's wait is counted by the pipeline
-  std::thread thread_;
   std::atomic<bool> abort_{false}, done_{false};
-  std::atomic<uint64_t> written_{0}, undelivered_{0};
 };
 
 }  // namespace mmfeed

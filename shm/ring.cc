@@ -27,18 +27,26 @@ void FutexWakeAll(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
 }
 
-uint64_t SlotBytesFor(uint64_t ids_bytes, const std::vector<uint64_t>& tensor_bytes) {
-  uint64_t payload = 0;
-  for (uint64_t b : tensor_bytes) payload += AlignUp(b, kPageBytes);
-  return AlignUp(sizeof(SlotDescriptor) + ids_bytes, kPageBytes) + payload;
+SlotLayout PlanSlot(uint64_t ids_capacity, const std::vector<uint64_t>& tensor_bytes) {
+  SlotLayout l;
+  l.ids_capacity = ids_capacity;
+  uint64_t off = AlignUp(sizeof(SlotDescriptor) + ids_capacity, kPageBytes);
+  for (uint64_t b : tensor_bytes) {
+    l.tensor_offsets.push_back(off);
+    l.tensor_capacity.push_back(b);
+    off += AlignUp(std::max<uint64_t>(b, 1), kPageBytes);
+  }
+  l.slot_bytes = off;
+  return l;
 }
 
 // ---------------------------------------------------------------- writer
 
 Result<std::unique_ptr<RingWriter>> RingWriter::Create(uint32_t rank, uint32_t num_ranks,
-                                                       uint32_t slot_count, uint64_t slot_bytes) {
+                                                       uint32_t slot_count, const SlotLayout& layout) {
   std::unique_ptr<RingWriter> w(new RingWriter());
-  uint64_t stride = AlignUp(slot_bytes, kPageBytes);
+  w->layout_ = layout;
+  uint64_t stride = AlignUp(layout.slot_bytes, kPageBytes);
   w->size_ = kPageBytes + stride * slot_count;
   std::string name = fmt::format("mmfeed-ring-{}", rank);
   w->fd_ = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -61,7 +69,7 @@ Result<std::unique_ptr<RingWriter>> RingWriter::Create(uint32_t rank, uint32_t n
   h->total_bytes = w->size_;
   h->slots_offset = kPageBytes;
   h->slot_stride = stride;
-  h->payload_offset = AlignUp(sizeof(SlotDescriptor), kPageBytes);
+  h->payload_offset = AlignUp(sizeof(SlotDescriptor) + layout.ids_capacity, kPageBytes);
   h->slot_count = slot_count;
   h->rank = rank;
   h->num_ranks = num_ranks;
@@ -90,24 +98,23 @@ int RingWriter::AcquireFree(int timeout_ms) {
   return -1;
 }
 
-Status RingWriter::Publish(int index, const BatchView& batch) {
+uint8_t* RingWriter::slot_data(int index) const { return reinterpret_cast<uint8_t*>(slot(index)); }
+
+Status RingWriter::Commit(int index, const BatchView& batch) {
   RingHeader* h = header();
   SlotDescriptor* d = slot(index);
   uint8_t* slot_base = reinterpret_cast<uint8_t*>(d);
-  if (batch.tensors.size() > kMaxTensors)
-    return Status::Invalid(fmt::format("batch has {} tensors, the ring holds at most {}", batch.tensors.size(), kMaxTensors));
+  if (batch.tensors.size() > kMaxTensors || batch.tensors.size() > layout_.tensor_offsets.size())
+    return Status::Invalid(fmt::format("batch has {} tensors, the ring planned {} (at most {})", batch.tensors.size(),
+                                       layout_.tensor_offsets.size(), kMaxTensors));
   uint64_t ids_bytes = 0;
   for (auto id : batch.ids) ids_bytes += id.size() + 1;
-  uint64_t off = AlignUp(sizeof(SlotDescriptor) + ids_bytes, kPageBytes);
-  std::vector<uint64_t> offsets;
-  for (const TensorView& t : batch.tensors) {
-    offsets.push_back(off);
-    off += AlignUp(t.nbytes, kPageBytes);
-  }
-  if (off > h->slot_stride) {
-    d->state.store(kSlotFree, std::memory_order_release);
-    return Status::TooLarge(fmt::format("batch needs {} bytes, ring slots hold {}", off, h->slot_stride));
-  }
+  if (ids_bytes > layout_.ids_capacity)
+    return Status::TooLarge(fmt::format("batch ids need {} bytes, slots hold {}", ids_bytes, layout_.ids_capacity));
+  for (size_t i = 0; i < batch.tensors.size(); ++i)
+    if (batch.tensors[i].nbytes > layout_.tensor_capacity[i] || batch.tensors[i].shape.size() > kMaxDims)
+      return Status::TooLarge(fmt::format("tensor '{}' ({} bytes) exceeds its planned {} bytes", batch.tensors[i].name,
+                                          batch.tensors[i].nbytes, layout_.tensor_capacity[i]));
   d->seq = batch.seq;
   d->epoch = batch.epoch;
   d->num_samples = static_cast<uint32_t>(batch.ids.size());
@@ -120,29 +127,32 @@ Status RingWriter::Publish(int index, const BatchView& batch) {
     p[id.size()] = 0;
     p += id.size() + 1;
   }
+  uint64_t end = h->payload_offset;
   for (size_t i = 0; i < batch.tensors.size(); ++i) {
     const TensorView& t = batch.tensors[i];
     TensorDesc& td = d->tensors[i];
     std::memset(&td, 0, sizeof(td));
     std::strncpy(td.name, t.name.c_str(), kTensorNameBytes - 1);
     td.dtype = t.dtype;
-    td.ndim = static_cast<uint32_t>(std::min<size_t>(t.shape.size(), kMaxDims));
+    td.ndim = static_cast<uint32_t>(t.shape.size());
     for (uint32_t k = 0; k < td.ndim; ++k) td.shape[k] = t.shape[k];
-    td.offset = offsets[i];
+    td.offset = layout_.tensor_offsets[i];
     td.nbytes = t.nbytes;
-    if (t.rows.empty()) {
-      std::memcpy(slot_base + td.offset, t.data, t.nbytes);
-    } else {
-      for (size_t r = 0; r < t.rows.size(); ++r) std::memcpy(slot_base + td.offset + r * t.row_bytes, t.rows[r], t.row_bytes);
-    }
+    end = td.offset + t.nbytes;
   }
-  d->payload_bytes = off - h->payload_offset;
+  d->payload_bytes = end - h->payload_offset;
   d->reader_mask = 1;
   d->state.store(kSlotReady, std::memory_order_release);
   h->published.fetch_add(1, std::memory_order_release);
   h->publish_futex.fetch_add(1, std::memory_order_release);
   FutexWakeAll(&h->publish_futex);
   return Status::Ok();
+}
+
+void RingWriter::Abandon(int index) {
+  slot(index)->state.store(kSlotFree, std::memory_order_release);
+  header()->release_futex.fetch_add(1, std::memory_order_release);
+  FutexWakeAll(&header()->release_futex);
 }
 
 void RingWriter::Close() {

@@ -17,20 +17,16 @@
 
 namespace mmfeed::shm {
 
-// A tensor as written into / read out of a slot.
+// A tensor as read out of a slot (or, for the writer, described: data unused).
 struct TensorView {
   std::string name;
   uint32_t dtype = 0;
   std::vector<int64_t> shape;
   const uint8_t* data = nullptr;
   uint64_t nbytes = 0;
-  // Writer only: if not empty, the tensor is gathered from these pieces of `row_bytes` each
-  // (one per sample) instead of `data`; nbytes must equal rows.size() * row_bytes.
-  std::vector<const uint8_t*> rows;
-  uint64_t row_bytes = 0;
 };
 
-// One batch, as seen in a slot (pointers into the mapping) or as handed to the writer.
+// One batch: as seen in a slot (pointers into the mapping) or as committed by the writer.
 struct BatchView {
   uint64_t seq = 0;
   uint32_t epoch = 0;
@@ -38,14 +34,22 @@ struct BatchView {
   std::vector<TensorView> tensors;
 };
 
-// Bytes one slot needs for `ids_bytes` of ids and tensors of the given sizes.
-uint64_t SlotBytesFor(uint64_t ids_bytes, const std::vector<uint64_t>& tensor_bytes);
+// Where things go in every slot: ids first, then each tensor at a fixed, page-aligned offset
+// with room for its largest (full-batch) size. Fixed so that workers can write samples into a
+// slot before the batch is complete.
+struct SlotLayout {
+  uint64_t ids_capacity = 0;
+  std::vector<uint64_t> tensor_offsets;  // from the slot's start
+  std::vector<uint64_t> tensor_capacity;
+  uint64_t slot_bytes = 0;
+};
+SlotLayout PlanSlot(uint64_t ids_capacity, const std::vector<uint64_t>& tensor_bytes);
 
 class RingWriter {
  public:
   // Creates the memfd, reserves and seals it, and maps it.
   static Result<std::unique_ptr<RingWriter>> Create(uint32_t rank, uint32_t num_ranks,
-                                                    uint32_t slot_count, uint64_t slot_bytes);
+                                                    uint32_t slot_count, const SlotLayout& layout);
   ~RingWriter();
   RingWriter(const RingWriter&) = delete;
   RingWriter& operator=(const RingWriter&) = delete;
@@ -53,11 +57,19 @@ class RingWriter {
   int fd() const { return fd_; }
   uint64_t size() const { return size_; }
 
-  // Waits up to `timeout_ms` for a free slot; returns its index, or -1 on timeout.
+  // Waits up to `timeout_ms` for a free slot and claims it for writing; returns its index,
+  // or -1 on timeout.
   int AcquireFree(int timeout_ms);
-  // Copies `batch` into slot `slot` (from AcquireFree) and publishes it.
-  // Returns an error if it does not fit (nothing is published then).
-  Status Publish(int slot, const BatchView& batch);
+  // Start of a claimed slot; tensor k lives at layout().tensor_offsets[k].
+  uint8_t* slot_data(int slot) const;
+  const SlotLayout& layout() const { return layout_; }
+  // Publishes a claimed slot whose tensors were written in place: writes the descriptor (seq,
+  // epoch, ids, the tensors' names, dtypes, shapes and sizes) and hands it to the reader.
+  // An error (too many tensors, ids or a tensor larger than planned) publishes nothing and
+  // leaves the slot claimed.
+  Status Commit(int slot, const BatchView& batch);
+  // Gives a claimed slot back unpublished.
+  void Abandon(int slot);
   // No more batches: readers drain what is published, then see the end.
   void Close();
   // After a reader died: every slot it held becomes READY again. Returns how many.
@@ -75,6 +87,7 @@ class RingWriter {
   int fd_ = -1;
   uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
+  SlotLayout layout_;
 };
 
 class RingReader {

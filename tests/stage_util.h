@@ -31,3 +31,26 @@ inline FieldValue PathField(const std::string& path) {
 }
 
 }  // namespace mmfeed::testing
+
+namespace mmfeed::testing {
+
+// One output of a stage run in a test, with its own memory.
+struct Output {
+  TensorSpec spec;
+  std::vector<uint8_t> data;
+  template <typename T>
+  T* As() { return reinterpret_cast<T*>(data.data()); }
+};
+
+// Runs one sample through a fresh worker of `stage`.
+inline Result<std::vector<Output>> RunStage(const Stage& stage, const SampleContext& ctx, const FieldValue& in) {
+  std::vector<Output> outs;
+  std::vector<uint8_t*> ptrs;
+  for (const TensorSpec& s : stage.OutputSpecs()) outs.push_back({s, std::vector<uint8_t>(s.NumBytes())});
+  for (Output& o : outs) ptrs.push_back(o.data.data());
+  Status st = stage.NewWorker()->Process(ctx, in, OutputRow(ptrs.data(), ptrs.size()));
+  if (!st.ok()) return st;
+  return outs;
+}
+
+}  // namespace mmfeed::testing

@@ -92,7 +92,7 @@ class ImageWorker : public StageWorker {
  public:
   explicit ImageWorker(const ImageParams& p) : p_(p) {}
 
-  Status Process(const SampleContext& ctx, const FieldValue& in, std::vector<Tensor>* out) override {
+  Status Process(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) override {
     Result<std::string_view> bytes = FieldBytes(in, &file_);
     if (!bytes.ok()) return bytes.status();
     std::string_view data = *bytes;
@@ -136,10 +136,7 @@ class ImageWorker : public StageWorker {
     cv::resize(region(r), resized_, cv::Size(p_.out_w, p_.out_h), 0, 0,
                shrink_a_lot ? cv::INTER_AREA : cv::INTER_LINEAR);
 
-    TensorSpec spec = OutputSpec(p_);
-    Tensor t = Tensor::Make(spec);
-    WriteOutput(resized_, flip, &t);
-    out->push_back(std::move(t));
+    WriteOutput(resized_, flip, out[0]);
     return Status::Ok();
   }
 
@@ -173,10 +170,10 @@ class ImageWorker : public StageWorker {
   }
 
   // Flip, normalize and change layout in one pass over the resized pixels.
-  void WriteOutput(const cv::Mat& rgb, bool flip, Tensor* t) {
+  void WriteOutput(const cv::Mat& rgb, bool flip, uint8_t* out) {
     const int H = p_.out_h, W = p_.out_w;
     if (p_.dtype == DType::kUInt8) {
-      uint8_t* dst = t->As<uint8_t>();
+      uint8_t* dst = out;
       for (int y = 0; y < H; ++y) {
         const uint8_t* row = rgb.ptr<uint8_t>(y);
         for (int x = 0; x < W; ++x) {
@@ -189,7 +186,7 @@ class ImageWorker : public StageWorker {
       }
       return;
     }
-    float* dst = t->As<float>();
+    float* dst = reinterpret_cast<float*>(out);
     const cv::Mat* src = &rgb;
     if (flip) {
       cv::flip(rgb, flipped_, 1);

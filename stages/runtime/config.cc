@@ -316,11 +316,9 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
   if (root["placement"]) cfg.placement = ParsePlacement(root["placement"], "placement");
   if (root["output"]) {
     const YAML::Node& o = root["output"];
-    CheckKeys(o, "output", {"ring_slots", "pending_batches"});
+    CheckKeys(o, "output", {"ring_slots"});
     if (o["ring_slots"]) cfg.ring_slots = static_cast<int>(IntAtLeast(o["ring_slots"], "output.ring_slots", 2));
     if (cfg.ring_slots > 1024) Fail(o["ring_slots"], "output.ring_slots must be at most 1024");
-    if (o["pending_batches"])
-      cfg.pending_batches = static_cast<int>(IntAtLeast(o["pending_batches"], "output.pending_batches", 1));
   }
   const YAML::Node& stages = root["stages"];
   if (!stages || !stages.IsSequence() || stages.size() == 0)
@@ -346,6 +344,15 @@ Result<PipelineConfig> ParseConfig(const std::string& text, const std::string& f
   } catch (const YAML::Exception& e) {
     return Status::Invalid(fmt::format("{}:{}:{}: {}", file, e.mark.line + 1, e.mark.column + 1, e.msg));
   }
+}
+
+std::vector<TensorSpec> BatchSpecs(const PipelineConfig& cfg) {
+  std::vector<TensorSpec> specs;
+  for (const std::string& in : cfg.stages[cfg.batch_stage].inputs)
+    for (const StageConfig& s : cfg.stages)
+      if (s.name == in)
+        for (const TensorSpec& t : s.stage->OutputSpecs()) specs.push_back(t);
+  return specs;
 }
 
 Result<PipelineConfig> LoadConfigFile(const std::string& file) {

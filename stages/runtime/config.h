@@ -63,7 +63,6 @@ struct PipelineConfig {
   int64_t batch_size = 0;
   bool drop_last = false;
   int ring_slots = 8;
-  int pending_batches = 2;  // finished batches queued per rank in front of its ring
   ErrorPolicy on_error = ErrorPolicy::kSkip;
   Placement placement;
 };
@@ -71,5 +70,9 @@ struct PipelineConfig {
 // Parses and validates `text` as if read from `file` (used for messages and relative paths).
 Result<PipelineConfig> ParseConfig(const std::string& text, const std::string& file);
 Result<PipelineConfig> LoadConfigFile(const std::string& file);
+
+// Every tensor of a batch, per sample, in order: the batch stage's inputs in order, each
+// stage's outputs in order.
+std::vector<TensorSpec> BatchSpecs(const PipelineConfig& cfg);
 
 }  // namespace mmfeed

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <array>
 #include <cstring>
+#include <set>
 #include <map>
 #include <unordered_map>
 
@@ -35,31 +37,33 @@ nlohmann::json ErrorLog::ToJson() const {
   return {{"total", total_}, {"by_reason", by_reason_}, {"recent", recent_}};
 }
 
-std::vector<int64_t> Batch::BatchShape(size_t k) const {
-  std::vector<int64_t> shape = specs[k].shape;
-  shape.insert(shape.begin(), static_cast<int64_t>(ids.size()));
-  return shape;
-}
-
-Tensor Batch::Collate(size_t k) const {
-  Tensor t = Tensor::Make({specs[k].name, specs[k].dtype, BatchShape(k)});
-  size_t per = specs[k].NumBytes();
-  for (size_t i = 0; i < rows.size(); ++i) std::memcpy(t.data.data() + i * per, rows[i][k].data.data(), per);
-  return t;
-}
-
 // ---------------------------------------------------------------- internals
 
-// One sample's field on its way through one branch, and back to the join.
+// A batch as the source laid it out: `rows` samples, row i for the rank's i-th sample of it.
+// Immutable once made; shared by the work items that write into it and the collator.
+struct Pipeline::Provisional {
+  BatchMemory memory;
+  uint64_t index = 0;  // provisional batch number within the rank
+  uint32_t epoch = 0;
+  int rows = 0;
+};
+
+constexpr int kMaxOutputs = 16;  // tensors per stage (the ring holds 16 per batch anyway)
+
+// One sample's field on its way through one branch, and back to the join. Markers on the
+// join mailbox: branch -1 "this branch has finished", branch -2 "rank `rank` was dealt
+// `rank_seq` samples in all" (sent when the source stops).
 struct Pipeline::WorkItem {
   uint64_t seq = 0;       // dealing order on this node, across epochs
   uint64_t rank_seq = 0;  // order within the rank, across epochs
   uint32_t epoch = 0;
   uint32_t rank = 0;
   uint32_t entry = 0;  // catalog index
-  int branch = -1;     // -1 on the join mailbox: "branch `done_branch` has no more items"
-  bool last_in_epoch = false;
-  std::vector<Tensor> out;
+  int branch = -1;
+  bool last_in_epoch = false;  // the rank's last sample of the epoch
+  std::shared_ptr<const Provisional> batch;
+  int row = 0;
+  std::array<uint8_t*, kMaxOutputs> out{};
   Status status;
 };
 
@@ -98,8 +102,13 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg, st
     b->cpus = *cpus;
     needed.insert(it->field);
     if (it->schema->field_is_path) path_fields.insert(it->field);
+    if (b->specs.size() > static_cast<size_t>(kMaxOutputs))
+      return Status::Invalid(fmt::format("stage '{}' declares {} outputs, at most {}", it->name, b->specs.size(), kMaxOutputs));
+    p->first_tensor_.push_back(p->specs_.size());
+    p->specs_.insert(p->specs_.end(), b->specs.begin(), b->specs.end());
     p->branches_.push_back(std::move(b));
   }
+  if (p->specs_.size() != BatchSpecs(cfg).size()) return Status::Invalid("internal: tensor specs disagree");
   for (auto& b : p->branches_) b->cfg = &*std::find_if(p->cfg_.stages.begin(), p->cfg_.stages.end(),
                                                          [&](const StageConfig& s) { return s.name == b->cfg->name; });
   Result<Catalog> cat = LoadCatalog(cfg.source, needed, path_fields);
@@ -162,14 +171,34 @@ void Pipeline::Fail(const Status& st) {
 void Pipeline::SourceLoop() {
   PinAndNameThisThread({}, "mmf:source");
   const int consumers = cfg_.consumers;
+  const int64_t bs = cfg_.batch_size;
   uint64_t seq = 0;
-  std::vector<uint64_t> rank_seq(consumers, 0);
+  std::vector<uint64_t> rank_seq(consumers, 0), batches(consumers, 0);
+  std::vector<std::shared_ptr<const Provisional>> open(consumers);
+  std::vector<int> next_row(consumers, 0);
   for (uint32_t epoch = 0; cfg_.source.epochs == 0 || epoch < static_cast<uint32_t>(cfg_.source.epochs); ++epoch) {
     std::vector<uint32_t> order = EpochOrder(catalog_->entries.size(), cfg_.source, epoch, consumers);
+    const size_t per_rank = order.size() / consumers;
     for (size_t i = 0; i < order.size(); ++i) {
       if (stop_.load(std::memory_order_acquire)) goto done;
       uint64_t t0 = NowNs();
-      uint32_t rank = static_cast<uint32_t>(i % consumers);
+      const uint32_t rank = static_cast<uint32_t>(i % consumers);
+      const size_t pos = i / consumers;  // position within the rank's share of the epoch
+      if (pos % bs == 0) {  // first sample of a batch: reserve its memory
+        auto pb = std::make_shared<Provisional>();
+        pb->index = batches[rank]++;
+        pb->epoch = epoch;
+        pb->rows = static_cast<int>(std::min<size_t>(bs, per_rank - pos));
+        source_counters_.busy_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
+        uint64_t w0 = NowNs();
+        bool ok = sinks_[rank]->Reserve(&pb->memory);
+        source_counters_.blocked_ns.fetch_add(NowNs() - w0, std::memory_order_relaxed);
+        t0 = NowNs();
+        if (!ok) goto done;
+        open[rank] = std::move(pb);
+        next_row[rank] = 0;
+      }
+      const int row = next_row[rank]++;
       for (size_t b = 0; b < branches_.size(); ++b) {
         auto item = std::make_unique<WorkItem>();
         item->seq = seq;
@@ -178,7 +207,13 @@ void Pipeline::SourceLoop() {
         item->rank = rank;
         item->entry = order[i];
         item->branch = static_cast<int>(b);
-        item->last_in_epoch = i + consumers >= order.size();
+        item->last_in_epoch = pos + 1 == per_rank;
+        item->batch = open[rank];
+        item->row = row;
+        for (size_t k = 0; k < branches_[b]->specs.size(); ++k) {
+          size_t t = first_tensor_[b] + k;
+          item->out[k] = open[rank]->memory.base[t] + row * specs_[t].NumBytes();
+        }
         source_counters_.busy_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
         branches_[b]->inbox.Push(std::move(item), &source_counters_.blocked_ns);
         t0 = NowNs();
@@ -189,6 +224,14 @@ void Pipeline::SourceLoop() {
     }
   }
 done:
+  // Tell the collator how many samples each rank got, so it can close partial batches.
+  for (int r = 0; r < consumers; ++r) {
+    auto end = std::make_unique<WorkItem>();
+    end->branch = -2;
+    end->rank = static_cast<uint32_t>(r);
+    end->rank_seq = rank_seq[r];
+    join_->Push(std::move(end), &source_counters_.blocked_ns);
+  }
   for (auto& b : branches_) b->inbox.Close(b->cfg->workers);
 }
 
@@ -208,9 +251,7 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
       if (kv.first == b->cfg->field) field = &kv.second;
     SampleContext ctx{cfg_.source.seed, item->epoch, e.id, e.origin};
     if (!field) item->status = Status::NotFound(fmt::format("sample has no field '{}'", b->cfg->field));
-    else item->status = impl->Process(ctx, *field, &item->out);
-    if (item->status.ok() && item->out.size() != b->specs.size())
-      item->status = Status::Invalid(fmt::format("stage produced {} tensors, declared {}", item->out.size(), b->specs.size()));
+    else item->status = impl->Process(ctx, *field, OutputRow(item->out.data(), b->specs.size()));
     b->counters.busy_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
     b->counters.cpu_ns.fetch_add(ThreadCpuNs() - c0, std::memory_order_relaxed);
     b->counters.items.fetch_add(1, std::memory_order_relaxed);
@@ -224,132 +265,212 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
   }
 }
 
-// Per-rank reorder buffer and the batch being filled.
-struct Pipeline::RankState {
-  struct Ready {
-    uint32_t entry;
-    uint32_t epoch;
-    bool last_in_epoch;
-    Status status;
-    std::string stage;  // stage that failed, if any
-    std::vector<std::vector<Tensor>> outs;
+// Turns one rank's samples, taken in the rank's order, into committed batches. Samples were
+// written into their provisional rows by the workers; a failed sample leaves a hole, which the
+// next successful sample of the rank fills (one row copy, only after an error). Batches are
+// committed in order; a batch's content depends only on the data, never on timing.
+// Runs on the batch thread only.
+class Pipeline::Collator {
+ public:
+  Collator(Pipeline* p, uint32_t rank) : p_(p), rank_(rank) {}
+
+  // Takes the rank's next sample (in rank order).
+  void Add(const WorkItem& s, const Status& status, const std::string& failed_stage) {
+    ++taken_;
+    Open& own = Get(s.batch);
+    ++own.processed;
+    Open& front = open_.begin()->second;
+    const CatalogEntry& e = p_->catalog_->entries[s.entry];
+    if (!status.ok()) {
+      own.holes.insert(s.row);
+      p_->SampleFailed(e, failed_stage, status);
+    } else if (&own == &front || front.holes.empty()) {
+      own.ids[s.row] = e.id;
+    } else {  // an earlier batch still has a hole: this sample fills it
+      int hole = *front.holes.begin();
+      front.holes.erase(front.holes.begin());
+      MoveRow(*own.batch, s.row, *front.batch, hole);
+      front.ids[hole] = e.id;
+      own.holes.insert(s.row);
+    }
+    while (!open_.empty()) {
+      Open& f = open_.begin()->second;
+      if (f.processed < f.batch->rows || !f.holes.empty()) break;
+      CommitFront(f.batch->rows);
+    }
+    if (s.last_in_epoch) Close();
+  }
+
+  // Closes every open batch once `total` samples were taken (the source stopped early).
+  void EndAt(uint64_t total) { end_at_ = total; }
+  bool AtEnd() const { return end_at_ != UINT64_MAX && taken_ == end_at_; }
+
+  // No more samples for these open batches: move rows from the last ones into the first
+  // ones' holes, then commit them short (or discard if empty, or short under drop_last).
+  void Close() {
+    while (!open_.empty()) {
+      Open& f = open_.begin()->second;
+      // Only rows below `processed` were written; the rest of a partly dealt batch are holes.
+      for (int r = f.processed; r < f.batch->rows; ++r) f.holes.insert(r);
+      // Pull rows from later batches (last first) into this one's holes.
+      for (auto it = std::prev(open_.end()); it != open_.begin() && !f.holes.empty();) {
+        Open& src = it->second;
+        int r = LastFilled(src);
+        if (r < 0) {
+          --it;
+          continue;
+        }
+        int hole = *f.holes.begin();
+        f.holes.erase(f.holes.begin());
+        MoveRow(*src.batch, r, *f.batch, hole);
+        f.ids[hole] = std::move(src.ids[r]);
+        src.holes.insert(r);
+      }
+      // Compact within the batch: its last rows into its first holes.
+      int n = f.batch->rows - static_cast<int>(f.holes.size());
+      for (int last = f.batch->rows - 1; !f.holes.empty() && *f.holes.begin() < n; --last) {
+        if (f.holes.count(last)) continue;
+        int hole = *f.holes.begin();
+        f.holes.erase(f.holes.begin());
+        MoveRow(*f.batch, last, *f.batch, hole);
+        f.ids[hole] = std::move(f.ids[last]);
+        f.holes.insert(last);
+      }
+      if (n == 0 || (p_->cfg_.drop_last && n < p_->cfg_.batch_size)) {
+        p_->sinks_[rank_]->Discard(f.batch->memory);
+        open_.erase(open_.begin());
+      } else {
+        CommitFront(n);
+      }
+    }
+  }
+
+  // Gives every open batch back unpublished (after on_error: fail).
+  void DiscardAll() {
+    for (auto& [index, o] : open_) p_->sinks_[rank_]->Discard(o.batch->memory);
+    open_.clear();
+  }
+
+ private:
+  struct Open {
+    std::shared_ptr<const Provisional> batch;
+    std::vector<std::string> ids;
+    std::set<int> holes;
+    int processed = 0;  // own samples taken so far
   };
-  std::map<uint64_t, Ready> reorder;
-  uint64_t next = 0;
-  uint64_t batch_seq = 0;
-  std::unique_ptr<Batch> batch;
+
+  Open& Get(const std::shared_ptr<const Provisional>& b) {
+    auto it = open_.find(b->index);
+    if (it != open_.end()) return it->second;
+    Open& o = open_[b->index];
+    o.batch = b;
+    o.ids.resize(b->rows);
+    return o;
+  }
+
+  static int LastFilled(const Open& o) {
+    for (int r = o.processed - 1; r >= 0; --r)
+      if (!o.holes.count(r)) return r;
+    return -1;
+  }
+
+  void MoveRow(const Provisional& from, int from_row, const Provisional& to, int to_row) {
+    for (size_t k = 0; k < p_->specs_.size(); ++k) {
+      size_t n = p_->specs_[k].NumBytes();
+      std::memmove(to.memory.base[k] + to_row * n, from.memory.base[k] + from_row * n, n);
+    }
+  }
+
+  void CommitFront(int n) {
+    Open& f = open_.begin()->second;
+    BatchInfo info;
+    info.rank = rank_;
+    info.seq = committed_++;
+    info.epoch = f.batch->epoch;
+    info.ids.assign(std::make_move_iterator(f.ids.begin()), std::make_move_iterator(f.ids.begin() + n));
+    uint64_t t0 = NowNs();
+    p_->sinks_[rank_]->Commit(f.batch->memory, info);
+    p_->batch_counters_.blocked_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
+    open_.erase(open_.begin());
+  }
+
+  Pipeline* p_;
+  uint32_t rank_;
+  std::map<uint64_t, Open> open_;  // by provisional index; the first is the one being filled
+  uint64_t taken_ = 0, committed_ = 0, end_at_ = UINT64_MAX;
 };
+
+void Pipeline::SampleFailed(const CatalogEntry& e, const std::string& stage, const Status& st) {
+  batch_counters_.errors.fetch_add(1, std::memory_order_relaxed);
+  if (cfg_.on_error == ErrorPolicy::kFail) Fail(st.WithContext(fmt::format("{} ({})", e.origin, stage)));
+  else errors_.Add(e.origin, stage, st.CodeName(), st.message());
+}
 
 void Pipeline::BatchLoop() {
   PinAndNameThisThread({}, "mmf:batch");
   const size_t nb = branches_.size();
-  const int64_t bs = cfg_.batch_size;
   struct Pending {
     int arrived = 0;
-    RankState::Ready ready;
-    uint32_t rank = 0;
-    uint64_t rank_seq = 0;
+    Status status;
+    std::string failed_stage;
+    std::unique_ptr<WorkItem> first;
   };
-  std::unordered_map<uint64_t, Pending> pending;
-  std::vector<RankState> ranks(cfg_.consumers);
-  std::vector<TensorSpec> specs;  // batch tensor order: branches in `inputs` order
-  for (auto& b : branches_) specs.insert(specs.end(), b->specs.begin(), b->specs.end());
+  std::unordered_map<uint64_t, Pending> pending;                 // by seq: branches so far
+  std::vector<std::map<uint64_t, Pending>> reorder(cfg_.consumers);  // by rank_seq: joined
+  std::vector<uint64_t> next(cfg_.consumers, 0);
+  std::vector<Collator> collators;
+  for (int r = 0; r < cfg_.consumers; ++r) collators.emplace_back(this, static_cast<uint32_t>(r));
   bool failed = false;
 
-  auto emit = [&](uint32_t rank) {
-    RankState& rs = ranks[rank];
-    std::unique_ptr<Batch> batch = std::move(rs.batch);
-    batch->seq = rs.batch_seq++;
-    uint64_t t0 = NowNs();
-    sinks_[rank]->Put(std::move(batch));
-    batch_counters_.blocked_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
-  };
-
-  auto add_sample = [&](uint32_t rank, RankState::Ready& r) {
-    const CatalogEntry& e = catalog_->entries[r.entry];
-    if (!r.status.ok()) {
-      batch_counters_.errors.fetch_add(1, std::memory_order_relaxed);
-      if (cfg_.on_error == ErrorPolicy::kFail) {
-        Fail(r.status.WithContext(fmt::format("{} ({})", e.origin, r.stage)));
-        failed = true;
-      } else {
-        errors_.Add(e.origin, r.stage, r.status.CodeName(), r.status.message());
-      }
-      return;
+  auto drain_rank = [&](uint32_t rank) {
+    auto& ro = reorder[rank];
+    while (!ro.empty() && ro.begin()->first == next[rank]) {
+      Pending j = std::move(ro.begin()->second);
+      ro.erase(ro.begin());
+      ++next[rank];
+      if (failed) continue;
+      collators[rank].Add(*j.first, j.status, j.failed_stage);
+      batch_counters_.items.fetch_add(1, std::memory_order_relaxed);
+      failed = !status().ok();
     }
-    RankState& rs = ranks[rank];
-    if (rs.batch && rs.batch->epoch != r.epoch) emit(rank);
-    if (!rs.batch) {
-      rs.batch = std::make_unique<Batch>();
-      rs.batch->rank = rank;
-      rs.batch->epoch = r.epoch;
-      rs.batch->specs = specs;
-      rs.batch->rows.reserve(bs);
-    }
-    std::vector<Tensor> row;
-    row.reserve(specs.size());
-    for (auto& outs : r.outs)
-      for (Tensor& t : outs) row.push_back(std::move(t));
-    rs.batch->rows.push_back(std::move(row));
-    rs.batch->ids.push_back(e.id);
-    batch_counters_.items.fetch_add(1, std::memory_order_relaxed);
-    if (static_cast<int64_t>(rs.batch->ids.size()) == bs) emit(rank);
+    if (!failed && collators[rank].AtEnd()) collators[rank].Close();
   };
 
   size_t done_branches = 0;
   while (done_branches < nb) {
     std::unique_ptr<WorkItem> item = join_->Pop(&batch_counters_.starved_ns);
-    if (item->branch < 0) {
+    if (item->branch == -1) {
       ++done_branches;
       continue;
     }
-    batch_counters_.fill_sum.fetch_add(join_->SizeApprox(), std::memory_order_relaxed);
-    batch_counters_.fill_samples.fetch_add(1, std::memory_order_relaxed);
     uint64_t t0 = NowNs(), c0 = ThreadCpuNs();
-    Pending& p = pending[item->seq];
-    if (p.arrived == 0) {
-      p.ready.entry = item->entry;
-      p.ready.epoch = item->epoch;
-      p.ready.last_in_epoch = item->last_in_epoch;
-      p.ready.outs.resize(nb);
-      p.rank = item->rank;
-      p.rank_seq = item->rank_seq;
-    }
-    // Every branch's tensors must match its declared specs, or the sample fails.
-    if (item->status.ok())
-      for (size_t k = 0; k < item->out.size(); ++k)
-        if (item->out[k].data.size() != branches_[item->branch]->specs[k].NumBytes())
-          item->status = Status::Invalid(fmt::format("tensor '{}' has {} bytes, expected {}",
-                                                     branches_[item->branch]->specs[k].name,
-                                                     item->out[k].data.size(), branches_[item->branch]->specs[k].NumBytes()));
-    if (!item->status.ok() && p.ready.status.ok()) {
-      p.ready.status = item->status;
-      p.ready.stage = branches_[item->branch]->cfg->name;
-    }
-    p.ready.outs[item->branch] = std::move(item->out);
-    if (++p.arrived == static_cast<int>(nb)) {
-      RankState& rs = ranks[p.rank];
-      rs.reorder.emplace(p.rank_seq, std::move(p.ready));
-      pending.erase(item->seq);
-      uint32_t rank = p.rank;
-      while (!rs.reorder.empty() && rs.reorder.begin()->first == rs.next) {
-        RankState::Ready r = std::move(rs.reorder.begin()->second);
-        rs.reorder.erase(rs.reorder.begin());
-        ++rs.next;
-        if (failed) continue;
-        add_sample(rank, r);
-        if (r.last_in_epoch && rs.batch && !failed) {
-          if (cfg_.drop_last) rs.batch.reset();
-          else emit(rank);
-        }
+    if (item->branch == -2) {
+      collators[item->rank].EndAt(item->rank_seq);
+      drain_rank(item->rank);
+    } else {
+      batch_counters_.fill_sum.fetch_add(join_->SizeApprox(), std::memory_order_relaxed);
+      batch_counters_.fill_samples.fetch_add(1, std::memory_order_relaxed);
+      Pending& p = pending[item->seq];
+      if (!item->status.ok() && p.status.ok()) {
+        p.status = item->status;
+        p.failed_stage = branches_[item->branch]->cfg->name;
+      }
+      if (!p.first) p.first = std::move(item);
+      if (++p.arrived == static_cast<int>(nb)) {
+        uint32_t rank = p.first->rank;
+        uint64_t key = p.first->rank_seq, seq = p.first->seq;
+        reorder[rank].emplace(key, std::move(p));
+        pending.erase(seq);
+        drain_rank(rank);
       }
     }
     batch_counters_.busy_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
     batch_counters_.cpu_ns.fetch_add(ThreadCpuNs() - c0, std::memory_order_relaxed);
   }
-  // Stopped mid-epoch: deliver what was batched so far rather than drop it.
-  for (uint32_t r = 0; r < ranks.size(); ++r)
-    if (ranks[r].batch && !failed) emit(r);
+  for (Collator& c : collators) {
+    if (failed) c.DiscardAll();
+    else c.Close();
+  }
   for (BatchSink* s : sinks_) s->Finish();
   end_ns_.store(NowNs());
   finished_.store(true, std::memory_order_release);

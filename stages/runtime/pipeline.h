@@ -1,10 +1,11 @@
 // Pipeline: runs a validated PipelineConfig as actors.
 //
 //   source thread ──► one mailbox per processing stage ──► N worker threads each ──┐
-//        (deals samples to ranks, in a fixed order)                                  │
-//   batch thread ◄── join mailbox ◄──────────────────────────────────────────────────┘
+//        (deals samples to ranks in a fixed order, reserving each rank's batch memory │
+//         from its BatchSink; every sample gets its row)      workers write the row ◄┘
+//   batch thread ◄── join mailbox ◄── (sample done or failed)
 //        joins the branches of a sample by sequence number, restores each rank's order,
-//        collates batches and hands them to that rank's BatchSink.
+//        fills the rows of failed samples from the next samples, and commits batches.
 //
 // The thread model is described in docs/threads.md. All methods may be called from any one
 // controlling thread (the daemon's supervisor); the pipeline's own threads only touch their
@@ -28,29 +29,36 @@
 namespace mmfeed {
 
 struct Catalog;
+struct CatalogEntry;
 
-// One batch for one consumer rank: the samples' outputs, not yet collated, so that a sink can
-// gather them straight into their final place (the ring sink copies each row once, into the
-// shared-memory slot). The last batch of an epoch may be short unless drop_last.
-struct Batch {
+// Memory for one batch, reserved from a sink before the batch's samples are dealt, so that
+// workers write every sample straight into its place: tensor k's row i is at
+// base[k] + i * (per-sample bytes of tensor k).
+struct BatchMemory {
+  int handle = -1;  // the sink's own (the ring slot)
+  std::vector<uint8_t*> base;
+};
+
+// What a sink publishes with a batch.
+struct BatchInfo {
   uint32_t rank = 0;
   uint64_t seq = 0;  // batch number for this rank, from 0, across epochs
   uint32_t epoch = 0;
-  std::vector<std::string> ids;
-  std::vector<TensorSpec> specs;         // per-sample shape of each output, in tensor order
-  std::vector<std::vector<Tensor>> rows;  // rows[i][k]: sample i's tensor k
-
-  // Shape of collated tensor k: [ids.size(), specs[k].shape...].
-  std::vector<int64_t> BatchShape(size_t k) const;
-  // Tensor k of every sample copied into one contiguous [n, ...] tensor.
-  Tensor Collate(size_t k) const;
+  std::vector<std::string> ids;  // rows [0, ids.size()) are valid
 };
 
+// Where a consumer rank's batches go (the daemon's: its shared-memory ring).
 class BatchSink {
  public:
   virtual ~BatchSink() = default;
-  // Takes a finished batch; called from the batch thread, may block (back-pressure).
-  virtual void Put(std::unique_ptr<Batch> batch) = 0;
+  // Reserves memory for one batch of up to batch_size rows of every tensor. Called from the
+  // source thread; blocks while the sink is full (back-pressure). Returns false once the
+  // sink no longer accepts batches.
+  virtual bool Reserve(BatchMemory* memory) = 0;
+  // Publishes rows [0, info.ids.size()) of a reserved batch. Called from the batch thread.
+  virtual void Commit(const BatchMemory& memory, const BatchInfo& info) = 0;
+  // Returns a reserved batch unpublished. Called from the batch thread.
+  virtual void Discard(const BatchMemory& memory) = 0;
   // No batch will follow.
   virtual void Finish() = 0;
 };
@@ -90,6 +98,7 @@ class Pipeline {
   Status status() const;
 
   // Adds a stage that lives outside the pipeline (a ring sink) to the profile.
+  // REQUIRES: before Start().
   void AddProfiledStage(const StageInfo& info) { extra_infos_.push_back(info); }
   nlohmann::json Profile() const;
   const ErrorLog& errors() const { return errors_; }
@@ -99,15 +108,19 @@ class Pipeline {
 
  private:
   struct Branch;
-  struct RankState;
+  struct Provisional;
+  class Collator;
   Pipeline() = default;
   void SourceLoop();
   void WorkerLoop(Branch* b, int worker);
   void BatchLoop();
   void Fail(const Status& st);
+  void SampleFailed(const CatalogEntry& e, const std::string& stage, const Status& st);
 
   PipelineConfig cfg_;
   std::vector<BatchSink*> sinks_;
+  std::vector<TensorSpec> specs_;      // every tensor of a batch, in order
+  std::vector<size_t> first_tensor_;   // per branch: index of its first tensor in specs_
   std::shared_ptr<const Catalog> catalog_;
   std::vector<std::unique_ptr<Branch>> branches_;
   std::unique_ptr<class JoinBox> join_;

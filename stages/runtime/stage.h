@@ -39,13 +39,29 @@ struct SampleContext {
 // `storage` receives file contents; the view points into it or into `field`.
 Result<std::string_view> FieldBytes(const FieldValue& field, std::string* storage);
 
+// Where a worker writes one sample's outputs: out[k] has room for exactly
+// OutputSpecs()[k].NumBytes() bytes. In the daemon these point straight into the batch's
+// shared-memory slot, so a sample is written once and never copied.
+class OutputRow {
+ public:
+  OutputRow(uint8_t* const* ptrs, size_t count) : ptrs_(ptrs), count_(count) {}
+  uint8_t* operator[](size_t k) const { return ptrs_[k]; }
+  size_t size() const { return count_; }
+  template <typename T>
+  T* As(size_t k) const { return reinterpret_cast<T*>(ptrs_[k]); }
+
+ private:
+  uint8_t* const* ptrs_;
+  size_t count_;
+};
+
 class StageWorker {
  public:
   virtual ~StageWorker() = default;
-  // Turns one field into the stage's output tensors, in the order of Stage::OutputSpecs().
-  // Errors are per-sample: the pipeline applies its on_error policy.
-  virtual Status Process(const SampleContext& ctx, const FieldValue& in,
-                         std::vector<Tensor>* out) = 0;
+  // Turns one field into the stage's outputs, written to `out` in the order of
+  // Stage::OutputSpecs(). Errors are per-sample (the pipeline applies its on_error policy);
+  // after an error the contents of `out` are undefined.
+  virtual Status Process(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) = 0;
 };
 
 class Stage {

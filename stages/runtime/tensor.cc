@@ -1,7 +1,5 @@
 #include "stages/runtime/tensor.h"
 
-#include <cstring>
-
 namespace mmfeed {
 
 size_t DTypeSize(DType t) {
@@ -42,10 +40,6 @@ bool ParseDType(const std::string& name, DType* out) {
     }
   }
   return false;
-}
-
-bool Buffer::operator==(const Buffer& o) const {
-  return size_ == o.size_ && (size_ == 0 || std::memcmp(data_.get(), o.data_.get(), size_) == 0);
 }
 
 size_t TensorSpec::NumBytes() const {

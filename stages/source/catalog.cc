@@ -34,6 +34,7 @@ std::string ParseManifestLine(const std::string& line, const std::string& dir, s
     else if (id.is_number_integer()) entry->id = std::to_string(id.get<int64_t>());
     else return "'id' must be a string or an integer";
     if (entry->id.empty()) return "'id' is empty";
+    if (entry->id.size() > kMaxIdBytes) return fmt::format("'id' is longer than {} bytes", kMaxIdBytes);
   } else {
     entry->id = fmt::format("{}:{}", manifest_name, line_no);
   }
@@ -159,6 +160,11 @@ void ScanShard(const std::string& shard, const SourceConfig& source,
       std::string ext = dot == std::string::npos ? "" : name.substr(dot + 1);
       if (key != current_key) {
         flush();
+        if (key.size() > kMaxIdBytes) {
+          out->errors.push_back({shard + ":" + key.substr(0, 64) + "...", fmt::format("sample key is longer than {} bytes", kMaxIdBytes)});
+          off = next;
+          continue;
+        }
         current_key = key;
         current.id = key;
         current.origin = shard + ":" + key;

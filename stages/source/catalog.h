@@ -16,6 +16,9 @@
 
 namespace mmfeed {
 
+// Longest sample id, in bytes: ring slots reserve this much per sample for ids.
+constexpr size_t kMaxIdBytes = 255;
+
 struct CatalogEntry {
   std::string id;
   std::string origin;  // "manifest.jsonl:12" or "shard-00003.tar:sample0042"

@@ -50,21 +50,17 @@ class BytesWorker : public StageWorker {
  public:
   explicit BytesWorker(const TextParams& p) : p_(p) {}
 
-  Status Process(const SampleContext& ctx, const FieldValue& in, std::vector<Tensor>* out) override {
+  Status Process(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) override {
     Result<std::string_view> text = FieldBytes(in, &file_);
     if (!text.ok()) return text.status();
     size_t bad = FindInvalidUtf8(*text);
     if (bad != std::string_view::npos) return Status::Corrupt(fmt::format("text is not valid UTF-8 (byte {})", bad));
     int64_t n = std::min<int64_t>(static_cast<int64_t>(text->size()), p_.max_len);
     size_t start = p_.truncate_left ? text->size() - n : 0;
-    Tensor ids = Tensor::Make({p_.name, DType::kInt32, {p_.max_len}});
-    int32_t* d = ids.As<int32_t>();
+    int32_t* d = out.As<int32_t>(0);
     for (int64_t i = 0; i < n; ++i) d[i] = static_cast<unsigned char>((*text)[start + i]);
     std::fill(d + n, d + p_.max_len, p_.pad_id);
-    Tensor len = Tensor::Make({p_.name + "_lengths", DType::kInt32, {}});
-    *len.As<int32_t>() = static_cast<int32_t>(n);
-    out->push_back(std::move(ids));
-    out->push_back(std::move(len));
+    *out.As<int32_t>(1) = static_cast<int32_t>(n);
     return Status::Ok();
   }
 

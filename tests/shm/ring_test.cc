@@ -11,22 +11,23 @@
 namespace mmfeed::shm {
 namespace {
 
-// A batch of `n` int32 values all equal to `seq`, with ids "b<seq>-<i>".
-struct TestBatch {
-  explicit TestBatch(uint64_t seq, int n = 1000) : values(n, static_cast<int32_t>(seq)) {
-    for (int i = 0; i < 3; ++i) id_storage.push_back("b" + std::to_string(seq) + "-" + std::to_string(i));
-    view.seq = seq;
-    view.epoch = static_cast<uint32_t>(seq / 10);
-    for (auto& s : id_storage) view.ids.push_back(s);
-    view.tensors.push_back({"values", 2, {n}, reinterpret_cast<const uint8_t*>(values.data()), values.size() * 4});
-  }
-  std::vector<int32_t> values;
-  std::vector<std::string> id_storage;
+// Writes a batch of `n` int32 values all equal to `seq`, with ids "b<seq>-<i>", into a
+// claimed slot, and commits it.
+Status WriteBatch(RingWriter& w, int slot, uint64_t seq, int n = 1000) {
+  int32_t* values = reinterpret_cast<int32_t*>(w.slot_data(slot) + w.layout().tensor_offsets[0]);
+  for (int i = 0; i < n && static_cast<uint64_t>(i) * 4 < w.layout().tensor_capacity[0]; ++i) values[i] = static_cast<int32_t>(seq);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back("b" + std::to_string(seq) + "-" + std::to_string(i));
   BatchView view;
-};
+  view.seq = seq;
+  view.epoch = static_cast<uint32_t>(seq / 10);
+  for (auto& s : ids) view.ids.push_back(s);
+  view.tensors.push_back({"values", 2, {n}, nullptr, static_cast<uint64_t>(n) * 4});
+  return w.Commit(slot, view);
+}
 
 std::unique_ptr<RingWriter> MakeRing(uint32_t slots) {
-  auto w = RingWriter::Create(0, 1, slots, SlotBytesFor(256, {4000}));
+  auto w = RingWriter::Create(0, 1, slots, PlanSlot(64, {4000}));
   EXPECT_TRUE(w.ok()) << w.status().message();
   return std::move(w.value());
 }
@@ -40,8 +41,7 @@ std::unique_ptr<RingReader> MapReader(const RingWriter& w) {
 void Publish(RingWriter& w, uint64_t seq) {
   int slot = w.AcquireFree(1000);
   ASSERT_GE(slot, 0);
-  TestBatch b(seq);
-  ASSERT_TRUE(w.Publish(slot, b.view).ok());
+  ASSERT_TRUE(WriteBatch(w, slot, seq).ok());
 }
 
 void ExpectBatch(const BatchView& v, uint64_t seq) {
@@ -144,8 +144,7 @@ TEST(RingTest, TwoProcessesHandOffEveryBatch) {
     int slot;
     while ((slot = w->AcquireFree(1000)) < 0) {
     }
-    TestBatch b(seq);
-    ASSERT_TRUE(w->Publish(slot, b.view).ok());
+    ASSERT_TRUE(WriteBatch(*w, slot, seq).ok());
   }
   w->Close();
   int status = 0;
@@ -185,13 +184,26 @@ TEST(RingTest, BatchesHeldByADeadReaderAreDeliveredAgain) {
   }
 }
 
-TEST(RingTest, BatchTooLargeForTheSlotIsRefused) {
+TEST(RingTest, BatchLargerThanPlannedIsRefusedAndAbandonFreesTheSlot) {
   auto w = MakeRing(2);
   int slot = w->AcquireFree(100);
-  TestBatch big(0, 5000);
-  Status st = w->Publish(slot, big.view);
-  EXPECT_EQ(st.code(), Status::Code::kTooLarge);
-  EXPECT_GE(w->AcquireFree(100), 0) << "the slot is free again";
+  EXPECT_EQ(WriteBatch(*w, slot, 0, 5000).code(), Status::Code::kTooLarge);
+  EXPECT_EQ(w->published(), 0u);
+  int other = w->AcquireFree(100);
+  EXPECT_GE(other, 0);
+  EXPECT_EQ(w->AcquireFree(50), -1) << "both slots claimed";
+  w->Abandon(slot);
+  EXPECT_EQ(w->AcquireFree(100), slot) << "the slot is free again";
+}
+
+TEST(RingTest, LayoutIsPageAlignedAfterTheIds) {
+  SlotLayout l = PlanSlot(32 * 256, {602112, 16384, 128});
+  ASSERT_EQ(l.tensor_offsets.size(), 3u);
+  EXPECT_EQ(l.tensor_offsets[0] % kPageBytes, 0u);
+  EXPECT_GE(l.tensor_offsets[0], sizeof(SlotDescriptor) + 32 * 256);
+  EXPECT_EQ(l.tensor_offsets[1], l.tensor_offsets[0] + 602112);
+  EXPECT_EQ(l.tensor_offsets[2], l.tensor_offsets[1] + 16384);
+  EXPECT_EQ(l.slot_bytes, l.tensor_offsets[2] + kPageBytes);
 }
 
 }  // namespace

@@ -14,13 +14,12 @@ using testing::MakeStage;
 using testing::PathField;
 using testing::TestData;
 
-Result<Tensor> RunImage(const Stage& stage, const FieldValue& in, const std::string& id = "x", uint32_t epoch = 0) {
-  auto w = stage.NewWorker();
-  std::vector<Tensor> out;
-  SampleContext ctx{42, epoch, id, "test"};
-  Status st = w->Process(ctx, in, &out);
-  if (!st.ok()) return st;
-  return std::move(out[0]);
+using testing::Output;
+
+Result<Output> RunImage(const Stage& stage, const FieldValue& in, const std::string& id = "x", uint32_t epoch = 0) {
+  Result<std::vector<Output>> out = testing::RunStage(stage, {42, epoch, id, "test"}, in);
+  if (!out.ok()) return out.status();
+  return std::move(out.value()[0]);
 }
 
 TEST(ImageStageTest, CenterCropMatchesAFullDecodeReference) {
@@ -28,7 +27,7 @@ TEST(ImageStageTest, CenterCropMatchesAFullDecodeReference) {
                                             {"size", std::vector<int64_t>{224, 224}}});
   for (const char* name : {"photo00.jpg", "photo05.jpg", "photo09.jpg", "photo00_progressive.jpg"}) {
     std::string path = TestData(std::string("photos/") + name);
-    Result<Tensor> t = RunImage(*stage, PathField(path));
+    Result<Output> t = RunImage(*stage, PathField(path));
     ASSERT_TRUE(t.ok()) << t.status().message();
     ASSERT_EQ(t->spec.shape, (std::vector<int64_t>{224, 224, 3}));
     // Reference: decode every pixel with OpenCV, resize the shorter side to 256, crop 224.
@@ -51,7 +50,7 @@ TEST(ImageStageTest, CenterCropMatchesAFullDecodeReference) {
 TEST(ImageStageTest, RandomCropIsSeededBySampleAndEpoch) {
   auto stage = MakeStage("image", "image", {{"crop", std::string("random_resized_crop")}, {"size", std::vector<int64_t>{64, 64}}});
   FieldValue f = PathField(TestData("photos/photo03.jpg"));
-  Result<Tensor> a = RunImage(*stage, f, "id1"), b = RunImage(*stage, f, "id1"), c = RunImage(*stage, f, "id2"),
+  Result<Output> a = RunImage(*stage, f, "id1"), b = RunImage(*stage, f, "id1"), c = RunImage(*stage, f, "id2"),
                  d = RunImage(*stage, f, "id1", 1);
   ASSERT_TRUE(a.ok() && b.ok() && c.ok() && d.ok());
   EXPECT_EQ(a->data, b->data);
@@ -72,7 +71,7 @@ TEST(ImageStageTest, FlipMirrorsAndFloatNormalizeMatchesPixels) {
   with_norm["std"] = std::vector<double>{0.229, 0.224, 0.225};
   auto normalized = MakeStage("image", "image", with_norm);
   FieldValue f = PathField(TestData("photos/photo07.jpg"));
-  Result<Tensor> p = RunImage(*plain, f), q = RunImage(*flipped, f), n = RunImage(*normalized, f);
+  Result<Output> p = RunImage(*plain, f), q = RunImage(*flipped, f), n = RunImage(*normalized, f);
   ASSERT_TRUE(p.ok() && q.ok() && n.ok());
   const int H = 40, W = 60;
   const double mean[3] = {0.485, 0.456, 0.406}, sd[3] = {0.229, 0.224, 0.225};
@@ -89,16 +88,16 @@ TEST(ImageStageTest, FlipMirrorsAndFloatNormalizeMatchesPixels) {
 
 TEST(ImageStageTest, GrayscaleProgressiveAndPngDecode) {
   auto stage = MakeStage("image", "image", {{"crop", std::string("center")}, {"size", std::vector<int64_t>{50, 50}}});
-  Result<Tensor> gray = RunImage(*stage, PathField(TestData("photos/photo01_gray.jpg")));
+  Result<Output> gray = RunImage(*stage, PathField(TestData("photos/photo01_gray.jpg")));
   ASSERT_TRUE(gray.ok()) << gray.status().message();
   for (int i = 0; i < 50 * 50; ++i) {
     ASSERT_EQ(gray->data[3 * i], gray->data[3 * i + 1]);
     ASSERT_EQ(gray->data[3 * i], gray->data[3 * i + 2]);
   }
   EXPECT_TRUE(RunImage(*stage, PathField(TestData("photos/photo00_progressive.jpg"))).ok());
-  Result<Tensor> png = RunImage(*stage, PathField(TestData("photos/photo02.png")));
+  Result<Output> png = RunImage(*stage, PathField(TestData("photos/photo02.png")));
   ASSERT_TRUE(png.ok()) << png.status().message();
-  Result<Tensor> jpg = RunImage(*stage, PathField(TestData("photos/photo02.jpg")));
+  Result<Output> jpg = RunImage(*stage, PathField(TestData("photos/photo02.jpg")));
   ASSERT_TRUE(jpg.ok());
   cv::Mat a(50, 50, CV_8UC3, png->data.data()), b(50, 50, CV_8UC3, jpg->data.data());
   EXPECT_LT(cv::norm(a, b, cv::NORM_L1) / (50.0 * 50 * 3), 12.0) << "PNG and JPEG of one photo must agree";
@@ -109,7 +108,7 @@ TEST(ImageStageTest, HugeDeclaredSizeIsRefusedBeforeDecoding) {
   FieldValue f;
   f.kind = FieldValue::Kind::kBytes;
   f.data = testing::PatchJpegSize(testing::ReadFile(TestData("photos/photo00.jpg")), 60000, 60000);
-  Result<Tensor> t = RunImage(*stage, f);
+  Result<Output> t = RunImage(*stage, f);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), Status::Code::kTooLarge);
   EXPECT_NE(t.status().message().find("60000x60000 = 3600000000 pixels, above max_pixels 89478485"), std::string::npos);

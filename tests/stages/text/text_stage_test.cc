@@ -6,13 +6,12 @@
 namespace mmfeed {
 namespace {
 
-std::vector<Tensor> RunText(const Stage& stage, const std::string& text, Status* st) {
-  auto w = stage.NewWorker();
+std::vector<testing::Output> RunText(const Stage& stage, const std::string& text, Status* st) {
   FieldValue f;
   f.data = text;
-  std::vector<Tensor> out;
-  *st = w->Process({0, 0, "id", "test"}, f, &out);
-  return out;
+  Result<std::vector<testing::Output>> out = testing::RunStage(stage, {0, 0, "id", "test"}, f);
+  *st = out.status();
+  return out.ok() ? std::move(out.value()) : std::vector<testing::Output>();
 }
 
 TEST(TextStageTest, BytesArePaddedAndTruncated) {
