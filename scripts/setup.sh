@@ -10,7 +10,7 @@ PKGS=(
   nlohmann-json3-dev libssl-dev
   libopencv-dev libturbojpeg0-dev libjpeg62-turbo-dev libnuma-dev libsystemd-dev
   libavformat-dev libavcodec-dev libavutil-dev libswscale-dev libswresample-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev
   python3 python3-numpy ffmpeg
 )
 if [ "${1:-}" = "--bench" ]; then

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets everything up and runs every test: installs the Debian packages, builds in Release,
-# runs ctest; then (unless MMFEED_SKIP_SANITIZERS=1) builds the tests with ASan+UBSan and runs
-# them again.
+# runs ctest; then builds the tests with ASan+UBSan and runs them again; then builds the
+# libFuzzer targets with clang and runs each for a short while on its seed corpus.
+# MMFEED_SKIP_SANITIZERS=1 / MMFEED_SKIP_FUZZ=1 skip the last two parts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -11,4 +12,22 @@ if [ "${MMFEED_SKIP_SANITIZERS:-0}" != 1 ]; then
   BUILD_DIR=build-asan bash scripts/build.sh -DMMFEED_SANITIZE=ON
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
      ctest --output-on-failure -j2)
+fi
+if [ "${MMFEED_SKIP_FUZZ:-0}" != 1 ]; then
+  BUILD_DIR=build-fuzz bash scripts/build.sh -DCMAKE_CXX_COMPILER=clang++ -DMMFEED_FUZZ=ON -DMMFEED_TESTS=OFF
+  seeds=build-fuzz/seeds
+  rm -rf "$seeds" && mkdir -p "$seeds"/{config,image,source,ring_reader}
+  cp configs/*.yaml "$seeds/config/"
+  cp tests/data/photos/photo0[0-3]*.jpg tests/data/photos/*.png "$seeds/image/"
+  printf '{"id": "a", "image": "x.jpg", "text": "t"}\n' > "$seeds/source/manifest.jsonl"
+  for t in config image source ring_reader; do
+    echo "fuzzing $t for ${MMFEED_FUZZ_SECONDS:-20}s"
+    if ! ./build-fuzz/bin/fuzz_$t -max_total_time="${MMFEED_FUZZ_SECONDS:-20}" -rss_limit_mb=4096 \
+        "$seeds/$t" > "build-fuzz/fuzz_$t.log" 2>&1; then
+      tail -60 "build-fuzz/fuzz_$t.log"
+      echo "fuzz_$t found a crash"
+      exit 1
+    fi
+    tail -1 "build-fuzz/fuzz_$t.log"
+  done
 fi

@@ -1,8 +1,10 @@
 // Mailbox<T>: the bounded, lock-free inbox of a stage. Any number of threads may Push and Pop
 // concurrently. Push blocks while the mailbox holds `capacity` items (back-pressure); Pop blocks
-// while it is empty. Close(n) wakes n poppers with an empty item (nullptr for unique_ptr), which
-// each takes as "no more input". Time spent blocked is added to the caller's counters so the
-// profile can tell a starved stage from a blocked one.
+// while it is empty. Close(n) makes n Pop calls return an empty item (nullptr for unique_ptr),
+// each taken as "no more input", but only once every item pushed before has been popped: the
+// queue keeps order per producer only, so a close marker could otherwise overtake another
+// thread's items. Time spent blocked is added to the caller's counters so the profile can tell
+// a starved stage from a blocked one.
 #pragma once
 
 #include <concurrentqueue/blockingconcurrentqueue.h>
@@ -10,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <thread>
 
 namespace mmfeed {
 
@@ -33,19 +36,29 @@ class Mailbox {
       free_slots_.wait();
       blocked_ns->fetch_add(NowNs() - t0, std::memory_order_relaxed);
     }
+    outstanding_.fetch_add(1, std::memory_order_acq_rel);
     queue_.enqueue(std::move(item));
   }
 
   // Blocks while empty. Adds the time spent waiting to *starved_ns.
   T Pop(std::atomic<uint64_t>* starved_ns) {
-    T item;
-    if (!queue_.try_dequeue(item)) {
-      uint64_t t0 = NowNs();
-      queue_.wait_dequeue(item);
-      starved_ns->fetch_add(NowNs() - t0, std::memory_order_relaxed);
+    while (true) {
+      T item;
+      if (!queue_.try_dequeue(item)) {
+        uint64_t t0 = NowNs();
+        queue_.wait_dequeue(item);
+        starved_ns->fetch_add(NowNs() - t0, std::memory_order_relaxed);
+      }
+      if (item) {
+        outstanding_.fetch_sub(1, std::memory_order_acq_rel);
+        free_slots_.signal();
+        return item;
+      }
+      if (outstanding_.load(std::memory_order_acquire) == 0) return item;
+      // A close marker overtook items still queued by other producers: put it back.
+      queue_.enqueue(T());
+      std::this_thread::yield();
     }
-    if (item) free_slots_.signal();
-    return item;
   }
 
   // Wakes `poppers` blocked or future Pop calls with an empty item. Does not count against
@@ -61,6 +74,7 @@ class Mailbox {
   size_t capacity_;
   moodycamel::BlockingConcurrentQueue<T> queue_;
   moodycamel::LightweightSemaphore free_slots_;
+  std::atomic<int64_t> outstanding_{0};  // pushed and not yet popped
 };
 
 }  // namespace mmfeed

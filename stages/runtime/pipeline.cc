@@ -50,9 +50,9 @@ struct Pipeline::Provisional {
 
 constexpr int kMaxOutputs = 16;  // tensors per stage (the ring holds 16 per batch anyway)
 
-// One sample's field on its way through one branch, and back to the join. Markers on the
-// join mailbox: branch -1 "this branch has finished", branch -2 "rank `rank` was dealt
-// `rank_seq` samples in all" (sent when the source stops).
+// One sample's field on its way through one branch, and back to the join. The source also
+// sends one marker per rank to the join (branch -2): "rank `rank` was dealt `rank_seq`
+// samples in all".
 struct Pipeline::WorkItem {
   uint64_t seq = 0;       // dealing order on this node, across epochs
   uint64_t rank_seq = 0;  // order within the rank, across epochs
@@ -78,7 +78,6 @@ struct Pipeline::Branch {
   std::vector<TensorSpec> specs;
   Mailbox<std::unique_ptr<WorkItem>> inbox;
   StageCounters counters;
-  std::atomic<int> live_workers{0};
   std::vector<int> cpus;
 };
 
@@ -138,8 +137,8 @@ Status Pipeline::Start() {
   spdlog::info("pipeline '{}': {} samples, {} consumer rank(s), batch {}", cfg_.name, catalog_->entries.size(),
                cfg_.consumers, cfg_.batch_size);
   threads_.emplace_back([this] { BatchLoop(); });
+  for (auto& b : branches_) live_workers_ += b->cfg->workers;
   for (auto& b : branches_) {
-    b->live_workers = b->cfg->workers;
     for (int w = 0; w < b->cfg->workers; ++w) threads_.emplace_back([this, br = b.get(), w] { WorkerLoop(br, w); });
   }
   threads_.emplace_back([this] { SourceLoop(); });
@@ -258,11 +257,7 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
     if (!item->status.ok()) b->counters.errors.fetch_add(1, std::memory_order_relaxed);
     join_->Push(std::move(item), &b->counters.blocked_ns);
   }
-  if (b->live_workers.fetch_sub(1) == 1) {
-    auto done = std::make_unique<WorkItem>();
-    done->branch = -1;
-    join_->Push(std::move(done), &b->counters.blocked_ns);
-  }
+  if (live_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1) join_->Close(1);  // the last worker of all
 }
 
 // Turns one rank's samples, taken in the rank's order, into committed batches. Samples were
@@ -436,13 +431,7 @@ void Pipeline::BatchLoop() {
     if (!failed && collators[rank].AtEnd()) collators[rank].Close();
   };
 
-  size_t done_branches = 0;
-  while (done_branches < nb) {
-    std::unique_ptr<WorkItem> item = join_->Pop(&batch_counters_.starved_ns);
-    if (item->branch == -1) {
-      ++done_branches;
-      continue;
-    }
+  while (std::unique_ptr<WorkItem> item = join_->Pop(&batch_counters_.starved_ns)) {
     uint64_t t0 = NowNs(), c0 = ThreadCpuNs();
     if (item->branch == -2) {
       collators[item->rank].EndAt(item->rank_seq);

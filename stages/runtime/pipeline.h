@@ -129,6 +129,7 @@ class Pipeline {
   ErrorLog errors_;
   std::vector<std::thread> threads_;
   std::atomic<bool> stop_{false};
+  std::atomic<int> live_workers_{0};
   std::atomic<bool> finished_{false};
   uint64_t start_ns_ = 0;
   std::atomic<uint64_t> end_ns_{0};
