@@ -240,6 +240,44 @@ class DaemonTest(unittest.TestCase):
         self.assertIn("left in rings", d.log())
 
 
+class AudioTextTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="mmfeed-it-"))
+
+    def tearDown(self):
+        DaemonTest.tearDown(self)
+
+    def test_audio_text_config_runs_and_dump_shows_the_features(self):
+        tone = pathlib.Path(__file__).resolve().parent.parent / "data" / "audio" / "tone.wav"
+        formats = [("wav", []), ("flac", ["-sample_fmt", "s16"]), ("mp3", ["-b:a", "128k"]), ("ogg", ["-ar", "48000", "-c:a", "libopus"])]
+        with open(self.dir / "manifest.jsonl", "w") as m:
+            for i in range(10):
+                ext, args = formats[i % len(formats)]
+                out = self.dir / f"a{i}.{ext}"
+                subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-i", str(tone), *args, str(out)], check=True)
+                m.write(json.dumps({"id": f"a{i}", "audio": out.name, "text": f"clip {i}"}) + "\n")
+            m.write(json.dumps({"id": "broken", "audio": "manifest.jsonl", "text": "not audio"}) + "\n")
+        config = (pathlib.Path(__file__).resolve().parent.parent.parent / "configs" / "audio-text.yaml").read_text()
+        d = Daemon(self.dir, config)
+        r = finish(d.consume(0, "--json", "--dump", str(self.dir / "dump")))
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEqual(r["samples"], 10)
+        batches = dumped_batches(self.dir / "dump")
+        self.assertEqual([len(m["ids"]) for m, _ in batches], [8, 2])
+        feats = np.load(batches[0][1] / "audio.npy")
+        self.assertEqual(feats.shape, (8, 80, 3000))
+        self.assertEqual(feats.dtype, np.float32)
+        lengths = np.load(batches[0][1] / "audio_lengths.npy")
+        self.assertTrue(np.all(np.abs(lengths - 300) <= 6), lengths)
+        # Past the 3 s of signal the window is zero-padded: each clip's floor value, everywhere.
+        for k in range(8):
+            self.assertLess(np.ptp(feats[k, :, 400:]), 1e-6)
+            self.assertGreater(np.ptp(feats[k, :, :300]), 1.0)
+        log = d.log()
+        self.assertIn("samples skipped: 1", log)
+        self.assertIn("not a readable audio file", log)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)

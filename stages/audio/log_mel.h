@@ -1,0 +1,46 @@
+// Whisper's log-mel spectrogram, as published (openai/whisper audio.py): periodic Hann window
+// of n_fft (400), hop 160, centered STFT with reflect padding, power spectrum, the last frame
+// dropped, a Slaney-normalized mel filterbank (librosa's, htk=False), log10 of max(x, 1e-10),
+// then max(x, max(x) - 8) and (x + 4) / 4.
+//
+// A LogMel holds the window, the filterbank and an FFTW plan; it is made once per worker and
+// used from that worker's thread only.
+#pragma once
+
+#include <fftw3.h>
+
+#include <cstddef>
+#include <vector>
+
+namespace mmfeed {
+
+class LogMel {
+ public:
+  LogMel(int sample_rate, int n_fft, int hop, int n_mels);
+  ~LogMel();
+  LogMel(const LogMel&) = delete;
+  LogMel& operator=(const LogMel&) = delete;
+
+  // Frames for `samples` samples: samples / hop (the STFT's last frame is dropped).
+  size_t Frames(size_t samples) const { return samples / hop_; }
+  // Writes [n_mels, Frames(n)] to out. REQUIRES: n > n_fft / 2 (reflect padding).
+  void Compute(const float* samples, size_t n, float* out);
+
+  // The filterbank as a dense [n_mels, n_fft/2+1] matrix, for tests.
+  std::vector<float> DenseFilters() const;
+
+ private:
+  struct Band {
+    int first_bin;
+    std::vector<float> weights;
+  };
+  int n_fft_, hop_, n_mels_, n_bins_;
+  std::vector<float> window_;
+  std::vector<Band> bands_;
+  float* frame_ = nullptr;           // fftwf_malloc'ed, n_fft
+  fftwf_complex* spectrum_ = nullptr;  // n_bins
+  fftwf_plan plan_ = nullptr;
+  std::vector<float> padded_, power_;
+};
+
+}  // namespace mmfeed

@@ -1,0 +1,197 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "stages/audio/audio_decoder.h"
+#include "tests/stage_util.h"
+#include "tests/test_util.h"
+
+namespace mmfeed {
+namespace {
+
+using testing::MakeStage;
+using testing::Output;
+using testing::PathField;
+using testing::TestData;
+
+// Reads a little-endian float32 .npy (as written by numpy.save) with its shape.
+std::vector<float> LoadNpy(const std::string& path, std::vector<int64_t>* shape) {
+  std::string d = testing::ReadFile(path);
+  uint16_t header_len;
+  std::memcpy(&header_len, d.data() + 8, 2);
+  std::string header = d.substr(10, header_len);
+  EXPECT_NE(header.find("'<f4'"), std::string::npos) << header;
+  size_t open = header.find("'shape': (") + 10;
+  std::string dims = header.substr(open, header.find(')', open) - open);
+  shape->clear();
+  for (size_t p = 0; p < dims.size();) {
+    shape->push_back(std::stoll(dims.substr(p)));
+    p = dims.find(',', p);
+    if (p == std::string::npos) break;
+    while (p < dims.size() && (dims[p] == ',' || dims[p] == ' ')) ++p;
+  }
+  std::vector<float> v((d.size() - 10 - header_len) / 4);
+  std::memcpy(v.data(), d.data() + 10 + header_len, v.size() * 4);
+  return v;
+}
+
+std::string FloatWav(const std::vector<float>& x, int rate, int channels = 1) {
+  std::string fmt(16, '\0'), out;
+  auto put16 = [](std::string& s, size_t at, uint16_t v) { std::memcpy(&s[at], &v, 2); };
+  auto put32 = [](std::string& s, size_t at, uint32_t v) { std::memcpy(&s[at], &v, 4); };
+  put16(fmt, 0, 3);
+  put16(fmt, 2, static_cast<uint16_t>(channels));
+  put32(fmt, 4, static_cast<uint32_t>(rate));
+  put32(fmt, 8, static_cast<uint32_t>(rate * 4 * channels));
+  put16(fmt, 12, static_cast<uint16_t>(4 * channels));
+  put16(fmt, 14, 32);
+  std::string data(reinterpret_cast<const char*>(x.data()), x.size() * 4);
+  out = "RIFF    WAVEfmt ";
+  put32(out, 4, static_cast<uint32_t>(4 + 8 + 16 + 8 + data.size()));
+  out += std::string(4, '\0');
+  put32(out, 16, 16);
+  out += fmt + "data" + std::string(4, '\0');
+  put32(out, out.size() - 4, static_cast<uint32_t>(data.size()));
+  return out + data;
+}
+
+Result<std::vector<Output>> RunAudio(const Stage& stage, const FieldValue& f, const std::string& id = "a") {
+  return testing::RunStage(stage, {7, 0, id, "test"}, f);
+}
+
+FieldValue Bytes(std::string data) {
+  FieldValue f;
+  f.kind = FieldValue::Kind::kBytes;
+  f.data = std::move(data);
+  return f;
+}
+
+void ExpectClose(const std::vector<float>& ref, const float* got, float tol, const std::string& what) {
+  float worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::fabs(ref[i] - got[i]));
+  EXPECT_LT(worst, tol) << what << ": max |diff| " << worst;
+}
+
+TEST(AudioStageTest, LogMelMatchesWhisperReferenceOnEveryBin) {
+  std::vector<int64_t> shape;
+  std::vector<float> ref = LoadNpy(TestData("audio/tone_logmel80.npy"), &shape);
+  ASSERT_EQ(shape, (std::vector<int64_t>{80, 300}));
+  auto stage = MakeStage("audio", "audio", {{"max_seconds", 3.0}});
+  Result<std::vector<Output>> out = RunAudio(*stage, PathField(TestData("audio/tone.wav")));
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  EXPECT_EQ((*out)[0].spec.shape, shape);
+  ExpectClose(ref, (*out)[0].As<float>(), 1e-3f, "80 mels");
+  EXPECT_EQ(*(*out)[1].As<int32_t>(), 300);
+}
+
+TEST(AudioStageTest, PaddedWindowWith128MelsMatchesReference) {
+  std::vector<int64_t> shape;
+  std::vector<float> ref = LoadNpy(TestData("audio/tone_pad4s_logmel128.npy"), &shape);
+  ASSERT_EQ(shape, (std::vector<int64_t>{128, 400}));
+  auto stage = MakeStage("audio", "audio", {{"max_seconds", 4.0}, {"n_mels", int64_t{128}}});
+  Result<std::vector<Output>> out = RunAudio(*stage, PathField(TestData("audio/tone.wav")));
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  ExpectClose(ref, (*out)[0].As<float>(), 1e-3f, "128 mels, padded");
+  EXPECT_EQ(*(*out)[1].As<int32_t>(), 300) << "valid frames exclude the padding";
+}
+
+class AudioFormatsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(std::system("command -v ffmpeg > /dev/null"), 0) << "ffmpeg is needed to make the test media";
+  }
+  // Encodes tone.wav with the given ffmpeg arguments into dir/name.
+  std::string Encode(const std::string& name, const std::string& args) {
+    std::string path = dir_ / name;
+    std::string cmd = "ffmpeg -loglevel error -y " + args + " " + path;
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    return path;
+  }
+  std::string Tone() const { return "-i " + TestData("audio/tone.wav"); }
+  testing::TempDir dir_;
+};
+
+TEST_F(AudioFormatsTest, EveryCommonFormatDecodesToTheSameSignal) {
+  std::vector<int64_t> shape;
+  std::vector<float> ref = LoadNpy(TestData("audio/tone_logmel80.npy"), &shape);
+  auto stage = MakeStage("audio", "audio", {{"max_seconds", 3.0}});
+  struct Case {
+    std::string file, args;
+    float max_mean_diff;
+  } cases[] = {
+      {"t.flac", Tone() + " -sample_fmt s32 -c:a flac", 0.002f},
+      {"t44k.flac", Tone() + " -ar 44100 -sample_fmt s32 -c:a flac", 0.03f},  // resampled back to 16 kHz
+      {"t.mp3", Tone() + " -c:a libmp3lame -b:a 192k", 0.08f},
+      {"t.ogg", Tone() + " -ar 48000 -c:a libopus -b:a 96k", 0.08f},
+      {"t.m4a", Tone() + " -c:a aac -b:a 192k", 0.08f},
+      {"t.mp4", "-f lavfi -i testsrc=size=64x64:rate=10:duration=3 " + Tone() +
+                    " -c:v libx264 -pix_fmt yuv420p -c:a aac -b:a 192k -shortest", 0.08f},  // audio track of a video
+  };
+  for (const Case& c : cases) {
+    Result<std::vector<Output>> out = RunAudio(*stage, PathField(Encode(c.file, c.args)));
+    ASSERT_TRUE(out.ok()) << c.file << ": " << out.status().message();
+    const float* got = (*out)[0].As<float>();
+    double sum = 0;
+    for (size_t i = 0; i < ref.size(); ++i) sum += std::fabs(ref[i] - got[i]);
+    EXPECT_LT(sum / ref.size(), c.max_mean_diff) << c.file;
+    EXPECT_NEAR(*(*out)[1].As<int32_t>(), 300, 6) << c.file;
+  }
+}
+
+TEST_F(AudioFormatsTest, WaveformAndSeededRandomCrop) {
+  std::vector<float> wav(48000);
+  std::string bytes = testing::ReadFile(TestData("audio/tone.wav"));
+  std::memcpy(wav.data(), bytes.data() + 44, wav.size() * 4);
+  auto whole = MakeStage("audio", "audio", {{"features", std::string("waveform")}, {"max_seconds", 3.5}});
+  Result<std::vector<Output>> out = RunAudio(*whole, Bytes(bytes));
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  EXPECT_EQ((*out)[0].spec.shape, std::vector<int64_t>{56000});
+  EXPECT_EQ(std::memcmp((*out)[0].data.data(), wav.data(), 48000 * 4), 0) << "a 16 kHz float WAV passes through exactly";
+  EXPECT_EQ((*out)[0].As<float>()[50000], 0.0f) << "padding is zeros";
+  EXPECT_EQ(*(*out)[1].As<int32_t>(), 48000);
+
+  auto crop = MakeStage("audio", "audio", {{"features", std::string("waveform")}, {"max_seconds", 1.0}, {"crop", std::string("random")}});
+  auto a = RunAudio(*crop, Bytes(bytes), "x"), b = RunAudio(*crop, Bytes(bytes), "x"), c = RunAudio(*crop, Bytes(bytes), "y");
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ((*a)[0].data, (*b)[0].data);
+  EXPECT_NE((*a)[0].data, (*c)[0].data);
+  // The crop is a window of the signal.
+  const float* w = (*a)[0].As<float>();
+  bool found = false;
+  for (int s = 0; s <= 32000 && !found; ++s) found = std::memcmp(wav.data() + s, w, 16000 * 4) == 0;
+  EXPECT_TRUE(found);
+}
+
+TEST(AudioBadInputTest, EachIsAClearError) {
+  AudioLimits limits;
+  std::vector<float> out;
+  auto error = [&](const std::string& bytes) { return DecodeAudio(bytes, 16000, limits, &out).message(); };
+  std::string wav = testing::ReadFile(TestData("audio/tone.wav"));
+  EXPECT_NE(error("this is text, not audio").find("not a readable audio file"), std::string::npos);
+  EXPECT_NE(error("").find("empty file"), std::string::npos);
+  EXPECT_NE(error(wav.substr(0, wav.size() / 2)).find("truncated: WAV declares 192000 bytes of samples, file has 95978"),
+            std::string::npos)
+      << error(wav.substr(0, wav.size() / 2));
+  EXPECT_NE(error(FloatWav({}, 16000)).find("no audio samples"), std::string::npos) << error(FloatWav({}, 16000));
+  // A FLAC cut in the middle of a frame.
+  testing::TempDir dir;
+  std::string cmd = "ffmpeg -loglevel error -y -i " + TestData("audio/tone.wav") + " -sample_fmt s16 " + dir / "t.flac";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  std::string flac = testing::ReadFile(dir / "t.flac");
+  std::string cut_flac = error(flac.substr(0, flac.size() * 2 / 3));
+  EXPECT_TRUE(cut_flac.find("truncated") != std::string::npos || cut_flac.find("undecodable") != std::string::npos) << cut_flac;
+  std::vector<float> nan(1600, 0.1f);
+  nan[800] = std::nanf("");
+  EXPECT_NE(error(FloatWav(nan, 16000)).find("NaN"), std::string::npos) << error(FloatWav(nan, 16000));
+  std::string many = FloatWav(std::vector<float>(200 * 100, 0.0f), 16000, 200);
+  EXPECT_NE(error(many).find("200 channels (limit 64)"), std::string::npos) << error(many);
+  std::string fast = FloatWav(std::vector<float>(1000, 0.0f), 2000000);
+  EXPECT_NE(error(fast).find("sample rate 2000000 Hz (limit 384000)"), std::string::npos) << error(fast);
+  limits.max_seconds = 1;
+  EXPECT_NE(error(wav).find("longer than max_file_seconds"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mmfeed
