@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --bench
 bash scripts/build.sh
-/usr/bin/python3 bench/image_text_bench.py "$@"
+/usr/bin/python3 bench/image_text_bench.py
+/usr/bin/python3 bench/audio_bench.py

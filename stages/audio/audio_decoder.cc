@@ -108,10 +108,19 @@ Status DecodeAudio(std::string_view bytes, int sample_rate, const AudioLimits& l
   s.fmt = avformat_alloc_context();
   s.fmt->pb = s.io;
   s.fmt->flags |= AVFMT_FLAG_CUSTOM_IO;
+  s.fmt->probesize = 64 * 1024;  // enough to recognise any container; the default reads 5 MB
   int err = avformat_open_input(&s.fmt, nullptr, nullptr, nullptr);
   if (err < 0) return Status::Corrupt(fmt::format("not a readable audio file: {}", AvError(err)));
-  err = avformat_find_stream_info(s.fmt, nullptr);
-  if (err < 0) return Status::Corrupt(fmt::format("cannot read stream info: {}", AvError(err)));
+  // Reading stream info decodes packets ahead; skip it when the headers already say enough
+  // (WAV, FLAC, Ogg, MP4 do; a bare MP3 stream may not).
+  bool known = s.fmt->nb_streams > 0;
+  for (unsigned i = 0; i < s.fmt->nb_streams; ++i) {
+    const AVCodecParameters* p = s.fmt->streams[i]->codecpar;
+    known = known && p->codec_id != AV_CODEC_ID_NONE &&
+            (p->codec_type != AVMEDIA_TYPE_AUDIO || (p->sample_rate > 0 && p->ch_layout.nb_channels > 0));
+  }
+  if (!known && (err = avformat_find_stream_info(s.fmt, nullptr)) < 0)
+    return Status::Corrupt(fmt::format("cannot read stream info: {}", AvError(err)));
   const AVCodec* decoder = nullptr;
   int index = av_find_best_stream(s.fmt, AVMEDIA_TYPE_AUDIO, -1, -1, &decoder, 0);
   if (index < 0 || !decoder) return Status::Corrupt("no audio stream (or no decoder for it)");

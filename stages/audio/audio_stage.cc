@@ -48,7 +48,7 @@ class AudioWorker : public StageWorker {
     window_.assign(samples_.begin() + start, samples_.begin() + start + valid);
     window_.resize(p_.window, 0.0f);
     if (p_.log_mel) {
-      mel_->Compute(window_.data(), window_.size(), out.As<float>(0));
+      mel_->Compute(window_.data(), window_.size(), out.As<float>(0), static_cast<size_t>(valid));
       int64_t frames = static_cast<int64_t>(mel_->Frames(window_.size()));
       *out.As<int32_t>(1) = static_cast<int32_t>(std::min<int64_t>(frames, (valid + p_.hop - 1) / p_.hop));
     } else {

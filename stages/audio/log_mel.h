@@ -23,8 +23,11 @@ class LogMel {
 
   // Frames for `samples` samples: samples / hop (the STFT's last frame is dropped).
   size_t Frames(size_t samples) const { return samples / hop_; }
-  // Writes [n_mels, Frames(n)] to out. REQUIRES: n > n_fft / 2 (reflect padding).
-  void Compute(const float* samples, size_t n, float* out);
+  // Writes [n_mels, Frames(n)] to out. Samples from `valid` on are known to be zero (padding):
+  // frames that see only those are not transformed, their value is the silence value.
+  // REQUIRES: n > n_fft / 2 (reflect padding), valid <= n.
+  void Compute(const float* samples, size_t n, float* out, size_t valid);
+  void Compute(const float* samples, size_t n, float* out) { Compute(samples, n, out, n); }
 
   // The filterbank as a dense [n_mels, n_fft/2+1] matrix, for tests.
   std::vector<float> DenseFilters() const;
@@ -40,7 +43,7 @@ class LogMel {
   float* frame_ = nullptr;           // fftwf_malloc'ed, n_fft
   fftwf_complex* spectrum_ = nullptr;  // n_bins
   fftwf_plan plan_ = nullptr;
-  std::vector<float> padded_, power_;
+  std::vector<float> padded_, power_, mel_;
 };
 
 }  // namespace mmfeed
