@@ -23,7 +23,7 @@ bool RingSink::Reserve(BatchMemory* memory) {
 }
 
 void RingSink::Commit(const BatchMemory& memory, const BatchInfo& info) {
-  uint64_t t0 = NowNs();
+  uint64_t t0 = NowNs(), c0 = ThreadCpuNs();
   shm::BatchView view;
   view.seq = info.seq;
   view.epoch = info.epoch;
@@ -44,7 +44,7 @@ void RingSink::Commit(const BatchMemory& memory, const BatchInfo& info) {
   }
   counters_.items.fetch_add(1, std::memory_order_relaxed);
   counters_.busy_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
-  counters_.cpu_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
+  counters_.cpu_ns.fetch_add(ThreadCpuNs() - c0, std::memory_order_relaxed);
 }
 
 void RingSink::Discard(const BatchMemory& memory) { ring_->Abandon(memory.handle); }
