@@ -9,12 +9,13 @@ PKGS=(
   libasio-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libconcurrentqueue-dev
   nlohmann-json3-dev libssl-dev
   libopencv-dev libturbojpeg0-dev libjpeg62-turbo-dev libnuma-dev libsystemd-dev libfftw3-dev
+  libicu-dev zlib1g-dev
   libavformat-dev libavcodec-dev libavutil-dev libswscale-dev libswresample-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev
   python3 python3-numpy ffmpeg
 )
 if [ "${1:-}" = "--bench" ]; then
-  PKGS+=(python3-torch python3-torchvision python3-torchaudio python3-pil espeak-ng)
+  PKGS+=(python3-torch python3-torchvision python3-torchaudio python3-pil espeak-ng nodejs npm)
 fi
 missing=()
 for p in "${PKGS[@]}"; do

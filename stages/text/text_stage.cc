@@ -1,11 +1,13 @@
-// The `text` stage: tokenizes a text field into int32 ids [max_len] plus a scalar length.
-// The tokenizer today is `bytes` (each UTF-8 byte is one token); the BPE tokenizer plugs in
-// behind the same parameters. Outputs: <name> [max_len] int32, <name>_lengths [] int32.
+// The `text` stage: tokenizes a text field into int32 ids [max_len] plus a scalar length, with
+// `bytes` (each UTF-8 byte is one token) or a byte-level BPE tokenizer.json (Qwen, GPT-2).
+// Optional prefix/suffix (chat-template-like wrapping) and appended special ids.
+// Outputs: <name> [max_len] int32, <name>_lengths [] int32.
 #include <fmt/format.h>
 
 #include <algorithm>
 
 #include "stages/runtime/registry.h"
+#include "stages/text/bpe_tokenizer.h"
 #include "stages/text/utf8.h"
 
 namespace mmfeed {
@@ -44,29 +46,43 @@ struct TextParams {
   int64_t max_len = 128;
   int32_t pad_id = 0;
   bool truncate_left = false;
+  std::shared_ptr<const BpeTokenizer> bpe;  // null: one token per UTF-8 byte
+  std::vector<int32_t> prefix, suffix;      // ids wrapped around every sample's text
 };
 
-class BytesWorker : public StageWorker {
+class TextWorker : public StageWorker {
  public:
-  explicit BytesWorker(const TextParams& p) : p_(p) {}
+  explicit TextWorker(const TextParams& p) : p_(p) {}
 
   Status Process(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) override {
     Result<std::string_view> text = FieldBytes(in, &file_);
     if (!text.ok()) return text.status();
-    size_t bad = FindInvalidUtf8(*text);
-    if (bad != std::string_view::npos) return Status::Corrupt(fmt::format("text is not valid UTF-8 (byte {})", bad));
-    int64_t n = std::min<int64_t>(static_cast<int64_t>(text->size()), p_.max_len);
-    size_t start = p_.truncate_left ? text->size() - n : 0;
+    ids_.clear();
+    if (p_.bpe) {  // invalid UTF-8 is replaced, as the reference tokenizer does
+      p_.bpe->Encode(*text, &cache_, &ids_);
+    } else {
+      size_t bad = FindInvalidUtf8(*text);
+      if (bad != std::string_view::npos) return Status::Corrupt(fmt::format("text is not valid UTF-8 (byte {})", bad));
+      for (unsigned char c : *text) ids_.push_back(c);
+    }
+    // prefix + text + suffix; the text is cut (at the configured end) so that both wrappers fit.
+    const int64_t room = p_.max_len - static_cast<int64_t>(p_.prefix.size() + p_.suffix.size());
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(ids_.size()), room);
+    const size_t start = p_.truncate_left ? ids_.size() - n : 0;
     int32_t* d = out.As<int32_t>(0);
-    for (int64_t i = 0; i < n; ++i) d[i] = static_cast<unsigned char>((*text)[start + i]);
-    std::fill(d + n, d + p_.max_len, p_.pad_id);
-    *out.As<int32_t>(1) = static_cast<int32_t>(n);
+    int32_t* w = std::copy(p_.prefix.begin(), p_.prefix.end(), d);
+    w = std::copy(ids_.begin() + start, ids_.begin() + start + n, w);
+    w = std::copy(p_.suffix.begin(), p_.suffix.end(), w);
+    std::fill(w, d + p_.max_len, p_.pad_id);
+    *out.As<int32_t>(1) = static_cast<int32_t>(w - d);
     return Status::Ok();
   }
 
  private:
   const TextParams& p_;
   std::string file_;
+  std::vector<int32_t> ids_;
+  BpeCache cache_;
 };
 
 class TextStage : public Stage {
@@ -75,7 +91,7 @@ class TextStage : public Stage {
   std::vector<TensorSpec> OutputSpecs() const override {
     return {{p_.name, DType::kInt32, {p_.max_len}}, {p_.name + "_lengths", DType::kInt32, {}}};
   }
-  std::unique_ptr<StageWorker> NewWorker() const override { return std::make_unique<BytesWorker>(p_); }
+  std::unique_ptr<StageWorker> NewWorker() const override { return std::make_unique<TextWorker>(p_); }
 
  private:
   TextParams p_;
@@ -85,25 +101,44 @@ Result<std::unique_ptr<Stage>> MakeTextStage(const StageArgs& a) {
   TextParams p;
   p.name = a.name;
   const std::string& tok = a.params.GetString("tokenizer");
-  if (tok != "bytes")
-    return Status::Unsupported(fmt::format("tokenizer '{}' is not supported yet; use 'bytes'", tok));
+  if (tok != "bytes") {
+    std::string path = tok[0] == '/' ? tok : a.base_dir + "/" + tok;
+    Result<std::shared_ptr<const BpeTokenizer>> bpe = BpeTokenizer::Load(path);
+    if (!bpe.ok()) return bpe.status();
+    p.bpe = *bpe;
+  }
   p.max_len = a.params.GetInt("max_len");
   if (p.max_len < 1 || p.max_len > (1 << 24)) return Status::Invalid("max_len must be in 1..16777216");
   p.pad_id = static_cast<int32_t>(a.params.GetInt("pad_id"));
   p.truncate_left = a.params.GetString("truncation") == "left";
+  BpeCache cache;
+  auto wrap = [&](const std::string& text, std::vector<int32_t>* ids) {
+    if (text.empty()) return;
+    if (p.bpe) p.bpe->Encode(text, &cache, ids);
+    else ids->assign(text.begin(), text.end());
+  };
+  wrap(a.params.GetString("prefix"), &p.prefix);
+  wrap(a.params.GetString("suffix"), &p.suffix);
+  for (int64_t v : a.params.GetIntList("add_special")) p.suffix.push_back(static_cast<int32_t>(v));
+  if (static_cast<int64_t>(p.prefix.size() + p.suffix.size()) >= p.max_len)
+    return Status::Invalid(fmt::format("prefix and suffix take {} tokens, max_len is {}", p.prefix.size() + p.suffix.size(), p.max_len));
   return std::unique_ptr<Stage>(new TextStage(std::move(p)));
 }
 
 MMFEED_REGISTER_STAGE((StageSchema{
     "text",
-    "tokenize UTF-8 text into int32 ids padded to max_len. Outputs: <name> [max_len], <name>_lengths []",
+    "tokenize text into int32 ids padded to max_len: one token per UTF-8 byte, or byte-level BPE from a "
+    "Hugging Face tokenizer.json. Outputs: <name> [max_len], <name>_lengths []",
     StageKind::kField,
     /*field_is_path=*/false,
     {
-        {"tokenizer", ParamType::kString, std::string("bytes"), "bytes: one token per UTF-8 byte"},
+        {"tokenizer", ParamType::kString, std::string("bytes"), "bytes, or a tokenizer.json / tokenizer.json.gz path (BPE)"},
         {"max_len", ParamType::kInt, int64_t{128}, "tokens per sample (truncate or pad)"},
         {"pad_id", ParamType::kInt, int64_t{0}, "id written after the last token"},
-        {"truncation", ParamType::kString, std::string("right"), "right | left: which end is cut", {"right", "left"}},
+        {"truncation", ParamType::kString, std::string("right"), "right | left: which end of the text is cut", {"right", "left"}},
+        {"prefix", ParamType::kString, std::string(""), "text put before every sample (special tokens recognised)"},
+        {"suffix", ParamType::kString, std::string(""), "text put after every sample (special tokens recognised)"},
+        {"add_special", ParamType::kIntList, std::vector<int64_t>{}, "ids appended after the suffix (e.g. an end-of-text id)"},
     },
     MakeTextStage}));
 
