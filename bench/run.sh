@@ -7,3 +7,4 @@ bash scripts/setup.sh --bench
 bash scripts/build.sh
 /usr/bin/python3 bench/image_text_bench.py
 /usr/bin/python3 bench/audio_bench.py
+/usr/bin/python3 bench/tokenizer_bench.py

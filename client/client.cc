@@ -1,6 +1,7 @@
 #include "client/client.h"
 
 #include <fmt/format.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -129,6 +130,10 @@ Result<bool> Client::Next(ClientBatch* batch, int timeout_ms) {
       return true;
     }
     if (*w == shm::RingReader::Wait::kEnd) return false;
+    // Nothing yet: make sure the daemon is still there (its end of the socket closes if not).
+    pollfd p{sock_, POLLRDHUP, 0};
+    if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+      return Status::Io("mmfeedd went away: the connection closed before the end of the data");
     if (timeout_ms >= 0) return Status::Timeout("no batch within the timeout");
   }
 }

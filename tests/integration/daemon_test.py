@@ -78,7 +78,12 @@ def dumped_batches(d):
 
 
 def finish(proc, timeout=60):
-    out, err = proc.communicate(timeout=timeout)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        logs = "".join(f"\n--- daemon (exit {d.proc.poll()}):\n{d.log()}" for d in DAEMONS)
+        raise AssertionError(f"consumer {proc.args} timed out{logs}")
     assert proc.returncode == 0, f"consumer failed ({proc.returncode}): {err}"
     return json.loads(out) if out.strip().startswith("{") else out
 
