@@ -209,7 +209,7 @@ std::string ReplaceInvalidUtf8(std::string_view s) {
 }
 
 const std::vector<int32_t>* BpeCache::Find(std::string_view piece) const {
-  auto it = map_.find(std::string(piece));
+  auto it = map_.find(piece);
   return it == map_.end() ? nullptr : &it->second;
 }
 

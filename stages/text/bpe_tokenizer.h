@@ -30,8 +30,13 @@ class BpeCache {
   void Insert(std::string_view piece, std::vector<int32_t> ids);
 
  private:
+  // Looked up by string_view, so a cache hit allocates nothing.
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
+  };
   size_t capacity_;
-  std::unordered_map<std::string, std::vector<int32_t>> map_;
+  std::unordered_map<std::string, std::vector<int32_t>, Hash, std::equal_to<>> map_;
 };
 
 class BpeTokenizer {
