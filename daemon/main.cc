@@ -22,6 +22,7 @@
 #include "stages/runtime/pipeline.h"
 #include "stages/runtime/registry.h"
 #include "stages/source/catalog.h"
+#include "stages/text/packing_sink.h"
 
 namespace mmfeed {
 namespace {
@@ -75,6 +76,8 @@ class Daemon {
     // Rings first: their size is known from the stage specs, and running out of memory
     // must be an error now, not later.
     std::vector<TensorSpec> specs = BatchSpecs(cfg_);
+    const StageConfig* packed = cfg_.packed_stage >= 0 ? &cfg_.stages[cfg_.packed_stage] : nullptr;
+    if (packed) specs = PackingSink::PackedSpecs(packed->name, packed->params.GetInt("max_len"));
     std::vector<uint64_t> tensor_bytes;
     for (const TensorSpec& t : specs) tensor_bytes.push_back(t.NumBytes() * cfg_.batch_size);
     shm::SlotLayout layout = shm::PlanSlot((kMaxIdBytes + 1) * cfg_.batch_size, tensor_bytes);
@@ -87,6 +90,11 @@ class Daemon {
       }
       sinks_.push_back(std::make_unique<RingSink>(r, specs, std::move(ring.value())));
       sinks.push_back(sinks_.back().get());
+      if (packed) {
+        packers_.push_back(std::make_unique<PackingSink>(sinks.back(), packed->name, packed->params.GetInt("max_len"),
+                                                         cfg_.batch_size, static_cast<int32_t>(packed->params.GetInt("pad_id"))));
+        sinks.back() = packers_.back().get();
+      }
     }
     spdlog::info("{} ring(s) of {} slots x {:.1f} MiB", cfg_.consumers, cfg_.ring_slots, layout.slot_bytes / 1048576.0);
     auto pipeline = Pipeline::Create(cfg_, sinks);
@@ -216,6 +224,7 @@ class Daemon {
   asio::io_context io_;
   asio::steady_timer timer_;
   std::vector<std::unique_ptr<RingSink>> sinks_;
+  std::vector<std::unique_ptr<PackingSink>> packers_;  // in front of sinks_ when the text is packed
   std::unique_ptr<Pipeline> pipeline_;
   std::vector<int> attached_;
   bool draining_ = false;

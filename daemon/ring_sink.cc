@@ -33,8 +33,8 @@ void RingSink::Commit(const BatchMemory& memory, const BatchInfo& info) {
     t.name = s.name;
     t.dtype = static_cast<uint32_t>(s.dtype);
     t.shape = s.shape;
-    t.shape.insert(t.shape.begin(), static_cast<int64_t>(info.ids.size()));
-    t.nbytes = s.NumBytes() * info.ids.size();
+    t.shape.insert(t.shape.begin(), static_cast<int64_t>(info.rows));
+    t.nbytes = s.NumBytes() * info.rows;
     view.tensors.push_back(std::move(t));
   }
   Status st = ring_->Commit(memory.handle, view);

@@ -286,6 +286,14 @@ void ValidateGraph(PipelineConfig* cfg, const YAML::Node& stages) {
   }
   cfg->batch_size = batch.params.GetInt("batch_size");
   cfg->drop_last = batch.params.GetBool("drop_last");
+  for (size_t i = 0; i < cfg->stages.size(); ++i) {
+    const StageConfig& s = cfg->stages[i];
+    if (s.type != "text" || !s.params.GetBool("pack")) continue;
+    if (batch.inputs.size() != 1)
+      Fail(stages[i], fmt::format("stage '{}' packs its samples into rows (pack: true), so it must be the only input of batch stage '{}'",
+                                  s.name, batch.name));
+    cfg->packed_stage = static_cast<int>(i);
+  }
   if (cfg->batch_size < 1) Fail(stages[batches[0]], "batch_size must be at least 1");
   // Every tensor name must be unique across stages: they share one tensor table.
   std::set<std::string> tensor_names;

@@ -62,6 +62,9 @@ struct PipelineConfig {
   int batch_stage = -1;
   int64_t batch_size = 0;
   bool drop_last = false;
+  // Set when the batch's only input is a text stage with `pack: true`: its samples are
+  // concatenated into fixed-length rows (see stages/text/packing_sink.h).
+  int packed_stage = -1;
   int ring_slots = 8;
   ErrorPolicy on_error = ErrorPolicy::kSkip;
   Placement placement;

@@ -1,10 +1,9 @@
 // Mailbox<T>: the bounded, lock-free inbox of a stage. Any number of threads may Push and Pop
 // concurrently. Push blocks while the mailbox holds `capacity` items (back-pressure); Pop blocks
-// while it is empty. Close(n) makes n Pop calls return an empty item (nullptr for unique_ptr),
-// each taken as "no more input", but only once every item pushed before has been popped: the
-// queue keeps order per producer only, so a close marker could otherwise overtake another
-// thread's items. Time spent blocked is added to the caller's counters so the profile can tell
-// a starved stage from a blocked one.
+// while it is empty. After Close(), Pop returns an empty item (nullptr for unique_ptr), taken as
+// "no more input", once every item pushed before has been popped: the queue keeps order per
+// producer only, so Close cannot simply queue a marker behind the items. Time spent blocked is
+// added to the caller's counters so the profile can tell a starved stage from a blocked one.
 #pragma once
 
 #include <concurrentqueue/blockingconcurrentqueue.h>
@@ -12,7 +11,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <thread>
 
 namespace mmfeed {
 
@@ -42,28 +40,29 @@ class Mailbox {
 
   // Blocks while empty. Adds the time spent waiting to *starved_ns.
   T Pop(std::atomic<uint64_t>* starved_ns) {
+    uint64_t t0 = 0;
     while (true) {
       T item;
-      if (!queue_.try_dequeue(item)) {
-        uint64_t t0 = NowNs();
-        queue_.wait_dequeue(item);
-        starved_ns->fetch_add(NowNs() - t0, std::memory_order_relaxed);
+      if (queue_.try_dequeue(item) || (t0 = t0 ? t0 : NowNs(), queue_.wait_dequeue_timed(item, kRecheckUs))) {
+        if (item) {
+          if (t0) starved_ns->fetch_add(NowNs() - t0, std::memory_order_relaxed);
+          outstanding_.fetch_sub(1, std::memory_order_acq_rel);
+          free_slots_.signal();
+          return item;
+        }
+        // A wake-up from Close: fall through to the check.
       }
-      if (item) {
-        outstanding_.fetch_sub(1, std::memory_order_acq_rel);
-        free_slots_.signal();
-        return item;
+      if (closed_.load(std::memory_order_acquire) && outstanding_.load(std::memory_order_acquire) == 0) {
+        if (t0) starved_ns->fetch_add(NowNs() - t0, std::memory_order_relaxed);
+        return T();
       }
-      if (outstanding_.load(std::memory_order_acquire) == 0) return item;
-      // A close marker overtook items still queued by other producers: put it back.
-      queue_.enqueue(T());
-      std::this_thread::yield();
     }
   }
 
-  // Wakes `poppers` blocked or future Pop calls with an empty item. Does not count against
-  // the capacity, so it never blocks.
+  // No more pushes. REQUIRES: every Push has returned. Wakes `poppers` sleeping Pop calls; any
+  // other waiting Pop notices within kRecheckUs.
   void Close(int poppers) {
+    closed_.store(true, std::memory_order_release);
     for (int i = 0; i < poppers; ++i) queue_.enqueue(T());
   }
 
@@ -73,8 +72,10 @@ class Mailbox {
  private:
   size_t capacity_;
   moodycamel::BlockingConcurrentQueue<T> queue_;
+  static constexpr int64_t kRecheckUs = 20000;
   moodycamel::LightweightSemaphore free_slots_;
   std::atomic<int64_t> outstanding_{0};  // pushed and not yet popped
+  std::atomic<bool> closed_{false};
 };
 
 }  // namespace mmfeed

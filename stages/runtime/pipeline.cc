@@ -382,6 +382,7 @@ class Pipeline::Collator {
     info.rank = rank_;
     info.seq = committed_++;
     info.epoch = f.batch->epoch;
+    info.rows = static_cast<uint32_t>(n);
     info.ids.assign(std::make_move_iterator(f.ids.begin()), std::make_move_iterator(f.ids.begin() + n));
     uint64_t t0 = NowNs();
     p_->sinks_[rank_]->Commit(f.batch->memory, info);

@@ -44,7 +44,8 @@ struct BatchInfo {
   uint32_t rank = 0;
   uint64_t seq = 0;  // batch number for this rank, from 0, across epochs
   uint32_t epoch = 0;
-  std::vector<std::string> ids;  // rows [0, ids.size()) are valid
+  uint32_t rows = 0;             // rows [0, rows) are valid
+  std::vector<std::string> ids;  // the samples in them: one per row, except for packed text
 };
 
 // Where a consumer rank's batches go (the daemon's: its shared-memory ring).
@@ -55,7 +56,7 @@ class BatchSink {
   // source thread; blocks while the sink is full (back-pressure). Returns false once the
   // sink no longer accepts batches.
   virtual bool Reserve(BatchMemory* memory) = 0;
-  // Publishes rows [0, info.ids.size()) of a reserved batch. Called from the batch thread.
+  // Publishes rows [0, info.rows) of a reserved batch. Called from the batch thread.
   virtual void Commit(const BatchMemory& memory, const BatchInfo& info) = 0;
   // Returns a reserved batch unpublished. Called from the batch thread.
   virtual void Discard(const BatchMemory& memory) = 0;

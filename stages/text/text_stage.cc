@@ -139,6 +139,7 @@ MMFEED_REGISTER_STAGE((StageSchema{
         {"prefix", ParamType::kString, std::string(""), "text put before every sample (special tokens recognised)"},
         {"suffix", ParamType::kString, std::string(""), "text put after every sample (special tokens recognised)"},
         {"add_special", ParamType::kIntList, std::vector<int64_t>{}, "ids appended after the suffix (e.g. an end-of-text id)"},
+        {"pack", ParamType::kBool, false, "concatenate samples into full rows of max_len, with <name>_doc_ids marking documents"},
     },
     MakeTextStage}));
 

@@ -283,6 +283,52 @@ class AudioTextTest(unittest.TestCase):
         self.assertIn("not a readable audio file", log)
 
 
+class PackedTextTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="mmfeed-it-"))
+
+    def tearDown(self):
+        DaemonTest.tearDown(self)
+
+    def test_packed_rows_hold_every_document_in_order(self):
+        root = pathlib.Path(__file__).resolve().parent.parent.parent
+        tokenizer = root / "tests" / "data" / "tokenizer" / "qwen3-tokenizer.json.gz"
+        texts = [f"Document {i}: " + "words and more words " * (i % 7 + 1) + "你好" * (i % 3) for i in range(40)]
+        with open(self.dir / "manifest.jsonl", "w") as m:
+            for i, t in enumerate(texts):
+                m.write(json.dumps({"id": f"t{i}", "text": t}) + "\n")
+        config = (root / "configs" / "text-pretrain.yaml").read_text()
+        config = config.replace("../tests/data/tokenizer/qwen3-tokenizer.json.gz", str(tokenizer))
+        config = config.replace("max_len: 2048", "max_len: 64").replace("batch_size: 8", "batch_size: 4")
+        d = Daemon(self.dir, config)
+        finish(d.consume(0, "--json", "--dump", str(self.dir / "dump")))
+        self.assertEqual(d.wait(), 0, d.log())
+        tokens, docs, order = [], [], []
+        for meta, path in dumped_batches(self.dir / "dump"):
+            t = np.load(path / "text.npy")
+            doc = np.load(path / "text_doc_ids.npy")
+            lengths = np.load(path / "text_lengths.npy")
+            self.assertEqual(t.shape[1], 64)
+            for r in range(t.shape[0]):
+                n = int(lengths[r])
+                self.assertTrue(np.all(doc[r, n:] == -1))
+                self.assertTrue(np.all(np.diff(doc[r, :n]) >= 0))
+                tokens += t[r, :n].tolist()
+            for i in meta["ids"]:
+                if not order or order[-1] != i:
+                    order.append(i)
+        self.assertEqual(sorted(order, key=lambda x: int(x[1:])), [f"t{i}" for i in range(40)])
+        # The stream is every document's tokens followed by <|endoftext|>, in the delivered order.
+        encoded = subprocess.run([f"{BIN}/mmfeed-tokenize", "--tokenizer", str(tokenizer)], input="\n".join(texts) + "\n",
+                                 capture_output=True, text=True, check=True).stdout.splitlines()
+        want = []
+        for i in order:
+            want += json.loads(encoded[int(i[1:])]) + [151643]
+        self.assertEqual(tokens, want)
+        rows = sum(np.load(p / "text_lengths.npy").size for _, p in dumped_batches(self.dir / "dump"))
+        self.assertEqual(rows, (len(want) + 63) // 64, "no padding but in the last row")
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)

@@ -47,6 +47,23 @@ TEST(MailboxTest, CloseWakesEveryPopperWithAnEmptyItem) {
   EXPECT_GT(starved.load(), 0u);
 }
 
+// Items queued by a thread that has finished, and a Close from another thread: the consumer
+// must get every item before the end (the queue orders per producer only).
+TEST(MailboxTest, CloseNeverOvertakesAnotherProducersItems) {
+  for (int round = 0; round < 200; ++round) {
+    Mailbox<std::unique_ptr<int>> box(4);
+    std::atomic<uint64_t> t{0};
+    std::thread([&] {
+      box.Push(std::make_unique<int>(1), &t);
+      box.Push(std::make_unique<int>(2), &t);
+    }).join();
+    box.Close(1);
+    int sum = 0;
+    while (auto v = box.Pop(&t)) sum += *v;
+    ASSERT_EQ(sum, 3) << "round " << round;
+  }
+}
+
 TEST(MailboxTest, ManyProducersManyConsumersLoseNothing) {
   Mailbox<std::unique_ptr<int>> box(8);
   std::atomic<uint64_t> t{0};
