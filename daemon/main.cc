@@ -80,7 +80,11 @@ class Daemon {
     if (packed) specs = PackingSink::PackedSpecs(packed->name, packed->params.GetInt("max_len"));
     std::vector<uint64_t> tensor_bytes;
     for (const TensorSpec& t : specs) tensor_bytes.push_back(t.NumBytes() * cfg_.batch_size);
-    shm::SlotLayout layout = shm::PlanSlot((kMaxIdBytes + 1) * cfg_.batch_size, tensor_bytes);
+    // Room for every sample id of a batch; a packed batch lists each document it holds, at
+    // most one per token (bounded at 64 Ki ids).
+    uint64_t max_ids = cfg_.batch_size;
+    if (packed) max_ids = std::min<uint64_t>(cfg_.batch_size * packed->params.GetInt("max_len"), 1 << 16);
+    shm::SlotLayout layout = shm::PlanSlot((kMaxIdBytes + 1) * max_ids, tensor_bytes);
     std::vector<BatchSink*> sinks;
     for (int r = 0; r < cfg_.consumers; ++r) {
       auto ring = shm::RingWriter::Create(r, cfg_.consumers, cfg_.ring_slots, layout);

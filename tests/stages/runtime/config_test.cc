@@ -114,6 +114,14 @@ TEST_F(ConfigTest, UnusedStageAndMissingManifestAreRejected) {
   EXPECT_NE(e.find("p.yaml:2:32: manifest '"), std::string::npos) << e;
 }
 
+TEST_F(ConfigTest, MissingOrBrokenTokenizerIsAConfigError) {
+  std::string e = Error(Replace(kCanonical, "tokenizer: bytes", "tokenizer: nope.json"));
+  EXPECT_NE(e.find("p.yaml:8:51: stage 'text' (text): " + dir_ / "nope.json: cannot open tokenizer file"), std::string::npos) << e;
+  WriteFile(dir_ / "bad.json", "{\"model\": {\"type\": \"Unigram\"}}");
+  e = Error(Replace(kCanonical, "tokenizer: bytes", "tokenizer: bad.json"));
+  EXPECT_NE(e.find("bad.json: unsupported tokenizer: model type 'Unigram'"), std::string::npos) << e;
+}
+
 TEST_F(ConfigTest, YamlSyntaxErrorHasLocation) {
   std::string e = Error("source: {type: manifest\nstages: [\n");
   EXPECT_EQ(e.rfind(dir_ / "p.yaml:", 0), 0u) << e;
