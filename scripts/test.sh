@@ -16,11 +16,12 @@ fi
 if [ "${MMFEED_SKIP_FUZZ:-0}" != 1 ]; then
   BUILD_DIR=build-fuzz bash scripts/build.sh -DCMAKE_CXX_COMPILER=clang++ -DMMFEED_FUZZ=ON -DMMFEED_TESTS=OFF
   seeds=build-fuzz/seeds
-  rm -rf "$seeds" && mkdir -p "$seeds"/{config,image,source,ring_reader}
+  rm -rf "$seeds" && mkdir -p "$seeds"/{config,image,source,ring_reader,tokenizer}
   cp configs/*.yaml "$seeds/config/"
   cp tests/data/photos/photo0[0-3]*.jpg tests/data/photos/*.png "$seeds/image/"
   printf '{"id": "a", "image": "x.jpg", "text": "t"}\n' > "$seeds/source/manifest.jsonl"
-  for t in config image source ring_reader; do
+  head -c 4000 tests/data/tokenizer/corpus.txt > "$seeds/tokenizer/corpus-head.txt"
+  for t in config image source ring_reader tokenizer; do
     echo "fuzzing $t for ${MMFEED_FUZZ_SECONDS:-20}s"
     if ! ./build-fuzz/bin/fuzz_$t -max_total_time="${MMFEED_FUZZ_SECONDS:-20}" -rss_limit_mb=4096 \
         "$seeds/$t" > "build-fuzz/fuzz_$t.log" 2>&1; then
