@@ -104,11 +104,6 @@ ParamValue ParseParam(const ParamSpec& spec, const YAML::Node& n, const std::str
   Fail(n, "unsupported parameter type");
 }
 
-std::string Resolve(const std::string& base_dir, const std::string& path) {
-  if (path.empty() || path[0] == '/') return path;
-  return (std::filesystem::path(base_dir) / path).lexically_normal().string();
-}
-
 int EnvInt(const char* name, int fallback) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
@@ -126,7 +121,7 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir) {
   if (s.type != "manifest" && s.type != "webdataset")
     Fail(n["type"], fmt::format("unknown source type '{}'; expected manifest or webdataset", s.type));
   if (!n["path"]) Fail(n, "source needs a 'path'");
-  s.path = Resolve(base_dir, Str(n["path"], "source.path"));
+  s.path = ResolvePath(base_dir, Str(n["path"], "source.path"));
   s.path_mark = ToMark(n["path"].Mark());
   if (n["shuffle"]) s.shuffle = Bool(n["shuffle"], "source.shuffle");
   if (n["seed"]) s.seed = static_cast<uint64_t>(IntAtLeast(n["seed"], "source.seed", 0));

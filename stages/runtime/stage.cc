@@ -6,8 +6,14 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 namespace mmfeed {
+
+std::string ResolvePath(const std::string& base_dir, const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  return (std::filesystem::path(base_dir) / path).lexically_normal().string();
+}
 
 Result<std::string_view> FieldBytes(const FieldValue& field, std::string* storage) {
   if (field.kind == FieldValue::Kind::kText || field.kind == FieldValue::Kind::kBytes)

@@ -34,6 +34,10 @@ struct SampleContext {
   std::string_view origin;  // where the sample came from, for error messages
 };
 
+// `path` as seen from the folder `base_dir` (a config's or a manifest's): absolute paths and
+// "" are returned as they are.
+std::string ResolvePath(const std::string& base_dir, const std::string& path);
+
 // Returns the bytes of a field: the file's contents (or range of it) for kPath and kFileRange,
 // the data itself otherwise.
 // `storage` receives file contents; the view points into it or into `field`.

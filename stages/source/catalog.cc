@@ -16,11 +16,6 @@
 namespace mmfeed {
 namespace {
 
-std::string Resolve(const std::string& dir, const std::string& p) {
-  if (!p.empty() && p[0] == '/') return p;
-  return (std::filesystem::path(dir) / p).lexically_normal().string();
-}
-
 // Parses one manifest line into `entry`; returns the reason on failure.
 std::string ParseManifestLine(const std::string& line, const std::string& dir, size_t line_no,
                               const std::string& manifest_name, const std::set<std::string>& needed,
@@ -53,7 +48,7 @@ std::string ParseManifestLine(const std::string& line, const std::string& dir, s
     }
     if (f.kind == FieldValue::Kind::kPath) {
       if (f.data.empty()) return fmt::format("field '{}' has an empty path", name);
-      f.data = Resolve(dir, f.data);
+      f.data = ResolvePath(dir, f.data);
     }
     entry->fields.emplace_back(name, std::move(f));
   }

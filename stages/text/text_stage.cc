@@ -102,8 +102,7 @@ Result<std::unique_ptr<Stage>> MakeTextStage(const StageArgs& a) {
   p.name = a.name;
   const std::string& tok = a.params.GetString("tokenizer");
   if (tok != "bytes") {
-    std::string path = tok[0] == '/' ? tok : a.base_dir + "/" + tok;
-    Result<std::shared_ptr<const BpeTokenizer>> bpe = BpeTokenizer::Load(path);
+    Result<std::shared_ptr<const BpeTokenizer>> bpe = BpeTokenizer::Load(ResolvePath(a.base_dir, tok));
     if (!bpe.ok()) return bpe.status();
     p.bpe = *bpe;
   }
