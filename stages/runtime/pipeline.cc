@@ -89,10 +89,11 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg, st
   p->sinks_ = std::move(sinks);
   if (static_cast<int>(p->sinks_.size()) != cfg.consumers)
     return Status::Invalid("one batch sink per consumer rank is required");
-  const StageConfig& batch = cfg.stages[cfg.batch_stage];
+  // Branches point into the pipeline's own copy of the config.
+  const std::vector<StageConfig>& stages = p->cfg_.stages;
   std::set<std::string> needed, path_fields;
-  for (const std::string& in : batch.inputs) {
-    auto it = std::find_if(cfg.stages.begin(), cfg.stages.end(), [&](const StageConfig& s) { return s.name == in; });
+  for (const std::string& in : stages[cfg.batch_stage].inputs) {
+    auto it = std::find_if(stages.begin(), stages.end(), [&](const StageConfig& s) { return s.name == in; });
     auto b = std::make_unique<Branch>(it->queue ? it->queue : std::max(8, 4 * it->workers));
     b->cfg = &*it;
     b->specs = it->stage->OutputSpecs();
@@ -103,13 +104,10 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg, st
     if (it->schema->field_is_path) path_fields.insert(it->field);
     if (b->specs.size() > static_cast<size_t>(kMaxOutputs))
       return Status::Invalid(fmt::format("stage '{}' declares {} outputs, at most {}", it->name, b->specs.size(), kMaxOutputs));
-    p->first_tensor_.push_back(p->specs_.size());
-    p->specs_.insert(p->specs_.end(), b->specs.begin(), b->specs.end());
+    p->first_tensor_.push_back(p->first_tensor_.empty() ? 0 : p->first_tensor_.back() + p->branches_.back()->specs.size());
     p->branches_.push_back(std::move(b));
   }
-  if (p->specs_.size() != BatchSpecs(cfg).size()) return Status::Invalid("internal: tensor specs disagree");
-  for (auto& b : p->branches_) b->cfg = &*std::find_if(p->cfg_.stages.begin(), p->cfg_.stages.end(),
-                                                         [&](const StageConfig& s) { return s.name == b->cfg->name; });
+  p->specs_ = BatchSpecs(p->cfg_);
   Result<Catalog> cat = LoadCatalog(cfg.source, needed, path_fields);
   if (!cat.ok()) return cat.status();
   for (const LoadError& e : cat->errors) {
