@@ -49,9 +49,6 @@ void RingSink::Commit(const BatchMemory& memory, const BatchInfo& info) {
 
 void RingSink::Discard(const BatchMemory& memory) { ring_->Abandon(memory.handle); }
 
-void RingSink::Finish() {
-  ring_->Close();
-  done_.store(true, std::memory_order_release);
-}
+void RingSink::Finish() { ring_->Close(); }
 
 }  // namespace mmfeed

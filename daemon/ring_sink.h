@@ -4,7 +4,7 @@
 // samples straight into shared memory; Commit/Discard (batch thread) publish or return it.
 // When the ring is full, Reserve waits for the trainer to release a slot: that wait is the
 // back-pressure, and shows in the profile as this stage's "blocked" time. The control thread
-// may call Abort(), done(), info() and ring() at any time.
+// may call Abort(), info() and ring() at any time.
 #pragma once
 
 #include <atomic>
@@ -27,7 +27,6 @@ class RingSink : public BatchSink {
 
   // Stop waiting for the trainer: Reserve returns false from now on.
   void Abort() { abort_.store(true, std::memory_order_release); }
-  bool done() const { return done_.load(std::memory_order_acquire); }
   shm::RingWriter& ring() { return *ring_; }
   StageInfo info() const { return {name_, "ring", 1, 0, &counters_}; }
 
@@ -37,7 +36,7 @@ class RingSink : public BatchSink {
   std::vector<TensorSpec> specs_;
   std::unique_ptr<shm::RingWriter> ring_;
   StageCounters counters_;
-  std::atomic<bool> abort_{false}, done_{false};
+  std::atomic<bool> abort_{false};
 };
 
 }  // namespace mmfeed

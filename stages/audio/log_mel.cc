@@ -81,13 +81,6 @@ LogMel::~LogMel() {
   fftwf_free(spectrum_);
 }
 
-std::vector<float> LogMel::DenseFilters() const {
-  std::vector<float> dense(static_cast<size_t>(n_mels_) * n_bins_, 0.0f);
-  for (int m = 0; m < n_mels_; ++m)
-    for (size_t j = 0; j < bands_[m].weights.size(); ++j) dense[m * n_bins_ + bands_[m].first_bin + j] = bands_[m].weights[j];
-  return dense;
-}
-
 void LogMel::Compute(const float* x, size_t n, float* out, size_t valid) {
   const int pad = n_fft_ / 2;
   padded_.resize(n + 2 * pad);

@@ -29,9 +29,6 @@ class LogMel {
   void Compute(const float* samples, size_t n, float* out, size_t valid);
   void Compute(const float* samples, size_t n, float* out) { Compute(samples, n, out, n); }
 
-  // The filterbank as a dense [n_mels, n_fft/2+1] matrix, for tests.
-  std::vector<float> DenseFilters() const;
-
  private:
   struct Band {
     int first_bin;

@@ -27,11 +27,6 @@ void ErrorLog::Add(const std::string& origin, const std::string& stage, const st
   recent_.push_back({{"origin", origin}, {"stage", stage}, {"reason", reason_code}, {"message", message}});
 }
 
-uint64_t ErrorLog::total() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return total_;
-}
-
 nlohmann::json ErrorLog::ToJson() const {
   std::lock_guard<std::mutex> lock(mu_);
   return {{"total", total_}, {"by_reason", by_reason_}, {"recent", recent_}};
@@ -80,8 +75,6 @@ struct Pipeline::Branch {
   StageCounters counters;
   std::vector<int> cpus;
 };
-
-uint64_t Pipeline::samples_in_catalog() const { return catalog_->entries.size(); }
 
 Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg, std::vector<BatchSink*> sinks) {
   std::unique_ptr<Pipeline> p(new Pipeline());

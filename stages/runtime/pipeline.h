@@ -69,7 +69,6 @@ class ErrorLog {
  public:
   void Add(const std::string& origin, const std::string& stage, const std::string& reason_code,
            const std::string& message);
-  uint64_t total() const;
   nlohmann::json ToJson() const;
 
  private:
@@ -103,7 +102,6 @@ class Pipeline {
   void AddProfiledStage(const StageInfo& info) { extra_infos_.push_back(info); }
   nlohmann::json Profile() const;
   const ErrorLog& errors() const { return errors_; }
-  uint64_t samples_in_catalog() const;
 
   struct WorkItem;  // internal: one sample's field travelling through a branch
 
