@@ -13,47 +13,14 @@ extern "C" {
 #include <libswresample/swresample.h>
 }
 
+#include "stages/ffmpeg/av_input.h"
+
 namespace mmfeed {
 namespace {
 
-std::string AvError(int err) {
-  char buf[AV_ERROR_MAX_STRING_SIZE] = {};
-  av_strerror(err, buf, sizeof(buf));
-  return buf;
-}
-
-// Reads from an in-memory buffer for AVIOContext.
-struct MemoryReader {
-  std::string_view data;
-  int64_t pos = 0;
-
-  static int Read(void* opaque, uint8_t* buf, int size) {
-    auto* r = static_cast<MemoryReader*>(opaque);
-    int64_t left = static_cast<int64_t>(r->data.size()) - r->pos;
-    if (left <= 0) return AVERROR_EOF;
-    int n = static_cast<int>(std::min<int64_t>(left, size));
-    std::memcpy(buf, r->data.data() + r->pos, n);
-    r->pos += n;
-    return n;
-  }
-
-  static int64_t Seek(void* opaque, int64_t offset, int whence) {
-    auto* r = static_cast<MemoryReader*>(opaque);
-    int64_t size = static_cast<int64_t>(r->data.size());
-    if (whence == AVSEEK_SIZE) return size;
-    int64_t base = (whence & ~AVSEEK_FORCE) == SEEK_CUR ? r->pos : (whence & ~AVSEEK_FORCE) == SEEK_END ? size : 0;
-    int64_t target = base + offset;
-    if (target < 0 || target > size) return AVERROR(EINVAL);
-    r->pos = target;
-    return target;
-  }
-};
-
 // Owns every FFmpeg object of one decode; frees them in the right order whatever happens.
 struct Session {
-  MemoryReader reader;
-  AVIOContext* io = nullptr;
-  AVFormatContext* fmt = nullptr;
+  AvInput input;
   AVCodecContext* codec = nullptr;
   SwrContext* swr = nullptr;
   AVPacket* packet = nullptr;
@@ -64,13 +31,8 @@ struct Session {
     av_packet_free(&packet);
     swr_free(&swr);
     avcodec_free_context(&codec);
-    avformat_close_input(&fmt);  // frees fmt; io is ours
-    if (io) av_freep(&io->buffer);
-    avio_context_free(&io);
   }
 };
-
-constexpr int kIoBufferBytes = 64 * 1024;
 
 // A WAV names its sample bytes in the "data" chunk; FFmpeg quietly plays a cut file shorter.
 // Returns an error if the file holds fewer bytes than declared.
@@ -98,33 +60,24 @@ Status DecodeAudio(std::string_view bytes, int sample_rate, const AudioLimits& l
   if (bytes.empty()) return Status::Corrupt("empty file (0 bytes)");
   MMFEED_RETURN_IF_ERROR(CheckWavLength(bytes));
   Session s;
-  s.reader.data = bytes;
-  auto* buffer = static_cast<uint8_t*>(av_malloc(kIoBufferBytes));
-  s.io = avio_alloc_context(buffer, kIoBufferBytes, 0, &s.reader, &MemoryReader::Read, nullptr, &MemoryReader::Seek);
-  if (!s.io) {
-    av_free(buffer);
-    return Status::Io("out of memory (AVIOContext)");
-  }
-  s.fmt = avformat_alloc_context();
-  s.fmt->pb = s.io;
-  s.fmt->flags |= AVFMT_FLAG_CUSTOM_IO;
-  s.fmt->probesize = 64 * 1024;  // enough to recognise any container; the default reads 5 MB
-  int err = avformat_open_input(&s.fmt, nullptr, nullptr, nullptr);
-  if (err < 0) return Status::Corrupt(fmt::format("not a readable audio file: {}", AvError(err)));
+  // 64 KB of probing recognises any container; FFmpeg's default reads 5 MB.
+  MMFEED_RETURN_IF_ERROR(s.input.OpenBytes(bytes, "audio", 64 * 1024));
+  AVFormatContext* const container = s.input.fmt();
+  int err = 0;
   // Reading stream info decodes packets ahead; skip it when the headers already say enough
   // (WAV, FLAC, Ogg, MP4 do; a bare MP3 stream may not).
-  bool known = s.fmt->nb_streams > 0;
-  for (unsigned i = 0; i < s.fmt->nb_streams; ++i) {
-    const AVCodecParameters* p = s.fmt->streams[i]->codecpar;
+  bool known = container->nb_streams > 0;
+  for (unsigned i = 0; i < container->nb_streams; ++i) {
+    const AVCodecParameters* p = container->streams[i]->codecpar;
     known = known && p->codec_id != AV_CODEC_ID_NONE &&
             (p->codec_type != AVMEDIA_TYPE_AUDIO || (p->sample_rate > 0 && p->ch_layout.nb_channels > 0));
   }
-  if (!known && (err = avformat_find_stream_info(s.fmt, nullptr)) < 0)
+  if (!known && (err = avformat_find_stream_info(container, nullptr)) < 0)
     return Status::Corrupt(fmt::format("cannot read stream info: {}", AvError(err)));
   const AVCodec* decoder = nullptr;
-  int index = av_find_best_stream(s.fmt, AVMEDIA_TYPE_AUDIO, -1, -1, &decoder, 0);
+  int index = av_find_best_stream(container, AVMEDIA_TYPE_AUDIO, -1, -1, &decoder, 0);
   if (index < 0 || !decoder) return Status::Corrupt("no audio stream (or no decoder for it)");
-  AVStream* stream = s.fmt->streams[index];
+  AVStream* stream = container->streams[index];
   const AVCodecParameters* par = stream->codecpar;
   if (par->ch_layout.nb_channels <= 0 || par->ch_layout.nb_channels > limits.max_channels)
     return Status::TooLarge(fmt::format("{} channels (limit {})", par->ch_layout.nb_channels, limits.max_channels));
@@ -182,7 +135,7 @@ Status DecodeAudio(std::string_view bytes, int sample_rate, const AudioLimits& l
   };
 
   while (true) {
-    err = av_read_frame(s.fmt, s.packet);
+    err = av_read_frame(container, s.packet);
     if (err == AVERROR_EOF) break;
     if (err < 0) {
       if (bad_packets++ == 0) first_bad = AvError(err);
@@ -205,7 +158,7 @@ Status DecodeAudio(std::string_view bytes, int sample_rate, const AudioLimits& l
   if (bad_packets) return Status::Corrupt(fmt::format("{} undecodable packet(s), first: {}", bad_packets, first_bad));
   if (out->empty()) return Status::Corrupt("no audio samples");
   // A container that declares its length (WAV, FLAC, MP4) but ends early was cut.
-  if (s.fmt->duration_estimation_method != AVFMT_DURATION_FROM_BITRATE && stream->duration > 0) {
+  if (container->duration_estimation_method != AVFMT_DURATION_FROM_BITRATE && stream->duration > 0) {
     double declared = stream->duration * av_q2d(stream->time_base);
     double got = static_cast<double>(out->size()) / sample_rate;
     if (got < declared * 0.9 && declared - got > 0.05)

@@ -11,6 +11,7 @@
 
 #include "stages/audio/audio_decoder.h"
 #include "stages/audio/log_mel.h"
+#include "stages/ffmpeg/av_input.h"
 #include "stages/runtime/registry.h"
 #include "stages/runtime/rng.h"
 
@@ -81,6 +82,7 @@ class AudioStage : public Stage {
 };
 
 Result<std::unique_ptr<Stage>> MakeAudioStage(const StageArgs& a) {
+  RouteFfmpegLogs();
   const Params& prm = a.params;
   AudioParams p;
   p.name = a.name;

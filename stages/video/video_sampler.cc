@@ -1,0 +1,602 @@
+#include "stages/video/video_sampler.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <limits>
+
+extern "C" {
+#include <libavcodec/avcodec.h>
+#include <libavformat/avformat.h>
+#include <libavutil/pixdesc.h>
+#include <libswscale/swscale.h>
+}
+
+#include "stages/ffmpeg/av_input.h"
+
+namespace mmfeed {
+namespace {
+
+constexpr int64_t kNoPts = AV_NOPTS_VALUE;
+constexpr int64_t kNothing = std::numeric_limits<int64_t>::min();
+// Packets read ahead of the decoder: more than any codec's reordering depth, so the window
+// holds every packet whose pts lies just after the one being sent.
+constexpr size_t kLookahead = 16;
+// Seek only when it skips at least this many frames; below, decoding forward is as cheap.
+constexpr int64_t kSeekMinFrames = 2;
+
+struct Target {
+  int64_t ts;  // stream units
+  int slot;    // output position
+};
+
+// Seconds from the stream's start to stream units, so that a frame at exactly t (to within
+// a microsecond) counts as on screen at t.
+int64_t SecondsToTs(double seconds, AVRational tb) {
+  return static_cast<int64_t>(std::floor((seconds + 1e-6) * tb.den / tb.num));
+}
+
+// The keyframes the demuxer's index lists, in its seek timestamps.
+std::vector<int64_t> IndexKeyframes(AVStream* st) {
+  std::vector<int64_t> out;
+  const int n = avformat_index_get_entries_count(st);
+  for (int i = 0; i < n; ++i) {
+    const AVIndexEntry* e = avformat_index_get_entry(st, i);
+    if (e && (e->flags & AVINDEX_KEYFRAME) && (out.empty() || e->timestamp > out.back())) out.push_back(e->timestamp);
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---- KeyframeIndexCache ----
+
+std::shared_ptr<const KeyframeIndex> KeyframeIndexCache::Find(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = map_.find(key);
+  if (it == map_.end()) return nullptr;
+  lru_.splice(lru_.begin(), lru_, it->second);
+  return it->second->second;
+}
+
+void KeyframeIndexCache::Put(const std::string& key, std::shared_ptr<const KeyframeIndex> index) {
+  if (capacity_ == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = map_.find(key);
+  if (it != map_.end()) {
+    it->second->second = std::move(index);
+    lru_.splice(lru_.begin(), lru_, it->second);
+    return;
+  }
+  lru_.emplace_front(key, std::move(index));
+  map_[key] = lru_.begin();
+  if (lru_.size() > capacity_) {
+    map_.erase(lru_.back().first);
+    lru_.pop_back();
+  }
+}
+
+size_t KeyframeIndexCache::size() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lru_.size();
+}
+
+// ---- One Sample() call ----
+
+struct VideoSampler::Run {
+  VideoSampler& vs;
+  const VideoOptions& o;
+  uint8_t* frames;
+  float* pts_out;
+  uint8_t* mask;
+
+  AvInput input;
+  AVFormatContext* fmt = nullptr;
+  AVStream* st = nullptr;
+  int si = -1;
+  AVCodecContext* codec = nullptr;
+  AVPacket* pkt = nullptr;
+  AVFrame* frame = nullptr;
+  AVFrame* prev = nullptr;  // the last frame out of the decoder: the pick for targets before the next
+  bool have_prev = false;
+  int64_t prev_pts = 0;
+  std::deque<AVPacket*> window;  // read, not yet sent
+  bool demux_eof = false;
+  bool seekable = true;
+
+  AVRational tb{1, 1};
+  double tb_sec = 0;
+  int64_t frame_dur = 1;
+  int64_t start_ts = 0, end_ts = kNoPts;
+  bool end_from_stream = false;  // the stream itself declares its duration (MP4 does)
+  std::shared_ptr<const KeyframeIndex> index;
+
+  std::vector<Target> targets;  // valid targets, ascending
+  size_t next = 0;              // first unresolved
+  int cur_key = 0;              // keyframe the decoder started from
+  bool first_after_seek = false;
+  int retry_target = -1, retry_cap = 0;  // a seek that landed past targets[retry_target]
+  int64_t fed_max = kNothing;            // largest pts sent to the decoder since the last seek
+  int written_slot = -1;
+  int64_t written_pts = kNoPts;
+
+  int bad = 0;
+  std::string first_bad;
+  int damaged_picks = 0;
+  double first_damaged = 0;
+
+  Run(VideoSampler& v, uint8_t* f, float* p, uint8_t* m) : vs(v), o(v.o_), frames(f), pts_out(p), mask(m) {}
+  ~Run() {
+    for (AVPacket* p : window) av_packet_free(&p);
+    av_frame_free(&prev);
+    av_frame_free(&frame);
+    av_packet_free(&pkt);
+    avcodec_free_context(&codec);
+  }
+
+  int64_t KeyPts(size_t k) const { return index->key_ts[k] + index->pts_offset; }
+  double Seconds(int64_t ts) const { return (ts - start_ts) * tb_sec; }
+
+  void NoteBad(std::string what) {
+    if (bad++ == 0) first_bad = std::move(what);
+  }
+
+  Status Open(const FieldValue& in) {
+    MMFEED_RETURN_IF_ERROR(input.Open(in, "video"));
+    fmt = input.fmt();
+    const AVCodec* decoder = nullptr;
+    si = av_find_best_stream(fmt, AVMEDIA_TYPE_VIDEO, -1, -1, &decoder, 0);
+    if (si == AVERROR_STREAM_NOT_FOUND) return Status::Corrupt("no video stream");
+    if (si < 0 || !decoder) {
+      const AVCodecDescriptor* d = si >= 0 ? avcodec_descriptor_get(fmt->streams[si]->codecpar->codec_id) : nullptr;
+      return Status::Unsupported(fmt::format("no decoder for the video codec ({})", d ? d->name : "unknown"));
+    }
+    st = fmt->streams[si];
+    if (st->disposition & AV_DISPOSITION_ATTACHED_PIC) return Status::Corrupt("no video stream (only a cover picture)");
+    for (unsigned i = 0; i < fmt->nb_streams; ++i)
+      if (static_cast<int>(i) != si) fmt->streams[i]->discard = AVDISCARD_ALL;  // audio goes to the audio stage
+    const AVCodecParameters* par = st->codecpar;
+    if (par->width <= 0 || par->height <= 0) return Status::Corrupt("the video stream declares no frame size");
+    if (static_cast<int64_t>(par->width) * par->height > o.max_pixels)
+      return Status::TooLarge(fmt::format("frame size {}x{} is over max_pixels {}", par->width, par->height, o.max_pixels));
+    codec = avcodec_alloc_context3(decoder);
+    if (!codec) return Status::Io("out of memory (AVCodecContext)");
+    avcodec_parameters_to_context(codec, par);
+    codec->thread_count = o.threads;
+    codec->thread_type = FF_THREAD_FRAME | FF_THREAD_SLICE;
+    codec->max_pixels = o.max_pixels;  // the decoder refuses a larger frame (a size change mid-stream)
+    codec->pkt_timebase = st->time_base;
+    int err = avcodec_open2(codec, decoder, nullptr);
+    if (err < 0) return Status::Unsupported(fmt::format("cannot open the {} decoder: {}", decoder->name, AvError(err)));
+    pkt = av_packet_alloc();
+    frame = av_frame_alloc();
+    prev = av_frame_alloc();
+    if (!pkt || !frame || !prev) return Status::Io("out of memory (AVFrame)");
+
+    tb = st->time_base;
+    tb_sec = av_q2d(tb);
+    AVRational rate = st->avg_frame_rate.num > 0 ? st->avg_frame_rate : st->r_frame_rate;
+    frame_dur = rate.num > 0 && rate.den > 0 ? av_rescale_q(1, av_inv_q(rate), tb) : av_rescale_q(1, {1, 25}, tb);
+    frame_dur = std::max<int64_t>(frame_dur, 1);
+    seekable = fmt->pb && (fmt->pb->seekable & AVIO_SEEKABLE_NORMAL);
+    return Status::Ok();
+  }
+
+  // Reads packets of the video stream into the window, up to kLookahead.
+  void FillWindow() {
+    while (!demux_eof && window.size() < kLookahead) {
+      int e = av_read_frame(fmt, pkt);
+      if (e == AVERROR(EAGAIN)) continue;
+      if (e < 0) {
+        demux_eof = true;
+        if (e != AVERROR_EOF) NoteBad(fmt::format("read error: {}", AvError(e)));
+        return;
+      }
+      if (pkt->stream_index != si) {
+        av_packet_unref(pkt);
+        continue;
+      }
+      AVPacket* q = av_packet_alloc();
+      av_packet_move_ref(q, pkt);
+      window.push_back(q);
+    }
+  }
+
+  void ClearWindow() {
+    for (AVPacket* p : window) av_packet_free(&p);
+    window.clear();
+    demux_eof = false;
+  }
+
+  // Start, end and keyframe index. Leaves the demuxer at the start of the stream.
+  Status Timeline() {
+    FillWindow();
+    if (window.empty())
+      return bad ? Status::Corrupt("no readable video packets: " + first_bad)
+                 : Status::Corrupt("zero-length video: the video stream has no frames");
+    const AVPacket* first = window.front();
+    start_ts = st->start_time != kNoPts ? st->start_time : first->pts != kNoPts ? first->pts : 0;
+    if (st->duration > 0) {
+      end_ts = start_ts + st->duration;
+      end_from_stream = true;
+    } else if (fmt->duration > 0) {
+      end_ts = start_ts + av_rescale_q(fmt->duration, AV_TIME_BASE_Q, tb);
+    }
+    const std::string& key = input.identity();
+    if (!key.empty()) index = vs.cache_->Find(key);
+    if (index) {
+      ++vs.stats_.index_hits;
+    } else {
+      ++vs.stats_.index_misses;
+      auto built = std::make_shared<KeyframeIndex>();
+      if (first->pts != kNoPts && first->dts != kNoPts) built->pts_offset = first->pts - first->dts;
+      // Matroska reads its cues on the first seek, and until then lists only the keyframes
+      // it has read; the seek back to the start costs nothing where the index is in the header.
+      if (seekable && av_seek_frame(fmt, si, start_ts, AVSEEK_FLAG_BACKWARD) >= 0) ClearWindow();
+      built->key_ts = IndexKeyframes(st);
+      if (built->key_ts.empty() || end_ts == kNoPts) MMFEED_RETURN_IF_ERROR(Scan(built.get()));
+      index = built;
+      if (!key.empty()) vs.cache_->Put(key, index);
+    }
+    if (end_ts == kNoPts) end_ts = index->end_ts;
+    return Status::Ok();
+  }
+
+  // A container without an index or a duration: read every packet once (no decoding).
+  Status Scan(KeyframeIndex* k) {
+    ClearWindow();
+    if (seekable) av_seek_frame(fmt, si, start_ts, AVSEEK_FLAG_BACKWARD);
+    std::vector<int64_t> keys;
+    int64_t end = kNoPts;
+    while (true) {
+      int e = av_read_frame(fmt, pkt);
+      if (e == AVERROR(EAGAIN)) continue;
+      if (e < 0) break;
+      if (pkt->stream_index == si && pkt->pts != kNoPts) {
+        if ((pkt->flags & AV_PKT_FLAG_KEY) && (keys.empty() || pkt->pts > keys.back())) keys.push_back(pkt->pts);
+        end = std::max(end == kNoPts ? pkt->pts : end, pkt->pts + (pkt->duration > 0 ? pkt->duration : frame_dur));
+      }
+      av_packet_unref(pkt);
+    }
+    k->end_ts = end;
+    // Prefer the index the demuxer built while reading: it is in the demuxer's seek units.
+    k->key_ts = IndexKeyframes(st);
+    if (k->key_ts.empty()) {
+      k->key_ts = std::move(keys);
+      k->pts_offset = 0;
+    }
+    if (!seekable || av_seek_frame(fmt, si, start_ts, AVSEEK_FLAG_BACKWARD) < 0)
+      return Status::Unsupported("the container has no index and cannot seek back to the start");
+    return Status::Ok();
+  }
+
+  // Target times of the uniform, clip and timestamps modes; a target past the end is padding.
+  Status MakeTargets(Rng* rng) {
+    const double duration = Seconds(end_ts);
+    const int T = o.frames;
+    std::vector<double> t(T);
+    switch (o.sampling) {
+      case VideoSampling::kUniform:
+        for (int i = 0; i < T; ++i) t[i] = (i + 0.5) * duration / T;
+        break;
+      case VideoSampling::kClip: {
+        const double span = T / o.fps;
+        double s = o.clip_start;
+        if (s < 0) s = duration > span ? rng->Uniform() * (duration - span) : 0.0;
+        else if (s >= duration)
+          return Status::Invalid(fmt::format("clip_start {:.3f}s is past the end of the video ({:.3f}s)", s, duration));
+        for (int i = 0; i < T; ++i) t[i] = s + i / o.fps;
+        break;
+      }
+      case VideoSampling::kTimestamps:
+        t = o.timestamps;
+        break;
+      case VideoSampling::kKeyframes:
+        break;
+    }
+    for (int i = 0; i < T; ++i)
+      if (t[i] < duration) targets.push_back({start_ts + SecondsToTs(t[i], tb), i});
+    std::stable_sort(targets.begin(), targets.end(), [](const Target& a, const Target& b) { return a.ts < b.ts; });
+    if (targets.empty()) return Status::Invalid(fmt::format("every timestamp is past the end of the video ({:.3f}s)", duration));
+    return Status::Ok();
+  }
+
+  void Seek(int k) {
+    // Demuxers seek by presentation time (MP4 too, though its index holds decoding times).
+    if (!seekable || av_seek_frame(fmt, si, KeyPts(k), AVSEEK_FLAG_BACKWARD) < 0) {
+      seekable = false;  // keep decoding forward from where we are
+      return;
+    }
+    avcodec_flush_buffers(codec);
+    ClearWindow();
+    av_frame_unref(prev);
+    have_prev = false;
+    fed_max = kNothing;
+    cur_key = k;
+    first_after_seek = true;
+    ++vs.stats_.seeks;
+  }
+
+  // Seeks when the keyframe before the next target lies ahead of where the decoder is.
+  void MaybeSeek() {
+    if (!seekable || index->key_ts.empty() || next >= targets.size()) return;
+    const int64_t t = targets[next].ts;
+    int k = static_cast<int>(std::upper_bound(index->key_ts.begin(), index->key_ts.end(), t - index->pts_offset) -
+                             index->key_ts.begin()) - 1;
+    if (static_cast<int>(next) == retry_target) k = std::min(k, retry_cap);
+    if (k <= cur_key) return;
+    int64_t pos = std::max(fed_max, have_prev ? prev_pts : kNothing);
+    if (pos == kNothing) pos = KeyPts(cur_key);
+    if (KeyPts(k) - pos >= kSeekMinFrames * frame_dur) Seek(k);
+  }
+
+  // True if a packet can be decoded with "skip unless a reference frame": another packet's
+  // pts lies between it and the next target, so it cannot be picked.
+  bool Skippable(const AVPacket* p) const {
+    if (p->pts == kNoPts || (p->flags & AV_PKT_FLAG_KEY)) return false;
+    auto it = std::lower_bound(targets.begin() + next, targets.end(), p->pts,
+                               [](const Target& a, int64_t v) { return a.ts < v; });
+    if (it == targets.end()) return true;  // after the last target
+    for (const AVPacket* q : window)
+      if (q->pts != kNoPts && q->pts > p->pts && q->pts <= it->ts) return true;
+    return false;
+  }
+
+  size_t FrameBytes() const { return vs.FrameBytes(); }
+
+  Status Convert(const AVFrame* f, int slot) {
+    if (static_cast<int64_t>(f->width) * f->height > o.max_pixels)
+      return Status::TooLarge(fmt::format("frame size {}x{} is over max_pixels {}", f->width, f->height, o.max_pixels));
+    const int W = o.out_w, H = o.out_h;
+    // Always RGB24: swscale's planar-RGB output rounds chroma differently, and RGB24 is what
+    // PyAV's to_ndarray(format='rgb24') and OpenCV give, so the pixels match them exactly.
+    vs.sws_ = sws_getCachedContext(vs.sws_, f->width, f->height, static_cast<AVPixelFormat>(f->format), W, H,
+                                   AV_PIX_FMT_RGB24, o.sws_flags, nullptr, nullptr, nullptr);
+    if (!vs.sws_)
+      return Status::Unsupported(fmt::format("cannot convert pixel format {}", av_get_pix_fmt_name(static_cast<AVPixelFormat>(f->format))));
+    uint8_t* base = frames + slot * FrameBytes();
+    const bool direct = o.dtype == DType::kUInt8 && !o.chw;  // THWC uint8: straight into the output
+    const size_t plane = static_cast<size_t>(H) * W;
+    if (!direct) vs.rgb_.resize(plane * 3);
+    uint8_t* dst[4] = {direct ? base : vs.rgb_.data()};
+    int strides[4] = {3 * W};
+    sws_scale(vs.sws_, f->data, f->linesize, 0, f->height, dst, strides);
+    if (direct) return Status::Ok();
+    const uint8_t* rgb = vs.rgb_.data();
+    if (o.dtype == DType::kUInt8) {  // TCHW
+      for (size_t i = 0; i < plane; ++i)
+        for (int c = 0; c < 3; ++c) base[c * plane + i] = rgb[3 * i + c];
+      return Status::Ok();
+    }
+    float* out = reinterpret_cast<float*>(base);
+    for (size_t i = 0; i < plane; ++i)
+      for (int c = 0; c < 3; ++c) {
+        const float v = rgb[3 * i + c] * o.mul[c] + o.add[c];
+        if (o.chw) out[c * plane + i] = v;
+        else out[3 * i + c] = v;
+      }
+    return Status::Ok();
+  }
+
+  Status Resolve(const Target& target, const AVFrame* f, int64_t p) {
+    const int slot = target.slot;
+    pts_out[slot] = static_cast<float>(Seconds(p));
+    mask[slot] = 1;
+    ++vs.stats_.sampled;
+    if ((f->decode_error_flags || (f->flags & AV_FRAME_FLAG_CORRUPT)) && damaged_picks++ == 0) first_damaged = Seconds(p);
+    if (written_slot >= 0 && written_pts == p) {
+      std::memcpy(frames + slot * FrameBytes(), frames + written_slot * FrameBytes(), FrameBytes());
+      return Status::Ok();
+    }
+    written_slot = slot;
+    written_pts = p;
+    return Convert(f, slot);
+  }
+
+  // A frame out of the decoder, in presentation order.
+  Status OnFrame(AVFrame* f) {
+    ++vs.stats_.decoded;
+    int64_t p = f->best_effort_timestamp != kNoPts ? f->best_effort_timestamp : f->pts;
+    if (p == kNoPts) p = have_prev ? prev_pts + frame_dur : start_ts;
+    if (first_after_seek) {
+      first_after_seek = false;
+      if (p > targets[next].ts && cur_key > 0) {  // landed after the target: go one keyframe back
+        retry_target = static_cast<int>(next);
+        retry_cap = cur_key - 1;
+        Seek(cur_key - 1);
+        return Status::Ok();
+      }
+    }
+    if (have_prev && p <= prev_pts) return Status::Ok();  // not after the last frame: ignore
+    while (next < targets.size() && targets[next].ts < p) {
+      // Before the video's first frame, the first frame is on screen.
+      MMFEED_RETURN_IF_ERROR(have_prev ? Resolve(targets[next], prev, prev_pts) : Resolve(targets[next], f, p));
+      ++next;
+    }
+    av_frame_unref(prev);
+    av_frame_move_ref(prev, f);
+    have_prev = true;
+    prev_pts = p;
+    MaybeSeek();
+    return Status::Ok();
+  }
+
+  Status Receive() {
+    while (next < targets.size()) {
+      int e = avcodec_receive_frame(codec, frame);
+      if (e == AVERROR(EAGAIN) || e == AVERROR_EOF) return Status::Ok();
+      if (e < 0) {
+        NoteBad(fmt::format("decode error: {}", AvError(e)));
+        return Status::Ok();
+      }
+      Status s = OnFrame(frame);
+      av_frame_unref(frame);
+      MMFEED_RETURN_IF_ERROR(s);
+    }
+    return Status::Ok();
+  }
+
+  Status Send(AVPacket* p) {
+    if (p && (p->flags & AV_PKT_FLAG_CORRUPT))
+      NoteBad(fmt::format("packet at {:.2f}s is corrupt or cut short", Seconds(p->pts == kNoPts ? p->dts : p->pts)));
+    while (true) {
+      int e = avcodec_send_packet(codec, p);
+      if (e == AVERROR(EAGAIN)) {
+        MMFEED_RETURN_IF_ERROR(Receive());
+        if (next >= targets.size()) return Status::Ok();
+        continue;
+      }
+      if (e < 0 && e != AVERROR_EOF)
+        NoteBad(fmt::format("undecodable packet at {:.2f}s: {}", p ? Seconds(p->pts == kNoPts ? p->dts : p->pts) : 0.0, AvError(e)));
+      return Status::Ok();
+    }
+  }
+
+  // Targets left when the stream ended: the last frame is on screen, unless the stream ended
+  // well before the target (cut, or damaged, or shorter than the container says).
+  Status ResolveAtEnd() {
+    for (; next < targets.size(); ++next) {
+      const Target& t = targets[next];
+      if (!have_prev) {
+        return bad ? Status::Corrupt("no decodable frames: " + first_bad) : Status::Corrupt("no decodable frames");
+      }
+      if (t.ts - prev_pts > 2 * frame_dur) {
+        if (bad || end_from_stream)
+          return Status::Corrupt(fmt::format("truncated: decodes to {:.2f}s, declares {:.2f}s{}", Seconds(prev_pts + frame_dur),
+                                             Seconds(end_ts), bad ? " (" + first_bad + ")" : ""));
+        continue;  // the container's duration covers other streams: padding
+      }
+      MMFEED_RETURN_IF_ERROR(Resolve(t, prev, prev_pts));
+    }
+    return Status::Ok();
+  }
+
+  Status DecodeTargets() {
+    MaybeSeek();
+    while (next < targets.size()) {
+      FillWindow();
+      if (window.empty()) {
+        MMFEED_RETURN_IF_ERROR(Send(nullptr));  // drain the decoder
+        MMFEED_RETURN_IF_ERROR(Receive());
+        if (!window.empty() || (next < targets.size() && first_after_seek)) continue;  // a retry seek
+        return ResolveAtEnd();
+      }
+      AVPacket* p = window.front();
+      window.pop_front();
+      const bool skip = Skippable(p);
+      vs.stats_.skipped += skip;
+      codec->skip_frame = skip ? AVDISCARD_NONREF : AVDISCARD_DEFAULT;
+      if (p->pts != kNoPts) fed_max = std::max(fed_max, p->pts);
+      Status s = Send(p);
+      av_packet_free(&p);
+      MMFEED_RETURN_IF_ERROR(s);
+      MMFEED_RETURN_IF_ERROR(Receive());
+    }
+    return Status::Ok();
+  }
+
+  // keyframes: T keyframes spread over the index, each decoded alone after a seek.
+  Status DecodeKeyframes() {
+    const int K = static_cast<int>(index->key_ts.size());
+    if (K == 0) return Status::Corrupt("no keyframes");
+    const int T = o.frames;
+    for (int i = 0; i < std::min(K, T); ++i) {
+      const int k = K >= T ? static_cast<int>((i + 0.5) * K / T) : i;
+      if (i > 0 || k > 0) {  // the first keyframe is where Timeline() left the demuxer
+        Seek(k);
+        if (!seekable) return Status::Unsupported("keyframes sampling needs a seekable container");
+      }
+      first_after_seek = false;
+      bool got = false;
+      while (!got) {
+        FillWindow();
+        AVPacket* p = nullptr;
+        if (!window.empty()) {
+          p = window.front();
+          window.pop_front();
+        }
+        int e = avcodec_send_packet(codec, p);
+        const bool was_key = p && (p->flags & AV_PKT_FLAG_KEY);
+        av_packet_free(&p);
+        if (e < 0 && e != AVERROR_EOF && e != AVERROR(EAGAIN)) NoteBad(fmt::format("decode error: {}", AvError(e)));
+        if (was_key || window.empty()) avcodec_send_packet(codec, nullptr);  // the keyframe is all we need
+        while (!got) {
+          e = avcodec_receive_frame(codec, frame);
+          if (e < 0) break;
+          ++vs.stats_.decoded;
+          int64_t pts = frame->best_effort_timestamp != kNoPts ? frame->best_effort_timestamp : frame->pts;
+          Status s = Resolve({0, i}, frame, pts == kNoPts ? KeyPts(k) : pts);
+          av_frame_unref(frame);
+          MMFEED_RETURN_IF_ERROR(s);
+          got = true;
+        }
+        if (!got && e == AVERROR_EOF) return Status::Corrupt(fmt::format("keyframe {} does not decode", k));
+      }
+      avcodec_flush_buffers(codec);
+    }
+    return Status::Ok();
+  }
+
+  // Slots left at mask 0 get the last frame in time (repeat_last) or zeros.
+  void Pad() {
+    int last = -1;
+    for (int i = 0; i < o.frames; ++i)
+      if (mask[i] && (last < 0 || pts_out[i] > pts_out[last])) last = i;
+    for (int i = 0; i < o.frames; ++i) {
+      if (mask[i]) continue;
+      uint8_t* dst = frames + i * FrameBytes();
+      if (o.pad == VideoPad::kRepeatLast && last >= 0) {
+        std::memcpy(dst, frames + last * FrameBytes(), FrameBytes());
+        pts_out[i] = pts_out[last];
+      } else {
+        std::memset(dst, 0, FrameBytes());
+        pts_out[i] = 0;
+      }
+    }
+  }
+
+  Status Go(const FieldValue& in, Rng* rng) {
+    std::memset(mask, 0, o.frames);
+    MMFEED_RETURN_IF_ERROR(Open(in));
+    MMFEED_RETURN_IF_ERROR(Timeline());
+    if (o.sampling == VideoSampling::kKeyframes) {
+      MMFEED_RETURN_IF_ERROR(DecodeKeyframes());
+    } else {
+      if (end_ts == kNoPts || end_ts <= start_ts) return Status::Corrupt("zero-length video (duration 0)");
+      MMFEED_RETURN_IF_ERROR(MakeTargets(rng));
+      MMFEED_RETURN_IF_ERROR(DecodeTargets());
+    }
+    if (damaged_picks)
+      return Status::Corrupt(fmt::format("{} sampled frame(s) damaged, first at {:.2f}s{}", damaged_picks, first_damaged,
+                                         bad ? ": " + first_bad : ""));
+    Pad();
+    ++vs.stats_.videos;
+    return Status::Ok();
+  }
+};
+
+// ---- VideoSampler ----
+
+VideoSampler::VideoSampler(const VideoOptions& options, KeyframeIndexCache* cache) : o_(options), cache_(cache) {}
+
+VideoSampler::~VideoSampler() { sws_freeContext(sws_); }
+
+size_t VideoSampler::FrameBytes() const {
+  return static_cast<size_t>(o_.out_h) * o_.out_w * 3 * (o_.dtype == DType::kFloat32 ? 4 : 1);
+}
+
+Status VideoSampler::Sample(const FieldValue& in, Rng* rng, uint8_t* frames, float* pts, uint8_t* mask) {
+  Run run(*this, frames, pts, mask);
+  return run.Go(in, rng);
+}
+
+std::vector<TensorSpec> VideoOutputSpecs(const std::string& name, const VideoOptions& o) {
+  const int64_t T = o.frames, H = o.out_h, W = o.out_w;
+  TensorSpec frames{name, o.dtype, o.chw ? std::vector<int64_t>{T, 3, H, W} : std::vector<int64_t>{T, H, W, 3}};
+  return {frames, {name + "_pts", DType::kFloat32, {T}}, {name + "_mask", DType::kUInt8, {T}}};
+}
+
+}  // namespace mmfeed

@@ -1,0 +1,123 @@
+// Sampling T frames from a video with FFmpeg, decoding only what the sampling needs.
+//
+// Which frame: every sampling mode turns into T target times; the frame for time t is the one
+// on screen at t, i.e. the last frame (in presentation order) with pts <= t, or the first frame
+// if t is before it. Times are seconds from the video stream's start; a target at or after
+// the stream's end is padding (mask 0). A reference that decodes every frame and applies this
+// rule picks the same frames (tests/integration/video_reference_test.py checks it with PyAV).
+//
+// How it stays cheap (see docs/video.md):
+// - seeks to the keyframe before a target when that skips frames, and otherwise decodes
+//   forward; keyframe positions come from the container's index, kept per file in a bounded
+//   LRU shared by a stage's workers (containers without an index are scanned once);
+// - asks the decoder to skip non-reference frames that cannot be picked (another packet's pts
+//   lies between them and the next target);
+// - converts and resizes only picked frames, with swscale, straight into the output;
+// - stops at the last target.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "stages/runtime/registry.h"
+#include "stages/runtime/rng.h"
+#include "stages/runtime/stage.h"
+#include "stages/runtime/status.h"
+#include "stages/runtime/tensor.h"
+
+struct SwsContext;
+
+namespace mmfeed {
+
+enum class VideoSampling { kUniform, kClip, kKeyframes, kTimestamps };
+enum class VideoPad { kRepeatLast, kZeros };
+
+struct VideoOptions {
+  VideoSampling sampling = VideoSampling::kUniform;
+  int frames = 16;                 // T
+  double fps = 4;                  // clip: target rate
+  double clip_start = -1;          // clip: seconds from the start; < 0: random, seeded per sample
+  std::vector<double> timestamps;  // timestamps: seconds from the start (T = its size)
+  int out_h = 224, out_w = 224;
+  bool chw = true;  // [T,3,H,W]; false: [T,H,W,3]
+  DType dtype = DType::kUInt8;
+  float mul[3] = {1, 1, 1}, add[3] = {0, 0, 0};  // float32: out = pixel * mul + add
+  VideoPad pad = VideoPad::kRepeatLast;
+  int sws_flags = 2;      // SWS_BILINEAR
+  int threads = 1;        // decoder threads per worker
+  int64_t max_pixels = 7680LL * 4320;  // refuse larger frames before allocating anything
+  size_t index_cache = 4096;           // files whose keyframe index is kept
+};
+
+// Builds options from a `video` stage's validated params (the schema is in video_stage.cc).
+Result<VideoOptions> VideoOptionsFromParams(const Params& params);
+
+// Per-sample outputs: frames [T,3,H,W] or [T,H,W,3], pts float32 [T] (seconds), mask uint8 [T].
+std::vector<TensorSpec> VideoOutputSpecs(const std::string& name, const VideoOptions& o);
+
+// Counters of one sampler, for benchmarks and the profile.
+struct VideoStats {
+  int64_t videos = 0;
+  int64_t sampled = 0;   // frames written that came from the video (mask 1)
+  int64_t decoded = 0;   // frames the decoder produced
+  int64_t seeks = 0;
+  int64_t skipped = 0;   // packets sent with "skip if not a reference frame"
+  int64_t index_hits = 0, index_misses = 0;
+};
+
+// Keyframe positions of one file.
+struct KeyframeIndex {
+  std::vector<int64_t> key_ts;   // ascending, as the demuxer's index has them (stream units; MP4: decoding times)
+  int64_t pts_offset = 0;        // a keyframe's pts minus its key_ts (MP4: the reorder delay; else 0)
+  int64_t end_ts = INT64_MIN;    // from a scan, when the container declares no duration; INT64_MIN: unknown
+};
+
+// Bounded LRU of keyframe indexes keyed by AvInput::identity(); thread-safe.
+class KeyframeIndexCache {
+ public:
+  explicit KeyframeIndexCache(size_t capacity) : capacity_(capacity) {}
+  std::shared_ptr<const KeyframeIndex> Find(const std::string& key);
+  void Put(const std::string& key, std::shared_ptr<const KeyframeIndex> index);
+  size_t size();
+
+ private:
+  using Entry = std::pair<std::string, std::shared_ptr<const KeyframeIndex>>;
+  std::mutex mu_;
+  size_t capacity_;
+  std::list<Entry> lru_;  // most recent first
+  std::unordered_map<std::string, std::list<Entry>::iterator> map_;
+};
+
+// One per worker thread.
+class VideoSampler {
+ public:
+  VideoSampler(const VideoOptions& options, KeyframeIndexCache* cache);
+  ~VideoSampler();
+  VideoSampler(const VideoSampler&) = delete;
+  VideoSampler& operator=(const VideoSampler&) = delete;
+
+  // Samples `in` into frames/pts/mask (sized as VideoOutputSpecs says). `rng` draws the clip
+  // start. Errors are per sample: unreadable container, no video stream, frame size over
+  // max_pixels, no frames, damaged sampled frames, truncation.
+  Status Sample(const FieldValue& in, Rng* rng, uint8_t* frames, float* pts, uint8_t* mask);
+
+  const VideoStats& stats() const { return stats_; }
+
+ private:
+  struct Run;
+  friend struct Run;
+  size_t FrameBytes() const;
+
+  const VideoOptions& o_;
+  KeyframeIndexCache* cache_;
+  VideoStats stats_;
+  SwsContext* sws_ = nullptr;
+  std::vector<uint8_t> rgb_;  // float32 output: swscale writes RGB24 here first
+};
+
+}  // namespace mmfeed
