@@ -12,7 +12,7 @@ PKGS=(
   libicu-dev zlib1g-dev
   libavformat-dev libavcodec-dev libavutil-dev libswscale-dev libswresample-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev
-  python3 python3-numpy ffmpeg
+  python3 python3-numpy python3-av ffmpeg
 )
 if [ "${1:-}" = "--bench" ]; then
   PKGS+=(python3-torch python3-torchvision python3-torchaudio python3-pil espeak-ng nodejs npm)

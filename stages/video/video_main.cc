@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "client/npy.h"
+#include "stages/ffmpeg/av_input.h"
 #include "stages/runtime/config.h"
 #include "stages/video/video_sampler.h"
 
@@ -72,6 +73,7 @@ int main(int argc, char** argv) {
     else files.push_back(a);
   }
   if (files.empty()) return Usage();
+  mmfeed::RouteFfmpegLogs();
 
   // The params go through the config parser, so they are checked exactly as in a pipeline.
   // (The source is never read; the parser only wants an existing file there.)

@@ -103,6 +103,8 @@ struct VideoSampler::Run {
   AVFrame* prev = nullptr;  // the last frame out of the decoder: the pick for targets before the next
   bool have_prev = false;
   int64_t prev_pts = 0;
+  bool prev_damaged = false;
+  bool tainted = false;  // a damaged frame was decoded since the last keyframe: later ones may show it
   std::deque<AVPacket*> window;  // read, not yet sent
   bool demux_eof = false;
   bool seekable = true;
@@ -314,6 +316,7 @@ struct VideoSampler::Run {
     ClearWindow();
     av_frame_unref(prev);
     have_prev = false;
+    tainted = false;
     fed_max = kNothing;
     cur_key = k;
     first_after_seek = true;
@@ -381,12 +384,12 @@ struct VideoSampler::Run {
     return Status::Ok();
   }
 
-  Status Resolve(const Target& target, const AVFrame* f, int64_t p) {
+  Status Resolve(const Target& target, const AVFrame* f, int64_t p, bool damaged) {
     const int slot = target.slot;
     pts_out[slot] = static_cast<float>(Seconds(p));
     mask[slot] = 1;
     ++vs.stats_.sampled;
-    if ((f->decode_error_flags || (f->flags & AV_FRAME_FLAG_CORRUPT)) && damaged_picks++ == 0) first_damaged = Seconds(p);
+    if (damaged && damaged_picks++ == 0) first_damaged = Seconds(p);
     if (written_slot >= 0 && written_pts == p) {
       std::memcpy(frames + slot * FrameBytes(), frames + written_slot * FrameBytes(), FrameBytes());
       return Status::Ok();
@@ -394,6 +397,14 @@ struct VideoSampler::Run {
     written_slot = slot;
     written_pts = p;
     return Convert(f, slot);
+  }
+
+  // Damage shows in the frame's flags, and carries on to the frames after it until a clean
+  // keyframe (they may predict from it).
+  bool Damaged(const AVFrame* f) {
+    if (f->decode_error_flags || (f->flags & AV_FRAME_FLAG_CORRUPT)) tainted = true;
+    else if (f->key_frame) tainted = false;
+    return tainted;
   }
 
   // A frame out of the decoder, in presentation order.
@@ -411,15 +422,17 @@ struct VideoSampler::Run {
       }
     }
     if (have_prev && p <= prev_pts) return Status::Ok();  // not after the last frame: ignore
+    const bool damaged = Damaged(f);
     while (next < targets.size() && targets[next].ts < p) {
       // Before the video's first frame, the first frame is on screen.
-      MMFEED_RETURN_IF_ERROR(have_prev ? Resolve(targets[next], prev, prev_pts) : Resolve(targets[next], f, p));
+      MMFEED_RETURN_IF_ERROR(have_prev ? Resolve(targets[next], prev, prev_pts, prev_damaged) : Resolve(targets[next], f, p, damaged));
       ++next;
     }
     av_frame_unref(prev);
     av_frame_move_ref(prev, f);
     have_prev = true;
     prev_pts = p;
+    prev_damaged = damaged;
     MaybeSeek();
     return Status::Ok();
   }
@@ -469,7 +482,7 @@ struct VideoSampler::Run {
                                              Seconds(end_ts), bad ? " (" + first_bad + ")" : ""));
         continue;  // the container's duration covers other streams: padding
       }
-      MMFEED_RETURN_IF_ERROR(Resolve(t, prev, prev_pts));
+      MMFEED_RETURN_IF_ERROR(Resolve(t, prev, prev_pts, prev_damaged));
     }
     return Status::Ok();
   }
@@ -528,7 +541,8 @@ struct VideoSampler::Run {
           if (e < 0) break;
           ++vs.stats_.decoded;
           int64_t pts = frame->best_effort_timestamp != kNoPts ? frame->best_effort_timestamp : frame->pts;
-          Status s = Resolve({0, i}, frame, pts == kNoPts ? KeyPts(k) : pts);
+          tainted = false;
+          Status s = Resolve({0, i}, frame, pts == kNoPts ? KeyPts(k) : pts, Damaged(frame));
           av_frame_unref(frame);
           MMFEED_RETURN_IF_ERROR(s);
           got = true;

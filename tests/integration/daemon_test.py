@@ -283,6 +283,83 @@ class AudioTextTest(unittest.TestCase):
         self.assertIn("not a readable audio file", log)
 
 
+class VideoTextTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="mmfeed-it-"))
+
+    def tearDown(self):
+        DaemonTest.tearDown(self)
+
+    def make_videos(self, n, audio=False):
+        """n short testsrc2 videos in three codecs and containers, plus two broken files."""
+        kinds = [("mp4", ["-c:v", "libx264", "-pix_fmt", "yuv420p"]), ("mkv", ["-c:v", "libx265", "-x265-params", "log-level=error"]),
+                 ("webm", ["-c:v", "libvpx-vp9", "-deadline", "realtime", "-cpu-used", "8"])]
+        with open(self.dir / "manifest.jsonl", "w") as m:
+            for i in range(n):
+                ext, args = kinds[i % len(kinds)]
+                out = self.dir / f"v{i}.{ext}"
+                inputs = ["-f", "lavfi", "-i", f"testsrc2=size=160x120:rate=25:duration={2 + i % 3}"]
+                if audio:
+                    inputs += ["-f", "lavfi", "-i", f"sine=frequency={300 + 100 * i}:duration={2 + i % 3}"]
+                subprocess.run(["ffmpeg", "-v", "error", "-y", *inputs, *args, str(out)], check=True)
+                m.write(json.dumps({"id": f"v{i}", "video": out.name, "text": f"video {i}"}) + "\n")
+            good = (self.dir / "v0.mp4").read_bytes()
+            (self.dir / "cut.mp4").write_bytes(good[: len(good) // 2])  # moov is at the end: gone
+            subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", "sine=duration=1", str(self.dir / "tone.m4a")], check=True)
+            m.write(json.dumps({"id": "cut", "video": "cut.mp4", "text": "truncated"}) + "\n")
+            m.write(json.dumps({"id": "tone", "video": "tone.m4a", "text": "audio only"}) + "\n")
+
+    def test_video_text_config_runs_and_dump_shows_the_frames(self):
+        self.make_videos(9)
+        config = (pathlib.Path(__file__).resolve().parent.parent.parent / "configs" / "video-text.yaml").read_text()
+        d = Daemon(self.dir, config)
+        r = finish(d.consume(0, "--json", "--dump", str(self.dir / "dump")))
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEqual(r["samples"], 9)
+        batches = dumped_batches(self.dir / "dump")
+        self.assertEqual([len(m["ids"]) for m, _ in batches], [4, 4, 1])
+        for meta, b in batches:
+            frames = np.load(b / "video.npy")
+            pts = np.load(b / "video_pts.npy")
+            mask = np.load(b / "video_mask.npy")
+            n = len(meta["ids"])
+            self.assertEqual(frames.shape, (n, 16, 3, 224, 224))
+            self.assertEqual(frames.dtype, np.uint8)
+            self.assertEqual(pts.shape, (n, 16))
+            for k, sid in enumerate(meta["ids"]):
+                seconds = 2 + int(sid[1:]) % 3
+                self.assertTrue(np.all(mask[k] == 1), mask[k])
+                self.assertTrue(np.all(np.diff(pts[k]) > 0), pts[k])  # 16 distinct frames, in order
+                self.assertLess(abs(pts[k][0] - seconds / 32), 0.041, pts[k])
+                self.assertLess(pts[k][-1], seconds)
+                self.assertGreater(frames[k].std(), 10)  # a picture, not a blank
+                self.assertFalse(np.array_equal(frames[k][0], frames[k][15]))
+        log = d.log()
+        self.assertIn("samples skipped: 2", log)
+        self.assertIn("no video stream", log)
+        self.assertIn("not a readable video file", log)
+
+    def test_audio_track_goes_to_an_audio_stage_on_the_same_field(self):
+        self.make_videos(3, audio=True)
+        config = """pipeline: av
+source: {type: manifest, path: manifest.jsonl}
+stages:
+  - {name: video, type: video, field: video, params: {sampling: clip, fps: 4, frames: 4, size: [32, 32]}}
+  - {name: audio, type: audio, field: video, params: {features: waveform, max_seconds: 2}}
+  - {name: batch, type: batch, inputs: [video, audio], params: {batch_size: 3}}
+"""
+        d = Daemon(self.dir, config)
+        r = finish(d.consume(0, "--json", "--dump", str(self.dir / "dump")))
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEqual(r["samples"], 3)
+        (meta, b), = dumped_batches(self.dir / "dump")
+        self.assertEqual(np.load(b / "video.npy").shape, (3, 4, 3, 32, 32))
+        wave = np.load(b / "audio.npy")
+        self.assertEqual(wave.shape, (3, 32000))
+        self.assertTrue(np.all(np.load(b / "audio_lengths.npy") == 32000))
+        self.assertTrue(np.all(np.abs(wave).max(axis=1) > 0.05))
+
+
 class PackedTextTest(unittest.TestCase):
     def setUp(self):
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="mmfeed-it-"))
