@@ -8,3 +8,4 @@ bash scripts/build.sh
 /usr/bin/python3 bench/image_text_bench.py
 /usr/bin/python3 bench/audio_bench.py
 /usr/bin/python3 bench/tokenizer_bench.py
+/usr/bin/python3 bench/video_bench.py

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs every Debian package mmfeed needs to build, test and run its demo.
-# Usage: scripts/setup.sh [--bench]   (--bench adds the Python baselines: torch, torchvision)
+# Usage: scripts/setup.sh [--bench]   (--bench adds the baselines: torch, torchvision, torchaudio, OpenCV, ...)
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
@@ -15,7 +15,7 @@ PKGS=(
   python3 python3-numpy python3-av ffmpeg
 )
 if [ "${1:-}" = "--bench" ]; then
-  PKGS+=(python3-torch python3-torchvision python3-torchaudio python3-pil espeak-ng nodejs npm)
+  PKGS+=(python3-torch python3-torchvision python3-torchaudio python3-pil python3-opencv espeak-ng nodejs npm)
 fi
 missing=()
 for p in "${PKGS[@]}"; do
