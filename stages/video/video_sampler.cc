@@ -492,9 +492,10 @@ struct VideoSampler::Run {
     while (next < targets.size()) {
       FillWindow();
       if (window.empty()) {
+        const int64_t seeks = vs.stats_.seeks;
         MMFEED_RETURN_IF_ERROR(Send(nullptr));  // drain the decoder
         MMFEED_RETURN_IF_ERROR(Receive());
-        if (!window.empty() || (next < targets.size() && first_after_seek)) continue;  // a retry seek
+        if (vs.stats_.seeks != seeks) continue;  // a frame sent us back (a seek landed past its target)
         return ResolveAtEnd();
       }
       AVPacket* p = window.front();

@@ -287,6 +287,9 @@ TEST_F(VideoTest, BadInputsAreClearPerSampleErrors) {
     EXPECT_EQ(s.code(), c.code) << c.file << ": " << s.message();
     EXPECT_NE(s.message().find(c.says), std::string::npos) << c.file << ": " << s.message();
   }
+  // Found by fuzz_video: a seek to a keyframe past the end, then nothing decodes (it hung).
+  Status hang = Sample(o, PathField(testing::TestData("video/fuzz_seek_hang.mkv")), 1, 0, &sampler);
+  EXPECT_EQ(hang.code(), Status::Code::kCorrupt) << hang.message();
   // The decoder's own limit catches a stream larger than its container says.
   VideoOptions tight = o;
   tight.max_pixels = 64 * 64;
