@@ -339,6 +339,36 @@ class VideoTextTest(unittest.TestCase):
         self.assertIn("no video stream", log)
         self.assertIn("not a readable video file", log)
 
+    def test_tar_members_decode_in_place_like_files(self):
+        self.make_videos(4)
+        lines = [json.loads(l) for l in (self.dir / "manifest.jsonl").read_text().splitlines()][:4]
+        with tarfile.open(self.dir / "shard-000.tar", "w", format=tarfile.USTAR_FORMAT) as t:
+            for l in lines:
+                ext = l["video"].rsplit(".", 1)[1]
+                for name, data in ((f"{l['id']}.{ext}", (self.dir / l["video"]).read_bytes()), (f"{l['id']}.txt", l["text"].encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    t.addfile(info, io.BytesIO(data))
+        (self.dir / "four.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+        stage = """stages:
+  - {name: video, type: video, field: video, workers: 2, params: {frames: 8, size: [48, 64]}}
+  - {name: batch, type: batch, inputs: [video], params: {batch_size: 4}}
+"""
+        frames = {}
+        for src in ("{type: manifest, path: four.jsonl}", "{type: webdataset, path: shard-000.tar, fields: {video: [mp4, mkv, webm]}}"):
+            d = Daemon(self.dir, f"source: {src}\n{stage}")
+            out = self.dir / f"dump-{len(frames)}"
+            r = finish(d.consume(0, "--json", "--dump", str(out)))
+            self.assertEqual(d.wait(), 0, d.log())
+            self.assertEqual(r["samples"], 4)
+            (meta, b), = dumped_batches(out)
+            v = np.load(b / "video.npy")
+            frames[src] = {i: v[k] for k, i in enumerate(meta["ids"])}
+        a, b = frames.values()
+        self.assertEqual(sorted(a), sorted(b))
+        for i in a:
+            np.testing.assert_array_equal(a[i], b[i], err_msg=i)
+
     def test_audio_track_goes_to_an_audio_stage_on_the_same_field(self):
         self.make_videos(3, audio=True)
         config = """pipeline: av

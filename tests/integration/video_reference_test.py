@@ -6,7 +6,8 @@ NTSC 29.97 fps, and one encoded with many short GOPs) and each sampling mode, mm
 pts, mask and pixels must equal what this script picks by the rule in
 stages/video/video_sampler.h: the frame on screen at each target time (the last with
 pts <= t), padding past the end. Pixels are swscale bilinear RGB24 in both, so they match
-exactly. Every file is also sampled from memory (the path of a tar member's bytes).
+exactly. Every file is also sampled from memory (the path of a tar member's bytes), in the
+other layout, and with frame-threaded decoding: all must agree.
 
 Usage: video_reference_test.py --bin BUILD/bin
 """
@@ -153,16 +154,20 @@ class VideoReferenceTest(unittest.TestCase):
                 with self.subTest(video=name, mode=mode):
                     self.check(name, mode, params)
 
-    def test_memory_input_and_layouts_agree(self):
-        params = dict(MODES[0][1])
-        for name in VIDEOS:
-            path = os.path.join(TMP, name)
-            a, fa = run_stage(path, params)
-            b, fb = run_stage(path, params, memory=True)
-            c, fc = run_stage(path, params, layout="TCHW")
-            self.assertEqual(a["pts"], b["pts"], name)
-            np.testing.assert_array_equal(fa, fb, err_msg=name)
-            np.testing.assert_array_equal(fa, fc.transpose(0, 2, 3, 1), err_msg=name)
+    def test_memory_input_layouts_and_decoder_threads_agree(self):
+        for mode in (0, 2):
+            params = dict(MODES[mode][1])
+            for name in VIDEOS:
+                path = os.path.join(TMP, name)
+                a, fa = run_stage(path, params)
+                b, fb = run_stage(path, params, memory=True)
+                c, fc = run_stage(path, params, layout="TCHW")
+                d, fd = run_stage(path, dict(params, threads=3))  # frame threads, skipping per packet
+                self.assertEqual(a["pts"], b["pts"], name)
+                self.assertEqual(a["pts"], d["pts"], name)
+                np.testing.assert_array_equal(fa, fb, err_msg=name)
+                np.testing.assert_array_equal(fa, fc.transpose(0, 2, 3, 1), err_msg=name)
+                np.testing.assert_array_equal(fa, fd, err_msg=name)
 
 
 def main():
