@@ -187,11 +187,18 @@ struct VideoSampler::Run {
     return Status::Ok();
   }
 
+  // av_read_frame, retrying EAGAIN (a demuxer waiting for data) a bounded number of times.
+  int ReadPacket() {
+    int e = 0;
+    for (int tries = 0; tries < 1000 && (e = av_read_frame(fmt, pkt)) == AVERROR(EAGAIN); ++tries) {
+    }
+    return e;
+  }
+
   // Reads packets of the video stream into the window, up to kLookahead.
   void FillWindow() {
     while (!demux_eof && window.size() < kLookahead) {
-      int e = av_read_frame(fmt, pkt);
-      if (e == AVERROR(EAGAIN)) continue;
+      int e = ReadPacket();
       if (e < 0) {
         demux_eof = true;
         if (e != AVERROR_EOF) NoteBad(fmt::format("read error: {}", AvError(e)));
@@ -254,8 +261,7 @@ struct VideoSampler::Run {
     std::vector<int64_t> keys;
     int64_t end = kNoPts;
     while (true) {
-      int e = av_read_frame(fmt, pkt);
-      if (e == AVERROR(EAGAIN)) continue;
+      int e = ReadPacket();
       if (e < 0) break;
       if (pkt->stream_index == si && pkt->pts != kNoPts) {
         if ((pkt->flags & AV_PKT_FLAG_KEY) && (keys.empty() || pkt->pts > keys.back())) keys.push_back(pkt->pts);
@@ -455,17 +461,20 @@ struct VideoSampler::Run {
   Status Send(AVPacket* p) {
     if (p && (p->flags & AV_PKT_FLAG_CORRUPT))
       NoteBad(fmt::format("packet at {:.2f}s is corrupt or cut short", Seconds(p->pts == kNoPts ? p->dts : p->pts)));
-    while (true) {
+    for (int tries = 0; tries < 100; ++tries) {  // EAGAIN: take frames out, then send again
       int e = avcodec_send_packet(codec, p);
       if (e == AVERROR(EAGAIN)) {
+        const int64_t seeks = vs.stats_.seeks;
         MMFEED_RETURN_IF_ERROR(Receive());
-        if (next >= targets.size()) return Status::Ok();
+        if (next >= targets.size() || vs.stats_.seeks != seeks) return Status::Ok();  // done, or p is stale
         continue;
       }
       if (e < 0 && e != AVERROR_EOF)
         NoteBad(fmt::format("undecodable packet at {:.2f}s: {}", p ? Seconds(p->pts == kNoPts ? p->dts : p->pts) : 0.0, AvError(e)));
       return Status::Ok();
     }
+    NoteBad("the decoder takes no more input");
+    return Status::Ok();
   }
 
   // Targets left when the stream ended: the last frame is on screen, unless the stream ended
@@ -476,7 +485,8 @@ struct VideoSampler::Run {
       if (!have_prev) {
         return bad ? Status::Corrupt("no decodable frames: " + first_bad) : Status::Corrupt("no decodable frames");
       }
-      if (t.ts - prev_pts > 2 * frame_dur) {
+      // Allow for the last frame's own duration (a variable-rate video may hold its last frame).
+      if (t.ts - prev_pts > 2 * std::max(frame_dur, prev->pkt_duration)) {
         if (bad || end_from_stream)
           return Status::Corrupt(fmt::format("truncated: decodes to {:.2f}s, declares {:.2f}s{}", Seconds(prev_pts + frame_dur),
                                              Seconds(end_ts), bad ? " (" + first_bad + ")" : ""));
