@@ -142,12 +142,15 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir) {
     const YAML::Node& f = n["fields"];
     if (!f.IsMap()) Fail(f, "source.fields must map field names to lists of extensions");
     for (auto it = f.begin(); it != f.end(); ++it) {
+      // Copies: `it->second` lives in a proxy that dies with the expression (a range-for over
+      // it read freed stack under ASan).
+      const YAML::Node name = it->first, value = it->second;
       std::vector<std::string> exts;
-      if (it->second.IsScalar()) exts.push_back(it->second.Scalar());
-      else if (it->second.IsSequence())
-        for (const auto& e : it->second) exts.push_back(Str(e, "source.fields extension"));
-      else Fail(it->second, "source.fields values must be an extension or a list of them");
-      s.fields[it->first.as<std::string>()] = exts;
+      if (value.IsScalar()) exts.push_back(value.Scalar());
+      else if (value.IsSequence())
+        for (const auto& e : value) exts.push_back(Str(e, "source.fields extension"));
+      else Fail(value, "source.fields values must be an extension or a list of them");
+      s.fields[name.as<std::string>()] = exts;
     }
   }
   // The data must be there before anything starts.

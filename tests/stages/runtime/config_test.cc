@@ -128,6 +128,24 @@ TEST_F(ConfigTest, YamlSyntaxErrorHasLocation) {
   EXPECT_NE(e.find(":2:"), std::string::npos) << e;
 }
 
+TEST_F(ConfigTest, WebDatasetFieldsMapNamesToExtensions) {
+  WriteFile(dir_ / "shard-0.tar", std::string(1024, '\0'));
+  const std::string yaml = R"(source: {type: webdataset, path: shard-0.tar, fields: {video: [mp4, mkv], text: txt}}
+stages:
+  - {name: video, type: video, field: video, params: {size: [8, 8]}}
+  - {name: text, type: text, field: text, params: {tokenizer: bytes, max_len: 8}}
+  - {name: batch, type: batch, inputs: [video, text], params: {batch_size: 2}}
+)";
+  Result<PipelineConfig> r = ParseConfig(yaml, dir_ / "p.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->source.fields.at("video"), (std::vector<std::string>{"mp4", "mkv"}));
+  EXPECT_EQ(r->source.fields.at("text"), (std::vector<std::string>{"txt"}));
+  EXPECT_NE(Error(R"(source: {type: webdataset, path: shard-0.tar, fields: {video: {a: 1}}}
+stages:
+  - {name: batch, type: batch, inputs: [video], params: {batch_size: 2}}
+)").find("source.fields values"), std::string::npos);
+}
+
 TEST_F(ConfigTest, NodeRankFromEnvironment) {
   setenv("NODE_RANK", "1", 1);
   setenv("NUM_NODES", "4", 1);
