@@ -169,7 +169,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer, shorter videos (a smoke run)")
     a = ap.parse_args()
     short, long = make_videos(pathlib.Path(a.out), a.quick)
-    reps_short, reps_long = (2, 2) if a.quick else (4, 6)
+    reps_short, reps_long = (2, 2) if a.quick else (6, 10)
     res = {"cores": CORES}
 
     # Uniform 16 frames over the short videos.

@@ -1,9 +1,7 @@
 #include "stages/ffmpeg/av_input.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -47,22 +45,22 @@ AvInput::~AvInput() {
   avformat_close_input(&fmt_);  // frees fmt_; io_ is ours
   if (io_) av_freep(&io_->buffer);
   avio_context_free(&io_);
-  if (fd_ >= 0) ::close(fd_);
 }
+
+int64_t AvInput::Size() const { return file_.fd() >= 0 ? static_cast<int64_t>(file_.size()) : static_cast<int64_t>(mem_.size()); }
 
 int AvInput::Read(void* opaque, uint8_t* buf, int size) {
   auto* in = static_cast<AvInput*>(opaque);
-  const int64_t total = in->fd_ >= 0 ? static_cast<int64_t>(in->size_) : static_cast<int64_t>(in->mem_.size());
-  const int64_t left = total - in->pos_;
+  const int64_t left = in->Size() - in->pos_;
   if (left <= 0) return AVERROR_EOF;
   const int want = static_cast<int>(std::min<int64_t>(left, size));
-  if (in->fd_ < 0) {
+  if (in->file_.fd() < 0) {
     std::memcpy(buf, in->mem_.data() + in->pos_, want);
     in->pos_ += want;
     return want;
   }
   while (true) {
-    ssize_t n = ::pread(in->fd_, buf, want, static_cast<off_t>(in->base_ + in->pos_));
+    ssize_t n = ::pread(in->file_.fd(), buf, want, static_cast<off_t>(in->file_.offset() + in->pos_));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return AVERROR(errno);
     if (n == 0) return AVERROR_EOF;  // the file shrank under us
@@ -73,7 +71,7 @@ int AvInput::Read(void* opaque, uint8_t* buf, int size) {
 
 int64_t AvInput::Seek(void* opaque, int64_t offset, int whence) {
   auto* in = static_cast<AvInput*>(opaque);
-  const int64_t total = in->fd_ >= 0 ? static_cast<int64_t>(in->size_) : static_cast<int64_t>(in->mem_.size());
+  const int64_t total = in->Size();
   whence &= ~AVSEEK_FORCE;
   if (whence == AVSEEK_SIZE) return total;
   const int64_t base = whence == SEEK_CUR ? in->pos_ : whence == SEEK_END ? total : 0;
@@ -86,20 +84,9 @@ int64_t AvInput::Seek(void* opaque, int64_t offset, int whence) {
 Status AvInput::Open(const FieldValue& field, const char* what, int64_t probe_bytes) {
   if (field.kind == FieldValue::Kind::kText || field.kind == FieldValue::Kind::kBytes)
     return OpenBytes(field.data, what, probe_bytes);
-  fd_ = ::open(field.data.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) {
-    int e = errno;
-    if (e == ENOENT) return Status::NotFound(field.data + ": no such file");
-    return Status::Io(field.data + ": " + std::strerror(e));
-  }
-  struct stat st;
-  if (fstat(fd_, &st) != 0) return Status::Io(field.data + ": " + std::strerror(errno));
-  const bool range = field.kind == FieldValue::Kind::kFileRange;
-  base_ = range ? field.offset : 0;
-  size_ = range ? field.size : static_cast<uint64_t>(st.st_size);
-  if (base_ + size_ > static_cast<uint64_t>(st.st_size))
-    return Status::Corrupt(fmt::format("{}: member at offset {} runs past the end of the file", field.data, base_));
-  identity_ = fmt::format("{}@{}+{}:{}.{}", field.data, base_, size_, st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+  Result<FieldFile> file = FieldFile::Open(field);
+  if (!file.ok()) return file.status();
+  file_ = std::move(*file);
   return OpenContainer(what, probe_bytes);
 }
 
@@ -109,8 +96,7 @@ Status AvInput::OpenBytes(std::string_view bytes, const char* what, int64_t prob
 }
 
 Status AvInput::OpenContainer(const char* what, int64_t probe_bytes) {
-  const uint64_t total = fd_ >= 0 ? size_ : mem_.size();
-  if (total == 0) return Status::Corrupt("empty file (0 bytes)");
+  if (Size() == 0) return Status::Corrupt("empty file (0 bytes)");
   auto* buffer = static_cast<uint8_t*>(av_malloc(kIoBufferBytes));
   if (buffer) io_ = avio_alloc_context(buffer, kIoBufferBytes, 0, this, &AvInput::Read, nullptr, &AvInput::Seek);
   if (!io_) {

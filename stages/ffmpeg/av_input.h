@@ -40,19 +40,18 @@ class AvInput {
   AVFormatContext* fmt() const { return fmt_; }
   // Names the file contents for caches: path, byte range, size and mtime; "" for bytes in
   // memory (they have no stable identity).
-  const std::string& identity() const { return identity_; }
+  const std::string& identity() const { return file_.identity(); }
 
  private:
   Status OpenContainer(const char* what, int64_t probe_bytes);
+  int64_t Size() const;
   static int Read(void* opaque, uint8_t* buf, int size);
   static int64_t Seek(void* opaque, int64_t offset, int whence);
 
-  // The bytes: memory (mem_) or `size_` bytes at `base_` of the file `fd_`.
+  // The bytes: a file's range (file_.fd() >= 0), or memory (mem_).
+  FieldFile file_;
   std::string_view mem_;
-  int fd_ = -1;
-  uint64_t base_ = 0, size_ = 0;
   int64_t pos_ = 0;
-  std::string identity_;
   AVIOContext* io_ = nullptr;
   AVFormatContext* fmt_ = nullptr;
 };

@@ -1,6 +1,7 @@
 #include "stages/runtime/stage.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,42 +16,50 @@ std::string ResolvePath(const std::string& base_dir, const std::string& path) {
   return (std::filesystem::path(base_dir) / path).lexically_normal().string();
 }
 
-Result<std::string_view> FieldBytes(const FieldValue& field, std::string* storage) {
-  if (field.kind == FieldValue::Kind::kText || field.kind == FieldValue::Kind::kBytes)
-    return std::string_view(field.data);
-  bool range = field.kind == FieldValue::Kind::kFileRange;
-  int fd = ::open(field.data.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
+FieldFile& FieldFile::operator=(FieldFile&& o) noexcept {
+  std::swap(fd_, o.fd_);
+  std::swap(offset_, o.offset_);
+  std::swap(size_, o.size_);
+  std::swap(identity_, o.identity_);
+  return *this;
+}
+
+FieldFile::~FieldFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Result<FieldFile> FieldFile::Open(const FieldValue& field) {
+  FieldFile f;
+  f.fd_ = ::open(field.data.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f.fd_ < 0) {
     int e = errno;
     if (e == ENOENT) return Status::NotFound(field.data + ": no such file");
     return Status::Io(field.data + ": " + std::strerror(e));
   }
   struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int e = errno;
-    ::close(fd);
-    return Status::Io(field.data + ": " + std::strerror(e));
-  }
-  uint64_t start = range ? field.offset : 0;
-  uint64_t size = range ? field.size : static_cast<uint64_t>(st.st_size);
-  if (start + size > static_cast<uint64_t>(st.st_size)) {
-    ::close(fd);
-    return Status::Corrupt(field.data + ": member at offset " + std::to_string(start) +
-                           " runs past the end of the file");
-  }
-  storage->resize(size);
+  if (fstat(f.fd_, &st) != 0) return Status::Io(field.data + ": " + std::strerror(errno));
+  const bool range = field.kind == FieldValue::Kind::kFileRange;
+  f.offset_ = range ? field.offset : 0;
+  f.size_ = range ? field.size : static_cast<uint64_t>(st.st_size);
+  if (f.offset_ + f.size_ > static_cast<uint64_t>(st.st_size))
+    return Status::Corrupt(fmt::format("{}: member at offset {} runs past the end of the file", field.data, f.offset_));
+  f.identity_ = fmt::format("{}@{}+{}:{}.{}", field.data, f.offset_, f.size_, st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+  return f;
+}
+
+Result<std::string_view> FieldBytes(const FieldValue& field, std::string* storage) {
+  if (field.kind == FieldValue::Kind::kText || field.kind == FieldValue::Kind::kBytes)
+    return std::string_view(field.data);
+  Result<FieldFile> file = FieldFile::Open(field);
+  if (!file.ok()) return file.status();
+  storage->resize(file->size());
   size_t done = 0;
   while (done < storage->size()) {
-    ssize_t n = ::pread(fd, storage->data() + done, storage->size() - done, start + done);
+    ssize_t n = ::pread(file->fd(), storage->data() + done, storage->size() - done, file->offset() + done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int e = errno;
-      ::close(fd);
-      return Status::Io(field.data + ": read failed: " + (n == 0 ? "short file" : std::strerror(e)));
-    }
+    if (n <= 0) return Status::Io(field.data + ": read failed: " + (n == 0 ? "short file" : std::strerror(errno)));
     done += static_cast<size_t>(n);
   }
-  ::close(fd);
   return std::string_view(*storage);
 }
 

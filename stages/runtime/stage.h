@@ -38,6 +38,29 @@ struct SampleContext {
 // "" are returned as they are.
 std::string ResolvePath(const std::string& base_dir, const std::string& path);
 
+// The file behind a kPath or kFileRange field, open: `size` bytes at `offset` of `fd`.
+// Move-only; closes the file.
+class FieldFile {
+ public:
+  FieldFile() = default;
+  FieldFile(FieldFile&& o) noexcept { *this = std::move(o); }
+  FieldFile& operator=(FieldFile&& o) noexcept;
+  ~FieldFile();
+  // Errors: missing file (kNotFound), unreadable, a range past the end of the file.
+  static Result<FieldFile> Open(const FieldValue& field);
+
+  int fd() const { return fd_; }
+  uint64_t offset() const { return offset_; }
+  uint64_t size() const { return size_; }
+  // Path, range, size and mtime: names the contents for caches.
+  const std::string& identity() const { return identity_; }
+
+ private:
+  int fd_ = -1;
+  uint64_t offset_ = 0, size_ = 0;
+  std::string identity_;
+};
+
 // Returns the bytes of a field: the file's contents (or range of it) for kPath and kFileRange,
 // the data itself otherwise.
 // `storage` receives file contents; the view points into it or into `field`.
