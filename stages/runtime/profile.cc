@@ -38,6 +38,10 @@ nlohmann::json BuildProfile(const std::vector<StageInfo>& stages, double wall_se
                         {"busy_share", busy},       {"starved_share", starved},
                         {"blocked_share", blocked}, {"cpu_share_of_busy", cpu},
                         {"queue_capacity", s.queue_capacity}, {"queue_fill", fill}};
+    if (!s.metrics.empty()) {
+      j["metrics"] = nlohmann::json::object();
+      for (const auto& [k, v] : s.metrics) j["metrics"][k] = v;
+    }
     list.push_back(j);
     if (s.type == "ring") {
       if (blocked > ring_blocked_share) {
@@ -82,6 +86,12 @@ std::string FormatProfile(const nlohmann::json& p) {
                      st["blocked_share"].get<double>() * 100,
                      st["cpu_share_of_busy"].get<double>() * 100,
                      st["queue_fill"].get<double>() * 100);
+  }
+  for (const auto& st : p["stages"]) {
+    if (!st.contains("metrics")) continue;
+    std::string line;
+    for (const auto& [k, v] : st["metrics"].items()) line += fmt::format("{}{} {:.4g}", line.empty() ? "" : ", ", k, v.get<double>());
+    s += fmt::format("{}: {}\n", st["name"].get<std::string>(), line);
   }
   if (p.contains("bottleneck") && !p["bottleneck"].is_null())
     s += fmt::format("bottleneck: {} ({}): {}\n", p["bottleneck"]["stage"].get<std::string>(),

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mmfeed {
@@ -29,6 +30,7 @@ struct StageInfo {
   int workers = 1;
   size_t queue_capacity = 0;  // 0: the stage has no mailbox of its own
   const StageCounters* counters = nullptr;
+  std::vector<std::pair<std::string, double>> metrics;  // Stage::Metrics()
 };
 
 // Builds the report: per stage items, busy share, starved/blocked share, queue fill, CPU share,

@@ -5,6 +5,7 @@
 // The audio track of a video goes to an `audio` stage reading the same field.
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cstdlib>
 
 extern "C" {
@@ -73,18 +74,35 @@ Result<VideoOptions> VideoOptionsFromParams(const Params& prm) {
 
 namespace {
 
+// The stage's workers' VideoStats summed, for the profile.
+struct SharedStats {
+  std::atomic<int64_t> videos{0}, sampled{0}, decoded{0}, seeks{0}, index_hits{0}, index_misses{0};
+};
+
 class VideoWorker : public StageWorker {
  public:
-  VideoWorker(const std::string& name, const VideoOptions& o, KeyframeIndexCache* cache) : name_(name), sampler_(o, cache) {}
+  VideoWorker(const std::string& name, const VideoOptions& o, KeyframeIndexCache* cache, SharedStats* shared)
+      : name_(name), sampler_(o, cache), shared_(shared) {}
 
   Status Process(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) override {
     Rng rng(ctx.seed, ctx.epoch, ctx.id, name_);
-    return sampler_.Sample(in, &rng, out[0], out.As<float>(1), out[2]);
+    Status s = sampler_.Sample(in, &rng, out[0], out.As<float>(1), out[2]);
+    const VideoStats& now = sampler_.stats();
+    shared_->videos += now.videos - seen_.videos;
+    shared_->sampled += now.sampled - seen_.sampled;
+    shared_->decoded += now.decoded - seen_.decoded;
+    shared_->seeks += now.seeks - seen_.seeks;
+    shared_->index_hits += now.index_hits - seen_.index_hits;
+    shared_->index_misses += now.index_misses - seen_.index_misses;
+    seen_ = now;
+    return s;
   }
 
  private:
   const std::string& name_;
   VideoSampler sampler_;
+  SharedStats* shared_;
+  VideoStats seen_;  // what was already added to shared_
 };
 
 class VideoStage : public Stage {
@@ -92,13 +110,23 @@ class VideoStage : public Stage {
   VideoStage(std::string name, VideoOptions o) : name_(std::move(name)), o_(std::move(o)), cache_(o_.index_cache) {}
   std::vector<TensorSpec> OutputSpecs() const override { return VideoOutputSpecs(name_, o_); }
   std::unique_ptr<StageWorker> NewWorker() const override {
-    return std::make_unique<VideoWorker>(name_, o_, const_cast<KeyframeIndexCache*>(&cache_));
+    return std::make_unique<VideoWorker>(name_, o_, &cache_, &shared_);
+  }
+  std::vector<std::pair<std::string, double>> Metrics() const override {
+    const double videos = static_cast<double>(shared_.videos), sampled = static_cast<double>(shared_.sampled);
+    return {{"decoded_per_sampled", sampled ? shared_.decoded / sampled : 0.0},
+            {"seeks_per_video", videos ? shared_.seeks / videos : 0.0},
+            {"index_hits", static_cast<double>(shared_.index_hits)},
+            {"index_misses", static_cast<double>(shared_.index_misses)}};
   }
 
  private:
   std::string name_;
   VideoOptions o_;
-  KeyframeIndexCache cache_;  // shared by the workers; internally locked
+  // Shared by the workers, internally synchronized; mutable because workers are made by a
+  // const stage.
+  mutable KeyframeIndexCache cache_;
+  mutable SharedStats shared_;
 };
 
 Result<std::unique_ptr<Stage>> MakeVideoStage(const StageArgs& a) {

@@ -4,7 +4,7 @@ processes on real shared memory.
 
 usage: daemon_test.py --bin BUILD/bin
 """
-import argparse, hashlib, io, json, os, pathlib, shutil, signal, subprocess, sys, tarfile, tempfile, time, unittest
+import argparse, hashlib, io, json, os, pathlib, re, shutil, signal, subprocess, sys, tarfile, tempfile, time, unittest
 
 import numpy as np
 
@@ -336,6 +336,10 @@ class VideoTextTest(unittest.TestCase):
                 self.assertFalse(np.array_equal(frames[k][0], frames[k][15]))
         log = d.log()
         self.assertIn("samples skipped: 2", log)
+        # The profile says how much decoding each sampled frame cost.
+        m = re.search(r"video: decoded_per_sampled ([0-9.]+), index_hits 0, index_misses 9, seeks_per_video", log)
+        self.assertIsNotNone(m, log)
+        self.assertGreater(float(m.group(1)), 0.5)
         self.assertIn("no video stream", log)
         self.assertIn("not a readable video file", log)
 

@@ -1,5 +1,6 @@
 #include "stages/text/packing_sink.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <deque>
@@ -60,7 +61,7 @@ void Feed(PackingSink& sink, const std::vector<int>& lengths, int64_t max_len, i
       int32_t* t = reinterpret_cast<int32_t*>(m.base[0]) + row * max_len;
       for (int k = 0; k < lengths[i]; ++k) t[k] = 1000 * static_cast<int>(first + i) + k;
       reinterpret_cast<int32_t*>(m.base[1])[row] = lengths[i];
-      info.ids.push_back("d" + std::to_string(first + i));
+      info.ids.push_back(fmt::format("d{}", first + i));
     }
     sink.Commit(m, info);
   }
