@@ -108,6 +108,8 @@ struct VideoSampler::Run {
   std::deque<AVPacket*> window;  // read, not yet sent
   bool demux_eof = false;
   bool seekable = true;
+  bool lost = false;                // a seek back to the start failed half-way: position unknown
+  int64_t first_packet = kNoPts;    // decoding time of the stream's first packet
 
   AVRational tb{1, 1};
   double tb_sec = 0;
@@ -161,6 +163,9 @@ struct VideoSampler::Run {
     for (unsigned i = 0; i < fmt->nb_streams; ++i)
       if (static_cast<int>(i) != si) fmt->streams[i]->discard = AVDISCARD_ALL;  // audio goes to the audio stage
     const AVCodecParameters* par = st->codecpar;
+    // Containers without stream headers (MPEG-TS) need a look at the first frames.
+    if ((par->width <= 0 || par->height <= 0) && avformat_find_stream_info(fmt, nullptr) < 0)
+      return Status::Corrupt("cannot read the video stream's parameters");
     if (par->width <= 0 || par->height <= 0) return Status::Corrupt("the video stream declares no frame size");
     if (static_cast<int64_t>(par->width) * par->height > o.max_pixels)
       return Status::TooLarge(fmt::format("frame size {}x{} is over max_pixels {}", par->width, par->height, o.max_pixels));
@@ -227,12 +232,13 @@ struct VideoSampler::Run {
       return bad ? Status::Corrupt("no readable video packets: " + first_bad)
                  : Status::Corrupt("zero-length video: the video stream has no frames");
     const AVPacket* first = window.front();
+    first_packet = DecodeTime(first);
     start_ts = st->start_time != kNoPts ? st->start_time : first->pts != kNoPts ? first->pts : 0;
     if (st->duration > 0) {
       end_ts = start_ts + st->duration;
       end_from_stream = true;
-    } else if (fmt->duration > 0) {
-      end_ts = start_ts + av_rescale_q(fmt->duration, AV_TIME_BASE_Q, tb);
+    } else if (fmt->duration > 0 && fmt->duration_estimation_method != AVFMT_DURATION_FROM_BITRATE) {
+      end_ts = start_ts + av_rescale_q(fmt->duration, AV_TIME_BASE_Q, tb);  // a guess from the bitrate is no end
     }
     const std::string& key = input.identity();
     if (!key.empty()) index = vs.cache_->Find(key);
@@ -242,11 +248,16 @@ struct VideoSampler::Run {
       ++vs.stats_.index_misses;
       auto built = std::make_shared<KeyframeIndex>();
       if (first->pts != kNoPts && first->dts != kNoPts) built->pts_offset = first->pts - first->dts;
+      // MPEG-TS/PS have no index; their seeks by time land on any packet and leave it in the
+      // index as a "keyframe", so they are always scanned and sought by byte.
+      const bool rough = fmt->iformat->flags & AVFMT_TS_DISCONT;
       // Matroska reads its cues on the first seek, and until then lists only the keyframes
       // it has read; the seek back to the start costs nothing where the index is in the header.
-      if (seekable && av_seek_frame(fmt, si, start_ts, AVSEEK_FLAG_BACKWARD) >= 0) ClearWindow();
-      built->key_ts = IndexKeyframes(st);
-      if (built->key_ts.empty() || end_ts == kNoPts) MMFEED_RETURN_IF_ERROR(Scan(built.get()));
+      if (!rough) {
+        if (seekable && !Rewind()) return Status::Unsupported("cannot seek back to the start of the video stream");
+        built->key_ts = IndexKeyframes(st);
+      }
+      if (built->key_ts.empty() || end_ts == kNoPts || Partial(*built)) MMFEED_RETURN_IF_ERROR(Scan(built.get(), rough));
       index = built;
       if (!key.empty()) vs.cache_->Put(key, index);
     }
@@ -254,31 +265,63 @@ struct VideoSampler::Run {
     return Status::Ok();
   }
 
-  // A container without an index or a duration: read every packet once (no decoding).
-  Status Scan(KeyframeIndex* k) {
-    ClearWindow();
-    if (seekable) av_seek_frame(fmt, si, start_ts, AVSEEK_FLAG_BACKWARD);
-    std::vector<int64_t> keys;
+  // An index that holds only what the demuxer has read so far (Matroska without cues) ends
+  // well before the stream: more than twice its longest GOP and 2 s. A complete one ends at
+  // the last frame (MP4) or the last keyframe (cues).
+  bool Partial(const KeyframeIndex& k) const {
+    const int n = avformat_index_get_entries_count(st);
+    if (n == 0 || end_ts == kNoPts) return false;
+    const int64_t last = avformat_index_get_entry(st, n - 1)->timestamp + k.pts_offset;
+    int64_t gop = 0;
+    for (size_t i = 1; i < k.key_ts.size(); ++i) gop = std::max(gop, k.key_ts[i] - k.key_ts[i - 1]);
+    return end_ts - last > std::max(2 * gop, av_rescale_q(2, {1, 1}, tb));
+  }
+
+  // A container without an index or a duration: read every packet once (no decoding), from
+  // the start (where Timeline() left the demuxer, with the window's packets already read).
+  Status Scan(KeyframeIndex* k, bool rough) {
+    std::vector<int64_t> keys, positions;
     int64_t end = kNoPts;
-    while (true) {
-      int e = ReadPacket();
-      if (e < 0) break;
-      if (pkt->stream_index == si && pkt->pts != kNoPts) {
-        if ((pkt->flags & AV_PKT_FLAG_KEY) && (keys.empty() || pkt->pts > keys.back())) keys.push_back(pkt->pts);
-        end = std::max(end == kNoPts ? pkt->pts : end, pkt->pts + (pkt->duration > 0 ? pkt->duration : frame_dur));
+    auto note = [&](const AVPacket* q) {
+      if (q->stream_index != si || q->pts == kNoPts) return;
+      if ((q->flags & AV_PKT_FLAG_KEY) && q->pos >= 0 && (keys.empty() || q->pts > keys.back())) {
+        keys.push_back(q->pts);
+        positions.push_back(q->pos);
       }
+      end = std::max(end == kNoPts ? q->pts : end, q->pts + (q->duration > 0 ? q->duration : frame_dur));
+    };
+    for (const AVPacket* q : window) note(q);
+    ClearWindow();
+    while (ReadPacket() >= 0) {
+      note(pkt);
       av_packet_unref(pkt);
     }
     k->end_ts = end;
-    // Prefer the index the demuxer built while reading: it is in the demuxer's seek units.
-    k->key_ts = IndexKeyframes(st);
+    // Prefer an index the demuxer built while reading (Matroska without cues): it is in the
+    // demuxer's seek units.
+    k->key_ts = rough ? std::vector<int64_t>{} : IndexKeyframes(st);
     if (k->key_ts.empty()) {
       k->key_ts = std::move(keys);
+      k->key_pos = std::move(positions);
       k->pts_offset = 0;
     }
-    if (!seekable || av_seek_frame(fmt, si, start_ts, AVSEEK_FLAG_BACKWARD) < 0)
-      return Status::Unsupported("the container has no index and cannot seek back to the start");
+    if (!Rewind()) return Status::Unsupported("the container has no index and cannot seek back to the start");
     return Status::Ok();
+  }
+
+  static int64_t DecodeTime(const AVPacket* p) { return p->dts != kNoPts ? p->dts : p->pts; }
+
+  // Puts the demuxer back at the stream's first packet, with the window refilled from there.
+  // Some demuxers (MPEG-TS) seek by time only roughly; then a seek to byte 0 does it.
+  bool Rewind() {
+    if (!seekable) return false;
+    auto at_start = [&] {
+      ClearWindow();
+      FillWindow();
+      return !window.empty() && (first_packet == kNoPts || DecodeTime(window.front()) <= first_packet);
+    };
+    if (av_seek_frame(fmt, si, start_ts, AVSEEK_FLAG_BACKWARD) >= 0 && at_start()) return true;
+    return av_seek_frame(fmt, -1, 0, AVSEEK_FLAG_BYTE) >= 0 && at_start();
   }
 
   // Target times of the uniform, clip and timestamps modes; a target past the end is padding.
@@ -314,12 +357,21 @@ struct VideoSampler::Run {
 
   void Seek(int k) {
     // Demuxers seek by presentation time (MP4 too, though its index holds decoding times).
-    if (!seekable || av_seek_frame(fmt, si, KeyPts(k), AVSEEK_FLAG_BACKWARD) < 0) {
+    // The first keyframe is the start, where Rewind() makes sure to land.
+    if (k == 0) {
+      if (!Rewind()) {
+        lost = seekable;
+        seekable = false;
+        return;
+      }
+    } else if (!seekable || (index->key_pos.empty() ? av_seek_frame(fmt, si, KeyPts(k), AVSEEK_FLAG_BACKWARD)
+                                                    : av_seek_frame(fmt, -1, index->key_pos[k], AVSEEK_FLAG_BYTE)) < 0) {
       seekable = false;  // keep decoding forward from where we are
       return;
+    } else {
+      ClearWindow();
     }
     avcodec_flush_buffers(codec);
-    ClearWindow();
     av_frame_unref(prev);
     have_prev = false;
     tainted = false;
@@ -500,6 +552,7 @@ struct VideoSampler::Run {
   Status DecodeTargets() {
     MaybeSeek();
     while (next < targets.size()) {
+      if (lost) return Status::Unsupported("cannot seek back to the start of the video stream");
       FillWindow();
       if (window.empty()) {
         const int64_t seeks = vs.stats_.seeks;

@@ -75,6 +75,9 @@ struct KeyframeIndex {
   std::vector<int64_t> key_ts;   // ascending, as the demuxer's index has them (stream units; MP4: decoding times)
   int64_t pts_offset = 0;        // a keyframe's pts minus its key_ts (MP4: the reorder delay; else 0)
   int64_t end_ts = INT64_MIN;    // from a scan, when the container declares no duration; INT64_MIN: unknown
+  // From a scan of a container without an index (MPEG-TS): each keyframe's byte position, to
+  // seek by byte (its demuxer seeks by time only roughly, and not to keyframes).
+  std::vector<int64_t> key_pos;
 };
 
 // Bounded LRU of keyframe indexes keyed by AvInput::identity(); thread-safe.

@@ -2,7 +2,8 @@
 """The video stage against a reference that decodes every frame (PyAV, Debian's python3-av).
 
 For each generated video (H.264/MP4 with B-frames, HEVC/MKV, VP9/WebM, AV1/MP4, H.264 at
-NTSC 29.97 fps, and one encoded with many short GOPs) and each sampling mode, mmfeed-video's
+NTSC 29.97 fps, one encoded with many short GOPs, and two without an index: H.264/MPEG-TS
+and a Matroska file without cues) and each sampling mode, mmfeed-video's
 pts, mask and pixels must equal what this script picks by the rule in
 stages/video/video_sampler.h: the frame on screen at each target time (the last with
 pts <= t), padding past the end. Pixels are swscale bilinear RGB24 in both, so they match
@@ -35,6 +36,10 @@ VIDEOS = {
     "h264_shortgop.mkv": ("testsrc2=size=320x240:rate=25", 6, ["-c:v", "libx264", "-g", "10", "-pix_fmt", "yuv420p"]),
     "hevc.mkv": ("testsrc2=size=320x240:rate=25", 6, ["-c:v", "libx265", "-x265-params", "keyint=40:log-level=error", "-pix_fmt", "yuv420p"]),
     "vp9.webm": ("testsrc2=size=320x240:rate=24", 6, ["-c:v", "libvpx-vp9", "-g", "40", "-b:v", "300k", "-deadline", "realtime", "-cpu-used", "8"]),
+    # MPEG-TS: no index, no frame size in headers, timestamps starting at 1.4 s.
+    "h264.ts": ("testsrc2=size=320x240:rate=25", 6, ["-c:v", "libx264", "-g", "30", "-bf", "2", "-pix_fmt", "yuv420p"]),
+    # Written to a pipe, so the muxer cannot go back to add cues: Matroska without an index.
+    "h264_nocues.mkv": ("testsrc2=size=320x240:rate=25", 6, ["-c:v", "libx264", "-g", "30", "-pix_fmt", "yuv420p", "-f", "matroska", "-"]),
     "av1.mp4": ("testsrc2=size=160x120:rate=24", 3, ["-c:v", "libaom-av1", "-g", "24", "-cpu-used", "8", "-row-mt", "1", "-b:v", "200k"]),
 }
 
@@ -52,8 +57,12 @@ MODES = [
 def make_videos():
     for name, (src, seconds, args) in VIDEOS.items():
         path = os.path.join(TMP, name)
-        cmd = ["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", src, "-t", str(seconds)] + args + [path]
-        subprocess.run(cmd, check=True)
+        cmd = ["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", src, "-t", str(seconds)] + args
+        if args[-1] == "-":
+            with open(path, "wb") as out:
+                subprocess.run(cmd, check=True, stdout=out)
+        else:
+            subprocess.run(cmd + [path], check=True)
 
 
 class Reference:
