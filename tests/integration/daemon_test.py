@@ -88,7 +88,9 @@ def finish(proc, timeout=60):
     return json.loads(out) if out.strip().startswith("{") else out
 
 
-class DaemonTest(unittest.TestCase):
+class DaemonCase(unittest.TestCase):
+    """A temporary folder per test; daemons a test started are killed after it."""
+
     def setUp(self):
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="mmfeed-it-"))
 
@@ -101,6 +103,18 @@ class DaemonTest(unittest.TestCase):
             d.stderr.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def run_to_end(self, config, samples=None, dump="dump"):
+        """Runs `config` with one consumer that dumps every batch into self.dir/dump; returns
+        (dumped batches, daemon log)."""
+        d = Daemon(self.dir, config)
+        r = finish(d.consume(0, "--json", "--dump", str(self.dir / dump)))
+        self.assertEqual(d.wait(), 0, d.log())
+        if samples is not None:
+            self.assertEqual(r["samples"], samples)
+        return dumped_batches(self.dir / dump), d.log()
+
+
+class DaemonTest(DaemonCase):
     def config(self, **kw):
         args = dict(source_type="manifest", path="manifest.jsonl", seed=1, epochs=1, consumers=2, workers=2,
                     batch=16, placement="")
@@ -245,13 +259,7 @@ class DaemonTest(unittest.TestCase):
         self.assertIn("left in rings", d.log())
 
 
-class AudioTextTest(unittest.TestCase):
-    def setUp(self):
-        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="mmfeed-it-"))
-
-    def tearDown(self):
-        DaemonTest.tearDown(self)
-
+class AudioTextTest(DaemonCase):
     def test_audio_text_config_runs_and_dump_shows_the_features(self):
         tone = pathlib.Path(__file__).resolve().parent.parent / "data" / "audio" / "tone.wav"
         formats = [("wav", []), ("flac", ["-sample_fmt", "s16"]), ("mp3", ["-b:a", "128k"]), ("ogg", ["-ar", "48000", "-c:a", "libopus"])]
@@ -263,11 +271,7 @@ class AudioTextTest(unittest.TestCase):
                 m.write(json.dumps({"id": f"a{i}", "audio": out.name, "text": f"clip {i}"}) + "\n")
             m.write(json.dumps({"id": "broken", "audio": "manifest.jsonl", "text": "not audio"}) + "\n")
         config = (pathlib.Path(__file__).resolve().parent.parent.parent / "configs" / "audio-text.yaml").read_text()
-        d = Daemon(self.dir, config)
-        r = finish(d.consume(0, "--json", "--dump", str(self.dir / "dump")))
-        self.assertEqual(d.wait(), 0, d.log())
-        self.assertEqual(r["samples"], 10)
-        batches = dumped_batches(self.dir / "dump")
+        batches, log = self.run_to_end(config, samples=10)
         self.assertEqual([len(m["ids"]) for m, _ in batches], [8, 2])
         feats = np.load(batches[0][1] / "audio.npy")
         self.assertEqual(feats.shape, (8, 80, 3000))
@@ -278,18 +282,11 @@ class AudioTextTest(unittest.TestCase):
         for k in range(8):
             self.assertLess(np.ptp(feats[k, :, 400:]), 1e-6)
             self.assertGreater(np.ptp(feats[k, :, :300]), 1.0)
-        log = d.log()
         self.assertIn("samples skipped: 1", log)
         self.assertIn("not a readable audio file", log)
 
 
-class VideoTextTest(unittest.TestCase):
-    def setUp(self):
-        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="mmfeed-it-"))
-
-    def tearDown(self):
-        DaemonTest.tearDown(self)
-
+class VideoTextTest(DaemonCase):
     def make_videos(self, n, audio=False):
         """n short testsrc2 videos in three codecs and containers, plus two broken files."""
         kinds = [("mp4", ["-c:v", "libx264", "-pix_fmt", "yuv420p"]), ("mkv", ["-c:v", "libx265", "-x265-params", "log-level=error"]),
@@ -312,11 +309,7 @@ class VideoTextTest(unittest.TestCase):
     def test_video_text_config_runs_and_dump_shows_the_frames(self):
         self.make_videos(9)
         config = (pathlib.Path(__file__).resolve().parent.parent.parent / "configs" / "video-text.yaml").read_text()
-        d = Daemon(self.dir, config)
-        r = finish(d.consume(0, "--json", "--dump", str(self.dir / "dump")))
-        self.assertEqual(d.wait(), 0, d.log())
-        self.assertEqual(r["samples"], 9)
-        batches = dumped_batches(self.dir / "dump")
+        batches, log = self.run_to_end(config, samples=9)
         self.assertEqual([len(m["ids"]) for m, _ in batches], [4, 4, 1])
         for meta, b in batches:
             frames = np.load(b / "video.npy")
@@ -334,7 +327,6 @@ class VideoTextTest(unittest.TestCase):
                 self.assertLess(pts[k][-1], seconds)
                 self.assertGreater(frames[k].std(), 10)  # a picture, not a blank
                 self.assertFalse(np.array_equal(frames[k][0], frames[k][15]))
-        log = d.log()
         self.assertIn("samples skipped: 2", log)
         # The profile says how much decoding each sampled frame cost.
         m = re.search(r"video: decoded_per_sampled ([0-9.]+), index_hits 0, index_misses 9, seeks_per_video", log)
@@ -360,12 +352,7 @@ class VideoTextTest(unittest.TestCase):
 """
         frames = {}
         for src in ("{type: manifest, path: four.jsonl}", "{type: webdataset, path: shard-000.tar, fields: {video: [mp4, mkv, webm]}}"):
-            d = Daemon(self.dir, f"source: {src}\n{stage}")
-            out = self.dir / f"dump-{len(frames)}"
-            r = finish(d.consume(0, "--json", "--dump", str(out)))
-            self.assertEqual(d.wait(), 0, d.log())
-            self.assertEqual(r["samples"], 4)
-            (meta, b), = dumped_batches(out)
+            ((meta, b),), _ = self.run_to_end(f"source: {src}\n{stage}", samples=4, dump=f"dump-{len(frames)}")
             v = np.load(b / "video.npy")
             frames[src] = {i: v[k] for k, i in enumerate(meta["ids"])}
         a, b = frames.values()
@@ -382,11 +369,7 @@ stages:
   - {name: audio, type: audio, field: video, params: {features: waveform, max_seconds: 2}}
   - {name: batch, type: batch, inputs: [video, audio], params: {batch_size: 3}}
 """
-        d = Daemon(self.dir, config)
-        r = finish(d.consume(0, "--json", "--dump", str(self.dir / "dump")))
-        self.assertEqual(d.wait(), 0, d.log())
-        self.assertEqual(r["samples"], 3)
-        (meta, b), = dumped_batches(self.dir / "dump")
+        ((meta, b),), _ = self.run_to_end(config, samples=3)
         self.assertEqual(np.load(b / "video.npy").shape, (3, 4, 3, 32, 32))
         wave = np.load(b / "audio.npy")
         self.assertEqual(wave.shape, (3, 32000))
@@ -394,13 +377,7 @@ stages:
         self.assertTrue(np.all(np.abs(wave).max(axis=1) > 0.05))
 
 
-class PackedTextTest(unittest.TestCase):
-    def setUp(self):
-        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="mmfeed-it-"))
-
-    def tearDown(self):
-        DaemonTest.tearDown(self)
-
+class PackedTextTest(DaemonCase):
     def test_packed_rows_hold_every_document_in_order(self):
         root = pathlib.Path(__file__).resolve().parent.parent.parent
         tokenizer = root / "tests" / "data" / "tokenizer" / "qwen3-tokenizer.json.gz"
@@ -411,11 +388,9 @@ class PackedTextTest(unittest.TestCase):
         config = (root / "configs" / "text-pretrain.yaml").read_text()
         config = config.replace("../tests/data/tokenizer/qwen3-tokenizer.json.gz", str(tokenizer))
         config = config.replace("max_len: 2048", "max_len: 64").replace("batch_size: 8", "batch_size: 4")
-        d = Daemon(self.dir, config)
-        finish(d.consume(0, "--json", "--dump", str(self.dir / "dump")))
-        self.assertEqual(d.wait(), 0, d.log())
+        batches, _ = self.run_to_end(config)
         tokens, docs, order = [], [], []
-        for meta, path in dumped_batches(self.dir / "dump"):
+        for meta, path in batches:
             t = np.load(path / "text.npy")
             doc = np.load(path / "text_doc_ids.npy")
             lengths = np.load(path / "text_lengths.npy")
