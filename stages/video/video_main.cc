@@ -119,21 +119,15 @@ int main(int argc, char** argv) {
     for (auto& t : threads) t.join();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     mmfeed::VideoStats sum;
-    for (const auto& s : stats) {
-      sum.videos += s.videos;
-      sum.sampled += s.sampled;
-      sum.decoded += s.decoded;
-      sum.seeks += s.seeks;
-      sum.skipped += s.skipped;
-    }
+    for (const auto& s : stats) sum += s;
     nlohmann::json j = {{"clips", sum.videos},
                         {"errors", errors.load()},
                         {"seconds", secs},
                         {"clips_per_s", sum.videos / secs},
                         {"decoded", sum.decoded},
                         {"sampled", sum.sampled},
-                        {"decoded_per_sampled", sum.sampled ? static_cast<double>(sum.decoded) / sum.sampled : 0.0},
-                        {"seeks_per_clip", sum.videos ? static_cast<double>(sum.seeks) / sum.videos : 0.0},
+                        {"decoded_per_sampled", sum.DecodedPerSampled()},
+                        {"seeks_per_clip", sum.SeeksPerVideo()},
                         {"nonref_skippable", sum.skipped}};
     std::cout << j.dump() << std::endl;
     return errors.load() ? 1 : 0;
@@ -156,8 +150,9 @@ int main(int argc, char** argv) {
     } else {
       j["pts"] = pts;
       j["mask"] = mask;
-      j["decoded"] = sampler.stats().decoded - before.decoded;
-      j["seeks"] = sampler.stats().seeks - before.seeks;
+      const mmfeed::VideoStats work = sampler.stats() - before;
+      j["decoded"] = work.decoded;
+      j["seeks"] = work.seeks;
       if (!out_dir.empty()) {
         mmfeed::shm::TensorView t{"video", static_cast<uint32_t>(specs[0].dtype), specs[0].shape, frames.data(), frames.size()};
         mmfeed::Status w = mmfeed::WriteNpy(out_dir + "/" + std::to_string(k) + ".npy", t);

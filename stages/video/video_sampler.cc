@@ -52,6 +52,31 @@ std::vector<int64_t> IndexKeyframes(AVStream* st) {
 
 }  // namespace
 
+// ---- VideoStats ----
+
+VideoStats& VideoStats::operator+=(const VideoStats& o) {
+  videos += o.videos;
+  sampled += o.sampled;
+  decoded += o.decoded;
+  seeks += o.seeks;
+  skipped += o.skipped;
+  index_hits += o.index_hits;
+  index_misses += o.index_misses;
+  return *this;
+}
+
+VideoStats VideoStats::operator-(const VideoStats& o) const {
+  VideoStats d = *this;
+  d.videos -= o.videos;
+  d.sampled -= o.sampled;
+  d.decoded -= o.decoded;
+  d.seeks -= o.seeks;
+  d.skipped -= o.skipped;
+  d.index_hits -= o.index_hits;
+  d.index_misses -= o.index_misses;
+  return d;
+}
+
 // ---- KeyframeIndexCache ----
 
 std::shared_ptr<const KeyframeIndex> KeyframeIndexCache::Find(const std::string& key) {

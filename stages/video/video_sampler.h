@@ -68,6 +68,11 @@ struct VideoStats {
   int64_t seeks = 0;
   int64_t skipped = 0;   // packets sent with "skip if not a reference frame"
   int64_t index_hits = 0, index_misses = 0;
+
+  VideoStats& operator+=(const VideoStats& o);
+  VideoStats operator-(const VideoStats& o) const;
+  double DecodedPerSampled() const { return sampled ? static_cast<double>(decoded) / sampled : 0.0; }
+  double SeeksPerVideo() const { return videos ? static_cast<double>(seeks) / videos : 0.0; }
 };
 
 // Keyframe positions of one file.

@@ -5,8 +5,8 @@
 // The audio track of a video goes to an `audio` stage reading the same field.
 #include <fmt/format.h>
 
-#include <atomic>
 #include <cstdlib>
+#include <mutex>
 
 extern "C" {
 #include <libswscale/swscale.h>
@@ -76,7 +76,8 @@ namespace {
 
 // The stage's workers' VideoStats summed, for the profile.
 struct SharedStats {
-  std::atomic<int64_t> videos{0}, sampled{0}, decoded{0}, seeks{0}, index_hits{0}, index_misses{0};
+  std::mutex mu;
+  VideoStats sum;
 };
 
 class VideoWorker : public StageWorker {
@@ -87,14 +88,11 @@ class VideoWorker : public StageWorker {
   Status Process(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) override {
     Rng rng(ctx.seed, ctx.epoch, ctx.id, name_);
     Status s = sampler_.Sample(in, &rng, out[0], out.As<float>(1), out[2]);
-    const VideoStats& now = sampler_.stats();
-    shared_->videos += now.videos - seen_.videos;
-    shared_->sampled += now.sampled - seen_.sampled;
-    shared_->decoded += now.decoded - seen_.decoded;
-    shared_->seeks += now.seeks - seen_.seeks;
-    shared_->index_hits += now.index_hits - seen_.index_hits;
-    shared_->index_misses += now.index_misses - seen_.index_misses;
-    seen_ = now;
+    {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      shared_->sum += sampler_.stats() - seen_;
+    }
+    seen_ = sampler_.stats();
     return s;
   }
 
@@ -113,11 +111,15 @@ class VideoStage : public Stage {
     return std::make_unique<VideoWorker>(name_, o_, &cache_, &shared_);
   }
   std::vector<std::pair<std::string, double>> Metrics() const override {
-    const double videos = static_cast<double>(shared_.videos), sampled = static_cast<double>(shared_.sampled);
-    return {{"decoded_per_sampled", sampled ? shared_.decoded / sampled : 0.0},
-            {"seeks_per_video", videos ? shared_.seeks / videos : 0.0},
-            {"index_hits", static_cast<double>(shared_.index_hits)},
-            {"index_misses", static_cast<double>(shared_.index_misses)}};
+    VideoStats sum;
+    {
+      std::lock_guard<std::mutex> lock(shared_.mu);
+      sum = shared_.sum;
+    }
+    return {{"decoded_per_sampled", sum.DecodedPerSampled()},
+            {"seeks_per_video", sum.SeeksPerVideo()},
+            {"index_hits", static_cast<double>(sum.index_hits)},
+            {"index_misses", static_cast<double>(sum.index_misses)}};
   }
 
  private:
