@@ -39,6 +39,9 @@ int64_t SecondsToTs(double seconds, AVRational tb) {
   return static_cast<int64_t>(std::floor((seconds + 1e-6) * tb.den / tb.num));
 }
 
+// A decoded frame's presentation time; kNoPts if unknown.
+int64_t FramePts(const AVFrame* f) { return f->best_effort_timestamp != kNoPts ? f->best_effort_timestamp : f->pts; }
+
 // The keyframes the demuxer's index lists, in its seek timestamps.
 std::vector<int64_t> IndexKeyframes(AVStream* st) {
   std::vector<int64_t> out;
@@ -493,7 +496,7 @@ struct VideoSampler::Run {
   // A frame out of the decoder, in presentation order.
   Status OnFrame(AVFrame* f) {
     ++vs.stats_.decoded;
-    int64_t p = f->best_effort_timestamp != kNoPts ? f->best_effort_timestamp : f->pts;
+    int64_t p = FramePts(f);
     if (p == kNoPts) p = have_prev ? prev_pts + frame_dur : start_ts;
     if (first_after_seek) {
       first_after_seek = false;
@@ -536,8 +539,8 @@ struct VideoSampler::Run {
   }
 
   Status Send(AVPacket* p) {
-    if (p && (p->flags & AV_PKT_FLAG_CORRUPT))
-      NoteBad(fmt::format("packet at {:.2f}s is corrupt or cut short", Seconds(p->pts == kNoPts ? p->dts : p->pts)));
+    const double at = p ? Seconds(p->pts != kNoPts ? p->pts : p->dts) : 0.0;  // for messages
+    if (p && (p->flags & AV_PKT_FLAG_CORRUPT)) NoteBad(fmt::format("packet at {:.2f}s is corrupt or cut short", at));
     for (int tries = 0; tries < 100; ++tries) {  // EAGAIN: take frames out, then send again
       int e = avcodec_send_packet(codec, p);
       if (e == AVERROR(EAGAIN)) {
@@ -547,7 +550,7 @@ struct VideoSampler::Run {
         continue;
       }
       if (e < 0 && e != AVERROR_EOF)
-        NoteBad(fmt::format("undecodable packet at {:.2f}s: {}", p ? Seconds(p->pts == kNoPts ? p->dts : p->pts) : 0.0, AvError(e)));
+        NoteBad(fmt::format("undecodable packet at {:.2f}s: {}", at, AvError(e)));
       return Status::Ok();
     }
     NoteBad("the decoder takes no more input");
@@ -629,7 +632,7 @@ struct VideoSampler::Run {
           e = avcodec_receive_frame(codec, frame);
           if (e < 0) break;
           ++vs.stats_.decoded;
-          int64_t pts = frame->best_effort_timestamp != kNoPts ? frame->best_effort_timestamp : frame->pts;
+          const int64_t pts = FramePts(frame);
           tainted = false;
           Status s = Resolve({0, i}, frame, pts == kNoPts ? KeyPts(k) : pts, Damaged(frame));
           av_frame_unref(frame);
