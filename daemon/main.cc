@@ -95,7 +95,7 @@ class Daemon {
       sinks_.push_back(std::make_unique<RingSink>(r, specs, std::move(ring.value())));
       sinks.push_back(sinks_.back().get());
       if (packed) {
-        packers_.push_back(std::make_unique<PackingSink>(sinks.back(), packed->name, packed->params.GetInt("max_len"),
+        packers_.push_back(std::make_unique<PackingSink>(sinks.back(), packed->params.GetInt("max_len"),
                                                          cfg_.batch_size, static_cast<int32_t>(packed->params.GetInt("pad_id"))));
         sinks.back() = packers_.back().get();
       }

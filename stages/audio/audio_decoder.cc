@@ -57,7 +57,6 @@ Status CheckWavLength(std::string_view b) {
 
 Status DecodeAudio(std::string_view bytes, int sample_rate, const AudioLimits& limits, std::vector<float>* out) {
   out->clear();
-  if (bytes.empty()) return Status::Corrupt("empty file (0 bytes)");
   MMFEED_RETURN_IF_ERROR(CheckWavLength(bytes));
   Session s;
   // 64 KB of probing recognises any container; FFmpeg's default reads 5 MB.

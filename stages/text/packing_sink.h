@@ -24,7 +24,7 @@ namespace mmfeed {
 
 class PackingSink : public BatchSink {
  public:
-  PackingSink(BatchSink* inner, std::string name, int64_t max_len, int64_t batch_size, int32_t pad_id);
+  PackingSink(BatchSink* inner, int64_t max_len, int64_t batch_size, int32_t pad_id);
 
   // The specs of a packed batch's tensors (what the inner sink receives).
   static std::vector<TensorSpec> PackedSpecs(const std::string& name, int64_t max_len);
@@ -40,7 +40,6 @@ class PackingSink : public BatchSink {
   void FlushBatch();
 
   BatchSink* inner_;
-  std::string name_;
   const int64_t max_len_, batch_size_;
   const int32_t pad_id_;
 

@@ -70,7 +70,7 @@ void Feed(PackingSink& sink, const std::vector<int>& lengths, int64_t max_len, i
 TEST(PackingSinkTest, ConcatenatesDocumentsIntoFullRowsWithDocumentIds) {
   const int64_t L = 8, B = 2;
   Keep inner(B, L);
-  PackingSink sink(&inner, "text", L, B, -1);
+  PackingSink sink(&inner, L, B, -1);
   Feed(sink, {3, 7, 2, 4, 5}, L, B);  // 21 tokens: rows of 8, 8, 5
   sink.Finish();
   ASSERT_EQ(inner.rows.size(), 3u);
@@ -91,7 +91,7 @@ TEST(PackingSinkTest, ConcatenatesDocumentsIntoFullRowsWithDocumentIds) {
 TEST(PackingSinkTest, DocumentSpansBatchesAndEpochsDoNotMix) {
   const int64_t L = 4, B = 1;
   Keep inner(B, L);
-  PackingSink sink(&inner, "text", L, B, 0);
+  PackingSink sink(&inner, L, B, 0);
   Feed(sink, {3, 4}, L, B, 0);   // rows [d0 d0 d0 d1] [d1 d1 d1 pad]
   Feed(sink, {1}, L, B, 1, 2);   // a new epoch starts a new row
   sink.Finish();
