@@ -152,6 +152,7 @@ struct VideoSampler::Run {
   bool first_after_seek = false;
   int retry_target = -1, retry_cap = 0;  // a seek that landed past targets[retry_target]
   int64_t fed_max = kNothing;            // largest pts sent to the decoder since the last seek
+  std::deque<int64_t> sent_pts;          // pts of the last kLookahead packets sent since then
   int written_slot = -1;
   int64_t written_pts = kNoPts;
 
@@ -404,6 +405,7 @@ struct VideoSampler::Run {
     have_prev = false;
     tainted = false;
     fed_max = kNothing;
+    sent_pts.clear();
     cur_key = k;
     first_after_seek = true;
     ++vs.stats_.seeks;
@@ -423,15 +425,18 @@ struct VideoSampler::Run {
   }
 
   // True if a packet can be decoded with "skip unless a reference frame": another packet's
-  // pts lies between it and the next target, so it cannot be picked.
+  // pts lies between it and the next target, so it cannot be picked. The other packet may come
+  // later in decoding order (the window) or earlier (sent: with B-frames, a frame shown later
+  // is often decoded first).
   bool Skippable(const AVPacket* p) const {
     if (p->pts == kNoPts || (p->flags & AV_PKT_FLAG_KEY)) return false;
     auto it = std::lower_bound(targets.begin() + next, targets.end(), p->pts,
                                [](const Target& a, int64_t v) { return a.ts < v; });
     if (it == targets.end()) return true;  // after the last target
+    auto hides = [&](int64_t q) { return q != kNoPts && q > p->pts && q <= it->ts; };
     for (const AVPacket* q : window)
-      if (q->pts != kNoPts && q->pts > p->pts && q->pts <= it->ts) return true;
-    return false;
+      if (hides(q->pts)) return true;
+    return std::any_of(sent_pts.begin(), sent_pts.end(), hides);
   }
 
   size_t FrameBytes() const { return vs.FrameBytes(); }
@@ -594,7 +599,11 @@ struct VideoSampler::Run {
       const bool skip = Skippable(p);
       vs.stats_.skipped += skip;
       codec->skip_frame = skip ? AVDISCARD_NONREF : AVDISCARD_DEFAULT;
-      if (p->pts != kNoPts) fed_max = std::max(fed_max, p->pts);
+      if (p->pts != kNoPts) {
+        fed_max = std::max(fed_max, p->pts);
+        sent_pts.push_back(p->pts);
+        if (sent_pts.size() > kLookahead) sent_pts.pop_front();
+      }
       Status s = Send(p);
       av_packet_free(&p);
       MMFEED_RETURN_IF_ERROR(s);

@@ -35,6 +35,9 @@ class VideoTest : public ::testing::Test {
     ffmpeg("-i " + Path("good.mp4") + " -c copy -movflags +faststart " + Path("faststart.mp4"));
     // 20 s with a keyframe every second: a late clip must not decode the first 15 s.
     ffmpeg(src + "-t 20 -c:v libx264 -g 25 -preset ultrafast -pix_fmt yuv420p " + Path("long.mp4"));
+    // 2 s of I B b B P (x264 always 3 B-frames, the middle one a reference: b-pyramid).
+    ffmpeg(src + "-t 2 -c:v libx264 -g 250 -x264-params bframes=3:b-adapt=0:b-pyramid=strict:scenecut=0 " +
+           "-pix_fmt yuv420p " + Path("pyramid.mp4"));
     ffmpeg("-f lavfi -i sine=d=1 " + Path("audio.m4a"));
     // A video track whose edit list starts after its last frame: nothing to show.
     ffmpeg("-ss 100 -i " + Path("good.mp4") + " -c copy " + Path("no_frames.mp4"));
@@ -199,6 +202,18 @@ TEST_F(VideoTest, SeeksToTheKeyframeInsteadOfDecodingEverything) {
   ASSERT_TRUE(Sample(k, PathField(Path("long.mp4")), 1, 0, &ks).ok());
   EXPECT_EQ(ks.stats().decoded, 5);
   for (int i = 0; i < 5; ++i) EXPECT_NEAR(pts_[i], 2 + 4 * i, 1e-3) << i;  // keyframes 2, 6, 10, 14, 18 of 20
+}
+
+TEST_F(VideoTest, DecodesOnlyReferenceFramesAndPicks) {
+  // Display order I0 B1 B2 B3 P4 B5 ...; decoding order I0 P4 B2 B1 B3 P8 B6 B5 B7 ...; B2, B6,
+  // ... are references. Picking B2, B6, ..., B38 needs I0, the ten P-frames and the ten picks;
+  // the non-reference B-frames are skipped, B1 too though B2 went into the decoder before it.
+  VideoOptions o = Options(VideoSampling::kTimestamps, 10);
+  for (int i = 0; i < 10; ++i) o.timestamps.push_back((4 * i + 2) / 25.0 + 0.001);
+  VideoSampler sampler(o, &cache_);
+  ASSERT_TRUE(Sample(o, PathField(Path("pyramid.mp4")), 1, 0, &sampler).ok());
+  for (int i = 0; i < 10; ++i) EXPECT_NEAR(pts_[i], (4 * i + 2) / 25.0, 1e-4) << i;
+  EXPECT_EQ(sampler.stats().decoded, 21);
 }
 
 TEST_F(VideoTest, KeyframeIndexIsCachedPerFile) {
