@@ -20,7 +20,8 @@ to decode these frames (every reference frame is needed by the frames after it),
 contender's ratio over a baseline is about the most any exact CPU loader can reach on these
 files. It is an estimate, not a strict bound: it leaves out the picked frames themselves and
 their conversion, but counts the ffmpeg tool's own per-frame work, so mmfeed (which does only
-what the clip needs) lands within a few percent of it, either side.
+what the clip needs) lands within a few percent of it with one worker; with every core busy,
+decoders sharing the memory bandwidth cost more than this estimate, which runs alone.
 
 Videos are made once with Debian's ffmpeg from tests/data/photos: a slow pan/zoom with
 film grain (so the bitrate is realistic), x264 --preset veryfast with its default GOP.
@@ -79,11 +80,9 @@ def sampled_clips(build, params, files, repeat):
 def _child_cpu(args):
     """CPU seconds of one child process (its own rusage: RUSAGE_CHILDREN would also count the
     pool workers reaped meanwhile)."""
-    child = subprocess.Popen(args)
-    _, status, usage = os.wait4(child.pid, 0)
-    child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode != 0:
-        raise SystemExit(f"{' '.join(args)} failed ({child.returncode})")
+    _, status, usage = os.wait4(subprocess.Popen(args).pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(args)} failed ({os.waitstatus_to_exitcode(status)})")
     return usage.ru_utime + usage.ru_stime
 
 
