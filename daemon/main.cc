@@ -212,9 +212,12 @@ class Daemon {
     }
     const auto& errors = profile["errors"];
     std::fprintf(stderr, "mmfeedd profile:\n%s", text.c_str());
-    std::fprintf(stderr, "batches: %lu published, %lu taken and released, %lu left in rings; samples skipped: %lu\n",
+    std::fprintf(stderr,
+                 "batches: %lu published, %lu taken and released, %lu left in rings; samples skipped: %lu, rows "
+                 "refilled: %lu\n",
                  static_cast<unsigned long>(written), static_cast<unsigned long>(written - unreleased),
-                 static_cast<unsigned long>(unreleased), static_cast<unsigned long>(errors["total"].get<uint64_t>()));
+                 static_cast<unsigned long>(unreleased), static_cast<unsigned long>(errors["total"].get<uint64_t>()),
+                 static_cast<unsigned long>(profile["samples"]["refilled"].get<uint64_t>()));
     Status st = pipeline_->status();
     if (!st.ok()) {
       std::fprintf(stderr, "mmfeedd: stopped on error: %s\n", st.message().c_str());

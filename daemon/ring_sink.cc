@@ -7,19 +7,30 @@
 
 namespace mmfeed {
 
-RingSink::RingSink(uint32_t rank, std::vector<TensorSpec> specs, std::unique_ptr<shm::RingWriter> ring)
-    : rank_(rank), name_(fmt::format("ring{}", rank)), specs_(std::move(specs)), ring_(std::move(ring)) {}
+RingSink::RingSink(uint32_t rank, std::vector<TensorSpec> specs,
+                   std::unique_ptr<shm::RingWriter> ring)
+    : rank_(rank),
+      name_(fmt::format("ring{}", rank)),
+      specs_(std::move(specs)),
+      ring_(std::move(ring)) {}
 
-bool RingSink::Reserve(BatchMemory* memory) {
+Reservation RingSink::Reserve(BatchMemory* memory, int timeout_ms) {
+  if (abort_.load(std::memory_order_acquire)) return Reservation::kClosed;
   uint64_t t0 = NowNs();
-  int slot = -1;
-  while (slot < 0 && !abort_.load(std::memory_order_acquire)) slot = ring_->AcquireFree(100);
-  counters_.blocked_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
-  if (slot < 0) return false;
+  int slot = ring_->AcquireFree(timeout_ms);
+  if (slot < 0) {
+    // Time without a free slot is the back-pressure this stage shows as "blocked".
+    uint64_t now = NowNs(), since = full_since_ns_.exchange(0);
+    counters_.blocked_ns.fetch_add(now - (since ? since : t0), std::memory_order_relaxed);
+    full_since_ns_.store(now);
+    return Reservation::kFull;
+  }
+  full_since_ns_.store(0);
   memory->handle = slot;
   memory->base.clear();
-  for (uint64_t off : ring_->layout().tensor_offsets) memory->base.push_back(ring_->slot_data(slot) + off);
-  return true;
+  for (uint64_t off : ring_->layout().tensor_offsets)
+    memory->base.push_back(ring_->slot_data(slot) + off);
+  return Reservation::kReserved;
 }
 
 void RingSink::Commit(const BatchMemory& memory, const BatchInfo& info) {

@@ -2,8 +2,8 @@
 //
 // Reserve (source thread) claims a free slot and hands out its tensor memory, so workers write
 // samples straight into shared memory; Commit/Discard (batch thread) publish or return it.
-// When the ring is full, Reserve waits for the trainer to release a slot: that wait is the
-// back-pressure, and shows in the profile as this stage's "blocked" time. The control thread
+// While the ring is full, Reserve reports kFull until the trainer releases a slot: that time
+// is the back-pressure, and shows in the profile as this stage's "blocked" time. The control thread
 // may call Abort(), info() and ring() at any time.
 #pragma once
 
@@ -20,12 +20,12 @@ class RingSink : public BatchSink {
  public:
   RingSink(uint32_t rank, std::vector<TensorSpec> specs, std::unique_ptr<shm::RingWriter> ring);
 
-  bool Reserve(BatchMemory* memory) override;
+  Reservation Reserve(BatchMemory* memory, int timeout_ms) override;
   void Commit(const BatchMemory& memory, const BatchInfo& info) override;
   void Discard(const BatchMemory& memory) override;
   void Finish() override;
 
-  // Stop waiting for the trainer: Reserve returns false from now on.
+  // Stop waiting for the trainer: Reserve returns kClosed from now on.
   void Abort() { abort_.store(true, std::memory_order_release); }
   shm::RingWriter& ring() { return *ring_; }
   StageInfo info() const { return {name_, "ring", 1, 0, &counters_}; }
@@ -37,6 +37,8 @@ class RingSink : public BatchSink {
   std::unique_ptr<shm::RingWriter> ring_;
   StageCounters counters_;
   std::atomic<bool> abort_{false};
+  std::atomic<uint64_t> full_since_ns_{
+      0};  // last time Reserve found the ring full, 0 if it was not
 };
 
 }  // namespace mmfeed

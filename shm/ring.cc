@@ -94,7 +94,7 @@ int RingWriter::AcquireFree(int timeout_ms) {
     if (slot(i)->state.compare_exchange_strong(expected, kSlotWriting, std::memory_order_acquire))
       return static_cast<int>(i);
   }
-  FutexWait(&h->release_futex, seen, timeout_ms);
+  if (timeout_ms > 0) FutexWait(&h->release_futex, seen, timeout_ms);
   return -1;
 }
 

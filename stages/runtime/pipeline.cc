@@ -3,28 +3,33 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <array>
+#include <condition_variable>
 #include <cstring>
-#include <set>
+#include <deque>
 #include <map>
+#include <set>
 #include <unordered_map>
 
 #include "stages/runtime/mailbox.h"
 #include "stages/runtime/numa.h"
+#include "stages/runtime/rng.h"
 #include "stages/source/catalog.h"
 
 namespace mmfeed {
 
 // ---------------------------------------------------------------- errors
 
-void ErrorLog::Add(const std::string& origin, const std::string& stage, const std::string& reason_code,
-                   const std::string& message) {
+void ErrorLog::Add(const std::string& origin, const std::string& stage,
+                   const std::string& reason_code, const std::string& message) {
   spdlog::warn("skipped {} ({}): {}", origin, stage, message);
   std::lock_guard<std::mutex> lock(mu_);
   ++total_;
   ++by_reason_[reason_code];
   if (recent_.size() >= 100) recent_.erase(recent_.begin());
-  recent_.push_back({{"origin", origin}, {"stage", stage}, {"reason", reason_code}, {"message", message}});
+  recent_.push_back(
+      {{"origin", origin}, {"stage", stage}, {"reason", reason_code}, {"message", message}});
 }
 
 nlohmann::json ErrorLog::ToJson() const {
@@ -34,32 +39,88 @@ nlohmann::json ErrorLog::ToJson() const {
 
 // ---------------------------------------------------------------- internals
 
-// A batch as the source laid it out: `rows` samples, row i for the rank's i-th sample of it.
+// One batch being filled: its memory in the rank's sink and its place in the rank's stream.
 // Immutable once made; shared by the work items that write into it and the collator.
 struct Pipeline::Provisional {
   BatchMemory memory;
-  uint64_t index = 0;  // provisional batch number within the rank
+  uint32_t rank = 0;
   uint32_t epoch = 0;
+  uint64_t index = 0;  // within the epoch
+  uint64_t seq = 0;    // in the rank's stream
   int rows = 0;
 };
 
 constexpr int kMaxOutputs = 16;  // tensors per stage (the ring holds 16 per batch anyway)
 
-// One sample's field on its way through one branch, and back to the join. The source also
-// sends one marker per rank to the join (branch -2): "rank `rank` was dealt `rank_seq`
-// samples in all".
+// One sample's field on its way through one branch, and back to the join.
 struct Pipeline::WorkItem {
-  uint64_t seq = 0;       // dealing order on this node, across epochs
-  uint64_t rank_seq = 0;  // order within the rank, across epochs
-  uint32_t epoch = 0;
-  uint32_t rank = 0;
+  uint64_t key = 0;    // one per dispatched sample: joins its branches
   uint32_t entry = 0;  // catalog index
   int branch = -1;
-  bool last_in_epoch = false;  // the rank's last sample of the epoch
+  bool refill = false;  // drawn to fill the row of a failed sample
   std::shared_ptr<const Provisional> batch;
   int row = 0;
   std::array<uint8_t*, kMaxOutputs> out{};
   Status status;
+};
+
+// A row to refill, asked of the source by the batch thread.
+struct Pipeline::Refill {
+  std::shared_ptr<const Provisional> batch;
+  int row = 0;
+  uint32_t entry = 0;
+};
+
+// The batch thread's requests to the source thread. Never blocks the batch thread: it holds at
+// most one entry per row of the open batches.
+class Pipeline::RefillQueue {
+ public:
+  void Push(std::vector<Refill> r) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Refill& x : r) q_.push_back(std::move(x));
+    cv_.notify_one();
+  }
+  std::vector<Refill> Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<Refill> out(std::make_move_iterator(q_.begin()), std::make_move_iterator(q_.end()));
+    q_.clear();
+    return out;
+  }
+  void Wait(int timeout_ms) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return !q_.empty(); });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Refill> q_;
+};
+
+// The node's dealing order of an epoch (EpochOrder), computed once and shared by the source
+// and batch threads; ranks may be in different epochs, so a few are kept.
+class Pipeline::EpochOrders {
+ public:
+  EpochOrders(size_t n, const SourceConfig& source, int consumers)
+      : n_(n), source_(source), consumers_(consumers) {}
+  std::shared_ptr<const std::vector<uint32_t>> Get(uint32_t epoch) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [e, order] : cache_)
+      if (e == epoch) return order;
+    auto order =
+        std::make_shared<const std::vector<uint32_t>>(EpochOrder(n_, source_, epoch, consumers_));
+    if (cache_.size() >= 4) cache_.erase(cache_.begin());
+    cache_.emplace_back(epoch, order);
+    return order;
+  }
+
+ private:
+  const size_t n_;
+  const SourceConfig source_;
+  const int consumers_;
+  std::mutex mu_;
+  std::vector<std::pair<uint32_t, std::shared_ptr<const std::vector<uint32_t>>>>
+      cache_;  // oldest first
 };
 
 class JoinBox : public Mailbox<std::unique_ptr<Pipeline::WorkItem>> {
@@ -76,7 +137,11 @@ struct Pipeline::Branch {
   std::vector<int> cpus;
 };
 
-Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg, std::vector<BatchSink*> sinks) {
+Pipeline::Pipeline() : refills_(std::make_unique<RefillQueue>()) {}
+
+Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
+                                                   std::vector<BatchSink*> sinks,
+                                                   std::vector<StreamCursor> start) {
   std::unique_ptr<Pipeline> p(new Pipeline());
   p->cfg_ = cfg;
   p->sinks_ = std::move(sinks);
@@ -86,7 +151,8 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg, st
   const std::vector<StageConfig>& stages = p->cfg_.stages;
   std::set<std::string> needed, path_fields;
   for (const std::string& in : stages[cfg.batch_stage].inputs) {
-    auto it = std::find_if(stages.begin(), stages.end(), [&](const StageConfig& s) { return s.name == in; });
+    auto it = std::find_if(stages.begin(), stages.end(),
+                           [&](const StageConfig& s) { return s.name == in; });
     auto b = std::make_unique<Branch>(it->queue ? it->queue : std::max(8, 4 * it->workers));
     b->cfg = &*it;
     b->specs = it->stage->OutputSpecs();
@@ -96,8 +162,10 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg, st
     needed.insert(it->field);
     if (it->schema->field_is_path) path_fields.insert(it->field);
     if (b->specs.size() > static_cast<size_t>(kMaxOutputs))
-      return Status::Invalid(fmt::format("stage '{}' declares {} outputs, at most {}", it->name, b->specs.size(), kMaxOutputs));
-    p->first_tensor_.push_back(p->first_tensor_.empty() ? 0 : p->first_tensor_.back() + p->branches_.back()->specs.size());
+      return Status::Invalid(fmt::format("stage '{}' declares {} outputs, at most {}", it->name,
+                                         b->specs.size(), kMaxOutputs));
+    p->first_tensor_.push_back(
+        p->first_tensor_.empty() ? 0 : p->first_tensor_.back() + p->branches_.back()->specs.size());
     p->branches_.push_back(std::move(b));
   }
   p->specs_ = BatchSpecs(p->cfg_);
@@ -108,14 +176,47 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg, st
       return Status::Corrupt(fmt::format("{}: {} (on_error: fail)", e.origin, e.reason));
     p->errors_.Add(e.origin, "source", "corrupt", e.reason);
   }
-  if (cat->entries.empty()) return Status::Invalid(fmt::format("{}: no usable samples", cfg.source.path));
-  if (cat->entries.size() > UINT32_MAX) return Status::TooLarge("more than 4G samples in one source");
+  if (cat->entries.empty())
+    return Status::Invalid(fmt::format("{}: no usable samples", cfg.source.path));
+  if (cat->entries.size() > UINT32_MAX)
+    return Status::TooLarge("more than 4G samples in one source");
   if (cat->entries.size() / cfg.source.num_nodes < static_cast<size_t>(cfg.consumers))
     return Status::Invalid(fmt::format("{} samples cannot be dealt to {} node(s) x {} consumer(s)",
                                        cat->entries.size(), cfg.source.num_nodes, cfg.consumers));
   p->catalog_ = std::make_shared<Catalog>(std::move(cat.value()));
+  p->per_rank_ = p->catalog_->entries.size() / cfg.source.num_nodes / cfg.consumers;
+  const uint64_t bs = static_cast<uint64_t>(cfg.batch_size);
+  p->batches_per_epoch_ = cfg.drop_last ? p->per_rank_ / bs : (p->per_rank_ + bs - 1) / bs;
+  if (p->batches_per_epoch_ == 0)
+    return Status::Invalid(
+        fmt::format("each rank gets {} samples per epoch, fewer than batch_size {} with drop_last",
+                    p->per_rank_, bs));
+  if (start.empty()) start.assign(cfg.consumers, StreamCursor{});
+  if (static_cast<int>(start.size()) != cfg.consumers)
+    return Status::Invalid("one start cursor per consumer rank is required");
+  for (const StreamCursor& c : start)
+    if (c.batch >= p->batches_per_epoch_ || c.seq != c.epoch * p->batches_per_epoch_ + c.batch)
+      return Status::Invalid(
+          fmt::format("cursor (epoch {}, batch {}, seq {}) does not fit {} batches per epoch",
+                      c.epoch, c.batch, c.seq, p->batches_per_epoch_));
+  p->start_ = std::move(start);
+  p->orders_ =
+      std::make_unique<EpochOrders>(p->catalog_->entries.size(), cfg.source, cfg.consumers);
   p->join_ = std::make_unique<JoinBox>(256);
   return p;
+}
+
+int Pipeline::RowsOf(uint64_t index) const {
+  const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size);
+  return static_cast<int>(std::min(bs, per_rank_ - index * bs));
+}
+
+StreamCursor Pipeline::CursorAfter(uint64_t seq) const {
+  StreamCursor c;
+  c.seq = seq + 1;
+  c.epoch = static_cast<uint32_t>(c.seq / batches_per_epoch_);
+  c.batch = c.seq % batches_per_epoch_;
+  return c;
 }
 
 Pipeline::~Pipeline() {
@@ -125,12 +226,13 @@ Pipeline::~Pipeline() {
 
 Status Pipeline::Start() {
   start_ns_ = NowNs();
-  spdlog::info("pipeline '{}': {} samples, {} consumer rank(s), batch {}", cfg_.name, catalog_->entries.size(),
-               cfg_.consumers, cfg_.batch_size);
+  spdlog::info("pipeline '{}': {} samples, {} consumer rank(s), batch {}", cfg_.name,
+               catalog_->entries.size(), cfg_.consumers, cfg_.batch_size);
   threads_.emplace_back([this] { BatchLoop(); });
   for (auto& b : branches_) live_workers_ += b->cfg->workers;
   for (auto& b : branches_) {
-    for (int w = 0; w < b->cfg->workers; ++w) threads_.emplace_back([this, br = b.get(), w] { WorkerLoop(br, w); });
+    for (int w = 0; w < b->cfg->workers; ++w)
+      threads_.emplace_back([this, br = b.get(), w] { WorkerLoop(br, w); });
   }
   threads_.emplace_back([this] { SourceLoop(); });
   return Status::Ok();
@@ -154,73 +256,84 @@ void Pipeline::Fail(const Status& st) {
     std::lock_guard<std::mutex> lock(status_mu_);
     if (status_.ok()) status_ = st;
   }
-  spdlog::error("stopping (on_error: fail): {}", st.message());
+  spdlog::error("stopping: {}", st.message());
   RequestStop();
 }
 
+void Pipeline::Dispatch(const std::shared_ptr<const Provisional>& batch, int row, uint32_t entry,
+                        bool refill) {
+  const uint64_t key = next_key_++;
+  for (size_t b = 0; b < branches_.size(); ++b) {
+    auto item = std::make_unique<WorkItem>();
+    item->key = key;
+    item->entry = entry;
+    item->branch = static_cast<int>(b);
+    item->refill = refill;
+    item->batch = batch;
+    item->row = row;
+    for (size_t k = 0; k < branches_[b]->specs.size(); ++k) {
+      size_t t = first_tensor_[b] + k;
+      item->out[k] = batch->memory.base[t] + row * specs_[t].NumBytes();
+    }
+    branches_[b]->inbox.Push(std::move(item), &source_counters_.blocked_ns);
+  }
+  if (!refill) {
+    dealt_.fetch_add(1, std::memory_order_relaxed);
+    source_counters_.items.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+// Deals whole batches, each rank from its own cursor, to whichever rank's sink has room, and
+// dispatches the refills the batch thread asks for. After a stop it deals no new batch but
+// keeps serving refills until every dealt batch is committed or discarded.
 void Pipeline::SourceLoop() {
   PinAndNameThisThread({}, "mmf:source");
   const int consumers = cfg_.consumers;
-  const int64_t bs = cfg_.batch_size;
-  uint64_t seq = 0;
-  std::vector<uint64_t> rank_seq(consumers, 0), batches(consumers, 0);
-  std::vector<std::shared_ptr<const Provisional>> open(consumers);
-  std::vector<int> next_row(consumers, 0);
-  for (uint32_t epoch = 0; cfg_.source.epochs == 0 || epoch < static_cast<uint32_t>(cfg_.source.epochs); ++epoch) {
-    std::vector<uint32_t> order = EpochOrder(catalog_->entries.size(), cfg_.source, epoch, consumers);
-    const size_t per_rank = order.size() / consumers;
-    for (size_t i = 0; i < order.size(); ++i) {
-      if (stop_.load(std::memory_order_acquire)) goto done;
-      uint64_t t0 = NowNs();
-      const uint32_t rank = static_cast<uint32_t>(i % consumers);
-      const size_t pos = i / consumers;  // position within the rank's share of the epoch
-      if (pos % bs == 0) {  // first sample of a batch: reserve its memory
-        auto pb = std::make_shared<Provisional>();
-        pb->index = batches[rank]++;
-        pb->epoch = epoch;
-        pb->rows = static_cast<int>(std::min<size_t>(bs, per_rank - pos));
-        source_counters_.busy_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
-        uint64_t w0 = NowNs();
-        bool ok = sinks_[rank]->Reserve(&pb->memory);
-        source_counters_.blocked_ns.fetch_add(NowNs() - w0, std::memory_order_relaxed);
-        t0 = NowNs();
-        if (!ok) goto done;
-        open[rank] = std::move(pb);
-        next_row[rank] = 0;
-      }
-      const int row = next_row[rank]++;
-      for (size_t b = 0; b < branches_.size(); ++b) {
-        auto item = std::make_unique<WorkItem>();
-        item->seq = seq;
-        item->rank_seq = rank_seq[rank];
-        item->epoch = epoch;
-        item->rank = rank;
-        item->entry = order[i];
-        item->branch = static_cast<int>(b);
-        item->last_in_epoch = pos + 1 == per_rank;
-        item->batch = open[rank];
-        item->row = row;
-        for (size_t k = 0; k < branches_[b]->specs.size(); ++k) {
-          size_t t = first_tensor_[b] + k;
-          item->out[k] = open[rank]->memory.base[t] + row * specs_[t].NumBytes();
-        }
-        source_counters_.busy_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
-        branches_[b]->inbox.Push(std::move(item), &source_counters_.blocked_ns);
-        t0 = NowNs();
-      }
-      source_counters_.items.fetch_add(1, std::memory_order_relaxed);
-      ++seq;
-      ++rank_seq[rank];
+  const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size);
+  std::vector<StreamCursor> next = start_;
+  auto past_end = [&](const StreamCursor& c) {
+    return cfg_.source.epochs != 0 && c.epoch >= static_cast<uint32_t>(cfg_.source.epochs);
+  };
+  std::vector<bool> done(consumers);
+  for (int r = 0; r < consumers; ++r) done[r] = past_end(next[r]);
+  for (int turn = 0;; turn = (turn + 1) % consumers) {
+    uint64_t t0 = NowNs();
+    bool progressed = false, any_full = false;
+    for (Refill& f : refills_->Take()) {
+      Dispatch(f.batch, f.row, f.entry, true);
+      progressed = true;
     }
-  }
-done:
-  // Tell the collator how many samples each rank got, so it can close partial batches.
-  for (int r = 0; r < consumers; ++r) {
-    auto end = std::make_unique<WorkItem>();
-    end->branch = -2;
-    end->rank = static_cast<uint32_t>(r);
-    end->rank_seq = rank_seq[r];
-    join_->Push(std::move(end), &source_counters_.blocked_ns);
+    for (int i = 0; i < consumers && !stop_.load(std::memory_order_acquire); ++i) {
+      const int r = (turn + i) % consumers;
+      if (done[r]) continue;
+      auto pb = std::make_shared<Provisional>();
+      Reservation res = sinks_[r]->Reserve(&pb->memory, 0);
+      if (res == Reservation::kClosed) done[r] = true;
+      any_full |= res == Reservation::kFull;
+      if (res != Reservation::kReserved) continue;
+      pb->rank = static_cast<uint32_t>(r);
+      pb->epoch = next[r].epoch;
+      pb->index = next[r].batch;
+      pb->seq = next[r].seq;
+      pb->rows = RowsOf(pb->index);
+      open_batches_.fetch_add(1, std::memory_order_acq_rel);
+      std::shared_ptr<const std::vector<uint32_t>> order = orders_->Get(pb->epoch);
+      for (int row = 0; row < pb->rows; ++row)  // the rank's share: positions r, r + consumers, ...
+        Dispatch(pb, row, (*order)[(pb->index * bs + row) * consumers + r], false);
+      next[r] = CursorAfter(next[r].seq);
+      done[r] = past_end(next[r]);
+      progressed = true;
+    }
+    source_counters_.busy_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
+    bool all_dealt = stop_.load(std::memory_order_acquire) ||
+                     std::all_of(done.begin(), done.end(), [](bool d) { return d; });
+    if (all_dealt && open_batches_.load(std::memory_order_acquire) == 0) break;
+    if (!progressed) {
+      uint64_t w0 = NowNs();
+      refills_->Wait(1);
+      (any_full ? source_counters_.blocked_ns : source_counters_.starved_ns)
+          .fetch_add(NowNs() - w0, std::memory_order_relaxed);
+    }
   }
   for (auto& b : branches_) b->inbox.Close(b->cfg->workers);
 }
@@ -239,219 +352,206 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
     const FieldValue* field = nullptr;
     for (const auto& kv : e.fields)
       if (kv.first == b->cfg->field) field = &kv.second;
-    SampleContext ctx{cfg_.source.seed, item->epoch, e.id, e.origin};
-    if (!field) item->status = Status::NotFound(fmt::format("sample has no field '{}'", b->cfg->field));
-    else item->status = impl->Process(ctx, *field, OutputRow(item->out.data(), b->specs.size()));
+    SampleContext ctx{cfg_.source.seed, item->batch->epoch, e.id, e.origin};
+    if (!field)
+      item->status = Status::NotFound(fmt::format("sample has no field '{}'", b->cfg->field));
+    else
+      item->status = impl->Process(ctx, *field, OutputRow(item->out.data(), b->specs.size()));
     b->counters.busy_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
     b->counters.cpu_ns.fetch_add(ThreadCpuNs() - c0, std::memory_order_relaxed);
     b->counters.items.fetch_add(1, std::memory_order_relaxed);
     if (!item->status.ok()) b->counters.errors.fetch_add(1, std::memory_order_relaxed);
     join_->Push(std::move(item), &b->counters.blocked_ns);
   }
-  if (live_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1) join_->Close(1);  // the last worker of all
+  if (live_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1)
+    join_->Close(1);  // the last worker of all
 }
 
-// Turns one rank's samples, taken in the rank's order, into committed batches. Samples were
-// written into their provisional rows by the workers; a failed sample leaves a hole, which the
-// next successful sample of the rank fills (one row copy, only after an error). Batches are
-// committed in order; a batch's content depends only on the data, never on timing.
-// Runs on the batch thread only.
+// Completes one rank's batches and commits them in order. A batch is complete when every row
+// holds a good sample. The rows of failed samples are refilled in rounds: once every
+// outstanding sample of the batch is resolved, each empty row (in row order) draws one
+// catalog entry from the rank's share of the epoch with the batch's own random stream, seeded
+// by (seed, epoch, node, rank, batch index). The draws' outcomes decide the bytes, never
+// their timing: a draw of an entry already known to be bad fails at once, exactly as it
+// would have after decoding. Runs on the batch thread only.
 class Pipeline::Collator {
  public:
-  Collator(Pipeline* p, uint32_t rank) : p_(p), rank_(rank) {}
+  Collator(Pipeline* p, uint32_t rank, uint64_t first_seq, std::vector<bool>* known_bad)
+      : p_(p), rank_(rank), next_commit_(first_seq), known_bad_(known_bad) {}
 
-  // Takes the rank's next sample (in rank order).
-  void Add(const WorkItem& s, const Status& status, const std::string& failed_stage) {
-    ++taken_;
-    Open& own = Get(s.batch);
-    ++own.processed;
-    Open& front = open_.begin()->second;
+  // Every branch of a sample reported; `status` is the first failure, if any.
+  void Resolve(const WorkItem& s, const Status& status, const std::string& failed_stage) {
+    Open& o = Get(s.batch);
+    --o.outstanding;
     const CatalogEntry& e = p_->catalog_->entries[s.entry];
-    if (!status.ok()) {
-      own.holes.insert(s.row);
-      p_->SampleFailed(e, failed_stage, status);
-    } else if (&own == &front || front.holes.empty()) {
-      own.ids[s.row] = e.id;
-    } else {  // an earlier batch still has a hole: this sample fills it
-      int hole = *front.holes.begin();
-      front.holes.erase(front.holes.begin());
-      MoveRow(*own.batch, s.row, *front.batch, hole);
-      front.ids[hole] = e.id;
-      own.holes.insert(s.row);
-    }
-    while (!open_.empty()) {
-      Open& f = open_.begin()->second;
-      if (f.processed < f.batch->rows || !f.holes.empty()) break;
-      CommitFront(f.batch->rows);
-    }
-    if (s.last_in_epoch) Close();
-  }
-
-  // Closes every open batch once `total` samples were taken (the source stopped early).
-  void EndAt(uint64_t total) { end_at_ = total; }
-  bool AtEnd() const { return end_at_ != UINT64_MAX && taken_ == end_at_; }
-
-  // No more samples for these open batches: move rows from the last ones into the first
-  // ones' holes, then commit them short (or discard if empty, or short under drop_last).
-  void Close() {
-    while (!open_.empty()) {
-      Open& f = open_.begin()->second;
-      // Only rows below `processed` were written; the rest of a partly dealt batch are holes.
-      for (int r = f.processed; r < f.batch->rows; ++r) f.holes.insert(r);
-      // Pull rows from later batches (last first) into this one's holes.
-      for (auto it = std::prev(open_.end()); it != open_.begin() && !f.holes.empty();) {
-        Open& src = it->second;
-        int r = LastFilled(src);
-        if (r < 0) {
-          --it;
-          continue;
-        }
-        int hole = *f.holes.begin();
-        f.holes.erase(f.holes.begin());
-        MoveRow(*src.batch, r, *f.batch, hole);
-        f.ids[hole] = std::move(src.ids[r]);
-        src.holes.insert(r);
+    if (status.ok()) {
+      o.ids[s.row] = e.id;
+      if (s.refill) {
+        p_->refills_ok_.fetch_add(1, std::memory_order_relaxed);
+        o.failed_run = 0;
       }
-      // Compact within the batch: its last rows into its first holes.
-      int n = f.batch->rows - static_cast<int>(f.holes.size());
-      for (int last = f.batch->rows - 1; !f.holes.empty() && *f.holes.begin() < n; --last) {
-        if (f.holes.count(last)) continue;
-        int hole = *f.holes.begin();
-        f.holes.erase(f.holes.begin());
-        MoveRow(*f.batch, last, *f.batch, hole);
-        f.ids[hole] = std::move(f.ids[last]);
-        f.holes.insert(last);
-      }
-      if (n == 0 || (p_->cfg_.drop_last && n < p_->cfg_.batch_size)) {
-        p_->sinks_[rank_]->Discard(f.batch->memory);
-        open_.erase(open_.begin());
+    } else {
+      (*known_bad_)[s.entry] = true;
+      if (s.refill) {
+        p_->refills_failed_.fetch_add(1, std::memory_order_relaxed);
+        ++o.failed_run;
       } else {
-        CommitFront(n);
+        p_->failed_.fetch_add(1, std::memory_order_relaxed);
+        p_->SampleFailed(e, failed_stage, status);
       }
+      o.holes.push_back(s.row);
+    }
+    if (!p_->status().ok()) return DiscardIdle();
+    if (o.outstanding == 0 && !o.holes.empty()) Refill(o);
+    while (!open_.empty() && open_.begin()->first == next_commit_) {
+      Open& f = open_.begin()->second;
+      if (f.outstanding > 0 || !f.holes.empty()) break;
+      Commit(f);
     }
   }
 
-  // Gives every open batch back unpublished (after on_error: fail).
-  void DiscardAll() {
-    for (auto& [index, o] : open_) p_->sinks_[rank_]->Discard(o.batch->memory);
-    open_.clear();
+  // After a failure: gives back every batch no worker is writing to any more.
+  void DiscardIdle() {
+    for (auto it = open_.begin(); it != open_.end();) {
+      if (it->second.outstanding > 0) {
+        ++it;
+        continue;
+      }
+      p_->sinks_[rank_]->Discard(it->second.batch->memory);
+      p_->open_batches_.fetch_sub(1, std::memory_order_acq_rel);
+      it = open_.erase(it);
+    }
   }
 
  private:
   struct Open {
     std::shared_ptr<const Provisional> batch;
     std::vector<std::string> ids;
-    std::set<int> holes;
-    int processed = 0;  // own samples taken so far
+    std::vector<int> holes;  // rows whose sample failed, not yet redrawn
+    int outstanding = 0;     // samples dispatched and not yet resolved
+    Rng draws{0};
+    uint64_t failed_run = 0;  // refill draws that failed since the last good one
   };
 
   Open& Get(const std::shared_ptr<const Provisional>& b) {
-    auto it = open_.find(b->index);
+    auto it = open_.find(b->seq);
     if (it != open_.end()) return it->second;
-    Open& o = open_[b->index];
+    Open& o = open_[b->seq];
     o.batch = b;
     o.ids.resize(b->rows);
+    o.outstanding = b->rows;
+    o.draws = Rng(p_->cfg_.source.seed, b->epoch,
+                  fmt::format("{}/{}/{}", p_->cfg_.source.node_rank, rank_, b->index), "refill");
     return o;
   }
 
-  static int LastFilled(const Open& o) {
-    for (int r = o.processed - 1; r >= 0; --r)
-      if (!o.holes.count(r)) return r;
-    return -1;
-  }
-
-  void MoveRow(const Provisional& from, int from_row, const Provisional& to, int to_row) {
-    for (size_t k = 0; k < p_->specs_.size(); ++k) {
-      size_t n = p_->specs_[k].NumBytes();
-      std::memmove(to.memory.base[k] + to_row * n, from.memory.base[k] + from_row * n, n);
+  void Refill(Open& o) {
+    const uint64_t limit = 4 * p_->per_rank_ + 256;
+    std::shared_ptr<const std::vector<uint32_t>> order = p_->orders_->Get(o.batch->epoch);
+    std::vector<Pipeline::Refill> requests;
+    bool give_up = false;
+    while (!give_up && o.outstanding == 0 && !o.holes.empty()) {  // one round per pass
+      std::vector<int> rows;
+      rows.swap(o.holes);
+      std::sort(rows.begin(), rows.end());
+      for (int row : rows) {
+        if (!give_up && o.failed_run > limit) {
+          give_up = true;
+          p_->Fail(Status::Corrupt(
+              fmt::format("rank {}, epoch {}, batch {}: {} draws in a row from the rank's {} "
+                          "samples failed; the data has (almost) "
+                          "no usable sample",
+                          rank_, o.batch->epoch, o.batch->index, o.failed_run, p_->per_rank_)));
+        }
+        if (give_up) {
+          o.holes.push_back(row);
+          continue;
+        }
+        uint64_t pos = o.draws.Below(p_->per_rank_);
+        uint32_t entry = (*order)[pos * p_->cfg_.consumers + rank_];
+        if ((*known_bad_)[entry]) {
+          p_->refills_failed_.fetch_add(1, std::memory_order_relaxed);
+          ++o.failed_run;
+          o.holes.push_back(row);
+          continue;
+        }
+        requests.push_back({o.batch, row, entry});
+        ++o.outstanding;
+      }
     }
+    if (!requests.empty()) p_->refills_->Push(std::move(requests));
+    if (give_up) DiscardIdle();
   }
 
-  void CommitFront(int n) {
-    Open& f = open_.begin()->second;
+  void Commit(Open& f) {
     BatchInfo info;
     info.rank = rank_;
-    info.seq = committed_++;
+    info.seq = f.batch->seq;
     info.epoch = f.batch->epoch;
-    info.rows = static_cast<uint32_t>(n);
-    info.ids.assign(std::make_move_iterator(f.ids.begin()), std::make_move_iterator(f.ids.begin() + n));
+    info.rows = static_cast<uint32_t>(f.batch->rows);
+    info.ids = std::move(f.ids);
+    info.next = p_->CursorAfter(info.seq);
     uint64_t t0 = NowNs();
     p_->sinks_[rank_]->Commit(f.batch->memory, info);
     p_->batch_counters_.blocked_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
+    p_->open_batches_.fetch_sub(1, std::memory_order_acq_rel);
     open_.erase(open_.begin());
+    ++next_commit_;
   }
 
   Pipeline* p_;
   uint32_t rank_;
-  std::map<uint64_t, Open> open_;  // by provisional index; the first is the one being filled
-  uint64_t taken_ = 0, committed_ = 0, end_at_ = UINT64_MAX;
+  std::map<uint64_t, Open> open_;  // by seq
+  uint64_t next_commit_;
+  std::vector<bool>* known_bad_;  // by catalog index, shared by the batch thread's collators
 };
 
 void Pipeline::SampleFailed(const CatalogEntry& e, const std::string& stage, const Status& st) {
   batch_counters_.errors.fetch_add(1, std::memory_order_relaxed);
-  if (cfg_.on_error == ErrorPolicy::kFail) Fail(st.WithContext(fmt::format("{} ({})", e.origin, stage)));
-  else errors_.Add(e.origin, stage, st.CodeName(), st.message());
+  if (cfg_.on_error == ErrorPolicy::kFail)
+    Fail(st.WithContext(fmt::format("{} ({})", e.origin, stage)));
+  else
+    errors_.Add(e.origin, stage, st.CodeName(), st.message());
 }
 
 void Pipeline::BatchLoop() {
   PinAndNameThisThread({}, "mmf:batch");
   const size_t nb = branches_.size();
   struct Pending {
-    int arrived = 0;
+    size_t arrived = 0;
     Status status;
     std::string failed_stage;
     std::unique_ptr<WorkItem> first;
   };
-  std::unordered_map<uint64_t, Pending> pending;                 // by seq: branches so far
-  std::vector<std::map<uint64_t, Pending>> reorder(cfg_.consumers);  // by rank_seq: joined
-  std::vector<uint64_t> next(cfg_.consumers, 0);
+  std::unordered_map<uint64_t, Pending> pending;  // by key: the branches reported so far
+  std::vector<bool> known_bad(catalog_->entries.size());
   std::vector<Collator> collators;
-  for (int r = 0; r < cfg_.consumers; ++r) collators.emplace_back(this, static_cast<uint32_t>(r));
-  bool failed = false;
-
-  auto drain_rank = [&](uint32_t rank) {
-    auto& ro = reorder[rank];
-    while (!ro.empty() && ro.begin()->first == next[rank]) {
-      Pending j = std::move(ro.begin()->second);
-      ro.erase(ro.begin());
-      ++next[rank];
-      if (failed) continue;
-      collators[rank].Add(*j.first, j.status, j.failed_stage);
-      batch_counters_.items.fetch_add(1, std::memory_order_relaxed);
-      failed = !status().ok();
-    }
-    if (!failed && collators[rank].AtEnd()) collators[rank].Close();
-  };
+  for (int r = 0; r < cfg_.consumers; ++r)
+    collators.emplace_back(this, static_cast<uint32_t>(r), start_[r].seq, &known_bad);
 
   while (std::unique_ptr<WorkItem> item = join_->Pop(&batch_counters_.starved_ns)) {
     uint64_t t0 = NowNs(), c0 = ThreadCpuNs();
-    if (item->branch == -2) {
-      collators[item->rank].EndAt(item->rank_seq);
-      drain_rank(item->rank);
-    } else {
-      batch_counters_.fill_sum.fetch_add(join_->SizeApprox(), std::memory_order_relaxed);
-      batch_counters_.fill_samples.fetch_add(1, std::memory_order_relaxed);
-      Pending& p = pending[item->seq];
-      if (!item->status.ok() && p.status.ok()) {
-        p.status = item->status;
-        p.failed_stage = branches_[item->branch]->cfg->name;
-      }
-      if (!p.first) p.first = std::move(item);
-      if (++p.arrived == static_cast<int>(nb)) {
-        uint32_t rank = p.first->rank;
-        uint64_t key = p.first->rank_seq, seq = p.first->seq;
-        reorder[rank].emplace(key, std::move(p));
-        pending.erase(seq);
-        drain_rank(rank);
-      }
+    batch_counters_.fill_sum.fetch_add(join_->SizeApprox(), std::memory_order_relaxed);
+    batch_counters_.fill_samples.fetch_add(1, std::memory_order_relaxed);
+    Pending& p = pending[item->key];
+    if (!item->status.ok() && p.status.ok()) {
+      p.status = item->status;
+      p.failed_stage = branches_[item->branch]->cfg->name;
+    }
+    if (!p.first) p.first = std::move(item);
+    if (++p.arrived == nb) {
+      Pending done = std::move(p);
+      pending.erase(done.first->key);
+      collators[done.first->batch->rank].Resolve(*done.first, done.status, done.failed_stage);
+      batch_counters_.items.fetch_add(1, std::memory_order_relaxed);
+      if (!status().ok())
+        for (Collator& c : collators) c.DiscardIdle();
     }
     batch_counters_.busy_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
     batch_counters_.cpu_ns.fetch_add(ThreadCpuNs() - c0, std::memory_order_relaxed);
   }
-  for (Collator& c : collators) {
-    if (failed) c.DiscardAll();
-    else c.Close();
-  }
+  // Every worker has finished, so nothing writes into an open batch; normally none is left.
+  for (Collator& c : collators) c.DiscardIdle();
   for (BatchSink* s : sinks_) s->Finish();
   end_ns_.store(NowNs());
   finished_.store(true, std::memory_order_release);
@@ -461,13 +561,19 @@ nlohmann::json Pipeline::Profile() const {
   std::vector<StageInfo> infos;
   infos.push_back({"source", cfg_.source.type, 1, 0, &source_counters_});
   for (const auto& b : branches_)
-    infos.push_back({b->cfg->name, b->cfg->type, b->cfg->workers, b->inbox.capacity(), &b->counters, b->cfg->stage->Metrics()});
-  infos.push_back({cfg_.stages[cfg_.batch_stage].name, "batch", 1, join_->capacity(), &batch_counters_});
+    infos.push_back({b->cfg->name, b->cfg->type, b->cfg->workers, b->inbox.capacity(), &b->counters,
+                     b->cfg->stage->Metrics()});
+  infos.push_back(
+      {cfg_.stages[cfg_.batch_stage].name, "batch", 1, join_->capacity(), &batch_counters_});
   infos.insert(infos.end(), extra_infos_.begin(), extra_infos_.end());
   uint64_t end = end_ns_.load();
   double wall = ((end ? end : NowNs()) - start_ns_) / 1e9;
   nlohmann::json j = BuildProfile(infos, wall);
   j["errors"] = errors_.ToJson();
+  j["samples"] = {{"dealt", dealt_.load()},
+                  {"failed", failed_.load()},
+                  {"refilled", refills_ok_.load()},
+                  {"refill_failed", refills_failed_.load()}};
   j["samples_in_catalog"] = catalog_->entries.size();
   return j;
 }

@@ -1,25 +1,27 @@
 // Pipeline: runs a validated PipelineConfig as actors.
 //
 //   source thread ──► one mailbox per processing stage ──► N worker threads each ──┐
-//        (deals samples to ranks in a fixed order, reserving each rank's batch memory │
-//         from its BatchSink; every sample gets its row)      workers write the row ◄┘
+//        (deals each rank's batches from the rank's own stream, reserving each batch's   │
+//         memory from the rank's BatchSink; every sample gets its row) workers write ◄──┘
 //   batch thread ◄── join mailbox ◄── (sample done or failed)
-//        joins the branches of a sample by sequence number, restores each rank's order,
-//        fills the rows of failed samples from the next samples, and commits batches.
+//        joins the branches of a sample, refills the rows of failed samples with draws from
+//        the rank's own share (sent back to the source), and commits complete batches in order.
 //
-// The thread model is described in docs/threads.md. All methods may be called from any one
-// controlling thread (the daemon's supervisor); the pipeline's own threads only touch their
-// stage's state, the mailboxes and relaxed counters.
+// A rank's stream is a pure function of (data, seed, epoch, node rank/count, consumers, rank):
+// every epoch has the same number of batches for every rank, whatever fails, and batch
+// (epoch, index) can be regenerated on its own. See docs/threads.md, "Batches and failures".
+//
+// All methods may be called from any one controlling thread (the daemon's supervisor); the
+// pipeline's own threads only touch their stage's state, the mailboxes and relaxed counters.
 #pragma once
 
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "stages/runtime/config.h"
 #include "stages/runtime/profile.h"
@@ -39,6 +41,15 @@ struct BatchMemory {
   std::vector<uint8_t*> base;
 };
 
+// A rank's position in its own stream: the batch it will be served next.
+// seq == epoch * batches_per_epoch + batch.
+struct StreamCursor {
+  uint32_t epoch = 0;
+  uint64_t batch = 0;  // index of the next batch within the epoch
+  uint64_t seq = 0;    // its number in the rank's stream, from 0, across epochs
+  bool operator==(const StreamCursor&) const = default;
+};
+
 // What a sink publishes with a batch.
 struct BatchInfo {
   uint32_t rank = 0;
@@ -46,16 +57,19 @@ struct BatchInfo {
   uint32_t epoch = 0;
   uint32_t rows = 0;             // rows [0, rows) are valid
   std::vector<std::string> ids;  // the samples in them: one per row, except for packed text
+  StreamCursor next;             // the rank's cursor after this batch
 };
+
+enum class Reservation { kReserved, kFull, kClosed };
 
 // Where a consumer rank's batches go (the daemon's: its shared-memory ring).
 class BatchSink {
  public:
   virtual ~BatchSink() = default;
   // Reserves memory for one batch of up to batch_size rows of every tensor. Called from the
-  // source thread; blocks while the sink is full (back-pressure). Returns false once the
-  // sink no longer accepts batches.
-  virtual bool Reserve(BatchMemory* memory) = 0;
+  // source thread; waits up to `timeout_ms` while the sink is full (back-pressure), then
+  // returns kFull. kClosed once the sink no longer accepts batches.
+  virtual Reservation Reserve(BatchMemory* memory, int timeout_ms) = 0;
   // Publishes rows [0, info.rows) of a reserved batch. Called from the batch thread.
   virtual void Commit(const BatchMemory& memory, const BatchInfo& info) = 0;
   // Returns a reserved batch unpublished. Called from the batch thread.
@@ -81,15 +95,16 @@ class ErrorLog {
 class Pipeline {
  public:
   // Loads the source catalog and builds the stages. `sinks` has one entry per consumer rank
-  // and must outlive the pipeline. A load error under on_error: fail, or an empty dataset,
-  // is returned here.
+  // and must outlive the pipeline. `start` (empty, or one per rank) is where each rank's
+  // stream begins. A load error under on_error: fail, or an empty dataset, is returned here.
   static Result<std::unique_ptr<Pipeline>> Create(const PipelineConfig& cfg,
-                                                  std::vector<BatchSink*> sinks);
+                                                  std::vector<BatchSink*> sinks,
+                                                  std::vector<StreamCursor> start = {});
   ~Pipeline();
 
   Status Start();
-  // The source stops dealing; samples already dealt are processed and batched (a rank's
-  // partial batch is delivered), then the sinks are finished.
+  // The source stops dealing at a batch boundary; batches already dealt are completed
+  // (refilled where samples fail) and committed, then the sinks are finished.
   void RequestStop();
   // True once every thread has finished and every sink was told so.
   bool Finished() const { return finished_.load(std::memory_order_acquire); }
@@ -102,15 +117,25 @@ class Pipeline {
   void AddProfiledStage(const StageInfo& info) { extra_infos_.push_back(info); }
   nlohmann::json Profile() const;
   const ErrorLog& errors() const { return errors_; }
+  // Every rank's epoch has this many batches; batch `index` of an epoch has RowsOf(index) rows.
+  uint64_t batches_per_epoch() const { return batches_per_epoch_; }
+  int RowsOf(uint64_t index) const;
+  // The cursor that follows batch `seq` of a rank.
+  StreamCursor CursorAfter(uint64_t seq) const;
 
   struct WorkItem;  // internal: one sample's field travelling through a branch
 
  private:
   struct Branch;
   struct Provisional;
+  struct Refill;
   class Collator;
-  Pipeline() = default;
+  class EpochOrders;
+  class RefillQueue;
+  Pipeline();
   void SourceLoop();
+  void Dispatch(const std::shared_ptr<const Provisional>& batch, int row, uint32_t entry,
+                bool refill);
   void WorkerLoop(Branch* b, int worker);
   void BatchLoop();
   void Fail(const Status& st);
@@ -118,9 +143,18 @@ class Pipeline {
 
   PipelineConfig cfg_;
   std::vector<BatchSink*> sinks_;
-  std::vector<TensorSpec> specs_;      // every tensor of a batch, in order
-  std::vector<size_t> first_tensor_;   // per branch: index of its first tensor in specs_
+  std::vector<TensorSpec> specs_;     // every tensor of a batch, in order
+  std::vector<size_t> first_tensor_;  // per branch: index of its first tensor in specs_
   std::shared_ptr<const Catalog> catalog_;
+  uint64_t per_rank_ = 0;  // samples in a rank's share of an epoch
+  uint64_t batches_per_epoch_ = 0;
+  std::vector<StreamCursor> start_;
+  std::unique_ptr<EpochOrders> orders_;
+  std::unique_ptr<RefillQueue> refills_;
+  std::atomic<int64_t> open_batches_{0};  // dealt and not yet committed or discarded
+  uint64_t next_key_ = 0;                 // source thread: one per dispatched sample
+  // Sample accounting: dealt = first-time positions; refill draws are counted apart.
+  std::atomic<uint64_t> dealt_{0}, failed_{0}, refills_ok_{0}, refills_failed_{0};
   std::vector<std::unique_ptr<Branch>> branches_;
   std::unique_ptr<class JoinBox> join_;
   StageCounters source_counters_, batch_counters_;

@@ -11,16 +11,19 @@ PackingSink::PackingSink(BatchSink* inner, int64_t max_len, int64_t batch_size, 
     : inner_(inner), max_len_(max_len), batch_size_(batch_size), pad_id_(pad_id) {}
 
 std::vector<TensorSpec> PackingSink::PackedSpecs(const std::string& name, int64_t max_len) {
-  return {{name, DType::kInt32, {max_len}}, {name + "_lengths", DType::kInt32, {}}, {name + "_doc_ids", DType::kInt32, {max_len}}};
+  return {{name, DType::kInt32, {max_len}},
+          {name + "_lengths", DType::kInt32, {}},
+          {name + "_doc_ids", DType::kInt32, {max_len}}};
 }
 
-bool PackingSink::Reserve(BatchMemory* memory) {
+Reservation PackingSink::Reserve(BatchMemory* memory, int /*timeout_ms*/) {
   std::lock_guard<std::mutex> lock(mu_);
   memory->handle = next_handle_++;
   std::vector<int32_t>& s = scratch_[memory->handle];
   s.resize(batch_size_ * (max_len_ + 1));
-  memory->base = {reinterpret_cast<uint8_t*>(s.data()), reinterpret_cast<uint8_t*>(s.data() + batch_size_ * max_len_)};
-  return true;
+  memory->base = {reinterpret_cast<uint8_t*>(s.data()),
+                  reinterpret_cast<uint8_t*>(s.data() + batch_size_ * max_len_)};
+  return Reservation::kReserved;
 }
 
 void PackingSink::Discard(const BatchMemory& memory) {
@@ -33,7 +36,8 @@ void PackingSink::Commit(const BatchMemory& memory, const BatchInfo& info) {
   const auto* tokens = reinterpret_cast<const int32_t*>(memory.base[0]);
   const auto* lengths = reinterpret_cast<const int32_t*>(memory.base[1]);
   for (size_t i = 0; i < info.rows; ++i)
-    Append(tokens + i * max_len_, std::min<int32_t>(lengths[i], static_cast<int32_t>(max_len_)), info.ids[i], info.epoch);
+    Append(tokens + i * max_len_, std::min<int32_t>(lengths[i], static_cast<int32_t>(max_len_)),
+           info.ids[i], info.epoch);
   Discard(memory);
 }
 
@@ -84,7 +88,10 @@ void PackingSink::FlushRow() {
 void PackingSink::FlushBatch() {
   if (lengths_.empty()) return;
   BatchMemory m;
-  if (inner_->Reserve(&m)) {
+  Reservation r;
+  while ((r = inner_->Reserve(&m, 100)) == Reservation::kFull) {
+  }
+  if (r == Reservation::kReserved) {
     const size_t rows = lengths_.size();
     std::memcpy(m.base[0], tokens_.data(), tokens_.size() * 4);
     std::memcpy(m.base[1], lengths_.data(), rows * 4);
@@ -97,7 +104,8 @@ void PackingSink::FlushBatch() {
     info.ids = std::move(ids_);
     inner_->Commit(m, info);
   } else {
-    spdlog::warn("rank {}: packed batch of {} rows dropped: the sink no longer takes batches", rank_, lengths_.size());
+    spdlog::warn("rank {}: packed batch of {} rows dropped: the sink no longer takes batches",
+                 rank_, lengths_.size());
   }
   tokens_.clear();
   doc_ids_.clear();

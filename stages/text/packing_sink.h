@@ -29,7 +29,7 @@ class PackingSink : public BatchSink {
   // The specs of a packed batch's tensors (what the inner sink receives).
   static std::vector<TensorSpec> PackedSpecs(const std::string& name, int64_t max_len);
 
-  bool Reserve(BatchMemory* memory) override;
+  Reservation Reserve(BatchMemory* memory, int timeout_ms) override;
   void Commit(const BatchMemory& memory, const BatchInfo& info) override;
   void Discard(const BatchMemory& memory) override;
   void Finish() override;

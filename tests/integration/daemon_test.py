@@ -259,6 +259,62 @@ class DaemonTest(DaemonCase):
         self.assertIn("left in rings", d.log())
 
 
+class BadFilesTest(DaemonCase):
+    """Skipped samples used to hold ring slots until nothing moved (issue: bad files deadlock a
+    run). Every mix of failures completes the epoch, ranks get equal batch counts, every good
+    sample is delivered and every bad one counted."""
+
+    CONFIG = """pipeline: bad-files
+source: {{type: manifest, path: manifest.jsonl, shuffle: {shuffle}, seed: 5}}
+consumers: 2
+stages:
+  - {{name: text, type: text, field: text, workers: 2, params: {{max_len: 24}}}}
+  - {{name: batch, type: batch, inputs: [text], params: {{batch_size: 32}}}}
+output: {{ring_slots: {slots}}}
+"""
+
+    def run_mix(self, bad, slots, shuffle="true", n=4096):
+        good = set()
+        with open(self.dir / "manifest.jsonl", "w") as m:
+            for i in range(n):
+                if bad(i):
+                    m.write(json.dumps({"id": f"b{i}", "text": {"path": f"missing/{i}.txt"}}) + "\n")
+                else:
+                    good.add(f"s{i}")
+                    m.write(json.dumps({"id": f"s{i}", "text": f"caption {i}"}) + "\n")
+        d = Daemon(self.dir, self.CONFIG.format(shuffle=shuffle, slots=slots))
+        dumps = [self.dir / f"r{r}-{slots}" for r in range(2)]
+        procs = [d.consume(r, "--json", "--dump", str(dumps[r])) for r in range(2)]
+        results = [finish(p, timeout=120) for p in procs]
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEqual([r["batches"] for r in results], [64, 64], "equal batch counts whatever fails")
+        self.assertEqual([r["samples"] for r in results], [2048, 2048])
+        delivered = set()
+        for dump in dumps:
+            for meta, path in dumped_batches(dump):
+                text, lengths = np.load(path / "text.npy"), np.load(path / "text_lengths.npy")
+                for k, sid in enumerate(meta["ids"]):
+                    self.assertEqual(bytes(text[k, :lengths[k]].astype(np.uint8)).decode(), f"caption {sid[1:]}")
+                delivered.update(meta["ids"])
+        self.assertEqual(delivered, good, "every good sample delivered, no bad one")
+        self.assertIn(f"samples skipped: {n - len(good)}", d.log())
+        shutil.rmtree(dumps[0]), shutil.rmtree(dumps[1])
+
+    def test_every_tenth_file_missing(self):
+        for slots in (2, 8):
+            self.run_mix(lambda i: i % 10 == 9, slots)
+
+    def test_half_missing_at_random(self):
+        rng = np.random.default_rng(7)
+        bad = set(np.flatnonzero(rng.random(4096) < 0.5).tolist())
+        for slots in (2, 8):
+            self.run_mix(lambda i: i in bad, slots)
+
+    def test_600_missing_in_a_row(self):
+        for slots in (2, 8):
+            self.run_mix(lambda i: 1000 <= i < 1600, slots, shuffle="false")
+
+
 class AudioTextTest(DaemonCase):
     def test_audio_text_config_runs_and_dump_shows_the_features(self):
         tone = pathlib.Path(__file__).resolve().parent.parent / "data" / "audio" / "tone.wav"
@@ -271,8 +327,10 @@ class AudioTextTest(DaemonCase):
                 m.write(json.dumps({"id": f"a{i}", "audio": out.name, "text": f"clip {i}"}) + "\n")
             m.write(json.dumps({"id": "broken", "audio": "manifest.jsonl", "text": "not audio"}) + "\n")
         config = (pathlib.Path(__file__).resolve().parent.parent.parent / "configs" / "audio-text.yaml").read_text()
-        batches, log = self.run_to_end(config, samples=10)
-        self.assertEqual([len(m["ids"]) for m, _ in batches], [8, 2])
+        # 11 catalog entries make 11 rows whatever fails: the broken file's row is refilled.
+        batches, log = self.run_to_end(config, samples=11)
+        self.assertEqual([len(m["ids"]) for m, _ in batches], [8, 3])
+        self.assertNotIn("broken", [i for m, _ in batches for i in m["ids"]])
         feats = np.load(batches[0][1] / "audio.npy")
         self.assertEqual(feats.shape, (8, 80, 3000))
         self.assertEqual(feats.dtype, np.float32)
@@ -309,8 +367,8 @@ class VideoTextTest(DaemonCase):
     def test_video_text_config_runs_and_dump_shows_the_frames(self):
         self.make_videos(9)
         config = (pathlib.Path(__file__).resolve().parent.parent.parent / "configs" / "video-text.yaml").read_text()
-        batches, log = self.run_to_end(config, samples=9)
-        self.assertEqual([len(m["ids"]) for m, _ in batches], [4, 4, 1])
+        batches, log = self.run_to_end(config, samples=11)  # the two broken files' rows refilled
+        self.assertEqual([len(m["ids"]) for m, _ in batches], [4, 4, 3])
         for meta, b in batches:
             frames = np.load(b / "video.npy")
             pts = np.load(b / "video_pts.npy")
@@ -329,7 +387,7 @@ class VideoTextTest(DaemonCase):
                 self.assertFalse(np.array_equal(frames[k][0], frames[k][15]))
         self.assertIn("samples skipped: 2", log)
         # The profile says how much decoding each sampled frame cost.
-        m = re.search(r"video: decoded_per_sampled ([0-9.]+), index_hits 0, index_misses 9, seeks_per_video", log)
+        m = re.search(r"video: decoded_per_sampled ([0-9.]+), index_hits [0-9]+, index_misses 9, seeks_per_video", log)
         self.assertIsNotNone(m, log)
         self.assertGreater(float(m.group(1)), 0.5)
         self.assertIn("no video stream", log)
@@ -369,7 +427,9 @@ stages:
   - {name: audio, type: audio, field: video, params: {features: waveform, max_seconds: 2}}
   - {name: batch, type: batch, inputs: [video, audio], params: {batch_size: 3}}
 """
-        ((meta, b),), _ = self.run_to_end(config, samples=3)
+        # Five entries, two of them broken: 3 + 2 rows, the broken ones' refilled with good videos.
+        ((meta, b), (meta2, _)), _ = self.run_to_end(config, samples=5)
+        self.assertEqual(len(meta2["ids"]), 2)
         self.assertEqual(np.load(b / "video.npy").shape, (3, 4, 3, 32, 32))
         wave = np.load(b / "audio.npy")
         self.assertEqual(wave.shape, (3, 32000))

@@ -4,10 +4,12 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
 
+#include "stages/runtime/rng.h"
 #include "tests/stage_util.h"
 #include "tests/test_util.h"
 
@@ -25,12 +27,17 @@ struct MemBatch {
   std::vector<testing::Output> tensors;  // [n, ...] each
 };
 
-// Keeps every batch in heap memory; optionally blocks in Commit until released.
+// Keeps every batch in heap memory; optionally blocks in Commit until released. With `slots`,
+// behaves like a ring of that many slots whose trainer takes each batch at once: at most
+// `slots` batches reserved and not yet committed or discarded.
 class MemorySink : public BatchSink {
  public:
-  MemorySink(std::vector<TensorSpec> specs, int64_t batch_size) : specs_(std::move(specs)), batch_size_(batch_size) {}
-  bool Reserve(BatchMemory* m) override {
+  MemorySink(std::vector<TensorSpec> specs, int64_t batch_size, int slots = 0)
+      : specs_(std::move(specs)), batch_size_(batch_size), slots_(slots) {}
+  Reservation Reserve(BatchMemory* m, int) override {
     std::lock_guard<std::mutex> lock(mu_);
+    if (slots_ && open_ >= slots_) return Reservation::kFull;
+    ++open_;
     m->handle = static_cast<int>(memory_.size());
     memory_.emplace_back();
     m->base.clear();
@@ -38,7 +45,7 @@ class MemorySink : public BatchSink {
       memory_.back().emplace_back(s.NumBytes() * batch_size_, 0xAB);  // garbage a hole would show
       m->base.push_back(memory_.back().back().data());
     }
-    return true;
+    return Reservation::kReserved;
   }
   void Commit(const BatchMemory& m, const BatchInfo& info) override {
     std::unique_lock<std::mutex> lock(mu_);
@@ -55,8 +62,13 @@ class MemorySink : public BatchSink {
       b->tensors.push_back(std::move(t));
     }
     batches.push_back(std::move(b));
+    --open_;
   }
-  void Discard(const BatchMemory&) override { ++discarded; }
+  void Discard(const BatchMemory&) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    --open_;
+    ++discarded;
+  }
   void Finish() override { finished = true; }
   void Hold(bool h) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -70,6 +82,7 @@ class MemorySink : public BatchSink {
  private:
   std::vector<TensorSpec> specs_;
   int64_t batch_size_;
+  int slots_, open_ = 0;
   std::mutex mu_;
   std::condition_variable cv_;
   bool hold_ = false;
@@ -79,15 +92,27 @@ class MemorySink : public BatchSink {
 std::string Config(int consumers, int workers, int batch, const std::string& extra_source = "",
                    const std::string& on_error = "skip") {
   return "pipeline: t\n"
-         "source: {type: manifest, path: manifest.jsonl, shuffle: true, seed: 7" + extra_source + "}\n"
-         "consumers: " + std::to_string(consumers) + "\n"
-         "on_error: " + on_error + "\n"
+         "source: {type: manifest, path: manifest.jsonl, shuffle: true, seed: 7" +
+         extra_source +
+         "}\n"
+         "consumers: " +
+         std::to_string(consumers) +
+         "\n"
+         "on_error: " +
+         on_error +
+         "\n"
          "stages:\n"
-         "  - {name: image, type: image, field: image, workers: " + std::to_string(workers) + ",\n"
-         "     params: {crop: random_resized_crop, size: [32, 48], flip: 0.5, dtype: float32, layout: CHW,\n"
+         "  - {name: image, type: image, field: image, workers: " +
+         std::to_string(workers) +
+         ",\n"
+         "     params: {crop: random_resized_crop, size: [32, 48], flip: 0.5, dtype: float32, "
+         "layout: CHW,\n"
          "              mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25]}}\n"
-         "  - {name: text, type: text, field: text, workers: " + std::to_string(workers) + ", params: {max_len: 16}}\n"
-         "  - {name: batch, type: batch, inputs: [image, text], params: {batch_size: " + std::to_string(batch) + "}}\n";
+         "  - {name: text, type: text, field: text, workers: " +
+         std::to_string(workers) +
+         ", params: {max_len: 16}}\n"
+         "  - {name: batch, type: batch, inputs: [image, text], params: {batch_size: " +
+         std::to_string(batch) + "}}\n";
 }
 
 struct PipelineRun {
@@ -134,8 +159,10 @@ TEST(PipelineTest, EveryRankGetsDistinctSamplesAndEqualBatchCounts) {
       EXPECT_EQ(b.seq, i);
       ASSERT_EQ(tensors.size(), 3u);
       EXPECT_EQ(tensors[0].spec.name, "image");
-      EXPECT_EQ(tensors[0].spec.shape, (std::vector<int64_t>{static_cast<int64_t>(b.ids.size()), 3, 32, 48}));
-      EXPECT_EQ(tensors[1].spec.shape, (std::vector<int64_t>{static_cast<int64_t>(b.ids.size()), 16}));
+      EXPECT_EQ(tensors[0].spec.shape,
+                (std::vector<int64_t>{static_cast<int64_t>(b.ids.size()), 3, 32, 48}));
+      EXPECT_EQ(tensors[1].spec.shape,
+                (std::vector<int64_t>{static_cast<int64_t>(b.ids.size()), 16}));
       EXPECT_EQ(tensors[2].spec.name, "text_lengths");
       for (size_t k = 0; k < b.ids.size(); ++k) {
         EXPECT_TRUE(seen.insert(b.ids[k]).second) << "sample " << b.ids[k] << " delivered twice";
@@ -143,7 +170,8 @@ TEST(PipelineTest, EveryRankGetsDistinctSamplesAndEqualBatchCounts) {
         std::string want = "caption " + b.ids[k].substr(1);
         const int32_t* ids = reinterpret_cast<const int32_t*>(tensors[1].data.data()) + k * 16;
         std::string got;
-        for (int j = 0; j < reinterpret_cast<const int32_t*>(tensors[2].data.data())[k]; ++j) got += static_cast<char>(ids[j]);
+        for (int j = 0; j < reinterpret_cast<const int32_t*>(tensors[2].data.data())[k]; ++j)
+          got += static_cast<char>(ids[j]);
         EXPECT_EQ(got, want);
       }
     }
@@ -157,7 +185,8 @@ std::string Fingerprint(const PipelineRun& run) {
   for (auto& s : run.sinks)
     for (auto& b : s->batches) {
       for (auto& id : b->ids) out += id + ",";
-      for (auto& t : b->tensors) out.append(reinterpret_cast<const char*>(t.data.data()), t.data.size());
+      for (auto& t : b->tensors)
+        out.append(reinterpret_cast<const char*>(t.data.data()), t.data.size());
     }
   return out;
 }
@@ -246,26 +275,40 @@ TEST(PipelineTest, BadInputsAreSkippedCountedAndBatchesRefilled) {
   PipelineRun run = RunPipeline(dir, Config(1, 2, 5));
   ASSERT_TRUE(run.pipeline) << run.create_status.message();
   EXPECT_TRUE(run.pipeline->status().ok());
+  // 16 usable catalog entries (the malformed line is not one): 4 batches of 5, 5, 5 and 1 rows
+  // whatever fails; the 6 rows of failed samples are refilled with draws of good ones.
+  ASSERT_EQ(run.sinks[0]->batches.size(), 4u);
   std::set<std::string> got;
-  ASSERT_EQ(run.sinks[0]->batches.size(), 2u) << "10 good samples refill 2 full batches";
+  size_t rows = 0;
   for (auto& b : run.sinks[0]->batches) {
-    EXPECT_EQ(b->ids.size(), 5u);
     got.insert(b->ids.begin(), b->ids.end());
+    rows += b->ids.size();
   }
-  EXPECT_EQ(got.size(), 10u);
+  EXPECT_EQ(run.sinks[0]->batches.back()->ids.size(), 1u);
+  EXPECT_EQ(rows, 16u);
+  EXPECT_EQ(got.size(), 10u) << "every good sample is delivered";
   for (const std::string& id : got) EXPECT_EQ(id[0], 's');
+  nlohmann::json samples = run.pipeline->Profile()["samples"];
+  EXPECT_EQ(samples["dealt"], 16);
+  EXPECT_EQ(samples["failed"], 6);
+  EXPECT_EQ(samples["refilled"], 6);
   nlohmann::json errors = run.pipeline->errors().ToJson();
   EXPECT_EQ(errors["total"], 7);
   std::map<std::string, std::string> by_origin;
   for (auto& e : errors["recent"]) by_origin[e["origin"]] = e["message"];
   auto message_for = [&](const std::string& line) {
     for (auto& [origin, msg] : by_origin)
-      if (origin.size() >= line.size() && origin.compare(origin.size() - line.size(), line.size(), line) == 0) return msg;
+      if (origin.size() >= line.size() &&
+          origin.compare(origin.size() - line.size(), line.size(), line) == 0)
+        return msg;
     return std::string("<none>");
   };
-  EXPECT_NE(message_for(":11").find("nope.jpg: no such file"), std::string::npos) << message_for(":11");
-  EXPECT_NE(message_for(":12").find("Premature end of JPEG"), std::string::npos) << message_for(":12");
-  EXPECT_NE(message_for(":13").find("not a decodable image"), std::string::npos) << message_for(":13");
+  EXPECT_NE(message_for(":11").find("nope.jpg: no such file"), std::string::npos)
+      << message_for(":11");
+  EXPECT_NE(message_for(":12").find("Premature end of JPEG"), std::string::npos)
+      << message_for(":12");
+  EXPECT_NE(message_for(":13").find("not a decodable image"), std::string::npos)
+      << message_for(":13");
   EXPECT_NE(message_for(":14").find("empty file"), std::string::npos) << message_for(":14");
   EXPECT_NE(message_for(":15").find("60000x60000"), std::string::npos) << message_for(":15");
   EXPECT_NE(message_for(":16").find("not valid UTF-8"), std::string::npos) << message_for(":16");
@@ -280,7 +323,8 @@ TEST(PipelineTest, RefilledBatchesAreTheSameWhateverTheWorkerCount) {
   ASSERT_TRUE(one.pipeline && three.pipeline);
   std::string a = Fingerprint(one);
   EXPECT_TRUE(a == Fingerprint(three)) << "hole filling must not depend on timing";
-  // 16 usable catalog entries dealt 8 per rank; 6 of them fail.
+  // 16 usable catalog entries dealt 8 per rank (3 batches: 3, 3, 2 rows); 6 of them fail and
+  // are refilled.
   size_t delivered = 0;
   for (auto& s : one.sinks)
     for (auto& b : s->batches) {
@@ -288,15 +332,17 @@ TEST(PipelineTest, RefilledBatchesAreTheSameWhateverTheWorkerCount) {
       for (auto& id : b->ids) EXPECT_EQ(id[0], 's');
       // Every row of a committed batch holds a real sample, not the sink's 0xAB filler.
       const float* img = reinterpret_cast<const float*>(b->tensors[0].data.data());
-      for (size_t r = 0; r < b->ids.size(); ++r) EXPECT_NE(reinterpret_cast<const uint32_t*>(img)[r * 3 * 32 * 48], 0xABABABABu);
+      for (size_t r = 0; r < b->ids.size(); ++r)
+        EXPECT_NE(reinterpret_cast<const uint32_t*>(img)[r * 3 * 32 * 48], 0xABABABABu);
     }
-  EXPECT_EQ(delivered, 10u);
+  EXPECT_EQ(delivered, 16u);
 }
 
 TEST(PipelineTest, OnErrorFailStopsWithThePathAndReason) {
   TempDir dir;
   testing::MakeImageTextDataset(dir.path(), 10);
-  std::ofstream(dir / "manifest.jsonl", std::ios::app) << "{\"id\": \"bad\", \"image\": \"nope.jpg\", \"text\": \"x\"}\n";
+  std::ofstream(dir / "manifest.jsonl", std::ios::app)
+      << "{\"id\": \"bad\", \"image\": \"nope.jpg\", \"text\": \"x\"}\n";
   PipelineRun run = RunPipeline(dir, Config(1, 1, 2, "", "fail"));
   ASSERT_TRUE(run.pipeline);
   Status st = run.pipeline->status();
@@ -308,8 +354,176 @@ TEST(PipelineTest, OnErrorFailStopsWithThePathAndReason) {
   std::ofstream(dir / "manifest.jsonl", std::ios::app) << "not json\n";
   PipelineRun bad_line = RunPipeline(dir, Config(1, 1, 2, "", "fail"));
   EXPECT_FALSE(bad_line.pipeline);
-  EXPECT_NE(bad_line.create_status.message().find("manifest.jsonl:12: malformed JSON"), std::string::npos)
+  EXPECT_NE(bad_line.create_status.message().find("manifest.jsonl:12: malformed JSON"),
+            std::string::npos)
       << bad_line.create_status.message();
+}
+
+// A text-only dataset of `n` samples; sample i is bad (its text file is missing) when bad(i).
+template <typename Bad>
+std::set<std::string> MakeTextDataset(const TempDir& dir, int n, Bad bad) {
+  std::set<std::string> good;
+  std::ofstream m(dir / "manifest.jsonl");
+  for (int i = 0; i < n; ++i) {
+    if (bad(i)) {
+      m << "{\"id\": \"b" << i << "\", \"text\": {\"path\": \"missing" << i << ".txt\"}}\n";
+    } else {
+      m << "{\"id\": \"s" << i << "\", \"text\": \"caption " << i << "\"}\n";
+      good.insert("s" + std::to_string(i));
+    }
+  }
+  return good;
+}
+
+std::string TextConfig(int workers, int batch, const std::string& source_extra = "",
+                       const std::string& top = "") {
+  return "pipeline: t\n"
+         "source: {type: manifest, path: manifest.jsonl, seed: 3" +
+         source_extra +
+         "}\n"
+         "consumers: 2\n" +
+         top +
+         "stages:\n"
+         "  - {name: text, type: text, field: text, workers: " +
+         std::to_string(workers) +
+         ", params: {max_len: 16}}\n"
+         "  - {name: batch, type: batch, inputs: [text], params: {batch_size: " +
+         std::to_string(batch) + "}}\n";
+}
+
+// Decodes a text row back to the caption it holds.
+std::string RowText(const MemBatch& b, size_t row) {
+  const int32_t* tokens = reinterpret_cast<const int32_t*>(b.tensors[0].data.data()) + row * 16;
+  int32_t len = reinterpret_cast<const int32_t*>(b.tensors[1].data.data())[row];
+  std::string out;
+  for (int32_t j = 0; j < len; ++j) out += static_cast<char>(tokens[j]);
+  return out;
+}
+
+struct FailureMix {
+  const char* name;
+  std::function<bool(int)> bad;
+};
+
+// Issue: skipped samples used to hold ring slots until the pipeline deadlocked. Every mix of
+// failures must complete every epoch, with the same batch count for every rank, in a sink of
+// 2 or 8 slots.
+TEST(PipelineTest, AnyFailureMixCompletesTheEpochWithEqualBatchCounts) {
+  const int n = 2048;
+  std::vector<FailureMix> mixes = {
+      {"none", [](int) { return false; }},
+      {"every 10th", [](int i) { return i % 10 == 9; }},
+      {"half at random", [](int i) { return HashString(std::to_string(i)) % 2 == 0; }},
+      {"95% at random", [](int i) { return HashString(std::to_string(i)) % 20 != 0; }},
+      {"600 in a row", [](int i) { return i >= 300 && i < 900; }},
+  };
+  for (const FailureMix& mix : mixes) {
+    for (int slots : {2, 8}) {
+      SCOPED_TRACE(std::string(mix.name) + ", slots " + std::to_string(slots));
+      TempDir dir;
+      std::set<std::string> good = MakeTextDataset(dir, n, mix.bad);
+      WriteFile(dir / "p.yaml", TextConfig(2, 32, ", epochs: 2"));
+      Result<PipelineConfig> cfg = LoadConfigFile(dir / "p.yaml");
+      ASSERT_TRUE(cfg.ok()) << cfg.status().message();
+      std::vector<std::unique_ptr<MemorySink>> sinks;
+      std::vector<BatchSink*> raw;
+      for (int r = 0; r < 2; ++r) {
+        sinks.push_back(std::make_unique<MemorySink>(BatchSpecs(*cfg), cfg->batch_size, slots));
+        raw.push_back(sinks.back().get());
+      }
+      auto p = Pipeline::Create(*cfg, raw);
+      ASSERT_TRUE(p.ok()) << p.status().message();
+      ASSERT_TRUE((*p)->Start().ok());
+      (*p)->Wait();
+      ASSERT_TRUE((*p)->status().ok()) << (*p)->status().message();
+      const size_t bad = n - good.size();
+      for (uint32_t epoch = 0; epoch < 2; ++epoch) {
+        std::set<std::string> seen;
+        size_t rows = 0;
+        for (int r = 0; r < 2; ++r) {
+          ASSERT_EQ(sinks[r]->batches.size(), 64u)
+              << "32 batches per epoch per rank, whatever fails";
+          for (uint64_t i = 0; i < 32; ++i) {
+            const MemBatch& b = *sinks[r]->batches[epoch * 32 + i];
+            EXPECT_EQ(b.seq, epoch * 32 + i);
+            EXPECT_EQ(b.epoch, epoch);
+            ASSERT_EQ(b.ids.size(), 32u);
+            rows += b.ids.size();
+            for (size_t k = 0; k < b.ids.size(); ++k) {
+              ASSERT_EQ(b.ids[k][0], 's') << "a bad sample was delivered";
+              ASSERT_EQ(RowText(b, k), "caption " + b.ids[k].substr(1))
+                  << "row " << k << " holds another sample";
+              seen.insert(b.ids[k]);
+            }
+          }
+        }
+        EXPECT_EQ(rows, static_cast<size_t>(n));
+        EXPECT_EQ(seen, good) << "every good sample is delivered in every epoch";
+      }
+      nlohmann::json samples = (*p)->Profile()["samples"];
+      EXPECT_EQ(samples["dealt"].get<size_t>(), 2u * n);
+      EXPECT_EQ(samples["failed"].get<size_t>(), 2 * bad)
+          << "every bad sample is counted once per epoch";
+      EXPECT_EQ(samples["refilled"].get<size_t>(), 2 * bad) << "and its row refilled";
+      EXPECT_EQ((*p)->errors().ToJson()["total"].get<size_t>(), 2 * bad);
+    }
+  }
+}
+
+TEST(PipelineTest, NoUsableSampleStopsWithAClearError) {
+  TempDir dir;
+  MakeTextDataset(dir, 64, [](int) { return true; });
+  PipelineRun run = RunPipeline(dir, TextConfig(1, 4));
+  ASSERT_TRUE(run.pipeline);
+  Status st = run.pipeline->status();
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("no usable sample"), std::string::npos) << st.message();
+  for (auto& s : run.sinks) {
+    EXPECT_TRUE(s->finished);
+    EXPECT_TRUE(s->batches.empty());
+  }
+}
+
+// A rank's batches are a pure function of the data and the config: starting a rank at any
+// cursor regenerates exactly the batches an uninterrupted run delivers from there, failures
+// and refills included, whatever the other ranks do.
+TEST(PipelineTest, StartingAtACursorRegeneratesTheSameBatches) {
+  TempDir dir;
+  MakeTextDataset(dir, 400, [](int i) { return i % 7 == 3 || (i >= 100 && i < 160); });
+  PipelineRun full = RunPipeline(dir, TextConfig(3, 8, ", shuffle: true, epochs: 3"));
+  ASSERT_TRUE(full.pipeline);
+  ASSERT_EQ(full.pipeline->batches_per_epoch(), 25u);
+  StreamCursor c = full.pipeline->CursorAfter(36);  // epoch 1, batch 12
+  EXPECT_EQ(c.epoch, 1u);
+  EXPECT_EQ(c.batch, 12u);
+  EXPECT_EQ(c.seq, 37u);
+
+  WriteFile(dir / "p.yaml", TextConfig(1, 8, ", shuffle: true, epochs: 3"));
+  Result<PipelineConfig> cfg = LoadConfigFile(dir / "p.yaml");
+  ASSERT_TRUE(cfg.ok());
+  MemorySink r0(BatchSpecs(*cfg), 8, 2), r1(BatchSpecs(*cfg), 8, 2);
+  StreamCursor last_epoch{2, 0, 50};
+  auto p = Pipeline::Create(*cfg, {&r0, &r1}, {c, last_epoch});
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  ASSERT_TRUE((*p)->Start().ok());
+  (*p)->Wait();
+  auto same = [](const MemBatch& a, const MemBatch& b) {
+    if (a.seq != b.seq || a.epoch != b.epoch || a.ids != b.ids ||
+        a.tensors.size() != b.tensors.size())
+      return false;
+    for (size_t k = 0; k < a.tensors.size(); ++k)
+      if (a.tensors[k].data != b.tensors[k].data) return false;
+    return true;
+  };
+  ASSERT_EQ(r0.batches.size(), 75u - 37u);
+  for (size_t i = 0; i < r0.batches.size(); ++i)
+    EXPECT_TRUE(same(*r0.batches[i], *full.sinks[0]->batches[37 + i])) << "rank 0 batch " << 37 + i;
+  ASSERT_EQ(r1.batches.size(), 25u);
+  for (size_t i = 0; i < r1.batches.size(); ++i)
+    EXPECT_TRUE(same(*r1.batches[i], *full.sinks[1]->batches[50 + i])) << "rank 1 batch " << 50 + i;
+
+  auto bad = Pipeline::Create(*cfg, {&r0, &r1}, {StreamCursor{0, 25, 25}, StreamCursor{}});
+  EXPECT_FALSE(bad.ok());
 }
 
 }  // namespace

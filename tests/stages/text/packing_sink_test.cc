@@ -15,12 +15,12 @@ namespace {
 class Keep : public BatchSink {
  public:
   explicit Keep(int64_t rows, int64_t len) : rows_(rows), len_(len) {}
-  bool Reserve(BatchMemory* m) override {
+  Reservation Reserve(BatchMemory* m, int) override {
     mem_.emplace_back(rows_ * (2 * len_ + 1), 0);
     int32_t* d = mem_.back().data();
     m->base = {reinterpret_cast<uint8_t*>(d), reinterpret_cast<uint8_t*>(d + rows_ * len_),
                reinterpret_cast<uint8_t*>(d + rows_ * len_ + rows_)};
-    return true;
+    return Reservation::kReserved;
   }
   void Commit(const BatchMemory& m, const BatchInfo& info) override {
     const auto* d = reinterpret_cast<const int32_t*>(m.base[0]);
@@ -52,7 +52,7 @@ void Feed(PackingSink& sink, const std::vector<int>& lengths, int64_t max_len, i
           int first = 0) {
   for (size_t b = 0; b < lengths.size(); b += batch) {
     BatchMemory m;
-    ASSERT_TRUE(sink.Reserve(&m));
+    ASSERT_EQ(sink.Reserve(&m, 0), Reservation::kReserved);
     BatchInfo info;
     info.epoch = epoch;
     info.rows = static_cast<uint32_t>(std::min(lengths.size(), b + batch) - b);
