@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "shm/ring.h"
-#include "stages/runtime/status.h"
+#include "base/status.h"
 
 namespace mmfeed {
 

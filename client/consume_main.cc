@@ -19,7 +19,7 @@
 #include <thread>
 
 #include "client/client.h"
-#include "client/npy.h"
+#include "base/npy.h"
 
 using namespace mmfeed;
 
@@ -37,7 +37,8 @@ Status Dump(const std::string& dir, uint64_t index, const ClientBatch& b) {
   std::error_code ec;
   std::filesystem::create_directories(d, ec);
   if (ec) return Status::Io(fmt::format("cannot create {}: {}", d, ec.message()));
-  for (const auto& t : b.tensors()) MMFEED_RETURN_IF_ERROR(WriteNpy(fmt::format("{}/{}.npy", d, t.name), t));
+  for (const auto& t : b.tensors()) MMFEED_RETURN_IF_ERROR(
+        WriteNpy(fmt::format("{}/{}.npy", d, t.name), static_cast<DType>(t.dtype), t.shape, t.data, t.nbytes));
   nlohmann::json meta = {{"seq", b.seq()}, {"epoch", b.epoch()}, {"ids", nlohmann::json::array()}};
   for (auto id : b.ids()) meta["ids"].push_back(std::string(id));
   std::ofstream(d + "/meta.json") << meta.dump() << "\n";

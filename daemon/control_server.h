@@ -16,7 +16,7 @@
 #include <memory>
 #include <string>
 
-#include "stages/runtime/status.h"
+#include "base/status.h"
 
 namespace mmfeed {
 

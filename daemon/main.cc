@@ -123,7 +123,11 @@ class Daemon {
     }
     asio::signal_set signals(io_, SIGINT, SIGTERM, SIGHUP);
     WaitSignal(signals);
-    pipeline_->Start();
+    st = pipeline_->Start();
+    if (!st.ok()) {
+      spdlog::error("{}", st.message());
+      return 1;
+    }
     spdlog::info("serving on {}", opt_.socket);
     Tick();
     io_.run();

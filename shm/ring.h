@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "shm/ring_format.h"
-#include "stages/runtime/status.h"
+#include "base/status.h"
 
 namespace mmfeed::shm {
 

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "stages/runtime/status.h"
+#include "base/status.h"
 
 namespace mmfeed {
 

@@ -9,7 +9,7 @@
 #include <string_view>
 
 #include "stages/runtime/stage.h"
-#include "stages/runtime/status.h"
+#include "base/status.h"
 
 struct AVFormatContext;
 struct AVIOContext;

@@ -16,7 +16,7 @@
 #include <string>
 #include <string_view>
 
-#include "stages/runtime/status.h"
+#include "base/status.h"
 
 namespace mmfeed {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "stages/runtime/registry.h"
-#include "stages/runtime/status.h"
+#include "base/status.h"
 
 namespace mmfeed {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "stages/runtime/config.h"
-#include "stages/runtime/status.h"
+#include "base/status.h"
 
 namespace mmfeed {
 

@@ -169,6 +169,9 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
     p->branches_.push_back(std::move(b));
   }
   p->specs_ = BatchSpecs(p->cfg_);
+  Result<std::vector<int>> control_cpus = CpusFor(cfg.placement);  // the source and batch threads
+  if (!control_cpus.ok()) return control_cpus.status().WithContext("placement");
+  p->control_cpus_ = *control_cpus;
   Result<Catalog> cat = LoadCatalog(cfg.source, needed, path_fields);
   if (!cat.ok()) return cat.status();
   for (const LoadError& e : cat->errors) {
@@ -287,7 +290,8 @@ void Pipeline::Dispatch(const std::shared_ptr<const Provisional>& batch, int row
 // dispatches the refills the batch thread asks for. After a stop it deals no new batch but
 // keeps serving refills until every dealt batch is committed or discarded.
 void Pipeline::SourceLoop() {
-  PinAndNameThisThread({}, "mmf:source");
+  Status pin = PinAndNameThisThread(control_cpus_, "mmf:source");
+  if (!pin.ok()) spdlog::warn("{}", pin.message());
   const int consumers = cfg_.consumers;
   const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size);
   std::vector<StreamCursor> next = start_;
@@ -515,7 +519,8 @@ void Pipeline::SampleFailed(const CatalogEntry& e, const std::string& stage, con
 }
 
 void Pipeline::BatchLoop() {
-  PinAndNameThisThread({}, "mmf:batch");
+  Status pin = PinAndNameThisThread(control_cpus_, "mmf:batch");
+  if (!pin.ok()) spdlog::warn("{}", pin.message());
   const size_t nb = branches_.size();
   struct Pending {
     size_t arrived = 0;

@@ -25,8 +25,8 @@
 
 #include "stages/runtime/config.h"
 #include "stages/runtime/profile.h"
-#include "stages/runtime/status.h"
-#include "stages/runtime/tensor.h"
+#include "base/status.h"
+#include "base/tensor.h"
 
 namespace mmfeed {
 
@@ -145,6 +145,7 @@ class Pipeline {
   std::vector<BatchSink*> sinks_;
   std::vector<TensorSpec> specs_;     // every tensor of a batch, in order
   std::vector<size_t> first_tensor_;  // per branch: index of its first tensor in specs_
+  std::vector<int> control_cpus_;  // where the source and batch threads run (top-level placement)
   std::shared_ptr<const Catalog> catalog_;
   uint64_t per_rank_ = 0;  // samples in a rank's share of an epoch
   uint64_t batches_per_epoch_ = 0;

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "stages/runtime/stage.h"
-#include "stages/runtime/status.h"
+#include "base/status.h"
 
 namespace mmfeed {
 

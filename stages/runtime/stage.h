@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "stages/runtime/status.h"
-#include "stages/runtime/tensor.h"
+#include "base/status.h"
+#include "base/tensor.h"
 
 namespace mmfeed {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "stages/runtime/status.h"
+#include "base/status.h"
 
 namespace mmfeed {
 

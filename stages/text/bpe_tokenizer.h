@@ -18,7 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "stages/runtime/status.h"
+#include "base/status.h"
 
 namespace mmfeed {
 

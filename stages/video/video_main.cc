@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "client/npy.h"
+#include "base/npy.h"
 #include "stages/ffmpeg/av_input.h"
 #include "stages/runtime/config.h"
 #include "stages/video/video_sampler.h"
@@ -154,8 +154,8 @@ int main(int argc, char** argv) {
       j["decoded"] = work.decoded;
       j["seeks"] = work.seeks;
       if (!out_dir.empty()) {
-        mmfeed::shm::TensorView t{"video", static_cast<uint32_t>(specs[0].dtype), specs[0].shape, frames.data(), frames.size()};
-        mmfeed::Status w = mmfeed::WriteNpy(out_dir + "/" + std::to_string(k) + ".npy", t);
+        mmfeed::Status w = mmfeed::WriteNpy(out_dir + "/" + std::to_string(k) + ".npy", specs[0].dtype, specs[0].shape,
+                                            frames.data(), frames.size());
         if (!w.ok()) {
           std::fprintf(stderr, "mmfeed-video: %s\n", w.message().c_str());
           return 1;

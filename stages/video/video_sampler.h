@@ -27,8 +27,8 @@
 #include "stages/runtime/registry.h"
 #include "stages/runtime/rng.h"
 #include "stages/runtime/stage.h"
-#include "stages/runtime/status.h"
-#include "stages/runtime/tensor.h"
+#include "base/status.h"
+#include "base/tensor.h"
 
 struct SwsContext;
 

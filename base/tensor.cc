@@ -1,33 +1,45 @@
-#include "stages/runtime/tensor.h"
+#include "base/tensor.h"
 
 namespace mmfeed {
 
 size_t DTypeSize(DType t) {
   switch (t) {
-    case DType::kUInt8: return 1;
-    case DType::kInt32: return 4;
-    case DType::kFloat32: return 4;
-    case DType::kInt64: return 8;
+    case DType::kUInt8:
+      return 1;
+    case DType::kInt32:
+      return 4;
+    case DType::kFloat32:
+      return 4;
+    case DType::kInt64:
+      return 8;
   }
   return 0;
 }
 
 const char* DTypeName(DType t) {
   switch (t) {
-    case DType::kUInt8: return "uint8";
-    case DType::kInt32: return "int32";
-    case DType::kFloat32: return "float32";
-    case DType::kInt64: return "int64";
+    case DType::kUInt8:
+      return "uint8";
+    case DType::kInt32:
+      return "int32";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kInt64:
+      return "int64";
   }
   return "unknown";
 }
 
 const char* DTypeNumpyDescr(DType t) {
   switch (t) {
-    case DType::kUInt8: return "|u1";
-    case DType::kInt32: return "<i4";
-    case DType::kFloat32: return "<f4";
-    case DType::kInt64: return "<i8";
+    case DType::kUInt8:
+      return "|u1";
+    case DType::kInt32:
+      return "<i4";
+    case DType::kFloat32:
+      return "<f4";
+    case DType::kInt64:
+      return "<i8";
   }
   return "";
 }

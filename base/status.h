@@ -9,9 +9,19 @@
 
 namespace mmfeed {
 
-class Status {
+class [[nodiscard]] Status {
  public:
-  enum class Code { kOk, kInvalid, kNotFound, kCorrupt, kIo, kTooLarge, kUnsupported, kClosed, kTimeout };
+  enum class Code {
+    kOk,
+    kInvalid,
+    kNotFound,
+    kCorrupt,
+    kIo,
+    kTooLarge,
+    kUnsupported,
+    kClosed,
+    kTimeout
+  };
 
   Status() = default;
   Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
@@ -43,9 +53,9 @@ class Status {
 
 // A value or the Status that explains why there is none.
 template <typename T>
-class Result {
+class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : value_(std::move(value)) {}          // NOLINT: implicit by design
   Result(Status status) : status_(std::move(status)) {}  // NOLINT: implicit by design
 
   bool ok() const { return status_.ok(); }
@@ -61,10 +71,10 @@ class Result {
   std::optional<T> value_;
 };
 
-#define MMFEED_RETURN_IF_ERROR(expr)          \
-  do {                                        \
-    ::mmfeed::Status _st = (expr);            \
-    if (!_st.ok()) return _st;                \
+#define MMFEED_RETURN_IF_ERROR(expr) \
+  do {                               \
+    ::mmfeed::Status _st = (expr);   \
+    if (!_st.ok()) return _st;       \
   } while (0)
 
 }  // namespace mmfeed
