@@ -22,6 +22,8 @@ const char* Status::CodeName() const {
       return "closed";
     case Code::kTimeout:
       return "timeout";
+    case Code::kUnavailable:
+      return "unavailable";
   }
   return "unknown";
 }

@@ -20,7 +20,8 @@ class [[nodiscard]] Status {
     kTooLarge,
     kUnsupported,
     kClosed,
-    kTimeout
+    kTimeout,
+    kUnavailable  // the peer (the daemon) is gone
   };
 
   Status() = default;
@@ -35,6 +36,7 @@ class [[nodiscard]] Status {
   static Status Unsupported(std::string m) { return Status(Code::kUnsupported, std::move(m)); }
   static Status Closed(std::string m) { return Status(Code::kClosed, std::move(m)); }
   static Status Timeout(std::string m) { return Status(Code::kTimeout, std::move(m)); }
+  static Status Unavailable(std::string m) { return Status(Code::kUnavailable, std::move(m)); }
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }

@@ -6,10 +6,33 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 namespace mmfeed {
+
+// One attach: the socket to the daemon and the mapped ring. Shared by the Client and every
+// batch leased from it, so the mapping outlives whichever goes last.
+class Connection {
+ public:
+  ~Connection() {
+    ring.reset();
+    if (sock >= 0) ::close(sock);
+  }
+  int sock = -1;
+  std::unique_ptr<shm::RingReader> ring;
+  int owner_pid = 0;
+};
+
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int RemainingMs(Clock::time_point deadline) {
+  return static_cast<int>(std::max<int64_t>(
+      0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count()));
+}
 
 Result<int> Connect(const std::string& path) {
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -24,7 +47,8 @@ Result<int> Connect(const std::string& path) {
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     int e = errno;
     ::close(fd);
-    return Status::Io(fmt::format("cannot connect to mmfeedd at {}: {}", path, std::strerror(e)));
+    return Status::Unavailable(
+        fmt::format("cannot connect to mmfeedd at {}: {}", path, std::strerror(e)));
   }
   return fd;
 }
@@ -41,13 +65,21 @@ Status SendLine(int fd, const nlohmann::json& j) {
   return Status::Ok();
 }
 
-// Reads one reply line; a file descriptor passed with it lands in *fd_out.
-Result<nlohmann::json> RecvLine(int fd, int* fd_out) {
+// Reads one reply line within `timeout_ms`; file descriptors passed with it are appended to
+// *fds (closed if fds is null).
+Result<nlohmann::json> RecvLine(int fd, std::vector<int>* fds, int timeout_ms) {
+  auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   std::string line;
   while (line.empty() || line.back() != '\n') {
+    pollfd p{fd, POLLIN, 0};
+    int ready = poll(&p, 1, RemainingMs(deadline));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0)
+      return Status::Timeout(
+          fmt::format("mmfeedd did not answer within {:.1f}s", timeout_ms / 1000.0));
     char buf[65536];
     iovec iov{buf, sizeof(buf)};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
@@ -55,94 +87,156 @@ Result<nlohmann::json> RecvLine(int fd, int* fd_out) {
     msg.msg_controllen = sizeof(control);
     ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Status::Io("mmfeedd closed the connection");
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && fd_out)
-        std::memcpy(fd_out, CMSG_DATA(c), sizeof(int));
+    if (n <= 0) return Status::Unavailable("mmfeedd closed the connection");
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t k = 0; k < count; ++k) {
+        int passed;
+        std::memcpy(&passed, CMSG_DATA(c) + k * sizeof(int), sizeof(int));
+        if (fds)
+          fds->push_back(passed);
+        else
+          ::close(passed);
+      }
+    }
     line.append(buf, static_cast<size_t>(n));
   }
   nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
   if (j.is_discarded()) return Status::Corrupt("mmfeedd sent a malformed reply");
-  if (!j.value("ok", false)) return Status::Invalid(j.value("error", std::string("request refused")));
+  if (!j.value("ok", false))
+    return Status::Invalid(j.value("error", std::string("request refused")));
   return j;
+}
+
+// The daemon's end of the socket closed: it exited or was killed.
+bool DaemonGone(int sock) {
+  pollfd p{sock, POLLRDHUP, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+Status ForkedChild(int owner) {
+  return Status::Invalid(
+      fmt::format("this mmfeed client was attached by pid {}; a forked process (pid {}) cannot use "
+                  "it: attach again in the child",
+                  owner, getpid()));
 }
 
 }  // namespace
 
-ClientBatch& ClientBatch::operator=(ClientBatch&& o) noexcept {
-  if (this != &o) {
-    Release();
-    ring_ = o.ring_;
-    slot_ = o.slot_;
-    view_ = std::move(o.view_);
-    o.ring_ = nullptr;
-    o.slot_ = -1;
-  }
-  return *this;
+Result<Cursor> Cursor::FromJson(const nlohmann::json& j) {
+  if (!j.is_object() || !j.contains("seq") || !j["seq"].is_number_unsigned())
+    return Status::Invalid("a cursor is a JSON object with a non-negative integer \"seq\"");
+  Cursor c;
+  c.seq = j["seq"].get<uint64_t>();
+  if (j.contains("epoch") && j["epoch"].is_number_unsigned()) c.epoch = j["epoch"].get<uint32_t>();
+  if (j.contains("batch") && j["batch"].is_number_unsigned()) c.batch = j["batch"].get<uint64_t>();
+  return c;
 }
 
-const shm::TensorView* ClientBatch::tensor(std::string_view name) const {
+Batch::~Batch() {
+  // A forked child's copy of a lease is not the parent's slot to free.
+  if (conn_->owner_pid == getpid()) (void)conn_->ring->Release(slot_);
+}
+
+const shm::TensorView* Batch::tensor(std::string_view name) const {
   for (const auto& t : view_.tensors)
     if (t.name == name) return &t;
   return nullptr;
 }
 
-void ClientBatch::Release() {
-  if (ring_ && slot_ >= 0) ring_->Release(slot_);
-  ring_ = nullptr;
-  slot_ = -1;
-}
-
-Result<std::unique_ptr<Client>> Client::Attach(const std::string& socket_path, int rank) {
-  Result<int> fd = Connect(socket_path);
-  if (!fd.ok()) return fd.status();
+Result<std::unique_ptr<Client>> Client::Attach(const std::string& socket_path, int rank,
+                                               AttachOptions options) {
   std::unique_ptr<Client> c(new Client());
-  c->sock_ = *fd;
-  MMFEED_RETURN_IF_ERROR(SendLine(c->sock_, {{"cmd", "attach"}, {"rank", rank}}));
-  int ring_fd = -1;
-  Result<nlohmann::json> reply = RecvLine(c->sock_, &ring_fd);
-  if (!reply.ok()) {
-    if (ring_fd >= 0) ::close(ring_fd);
-    return reply.status().WithContext(fmt::format("attach rank {}", rank));
-  }
-  if (ring_fd < 0) return Status::Io("mmfeedd did not pass the ring's file descriptor");
-  Result<std::unique_ptr<shm::RingReader>> ring = shm::RingReader::Map(ring_fd);
-  if (!ring.ok()) return ring.status();
-  c->ring_ = std::move(ring.value());
-  c->info_ = *reply;
+  c->socket_path_ = socket_path;
+  c->rank_ = rank;
+  c->options_ = options;
+  c->pid_ = getpid();
+  MMFEED_RETURN_IF_ERROR(c->Connect(options.resume));
   return c;
 }
 
-Client::~Client() {
-  ring_.reset();
-  if (sock_ >= 0) ::close(sock_);
+Status Client::Connect(const std::optional<Cursor>& resume) {
+  Result<int> fd = mmfeed::Connect(socket_path_);
+  if (!fd.ok()) return fd.status();
+  auto conn = std::make_shared<Connection>();
+  conn->sock = *fd;
+  conn->owner_pid = pid_;
+  nlohmann::json req = {{"cmd", "attach"}, {"rank", rank_}};
+  if (resume) req["resume"] = resume->ToJson();
+  MMFEED_RETURN_IF_ERROR(SendLine(conn->sock, req));
+  std::vector<int> fds;
+  Result<nlohmann::json> reply = RecvLine(conn->sock, &fds, 10000);
+  if (!reply.ok() || fds.size() != 2) {
+    for (int f : fds) ::close(f);
+    if (!reply.ok()) return reply.status().WithContext(fmt::format("attach rank {}", rank_));
+    return Status::Io("mmfeedd did not pass the ring's two file descriptors");
+  }
+  Result<std::unique_ptr<shm::RingReader>> ring = shm::RingReader::Map(fds[0], fds[1]);
+  if (!ring.ok()) return ring.status();
+  conn->ring = std::move(ring.value());
+  conn_ = std::move(conn);
+  info_ = *reply;
+  return Status::Ok();
 }
 
-Result<bool> Client::Next(ClientBatch* batch, int timeout_ms) {
-  batch->Release();
+Client::~Client() = default;
+
+Result<std::shared_ptr<Batch>> Client::Next(int timeout_ms) {
+  if (getpid() != pid_) return ForkedChild(pid_);
+  const auto deadline = Clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
+  auto reconnect_until = Clock::time_point::min();
   while (true) {
+    if (!conn_) {  // the daemon went away: re-attach after the last batch delivered
+      Status st = Connect(last_);
+      if (!st.ok()) {
+        if (Clock::now() >= reconnect_until)
+          return Status::Unavailable(
+              fmt::format("mmfeedd went away before the end of the data and did not come back "
+                          "within {:.0f}s ({})",
+                          options_.reconnect_s, st.message()));
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        continue;
+      }
+    }
+    // Wait in short steps so that a dead daemon is noticed within 100 ms.
+    int step = timeout_ms < 0 ? 100 : std::min(100, RemainingMs(deadline));
     int slot = -1;
-    Result<shm::RingReader::Wait> w = ring_->Acquire(timeout_ms < 0 ? 1000 : timeout_ms, &slot, &batch->view_);
+    shm::BatchView view;
+    Result<shm::RingReader::Wait> w = conn_->ring->Acquire(step, &slot, &view);
     if (!w.ok()) return w.status();
     if (*w == shm::RingReader::Wait::kGot) {
-      batch->ring_ = ring_.get();
-      batch->slot_ = slot;
-      return true;
+      std::shared_ptr<Batch> b(new Batch(conn_, slot));
+      b->view_ = std::move(view);
+      last_ = b->cursor();
+      return b;
     }
-    if (*w == shm::RingReader::Wait::kEnd) return false;
-    // Nothing yet: make sure the daemon is still there (its end of the socket closes if not).
-    pollfd p{sock_, POLLRDHUP, 0};
-    if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)))
-      return Status::Io("mmfeedd went away: the connection closed before the end of the data");
-    if (timeout_ms >= 0) return Status::Timeout("no batch within the timeout");
+    if (*w == shm::RingReader::Wait::kEnd) {
+      if (conn_->ring->stopped_early())
+        return Status::Closed("mmfeedd stopped before the end of the data");
+      return std::shared_ptr<Batch>();
+    }
+    if (DaemonGone(conn_->sock)) {  // and every batch it had published was delivered
+      if (options_.reconnect_s <= 0)
+        return Status::Unavailable(
+            "mmfeedd went away before the end of the data (the connection closed)");
+      conn_.reset();  // outstanding batches keep the old mapping alive
+      reconnect_until = Clock::now() + std::chrono::milliseconds(
+                                           static_cast<int64_t>(options_.reconnect_s * 1000));
+      continue;
+    }
+    if (timeout_ms >= 0 && Clock::now() >= deadline)
+      return Status::Timeout("no batch within the timeout");
   }
 }
 
-Result<nlohmann::json> ControlRequest(const std::string& socket_path, const nlohmann::json& request) {
+Result<nlohmann::json> ControlRequest(const std::string& socket_path, const nlohmann::json& request,
+                                      int timeout_ms) {
   Result<int> fd = Connect(socket_path);
   if (!fd.ok()) return fd.status();
   Status st = SendLine(*fd, request);
-  Result<nlohmann::json> reply = st.ok() ? RecvLine(*fd, nullptr) : Result<nlohmann::json>(st);
+  Result<nlohmann::json> reply =
+      st.ok() ? RecvLine(*fd, nullptr, timeout_ms) : Result<nlohmann::json>(st);
   ::close(*fd);
   return reply;
 }

@@ -1,34 +1,50 @@
-// The mmfeed client: what a trainer process links to receive batches.
+// The mmfeed client: what a trainer process links to receive batches. It depends on shm/ and
+// base/ only.
 //
 // Client::Attach connects to the daemon's unix socket, asks for a consumer rank, receives the
-// rank's ring as a memfd and maps it. Next() yields batches as zero-copy views into the ring;
-// a ClientBatch frees its slot when released or destroyed. Keep the Client alive while
-// attached: the daemon takes the connection's end as the trainer's death and hands the
-// unreleased batches to the next client attaching for that rank.
-// One thread per Client.
+// rank's ring (a read-only data area and a control area of its own) and maps it. Next() yields
+// batches as zero-copy views into the ring. A batch is a lease: its slot stays held, and the
+// ring mapped, for as long as any shared_ptr to it lives (a numpy array, a torch tensor or an
+// in-flight copy can hold one), so a recycled slot can never be read as data. Dropping the
+// last reference releases the slot, from any thread. Destroying the Client while batches are
+// outstanding is safe: the mapping lives until the last of them goes.
+//
+// Keep the Client alive while training: the daemon serves the rank to this process until it
+// exits. A client used in a forked child (a DataLoader worker) refuses with a clear error, and
+// a batch dropped in a child does not release the parent's slot.
+//
+// Next() is for one thread at a time.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
+#include <atomic>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "shm/ring.h"
 #include "base/status.h"
+#include "shm/ring.h"
 
 namespace mmfeed {
 
-class Client;
+// A rank's position in its stream: the batch it is served next (see Batch::cursor()).
+struct Cursor {
+  uint32_t epoch = 0;
+  uint64_t batch = 0;
+  uint64_t seq = 0;
+  nlohmann::json ToJson() const { return {{"epoch", epoch}, {"batch", batch}, {"seq", seq}}; }
+  // Needs at least "seq"; "epoch" and "batch" default to what the daemon derives from it.
+  static Result<Cursor> FromJson(const nlohmann::json& j);
+};
 
-class ClientBatch {
+class Connection;  // the socket and the mapped ring of one attach
+
+class Batch {
  public:
-  ClientBatch() = default;
-  ~ClientBatch() { Release(); }
-  ClientBatch(ClientBatch&& o) noexcept { *this = std::move(o); }
-  ClientBatch& operator=(ClientBatch&& o) noexcept;
-  ClientBatch(const ClientBatch&) = delete;
-  ClientBatch& operator=(const ClientBatch&) = delete;
+  ~Batch();
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
 
   uint64_t seq() const { return view_.seq; }
   uint32_t epoch() const { return view_.epoch; }
@@ -36,34 +52,54 @@ class ClientBatch {
   const std::vector<shm::TensorView>& tensors() const { return view_.tensors; }
   // nullptr if there is no tensor of that name.
   const shm::TensorView* tensor(std::string_view name) const;
-  // Frees the slot; the views must not be used afterwards.
-  void Release();
+  // The rank's cursor after this batch: attach with it to be served the batch after this one.
+  Cursor cursor() const { return {view_.next_epoch, view_.next_batch, view_.next_seq}; }
 
  private:
   friend class Client;
-  shm::RingReader* ring_ = nullptr;
-  int slot_ = -1;
+  Batch(std::shared_ptr<Connection> conn, int slot) : conn_(std::move(conn)), slot_(slot) {}
+  std::shared_ptr<Connection> conn_;
+  int slot_;
   shm::BatchView view_;
+};
+
+struct AttachOptions {
+  // Serve from the batch after this one (the cursor of the last batch the trainer finished);
+  // without it the daemon's own acknowledged position is used.
+  std::optional<Cursor> resume;
+  // When the daemon goes away, keep trying to re-attach for this long (0: report it at once).
+  double reconnect_s = 0;
 };
 
 class Client {
  public:
-  static Result<std::unique_ptr<Client>> Attach(const std::string& socket_path, int rank);
+  static Result<std::unique_ptr<Client>> Attach(const std::string& socket_path, int rank,
+                                                AttachOptions options = {});
   ~Client();
 
-  // Waits for the next batch. Returns true with *batch set, false at the end of the data.
-  // timeout_ms < 0 waits forever; on timeout returns a kTimeout error.
-  Result<bool> Next(ClientBatch* batch, int timeout_ms = -1);
+  // Waits up to `timeout_ms` (< 0: forever) for the next batch. Returns the batch, or nullptr
+  // at the end of the data. Errors: kTimeout; kUnavailable once the daemon is gone (after
+  // the batches it had published were delivered) and could not be re-attached; kInvalid in
+  // a forked child.
+  Result<std::shared_ptr<Batch>> Next(int timeout_ms = -1);
   const nlohmann::json& info() const { return info_; }
+  int rank() const { return rank_; }
 
  private:
   Client() = default;
-  int sock_ = -1;
-  std::unique_ptr<shm::RingReader> ring_;
+  Status Connect(const std::optional<Cursor>& resume);
+
+  std::string socket_path_;
+  int rank_ = 0;
+  AttachOptions options_;
+  int pid_ = 0;  // the attaching process
+  std::shared_ptr<Connection> conn_;
   nlohmann::json info_;
+  std::optional<Cursor> last_;  // cursor after the last batch Next() returned
 };
 
-// One request/response on the control socket (used by mmfeedctl).
-Result<nlohmann::json> ControlRequest(const std::string& socket_path, const nlohmann::json& request);
+// One request/response on the control socket (used by mmfeedctl). Gives up after timeout_ms.
+Result<nlohmann::json> ControlRequest(const std::string& socket_path, const nlohmann::json& request,
+                                      int timeout_ms = 10000);
 
 }  // namespace mmfeed

@@ -1,25 +1,34 @@
 // mmfeed-consume: attaches to mmfeedd like a trainer would and consumes batches.
 //
 //   mmfeed-consume --socket PATH --rank R [--batches N] [--json] [--dump DIR]
-//                  [--hold-ms MS] [--abort-after N]
+//                  [--cursor FILE] [--reconnect SECONDS] [--hold-ms MS] [--abort-after N]
 //
 // --json prints one line: {"batches":..,"samples":..,"seconds":..,"samples_per_s":..,
 // "sample_ids_sha256":".."} (the hash is over the sample ids in received order, each followed
 // by '\n'). --dump writes DIR/<batch>/<tensor>.npy and DIR/<batch>/meta.json per batch.
-// --hold-ms simulates a slow trainer; --abort-after exits abruptly after N batches without
-// releasing the last one (tests use it to play a crashed trainer).
+// --cursor resumes from FILE if it exists and, after each finished batch (after --dump wrote
+// it), atomically replaces FILE with that batch's cursor {"seq":..,"epoch":..,"batch":..}.
+// --reconnect survives a daemon restart: the client re-attaches and resumes after the last
+// batch it received. --hold-ms simulates a slow trainer; --abort-after exits abruptly after N
+// batches without releasing the last one (tests use it to play a crashed trainer).
+// Exit status: 0 at the end of the data (or after --batches), 1 on an error, including a
+// daemon that stopped before the end of the data, 2 on bad arguments.
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <openssl/evp.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
-#include "client/client.h"
+#include "base/flags.h"
 #include "base/npy.h"
+#include "client/client.h"
 
 using namespace mmfeed;
 
@@ -28,81 +37,135 @@ namespace {
 [[noreturn]] void Usage(int code) {
   std::fprintf(stderr,
                "usage: mmfeed-consume --socket PATH --rank R [--batches N] [--json] [--dump DIR]\n"
-               "                      [--hold-ms MS] [--abort-after N]\n");
+               "                      [--cursor FILE] [--reconnect SECONDS] [--hold-ms MS] "
+               "[--abort-after N]\n");
   std::exit(code);
 }
 
-Status Dump(const std::string& dir, uint64_t index, const ClientBatch& b) {
+Status Dump(const std::string& dir, uint64_t index, const Batch& b) {
   std::string d = fmt::format("{}/{:06d}", dir, index);
   std::error_code ec;
   std::filesystem::create_directories(d, ec);
   if (ec) return Status::Io(fmt::format("cannot create {}: {}", d, ec.message()));
-  for (const auto& t : b.tensors()) MMFEED_RETURN_IF_ERROR(
-        WriteNpy(fmt::format("{}/{}.npy", d, t.name), static_cast<DType>(t.dtype), t.shape, t.data, t.nbytes));
-  nlohmann::json meta = {{"seq", b.seq()}, {"epoch", b.epoch()}, {"ids", nlohmann::json::array()}};
+  for (const auto& t : b.tensors())
+    MMFEED_RETURN_IF_ERROR(WriteNpy(fmt::format("{}/{}.npy", d, t.name),
+                                    static_cast<DType>(t.dtype), t.shape, t.data, t.nbytes));
+  nlohmann::json meta = {{"seq", b.seq()},
+                         {"epoch", b.epoch()},
+                         {"cursor", b.cursor().ToJson()},
+                         {"ids", nlohmann::json::array()}};
   for (auto id : b.ids()) meta["ids"].push_back(std::string(id));
   std::ofstream(d + "/meta.json") << meta.dump() << "\n";
   return Status::Ok();
 }
 
+// Replaces `path` with `text` so that a crash at any point leaves the old or the new content.
+Status WriteAtomically(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::Io(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
+  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
+            ::fsync(fd) == 0;
+  ok = ::close(fd) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0)
+    return Status::Io(fmt::format("cannot write {}: {}", path, std::strerror(errno)));
+  return Status::Ok();
+}
+
+Result<std::optional<Cursor>> ReadCursor(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return std::optional<Cursor>();
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  Result<Cursor> c = Cursor::FromJson(nlohmann::json::parse(text, nullptr, false));
+  if (!c.ok()) return c.status().WithContext(path);
+  return std::optional<Cursor>(*c);
+}
+
+int Fail(const Status& st) {
+  std::fprintf(stderr, "mmfeed-consume: %s\n", st.message().c_str());
+  return 1;
+}
+
+template <typename T>
+T Flag(const Result<T>& r) {
+  if (!r.ok()) {
+    std::fprintf(stderr, "mmfeed-consume: %s\n", r.status().message().c_str());
+    Usage(2);
+  }
+  return r.value();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string socket_path = "/tmp/mmfeed.sock", dump;
+  std::string socket_path = "/tmp/mmfeed.sock", dump, cursor_file;
   if (const char* s = std::getenv("MMFEED_SOCKET")) socket_path = s;
   int rank = -1;
-  long max_batches = -1, abort_after = -1, hold_ms = 0;
+  int64_t max_batches = -1, abort_after = -1, hold_ms = 0;
   bool json = false;
+  AttachOptions options;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
       if (i + 1 >= argc) Usage(2);
       return argv[++i];
     };
-    if (a == "--socket") socket_path = value();
-    else if (a == "--rank") rank = std::stoi(value());
-    else if (a == "--batches") max_batches = std::stol(value());
-    else if (a == "--json") json = true;
-    else if (a == "--dump") dump = value();
-    else if (a == "--hold-ms") hold_ms = std::stol(value());
-    else if (a == "--abort-after") abort_after = std::stol(value());
-    else Usage(a == "--help" ? 0 : 2);
+    if (a == "--socket")
+      socket_path = value();
+    else if (a == "--rank")
+      rank = static_cast<int>(Flag(ParseInt(a, value(), 0, INT32_MAX)));
+    else if (a == "--batches")
+      max_batches = Flag(ParseInt(a, value(), 0, INT64_MAX));
+    else if (a == "--json")
+      json = true;
+    else if (a == "--dump")
+      dump = value();
+    else if (a == "--cursor")
+      cursor_file = value();
+    else if (a == "--reconnect")
+      options.reconnect_s = Flag(ParseDouble(a, value(), 0, 1e6));
+    else if (a == "--hold-ms")
+      hold_ms = Flag(ParseInt(a, value(), 0, 86400000));
+    else if (a == "--abort-after")
+      abort_after = Flag(ParseInt(a, value(), 0, INT64_MAX));
+    else
+      Usage(a == "--help" ? 0 : 2);
   }
   if (rank < 0) Usage(2);
+  if (!cursor_file.empty()) {
+    Result<std::optional<Cursor>> c = ReadCursor(cursor_file);
+    if (!c.ok()) return Fail(c.status());
+    options.resume = *c;
+  }
 
   auto t0 = std::chrono::steady_clock::now();
-  Result<std::unique_ptr<Client>> client = Client::Attach(socket_path, rank);
-  if (!client.ok()) {
-    std::fprintf(stderr, "mmfeed-consume: %s\n", client.status().message().c_str());
-    return 1;
-  }
+  Result<std::unique_ptr<Client>> client = Client::Attach(socket_path, rank, options);
+  if (!client.ok()) return Fail(client.status());
   EVP_MD_CTX* sha = EVP_MD_CTX_new();
   EVP_DigestInit_ex(sha, EVP_sha256(), nullptr);
   uint64_t batches = 0, samples = 0;
-  ClientBatch batch;
-  while (max_batches < 0 || static_cast<long>(batches) < max_batches) {
-    Result<bool> got = (*client)->Next(&batch);
-    if (!got.ok()) {
-      std::fprintf(stderr, "mmfeed-consume: %s\n", got.status().message().c_str());
-      return 1;
-    }
-    if (!*got) break;
-    for (auto id : batch.ids()) {
+  while (max_batches < 0 || static_cast<int64_t>(batches) < max_batches) {
+    Result<std::shared_ptr<Batch>> got = (*client)->Next();
+    if (!got.ok()) return Fail(got.status());
+    std::shared_ptr<Batch> batch = *got;
+    if (!batch) break;
+    for (auto id : batch->ids()) {
       EVP_DigestUpdate(sha, id.data(), id.size());
       EVP_DigestUpdate(sha, "\n", 1);
     }
     if (!dump.empty()) {
-      Status st = Dump(dump, batches, batch);
-      if (!st.ok()) {
-        std::fprintf(stderr, "mmfeed-consume: %s\n", st.message().c_str());
-        return 1;
-      }
+      Status st = Dump(dump, batches, *batch);
+      if (!st.ok()) return Fail(st);
+    }
+    if (!cursor_file.empty()) {
+      Status st = WriteAtomically(cursor_file, batch->cursor().ToJson().dump() + "\n");
+      if (!st.ok()) return Fail(st);
     }
     ++batches;
-    samples += batch.ids().size();
-    if (abort_after >= 0 && static_cast<long>(batches) >= abort_after) _exit(3);  // holds the slot
+    samples += batch->ids().size();
+    if (abort_after >= 0 && static_cast<int64_t>(batches) >= abort_after)
+      _exit(3);  // holds the slot
     if (hold_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
-    batch.Release();
   }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   unsigned char digest[32];
@@ -112,8 +175,11 @@ int main(int argc, char** argv) {
   std::string hex;
   for (unsigned i = 0; i < len; ++i) hex += fmt::format("{:02x}", digest[i]);
   if (json) {
-    nlohmann::json out = {{"batches", batches}, {"samples", samples}, {"seconds", seconds},
-                          {"samples_per_s", seconds > 0 ? samples / seconds : 0.0}, {"sample_ids_sha256", hex}};
+    nlohmann::json out = {{"batches", batches},
+                          {"samples", samples},
+                          {"seconds", seconds},
+                          {"samples_per_s", seconds > 0 ? samples / seconds : 0.0},
+                          {"sample_ids_sha256", hex}};
     std::printf("%s\n", out.dump().c_str());
   } else {
     std::printf("rank %d: %lu batches, %lu samples in %.2fs (%.0f samples/s)\n", rank,

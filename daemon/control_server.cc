@@ -1,136 +1,296 @@
 #include "daemon/control_server.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <grp.h>
+#include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 namespace mmfeed {
+namespace {
+
+// True if `pid` belongs to group `gid` (primary or supplementary), from /proc.
+bool InGroup(int pid, unsigned gid) {
+  std::ifstream f(fmt::format("/proc/{}/status", pid));
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("Groups:", 0) != 0) continue;
+    std::istringstream in(line.substr(7));
+    unsigned g;
+    while (in >> g)
+      if (g == gid) return true;
+  }
+  return false;
+}
+
+bool ProcessGone(int pidfd) {
+  pollfd p{pidfd, POLLIN, 0};
+  return poll(&p, 1, 0) > 0;
+}
+
+}  // namespace
 
 class ControlServer::Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(asio::local::stream_protocol::socket socket, Handler& handler)
-      : socket_(std::move(socket)), handler_(handler) {}
+  Session(asio::local::stream_protocol::socket socket, ControlServer& server)
+      : socket_(std::move(socket)),
+        server_(server),
+        buffer_(kMaxRequestBytes),
+        pidfd_(server.io_) {}
+
+  ~Session() { --server_.connections_; }
 
   void Start() {
     ucred cred{};
     socklen_t len = sizeof(cred);
     getsockopt(socket_.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len);
     pid_ = cred.pid;
-    if (cred.uid != geteuid() && cred.uid != 0) {
+    bool allowed = cred.uid == geteuid() || cred.uid == 0 ||
+                   (server_.has_group_ &&
+                    (cred.gid == server_.group_id_ || InGroup(cred.pid, server_.group_id_)));
+    if (!allowed) {
       spdlog::warn("refused control connection from pid {} uid {}", cred.pid, cred.uid);
-      Reply({{"ok", false}, {"error", "permission denied: not the daemon's user"}}, -1);
+      Reply({{"ok", false}, {"error", "permission denied: not the daemon's user or group"}}, {},
+            false);
       return;
     }
+    int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid_, 0));
+    if (pidfd >= 0) pidfd_.assign(pidfd);
     Read();
+  }
+
+  // Cut off by the daemon: close the connection; the trainer is detached.
+  void Disconnect() {
+    Detach();
+    std::error_code ec;
+    socket_.shutdown(asio::socket_base::shutdown_both, ec);
+    socket_.close(ec);
+    pidfd_.close(ec);
   }
 
  private:
   void Read() {
     auto self = shared_from_this();
     asio::async_read_until(socket_, buffer_, '\n', [this, self](std::error_code ec, size_t n) {
-      if (ec) {  // EOF or error: the peer is gone
-        if (attached_rank_ >= 0) handler_.detach(attached_rank_, pid_);
+      if (ec == asio::error::not_found) {  // over kMaxRequestBytes without a newline
+        spdlog::warn("pid {}: control request longer than {} bytes; closing that connection", pid_,
+                     kMaxRequestBytes);
+        return Disconnect();
+      }
+      if (ec) {  // EOF or error: judge the trainer by its process, not its socket
+        if (attached_rank_ >= 0 && !detached_) {
+          if (pidfd_.is_open() && !ProcessGone(pidfd_.native_handle()))
+            spdlog::info(
+                "rank {}: pid {} closed its connection but lives; it stays attached until it exits",
+                attached_rank_, pid_);
+          else
+            Detach();
+        }
         return;
       }
-      std::string line(asio::buffers_begin(buffer_.data()), asio::buffers_begin(buffer_.data()) + n);
+      std::string line(asio::buffers_begin(buffer_.data()),
+                       asio::buffers_begin(buffer_.data()) + n);
       buffer_.consume(n);
       Handle(line);
-      Read();
     });
+  }
+
+  void WatchDeath() {
+    if (!pidfd_.is_open()) return;
+    auto self = shared_from_this();
+    pidfd_.async_wait(asio::posix::descriptor_base::wait_read, [this, self](std::error_code ec) {
+      if (ec) return;
+      spdlog::info("rank {}: pid {} exited", attached_rank_, pid_);
+      Disconnect();
+    });
+  }
+
+  void Detach() {
+    if (attached_rank_ < 0 || detached_) return;
+    detached_ = true;
+    server_.attached_.erase(generation_);
+    server_.handler_.detach(attached_rank_, pid_, generation_);
   }
 
   void Handle(const std::string& line) {
     nlohmann::json req = nlohmann::json::parse(line, nullptr, false);
-    if (req.is_discarded() || !req.is_object() || !req.contains("cmd") || !req["cmd"].is_string()) {
-      Reply({{"ok", false}, {"error", "expected one JSON object per line with a \"cmd\""}}, -1);
+    if (req.is_discarded() || !req.is_object() || !req.contains("cmd") || !req["cmd"].is_string())
+      return Reply({{"ok", false}, {"error", "expected one JSON object per line with a \"cmd\""}});
+    std::string cmd = req["cmd"];
+    if (cmd == "status") return Reply({{"ok", true}, {"status", server_.handler_.status()}});
+    if (cmd == "stop") {
+      Reply({{"ok", true}});
+      server_.handler_.stop();
       return;
     }
-    std::string cmd = req["cmd"];
-    if (cmd == "status") {
-      Reply({{"ok", true}, {"status", handler_.status()}}, -1);
-    } else if (cmd == "stop") {
-      Reply({{"ok", true}}, -1);
-      handler_.stop();
-    } else if (cmd == "attach") {
-      if (attached_rank_ >= 0) {
-        Reply({{"ok", false}, {"error", "this connection is already attached"}}, -1);
-        return;
-      }
-      if (!req.contains("rank") || !req["rank"].is_number_integer()) {
-        Reply({{"ok", false}, {"error", "attach needs an integer \"rank\""}}, -1);
-        return;
-      }
-      int rank = req["rank"];
-      Result<std::pair<int, nlohmann::json>> r = handler_.attach(rank, pid_);
-      if (!r.ok()) {
-        Reply({{"ok", false}, {"error", r.status().message()}}, -1);
-        return;
-      }
-      attached_rank_ = rank;
-      nlohmann::json reply = r->second;
-      reply["ok"] = true;
-      Reply(reply, r->first);
-    } else {
-      Reply({{"ok", false}, {"error", fmt::format("unknown command '{}'; expected attach, status or stop", cmd)}}, -1);
-    }
+    if (cmd != "attach")
+      return Reply(
+          {{"ok", false},
+           {"error", fmt::format("unknown command '{}'; expected attach, status or stop", cmd)}});
+    if (attached_rank_ >= 0)
+      return Reply({{"ok", false}, {"error", "this connection is already attached"}});
+    if (!req.contains("rank") || !req["rank"].is_number_integer())
+      return Reply({{"ok", false}, {"error", "attach needs an integer \"rank\""}});
+    int64_t rank = req["rank"].get<int64_t>();
+    if (rank < 0 || rank > INT32_MAX)
+      return Reply({{"ok", false}, {"error", fmt::format("rank {} out of range", rank)}});
+    Result<AttachGrant> r = server_.handler_.attach(
+        static_cast<int>(rank), pid_, pidfd_.is_open() ? pidfd_.native_handle() : -1, req);
+    if (!r.ok()) return Reply({{"ok", false}, {"error", r.status().message()}});
+    attached_rank_ = static_cast<int>(rank);
+    generation_ = r->reply.value("generation", 0u);
+    server_.attached_[generation_] = weak_from_this();
+    nlohmann::json reply = r->reply;
+    reply["ok"] = true;
+    WatchDeath();
+    Reply(reply, r->fds);
   }
 
-  // Replies are small; they are sent with one blocking sendmsg so an fd can ride along.
-  void Reply(const nlohmann::json& j, int fd) {
-    std::string text = j.dump() + "\n";
-    iovec iov{text.data(), text.size()};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-    if (fd >= 0) {
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  // Sends the whole reply (the fds ride with its first bytes), then reads the next request.
+  void Reply(const nlohmann::json& j, const std::vector<int>& fds = {}, bool then_read = true) {
+    auto text = std::make_shared<std::string>(j.dump() + "\n");
+    size_t sent = 0;
+    int tries = 0;
+    while (sent == 0) {
+      iovec iov{text->data(), text->size()};
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+      if (!fds.empty()) {
+        msg.msg_control = control;
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+        cmsghdr* c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+        std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+      }
+      ssize_t n = sendmsg(socket_.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        sent = static_cast<size_t>(n);
+      } else if (n < 0 && (errno == EAGAIN || errno == EINTR) && ++tries < 100) {
+        pollfd p{socket_.native_handle(), POLLOUT, 10};
+        poll(&p, 1, 10);
+      } else {
+        spdlog::warn("control reply to pid {} failed: {}", pid_, std::strerror(errno));
+        return;
+      }
     }
-    if (sendmsg(socket_.native_handle(), &msg, MSG_NOSIGNAL) < 0)
-      spdlog::warn("control reply to pid {} failed: {}", pid_, std::strerror(errno));
+    auto self = shared_from_this();
+    asio::async_write(socket_, asio::buffer(text->data() + sent, text->size() - sent),
+                      [this, self, text, then_read](std::error_code ec, size_t) {
+                        if (ec)
+                          spdlog::warn("control reply to pid {} failed: {}", pid_, ec.message());
+                        else if (then_read)
+                          Read();
+                      });
   }
 
   asio::local::stream_protocol::socket socket_;
-  Handler& handler_;
+  ControlServer& server_;
   asio::streambuf buffer_;
+  asio::posix::stream_descriptor pidfd_;
   int pid_ = 0;
   int attached_rank_ = -1;
+  uint32_t generation_ = 0;
+  bool detached_ = false;
 };
 
-ControlServer::ControlServer(asio::io_context& io, std::string path, Handler handler)
-    : io_(io), path_(std::move(path)), handler_(std::move(handler)), acceptor_(io) {}
+ControlServer::ControlServer(asio::io_context& io, std::string path, std::string group,
+                             Handler handler)
+    : io_(io),
+      path_(std::move(path)),
+      group_(std::move(group)),
+      handler_(std::move(handler)),
+      acceptor_(io),
+      retry_(io) {}
 
 ControlServer::~ControlServer() {
   std::error_code ec;
   acceptor_.close(ec);
-  ::unlink(path_.c_str());
+  if (listening_) ::unlink(path_.c_str());
+  if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
 Status ControlServer::Listen() {
+  if (!group_.empty()) {
+    group* g = getgrnam(group_.c_str());
+    if (!g) return Status::Invalid(fmt::format("--socket-group: no group named '{}'", group_));
+    group_id_ = g->gr_gid;
+    has_group_ = true;
+  }
+  // The lock proves a live daemon on this path; the kernel drops it when that daemon dies.
+  std::string lock_path = path_ + ".lock";
+  lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (lock_fd_ < 0)
+    return Status::Io(fmt::format("lock file {}: {}", lock_path, std::strerror(errno)));
+  if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0)
+    return Status::Invalid(
+        fmt::format("another mmfeedd is serving on {} (it holds {})", path_, lock_path));
+  struct stat st;
+  if (lstat(path_.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode))
+      return Status::Invalid(
+          fmt::format("{} exists and is not a socket; refusing to replace it", path_));
+    spdlog::info("taking over the stale socket {} of a daemon that is gone", path_);
+    ::unlink(path_.c_str());
+  }
   std::error_code ec;
-  ::unlink(path_.c_str());  // a stale socket from a previous run
   asio::local::stream_protocol::endpoint ep(path_);
   acceptor_.open(ep.protocol(), ec);
   if (!ec) acceptor_.bind(ep, ec);
-  if (!ec) acceptor_.listen(64, ec);
+  if (ec) return Status::Io(fmt::format("control socket {}: {}", path_, ec.message()));
+  listening_ = true;
+  if (has_group_) {
+    if (chown(path_.c_str(), static_cast<uid_t>(-1), group_id_) != 0 ||
+        chmod(path_.c_str(), 0660) != 0)
+      return Status::Io(fmt::format("control socket {}: giving it to group {}: {}", path_, group_,
+                                    std::strerror(errno)));
+  }
+  acceptor_.listen(64, ec);
   if (ec) return Status::Io(fmt::format("control socket {}: {}", path_, ec.message()));
   Accept();
   return Status::Ok();
 }
 
+void ControlServer::Disconnect(uint32_t generation) {
+  auto it = attached_.find(generation);
+  if (it == attached_.end()) return;
+  if (auto s = it->second.lock()) s->Disconnect();
+}
+
 void ControlServer::Accept() {
   acceptor_.async_accept([this](std::error_code ec, asio::local::stream_protocol::socket s) {
-    if (ec) return;  // closed
-    std::make_shared<Session>(std::move(s), handler_)->Start();
+    if (ec == asio::error::operation_aborted) return;  // closed
+    if (ec) {
+      // EMFILE and friends: keep serving once descriptors are back.
+      if (!emfile_logged_)
+        spdlog::warn("accepting a control connection: {}; retrying", ec.message());
+      emfile_logged_ = true;
+      retry_.expires_after(std::chrono::milliseconds(100));
+      retry_.async_wait([this](std::error_code e) {
+        if (!e) Accept();
+      });
+      return;
+    }
+    emfile_logged_ = false;
+    if (connections_ >= kMaxConnections) {
+      spdlog::warn("more than {} control connections; refusing one", kMaxConnections);
+    } else {
+      ++connections_;
+      std::make_shared<Session>(std::move(s), *this)->Start();
+    }
     Accept();
   });
 }

@@ -1,47 +1,77 @@
 // ControlServer: the daemon's unix socket, served on one Asio io_context thread.
 //
-// Protocol: one JSON object per line each way.
-//   {"cmd":"attach","rank":R}  -> {"ok":true,...} with the ring's memfd in SCM_RIGHTS.
-//                                 The connection stays open while the trainer is attached;
-//                                 EOF on it means the trainer is gone (Handler::Detach).
+// Protocol: one JSON object per line each way (a request is at most 1 MiB; a longer one
+// closes that connection only).
+//   {"cmd":"attach","rank":R}  -> {"ok":true,"generation":G,...} with two fds in SCM_RIGHTS:
+//                                 the ring's data area (read-only) and a fresh control area.
+//                                 The connection stays open while the trainer is attached.
 //   {"cmd":"status"}           -> {"ok":true,"status":{...}}
 //   {"cmd":"stop"}             -> {"ok":true}, then the daemon drains and exits.
-// Errors: {"ok":false,"error":"..."}. Only processes of the daemon's user (or root) are served.
+// Errors: {"ok":false,"error":"..."}.
+//
+// Who may connect: the daemon's user, root, and members of `group` when one is given (the
+// socket is then mode 0660 and owned by that group); checked with SO_PEERCRED.
+// A trainer is dead when its process is (a pidfd on the pid from SO_PEERCRED), not when its
+// connection closes: a process that half-closes its socket, or whose forked child still holds
+// it, is judged by its own life.
+// One daemon per socket path: a lock file beside the socket (PATH.lock, flock) proves a live
+// daemon; a socket left by a killed daemon is taken over.
 #pragma once
 
 #include <asio.hpp>
-#include <nlohmann/json.hpp>
-
 #include <functional>
+#include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 
 namespace mmfeed {
 
+struct AttachGrant {
+  std::vector<int> fds;  // sent along with the reply; owned by the daemon
+  nlohmann::json reply;
+};
+
 class ControlServer {
  public:
   struct Handler {
-    // Returns the ring fd (owned by the daemon; the server sends a copy) and reply fields.
-    std::function<Result<std::pair<int, nlohmann::json>>(int rank, int pid)> attach;
-    std::function<void(int rank, int pid)> detach;
+    // `pidfd` refers to the peer process (-1 if pidfd_open failed); the daemon may keep a dup.
+    std::function<Result<AttachGrant>(int rank, int pid, int pidfd, const nlohmann::json& request)>
+        attach;
+    // The attached trainer died (or was disconnected): `generation` is the one attach gave.
+    std::function<void(int rank, int pid, uint32_t generation)> detach;
     std::function<nlohmann::json()> status;
     std::function<void()> stop;
   };
 
-  ControlServer(asio::io_context& io, std::string path, Handler handler);
+  // `group`: a group name whose members may connect; empty for the daemon's user only.
+  ControlServer(asio::io_context& io, std::string path, std::string group, Handler handler);
   ~ControlServer();
   Status Listen();
+  // Closes the connection of the trainer attached with `generation` (it was cut off).
+  void Disconnect(uint32_t generation);
+  static constexpr size_t kMaxRequestBytes = 1 << 20;
+  static constexpr int kMaxConnections = 256;
 
  private:
   class Session;
   void Accept();
 
   asio::io_context& io_;
-  std::string path_;
+  std::string path_, group_;
   Handler handler_;
   asio::local::stream_protocol::acceptor acceptor_;
+  asio::steady_timer retry_;
+  int lock_fd_ = -1;
+  bool listening_ = false;
+  unsigned group_id_ = 0;
+  bool has_group_ = false;
+  std::map<uint32_t, std::weak_ptr<Session>> attached_;  // by generation
+  int connections_ = 0;
+  bool emfile_logged_ = false;
 };
 
 }  // namespace mmfeed

@@ -8,6 +8,8 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <malloc.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <asio.hpp>
@@ -30,14 +32,15 @@ namespace {
 constexpr int kExitConfig = 2;
 
 struct Options {
-  std::string config, check, socket = "/tmp/mmfeed.sock", log_level = "info";
+  std::string config, check, socket = "/tmp/mmfeed.sock", socket_group, log_level = "info";
   double drain_timeout = 30;
   bool list_stages = false;
 };
 
 [[noreturn]] void Usage(int code) {
   std::fprintf(code ? stderr : stdout,
-               "usage: mmfeedd --config FILE [--socket PATH] [--drain-timeout SECONDS] [--log-level LEVEL]\n"
+               "usage: mmfeedd --config FILE [--socket PATH] [--socket-group GROUP] [--drain-timeout SECONDS]\n"
+               "               [--log-level LEVEL]\n"
                "       mmfeedd --check FILE\n"
                "       mmfeedd --list-stages\n");
   std::exit(code);
@@ -55,6 +58,7 @@ Options ParseArgs(int argc, char** argv) {
     if (a == "--config") o.config = value();
     else if (a == "--check") o.check = value();
     else if (a == "--socket") o.socket = value();
+    else if (a == "--socket-group") o.socket_group = value();
     else if (a == "--drain-timeout") o.drain_timeout = std::atof(value().c_str());
     else if (a == "--log-level") o.log_level = value();
     else if (a == "--list-stages") o.list_stages = true;
@@ -87,7 +91,7 @@ class Daemon {
     shm::SlotLayout layout = shm::PlanSlot((kMaxIdBytes + 1) * max_ids, tensor_bytes);
     std::vector<BatchSink*> sinks;
     for (int r = 0; r < cfg_.consumers; ++r) {
-      auto ring = shm::RingWriter::Create(r, cfg_.consumers, cfg_.ring_slots, layout);
+      auto ring = shm::RingWriter::Create(r, cfg_.consumers, cfg_.ring_slots, layout, cfg_.placement.numa_node);
       if (!ring.ok()) {
         spdlog::error("{}", ring.status().message());
         return 1;
@@ -108,15 +112,17 @@ class Daemon {
     }
     pipeline_ = std::move(pipeline.value());
     for (auto& s : sinks_) pipeline_->AddProfiledStage(s->info());
-    attached_.assign(cfg_.consumers, 0);
+    holders_.resize(cfg_.consumers);
 
-    ControlServer server(io_, opt_.socket, {
-        [this](int rank, int pid) { return Attach(rank, pid); },
-        [this](int rank, int pid) { Detach(rank, pid); },
-        [this] { return StatusJson(); },
-        [this] { BeginDrain("stop requested"); },
-    });
-    Status st = server.Listen();
+    server_ = std::make_unique<ControlServer>(
+        io_, opt_.socket, opt_.socket_group,
+        ControlServer::Handler{
+            [this](int rank, int pid, int pidfd, const nlohmann::json& req) { return Attach(rank, pid, pidfd, req); },
+            [this](int rank, int pid, uint32_t generation) { Detach(rank, pid, generation); },
+            [this] { return StatusJson(); },
+            [this] { BeginDrain("stop requested"); },
+        });
+    Status st = server_->Listen();
     if (!st.ok()) {
       spdlog::error("{}", st.message());
       return 1;
@@ -137,29 +143,50 @@ class Daemon {
   }
 
  private:
-  Result<std::pair<int, nlohmann::json>> Attach(int rank, int pid) {
-    if (rank < 0 || rank >= cfg_.consumers)
+  // The process attached for a rank: its pid, a pidfd on it, and the attach's generation.
+  struct Holder {
+    int pid = 0;
+    int pidfd = -1;
+    uint32_t generation = 0;
+  };
+
+  Result<AttachGrant> Attach(int rank, int pid, int pidfd, const nlohmann::json& /*request*/) {
+    if (rank >= cfg_.consumers)
       return Status::Invalid(fmt::format("rank {} out of range: this pipeline has {} consumer rank(s)", rank, cfg_.consumers));
-    if (attached_[rank])
-      return Status::Invalid(fmt::format("rank {} is already attached (pid {})", rank, attached_[rank]));
-    attached_[rank] = pid;
+    Holder& h = holders_[rank];
+    if (h.pid) {
+      pollfd p{h.pidfd, POLLIN, 0};
+      if (h.pidfd < 0 || poll(&p, 1, 0) == 0)
+        return Status::Invalid(fmt::format("rank {} is already attached (pid {})", rank, h.pid));
+      spdlog::info("rank {}: its holder pid {} is dead; pid {} takes over", rank, h.pid, pid);
+      server_->Disconnect(h.generation);
+      Detach(rank, h.pid, h.generation);
+    }
     shm::RingWriter& ring = sinks_[rank]->ring();
-    spdlog::info("rank {} attached (pid {})", rank, pid);
-    return std::make_pair(ring.fd(), nlohmann::json{{"rank", rank}, {"ring_bytes", ring.size()},
-                                                    {"consumers", cfg_.consumers}, {"pipeline", cfg_.name}});
+    Result<int> control = ring.Attach(++last_generation_);
+    if (!control.ok()) return control.status();
+    h = {pid, pidfd >= 0 ? fcntl(pidfd, F_DUPFD_CLOEXEC, 0) : -1, last_generation_};
+    spdlog::info("rank {} attached (pid {}, generation {})", rank, pid, h.generation);
+    return AttachGrant{{ring.data_fd(), *control},
+                       {{"rank", rank}, {"generation", h.generation}, {"ring_bytes", ring.size()},
+                        {"consumers", cfg_.consumers}, {"pipeline", cfg_.name}}};
   }
 
-  void Detach(int rank, int pid) {
-    attached_[rank] = 0;
-    int n = sinks_[rank]->ring().Reclaim();
+  void Detach(int rank, int pid, uint32_t generation) {
+    Holder& h = holders_[rank];
+    if (h.generation != generation || !h.pid) return;  // already taken over
+    if (h.pidfd >= 0) ::close(h.pidfd);
+    h = Holder{};
+    int n = sinks_[rank]->ring().Detach();
     spdlog::info("rank {} detached (pid {}); {} unreleased batch(es) will be delivered again", rank, pid, n);
   }
 
   nlohmann::json StatusJson() {
     nlohmann::json ranks = nlohmann::json::array();
     for (int r = 0; r < cfg_.consumers; ++r)
-      ranks.push_back({{"rank", r}, {"pid", attached_[r]}, {"attached", attached_[r] != 0},
-                       {"published", sinks_[r]->ring().published()}, {"released", sinks_[r]->ring().released()}});
+      ranks.push_back({{"rank", r}, {"pid", holders_[r].pid}, {"attached", holders_[r].pid != 0},
+                       {"generation", holders_[r].generation}, {"published", sinks_[r]->ring().published()},
+                       {"released", sinks_[r]->ring().released()}});
     return {{"pipeline", cfg_.name}, {"state", draining_ ? "draining" : pipeline_->Finished() ? "finished" : "running"},
             {"pid", getpid()}, {"consumers", ranks}, {"profile", pipeline_->Profile()}};
   }
@@ -186,6 +213,13 @@ class Daemon {
     timer_.expires_after(std::chrono::milliseconds(100));
     timer_.async_wait([this](std::error_code ec) {
       if (ec) return;
+      for (int r = 0; r < cfg_.consumers; ++r) {
+        std::string why = sinks_[r]->ring().TakeViolation();
+        if (why.empty()) continue;
+        spdlog::error("rank {}: cutting off pid {}: {}; the rank is rebuilt for the next attach", r, holders_[r].pid, why);
+        server_->Disconnect(holders_[r].generation);
+        Detach(r, holders_[r].pid, holders_[r].generation);
+      }
       bool all_done = pipeline_->Finished();
       for (auto& s : sinks_) all_done = all_done && s->ring().Drained();
       if (all_done) {
@@ -237,7 +271,9 @@ class Daemon {
   std::vector<std::unique_ptr<RingSink>> sinks_;
   std::vector<std::unique_ptr<PackingSink>> packers_;  // in front of sinks_ when the text is packed
   std::unique_ptr<Pipeline> pipeline_;
-  std::vector<int> attached_;
+  std::unique_ptr<ControlServer> server_;
+  std::vector<Holder> holders_;
+  uint32_t last_generation_ = 0;
   bool draining_ = false;
   std::chrono::steady_clock::time_point drain_deadline_;
 };

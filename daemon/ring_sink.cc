@@ -38,6 +38,9 @@ void RingSink::Commit(const BatchMemory& memory, const BatchInfo& info) {
   shm::BatchView view;
   view.seq = info.seq;
   view.epoch = info.epoch;
+  view.next_epoch = info.next.epoch;
+  view.next_batch = info.next.batch;
+  view.next_seq = info.next.seq;
   for (const std::string& id : info.ids) view.ids.emplace_back(id);
   for (const TensorSpec& s : specs_) {
     shm::TensorView t;
@@ -60,6 +63,6 @@ void RingSink::Commit(const BatchMemory& memory, const BatchInfo& info) {
 
 void RingSink::Discard(const BatchMemory& memory) { ring_->Abandon(memory.handle); }
 
-void RingSink::Finish() { ring_->Close(); }
+void RingSink::Finish(bool complete) { ring_->Close(complete); }
 
 }  // namespace mmfeed

@@ -23,7 +23,7 @@ class RingSink : public BatchSink {
   Reservation Reserve(BatchMemory* memory, int timeout_ms) override;
   void Commit(const BatchMemory& memory, const BatchInfo& info) override;
   void Discard(const BatchMemory& memory) override;
-  void Finish() override;
+  void Finish(bool complete) override;
 
   // Stop waiting for the trainer: Reserve returns kClosed from now on.
   void Abort() { abort_.store(true, std::memory_order_release); }

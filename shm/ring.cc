@@ -1,6 +1,7 @@
 #include "shm/ring.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -8,8 +9,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
-#include <fmt/format.h>
+#include <thread>
+
+#include "base/tensor.h"
 
 namespace mmfeed::shm {
 namespace {
@@ -42,25 +46,60 @@ SlotLayout PlanSlot(uint64_t ids_capacity, const std::vector<uint64_t>& tensor_b
 
 // ---------------------------------------------------------------- writer
 
+namespace {
+
+// Binds [addr, addr + len) to NUMA node `node` (MPOL_BIND), before its pages exist.
+Status BindToNode(void* addr, uint64_t len, int node) {
+  constexpr int kMpolBind = 2;  // <linux/mempolicy.h>
+  constexpr int kMaxNodes = 1024;
+  if (node < 0 || node >= kMaxNodes)
+    return Status::Invalid(fmt::format("NUMA node {} out of range", node));
+  unsigned long mask[kMaxNodes / (8 * sizeof(unsigned long))] = {};
+  mask[node / (8 * sizeof(unsigned long))] |= 1ul << (node % (8 * sizeof(unsigned long)));
+  if (syscall(SYS_mbind, addr, len, kMpolBind, mask, kMaxNodes + 1, 0) != 0)
+    return Status::Io(
+        fmt::format("binding ring memory to NUMA node {}: {}", node, std::strerror(errno)));
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<RingWriter>> RingWriter::Create(uint32_t rank, uint32_t num_ranks,
-                                                       uint32_t slot_count, const SlotLayout& layout) {
+                                                       uint32_t slot_count,
+                                                       const SlotLayout& layout, int numa_node) {
+  if (slot_count == 0 || slot_count > kMaxSlots)
+    return Status::Invalid(fmt::format("ring_slots must be 1..{}, not {}", kMaxSlots, slot_count));
   std::unique_ptr<RingWriter> w(new RingWriter());
   w->layout_ = layout;
-  uint64_t stride = AlignUp(layout.slot_bytes, kPageBytes);
-  w->size_ = kPageBytes + stride * slot_count;
+  w->slot_count_ = slot_count;
+  w->slot_stride_ = AlignUp(layout.slot_bytes, kPageBytes);
+  w->payload_offset_ = AlignUp(sizeof(SlotDescriptor) + layout.ids_capacity, kPageBytes);
+  w->size_ = kPageBytes + w->slot_stride_ * slot_count;
+  w->state_.assign(slot_count, Slot::kFree);
   std::string name = fmt::format("mmfeed-ring-{}", rank);
   w->fd_ = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (w->fd_ < 0) return Status::Io(fmt::format("memfd_create: {}", std::strerror(errno)));
   if (ftruncate(w->fd_, static_cast<off_t>(w->size_)) != 0)
-    return Status::Io(fmt::format("ftruncate ring {} to {} bytes: {}", rank, w->size_, std::strerror(errno)));
+    return Status::Io(
+        fmt::format("ftruncate ring {} to {} bytes: {}", rank, w->size_, std::strerror(errno)));
+  void* p = mmap(nullptr, w->size_, PROT_READ | PROT_WRITE, MAP_SHARED, w->fd_, 0);
+  if (p == MAP_FAILED)
+    return Status::Io(fmt::format("mmap ring {}: {}", rank, std::strerror(errno)));
+  w->base_ = static_cast<uint8_t*>(p);
+  if (numa_node >= 0) MMFEED_RETURN_IF_ERROR(BindToNode(p, w->size_, numa_node));
   int rc = posix_fallocate(w->fd_, 0, static_cast<off_t>(w->size_));
   if (rc != 0)
-    return Status::Io(fmt::format("reserving {} bytes for ring {}: {}", w->size_, rank, std::strerror(rc)));
-  if (fcntl(w->fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    return Status::Io(
+        fmt::format("reserving {} bytes for ring {}: {}", w->size_, rank, std::strerror(rc)));
+  // The daemon's mapping stays writable; no one can make a new writable one, resize it, or
+  // write() to it.
+  if (fcntl(w->fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) !=
+      0)
     return Status::Io(fmt::format("sealing ring {}: {}", rank, std::strerror(errno)));
-  void* p = mmap(nullptr, w->size_, PROT_READ | PROT_WRITE, MAP_SHARED, w->fd_, 0);
-  if (p == MAP_FAILED) return Status::Io(fmt::format("mmap ring {}: {}", rank, std::strerror(errno)));
-  w->base_ = static_cast<uint8_t*>(p);
+  w->ro_fd_ = open(fmt::format("/proc/self/fd/{}", w->fd_).c_str(), O_RDONLY | O_CLOEXEC);
+  if (w->ro_fd_ < 0)
+    return Status::Io(
+        fmt::format("read-only descriptor of ring {}: {}", rank, std::strerror(errno)));
   RingHeader* h = w->header();
   new (h) RingHeader();
   h->magic = kRingMagic;
@@ -68,8 +107,8 @@ Result<std::unique_ptr<RingWriter>> RingWriter::Create(uint32_t rank, uint32_t n
   h->header_bytes = sizeof(RingHeader);
   h->total_bytes = w->size_;
   h->slots_offset = kPageBytes;
-  h->slot_stride = stride;
-  h->payload_offset = AlignUp(sizeof(SlotDescriptor) + layout.ids_capacity, kPageBytes);
+  h->slot_stride = w->slot_stride_;
+  h->payload_offset = w->payload_offset_;
   h->slot_count = slot_count;
   h->rank = rank;
   h->num_ranks = num_ranks;
@@ -78,56 +117,176 @@ Result<std::unique_ptr<RingWriter>> RingWriter::Create(uint32_t rank, uint32_t n
 }
 
 RingWriter::~RingWriter() {
+  if (control_base_) munmap(control_base_, kPageBytes);
+  if (control_fd_ >= 0) ::close(control_fd_);
   if (base_) munmap(base_, size_);
   if (fd_ >= 0) ::close(fd_);
+  if (ro_fd_ >= 0) ::close(ro_fd_);
 }
 
 SlotDescriptor* RingWriter::slot(int i) const {
-  return reinterpret_cast<SlotDescriptor*>(base_ + header()->slots_offset + header()->slot_stride * i);
+  return reinterpret_cast<SlotDescriptor*>(base_ + kPageBytes + slot_stride_ * i);
+}
+
+SlotControl* RingWriter::control(int i) const {
+  return reinterpret_cast<SlotControl*>(control_base_ + sizeof(ControlHeader)) + i;
+}
+
+Result<int> RingWriter::Attach(uint32_t generation) {
+  if (generation == 0) return Status::Invalid("attach generation 0 is reserved");
+  int fd = memfd_create("mmfeed-ring-control", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return Status::Io(fmt::format("memfd_create: {}", std::strerror(errno)));
+  void* p = MAP_FAILED;
+  if (ftruncate(fd, kPageBytes) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+      (p = mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+    int e = errno;
+    ::close(fd);
+    return Status::Io(fmt::format("ring control area: {}", std::strerror(e)));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  SyncLocked();  // what the previous reader released before it went is not delivered again
+  DetachLocked();
+  control_fd_ = fd;
+  control_base_ = static_cast<uint8_t*>(p);
+  generation_ = generation;
+  auto* ch = new (control_base_) ControlHeader();
+  ch->magic = kControlMagic;
+  ch->layout_version = kRingLayoutVersion;
+  ch->slot_count = slot_count_;
+  ch->generation = generation;
+  for (uint32_t i = 0; i < slot_count_; ++i) {
+    SlotControl* c = new (control(static_cast<int>(i))) SlotControl();
+    c->word.store(state_[i] == Slot::kReady ? ControlWord(kSlotReady, generation) : 0,
+                  std::memory_order_release);
+  }
+  return fd;
+}
+
+int RingWriter::Detach() {
+  std::lock_guard<std::mutex> lock(mu_);
+  SyncLocked();
+  return DetachLocked();
+}
+
+int RingWriter::DetachLocked() {
+  if (!control_base_) return 0;
+  int held = 0;
+  for (Slot& s : state_)
+    if (s == Slot::kTaken) {
+      s = Slot::kReady;
+      ++held;
+    }
+  munmap(control_base_, kPageBytes);
+  ::close(control_fd_);
+  control_base_ = nullptr;
+  control_fd_ = -1;
+  return held;
+}
+
+std::string RingWriter::TakeViolation() {
+  std::lock_guard<std::mutex> lock(mu_);
+  SyncLocked();
+  return std::exchange(violation_, std::string());
+}
+
+void RingWriter::CutOff(std::string why) {
+  violation_ = std::move(why);
+  DetachLocked();
+}
+
+// Reads every control word of the current reader. The reader may only have moved a slot
+// READY(g) -> TAKEN(g) -> RELEASED(g) for its generation g; anything else cuts it off.
+void RingWriter::SyncLocked() {
+  if (!control_base_) return;
+  const uint64_t ready = ControlWord(kSlotReady, generation_),
+                 taken = ControlWord(kSlotTaken, generation_),
+                 released = ControlWord(kSlotReleased, generation_);
+  for (uint32_t i = 0; i < slot_count_; ++i) {
+    uint64_t w = control(static_cast<int>(i))->word.load(std::memory_order_acquire);
+    Slot& s = state_[i];
+    bool ok = true;
+    if (s == Slot::kFree || s == Slot::kWriting) {
+      ok = w == 0;
+    } else if (w == taken) {
+      s = Slot::kTaken;
+    } else if (w == released) {
+      // Free it only if the reader does not change the word meanwhile.
+      ok = control(static_cast<int>(i))
+               ->word.compare_exchange_strong(w, 0, std::memory_order_acq_rel);
+      if (ok) {
+        s = Slot::kFree;
+        ++released_;
+      }
+    } else {
+      ok = w == ready && s == Slot::kReady;
+    }
+    if (!ok)
+      return CutOff(fmt::format(
+          "the reader of generation {} wrote {:#x} into the control word of slot {}, which "
+          "makes no sense there",
+          generation_, w, i));
+  }
 }
 
 int RingWriter::AcquireFree(int timeout_ms) {
-  RingHeader* h = header();
-  uint32_t seen = h->release_futex.load(std::memory_order_acquire);
-  for (uint32_t i = 0; i < h->slot_count; ++i) {
-    uint32_t expected = kSlotFree;
-    if (slot(i)->state.compare_exchange_strong(expected, kSlotWriting, std::memory_order_acquire))
-      return static_cast<int>(i);
+  auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      SyncLocked();
+      for (uint32_t i = 0; i < slot_count_; ++i)
+        if (state_[i] == Slot::kFree) {
+          state_[i] = Slot::kWriting;
+          return static_cast<int>(i);
+        }
+    }
+    // The reader's futex word is untrusted memory that may go away with it: poll instead.
+    if (std::chrono::steady_clock::now() >= deadline) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  if (timeout_ms > 0) FutexWait(&h->release_futex, seen, timeout_ms);
-  return -1;
 }
 
 uint8_t* RingWriter::slot_data(int index) const { return reinterpret_cast<uint8_t*>(slot(index)); }
 
 Status RingWriter::Commit(int index, const BatchView& batch) {
-  RingHeader* h = header();
   SlotDescriptor* d = slot(index);
   uint8_t* slot_base = reinterpret_cast<uint8_t*>(d);
   if (batch.tensors.size() > kMaxTensors || batch.tensors.size() > layout_.tensor_offsets.size())
-    return Status::Invalid(fmt::format("batch has {} tensors, the ring planned {} (at most {})", batch.tensors.size(),
-                                       layout_.tensor_offsets.size(), kMaxTensors));
+    return Status::Invalid(fmt::format("batch has {} tensors, the ring planned {} (at most {})",
+                                       batch.tensors.size(), layout_.tensor_offsets.size(),
+                                       kMaxTensors));
   uint64_t ids_bytes = 0;
   for (auto id : batch.ids) ids_bytes += id.size() + 1;
   if (ids_bytes > layout_.ids_capacity)
-    return Status::TooLarge(fmt::format("batch ids need {} bytes, slots hold {}", ids_bytes, layout_.ids_capacity));
+    return Status::TooLarge(
+        fmt::format("batch ids need {} bytes, slots hold {}", ids_bytes, layout_.ids_capacity));
   for (size_t i = 0; i < batch.tensors.size(); ++i)
-    if (batch.tensors[i].nbytes > layout_.tensor_capacity[i] || batch.tensors[i].shape.size() > kMaxDims)
-      return Status::TooLarge(fmt::format("tensor '{}' ({} bytes) exceeds its planned {} bytes", batch.tensors[i].name,
-                                          batch.tensors[i].nbytes, layout_.tensor_capacity[i]));
+    if (batch.tensors[i].nbytes > layout_.tensor_capacity[i] ||
+        batch.tensors[i].shape.size() > kMaxDims)
+      return Status::TooLarge(fmt::format("tensor '{}' ({} bytes) exceeds its planned {} bytes",
+                                          batch.tensors[i].name, batch.tensors[i].nbytes,
+                                          layout_.tensor_capacity[i]));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_[index] != Slot::kWriting)
+    return Status::Invalid(fmt::format("slot {} was not claimed", index));
   d->seq = batch.seq;
   d->epoch = batch.epoch;
   d->num_samples = static_cast<uint32_t>(batch.ids.size());
   d->num_tensors = static_cast<uint32_t>(batch.tensors.size());
   d->ids_offset = sizeof(SlotDescriptor);
   d->ids_bytes = ids_bytes;
+  d->next_epoch = batch.next_epoch;
+  d->next_batch = batch.next_batch;
+  d->next_seq = batch.next_seq;
   uint8_t* p = slot_base + d->ids_offset;
   for (auto id : batch.ids) {
     std::memcpy(p, id.data(), id.size());
     p[id.size()] = 0;
     p += id.size() + 1;
   }
-  uint64_t end = h->payload_offset;
+  uint64_t end = payload_offset_;
   for (size_t i = 0; i < batch.tensors.size(); ++i) {
     const TensorView& t = batch.tensors[i];
     TensorDesc& td = d->tensors[i];
@@ -140,9 +299,11 @@ Status RingWriter::Commit(int index, const BatchView& batch) {
     td.nbytes = t.nbytes;
     end = td.offset + t.nbytes;
   }
-  d->payload_bytes = end - h->payload_offset;
-  d->reader_mask = 1;
-  d->state.store(kSlotReady, std::memory_order_release);
+  d->payload_bytes = end - payload_offset_;
+  state_[index] = Slot::kReady;
+  if (control_base_)
+    control(index)->word.store(ControlWord(kSlotReady, generation_), std::memory_order_release);
+  RingHeader* h = header();
   h->published.fetch_add(1, std::memory_order_release);
   h->publish_futex.fetch_add(1, std::memory_order_release);
   FutexWakeAll(&h->publish_futex);
@@ -150,75 +311,102 @@ Status RingWriter::Commit(int index, const BatchView& batch) {
 }
 
 void RingWriter::Abandon(int index) {
-  slot(index)->state.store(kSlotFree, std::memory_order_release);
-  header()->release_futex.fetch_add(1, std::memory_order_release);
-  FutexWakeAll(&header()->release_futex);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_[index] == Slot::kWriting) state_[index] = Slot::kFree;
 }
 
-void RingWriter::Close() {
-  header()->closed.store(1, std::memory_order_release);
+void RingWriter::Close(bool complete) {
+  header()->closed.store(complete ? kClosedAtEnd : kClosedStopped, std::memory_order_release);
   header()->publish_futex.fetch_add(1, std::memory_order_release);
   FutexWakeAll(&header()->publish_futex);
 }
 
-int RingWriter::Reclaim() {
-  int n = 0;
-  for (uint32_t i = 0; i < header()->slot_count; ++i) {
-    uint32_t expected = kSlotTaken;
-    if (slot(i)->state.compare_exchange_strong(expected, kSlotReady, std::memory_order_acq_rel)) ++n;
-  }
-  if (n) {
-    header()->publish_futex.fetch_add(1, std::memory_order_release);
-    FutexWakeAll(&header()->publish_futex);
-  }
-  return n;
-}
-
-bool RingWriter::Drained() const {
+bool RingWriter::Drained() {
   if (!header()->closed.load(std::memory_order_acquire)) return false;
-  for (uint32_t i = 0; i < header()->slot_count; ++i)
-    if (slot(i)->state.load(std::memory_order_acquire) != kSlotFree) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  SyncLocked();
+  for (Slot s : state_)
+    if (s != Slot::kFree) return false;
   return true;
 }
 
-uint64_t RingWriter::published() const { return header()->published.load(std::memory_order_acquire); }
-uint64_t RingWriter::released() const { return header()->released.load(std::memory_order_acquire); }
+uint64_t RingWriter::published() const {
+  return header()->published.load(std::memory_order_acquire);
+}
+
+uint64_t RingWriter::released() {
+  std::lock_guard<std::mutex> lock(mu_);
+  SyncLocked();
+  return released_;
+}
+
+uint64_t RingWriter::unreleased() { return published() - released(); }
 
 // ---------------------------------------------------------------- reader
 
-Result<std::unique_ptr<RingReader>> RingReader::Map(int fd) {
+Result<std::unique_ptr<RingReader>> RingReader::Map(int data_fd, int control_fd) {
   std::unique_ptr<RingReader> r(new RingReader());
-  r->fd_ = fd;
+  r->fd_ = data_fd;
+  r->control_fd_ = control_fd;
   struct stat st;
-  if (fstat(fd, &st) != 0) return Status::Io(fmt::format("fstat ring: {}", std::strerror(errno)));
+  if (fstat(data_fd, &st) != 0)
+    return Status::Io(fmt::format("fstat ring: {}", std::strerror(errno)));
   r->size_ = static_cast<uint64_t>(st.st_size);
-  if (r->size_ < kPageBytes) return Status::Corrupt(fmt::format("ring is {} bytes, smaller than its header", r->size_));
-  void* p = mmap(nullptr, r->size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (r->size_ < kPageBytes)
+    return Status::Corrupt(fmt::format("ring is {} bytes, smaller than its header", r->size_));
+  void* p = mmap(nullptr, r->size_, PROT_READ, MAP_SHARED, data_fd, 0);
   if (p == MAP_FAILED) return Status::Io(fmt::format("mmap ring: {}", std::strerror(errno)));
-  r->base_ = static_cast<uint8_t*>(p);
-  r->shared_ = reinterpret_cast<RingHeader*>(r->base_);
+  r->base_ = static_cast<const uint8_t*>(p);
+  r->shared_ = reinterpret_cast<const RingHeader*>(r->base_);
   std::memcpy(static_cast<void*>(&r->header_copy_), r->base_, sizeof(RingHeader));
   const RingHeader& h = r->header_copy_;
   if (h.magic != kRingMagic) return Status::Corrupt("not an mmfeed ring (bad magic)");
   if (h.layout_version != kRingLayoutVersion)
-    return Status::Unsupported(fmt::format("ring layout version {}, this client speaks {}", h.layout_version, kRingLayoutVersion));
+    return Status::Unsupported(fmt::format("ring layout version {}, this client speaks {}",
+                                           h.layout_version, kRingLayoutVersion));
   if (h.header_bytes != sizeof(RingHeader)) return Status::Corrupt("ring header size mismatch");
-  if (h.total_bytes != r->size_) return Status::Corrupt(fmt::format("ring says {} bytes, mapping has {}", h.total_bytes, r->size_));
+  if (h.total_bytes != r->size_)
+    return Status::Corrupt(
+        fmt::format("ring says {} bytes, mapping has {}", h.total_bytes, r->size_));
   if (h.slots_offset % kPageBytes || h.slot_stride % kPageBytes || h.payload_offset % kPageBytes ||
-      h.slot_stride == 0 || h.slot_count == 0 || h.payload_offset >= h.slot_stride)
+      h.slot_stride == 0 || h.slot_count == 0 || h.slot_count > kMaxSlots ||
+      h.payload_offset >= h.slot_stride)
     return Status::Corrupt("ring geometry is not page aligned");
   __uint128_t end = static_cast<__uint128_t>(h.slot_stride) * h.slot_count + h.slots_offset;
   if (end != h.total_bytes) return Status::Corrupt("ring slots do not fill the mapping");
+
+  if (fstat(control_fd, &st) != 0)
+    return Status::Io(fmt::format("fstat ring control: {}", std::strerror(errno)));
+  if (static_cast<uint64_t>(st.st_size) != kPageBytes)
+    return Status::Corrupt(
+        fmt::format("ring control area is {} bytes, not {}", st.st_size, kPageBytes));
+  p = mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, control_fd, 0);
+  if (p == MAP_FAILED)
+    return Status::Io(fmt::format("mmap ring control: {}", std::strerror(errno)));
+  r->control_base_ = static_cast<uint8_t*>(p);
+  ControlHeader ch;
+  std::memcpy(static_cast<void*>(&ch), r->control_base_, sizeof(ch));
+  if (ch.magic != kControlMagic || ch.layout_version != kRingLayoutVersion ||
+      ch.slot_count != h.slot_count || ch.generation == 0)
+    return Status::Corrupt("ring control area does not match its ring");
+  r->generation_ = ch.generation;
   return r;
 }
 
 RingReader::~RingReader() {
-  if (base_) munmap(base_, size_);
+  if (control_base_) munmap(control_base_, kPageBytes);
+  if (base_) munmap(const_cast<uint8_t*>(base_), size_);
   if (fd_ >= 0) ::close(fd_);
+  if (control_fd_ >= 0) ::close(control_fd_);
 }
 
-SlotDescriptor* RingReader::slot(int i) const {
-  return reinterpret_cast<SlotDescriptor*>(base_ + header_copy_.slots_offset + header_copy_.slot_stride * i);
+const SlotDescriptor* RingReader::slot(int i) const {
+  return reinterpret_cast<const SlotDescriptor*>(base_ + header_copy_.slots_offset +
+                                                 header_copy_.slot_stride * i);
+}
+
+SlotControl* RingReader::control(int i) const {
+  return reinterpret_cast<SlotControl*>(control_base_ + sizeof(ControlHeader)) + i;
 }
 
 Status RingReader::ParseSlot(int i, BatchView* batch) const {
@@ -226,15 +414,20 @@ Status RingReader::ParseSlot(int i, BatchView* batch) const {
   const uint8_t* base = reinterpret_cast<const uint8_t*>(d);
   const uint64_t stride = header_copy_.slot_stride;
   auto inside = [&](uint64_t off, uint64_t n) { return off <= stride && n <= stride - off; };
-  if (d->num_tensors > kMaxTensors) return Status::Corrupt(fmt::format("slot {}: {} tensors", i, d->num_tensors));
-  if (!inside(d->ids_offset, d->ids_bytes)) return Status::Corrupt(fmt::format("slot {}: ids out of bounds", i));
+  if (d->num_tensors > kMaxTensors)
+    return Status::Corrupt(fmt::format("slot {}: {} tensors", i, d->num_tensors));
+  if (!inside(d->ids_offset, d->ids_bytes))
+    return Status::Corrupt(fmt::format("slot {}: ids out of bounds", i));
   batch->seq = d->seq;
   batch->epoch = d->epoch;
+  batch->next_epoch = d->next_epoch;
+  batch->next_batch = d->next_batch;
+  batch->next_seq = d->next_seq;
   batch->ids.clear();
   const char* ids = reinterpret_cast<const char*>(base + d->ids_offset);
   uint64_t pos = 0;
   for (uint32_t k = 0; k < d->num_samples; ++k) {
-    const void* nul = std::memchr(ids + pos, 0, d->ids_bytes - pos);
+    const void* nul = pos < d->ids_bytes ? std::memchr(ids + pos, 0, d->ids_bytes - pos) : nullptr;
     if (!nul) return Status::Corrupt(fmt::format("slot {}: ids not terminated", i));
     uint64_t len = static_cast<const char*>(nul) - (ids + pos);
     batch->ids.emplace_back(ids + pos, len);
@@ -245,6 +438,20 @@ Status RingReader::ParseSlot(int i, BatchView* batch) const {
     const TensorDesc& td = d->tensors[k];
     if (td.ndim > kMaxDims || !inside(td.offset, td.nbytes))
       return Status::Corrupt(fmt::format("slot {}: tensor {} out of bounds", i, k));
+    if (td.dtype < static_cast<uint32_t>(DType::kUInt8) ||
+        td.dtype > static_cast<uint32_t>(DType::kInt64))
+      return Status::Corrupt(
+          fmt::format("slot {}: tensor {} has unknown dtype {}", i, k, td.dtype));
+    __uint128_t bytes = DTypeSize(static_cast<DType>(td.dtype));
+    for (uint32_t n = 0; n < td.ndim; ++n) {
+      if (td.shape[n] < 0)
+        return Status::Corrupt(fmt::format("slot {}: tensor {} has a negative dimension", i, k));
+      bytes = bytes * static_cast<uint64_t>(td.shape[n]);
+      if (bytes > stride) break;
+    }
+    if (bytes != td.nbytes)
+      return Status::Corrupt(fmt::format(
+          "slot {}: tensor {}: shape x element size is not its {} bytes", i, k, td.nbytes));
     TensorView t;
     t.name.assign(td.name, strnlen(td.name, kTensorNameBytes));
     t.dtype = td.dtype;
@@ -257,24 +464,28 @@ Status RingReader::ParseSlot(int i, BatchView* batch) const {
 }
 
 Result<RingReader::Wait> RingReader::Acquire(int timeout_ms, int* out_slot, BatchView* batch) {
+  const uint64_t ready = ControlWord(kSlotReady, generation_),
+                 taken = ControlWord(kSlotTaken, generation_);
+  auto* futex = const_cast<std::atomic<uint32_t>*>(&shared_->publish_futex);
   for (int attempt = 0; attempt < 2; ++attempt) {
-    uint32_t seen = shared_->publish_futex.load(std::memory_order_acquire);
+    uint32_t seen = futex->load(std::memory_order_acquire);
     bool closed = shared_->closed.load(std::memory_order_acquire);
     int best = -1;
     uint64_t best_seq = 0;
     for (uint32_t i = 0; i < header_copy_.slot_count; ++i) {
-      SlotDescriptor* d = slot(static_cast<int>(i));
-      if (d->state.load(std::memory_order_acquire) == kSlotReady && (best < 0 || d->seq < best_seq)) {
+      if (control(static_cast<int>(i))->word.load(std::memory_order_acquire) != ready) continue;
+      uint64_t seq = slot(static_cast<int>(i))->seq;
+      if (best < 0 || seq < best_seq) {
         best = static_cast<int>(i);
-        best_seq = d->seq;
+        best_seq = seq;
       }
     }
     if (best >= 0) {
-      uint32_t expected = kSlotReady;
-      if (slot(best)->state.compare_exchange_strong(expected, kSlotTaken, std::memory_order_acquire)) {
+      uint64_t expected = ready;
+      if (control(best)->word.compare_exchange_strong(expected, taken, std::memory_order_acquire)) {
         Status st = ParseSlot(best, batch);
         if (!st.ok()) {
-          Release(best);
+          (void)Release(best);
           return st;
         }
         *out_slot = best;
@@ -283,18 +494,24 @@ Result<RingReader::Wait> RingReader::Acquire(int timeout_ms, int* out_slot, Batc
       continue;
     }
     if (closed) return Wait::kEnd;
-    if (attempt == 0) FutexWait(&shared_->publish_futex, seen, timeout_ms);
+    if (attempt == 0) FutexWait(futex, seen, timeout_ms);
   }
   return Wait::kTimeout;
 }
 
-void RingReader::Release(int i) {
-  SlotDescriptor* d = slot(i);
-  d->reader_mask = 0;
-  d->state.store(kSlotFree, std::memory_order_release);
-  shared_->released.fetch_add(1, std::memory_order_release);
-  shared_->release_futex.fetch_add(1, std::memory_order_release);
-  FutexWakeAll(&shared_->release_futex);
+Status RingReader::Release(int i) {
+  if (i < 0 || static_cast<uint32_t>(i) >= header_copy_.slot_count)
+    return Status::Invalid(fmt::format("slot {} out of range", i));
+  uint64_t expected = ControlWord(kSlotTaken, generation_);
+  if (!control(i)->word.compare_exchange_strong(expected, ControlWord(kSlotReleased, generation_),
+                                                std::memory_order_acq_rel))
+    return Status::Invalid(fmt::format(
+        "slot {} is not held by this reader (generation {}): release refused", i, generation_));
+  auto* ch = reinterpret_cast<ControlHeader*>(control_base_);
+  ch->released.fetch_add(1, std::memory_order_relaxed);
+  ch->release_futex.fetch_add(1, std::memory_order_release);
+  FutexWakeAll(&ch->release_futex);
+  return Status::Ok();
 }
 
 }  // namespace mmfeed::shm

@@ -1,19 +1,18 @@
 // RingWriter (daemon side) and RingReader (client side): the process-local classes that operate
 // on the shared ring described in ring_format.h / ring_format.md.
 //
-// A RingWriter is used by one thread (its rank's ring-sink thread), except Reclaim(), Close()
-// and the counters, which the control thread may call at any time. A RingReader is used by one
-// thread of the trainer.
+// A RingWriter is shared by the daemon's threads; a RingReader lives in one trainer process.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "shm/ring_format.h"
 #include "base/status.h"
+#include "shm/ring_format.h"
 
 namespace mmfeed::shm {
 
@@ -32,6 +31,10 @@ struct BatchView {
   uint32_t epoch = 0;
   std::vector<std::string_view> ids;
   std::vector<TensorView> tensors;
+  // The rank's stream cursor after this batch (SlotDescriptor::next_*).
+  uint32_t next_epoch = 0;
+  uint64_t next_batch = 0;
+  uint64_t next_seq = 0;
 };
 
 // Where things go in every slot: ids first, then each tensor at a fixed, page-aligned offset
@@ -45,77 +48,125 @@ struct SlotLayout {
 };
 SlotLayout PlanSlot(uint64_t ids_capacity, const std::vector<uint64_t>& tensor_bytes);
 
+// The daemon's side. It keeps the geometry and every slot's true state to itself and reads the
+// reader's control area only as untrusted input: a value that makes no sense cuts that reader
+// off (its control area is dropped, the batches it held become READY again for the next
+// attach), never the daemon. Thread-safe: the ring-sink threads and the control thread may
+// call any method at any time.
 class RingWriter {
  public:
-  // Creates the memfd, reserves and seals it, and maps it.
+  // Creates both memfds, reserves the data area's memory (bound to `numa_node` first when it
+  // is >= 0), maps it, and seals it so that no one else can ever map it writable.
   static Result<std::unique_ptr<RingWriter>> Create(uint32_t rank, uint32_t num_ranks,
-                                                    uint32_t slot_count, const SlotLayout& layout);
+                                                    uint32_t slot_count, const SlotLayout& layout,
+                                                    int numa_node = -1);
   ~RingWriter();
   RingWriter(const RingWriter&) = delete;
   RingWriter& operator=(const RingWriter&) = delete;
 
-  int fd() const { return fd_; }
+  // A read-only descriptor of the data area, for readers.
+  int data_fd() const { return ro_fd_; }
   uint64_t size() const { return size_; }
 
-  // Waits up to `timeout_ms` for a free slot and claims it for writing; returns its index,
-  // or -1 on timeout.
+  // A new reader with attach generation `generation` (> 0): makes a fresh control area in
+  // which every published, unreleased batch is READY (including those the previous reader
+  // held) and returns its fd (owned by the writer until the next Attach or Detach).
+  Result<int> Attach(uint32_t generation);
+  // The reader is gone: drops its control area. Returns how many batches it held; they will
+  // be delivered to the next reader.
+  int Detach();
+  // Non-empty once the reader was cut off for writing nonsense (and the reason); cleared by
+  // reading it.
+  std::string TakeViolation();
+
+  // Takes the reader's releases, then claims a free slot for writing and returns its index;
+  // waits up to `timeout_ms` for one, else returns -1.
   int AcquireFree(int timeout_ms);
   // Start of a claimed slot; tensor k lives at layout().tensor_offsets[k].
   uint8_t* slot_data(int slot) const;
   const SlotLayout& layout() const { return layout_; }
   // Publishes a claimed slot whose tensors were written in place: writes the descriptor (seq,
-  // epoch, ids, the tensors' names, dtypes, shapes and sizes) and hands it to the reader.
-  // An error (too many tensors, ids or a tensor larger than planned) publishes nothing and
-  // leaves the slot claimed.
+  // epoch, ids, cursor, the tensors' names, dtypes, shapes and sizes) and hands it to the
+  // reader. An error (too many tensors, ids or a tensor larger than planned) publishes
+  // nothing and leaves the slot claimed.
   Status Commit(int slot, const BatchView& batch);
   // Gives a claimed slot back unpublished.
   void Abandon(int slot);
-  // No more batches: readers drain what is published, then see the end.
-  void Close();
-  // After a reader died: every slot it held becomes READY again. Returns how many.
-  int Reclaim();
+  // No more batches: readers drain what is published, then see the end: of the data when
+  // `complete`, else a stop before it (RingHeader::closed 1 or 2).
+  void Close(bool complete);
   // Closed and every published batch released.
-  bool Drained() const;
+  bool Drained();
   uint64_t published() const;
-  uint64_t released() const;
+  uint64_t released();
+  // Published batches not yet released; how many of them the reader holds.
+  uint64_t unreleased();
 
  private:
+  enum class Slot : uint8_t { kFree, kWriting, kReady, kTaken };
   RingWriter() = default;
   RingHeader* header() const { return reinterpret_cast<RingHeader*>(base_); }
   SlotDescriptor* slot(int i) const;
+  SlotControl* control(int i) const;
+  void SyncLocked();
+  int DetachLocked();
+  void CutOff(std::string why);
 
-  int fd_ = -1;
+  int fd_ = -1, ro_fd_ = -1;
   uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
+  // Private truth: the geometry below and the slot states, never read back from shared memory.
+  uint32_t slot_count_ = 0;
+  uint64_t slot_stride_ = 0, payload_offset_ = 0;
   SlotLayout layout_;
+  std::mutex mu_;
+  std::vector<Slot> state_;
+  uint64_t released_ = 0;
+  int control_fd_ = -1;
+  uint8_t* control_base_ = nullptr;  // the current reader's control area, or null
+  uint32_t generation_ = 0;
+  std::string violation_;
 };
 
+// The trainer's side. Acquire is used by one thread; Release may be called from any thread.
 class RingReader {
  public:
-  // Maps the ring behind `fd` (takes ownership) and validates its header.
-  static Result<std::unique_ptr<RingReader>> Map(int fd);
+  // Maps the data area read-only and the control area read-write (takes ownership of both
+  // fds) and validates both headers.
+  static Result<std::unique_ptr<RingReader>> Map(int data_fd, int control_fd);
   ~RingReader();
   RingReader(const RingReader&) = delete;
   RingReader& operator=(const RingReader&) = delete;
 
   enum class Wait { kGot, kTimeout, kEnd };
   // Takes the published batch with the smallest seq. On kGot, *slot and *batch are set and
-  // stay valid until Release(*slot). A slot whose descriptor is out of bounds is an error.
+  // stay valid until Release(*slot). A descriptor that does not check out (bounds, dtype,
+  // shape x element size != nbytes) is an error.
   Result<Wait> Acquire(int timeout_ms, int* slot, BatchView* batch);
-  void Release(int slot);
+  // Hands a taken slot back. Refused unless the slot is TAKEN by this reader's generation: a
+  // stale release (after a takeover) or a foreign one frees nothing.
+  Status Release(int slot);
 
   const RingHeader& header() const { return header_copy_; }
+  uint32_t generation() const { return generation_; }
+  // After kEnd: the daemon stopped before the end of the data.
+  bool stopped_early() const {
+    return shared_->closed.load(std::memory_order_acquire) == kClosedStopped;
+  }
 
  private:
   RingReader() = default;
   Status ParseSlot(int i, BatchView* batch) const;
-  SlotDescriptor* slot(int i) const;
+  const SlotDescriptor* slot(int i) const;
+  SlotControl* control(int i) const;
 
-  int fd_ = -1;
-  uint8_t* base_ = nullptr;
+  int fd_ = -1, control_fd_ = -1;
+  const uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
-  RingHeader* shared_ = nullptr;
+  uint8_t* control_base_ = nullptr;
+  const RingHeader* shared_ = nullptr;
   RingHeader header_copy_;  // validated; the geometry is read from here, never from shared_
+  uint32_t generation_ = 0;
 };
 
 // Futex helpers on a 32-bit word in a MAP_SHARED mapping (no FUTEX_PRIVATE_FLAG).

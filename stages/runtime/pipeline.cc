@@ -329,8 +329,9 @@ void Pipeline::SourceLoop() {
       progressed = true;
     }
     source_counters_.busy_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
-    bool all_dealt = stop_.load(std::memory_order_acquire) ||
-                     std::all_of(done.begin(), done.end(), [](bool d) { return d; });
+    bool complete = std::all_of(next.begin(), next.end(), past_end);
+    complete_.store(complete, std::memory_order_release);
+    bool all_dealt = stop_.load(std::memory_order_acquire) || std::all_of(done.begin(), done.end(), [](bool d) { return d; });
     if (all_dealt && open_batches_.load(std::memory_order_acquire) == 0) break;
     if (!progressed) {
       uint64_t w0 = NowNs();
@@ -557,7 +558,7 @@ void Pipeline::BatchLoop() {
   }
   // Every worker has finished, so nothing writes into an open batch; normally none is left.
   for (Collator& c : collators) c.DiscardIdle();
-  for (BatchSink* s : sinks_) s->Finish();
+  for (BatchSink* s : sinks_) s->Finish(complete_.load(std::memory_order_acquire) && status().ok());
   end_ns_.store(NowNs());
   finished_.store(true, std::memory_order_release);
 }

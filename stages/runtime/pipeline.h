@@ -74,8 +74,9 @@ class BatchSink {
   virtual void Commit(const BatchMemory& memory, const BatchInfo& info) = 0;
   // Returns a reserved batch unpublished. Called from the batch thread.
   virtual void Discard(const BatchMemory& memory) = 0;
-  // No batch will follow.
-  virtual void Finish() = 0;
+  // No batch will follow. `complete`: every rank's data was dealt to its end (false when the
+  // pipeline was stopped or failed first).
+  virtual void Finish(bool complete) = 0;
 };
 
 // Per-sample errors: counted by reason, the most recent kept with origin and stage.
@@ -165,6 +166,7 @@ class Pipeline {
   std::atomic<bool> stop_{false};
   std::atomic<int> live_workers_{0};
   std::atomic<bool> finished_{false};
+  std::atomic<bool> complete_{false};  // every rank dealt to the end of its data
   uint64_t start_ns_ = 0;
   std::atomic<uint64_t> end_ns_{0};
   mutable std::mutex status_mu_;

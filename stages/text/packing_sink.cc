@@ -41,10 +41,10 @@ void PackingSink::Commit(const BatchMemory& memory, const BatchInfo& info) {
   Discard(memory);
 }
 
-void PackingSink::Finish() {
+void PackingSink::Finish(bool complete) {
   FlushRow();
   FlushBatch();
-  inner_->Finish();
+  inner_->Finish(complete);
 }
 
 void PackingSink::Append(const int32_t* tokens, int32_t n, const std::string& id, uint32_t epoch) {

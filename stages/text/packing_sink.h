@@ -32,7 +32,7 @@ class PackingSink : public BatchSink {
   Reservation Reserve(BatchMemory* memory, int timeout_ms) override;
   void Commit(const BatchMemory& memory, const BatchInfo& info) override;
   void Discard(const BatchMemory& memory) override;
-  void Finish() override;
+  void Finish(bool complete) override;
 
  private:
   void Append(const int32_t* tokens, int32_t n, const std::string& id, uint32_t epoch);

@@ -10,13 +10,17 @@ namespace mmfeed::shm {
 namespace {
 
 TEST(RingFormatTest, VersionAndMagic) {
-  EXPECT_EQ(kRingLayoutVersion, 1u);
+  EXPECT_EQ(kRingLayoutVersion, 2u);
   EXPECT_EQ(kRingMagic, 0x474e495244464d4dull);
   EXPECT_EQ(std::memcmp(&kRingMagic, "MMFDRING", 8), 0);
+  EXPECT_EQ(std::memcmp(&kControlMagic, "MMFDCTRL", 8), 0);
+  EXPECT_EQ(kMaxSlots, 496u);
+  EXPECT_EQ(kClosedAtEnd, 1u);
+  EXPECT_EQ(kClosedStopped, 2u);
 }
 
 TEST(RingFormatTest, HeaderLayout) {
-  EXPECT_EQ(sizeof(RingHeader), 192u);
+  EXPECT_EQ(sizeof(RingHeader), 128u);
   EXPECT_EQ(alignof(RingHeader), 64u);
   EXPECT_EQ(offsetof(RingHeader, magic), 0u);
   EXPECT_EQ(offsetof(RingHeader, layout_version), 8u);
@@ -33,10 +37,29 @@ TEST(RingFormatTest, HeaderLayout) {
   EXPECT_EQ(offsetof(RingHeader, closed), 68u);
   EXPECT_EQ(offsetof(RingHeader, published), 72u);
   EXPECT_EQ(offsetof(RingHeader, reserved1), 80u);
-  EXPECT_EQ(offsetof(RingHeader, release_futex), 128u);
-  EXPECT_EQ(offsetof(RingHeader, reserved2), 132u);
-  EXPECT_EQ(offsetof(RingHeader, released), 136u);
-  EXPECT_EQ(offsetof(RingHeader, reserved3), 144u);
+}
+
+TEST(RingFormatTest, ControlLayout) {
+  EXPECT_EQ(sizeof(ControlHeader), 128u);
+  EXPECT_EQ(alignof(ControlHeader), 64u);
+  EXPECT_EQ(offsetof(ControlHeader, magic), 0u);
+  EXPECT_EQ(offsetof(ControlHeader, layout_version), 8u);
+  EXPECT_EQ(offsetof(ControlHeader, slot_count), 12u);
+  EXPECT_EQ(offsetof(ControlHeader, generation), 16u);
+  EXPECT_EQ(offsetof(ControlHeader, reserved0), 20u);
+  EXPECT_EQ(offsetof(ControlHeader, reserved1), 24u);
+  EXPECT_EQ(offsetof(ControlHeader, release_futex), 64u);
+  EXPECT_EQ(offsetof(ControlHeader, reserved2), 68u);
+  EXPECT_EQ(offsetof(ControlHeader, released), 72u);
+  EXPECT_EQ(offsetof(ControlHeader, reserved3), 80u);
+  EXPECT_EQ(sizeof(SlotControl), 8u);
+  EXPECT_EQ(kSlotFree, 0u);
+  EXPECT_EQ(kSlotReady, 2u);
+  EXPECT_EQ(kSlotTaken, 3u);
+  EXPECT_EQ(kSlotReleased, 4u);
+  EXPECT_EQ(ControlWord(kSlotTaken, 7), 0x0000000700000003ull);
+  EXPECT_EQ(WordState(0x0000000700000003ull), kSlotTaken);
+  EXPECT_EQ(WordGeneration(0x0000000700000003ull), 7u);
 }
 
 TEST(RingFormatTest, SlotLayout) {
@@ -47,23 +70,21 @@ TEST(RingFormatTest, SlotLayout) {
   EXPECT_EQ(offsetof(TensorDesc, shape), 40u);
   EXPECT_EQ(offsetof(TensorDesc, offset), 88u);
   EXPECT_EQ(offsetof(TensorDesc, nbytes), 96u);
-  EXPECT_EQ(sizeof(SlotDescriptor), 56u + 16 * 104);
+  EXPECT_EQ(sizeof(SlotDescriptor), 72u + 16 * 104);
   EXPECT_EQ(alignof(SlotDescriptor), 8u);
-  EXPECT_EQ(offsetof(SlotDescriptor, state), 0u);
-  EXPECT_EQ(offsetof(SlotDescriptor, reader_mask), 4u);
-  EXPECT_EQ(offsetof(SlotDescriptor, seq), 8u);
-  EXPECT_EQ(offsetof(SlotDescriptor, epoch), 16u);
-  EXPECT_EQ(offsetof(SlotDescriptor, num_samples), 20u);
-  EXPECT_EQ(offsetof(SlotDescriptor, num_tensors), 24u);
-  EXPECT_EQ(offsetof(SlotDescriptor, reserved0), 28u);
-  EXPECT_EQ(offsetof(SlotDescriptor, ids_offset), 32u);
-  EXPECT_EQ(offsetof(SlotDescriptor, ids_bytes), 40u);
-  EXPECT_EQ(offsetof(SlotDescriptor, payload_bytes), 48u);
-  EXPECT_EQ(offsetof(SlotDescriptor, tensors), 56u);
-  EXPECT_EQ(kSlotFree, 0u);
-  EXPECT_EQ(kSlotWriting, 1u);
-  EXPECT_EQ(kSlotReady, 2u);
-  EXPECT_EQ(kSlotTaken, 3u);
+  EXPECT_EQ(offsetof(SlotDescriptor, seq), 0u);
+  EXPECT_EQ(offsetof(SlotDescriptor, epoch), 8u);
+  EXPECT_EQ(offsetof(SlotDescriptor, num_samples), 12u);
+  EXPECT_EQ(offsetof(SlotDescriptor, num_tensors), 16u);
+  EXPECT_EQ(offsetof(SlotDescriptor, reserved0), 20u);
+  EXPECT_EQ(offsetof(SlotDescriptor, ids_offset), 24u);
+  EXPECT_EQ(offsetof(SlotDescriptor, ids_bytes), 32u);
+  EXPECT_EQ(offsetof(SlotDescriptor, payload_bytes), 40u);
+  EXPECT_EQ(offsetof(SlotDescriptor, next_epoch), 48u);
+  EXPECT_EQ(offsetof(SlotDescriptor, reserved1), 52u);
+  EXPECT_EQ(offsetof(SlotDescriptor, next_batch), 56u);
+  EXPECT_EQ(offsetof(SlotDescriptor, next_seq), 64u);
+  EXPECT_EQ(offsetof(SlotDescriptor, tensors), 72u);
 }
 
 }  // namespace

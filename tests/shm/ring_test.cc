@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,7 +16,8 @@ namespace {
 // claimed slot, and commits it.
 Status WriteBatch(RingWriter& w, int slot, uint64_t seq, int n = 1000) {
   int32_t* values = reinterpret_cast<int32_t*>(w.slot_data(slot) + w.layout().tensor_offsets[0]);
-  for (int i = 0; i < n && static_cast<uint64_t>(i) * 4 < w.layout().tensor_capacity[0]; ++i) values[i] = static_cast<int32_t>(seq);
+  for (int i = 0; i < n && static_cast<uint64_t>(i) * 4 < w.layout().tensor_capacity[0]; ++i)
+    values[i] = static_cast<int32_t>(seq);
   std::vector<std::string> ids;
   for (int i = 0; i < 3; ++i) ids.push_back("b" + std::to_string(seq) + "-" + std::to_string(i));
   BatchView view;
@@ -23,6 +25,7 @@ Status WriteBatch(RingWriter& w, int slot, uint64_t seq, int n = 1000) {
   view.epoch = static_cast<uint32_t>(seq / 10);
   for (auto& s : ids) view.ids.push_back(s);
   view.tensors.push_back({"values", 2, {n}, nullptr, static_cast<uint64_t>(n) * 4});
+  view.next_seq = seq + 1;
   return w.Commit(slot, view);
 }
 
@@ -32,8 +35,11 @@ std::unique_ptr<RingWriter> MakeRing(uint32_t slots) {
   return std::move(w.value());
 }
 
-std::unique_ptr<RingReader> MapReader(const RingWriter& w) {
-  auto r = RingReader::Map(dup(w.fd()));
+// Attaches a reader of a new generation, as the daemon does for a trainer.
+std::unique_ptr<RingReader> Attach(RingWriter& w, uint32_t generation) {
+  Result<int> control = w.Attach(generation);
+  EXPECT_TRUE(control.ok()) << control.status().message();
+  auto r = RingReader::Map(dup(w.data_fd()), dup(*control));
   EXPECT_TRUE(r.ok()) << r.status().message();
   return std::move(r.value());
 }
@@ -55,27 +61,47 @@ void ExpectBatch(const BatchView& v, uint64_t seq) {
   const int32_t* d = reinterpret_cast<const int32_t*>(v.tensors[0].data);
   EXPECT_EQ(d[0], static_cast<int32_t>(seq));
   EXPECT_EQ(d[999], static_cast<int32_t>(seq));
+  EXPECT_EQ(v.next_seq, seq + 1);
 }
 
-TEST(RingTest, SealedMemfdCannotBeResized) {
+BatchView Take(RingReader& r, int* slot) {
+  BatchView v;
+  auto got = r.Acquire(100, slot, &v);
+  EXPECT_TRUE(got.ok() && *got == RingReader::Wait::kGot);
+  return v;
+}
+
+TEST(RingTest, DataAreaCannotBeResizedNorMappedWritableByAReader) {
   auto w = MakeRing(2);
-  EXPECT_NE(ftruncate(w->fd(), 4096), 0);
-  EXPECT_NE(ftruncate(w->fd(), static_cast<off_t>(w->size() * 2)), 0);
-  EXPECT_EQ(fcntl(w->fd(), F_GET_SEALS) & (F_SEAL_SHRINK | F_SEAL_GROW), F_SEAL_SHRINK | F_SEAL_GROW);
+  const int ro = w->data_fd();
+  EXPECT_NE(ftruncate(ro, 4096), 0);
+  EXPECT_EQ(mmap(nullptr, w->size(), PROT_READ | PROT_WRITE, MAP_SHARED, ro, 0), MAP_FAILED);
+  // Reopening the memfd read-write through /proc does not help: it is sealed against new
+  // writable mappings and writes.
+  int rw = open(("/proc/self/fd/" + std::to_string(ro)).c_str(), O_RDWR);
+  if (rw >= 0) {
+    EXPECT_EQ(mmap(nullptr, w->size(), PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0), MAP_FAILED);
+    EXPECT_EQ(errno, EPERM);
+    EXPECT_EQ(pwrite(rw, "x", 1, 0), -1);
+    EXPECT_NE(ftruncate(rw, static_cast<off_t>(w->size() * 2)), 0);
+    close(rw);
+  }
+  auto r = Attach(*w, 1);
+  // The reader's own read-only mapping cannot be made writable either.
+  void* p = mmap(nullptr, w->size(), PROT_READ, MAP_SHARED, ro, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  EXPECT_NE(mprotect(p, 4096, PROT_READ | PROT_WRITE), 0);
+  munmap(p, w->size());
 }
 
 TEST(RingTest, WrapsAroundManyTimesInOrder) {
   auto w = MakeRing(3);
-  auto r = MapReader(*w);
+  auto r = Attach(*w, 1);
   for (uint64_t seq = 0; seq < 50; ++seq) {
     Publish(*w, seq);
     int slot;
-    BatchView v;
-    auto got = r->Acquire(100, &slot, &v);
-    ASSERT_TRUE(got.ok());
-    ASSERT_EQ(*got, RingReader::Wait::kGot);
-    ExpectBatch(v, seq);
-    r->Release(slot);
+    ExpectBatch(Take(*r, &slot), seq);
+    ASSERT_TRUE(r->Release(slot).ok());
   }
   EXPECT_EQ(w->published(), 50u);
   EXPECT_EQ(w->released(), 50u);
@@ -83,49 +109,74 @@ TEST(RingTest, WrapsAroundManyTimesInOrder) {
 
 TEST(RingTest, FullRingMakesTheWriterWaitAndOutOfOrderReleaseKeepsOrder) {
   auto w = MakeRing(3);
-  auto r = MapReader(*w);
+  auto r = Attach(*w, 1);
   for (uint64_t seq = 0; seq < 3; ++seq) Publish(*w, seq);
   EXPECT_EQ(w->AcquireFree(50), -1) << "no free slot until a release";
-  int s0, s1;
-  BatchView v0, v1;
-  ASSERT_EQ(*r->Acquire(100, &s0, &v0), RingReader::Wait::kGot);
-  ASSERT_EQ(*r->Acquire(100, &s1, &v1), RingReader::Wait::kGot);
-  ExpectBatch(v0, 0);
-  ExpectBatch(v1, 1);
-  r->Release(s1);  // release 1 before 0
+  int s0, s1, s2;
+  ExpectBatch(Take(*r, &s0), 0);
+  ExpectBatch(Take(*r, &s1), 1);
+  ASSERT_TRUE(r->Release(s1).ok());  // release 1 before 0
   Publish(*w, 3);
-  int s2;
-  BatchView v2;
-  ASSERT_EQ(*r->Acquire(100, &s2, &v2), RingReader::Wait::kGot);
-  ExpectBatch(v2, 2);
-  r->Release(s0);
-  r->Release(s2);
-  ASSERT_EQ(*r->Acquire(100, &s2, &v2), RingReader::Wait::kGot);
-  ExpectBatch(v2, 3);
-  r->Release(s2);
-  w->Close();
-  EXPECT_EQ(*r->Acquire(100, &s2, &v2), RingReader::Wait::kEnd);
+  ExpectBatch(Take(*r, &s2), 2);
+  ASSERT_TRUE(r->Release(s0).ok());
+  ASSERT_TRUE(r->Release(s2).ok());
+  ExpectBatch(Take(*r, &s2), 3);
+  ASSERT_TRUE(r->Release(s2).ok());
+  w->Close(true);
+  BatchView v;
+  EXPECT_EQ(*r->Acquire(100, &s2, &v), RingReader::Wait::kEnd);
+  EXPECT_FALSE(r->stopped_early());
   EXPECT_TRUE(w->Drained());
 }
 
 TEST(RingTest, ReaderRejectsABadHeader) {
   auto w = MakeRing(2);
-  int fd = dup(w->fd());
+  Result<int> control = w->Attach(1);
+  ASSERT_TRUE(control.ok());
+  // A copy of the data area with a damaged header.
+  std::string bytes(w->size(), '\0');
+  ASSERT_EQ(pread(w->data_fd(), bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
   uint32_t bad = 99;
-  ASSERT_EQ(pwrite(fd, &bad, 4, 8), 4);  // layout_version
-  auto r = RingReader::Map(fd);
+  std::memcpy(bytes.data() + 8, &bad, 4);  // layout_version
+  int fd = memfd_create("bad-ring", MFD_CLOEXEC);
+  ASSERT_EQ(pwrite(fd, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
+  auto r = RingReader::Map(fd, dup(*control));
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("layout version 99"), std::string::npos);
 }
 
+TEST(RingTest, ReaderChecksDtypeAndShapeAgainstBytes) {
+  auto w = MakeRing(2);
+  auto r = Attach(*w, 1);
+  int slot = w->AcquireFree(100);
+  BatchView view;
+  view.tensors.push_back({"values", 3, {10, 10}, nullptr, 396});  // 100 float32 are 400 bytes
+  ASSERT_TRUE(w->Commit(slot, view).ok());
+  int got;
+  BatchView v;
+  auto st = r->Acquire(100, &got, &v);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.status().message().find("shape x element size"), std::string::npos)
+      << st.status().message();
+  slot = w->AcquireFree(100);
+  view.tensors[0] = {"values", 9, {4}, nullptr, 16};
+  ASSERT_TRUE(w->Commit(slot, view).ok());
+  st = r->Acquire(100, &got, &v);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.status().message().find("unknown dtype 9"), std::string::npos)
+      << st.status().message();
+}
+
 // Two real processes: the child reads 200 batches through a 4-slot ring while the parent
-// writes them, blocking on the futex whenever the ring is full.
+// writes them.
 TEST(RingTest, TwoProcessesHandOffEveryBatch) {
   auto w = MakeRing(4);
+  Result<int> control = w->Attach(1);
+  ASSERT_TRUE(control.ok());
   pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    auto r = RingReader::Map(dup(w->fd()));
+    auto r = RingReader::Map(dup(w->data_fd()), dup(*control));
     if (!r.ok()) _exit(10);
     for (uint64_t seq = 0;; ++seq) {
       int slot;
@@ -137,7 +188,7 @@ TEST(RingTest, TwoProcessesHandOffEveryBatch) {
       const int32_t* d = reinterpret_cast<const int32_t*>(v.tensors[0].data);
       if (d[0] != static_cast<int32_t>(seq) || d[999] != static_cast<int32_t>(seq)) _exit(14);
       if (seq % 7 == 0) usleep(2000);
-      (*r)->Release(slot);
+      if (!(*r)->Release(slot).ok()) _exit(15);
     }
   }
   for (uint64_t seq = 0; seq < 200; ++seq) {
@@ -146,7 +197,7 @@ TEST(RingTest, TwoProcessesHandOffEveryBatch) {
     }
     ASSERT_TRUE(WriteBatch(*w, slot, seq).ok());
   }
-  w->Close();
+  w->Close(true);
   int status = 0;
   waitpid(child, &status, 0);
   ASSERT_TRUE(WIFEXITED(status));
@@ -155,33 +206,110 @@ TEST(RingTest, TwoProcessesHandOffEveryBatch) {
   EXPECT_TRUE(w->Drained());
 }
 
-// A reader process dies holding a batch: Reclaim hands it to the next reader, first.
+// A reader process dies holding batches: the next attach gets them first.
 TEST(RingTest, BatchesHeldByADeadReaderAreDeliveredAgain) {
   auto w = MakeRing(4);
   for (uint64_t seq = 0; seq < 4; ++seq) Publish(*w, seq);
+  Result<int> control = w->Attach(1);
+  ASSERT_TRUE(control.ok());
   pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    auto r = RingReader::Map(dup(w->fd()));
+    auto r = RingReader::Map(dup(w->data_fd()), dup(*control));
     int slot;
     BatchView v;
-    (*r)->Acquire(1000, &slot, &v);
-    (*r)->Release(slot);           // batch 0 acknowledged
-    (*r)->Acquire(1000, &slot, &v);  // batch 1 taken, never released
-    (*r)->Acquire(1000, &slot, &v);  // batch 2 too
+    (void)(*r)->Acquire(1000, &slot, &v);
+    (void)(*r)->Release(slot);             // batch 0 acknowledged
+    (void)(*r)->Acquire(1000, &slot, &v);  // batch 1 taken, never released
+    (void)(*r)->Acquire(1000, &slot, &v);  // batch 2 too
     _exit(0);
   }
   int status;
   waitpid(child, &status, 0);
-  EXPECT_EQ(w->Reclaim(), 2);
-  auto r = MapReader(*w);
+  EXPECT_EQ(w->released(), 1u);
+  EXPECT_EQ(w->Detach(), 2);
+  auto r = Attach(*w, 2);
   for (uint64_t seq = 1; seq < 4; ++seq) {
     int slot;
-    BatchView v;
-    ASSERT_EQ(*r->Acquire(100, &slot, &v), RingReader::Wait::kGot);
-    ExpectBatch(v, seq);
-    r->Release(slot);
+    ExpectBatch(Take(*r, &slot), seq);
+    ASSERT_TRUE(r->Release(slot).ok());
   }
+}
+
+TEST(RingTest, ForeignAndDoubleReleasesAreRefused) {
+  auto w = MakeRing(3);
+  auto r = Attach(*w, 1);
+  Publish(*w, 0);
+  Publish(*w, 1);
+  int slot;
+  ExpectBatch(Take(*r, &slot), 0);
+  int other = -1;
+  for (int i = 0; i < 3; ++i)
+    if (i != slot) other = i;
+  EXPECT_FALSE(r->Release(other).ok()) << "a slot this reader does not hold";
+  EXPECT_FALSE(r->Release(7).ok()) << "out of range";
+  ASSERT_TRUE(r->Release(slot).ok());
+  EXPECT_FALSE(r->Release(slot).ok()) << "released twice";
+  EXPECT_EQ(w->released(), 1u);
+}
+
+// After a takeover, the old reader's late release touches only its old control area: the
+// batch it held now belongs to the new reader, and stays held.
+TEST(RingTest, AStaleReleaseAfterATakeoverFreesNothing) {
+  auto w = MakeRing(2);
+  auto old_reader = Attach(*w, 1);
+  Publish(*w, 0);
+  Publish(*w, 1);
+  int old_slot;
+  ExpectBatch(Take(*old_reader, &old_slot), 0);
+  EXPECT_EQ(w->Detach(), 1);
+  auto r = Attach(*w, 2);
+  int slot;
+  ExpectBatch(Take(*r, &slot), 0);  // delivered again
+  EXPECT_EQ(slot, old_slot);
+  (void)old_reader->Release(old_slot);
+  EXPECT_EQ(w->released(), 0u);
+  EXPECT_EQ(w->AcquireFree(20), -1) << "the new reader still holds batch 0 and batch 1 is ready";
+  EXPECT_TRUE(w->TakeViolation().empty());
+  ASSERT_TRUE(r->Release(slot).ok());
+  EXPECT_EQ(w->released(), 1u);
+}
+
+// A reader that writes garbage over every writable byte is cut off; the ring is rebuilt from
+// the writer's private state for the next attach, which gets every batch, in order.
+TEST(RingTest, AScribblingReaderIsCutOffAndTheRankRebuilt) {
+  auto w = MakeRing(4);
+  Result<int> control = w->Attach(1);
+  ASSERT_TRUE(control.ok());
+  for (uint64_t seq = 0; seq < 3; ++seq) Publish(*w, seq);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto r = RingReader::Map(dup(w->data_fd()), dup(*control));
+    int slot;
+    BatchView v;
+    (void)(*r)->Acquire(1000, &slot, &v);
+    void* p = mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, *control, 0);
+    if (p == MAP_FAILED) _exit(1);
+    std::memset(p, 0x5a, kPageBytes);
+    _exit(0);
+  }
+  int status;
+  waitpid(child, &status, 0);
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(w->AcquireFree(0), 3) << "the one slot that never held a batch";
+  std::string why = w->TakeViolation();
+  EXPECT_NE(why.find("makes no sense"), std::string::npos) << why;
+  EXPECT_EQ(w->released(), 0u);
+  ASSERT_TRUE(WriteBatch(*w, 3, 3).ok());
+  auto r = Attach(*w, 2);
+  for (uint64_t seq = 0; seq < 4; ++seq) {
+    int slot;
+    ExpectBatch(Take(*r, &slot), seq);
+    ASSERT_TRUE(r->Release(slot).ok());
+  }
+  EXPECT_TRUE(w->TakeViolation().empty());
+  EXPECT_EQ(w->released(), 4u);
 }
 
 TEST(RingTest, BatchLargerThanPlannedIsRefusedAndAbandonFreesTheSlot) {

@@ -69,7 +69,7 @@ class MemorySink : public BatchSink {
     --open_;
     ++discarded;
   }
-  void Finish() override { finished = true; }
+  void Finish(bool) override { finished = true; }
   void Hold(bool h) {
     std::lock_guard<std::mutex> lock(mu_);
     hold_ = h;

@@ -35,7 +35,7 @@ class Keep : public BatchSink {
     seqs.push_back(info.seq);
   }
   void Discard(const BatchMemory&) override {}
-  void Finish() override { finished = true; }
+  void Finish(bool) override { finished = true; }
   std::vector<std::vector<int32_t>> rows, docs;
   std::vector<std::vector<std::string>> ids;
   std::vector<int32_t> lengths;
@@ -72,7 +72,7 @@ TEST(PackingSinkTest, ConcatenatesDocumentsIntoFullRowsWithDocumentIds) {
   Keep inner(B, L);
   PackingSink sink(&inner, L, B, -1);
   Feed(sink, {3, 7, 2, 4, 5}, L, B);  // 21 tokens: rows of 8, 8, 5
-  sink.Finish();
+  sink.Finish(true);
   ASSERT_EQ(inner.rows.size(), 3u);
   EXPECT_EQ(inner.rows[0], (std::vector<int32_t>{0, 1, 2, 1000, 1001, 1002, 1003, 1004}));
   EXPECT_EQ(inner.docs[0], (std::vector<int32_t>{0, 0, 0, 1, 1, 1, 1, 1}));
@@ -94,7 +94,7 @@ TEST(PackingSinkTest, DocumentSpansBatchesAndEpochsDoNotMix) {
   PackingSink sink(&inner, L, B, 0);
   Feed(sink, {3, 4}, L, B, 0);   // rows [d0 d0 d0 d1] [d1 d1 d1 pad]
   Feed(sink, {1}, L, B, 1, 2);   // a new epoch starts a new row
-  sink.Finish();
+  sink.Finish(true);
   ASSERT_EQ(inner.rows.size(), 3u);
   EXPECT_EQ(inner.rows[0], (std::vector<int32_t>{0, 1, 2, 1000}));
   EXPECT_EQ(inner.docs[0], (std::vector<int32_t>{0, 0, 0, 1}));
