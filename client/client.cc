@@ -124,16 +124,6 @@ Status ForkedChild(int owner) {
 
 }  // namespace
 
-Result<Cursor> Cursor::FromJson(const nlohmann::json& j) {
-  if (!j.is_object() || !j.contains("seq") || !j["seq"].is_number_unsigned())
-    return Status::Invalid("a cursor is a JSON object with a non-negative integer \"seq\"");
-  Cursor c;
-  c.seq = j["seq"].get<uint64_t>();
-  if (j.contains("epoch") && j["epoch"].is_number_unsigned()) c.epoch = j["epoch"].get<uint32_t>();
-  if (j.contains("batch") && j["batch"].is_number_unsigned()) c.batch = j["batch"].get<uint64_t>();
-  return c;
-}
-
 Batch::~Batch() {
   // A forked child's copy of a lease is not the parent's slot to free.
   if (conn_->owner_pid == getpid()) (void)conn_->ring->Release(slot_);
@@ -156,14 +146,14 @@ Result<std::unique_ptr<Client>> Client::Attach(const std::string& socket_path, i
   return c;
 }
 
-Status Client::Connect(const std::optional<Cursor>& resume) {
+Status Client::Connect(const std::optional<StreamCursor>& resume) {
   Result<int> fd = mmfeed::Connect(socket_path_);
   if (!fd.ok()) return fd.status();
   auto conn = std::make_shared<Connection>();
   conn->sock = *fd;
   conn->owner_pid = pid_;
   nlohmann::json req = {{"cmd", "attach"}, {"rank", rank_}};
-  if (resume) req["resume"] = resume->ToJson();
+  if (resume) req["resume"] = CursorToJson(*resume);
   MMFEED_RETURN_IF_ERROR(SendLine(conn->sock, req));
   std::vector<int> fds;
   Result<nlohmann::json> reply = RecvLine(conn->sock, &fds, 10000);

@@ -23,20 +23,11 @@
 #include <string>
 #include <vector>
 
+#include "base/cursor.h"
 #include "base/status.h"
 #include "shm/ring.h"
 
 namespace mmfeed {
-
-// A rank's position in its stream: the batch it is served next (see Batch::cursor()).
-struct Cursor {
-  uint32_t epoch = 0;
-  uint64_t batch = 0;
-  uint64_t seq = 0;
-  nlohmann::json ToJson() const { return {{"epoch", epoch}, {"batch", batch}, {"seq", seq}}; }
-  // Needs at least "seq"; "epoch" and "batch" default to what the daemon derives from it.
-  static Result<Cursor> FromJson(const nlohmann::json& j);
-};
 
 class Connection;  // the socket and the mapped ring of one attach
 
@@ -53,7 +44,7 @@ class Batch {
   // nullptr if there is no tensor of that name.
   const shm::TensorView* tensor(std::string_view name) const;
   // The rank's cursor after this batch: attach with it to be served the batch after this one.
-  Cursor cursor() const { return {view_.next_epoch, view_.next_batch, view_.next_seq}; }
+  StreamCursor cursor() const { return view_.next; }
 
  private:
   friend class Client;
@@ -66,7 +57,7 @@ class Batch {
 struct AttachOptions {
   // Serve from the batch after this one (the cursor of the last batch the trainer finished);
   // without it the daemon's own acknowledged position is used.
-  std::optional<Cursor> resume;
+  std::optional<StreamCursor> resume;
   // When the daemon goes away, keep trying to re-attach for this long (0: report it at once).
   double reconnect_s = 0;
 };
@@ -87,7 +78,7 @@ class Client {
 
  private:
   Client() = default;
-  Status Connect(const std::optional<Cursor>& resume);
+  Status Connect(const std::optional<StreamCursor>& resume);
 
   std::string socket_path_;
   int rank_ = 0;
@@ -95,7 +86,7 @@ class Client {
   int pid_ = 0;  // the attaching process
   std::shared_ptr<Connection> conn_;
   nlohmann::json info_;
-  std::optional<Cursor> last_;  // cursor after the last batch Next() returned
+  std::optional<StreamCursor> last_;  // cursor after the last batch Next() returned
 };
 
 // One request/response on the control socket (used by mmfeedctl). Gives up after timeout_ms.

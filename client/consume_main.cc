@@ -26,6 +26,7 @@
 #include <optional>
 #include <thread>
 
+#include "base/atomic_file.h"
 #include "base/flags.h"
 #include "base/npy.h"
 #include "client/client.h"
@@ -52,33 +53,20 @@ Status Dump(const std::string& dir, uint64_t index, const Batch& b) {
                                     static_cast<DType>(t.dtype), t.shape, t.data, t.nbytes));
   nlohmann::json meta = {{"seq", b.seq()},
                          {"epoch", b.epoch()},
-                         {"cursor", b.cursor().ToJson()},
+                         {"cursor", CursorToJson(b.cursor())},
                          {"ids", nlohmann::json::array()}};
   for (auto id : b.ids()) meta["ids"].push_back(std::string(id));
   std::ofstream(d + "/meta.json") << meta.dump() << "\n";
   return Status::Ok();
 }
 
-// Replaces `path` with `text` so that a crash at any point leaves the old or the new content.
-Status WriteAtomically(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::Io(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
-  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
-            ::fsync(fd) == 0;
-  ok = ::close(fd) == 0 && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0)
-    return Status::Io(fmt::format("cannot write {}: {}", path, std::strerror(errno)));
-  return Status::Ok();
-}
-
-Result<std::optional<Cursor>> ReadCursor(const std::string& path) {
+Result<std::optional<StreamCursor>> ReadCursor(const std::string& path) {
   std::ifstream f(path);
-  if (!f) return std::optional<Cursor>();
+  if (!f) return std::optional<StreamCursor>();
   std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  Result<Cursor> c = Cursor::FromJson(nlohmann::json::parse(text, nullptr, false));
+  Result<StreamCursor> c = CursorFromJson(nlohmann::json::parse(text, nullptr, false));
   if (!c.ok()) return c.status().WithContext(path);
-  return std::optional<Cursor>(*c);
+  return std::optional<StreamCursor>(*c);
 }
 
 int Fail(const Status& st) {
@@ -133,7 +121,7 @@ int main(int argc, char** argv) {
   }
   if (rank < 0) Usage(2);
   if (!cursor_file.empty()) {
-    Result<std::optional<Cursor>> c = ReadCursor(cursor_file);
+    Result<std::optional<StreamCursor>> c = ReadCursor(cursor_file);
     if (!c.ok()) return Fail(c.status());
     options.resume = *c;
   }
@@ -158,7 +146,7 @@ int main(int argc, char** argv) {
       if (!st.ok()) return Fail(st);
     }
     if (!cursor_file.empty()) {
-      Status st = WriteAtomically(cursor_file, batch->cursor().ToJson().dump() + "\n");
+      Status st = WriteFileAtomically(cursor_file, CursorToJson(batch->cursor()).dump() + "\n");
       if (!st.ok()) return Fail(st);
     }
     ++batches;

@@ -1,10 +1,12 @@
 // mmfeedctl: talks to a running mmfeedd.
 //
-//   mmfeedctl [--socket PATH] status [--json]   per-stage profile, consumers, errors
-//   mmfeedctl [--socket PATH] stop              drain and exit
+//   mmfeedctl [--socket PATH] [--timeout SECONDS] status [--json]   profile, consumers, errors
+//   mmfeedctl [--socket PATH] [--timeout SECONDS] stop              drain and exit
+// A daemon that does not answer within the timeout (default 10 s) is an error, exit 1.
 #include <cstdio>
 #include <string>
 
+#include "base/flags.h"
 #include "client/client.h"
 #include "stages/runtime/profile.h"
 
@@ -14,21 +16,35 @@ int main(int argc, char** argv) {
   std::string socket_path = "/tmp/mmfeed.sock", cmd;
   if (const char* s = std::getenv("MMFEED_SOCKET")) socket_path = s;
   bool json = false;
+  double timeout_s = 10;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--socket" && i + 1 < argc) socket_path = argv[++i];
-    else if (a == "--json") json = true;
-    else if (cmd.empty() && (a == "status" || a == "stop")) cmd = a;
+    if (a == "--socket" && i + 1 < argc)
+      socket_path = argv[++i];
+    else if (a == "--timeout" && i + 1 < argc) {
+      Result<double> t = ParseDouble(a, argv[++i], 0.001, 86400);
+      if (!t.ok()) {
+        std::fprintf(stderr, "mmfeedctl: %s\n", t.status().message().c_str());
+        return 2;
+      }
+      timeout_s = *t;
+    } else if (a == "--json")
+      json = true;
+    else if (cmd.empty() && (a == "status" || a == "stop"))
+      cmd = a;
     else {
-      std::fprintf(stderr, "usage: mmfeedctl [--socket PATH] status [--json] | stop\n");
+      std::fprintf(stderr,
+                   "usage: mmfeedctl [--socket PATH] [--timeout SECONDS] status [--json] | stop\n");
       return 2;
     }
   }
   if (cmd.empty()) {
-    std::fprintf(stderr, "usage: mmfeedctl [--socket PATH] status [--json] | stop\n");
+    std::fprintf(stderr,
+                 "usage: mmfeedctl [--socket PATH] [--timeout SECONDS] status [--json] | stop\n");
     return 2;
   }
-  Result<nlohmann::json> reply = ControlRequest(socket_path, {{"cmd", cmd}});
+  Result<nlohmann::json> reply =
+      ControlRequest(socket_path, {{"cmd", cmd}}, static_cast<int>(timeout_s * 1000));
   if (!reply.ok()) {
     std::fprintf(stderr, "mmfeedctl: %s\n", reply.status().message().c_str());
     return 1;
@@ -42,14 +58,16 @@ int main(int argc, char** argv) {
     std::printf("%s\n", s.dump(2).c_str());
     return 0;
   }
-  std::printf("pipeline %s (pid %d): %s\n", s["pipeline"].get<std::string>().c_str(), s["pid"].get<int>(),
-              s["state"].get<std::string>().c_str());
+  std::printf("pipeline %s (pid %d): %s\n", s["pipeline"].get<std::string>().c_str(),
+              s["pid"].get<int>(), s["state"].get<std::string>().c_str());
   for (const auto& r : s["consumers"])
     std::printf("  rank %d: %s, %lu published, %lu released\n", r["rank"].get<int>(),
-                r["attached"].get<bool>() ? ("pid " + std::to_string(r["pid"].get<int>())).c_str() : "not attached",
+                r["attached"].get<bool>() ? ("pid " + std::to_string(r["pid"].get<int>())).c_str()
+                                          : "not attached",
                 static_cast<unsigned long>(r["published"].get<uint64_t>()),
                 static_cast<unsigned long>(r["released"].get<uint64_t>()));
   std::printf("%s", FormatProfile(s["profile"]).c_str());
-  std::printf("errors: %lu\n", static_cast<unsigned long>(s["profile"]["errors"]["total"].get<uint64_t>()));
+  std::printf("errors: %lu\n",
+              static_cast<unsigned long>(s["profile"]["errors"]["total"].get<uint64_t>()));
   return 0;
 }

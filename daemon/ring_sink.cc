@@ -38,9 +38,7 @@ void RingSink::Commit(const BatchMemory& memory, const BatchInfo& info) {
   shm::BatchView view;
   view.seq = info.seq;
   view.epoch = info.epoch;
-  view.next_epoch = info.next.epoch;
-  view.next_batch = info.next.batch;
-  view.next_seq = info.next.seq;
+  view.next = info.next;
   for (const std::string& id : info.ids) view.ids.emplace_back(id);
   for (const TensorSpec& s : specs_) {
     shm::TensorView t;

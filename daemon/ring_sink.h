@@ -24,6 +24,7 @@ class RingSink : public BatchSink {
   void Commit(const BatchMemory& memory, const BatchInfo& info) override;
   void Discard(const BatchMemory& memory) override;
   void Finish(bool complete) override;
+  void DropPublished() override { ring_->DropReady(); }
 
   // Stop waiting for the trainer: Reserve returns kClosed from now on.
   void Abort() { abort_.store(true, std::memory_order_release); }

@@ -217,6 +217,8 @@ void RingWriter::SyncLocked() {
       if (ok) {
         s = Slot::kFree;
         ++released_;
+        const SlotDescriptor* d = slot(static_cast<int>(i));
+        if (d->next_seq > acked_.seq) acked_ = {d->next_epoch, d->next_batch, d->next_seq};
       }
     } else {
       ok = w == ready && s == Slot::kReady;
@@ -277,9 +279,9 @@ Status RingWriter::Commit(int index, const BatchView& batch) {
   d->num_tensors = static_cast<uint32_t>(batch.tensors.size());
   d->ids_offset = sizeof(SlotDescriptor);
   d->ids_bytes = ids_bytes;
-  d->next_epoch = batch.next_epoch;
-  d->next_batch = batch.next_batch;
-  d->next_seq = batch.next_seq;
+  d->next_epoch = batch.next.epoch;
+  d->next_batch = batch.next.batch;
+  d->next_seq = batch.next.seq;
   uint8_t* p = slot_base + d->ids_offset;
   for (auto id : batch.ids) {
     std::memcpy(p, id.data(), id.size());
@@ -340,7 +342,52 @@ uint64_t RingWriter::released() {
   return released_;
 }
 
-uint64_t RingWriter::unreleased() { return published() - released(); }
+uint64_t RingWriter::unreleased() {
+  std::lock_guard<std::mutex> lock(mu_);
+  SyncLocked();
+  return published() - released_ - dropped_;
+}
+
+int RingWriter::DropReady(uint64_t seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  SyncLocked();
+  int n = 0;
+  for (uint32_t i = 0; i < slot_count_; ++i) {
+    if (state_[i] != Slot::kReady || slot(static_cast<int>(i))->seq >= seq) continue;
+    uint64_t ready = ControlWord(kSlotReady, generation_);
+    if (control_base_ && !control(static_cast<int>(i))->word.compare_exchange_strong(ready, 0))
+      continue;  // just taken
+    state_[i] = Slot::kFree;
+    ++n;
+  }
+  dropped_ += n;
+  return n;
+}
+
+uint64_t RingWriter::dropped() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return dropped_;
+}
+
+uint64_t RingWriter::MinReadySeq() {
+  std::lock_guard<std::mutex> lock(mu_);
+  SyncLocked();
+  uint64_t best = UINT64_MAX;
+  for (uint32_t i = 0; i < slot_count_; ++i)
+    if (state_[i] == Slot::kReady) best = std::min(best, slot(static_cast<int>(i))->seq);
+  return best;
+}
+
+StreamCursor RingWriter::acked() {
+  std::lock_guard<std::mutex> lock(mu_);
+  SyncLocked();
+  return acked_;
+}
+
+void RingWriter::set_acked(const StreamCursor& c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  acked_ = c;
+}
 
 // ---------------------------------------------------------------- reader
 
@@ -420,9 +467,7 @@ Status RingReader::ParseSlot(int i, BatchView* batch) const {
     return Status::Corrupt(fmt::format("slot {}: ids out of bounds", i));
   batch->seq = d->seq;
   batch->epoch = d->epoch;
-  batch->next_epoch = d->next_epoch;
-  batch->next_batch = d->next_batch;
-  batch->next_seq = d->next_seq;
+  batch->next = {d->next_epoch, d->next_batch, d->next_seq};
   batch->ids.clear();
   const char* ids = reinterpret_cast<const char*>(base + d->ids_offset);
   uint64_t pos = 0;

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/cursor.h"
 #include "base/status.h"
 #include "shm/ring_format.h"
 
@@ -31,10 +32,7 @@ struct BatchView {
   uint32_t epoch = 0;
   std::vector<std::string_view> ids;
   std::vector<TensorView> tensors;
-  // The rank's stream cursor after this batch (SlotDescriptor::next_*).
-  uint32_t next_epoch = 0;
-  uint64_t next_batch = 0;
-  uint64_t next_seq = 0;
+  StreamCursor next;  // the rank's cursor after this batch (SlotDescriptor::next_*)
 };
 
 // Where things go in every slot: ids first, then each tensor at a fixed, page-aligned offset
@@ -99,8 +97,17 @@ class RingWriter {
   bool Drained();
   uint64_t published() const;
   uint64_t released();
-  // Published batches not yet released; how many of them the reader holds.
+  // Published batches not yet released or dropped.
   uint64_t unreleased();
+  // Drops the published batches no reader holds whose seq is below `seq` (all of them for
+  // UINT64_MAX): they will not be delivered. Returns how many.
+  int DropReady(uint64_t seq = UINT64_MAX);
+  uint64_t dropped();
+  // The smallest seq among the published batches no reader holds, or UINT64_MAX.
+  uint64_t MinReadySeq();
+  // The cursor after the last batch released, in seq order; settable when a trainer resumes.
+  StreamCursor acked();
+  void set_acked(const StreamCursor& c);
 
  private:
   enum class Slot : uint8_t { kFree, kWriting, kReady, kTaken };
@@ -121,7 +128,8 @@ class RingWriter {
   SlotLayout layout_;
   std::mutex mu_;
   std::vector<Slot> state_;
-  uint64_t released_ = 0;
+  uint64_t released_ = 0, dropped_ = 0;
+  StreamCursor acked_;
   int control_fd_ = -1;
   uint8_t* control_base_ = nullptr;  // the current reader's control area, or null
   uint32_t generation_ = 0;

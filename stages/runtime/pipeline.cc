@@ -43,6 +43,7 @@ nlohmann::json ErrorLog::ToJson() const {
 // Immutable once made; shared by the work items that write into it and the collator.
 struct Pipeline::Provisional {
   BatchMemory memory;
+  uint64_t gen = 0;  // the rank's stream generation (bumped by Rewind)
   uint32_t rank = 0;
   uint32_t epoch = 0;
   uint64_t index = 0;  // within the epoch
@@ -194,19 +195,36 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
     return Status::Invalid(
         fmt::format("each rank gets {} samples per epoch, fewer than batch_size {} with drop_last",
                     p->per_rank_, bs));
+  p->rewinds_.resize(cfg.consumers);
+  p->next_commit_ = std::make_unique<std::atomic<uint64_t>[]>(cfg.consumers);
   if (start.empty()) start.assign(cfg.consumers, StreamCursor{});
-  if (static_cast<int>(start.size()) != cfg.consumers)
-    return Status::Invalid("one start cursor per consumer rank is required");
-  for (const StreamCursor& c : start)
-    if (c.batch >= p->batches_per_epoch_ || c.seq != c.epoch * p->batches_per_epoch_ + c.batch)
-      return Status::Invalid(
-          fmt::format("cursor (epoch {}, batch {}, seq {}) does not fit {} batches per epoch",
-                      c.epoch, c.batch, c.seq, p->batches_per_epoch_));
-  p->start_ = std::move(start);
+  MMFEED_RETURN_IF_ERROR(p->SetStart(std::move(start)));
+  // The fingerprint: every catalog id in order, then the settings (each stage's full config
+  // stands in for its sample-changing parameters).
+  uint64_t h = HashString(fmt::format(
+      "{}|{}|{}|{}|{}|{}|{}|{}", cfg.source.seed, cfg.source.shuffle, cfg.source.node_rank,
+      cfg.source.num_nodes, cfg.consumers, cfg.batch_size, cfg.drop_last, cfg.source.epochs));
+  for (const CatalogEntry& e : p->catalog_->entries) h = HashString(e.id, HashString("\n", h));
+  for (const StageConfig& s : cfg.stages)
+    h = HashString(fmt::format("{}|{}|{}|{}", s.name, s.type, s.field, s.params.Canonical()), h);
+  p->fingerprint_ = fmt::format("{:016x}", h);
   p->orders_ =
       std::make_unique<EpochOrders>(p->catalog_->entries.size(), cfg.source, cfg.consumers);
   p->join_ = std::make_unique<JoinBox>(256);
   return p;
+}
+
+Status Pipeline::SetStart(std::vector<StreamCursor> start) {
+  if (static_cast<int>(start.size()) != cfg_.consumers)
+    return Status::Invalid("one start cursor per consumer rank is required");
+  for (const StreamCursor& c : start)
+    if (c.batch >= batches_per_epoch_ || c.seq != c.epoch * batches_per_epoch_ + c.batch)
+      return Status::Invalid(
+          fmt::format("cursor (epoch {}, batch {}, seq {}) does not fit {} batches per epoch",
+                      c.epoch, c.batch, c.seq, batches_per_epoch_));
+  start_ = std::move(start);
+  for (int r = 0; r < cfg_.consumers; ++r) next_commit_[r] = start_[r].seq;
+  return Status::Ok();
 }
 
 int Pipeline::RowsOf(uint64_t index) const {
@@ -214,12 +232,38 @@ int Pipeline::RowsOf(uint64_t index) const {
   return static_cast<int>(std::min(bs, per_rank_ - index * bs));
 }
 
-StreamCursor Pipeline::CursorAfter(uint64_t seq) const {
+StreamCursor Pipeline::CursorAt(uint64_t seq) const {
   StreamCursor c;
-  c.seq = seq + 1;
-  c.epoch = static_cast<uint32_t>(c.seq / batches_per_epoch_);
-  c.batch = c.seq % batches_per_epoch_;
+  c.seq = seq;
+  c.epoch = static_cast<uint32_t>(seq / batches_per_epoch_);
+  c.batch = seq % batches_per_epoch_;
   return c;
+}
+
+Status Pipeline::Rewind(uint32_t rank, uint64_t from_seq) {
+  if (cfg_.packed_stage >= 0)
+    return Status::Unsupported(
+        "a packed text stream cannot be resumed at a cursor (its rows cross batches)");
+  if (rank >= static_cast<uint32_t>(cfg_.consumers))
+    return Status::Invalid(fmt::format("rank {} out of range", rank));
+  const uint64_t total = cfg_.source.epochs ? cfg_.source.epochs * batches_per_epoch_ : UINT64_MAX;
+  if (from_seq > total)
+    return Status::Invalid(fmt::format(
+        "cursor seq {} is past the end of the data ({} batches per rank)", from_seq, total));
+  std::lock_guard<std::mutex> lock(rewind_mu_);
+  if (source_exited_)
+    return Status::Closed(fmt::format(
+        "the run has ended; rank {} cannot be served from batch {} again", rank, from_seq));
+  RankRewind& rw = rewinds_[rank];
+  ++rw.gen;
+  rw.to = CursorAt(from_seq);
+  rw.source_pending = rw.collator_pending = true;
+  rewind_pending_.store(true, std::memory_order_release);
+  sinks_[rank]->DropPublished();
+  next_commit_[rank].store(from_seq, std::memory_order_release);
+  spdlog::info("rank {}: rewound to batch {} (epoch {}, batch {} of the epoch)", rank, from_seq,
+               rw.to.epoch, rw.to.batch);
+  return Status::Ok();
 }
 
 Pipeline::~Pipeline() {
@@ -299,9 +343,20 @@ void Pipeline::SourceLoop() {
     return cfg_.source.epochs != 0 && c.epoch >= static_cast<uint32_t>(cfg_.source.epochs);
   };
   std::vector<bool> done(consumers);
+  std::vector<uint64_t> gen(consumers, 0);
   for (int r = 0; r < consumers; ++r) done[r] = past_end(next[r]);
   for (int turn = 0;; turn = (turn + 1) % consumers) {
     uint64_t t0 = NowNs();
+    if (rewind_pending_.exchange(false, std::memory_order_acq_rel)) {
+      std::lock_guard<std::mutex> lock(rewind_mu_);
+      for (int r = 0; r < consumers; ++r) {
+        if (!rewinds_[r].source_pending) continue;
+        rewinds_[r].source_pending = false;
+        next[r] = rewinds_[r].to;
+        gen[r] = rewinds_[r].gen;
+        done[r] = past_end(next[r]);
+      }
+    }
     bool progressed = false, any_full = false;
     for (Refill& f : refills_->Take()) {
       Dispatch(f.batch, f.row, f.entry, true);
@@ -315,6 +370,7 @@ void Pipeline::SourceLoop() {
       if (res == Reservation::kClosed) done[r] = true;
       any_full |= res == Reservation::kFull;
       if (res != Reservation::kReserved) continue;
+      pb->gen = gen[r];
       pb->rank = static_cast<uint32_t>(r);
       pb->epoch = next[r].epoch;
       pb->index = next[r].batch;
@@ -331,8 +387,15 @@ void Pipeline::SourceLoop() {
     source_counters_.busy_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
     bool complete = std::all_of(next.begin(), next.end(), past_end);
     complete_.store(complete, std::memory_order_release);
-    bool all_dealt = stop_.load(std::memory_order_acquire) || std::all_of(done.begin(), done.end(), [](bool d) { return d; });
-    if (all_dealt && open_batches_.load(std::memory_order_acquire) == 0) break;
+    bool all_dealt = stop_.load(std::memory_order_acquire) ||
+                     std::all_of(done.begin(), done.end(), [](bool d) { return d; });
+    if (all_dealt && open_batches_.load(std::memory_order_acquire) == 0) {
+      std::lock_guard<std::mutex> lock(rewind_mu_);
+      if (!rewind_pending_.load(std::memory_order_acquire)) {
+        source_exited_ = true;
+        break;
+      }
+    }
     if (!progressed) {
       uint64_t w0 = NowNs();
       refills_->Wait(1);
@@ -386,8 +449,13 @@ class Pipeline::Collator {
 
   // Every branch of a sample reported; `status` is the first failure, if any.
   void Resolve(const WorkItem& s, const Status& status, const std::string& failed_stage) {
+    TakeRewind();
     Open& o = Get(s.batch);
     --o.outstanding;
+    if (s.batch->gen != gen_) {  // dealt before a rewind: abandoned
+      if (o.outstanding == 0) Drop(s.batch);
+      return;
+    }
     const CatalogEntry& e = p_->catalog_->entries[s.entry];
     if (status.ok()) {
       o.ids[s.row] = e.id;
@@ -408,10 +476,15 @@ class Pipeline::Collator {
     }
     if (!p_->status().ok()) return DiscardIdle();
     if (o.outstanding == 0 && !o.holes.empty()) Refill(o);
-    while (!open_.empty() && open_.begin()->first == next_commit_) {
-      Open& f = open_.begin()->second;
+    for (auto it = open_.find({gen_, next_commit_}); it != open_.end();
+         it = open_.find({gen_, next_commit_})) {
+      Open& f = it->second;
       if (f.outstanding > 0 || !f.holes.empty()) break;
-      Commit(f);
+      // Under rewind_mu_, so that a batch of a generation that a rewind just ended never
+      // reaches the sink.
+      std::lock_guard<std::mutex> lock(p_->rewind_mu_);
+      if (p_->rewinds_[rank_].gen != gen_) break;
+      Commit(it);
     }
   }
 
@@ -429,6 +502,30 @@ class Pipeline::Collator {
   }
 
  private:
+  // Takes up a rewind of this rank: commits restart at its seq; batches of earlier
+  // generations are dropped as soon as no worker writes to them.
+  void TakeRewind() {
+    {
+      std::lock_guard<std::mutex> lock(p_->rewind_mu_);
+      RankRewind& rw = p_->rewinds_[rank_];
+      if (!rw.collator_pending) return;
+      rw.collator_pending = false;
+      gen_ = rw.gen;
+      next_commit_ = rw.to.seq;
+    }
+    for (auto it = open_.begin(); it != open_.end();) {
+      auto next = std::next(it);
+      if (it->second.batch->gen != gen_ && it->second.outstanding == 0) Drop(it->second.batch);
+      it = next;
+    }
+  }
+
+  void Drop(const std::shared_ptr<const Provisional>& b) {
+    p_->sinks_[rank_]->Discard(b->memory);
+    p_->open_batches_.fetch_sub(1, std::memory_order_acq_rel);
+    open_.erase({b->gen, b->seq});
+  }
+
   struct Open {
     std::shared_ptr<const Provisional> batch;
     std::vector<std::string> ids;
@@ -439,9 +536,9 @@ class Pipeline::Collator {
   };
 
   Open& Get(const std::shared_ptr<const Provisional>& b) {
-    auto it = open_.find(b->seq);
+    auto it = open_.find({b->gen, b->seq});
     if (it != open_.end()) return it->second;
-    Open& o = open_[b->seq];
+    Open& o = open_[{b->gen, b->seq}];
     o.batch = b;
     o.ids.resize(b->rows);
     o.outstanding = b->rows;
@@ -488,7 +585,8 @@ class Pipeline::Collator {
     if (give_up) DiscardIdle();
   }
 
-  void Commit(Open& f) {
+  void Commit(std::map<std::pair<uint64_t, uint64_t>, Open>::iterator it) {
+    Open& f = it->second;
     BatchInfo info;
     info.rank = rank_;
     info.seq = f.batch->seq;
@@ -500,13 +598,14 @@ class Pipeline::Collator {
     p_->sinks_[rank_]->Commit(f.batch->memory, info);
     p_->batch_counters_.blocked_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
     p_->open_batches_.fetch_sub(1, std::memory_order_acq_rel);
-    open_.erase(open_.begin());
-    ++next_commit_;
+    open_.erase(it);
+    p_->next_commit_[rank_].store(++next_commit_, std::memory_order_release);
   }
 
   Pipeline* p_;
   uint32_t rank_;
-  std::map<uint64_t, Open> open_;  // by seq
+  std::map<std::pair<uint64_t, uint64_t>, Open> open_;  // by (generation, seq)
+  uint64_t gen_ = 0;                                    // the rank's current stream generation
   uint64_t next_commit_;
   std::vector<bool>* known_bad_;  // by catalog index, shared by the batch thread's collators
 };

@@ -23,10 +23,11 @@
 #include <thread>
 #include <vector>
 
-#include "stages/runtime/config.h"
-#include "stages/runtime/profile.h"
+#include "base/cursor.h"
 #include "base/status.h"
 #include "base/tensor.h"
+#include "stages/runtime/config.h"
+#include "stages/runtime/profile.h"
 
 namespace mmfeed {
 
@@ -39,15 +40,6 @@ struct CatalogEntry;
 struct BatchMemory {
   int handle = -1;  // the sink's own (the ring slot)
   std::vector<uint8_t*> base;
-};
-
-// A rank's position in its own stream: the batch it will be served next.
-// seq == epoch * batches_per_epoch + batch.
-struct StreamCursor {
-  uint32_t epoch = 0;
-  uint64_t batch = 0;  // index of the next batch within the epoch
-  uint64_t seq = 0;    // its number in the rank's stream, from 0, across epochs
-  bool operator==(const StreamCursor&) const = default;
 };
 
 // What a sink publishes with a batch.
@@ -74,6 +66,9 @@ class BatchSink {
   virtual void Commit(const BatchMemory& memory, const BatchInfo& info) = 0;
   // Returns a reserved batch unpublished. Called from the batch thread.
   virtual void Discard(const BatchMemory& memory) = 0;
+  // Drops every published batch no trainer holds (the rank was rewound). Called from the
+  // controlling thread while no trainer is attached to the sink.
+  virtual void DropPublished() {}
   // No batch will follow. `complete`: every rank's data was dealt to its end (false when the
   // pipeline was stopped or failed first).
   virtual void Finish(bool complete) = 0;
@@ -103,6 +98,9 @@ class Pipeline {
                                                   std::vector<StreamCursor> start = {});
   ~Pipeline();
 
+  // Where each rank's stream begins (one cursor per rank), instead of Create's `start`.
+  // REQUIRES: before Start().
+  Status SetStart(std::vector<StreamCursor> start);
   Status Start();
   // The source stops dealing at a batch boundary; batches already dealt are completed
   // (refilled where samples fail) and committed, then the sinks are finished.
@@ -121,8 +119,21 @@ class Pipeline {
   // Every rank's epoch has this many batches; batch `index` of an epoch has RowsOf(index) rows.
   uint64_t batches_per_epoch() const { return batches_per_epoch_; }
   int RowsOf(uint64_t index) const;
-  // The cursor that follows batch `seq` of a rank.
-  StreamCursor CursorAfter(uint64_t seq) const;
+  // The cursor of batch `seq` of a rank, and the one that follows it.
+  StreamCursor CursorAt(uint64_t seq) const;
+  StreamCursor CursorAfter(uint64_t seq) const { return CursorAt(seq + 1); }
+  // Serves rank `rank` from `from` on (a cursor its trainer finished at): the rank's batches
+  // not yet in its sink are abandoned, the sink's unheld ones dropped (DropPublished), and
+  // the rank's stream restarts there. Other ranks are untouched. Refused for packed text and
+  // once the pipeline has finished.
+  Status Rewind(uint32_t rank, uint64_t from_seq);
+  // The seq of the next batch the rank's sink will be given.
+  uint64_t NextCommit(uint32_t rank) const {
+    return next_commit_[rank].load(std::memory_order_acquire);
+  }
+  // Identifies the streams this pipeline makes: the catalog's ids and every setting that
+  // changes which samples go where or their bytes. Equal fingerprints, equal batches.
+  const std::string& fingerprint() const { return fingerprint_; }
 
   struct WorkItem;  // internal: one sample's field travelling through a branch
 
@@ -154,7 +165,20 @@ class Pipeline {
   std::unique_ptr<EpochOrders> orders_;
   std::unique_ptr<RefillQueue> refills_;
   std::atomic<int64_t> open_batches_{0};  // dealt and not yet committed or discarded
-  uint64_t next_key_ = 0;                 // source thread: one per dispatched sample
+  // Rewinds, guarded by rewind_mu_: per rank the stream generation, where it restarts, and
+  // whether the source and the collator have taken it up yet.
+  struct RankRewind {
+    uint64_t gen = 0;
+    StreamCursor to;
+    bool source_pending = false, collator_pending = false;
+  };
+  std::mutex rewind_mu_;
+  std::vector<RankRewind> rewinds_;
+  bool source_exited_ = false;
+  std::atomic<bool> rewind_pending_{false};
+  std::unique_ptr<std::atomic<uint64_t>[]> next_commit_;
+  std::string fingerprint_;
+  uint64_t next_key_ = 0;  // source thread: one per dispatched sample
   // Sample accounting: dealt = first-time positions; refill draws are counted apart.
   std::atomic<uint64_t> dealt_{0}, failed_{0}, refills_ok_{0}, refills_failed_{0};
   std::vector<std::unique_ptr<Branch>> branches_;

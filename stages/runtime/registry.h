@@ -49,6 +49,8 @@ class Params {
   const std::vector<double>& GetFloatList(const std::string& name) const {
     return std::get<std::vector<double>>(values_.at(name));
   }
+  // Every parameter as "name=value;", in name order: equal strings, equal parameters.
+  std::string Canonical() const;
 
  private:
   std::map<std::string, ParamValue> values_;

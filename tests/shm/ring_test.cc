@@ -25,7 +25,7 @@ Status WriteBatch(RingWriter& w, int slot, uint64_t seq, int n = 1000) {
   view.epoch = static_cast<uint32_t>(seq / 10);
   for (auto& s : ids) view.ids.push_back(s);
   view.tensors.push_back({"values", 2, {n}, nullptr, static_cast<uint64_t>(n) * 4});
-  view.next_seq = seq + 1;
+  view.next.seq = seq + 1;
   return w.Commit(slot, view);
 }
 
@@ -61,7 +61,7 @@ void ExpectBatch(const BatchView& v, uint64_t seq) {
   const int32_t* d = reinterpret_cast<const int32_t*>(v.tensors[0].data);
   EXPECT_EQ(d[0], static_cast<int32_t>(seq));
   EXPECT_EQ(d[999], static_cast<int32_t>(seq));
-  EXPECT_EQ(v.next_seq, seq + 1);
+  EXPECT_EQ(v.next.seq, seq + 1);
 }
 
 BatchView Take(RingReader& r, int* slot) {

@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""Integration tests of the core contracts: cursors that survive killed consumers and killed
+daemons, a ring the daemon never has to trust, deaths judged by pidfd, one daemon per socket.
+Real mmfeedd and mmfeed-consume processes on real shared memory; hostile consumers are Python
+processes speaking the control protocol themselves.
+
+usage: contracts_test.py --bin BUILD/bin
+"""
+import argparse, json, mmap, os, pathlib, signal, socket, subprocess, sys, time, unittest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import daemon_test as dt  # noqa: E402  (Daemon, finish, dumped_batches, DaemonCase)
+
+CONFIG = """pipeline: contracts
+source: {{type: manifest, path: manifest.jsonl, shuffle: true, seed: 11, epochs: {epochs}}}
+consumers: {consumers}
+stages:
+  - {{name: text, type: text, field: text, workers: 2, params: {{max_len: 24}}}}
+  - {{name: batch, type: batch, inputs: [text], params: {{batch_size: 8}}}}
+output: {{ring_slots: {slots}}}
+"""
+
+
+def make_texts(d, n, bad_every=0):
+    with open(d / "manifest.jsonl", "w") as m:
+        for i in range(n):
+            if bad_every and i % bad_every == bad_every - 1:
+                m.write(json.dumps({"id": f"b{i}", "text": {"path": f"missing/{i}.txt"}}) + "\n")
+            else:
+                m.write(json.dumps({"id": f"s{i}", "text": f"caption {i}"}) + "\n")
+
+
+def ids_of(dump, before_seq=None):
+    """Sample ids of the dumped batches, in order (only batches with seq < before_seq)."""
+    out = []
+    for meta, _ in dt.dumped_batches(dump):
+        if before_seq is None or meta["seq"] < before_seq:
+            out += meta["ids"]
+    return out
+
+
+def seqs_of(dump):
+    return [meta["seq"] for meta, _ in dt.dumped_batches(dump)]
+
+
+def raw_attach(sock_path, rank, resume=None):
+    """Attaches like a client would; returns (socket, reply, [data fd, control fd])."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(sock_path)
+    req = {"cmd": "attach", "rank": rank}
+    if resume is not None:
+        req["resume"] = resume
+    s.sendall((json.dumps(req) + "\n").encode())
+    msg, fds, _, _ = socket.recv_fds(s, 65536, 4)
+    return s, json.loads(msg.decode().splitlines()[0]), fds
+
+
+class ContractsTest(dt.DaemonCase):
+    def config(self, consumers=2, slots=4, epochs=1):
+        return CONFIG.format(consumers=consumers, slots=slots, epochs=epochs)
+
+    def uninterrupted(self, consumers=2, epochs=1):
+        """Each rank's ids in order, from an uninterrupted run."""
+        d = dt.Daemon(self.dir, self.config(consumers=consumers, epochs=epochs))
+        procs = [d.consume(r, "--dump", str(self.dir / f"ref{r}")) for r in range(consumers)]
+        for p in procs:
+            dt.finish(p)
+        self.assertEqual(d.wait(), 0, d.log())
+        return [ids_of(self.dir / f"ref{r}") for r in range(consumers)]
+
+    def wait_cursor(self, path, at_least, proc=None, timeout=30):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                c = json.loads(path.read_text())
+                if c["seq"] >= at_least:
+                    return c
+            except (FileNotFoundError, json.JSONDecodeError):
+                pass
+            time.sleep(0.01)
+        raise AssertionError(f"{path} did not reach seq {at_least}")
+
+    def test_consumer_sigkilled_and_restarted_with_cursor_sees_the_uninterrupted_ids(self):
+        make_texts(self.dir, 400, bad_every=9)
+        want = self.uninterrupted()
+        d = dt.Daemon(self.dir, self.config())
+        other = d.consume(1, "--dump", str(self.dir / "r1"))
+        cursor = self.dir / "rank0.cursor"
+        first = d.consume(0, "--cursor", str(cursor), "--dump", str(self.dir / "a"), "--hold-ms", "30")
+        c = self.wait_cursor(cursor, 5)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        c = json.loads(cursor.read_text())
+        # Restarted at once: the dead holder is taken over without waiting.
+        dt.finish(d.consume(0, "--cursor", str(cursor), "--dump", str(self.dir / "b")))
+        dt.finish(other)
+        self.assertEqual(d.wait(), 0, d.log())
+        got = ids_of(self.dir / "a", before_seq=c["seq"]) + ids_of(self.dir / "b")
+        self.assertEqual(got, want[0])
+        self.assertEqual(ids_of(self.dir / "r1"), want[1], "the other rank is untouched")
+        self.assertEqual(json.loads(cursor.read_text())["seq"], 25, "the cursor ends after the last batch")
+
+    def test_daemon_sigkilled_and_restarted_with_state_dir_consumers_reconnect(self):
+        make_texts(self.dir, 400, bad_every=7)
+        want = self.uninterrupted()
+        state = self.dir / "state"
+        d = dt.Daemon(self.dir, self.config(), extra=("--state-dir", str(state)))
+        procs = [d.consume(r, "--reconnect", "30", "--hold-ms", "20", "--json", "--dump", str(self.dir / f"r{r}"))
+                 for r in range(2)]
+        deadline = time.time() + 30
+        while len(list((self.dir / "r0").glob("*"))) < 6 and time.time() < deadline:
+            time.sleep(0.01)
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait()
+        saved = json.loads((state / "cursors.json").read_text())
+        self.assertTrue(any(r["seq"] > 0 for r in saved["ranks"]), saved)
+        # Nothing the killed daemon left blocks the restart on the same socket and state.
+        d2 = dt.Daemon(self.dir, self.config(), extra=("--state-dir", str(state)))
+        results = [dt.finish(p, timeout=120) for p in procs]
+        self.assertEqual(d2.wait(), 0, d2.log())
+        self.assertIn("continuing from the saved cursors", d2.log())
+        for r in range(2):
+            self.assertEqual(ids_of(self.dir / f"r{r}"), want[r], f"rank {r}")
+            seqs = seqs_of(self.dir / f"r{r}")
+            self.assertEqual(seqs, list(range(25)), "no duplicate batch, no gap")
+            self.assertEqual(results[r]["batches"], 25)
+
+    def test_state_of_another_stream_is_not_used(self):
+        make_texts(self.dir, 64)
+        state = self.dir / "state"
+        state.mkdir()
+        (state / "cursors.json").write_text(json.dumps({"fingerprint": "0000", "ranks": [{"seq": 3}, {"seq": 3}]}))
+        d = dt.Daemon(self.dir, self.config(), extra=("--state-dir", str(state)))
+        r = [dt.finish(d.consume(k, "--json")) for k in range(2)]
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertIn("is for another stream", d.log())
+        self.assertEqual([x["batches"] for x in r], [4, 4])
+
+    def test_daemon_gone_is_reported_promptly_after_the_published_batches(self):
+        make_texts(self.dir, 4000)
+        d = dt.Daemon(self.dir, self.config(consumers=1, epochs=0))
+        c = d.consume(0, "--json", "--hold-ms", "5")
+        time.sleep(0.5)
+        d.proc.send_signal(signal.SIGKILL)
+        t0 = time.time()
+        out, err = c.communicate(timeout=30)
+        # The ring's published batches (4 slots) take 4 x 5 ms; then "gone" within 2 s.
+        self.assertLess(time.time() - t0, 2.0)
+        self.assertEqual(c.returncode, 1)
+        self.assertIn("went away before the end of the data", err)
+
+    def test_stop_before_the_end_is_not_success(self):
+        make_texts(self.dir, 4000)
+        d = dt.Daemon(self.dir, self.config(consumers=1, epochs=0), extra=("--drain-timeout", "5"))
+        c = d.consume(0, "--hold-ms", "5")
+        time.sleep(0.3)
+        d.proc.send_signal(signal.SIGTERM)
+        out, err = c.communicate(timeout=30)
+        self.assertEqual(c.returncode, 1, err)
+        self.assertIn("stopped before the end of the data", err)
+        self.assertEqual(d.wait(), 0, d.log())
+
+    def test_scribbling_consumer_is_cut_off_and_the_rank_continues_exactly(self):
+        make_texts(self.dir, 400)
+        want = self.uninterrupted()
+        d = dt.Daemon(self.dir, self.config())
+        other = d.consume(1, "--dump", str(self.dir / "r1"))
+        s, reply, (data_fd, control_fd) = raw_attach(d.socket, 0)
+        self.assertTrue(reply["ok"], reply)
+        size = os.fstat(data_fd).st_size
+        with self.assertRaises(PermissionError):  # the data area is read-only for consumers
+            mmap.mmap(data_fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        with self.assertRaises(OSError):
+            fd = os.open(f"/proc/self/fd/{data_fd}", os.O_RDWR)
+            mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        ctl = mmap.mmap(control_fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        time.sleep(0.3)  # let batches be published to this rank
+        ctl[:] = b"\xa5" * 4096  # garbage over every writable byte
+        deadline = time.time() + 10
+        while b"cutting off" not in (self.dir / "daemon.log").read_bytes() and time.time() < deadline:
+            time.sleep(0.02)
+        self.assertIn("cutting off pid", d.log())
+        self.assertEqual(s.recv(1), b"", "the daemon closed the scribbler's connection")
+        s.close()
+        # A well-behaved consumer for the same rank gets exactly the uninterrupted stream.
+        dt.finish(d.consume(0, "--dump", str(self.dir / "r0")))
+        dt.finish(other)
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEqual(ids_of(self.dir / "r0"), want[0])
+        self.assertEqual(ids_of(self.dir / "r1"), want[1])
+
+    def test_half_closed_live_consumer_keeps_its_rank(self):
+        make_texts(self.dir, 200)
+        d = dt.Daemon(self.dir, self.config(consumers=1))
+        s, reply, fds = raw_attach(d.socket, 0)
+        self.assertTrue(reply["ok"])
+        s.shutdown(socket.SHUT_WR)
+        time.sleep(0.3)
+        second = d.consume(0, "--json")
+        out, err = second.communicate(timeout=30)
+        self.assertEqual(second.returncode, 1)
+        self.assertIn("already attached", err)
+        self.assertIn("closed its connection but lives", d.log())
+        s.close()
+        for fd in fds:
+            os.close(fd)
+
+    def test_trainer_dead_while_a_forked_child_holds_its_socket(self):
+        make_texts(self.dir, 200)
+        d = dt.Daemon(self.dir, self.config(consumers=1))
+        script = (
+            "import json, os, socket, sys, time\n"
+            "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.connect(sys.argv[1])\n"
+            "s.sendall(b'{\"cmd\": \"attach\", \"rank\": 0}\\n')\n"
+            "socket.recv_fds(s, 65536, 4)\n"
+            "child = os.fork()\n"
+            "if child == 0:\n"
+            "    time.sleep(60); os._exit(0)\n"  # the DataLoader worker keeps the socket
+            "open(sys.argv[2], 'w').write(str(child)); os._exit(0)\n")
+        pid_file = self.dir / "child.pid"
+        p = subprocess.run([sys.executable, "-c", script, d.socket, str(pid_file)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=30)
+        self.assertEqual(p.returncode, 0)
+        child = int(pid_file.read_text())
+        try:
+            r = dt.finish(d.consume(0, "--json"))  # takes over at once: the trainer is dead
+            self.assertEqual(r["batches"], 25)
+            self.assertEqual(d.wait(), 0, d.log())
+            self.assertRegex(d.log(), r"rank 0: pid \d+ exited")  # by its pidfd; the child still has the socket
+        finally:
+            os.kill(child, signal.SIGKILL)
+
+    def test_rank_out_of_range_and_a_second_attach_for_a_live_rank_are_refused(self):
+        make_texts(self.dir, 200)
+        d = dt.Daemon(self.dir, self.config())
+        out, err = d.consume(2, "--json").communicate(timeout=30)
+        self.assertIn("rank 2 out of range: this pipeline has 2 consumer rank(s)", err)
+        s, reply, fds = raw_attach(d.socket, 0)
+        self.assertTrue(reply["ok"])
+        s2, reply2, _ = raw_attach(d.socket, 0)
+        self.assertFalse(reply2["ok"])
+        self.assertIn("already attached", reply2["error"])
+        s.close(), s2.close()
+        for fd in fds:
+            os.close(fd)
+
+    def test_one_daemon_per_socket_and_stale_sockets_are_taken_over(self):
+        make_texts(self.dir, 64)
+        d = dt.Daemon(self.dir, self.config(epochs=0))
+        (self.dir / "second.yaml").write_text(self.config())
+        p = subprocess.run([f"{dt.BIN}/mmfeedd", "--config", str(self.dir / "second.yaml"), "--socket", d.socket],
+                           capture_output=True, text=True, timeout=30)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("another mmfeedd is serving", p.stderr)
+        st = subprocess.run([f"{dt.BIN}/mmfeedctl", "--socket", d.socket, "status"], capture_output=True, text=True)
+        self.assertEqual(st.returncode, 0, "the first daemon is still reachable")
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait()
+        self.assertTrue(os.path.exists(d.socket), "a killed daemon leaves its socket")
+        d2 = dt.Daemon(self.dir, self.config(consumers=2))
+        r = [dt.finish(d2.consume(k, "--json")) for k in range(2)]
+        self.assertEqual(d2.wait(), 0, d2.log())
+        self.assertIn("taking over the stale socket", d2.log())
+        # Anything but a socket at the path is refused and left alone.
+        regular = self.dir / "not-a-socket"
+        regular.write_text("precious")
+        p = subprocess.run([f"{dt.BIN}/mmfeedd", "--config", str(self.dir / "second.yaml"), "--socket", str(regular)],
+                           capture_output=True, text=True, timeout=30)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("is not a socket", p.stderr)
+        self.assertEqual(regular.read_text(), "precious")
+
+    def test_numeric_flags_reject_bad_values(self):
+        make_texts(self.dir, 8)
+        (self.dir / "p.yaml").write_text(self.config())
+        for bad in ("abc", "1e400", "-1"):
+            p = subprocess.run([f"{dt.BIN}/mmfeedd", "--config", str(self.dir / "p.yaml"), "--drain-timeout", bad],
+                               capture_output=True, text=True, timeout=30)
+            self.assertEqual(p.returncode, 2, bad)
+            self.assertIn("--drain-timeout", p.stderr)
+        for flag, bad in (("--rank", "4294967296"), ("--batches", "abc"), ("--hold-ms", "1e9")):
+            args = ["--rank", "0"] if flag != "--rank" else []
+            p = subprocess.run([f"{dt.BIN}/mmfeed-consume", "--socket", "/nonexistent", *args, flag, bad],
+                               capture_output=True, text=True, timeout=30)
+            self.assertEqual(p.returncode, 2, (flag, bad, p.stderr))
+            self.assertIn(flag, p.stderr)
+        p = subprocess.run([f"{dt.BIN}/mmfeedctl", "--socket", "/nonexistent", "--timeout", "abc", "status"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 2)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    a, rest = ap.parse_known_args()
+    dt.BIN = os.path.abspath(a.bin)
+    unittest.main(argv=[sys.argv[0], "-v", *rest])
