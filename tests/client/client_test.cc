@@ -1,0 +1,148 @@
+// The client against the real mmfeedd binary: leases, fork safety, timeouts.
+#include "client/client.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include "tests/test_util.h"
+
+namespace mmfeed {
+namespace {
+
+// A real mmfeedd serving `n` text samples to one rank, with `slots` ring slots.
+class RealDaemon {
+ public:
+  RealDaemon(int n, int slots, int epochs = 1) {
+    std::ofstream m(dir_ / "manifest.jsonl");
+    for (int i = 0; i < n; ++i) m << "{\"id\": \"s" << i << "\", \"text\": \"caption " << i << "\"}\n";
+    m.close();
+    testing::WriteFile(dir_ / "p.yaml",
+                       "source: {type: manifest, path: manifest.jsonl, epochs: " + std::to_string(epochs) + "}\n"
+                       "stages:\n"
+                       "  - {name: text, type: text, field: text, params: {max_len: 16}}\n"
+                       "  - {name: batch, type: batch, inputs: [text], params: {batch_size: 4}}\n"
+                       "output: {ring_slots: " + std::to_string(slots) + "}\n");
+    socket_ = dir_ / "mmfeed.sock";
+    pid_ = fork();
+    if (pid_ == 0) {
+      std::string bin = std::string(MMFEED_BIN_DIR) + "/mmfeedd", cfg = dir_ / "p.yaml";
+      execl(bin.c_str(), bin.c_str(), "--config", cfg.c_str(), "--socket", socket_.c_str(), "--log-level", "warn",
+            nullptr);
+      _exit(127);
+    }
+    for (int i = 0; i < 1000 && !Serving(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ~RealDaemon() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  const std::string& socket() const { return socket_; }
+
+ private:
+  bool Serving() const {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strcpy(a.sun_path, socket_.c_str());
+    bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    close(fd);
+    return ok;
+  }
+  testing::TempDir dir_;
+  std::string socket_;
+  pid_t pid_ = -1;
+};
+
+TEST(ClientTest, ABatchOutlivesTheClientAndStaysHeldUntilItsLastHolderGoes) {
+  RealDaemon d(40, 2);
+  auto c = Client::Attach(d.socket(), 0);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  auto b = (*c)->Next(5000);
+  ASSERT_TRUE(b.ok() && *b) << b.status().message();
+  std::shared_ptr<Batch> batch = *b;
+  std::shared_ptr<Batch> copy = batch;  // e.g. a tensor made from it
+  EXPECT_EQ(batch->seq(), 0u);
+  EXPECT_EQ(batch->cursor().seq, 1u);
+  const shm::TensorView* text = batch->tensor("text");
+  ASSERT_NE(text, nullptr);
+  c->reset();  // the client goes first
+  batch.reset();
+  // Still mapped and still ours: the data reads back (ASan would catch an unmapped read).
+  const int32_t* tokens = reinterpret_cast<const int32_t*>(copy->tensor("text")->data);
+  EXPECT_EQ(tokens[0], 'c');
+  copy.reset();
+}
+
+TEST(ClientTest, NoImplicitReleaseAndNextWaitsTheWholeTimeout) {
+  RealDaemon d(40, 2);  // two slots: while we hold two batches nothing else can be published
+  auto c = Client::Attach(d.socket(), 0);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  auto first = (*c)->Next(5000);
+  ASSERT_TRUE(first.ok() && *first);
+  auto other = (*c)->Next(5000);
+  ASSERT_TRUE(other.ok() && *other);
+  auto t0 = std::chrono::steady_clock::now();
+  auto second = (*c)->Next(400);
+  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), Status::Code::kTimeout);
+  EXPECT_GE(waited, 0.39) << "Next(400) must wait the whole timeout";
+  EXPECT_EQ((*first)->seq(), 0u) << "the first batch is still held, not released by Next";
+  first->reset();
+  auto third = (*c)->Next(5000);
+  ASSERT_TRUE(third.ok() && *third);
+  EXPECT_EQ((*third)->seq(), 2u);
+}
+
+TEST(ClientTest, AForkedChildCannotUseTheClientNorReleaseTheParentsBatch) {
+  RealDaemon d(40, 2);
+  auto c = Client::Attach(d.socket(), 0);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  auto held = (*c)->Next(5000);
+  ASSERT_TRUE(held.ok() && *held);
+  auto also_held = (*c)->Next(5000);
+  ASSERT_TRUE(also_held.ok() && *also_held);
+  pid_t child = fork();
+  if (child == 0) {
+    auto r = (*c)->Next(100);
+    bool refused = !r.ok() && r.status().message().find("forked process") != std::string::npos;
+    held->reset();  // the child's copy of the lease: must not free the parent's slot
+    _exit(refused ? 0 : 1);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child must get a clear error";
+  // The parent still holds both slots: nothing new can arrive.
+  auto none = (*c)->Next(300);
+  EXPECT_FALSE(none.ok());
+  EXPECT_EQ((*held)->seq(), 0u);
+  held->reset();
+  auto next = (*c)->Next(5000);
+  ASSERT_TRUE(next.ok() && *next);
+  EXPECT_EQ((*next)->seq(), 2u);
+}
+
+TEST(ClientTest, TheEndOfTheDataIsANullBatch) {
+  RealDaemon d(8, 2);
+  auto c = Client::Attach(d.socket(), 0);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  int batches = 0;
+  while (true) {
+    auto b = (*c)->Next(5000);
+    ASSERT_TRUE(b.ok()) << b.status().message();
+    if (!*b) break;
+    ++batches;
+  }
+  EXPECT_EQ(batches, 2);
+}
+
+}  // namespace
+}  // namespace mmfeed
