@@ -324,7 +324,7 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
     const YAML::Node& o = root["output"];
     CheckKeys(o, "output", {"ring_slots"});
     if (o["ring_slots"]) cfg.ring_slots = static_cast<int>(IntAtLeast(o["ring_slots"], "output.ring_slots", 2));
-    if (cfg.ring_slots > 1024) Fail(o["ring_slots"], "output.ring_slots must be at most 1024");
+    if (cfg.ring_slots > 496) Fail(o["ring_slots"], "output.ring_slots must be at most 496 (the ring's control area is one page)");
   }
   const YAML::Node& stages = root["stages"];
   if (!stages || !stages.IsSequence() || stages.size() == 0)

@@ -22,23 +22,28 @@ class RealDaemon {
  public:
   RealDaemon(int n, int slots, int epochs = 1) {
     std::ofstream m(dir_ / "manifest.jsonl");
-    for (int i = 0; i < n; ++i) m << "{\"id\": \"s" << i << "\", \"text\": \"caption " << i << "\"}\n";
+    for (int i = 0; i < n; ++i)
+      m << "{\"id\": \"s" << i << "\", \"text\": \"caption " << i << "\"}\n";
     m.close();
-    testing::WriteFile(dir_ / "p.yaml",
-                       "source: {type: manifest, path: manifest.jsonl, epochs: " + std::to_string(epochs) + "}\n"
-                       "stages:\n"
-                       "  - {name: text, type: text, field: text, params: {max_len: 16}}\n"
-                       "  - {name: batch, type: batch, inputs: [text], params: {batch_size: 4}}\n"
-                       "output: {ring_slots: " + std::to_string(slots) + "}\n");
+    testing::WriteFile(
+        dir_ / "p.yaml",
+        "source: {type: manifest, path: manifest.jsonl, epochs: " + std::to_string(epochs) +
+            "}\n"
+            "stages:\n"
+            "  - {name: text, type: text, field: text, params: {max_len: 16}}\n"
+            "  - {name: batch, type: batch, inputs: [text], params: {batch_size: 4}}\n"
+            "output: {ring_slots: " +
+            std::to_string(slots) + "}\n");
     socket_ = dir_ / "mmfeed.sock";
     pid_ = fork();
     if (pid_ == 0) {
       std::string bin = std::string(MMFEED_BIN_DIR) + "/mmfeedd", cfg = dir_ / "p.yaml";
-      execl(bin.c_str(), bin.c_str(), "--config", cfg.c_str(), "--socket", socket_.c_str(), "--log-level", "warn",
-            nullptr);
+      execl(bin.c_str(), bin.c_str(), "--config", cfg.c_str(), "--socket", socket_.c_str(),
+            "--log-level", "warn", nullptr);
       _exit(127);
     }
-    for (int i = 0; i < 1000 && !Serving(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    for (int i = 0; i < 1000 && !Serving(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ~RealDaemon() {
     kill(pid_, SIGKILL);

@@ -270,6 +270,26 @@ class ContractsTest(dt.DaemonCase):
         self.assertIn("is not a socket", p.stderr)
         self.assertEqual(regular.read_text(), "precious")
 
+    def test_check_builds_the_pipeline_and_sizes_the_rings(self):
+        make_texts(self.dir, 1)
+        (self.dir / "p.yaml").write_text(self.config())
+        p = subprocess.run([f"{dt.BIN}/mmfeedd", "--check", str(self.dir / "p.yaml")], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 2, "valid YAML, but the daemon would refuse it")
+        self.assertIn("1 samples cannot be dealt to 1 node(s) x 2 consumer(s)", p.stderr)
+        make_texts(self.dir, 64)
+        p = subprocess.run([f"{dt.BIN}/mmfeedd", "--check", str(self.dir / "p.yaml")], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("4 batches per rank per epoch, rings 0.00 GiB", p.stdout)
+        huge = self.config(slots=496).replace("max_len: 24", "max_len: 2000000").replace("batch_size: 8", "batch_size: 64")
+        (self.dir / "huge.yaml").write_text(huge)
+        p = subprocess.run([f"{dt.BIN}/mmfeedd", "--check", str(self.dir / "huge.yaml")], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("rings 473.05 GiB", p.stdout)
+        p = subprocess.run([f"{dt.BIN}/mmfeedd", "--config", str(self.dir / "huge.yaml"), "--socket",
+                            str(self.dir / "huge.sock")], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 1)
+        self.assertRegex(p.stderr, r"the rings need 473\.\d\d GiB, \d+\.\d\d GiB available")
+
     def test_numeric_flags_reject_bad_values(self):
         make_texts(self.dir, 8)
         (self.dir / "p.yaml").write_text(self.config())

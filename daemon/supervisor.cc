@@ -1,0 +1,422 @@
+#include "daemon/supervisor.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <asio.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "base/atomic_file.h"
+#include "daemon/control_server.h"
+#include "daemon/ring_sink.h"
+#include "stages/runtime/pipeline.h"
+#include "stages/source/catalog.h"
+#include "stages/text/packing_sink.h"
+
+namespace mmfeed {
+namespace {
+
+constexpr int kExitConfig = 2;
+
+class Supervisor {
+ public:
+  Supervisor(PipelineConfig cfg, SupervisorOptions opt)
+      : cfg_(std::move(cfg)), opt_(std::move(opt)), timer_(io_) {}
+
+  int Run() {
+    // Rings first: their size is known from the stage specs, and running out of memory
+    // must be an error now, not later.
+    RingPlan plan = PlanRings(cfg_);
+    Status fits = CheckMemory(plan);
+    if (!fits.ok()) {
+      spdlog::error("{}", fits.message());
+      return 1;
+    }
+    const shm::SlotLayout& layout = plan.layout;
+    const std::vector<TensorSpec>& specs = plan.specs;
+    const StageConfig* packed = cfg_.packed_stage >= 0 ? &cfg_.stages[cfg_.packed_stage] : nullptr;
+    std::vector<BatchSink*> sinks;
+    for (int r = 0; r < cfg_.consumers; ++r) {
+      auto ring = shm::RingWriter::Create(r, cfg_.consumers, cfg_.ring_slots, layout,
+                                          cfg_.placement.numa_node);
+      if (!ring.ok()) {
+        spdlog::error("{}", ring.status().message());
+        return 1;
+      }
+      sinks_.push_back(std::make_unique<RingSink>(r, specs, std::move(ring.value())));
+      sinks.push_back(sinks_.back().get());
+      if (packed) {
+        packers_.push_back(std::make_unique<PackingSink>(
+            sinks.back(), packed->params.GetInt("max_len"), cfg_.batch_size,
+            static_cast<int32_t>(packed->params.GetInt("pad_id"))));
+        sinks.back() = packers_.back().get();
+      }
+    }
+    spdlog::info("{} ring(s) of {} slots x {:.1f} MiB: {:.2f} GiB of ring memory", cfg_.consumers,
+                 cfg_.ring_slots, layout.slot_bytes / 1048576.0, plan.total_bytes / 1073741824.0);
+    auto pipeline = Pipeline::Create(cfg_, sinks);
+    if (!pipeline.ok()) {
+      spdlog::error("{}", pipeline.status().message());
+      return kExitConfig;
+    }
+    pipeline_ = std::move(pipeline.value());
+    for (auto& s : sinks_) pipeline_->AddProfiledStage(s->info());
+    if (!opt_.state_dir.empty()) {
+      Status st = LoadState();
+      if (!st.ok()) {
+        spdlog::error("{}", st.message());
+        return kExitConfig;
+      }
+    }
+    holders_.resize(cfg_.consumers);
+
+    server_ = std::make_unique<ControlServer>(
+        io_, opt_.socket, opt_.socket_group,
+        ControlServer::Handler{
+            [this](int rank, int pid, int pidfd, const nlohmann::json& req) {
+              return Attach(rank, pid, pidfd, req);
+            },
+            [this](int rank, int pid, uint32_t generation) { Detach(rank, pid, generation); },
+            [this] { return StatusJson(); },
+            [this] { BeginDrain("stop requested"); },
+        });
+    Status st = server_->Listen();
+    if (!st.ok()) {
+      spdlog::error("{}", st.message());
+      return 1;
+    }
+    asio::signal_set signals(io_, SIGINT, SIGTERM, SIGHUP);
+    WaitSignal(signals);
+    st = pipeline_->Start();
+    if (!st.ok()) {
+      spdlog::error("{}", st.message());
+      return 1;
+    }
+    spdlog::info("serving on {}", opt_.socket);
+    Tick();
+    io_.run();
+
+    pipeline_->Wait();
+    SaveState();
+    return Report();
+  }
+
+ private:
+  // The process attached for a rank: its pid, a pidfd on it, and the attach's generation.
+  struct Holder {
+    int pid = 0;
+    int pidfd = -1;
+    uint32_t generation = 0;
+  };
+
+  Result<AttachGrant> Attach(int rank, int pid, int pidfd, const nlohmann::json& request) {
+    if (rank >= cfg_.consumers)
+      return Status::Invalid(fmt::format(
+          "rank {} out of range: this pipeline has {} consumer rank(s)", rank, cfg_.consumers));
+    Holder& h = holders_[rank];
+    if (h.pid) {
+      pollfd p{h.pidfd, POLLIN, 0};
+      if (h.pidfd < 0 || poll(&p, 1, 0) == 0)
+        return Status::Invalid(fmt::format("rank {} is already attached (pid {})", rank, h.pid));
+      spdlog::info("rank {}: its holder pid {} is dead; pid {} takes over", rank, h.pid, pid);
+      server_->Disconnect(h.generation);
+      Detach(rank, h.pid, h.generation);
+    }
+    shm::RingWriter& ring = sinks_[rank]->ring();
+    if (request.contains("resume")) MMFEED_RETURN_IF_ERROR(Resume(rank, request["resume"]));
+    Result<int> control = ring.Attach(++last_generation_);
+    if (!control.ok()) return control.status();
+    h = {pid, pidfd >= 0 ? fcntl(pidfd, F_DUPFD_CLOEXEC, 0) : -1, last_generation_};
+    spdlog::info("rank {} attached (pid {}, generation {})", rank, pid, h.generation);
+    return AttachGrant{{ring.data_fd(), *control},
+                       {{"rank", rank},
+                        {"generation", h.generation},
+                        {"ring_bytes", ring.size()},
+                        {"consumers", cfg_.consumers},
+                        {"pipeline", cfg_.name}}};
+  }
+
+  // The trainer finished the batches before `cursor`: those in the ring are not delivered
+  // again; if the rest starts at the cursor it is reused, else the rank is rewound there.
+  Status Resume(int rank, const nlohmann::json& cursor) {
+    Result<StreamCursor> c = CursorFromJson(cursor);
+    if (!c.ok()) return c.status().WithContext("resume");
+    shm::RingWriter& ring = sinks_[rank]->ring();
+    int finished = ring.DropReady(c->seq);
+    uint64_t next = ring.MinReadySeq();
+    if (next == UINT64_MAX) next = pipeline_->NextCommit(rank);
+    if (next != c->seq) MMFEED_RETURN_IF_ERROR(pipeline_->Rewind(rank, c->seq));
+    ring.set_acked(pipeline_->CursorAt(c->seq));
+    spdlog::info("rank {}: resuming at batch {} ({} finished batch(es) dropped from the ring, {})",
+                 rank, c->seq, finished, next == c->seq ? "the rest reused" : "the rank rewound");
+    return Status::Ok();
+  }
+
+  // --state-dir: the acknowledged cursors of the last run, used if they are for this stream.
+  std::string StatePath() const { return opt_.state_dir + "/cursors.json"; }
+
+  Status LoadState() {
+    std::error_code ec;
+    std::filesystem::create_directories(opt_.state_dir, ec);
+    if (ec) return Status::Io(fmt::format("--state-dir {}: {}", opt_.state_dir, ec.message()));
+    std::ifstream f(StatePath());
+    if (!f) {
+      spdlog::info("no saved cursors in {}: starting every rank at the beginning", StatePath());
+      return Status::Ok();
+    }
+    nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+    std::vector<StreamCursor> start;
+    if (!j.is_discarded() && j.is_object() &&
+        j.value("fingerprint", "") == pipeline_->fingerprint() && j.contains("ranks") &&
+        j["ranks"].is_array() && static_cast<int>(j["ranks"].size()) == cfg_.consumers) {
+      for (const auto& r : j["ranks"]) {
+        Result<StreamCursor> c = CursorFromJson(r);
+        if (!c.ok()) break;
+        start.push_back(pipeline_->CursorAt(c->seq));
+      }
+    }
+    if (static_cast<int>(start.size()) != cfg_.consumers) {
+      spdlog::warn(
+          "{} is for another stream (fingerprint {}, this config makes {}): starting fresh",
+          StatePath(), j.is_object() ? j.value("fingerprint", "none") : "unreadable",
+          pipeline_->fingerprint());
+      return Status::Ok();
+    }
+    MMFEED_RETURN_IF_ERROR(pipeline_->SetStart(start));
+    for (int r = 0; r < cfg_.consumers; ++r) sinks_[r]->ring().set_acked(start[r]);
+    std::string at;
+    for (const StreamCursor& c : start) at += fmt::format(" {}", c.seq);
+    spdlog::info("continuing from the saved cursors in {}: ranks at batch{}", StatePath(), at);
+    return Status::Ok();
+  }
+
+  // Writes the acknowledged cursors when they changed (temp file, fsync, rename).
+  void SaveState() {
+    if (opt_.state_dir.empty()) return;
+    nlohmann::json j = {{"pipeline", cfg_.name},
+                        {"fingerprint", pipeline_->fingerprint()},
+                        {"ranks", nlohmann::json::array()}};
+    for (auto& s : sinks_) j["ranks"].push_back(CursorToJson(s->ring().acked()));
+    std::string text = j.dump() + "\n";
+    if (text == saved_state_) return;
+    Status st = WriteFileAtomically(StatePath(), text);
+    if (!st.ok())
+      spdlog::warn("{}", st.message());
+    else
+      saved_state_ = text;
+  }
+
+  void Detach(int rank, int pid, uint32_t generation) {
+    Holder& h = holders_[rank];
+    if (h.generation != generation || !h.pid) return;  // already taken over
+    if (h.pidfd >= 0) ::close(h.pidfd);
+    h = Holder{};
+    int n = sinks_[rank]->ring().Detach();
+    spdlog::info("rank {} detached (pid {}); {} unreleased batch(es) will be delivered again", rank,
+                 pid, n);
+  }
+
+  nlohmann::json StatusJson() {
+    nlohmann::json ranks = nlohmann::json::array();
+    for (int r = 0; r < cfg_.consumers; ++r)
+      ranks.push_back({{"rank", r},
+                       {"pid", holders_[r].pid},
+                       {"attached", holders_[r].pid != 0},
+                       {"generation", holders_[r].generation},
+                       {"published", sinks_[r]->ring().published()},
+                       {"released", sinks_[r]->ring().released()}});
+    return {{"pipeline", cfg_.name},
+            {"state", draining_               ? "draining"
+                      : pipeline_->Finished() ? "finished"
+                                              : "running"},
+            {"pid", getpid()},
+            {"consumers", ranks},
+            {"profile", pipeline_->Profile()}};
+  }
+
+  void WaitSignal(asio::signal_set& signals) {
+    signals.async_wait([this, &signals](std::error_code ec, int sig) {
+      if (ec) return;
+      if (sig == SIGHUP)
+        spdlog::warn("SIGHUP: config reload is not supported yet; ignoring");
+      else
+        BeginDrain(sig == SIGINT ? "SIGINT" : "SIGTERM");
+      WaitSignal(signals);
+    });
+  }
+
+  void BeginDrain(const std::string& why) {
+    if (draining_) return;
+    draining_ = true;
+    drain_deadline_ = std::chrono::steady_clock::now() +
+                      std::chrono::milliseconds(static_cast<int>(opt_.drain_timeout * 1000));
+    spdlog::info("{}: draining (up to {:.0f}s for trainers to take the produced batches)", why,
+                 opt_.drain_timeout);
+    pipeline_->RequestStop();
+  }
+
+  // Every 100 ms: exit once every produced batch was taken, or the drain timed out.
+  void Tick() {
+    timer_.expires_after(std::chrono::milliseconds(100));
+    timer_.async_wait([this](std::error_code ec) {
+      if (ec) return;
+      SaveState();
+      for (int r = 0; r < cfg_.consumers; ++r) {
+        std::string why = sinks_[r]->ring().TakeViolation();
+        if (why.empty()) continue;
+        spdlog::error("rank {}: cutting off pid {}: {}; the rank is rebuilt for the next attach", r,
+                      holders_[r].pid, why);
+        server_->Disconnect(holders_[r].generation);
+        Detach(r, holders_[r].pid, holders_[r].generation);
+      }
+      bool all_done = pipeline_->Finished();
+      for (auto& s : sinks_) all_done = all_done && s->ring().Drained();
+      if (all_done) {
+        io_.stop();
+        return;
+      }
+      if (!pipeline_->status().ok() && !draining_) BeginDrain("on_error: fail");
+      if (draining_ && std::chrono::steady_clock::now() > drain_deadline_) {
+        spdlog::warn("drain timed out");
+        for (auto& s : sinks_) s->Abort();
+        pipeline_->RequestStop();
+        if (pipeline_->Finished()) {
+          io_.stop();
+          return;
+        }
+      }
+      Tick();
+    });
+  }
+
+  int Report() {
+    nlohmann::json profile = pipeline_->Profile();
+    std::string text = FormatProfile(profile);
+    uint64_t written = 0, unreleased = 0;
+    for (auto& s : sinks_) {
+      written += s->ring().published();
+      unreleased += s->ring().published() - s->ring().released();
+    }
+    const auto& errors = profile["errors"];
+    std::fprintf(stderr, "mmfeedd profile:\n%s", text.c_str());
+    std::fprintf(stderr,
+                 "batches: %lu published, %lu taken and released, %lu left in rings; samples "
+                 "skipped: %lu, rows "
+                 "refilled: %lu\n",
+                 static_cast<unsigned long>(written),
+                 static_cast<unsigned long>(written - unreleased),
+                 static_cast<unsigned long>(unreleased),
+                 static_cast<unsigned long>(errors["total"].get<uint64_t>()),
+                 static_cast<unsigned long>(profile["samples"]["refilled"].get<uint64_t>()));
+    Status st = pipeline_->status();
+    if (!st.ok()) {
+      std::fprintf(stderr, "mmfeedd: stopped on error: %s\n", st.message().c_str());
+      return 1;
+    }
+    return 0;
+  }
+
+  PipelineConfig cfg_;
+  SupervisorOptions opt_;
+  asio::io_context io_;
+  asio::steady_timer timer_;
+  std::vector<std::unique_ptr<RingSink>> sinks_;
+  std::vector<std::unique_ptr<PackingSink>> packers_;  // in front of sinks_ when the text is packed
+  std::unique_ptr<Pipeline> pipeline_;
+  std::unique_ptr<ControlServer> server_;
+  std::vector<Holder> holders_;
+  uint32_t last_generation_ = 0;
+  std::string saved_state_;  // the last state written to --state-dir
+  bool draining_ = false;
+  std::chrono::steady_clock::time_point drain_deadline_;
+};
+
+// Stands in for the rings when a pipeline is only built (--check): takes nothing.
+class UnusedSink : public BatchSink {
+ public:
+  Reservation Reserve(BatchMemory*, int) override { return Reservation::kClosed; }
+  void Commit(const BatchMemory&, const BatchInfo&) override {}
+  void Discard(const BatchMemory&) override {}
+  void Finish(bool) override {}
+};
+
+// Bytes of memory the daemon may still use: MemAvailable, bounded by the cgroup's limit.
+uint64_t AvailableBytes() {
+  uint64_t avail = UINT64_MAX;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  uint64_t kb;
+  while (meminfo >> key >> kb) {
+    if (key == "MemAvailable:") avail = kb * 1024;
+    meminfo.ignore(256, '\n');
+  }
+  std::ifstream max("/sys/fs/cgroup/memory.max"), cur("/sys/fs/cgroup/memory.current");
+  std::string limit;
+  uint64_t used = 0;
+  if (max >> limit && limit != "max" && cur >> used) {
+    uint64_t l = std::stoull(limit);
+    avail = std::min(avail, l > used ? l - used : 0);
+  }
+  return avail;
+}
+
+}  // namespace
+
+RingPlan PlanRings(const PipelineConfig& cfg) {
+  RingPlan plan;
+  plan.specs = BatchSpecs(cfg);
+  const StageConfig* packed = cfg.packed_stage >= 0 ? &cfg.stages[cfg.packed_stage] : nullptr;
+  if (packed) plan.specs = PackingSink::PackedSpecs(packed->name, packed->params.GetInt("max_len"));
+  std::vector<uint64_t> tensor_bytes;
+  for (const TensorSpec& t : plan.specs) tensor_bytes.push_back(t.NumBytes() * cfg.batch_size);
+  // Room for every sample id of a batch; a packed batch lists each document it holds, at
+  // most one per token (bounded at 64 Ki ids).
+  uint64_t max_ids = cfg.batch_size;
+  if (packed)
+    max_ids = std::min<uint64_t>(cfg.batch_size * packed->params.GetInt("max_len"), 1 << 16);
+  plan.layout = shm::PlanSlot((kMaxIdBytes + 1) * max_ids, tensor_bytes);
+  const uint64_t stride =
+      (plan.layout.slot_bytes + shm::kPageBytes - 1) / shm::kPageBytes * shm::kPageBytes;
+  plan.total_bytes =
+      static_cast<uint64_t>(cfg.consumers) * (shm::kPageBytes + stride * cfg.ring_slots);
+  return plan;
+}
+
+Status CheckMemory(const RingPlan& plan) {
+  constexpr uint64_t kMargin = 512ull << 20;  // for the daemon's own heap and the page cache
+  const uint64_t avail = AvailableBytes();
+  if (plan.total_bytes + kMargin > avail)
+    return Status::TooLarge(
+        fmt::format("the rings need {:.2f} GiB, {:.2f} GiB available (MemAvailable and the "
+                    "cgroup's memory.max, less a 0.5 GiB margin): lower output.ring_slots, "
+                    "batch_size or consumers",
+                    plan.total_bytes / 1073741824.0, avail / 1073741824.0));
+  return Status::Ok();
+}
+
+Result<std::string> CheckPipeline(const PipelineConfig& cfg) {
+  RingPlan plan = PlanRings(cfg);
+  std::vector<std::unique_ptr<UnusedSink>> owned;
+  std::vector<BatchSink*> sinks;
+  for (int r = 0; r < cfg.consumers; ++r) {
+    owned.push_back(std::make_unique<UnusedSink>());
+    sinks.push_back(owned.back().get());
+  }
+  Result<std::unique_ptr<Pipeline>> p = Pipeline::Create(cfg, sinks);
+  if (!p.ok()) return p.status();
+  return fmt::format(
+      "{} stages, {} consumer rank(s), {} batches per rank per epoch, rings {:.2f} GiB",
+      cfg.stages.size(), cfg.consumers, (*p)->batches_per_epoch(), plan.total_bytes / 1073741824.0);
+}
+
+int RunSupervisor(PipelineConfig cfg, SupervisorOptions options) {
+  Supervisor s(std::move(cfg), std::move(options));
+  return s.Run();
+}
+
+}  // namespace mmfeed

@@ -1,0 +1,45 @@
+// Supervisor: the daemon's lifecycle. It plans and creates the rings, builds the pipeline
+// from the config, serves the control socket (attach, resume, status, stop), watches the
+// trainers (pidfds) and the rings (cut-off readers), persists the acknowledged cursors
+// (--state-dir), drains on SIGTERM/SIGINT/stop and reports. Everything runs on the calling
+// thread's Asio io_context, except the pipeline's own threads (docs/threads.md).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "base/tensor.h"
+#include "shm/ring.h"
+#include "stages/runtime/config.h"
+
+namespace mmfeed {
+
+struct SupervisorOptions {
+  std::string socket = "/tmp/mmfeed.sock";
+  std::string socket_group;  // members may attach too (socket mode 0660)
+  std::string state_dir;     // where acknowledged cursors are kept; empty: nowhere
+  double drain_timeout = 30;
+};
+
+// The rings a config needs: every slot's layout and their total size.
+struct RingPlan {
+  std::vector<TensorSpec> specs;  // a batch's tensors, per sample
+  shm::SlotLayout layout;
+  uint64_t total_bytes = 0;  // all ranks' rings together
+};
+RingPlan PlanRings(const PipelineConfig& cfg);
+
+// Refuses rings larger than the memory available (MemAvailable, and the cgroup's memory.max)
+// less a margin: "needs X GiB, Y GiB available".
+Status CheckMemory(const RingPlan& plan);
+
+// What `mmfeedd --check` runs: everything the daemon would do before serving (the source's
+// catalog, the stages, the rings' size), without starting anything. Returns a one-line summary.
+Result<std::string> CheckPipeline(const PipelineConfig& cfg);
+
+// Runs the daemon until it drained or failed; returns its exit status (0 ok, 1 error or
+// on_error: fail, 2 bad config or data).
+int RunSupervisor(PipelineConfig cfg, SupervisorOptions options);
+
+}  // namespace mmfeed
