@@ -287,6 +287,11 @@ Status Pipeline::Start() {
 
 void Pipeline::RequestStop() { stop_.store(true, std::memory_order_release); }
 
+void Pipeline::Quiesce() {
+  finish_sinks_.store(false, std::memory_order_release);
+  RequestStop();
+}
+
 void Pipeline::Wait() {
   for (auto& t : threads_)
     if (t.joinable()) t.join();
@@ -657,7 +662,8 @@ void Pipeline::BatchLoop() {
   }
   // Every worker has finished, so nothing writes into an open batch; normally none is left.
   for (Collator& c : collators) c.DiscardIdle();
-  for (BatchSink* s : sinks_) s->Finish(complete_.load(std::memory_order_acquire) && status().ok());
+  if (finish_sinks_.load(std::memory_order_acquire))
+    for (BatchSink* s : sinks_) s->Finish(complete_.load(std::memory_order_acquire) && status().ok());
   end_ns_.store(NowNs());
   finished_.store(true, std::memory_order_release);
 }

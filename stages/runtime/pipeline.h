@@ -105,6 +105,10 @@ class Pipeline {
   // The source stops dealing at a batch boundary; batches already dealt are completed
   // (refilled where samples fail) and committed, then the sinks are finished.
   void RequestStop();
+  // Like RequestStop, but the sinks are left open (not finished): batches already dealt are
+  // completed and committed, and a new pipeline can go on feeding the same sinks from each
+  // rank's NextCommit(). Rings outlive pipelines; a config reload builds on this.
+  void Quiesce();
   // True once every thread has finished and every sink was told so.
   bool Finished() const { return finished_.load(std::memory_order_acquire); }
   void Wait();
@@ -190,6 +194,7 @@ class Pipeline {
   std::atomic<bool> stop_{false};
   std::atomic<int> live_workers_{0};
   std::atomic<bool> finished_{false};
+  std::atomic<bool> finish_sinks_{true};  // false after Quiesce
   std::atomic<bool> complete_{false};  // every rank dealt to the end of its data
   uint64_t start_ns_ = 0;
   std::atomic<uint64_t> end_ns_{0};

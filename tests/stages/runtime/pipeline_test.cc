@@ -470,6 +470,44 @@ TEST(PipelineTest, AnyFailureMixCompletesTheEpochWithEqualBatchCounts) {
   }
 }
 
+// Quiesce leaves the sinks open; a second pipeline started at each rank's next batch carries
+// on exactly where the first stopped.
+TEST(PipelineTest, QuiescedPipelineHandsItsSinksToTheNextOne) {
+  TempDir dir;
+  MakeTextDataset(dir, 600, [](int i) { return i % 11 == 4; });
+  PipelineRun full = RunPipeline(dir, TextConfig(2, 8, ", shuffle: true, epochs: 2"));
+  ASSERT_TRUE(full.pipeline);
+  WriteFile(dir / "p.yaml", TextConfig(2, 8, ", shuffle: true, epochs: 2"));
+  Result<PipelineConfig> cfg = LoadConfigFile(dir / "p.yaml");
+  ASSERT_TRUE(cfg.ok());
+  MemorySink r0(BatchSpecs(*cfg), 8, 2), r1(BatchSpecs(*cfg), 8, 2);
+  r0.Hold(true);  // keeps the first pipeline from running to the end
+  auto first = Pipeline::Create(*cfg, {&r0, &r1});
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE((*first)->Start().ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  (*first)->Quiesce();
+  r0.Hold(false);
+  (*first)->Wait();
+  EXPECT_FALSE(r0.finished || r1.finished) << "quiesce leaves the sinks open";
+  std::vector<StreamCursor> next = {(*first)->CursorAt((*first)->NextCommit(0)),
+                                    (*first)->CursorAt((*first)->NextCommit(1))};
+  EXPECT_LT(next[0].seq, 74u);
+  auto second = Pipeline::Create(*cfg, {&r0, &r1}, next);
+  ASSERT_TRUE(second.ok());
+  ASSERT_TRUE((*second)->Start().ok());
+  (*second)->Wait();
+  EXPECT_TRUE(r0.finished && r1.finished);
+  for (int r = 0; r < 2; ++r) {
+    MemorySink& got = r == 0 ? r0 : r1;
+    ASSERT_EQ(got.batches.size(), full.sinks[r]->batches.size()) << "rank " << r;
+    for (size_t i = 0; i < got.batches.size(); ++i) {
+      EXPECT_EQ(got.batches[i]->seq, i);
+      EXPECT_EQ(got.batches[i]->ids, full.sinks[r]->batches[i]->ids) << "rank " << r << " batch " << i;
+    }
+  }
+}
+
 TEST(PipelineTest, NoUsableSampleStopsWithAClearError) {
   TempDir dir;
   MakeTextDataset(dir, 64, [](int) { return true; });
