@@ -426,10 +426,18 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
     for (const auto& kv : e.fields)
       if (kv.first == b->cfg->field) field = &kv.second;
     SampleContext ctx{cfg_.source.seed, item->batch->epoch, e.id, e.origin};
-    if (!field)
+    if (!field) {
       item->status = Status::NotFound(fmt::format("sample has no field '{}'", b->cfg->field));
-    else
-      item->status = impl->Process(ctx, *field, OutputRow(item->out.data(), b->specs.size()));
+    } else {
+      // A stage's library may throw (OpenCV does): the sample fails, the worker goes on.
+      try {
+        item->status = impl->Process(ctx, *field, OutputRow(item->out.data(), b->specs.size()));
+      } catch (const std::exception& e) {
+        item->status = Status::Corrupt(fmt::format("{} threw: {}", b->cfg->type, e.what()));
+      } catch (...) {
+        item->status = Status::Corrupt(fmt::format("{} threw an unknown exception", b->cfg->type));
+      }
+    }
     b->counters.busy_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
     b->counters.cpu_ns.fetch_add(ThreadCpuNs() - c0, std::memory_order_relaxed);
     b->counters.items.fetch_add(1, std::memory_order_relaxed);

@@ -223,6 +223,15 @@ Result<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Load(const std::string
   if (!text.ok()) return text.status();
   nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return Status::Invalid(fmt::format("{}: not a JSON tokenizer file", path));
+  // A field of the wrong JSON type makes nlohmann throw; that is a bad file, not a crash.
+  try {
+    return FromJson(path, j);
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Invalid(fmt::format("{}: malformed tokenizer file: {}", path, e.what()));
+  }
+}
+
+Result<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::FromJson(const std::string& path, const nlohmann::json& j) {
   auto unsupported = [&](const std::string& what) {
     return Status::Unsupported(fmt::format("{}: unsupported tokenizer: {}", path, what));
   };
@@ -245,9 +254,10 @@ Result<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Load(const std::string
   };
   if (byte_level_ok(pre) && pre.value("use_regex", true)) {
     t->pattern_ = Pattern::kGpt2;
-  } else if (pre.is_object() && pre.value("type", "") == "Sequence" && pre["pretokenizers"].size() == 2 &&
-             byte_level_ok(pre["pretokenizers"][1]) && !pre["pretokenizers"][1].value("use_regex", true)) {
-    const auto& split = pre["pretokenizers"][0];
+  } else if (pre.is_object() && pre.value("type", "") == "Sequence" &&
+             pre.value("pretokenizers", nlohmann::json::array()).size() == 2 &&
+             byte_level_ok(pre.at("pretokenizers").at(1)) && !pre.at("pretokenizers").at(1).value("use_regex", true)) {
+    const auto& split = pre.at("pretokenizers").at(0);
     std::string regex = split.value("pattern", nlohmann::json::object()).value("Regex", "");
     if (split.value("type", "") != "Split" || split.value("behavior", "") != "Isolated" || split.value("invert", false))
       return unsupported(fmt::format("pre_tokenizer {}", split.dump()));
@@ -290,10 +300,10 @@ Result<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Load(const std::string
   t->merges_.reserve(merges.size() * 2);
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     std::string left, right;
-    const auto& m = merges[rank];
+    const auto& m = merges.at(rank);
     if (m.is_array() && m.size() == 2) {
-      left = m[0].get<std::string>();
-      right = m[1].get<std::string>();
+      left = m.at(0).get<std::string>();
+      right = m.at(1).get<std::string>();
     } else if (m.is_string()) {
       std::string s = m.get<std::string>();
       size_t sp = s.find(' ');

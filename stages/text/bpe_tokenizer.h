@@ -18,6 +18,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "base/status.h"
 
 namespace mmfeed {
@@ -53,6 +55,7 @@ class BpeTokenizer {
   size_t vocab_size() const { return id_bytes_.size(); }
 
  private:
+  static Result<std::shared_ptr<const BpeTokenizer>> FromJson(const std::string& path, const nlohmann::json& j);
   struct Added {
     std::string content;
     int32_t id;

@@ -9,6 +9,7 @@
 #include <set>
 #include <thread>
 
+#include "stages/runtime/registry.h"
 #include "stages/runtime/rng.h"
 #include "tests/stage_util.h"
 #include "tests/test_util.h"
@@ -467,6 +468,48 @@ TEST(PipelineTest, AnyFailureMixCompletesTheEpochWithEqualBatchCounts) {
       EXPECT_EQ(samples["refilled"].get<size_t>(), 2 * bad) << "and its row refilled";
       EXPECT_EQ((*p)->errors().ToJson()["total"].get<size_t>(), 2 * bad);
     }
+  }
+}
+
+// A test stage whose library throws on every sample whose id ends in 3.
+class ThrowingStage : public Stage {
+ public:
+  std::vector<TensorSpec> OutputSpecs() const override { return {{"v", DType::kInt32, {}}}; }
+  std::unique_ptr<StageWorker> NewWorker() const override {
+    struct Worker : StageWorker {
+      Status Process(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) override {
+        if (ctx.id.back() == '3') throw std::runtime_error("cv::Exception: the library failed");
+        *out.As<int32_t>(0) = static_cast<int32_t>(in.data.size());
+        return Status::Ok();
+      }
+    };
+    return std::make_unique<Worker>();
+  }
+};
+MMFEED_REGISTER_STAGE((StageSchema{"test_throws", "throws on ids ending in 3 (tests only)", StageKind::kField,
+                                   /*field_is_path=*/false, {},
+                                   [](const StageArgs&) -> Result<std::unique_ptr<Stage>> {
+                                     return std::unique_ptr<Stage>(std::make_unique<ThrowingStage>());
+                                   }}));
+
+TEST(PipelineTest, AThrowingWorkerSkipsThatSampleInsteadOfTerminating) {
+  TempDir dir;
+  std::set<std::string> good = MakeTextDataset(dir, 100, [](int) { return false; });
+  std::string cfg = TextConfig(2, 5);
+  cfg.replace(cfg.find("type: text, field: text, workers: 2, params: {max_len: 16}"),
+              std::string("type: text, field: text, workers: 2, params: {max_len: 16}").size(),
+              "type: test_throws, field: text, workers: 2");
+  PipelineRun run = RunPipeline(dir, cfg);
+  ASSERT_TRUE(run.pipeline) << run.create_status.message();
+  EXPECT_TRUE(run.pipeline->status().ok());
+  nlohmann::json errors = run.pipeline->errors().ToJson();
+  EXPECT_EQ(errors["total"], 10);
+  EXPECT_NE(errors["recent"][0]["message"].get<std::string>().find("test_throws threw: cv::Exception"),
+            std::string::npos);
+  for (auto& s : run.sinks) {
+    EXPECT_EQ(s->batches.size(), 10u);
+    for (auto& b : s->batches)
+      for (auto& id : b->ids) EXPECT_NE(id.back(), '3');
   }
 }
 

@@ -117,6 +117,11 @@ TEST(BpeTokenizerTest, UnsupportedOrBrokenFilesAreClearErrors) {
       << error("c.json", split);
   std::string nfkc = R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "normalizer": {"type": "NFKC"}})";
   EXPECT_NE(error("d.json", nfkc).find("unsupported tokenizer: normalizer"), std::string::npos);
+  // Fields of the wrong JSON type make the JSON library throw: a clear error, not a crash.
+  EXPECT_NE(error("e.json", R"({"model": {"type": 5}})").find("e.json: malformed tokenizer file"), std::string::npos)
+      << error("e.json", R"({"model": {"type": 5}})");
+  EXPECT_NE(error("f.json", R"({"model": {"type": "BPE", "byte_fallback": "yes"}})").find("malformed tokenizer file"),
+            std::string::npos);
 }
 
 // A GPT-2 style file: ByteLevel with its own regex; a tiny vocabulary checks the split and merges.
