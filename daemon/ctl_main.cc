@@ -66,6 +66,14 @@ int main(int argc, char** argv) {
                                           : "not attached",
                 static_cast<unsigned long>(r["published"].get<uint64_t>()),
                 static_cast<unsigned long>(r["released"].get<uint64_t>()));
+  const auto& rings = s["rings"];
+  int node = rings["numa_node"].get<int>();
+  std::printf("rings: %.2f GiB, %d slots per rank, %s\n",
+              rings["bytes"].get<uint64_t>() / 1073741824.0, rings["slots"].get<int>(),
+              node >= 0 ? ("bound to NUMA node " + std::to_string(node)).c_str() : "not bound");
+  for (const auto& p : s["placement"])
+    std::printf("  %-14s %2d thread(s) on CPUs %s\n", p["stage"].get<std::string>().c_str(),
+                p["threads"].get<int>(), p["cpus"].get<std::string>().c_str());
   std::printf("%s", FormatProfile(s["profile"]).c_str());
   std::printf("errors: %lu\n",
               static_cast<unsigned long>(s["profile"]["errors"]["total"].get<uint64_t>()));

@@ -38,6 +38,7 @@ class Supervisor {
       return 1;
     }
     const shm::SlotLayout& layout = plan.layout;
+    ring_bytes_ = plan.total_bytes;
     const std::vector<TensorSpec>& specs = plan.specs;
     const StageConfig* packed = cfg_.packed_stage >= 0 ? &cfg_.stages[cfg_.packed_stage] : nullptr;
     std::vector<BatchSink*> sinks;
@@ -229,13 +230,19 @@ class Supervisor {
                        {"attached", holders_[r].pid != 0},
                        {"generation", holders_[r].generation},
                        {"published", sinks_[r]->ring().published()},
-                       {"released", sinks_[r]->ring().released()}});
+                       {"released", sinks_[r]->ring().released()},
+                       {"acked", CursorToJson(sinks_[r]->ring().acked())}});
     return {{"pipeline", cfg_.name},
             {"state", draining_               ? "draining"
                       : pipeline_->Finished() ? "finished"
                                               : "running"},
             {"pid", getpid()},
             {"consumers", ranks},
+            {"rings",
+             {{"bytes", ring_bytes_},
+              {"slots", cfg_.ring_slots},
+              {"numa_node", cfg_.placement.numa_node}}},
+            {"placement", pipeline_->PlacementJson()},
             {"profile", pipeline_->Profile()}};
   }
 
@@ -331,7 +338,8 @@ class Supervisor {
   std::unique_ptr<ControlServer> server_;
   std::vector<Holder> holders_;
   uint32_t last_generation_ = 0;
-  std::string saved_state_;  // the last state written to --state-dir
+  std::string saved_state_;
+  uint64_t ring_bytes_ = 0;  // the last state written to --state-dir
   bool draining_ = false;
   std::chrono::steady_clock::time_point drain_deadline_;
 };

@@ -35,7 +35,8 @@ std::string Describe(const YAML::Node& n) {
 }
 
 // Checks that `map` is a mapping whose keys are all in `allowed`.
-void CheckKeys(const YAML::Node& map, const std::string& what, const std::vector<std::string>& allowed) {
+void CheckKeys(const YAML::Node& map, const std::string& what,
+               const std::vector<std::string>& allowed) {
   if (!map.IsMap()) Fail(map, fmt::format("{} must be a mapping, got {}", what, Describe(map)));
   for (auto it = map.begin(); it != map.end(); ++it) {
     std::string key = it->first.as<std::string>();
@@ -55,12 +56,18 @@ T Scalar(const YAML::Node& n, const std::string& what, const char* type_name) {
   }
 }
 
-int64_t Int(const YAML::Node& n, const std::string& what) { return Scalar<int64_t>(n, what, "an integer"); }
-bool Bool(const YAML::Node& n, const std::string& what) { return Scalar<bool>(n, what, "true or false"); }
+int64_t Int(const YAML::Node& n, const std::string& what) {
+  return Scalar<int64_t>(n, what, "an integer");
+}
+bool Bool(const YAML::Node& n, const std::string& what) {
+  return Scalar<bool>(n, what, "true or false");
+}
 std::string Str(const YAML::Node& n, const std::string& what) {
   return Scalar<std::string>(n, what, "a string");
 }
-double Float(const YAML::Node& n, const std::string& what) { return Scalar<double>(n, what, "a number"); }
+double Float(const YAML::Node& n, const std::string& what) {
+  return Scalar<double>(n, what, "a number");
+}
 
 int64_t IntAtLeast(const YAML::Node& n, const std::string& what, int64_t min) {
   int64_t v = Int(n, what);
@@ -69,9 +76,17 @@ int64_t IntAtLeast(const YAML::Node& n, const std::string& what, int64_t min) {
 }
 
 Placement ParsePlacement(const YAML::Node& n, const std::string& what) {
-  CheckKeys(n, what, {"numa_node"});
+  CheckKeys(n, what, {"numa_node", "strict"});
   Placement p;
-  if (n["numa_node"]) p.numa_node = static_cast<int>(IntAtLeast(n["numa_node"], what + ".numa_node", 0));
+  if (n["numa_node"])
+    p.numa_node = static_cast<int>(IntAtLeast(n["numa_node"], what + ".numa_node", 0));
+  if (n["strict"]) {
+    if (!n["strict"].IsScalar() ||
+        (n["strict"].Scalar() != "true" && n["strict"].Scalar() != "false"))
+      Fail(n["strict"],
+           fmt::format("{}.strict must be true or false, got {}", what, Describe(n["strict"])));
+    p.strict = n["strict"].Scalar() == "true";
+  }
   return p;
 }
 
@@ -86,14 +101,18 @@ ParamValue ParseParam(const ParamSpec& spec, const YAML::Node& n, const std::str
     return out;
   };
   switch (spec.type) {
-    case ParamType::kBool: return Bool(n, what);
-    case ParamType::kInt: return Int(n, what);
-    case ParamType::kFloat: return Float(n, what);
+    case ParamType::kBool:
+      return Bool(n, what);
+    case ParamType::kInt:
+      return Int(n, what);
+    case ParamType::kFloat:
+      return Float(n, what);
     case ParamType::kString: {
       std::string s = Str(n, what);
       if (!spec.choices.empty() &&
           std::find(spec.choices.begin(), spec.choices.end(), s) == spec.choices.end())
-        Fail(n, fmt::format("{} must be one of {}, got '{}'", what, fmt::join(spec.choices, ", "), s));
+        Fail(n,
+             fmt::format("{} must be one of {}, got '{}'", what, fmt::join(spec.choices, ", "), s));
       return s;
     }
     case ParamType::kIntList:
@@ -114,12 +133,14 @@ int EnvInt(const char* name, int fallback) {
 }
 
 SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir) {
-  CheckKeys(n, "source", {"type", "path", "shuffle", "seed", "epochs", "node_rank", "num_nodes", "fields"});
+  CheckKeys(n, "source",
+            {"type", "path", "shuffle", "seed", "epochs", "node_rank", "num_nodes", "fields"});
   SourceConfig s;
   if (!n["type"]) Fail(n, "source needs a 'type' (manifest or webdataset)");
   s.type = Str(n["type"], "source.type");
   if (s.type != "manifest" && s.type != "webdataset")
-    Fail(n["type"], fmt::format("unknown source type '{}'; expected manifest or webdataset", s.type));
+    Fail(n["type"],
+         fmt::format("unknown source type '{}'; expected manifest or webdataset", s.type));
   if (!n["path"]) Fail(n, "source needs a 'path'");
   s.path = ResolvePath(base_dir, Str(n["path"], "source.path"));
   s.path_mark = ToMark(n["path"].Mark());
@@ -128,8 +149,10 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir) {
   if (n["epochs"]) s.epochs = static_cast<int>(IntAtLeast(n["epochs"], "source.epochs", 0));
   s.node_rank = EnvInt("NODE_RANK", 0);
   s.num_nodes = EnvInt("NUM_NODES", 1);
-  if (n["node_rank"]) s.node_rank = static_cast<int>(IntAtLeast(n["node_rank"], "source.node_rank", 0));
-  if (n["num_nodes"]) s.num_nodes = static_cast<int>(IntAtLeast(n["num_nodes"], "source.num_nodes", 1));
+  if (n["node_rank"])
+    s.node_rank = static_cast<int>(IntAtLeast(n["node_rank"], "source.node_rank", 0));
+  if (n["num_nodes"])
+    s.num_nodes = static_cast<int>(IntAtLeast(n["num_nodes"], "source.num_nodes", 1));
   if (s.num_nodes < 1) s.num_nodes = 1;
   if (s.node_rank >= s.num_nodes)
     Fail(n["node_rank"] ? n["node_rank"] : n,
@@ -146,10 +169,12 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir) {
       // it read freed stack under ASan).
       const YAML::Node name = it->first, value = it->second;
       std::vector<std::string> exts;
-      if (value.IsScalar()) exts.push_back(value.Scalar());
+      if (value.IsScalar())
+        exts.push_back(value.Scalar());
       else if (value.IsSequence())
         for (const auto& e : value) exts.push_back(Str(e, "source.fields extension"));
-      else Fail(value, "source.fields values must be an extension or a list of them");
+      else
+        Fail(value, "source.fields values must be an extension or a list of them");
       s.fields[name.as<std::string>()] = exts;
     }
   }
@@ -191,18 +216,21 @@ void ParseStageParams(StageConfig* sc, const YAML::Node& stage_node, const std::
   for (const ParamSpec& p : schema.params) {
     if (given.count(p.name)) continue;
     if (!p.default_value)
-      Fail(params ? params : stage_node, fmt::format("{} needs parameter '{}' ({})", where, p.name, p.doc));
+      Fail(params ? params : stage_node,
+           fmt::format("{} needs parameter '{}' ({})", where, p.name, p.doc));
     sc->params.Set(p.name, *p.default_value);
   }
   if (schema.factory) {
     Result<std::unique_ptr<Stage>> stage = schema.factory({sc->name, sc->params, base_dir});
-    if (!stage.ok()) Fail(params ? params : stage_node, fmt::format("{}: {}", where, stage.status().message()));
+    if (!stage.ok())
+      Fail(params ? params : stage_node, fmt::format("{}: {}", where, stage.status().message()));
     sc->stage = std::move(stage.value());
   }
 }
 
 StageConfig ParseStage(const YAML::Node& n, const std::string& base_dir) {
-  CheckKeys(n, "a stage", {"name", "type", "field", "inputs", "workers", "queue", "params", "placement"});
+  CheckKeys(n, "a stage",
+            {"name", "type", "field", "inputs", "workers", "queue", "params", "placement"});
   StageConfig sc;
   sc.mark = ToMark(n.Mark());
   if (!n["name"]) Fail(n, "stage needs a 'name'");
@@ -214,13 +242,21 @@ StageConfig ParseStage(const YAML::Node& n, const std::string& base_dir) {
     Fail(n["type"], fmt::format("unknown stage type '{}'; known types: {}", sc.type,
                                 fmt::join(Registry::Get().Types(), ", ")));
   if (sc.schema->kind == StageKind::kField) {
-    if (n["inputs"]) Fail(n["inputs"], fmt::format("stage '{}' ({}) reads a source field: use 'field:', not 'inputs:'", sc.name, sc.type));
-    if (!n["field"]) Fail(n, fmt::format("stage '{}' ({}) needs a 'field' naming the source field it reads", sc.name, sc.type));
+    if (n["inputs"])
+      Fail(n["inputs"],
+           fmt::format("stage '{}' ({}) reads a source field: use 'field:', not 'inputs:'", sc.name,
+                       sc.type));
+    if (!n["field"])
+      Fail(n, fmt::format("stage '{}' ({}) needs a 'field' naming the source field it reads",
+                          sc.name, sc.type));
     sc.field = Str(n["field"], "field");
   } else {
-    if (n["field"]) Fail(n["field"], fmt::format("stage '{}' ({}) takes 'inputs:', not 'field:'", sc.name, sc.type));
+    if (n["field"])
+      Fail(n["field"],
+           fmt::format("stage '{}' ({}) takes 'inputs:', not 'field:'", sc.name, sc.type));
     if (!n["inputs"] || !n["inputs"].IsSequence() || n["inputs"].size() == 0)
-      Fail(n["inputs"] ? n["inputs"] : n, fmt::format("stage '{}' ({}) needs 'inputs:', a list of stage names", sc.name, sc.type));
+      Fail(n["inputs"] ? n["inputs"] : n,
+           fmt::format("stage '{}' ({}) needs 'inputs:', a list of stage names", sc.name, sc.type));
     for (const auto& i : n["inputs"]) sc.inputs.push_back(Str(i, "input"));
   }
   if (n["workers"]) sc.workers = static_cast<int>(IntAtLeast(n["workers"], "workers", 1));
@@ -244,7 +280,9 @@ void ValidateGraph(PipelineConfig* cfg, const YAML::Node& stages) {
     const StageConfig& s = cfg->stages[i];
     for (size_t k = 0; k < s.inputs.size(); ++k)
       if (!index.count(s.inputs[k]))
-        Fail(stages[i]["inputs"][k], fmt::format("stage '{}' reads input '{}', but no stage has that name", s.name, s.inputs[k]));
+        Fail(stages[i]["inputs"][k],
+             fmt::format("stage '{}' reads input '{}', but no stage has that name", s.name,
+                         s.inputs[k]));
   }
   // Depth-first search for a cycle through `inputs`.
   std::vector<int> state(cfg->stages.size(), 0);  // 0 new, 1 on stack, 2 done
@@ -280,7 +318,10 @@ void ValidateGraph(PipelineConfig* cfg, const YAML::Node& stages) {
     const StageConfig& s = cfg->stages[i];
     if (s.schema->kind == StageKind::kField &&
         std::find(batch.inputs.begin(), batch.inputs.end(), s.name) == batch.inputs.end())
-      Fail(stages[i], fmt::format("the output of stage '{}' is not used: add it to the inputs of batch stage '{}'", s.name, batch.name));
+      Fail(stages[i],
+           fmt::format(
+               "the output of stage '{}' is not used: add it to the inputs of batch stage '{}'",
+               s.name, batch.name));
   }
   cfg->batch_size = batch.params.GetInt("batch_size");
   cfg->drop_last = batch.params.GetBool("drop_last");
@@ -288,7 +329,8 @@ void ValidateGraph(PipelineConfig* cfg, const YAML::Node& stages) {
     const StageConfig& s = cfg->stages[i];
     if (s.type != "text" || !s.params.GetBool("pack")) continue;
     if (batch.inputs.size() != 1)
-      Fail(stages[i], fmt::format("stage '{}' packs its samples into rows (pack: true), so it must be the only input of batch stage '{}'",
+      Fail(stages[i], fmt::format("stage '{}' packs its samples into rows (pack: true), so it must "
+                                  "be the only input of batch stage '{}'",
                                   s.name, batch.name));
     cfg->packed_stage = static_cast<int>(i);
   }
@@ -311,27 +353,38 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
   if (root["pipeline"]) cfg.name = Str(root["pipeline"], "pipeline");
   if (!root["source"]) Fail(root, "the config needs a 'source'");
   cfg.source = ParseSource(root["source"], cfg.base_dir);
-  if (root["consumers"]) cfg.consumers = static_cast<int>(IntAtLeast(root["consumers"], "consumers", 1));
+  if (root["consumers"])
+    cfg.consumers = static_cast<int>(IntAtLeast(root["consumers"], "consumers", 1));
   if (cfg.consumers > 64) Fail(root["consumers"], "consumers must be at most 64");
   if (root["on_error"]) {
     std::string p = Str(root["on_error"], "on_error");
-    if (p == "skip") cfg.on_error = ErrorPolicy::kSkip;
-    else if (p == "fail") cfg.on_error = ErrorPolicy::kFail;
-    else Fail(root["on_error"], fmt::format("on_error must be skip or fail, got '{}'", p));
+    if (p == "skip")
+      cfg.on_error = ErrorPolicy::kSkip;
+    else if (p == "fail")
+      cfg.on_error = ErrorPolicy::kFail;
+    else
+      Fail(root["on_error"], fmt::format("on_error must be skip or fail, got '{}'", p));
   }
   if (root["placement"]) cfg.placement = ParsePlacement(root["placement"], "placement");
   if (root["output"]) {
     const YAML::Node& o = root["output"];
     CheckKeys(o, "output", {"ring_slots"});
-    if (o["ring_slots"]) cfg.ring_slots = static_cast<int>(IntAtLeast(o["ring_slots"], "output.ring_slots", 2));
-    if (cfg.ring_slots > 496) Fail(o["ring_slots"], "output.ring_slots must be at most 496 (the ring's control area is one page)");
+    if (o["ring_slots"])
+      cfg.ring_slots = static_cast<int>(IntAtLeast(o["ring_slots"], "output.ring_slots", 2));
+    if (cfg.ring_slots > 496)
+      Fail(o["ring_slots"],
+           "output.ring_slots must be at most 496 (the ring's control area is one page)");
   }
   const YAML::Node& stages = root["stages"];
   if (!stages || !stages.IsSequence() || stages.size() == 0)
     Fail(stages ? stages : root, "the config needs 'stages', a list of stages");
   for (const auto& s : stages) {
     cfg.stages.push_back(ParseStage(s, cfg.base_dir));
-    if (cfg.stages.back().placement.numa_node < 0) cfg.stages.back().placement = cfg.placement;
+    if (cfg.stages.back().placement.numa_node < 0) {
+      bool strict = cfg.stages.back().placement.strict;
+      cfg.stages.back().placement = cfg.placement;
+      cfg.stages.back().placement.strict |= strict;
+    }
   }
   ValidateGraph(&cfg, stages);
   return cfg;
@@ -346,9 +399,11 @@ Result<PipelineConfig> ParseConfig(const std::string& text, const std::string& f
     return ParseRoot(root, file);
   } catch (const ConfigError& e) {
     if (e.mark.line < 0) return Status::Invalid(fmt::format("{}: {}", file, e.message));
-    return Status::Invalid(fmt::format("{}:{}:{}: {}", file, e.mark.line + 1, e.mark.column + 1, e.message));
+    return Status::Invalid(
+        fmt::format("{}:{}:{}: {}", file, e.mark.line + 1, e.mark.column + 1, e.message));
   } catch (const YAML::Exception& e) {
-    return Status::Invalid(fmt::format("{}:{}:{}: {}", file, e.mark.line + 1, e.mark.column + 1, e.msg));
+    return Status::Invalid(
+        fmt::format("{}:{}:{}: {}", file, e.mark.line + 1, e.mark.column + 1, e.msg));
   }
 }
 

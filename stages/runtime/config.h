@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "stages/runtime/registry.h"
 #include "base/status.h"
+#include "stages/runtime/registry.h"
 
 namespace mmfeed {
 
@@ -21,14 +21,16 @@ struct ConfigMark {
 
 struct Placement {
   int numa_node = -1;  // -1: every CPU the daemon may use
+  // Refuse, rather than warn about, more worker threads than the placement has usable CPUs.
+  bool strict = false;
 };
 
 struct SourceConfig {
-  std::string type;        // manifest | webdataset
-  std::string path;        // resolved against the config's folder
+  std::string type;  // manifest | webdataset
+  std::string path;  // resolved against the config's folder
   bool shuffle = false;
   uint64_t seed = 0;
-  int epochs = 1;          // 0 = forever
+  int epochs = 1;  // 0 = forever
   int node_rank = 0;
   int num_nodes = 1;
   // webdataset: logical field name -> member extensions that provide it

@@ -23,7 +23,8 @@ inline uint64_t NowNs() {
 template <typename T>
 class Mailbox {
  public:
-  explicit Mailbox(size_t capacity) : capacity_(capacity), free_slots_(static_cast<ssize_t>(capacity)) {}
+  explicit Mailbox(size_t capacity)
+      : capacity_(capacity), free_slots_(static_cast<ssize_t>(capacity)) {}
   Mailbox(const Mailbox&) = delete;
   Mailbox& operator=(const Mailbox&) = delete;
 
@@ -43,7 +44,8 @@ class Mailbox {
     uint64_t t0 = 0;
     while (true) {
       T item;
-      if (queue_.try_dequeue(item) || (t0 = t0 ? t0 : NowNs(), queue_.wait_dequeue_timed(item, kRecheckUs))) {
+      if (queue_.try_dequeue(item) ||
+          (t0 = t0 ? t0 : NowNs(), queue_.wait_dequeue_timed(item, kRecheckUs))) {
         if (item) {
           if (t0) starved_ns->fetch_add(NowNs() - t0, std::memory_order_relaxed);
           outstanding_.fetch_sub(1, std::memory_order_acq_rel);
@@ -52,7 +54,8 @@ class Mailbox {
         }
         // A wake-up from Close: fall through to the check.
       }
-      if (closed_.load(std::memory_order_acquire) && outstanding_.load(std::memory_order_acquire) == 0) {
+      if (closed_.load(std::memory_order_acquire) &&
+          outstanding_.load(std::memory_order_acquire) == 0) {
         if (t0) starved_ns->fetch_add(NowNs() - t0, std::memory_order_relaxed);
         return T();
       }

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "stages/runtime/config.h"
 #include "base/status.h"
+#include "stages/runtime/config.h"
 
 namespace mmfeed {
 
@@ -16,6 +16,8 @@ int NumaNodeCount();
 // The CPUs for `p`, limited to those the process may use. Error if the node does not exist or
 // has no usable CPU.
 Result<std::vector<int>> CpusFor(const Placement& p);
+// "0-3,8" for {0, 1, 2, 3, 8}.
+std::string CpuList(const std::vector<int>& cpus);
 // Pins the calling thread to `cpus` and names it (at most 15 characters are kept).
 Status PinAndNameThisThread(const std::vector<int>& cpus, const std::string& name);
 

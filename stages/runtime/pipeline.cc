@@ -170,6 +170,21 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
     p->branches_.push_back(std::move(b));
   }
   p->specs_ = BatchSpecs(p->cfg_);
+  // Worker threads against the CPUs they may use, per set of CPUs: oversubscription only
+  // adds context switches; warn, or refuse under `placement: {strict: true}`.
+  std::map<std::vector<int>, std::pair<int, bool>> budget;  // cpus -> (workers, strict)
+  for (const auto& b : p->branches_) {
+    auto& [workers, strict] = budget[b->cpus];
+    workers += b->cfg->workers;
+    strict |= b->cfg->placement.strict || cfg.placement.strict;
+  }
+  for (const auto& [cpus, use] : budget) {
+    if (use.first <= static_cast<int>(cpus.size())) continue;
+    std::string msg = fmt::format("{} worker threads on {} usable CPU(s) ({})", use.first,
+                                  cpus.size(), CpuList(cpus));
+    if (use.second) return Status::Invalid(fmt::format("placement: strict: {}", msg));
+    spdlog::warn("{}: more workers than CPUs only adds context switches", msg);
+  }
   Result<std::vector<int>> control_cpus = CpusFor(cfg.placement);  // the source and batch threads
   if (!control_cpus.ok()) return control_cpus.status().WithContext("placement");
   p->control_cpus_ = *control_cpus;
@@ -671,9 +686,21 @@ void Pipeline::BatchLoop() {
   // Every worker has finished, so nothing writes into an open batch; normally none is left.
   for (Collator& c : collators) c.DiscardIdle();
   if (finish_sinks_.load(std::memory_order_acquire))
-    for (BatchSink* s : sinks_) s->Finish(complete_.load(std::memory_order_acquire) && status().ok());
+    for (BatchSink* s : sinks_)
+      s->Finish(complete_.load(std::memory_order_acquire) && status().ok());
   end_ns_.store(NowNs());
   finished_.store(true, std::memory_order_release);
+}
+
+nlohmann::json Pipeline::PlacementJson() const {
+  nlohmann::json stages = nlohmann::json::array();
+  stages.push_back({{"stage", "source+batch"}, {"threads", 2}, {"cpus", CpuList(control_cpus_)}});
+  for (const auto& b : branches_)
+    stages.push_back({{"stage", b->cfg->name},
+                      {"threads", b->cfg->workers},
+                      {"cpus", CpuList(b->cpus)},
+                      {"numa_node", b->cfg->placement.numa_node}});
+  return stages;
 }
 
 nlohmann::json Pipeline::Profile() const {

@@ -119,6 +119,8 @@ class Pipeline {
   // REQUIRES: before Start().
   void AddProfiledStage(const StageInfo& info) { extra_infos_.push_back(info); }
   nlohmann::json Profile() const;
+  // Where each stage's threads run: [{"stage", "threads", "cpus": "0-3", "numa_node"}].
+  nlohmann::json PlacementJson() const;
   const ErrorLog& errors() const { return errors_; }
   // Every rank's epoch has this many batches; batch `index` of an epoch has RowsOf(index) rows.
   uint64_t batches_per_epoch() const { return batches_per_epoch_; }
@@ -195,7 +197,7 @@ class Pipeline {
   std::atomic<int> live_workers_{0};
   std::atomic<bool> finished_{false};
   std::atomic<bool> finish_sinks_{true};  // false after Quiesce
-  std::atomic<bool> complete_{false};  // every rank dealt to the end of its data
+  std::atomic<bool> complete_{false};     // every rank dealt to the end of its data
   uint64_t start_ns_ = 0;
   std::atomic<uint64_t> end_ns_{0};
   mutable std::mutex status_mu_;

@@ -32,12 +32,18 @@ nlohmann::json BuildProfile(const std::vector<StageInfo>& stages, double wall_se
     double fill = 0;
     if (s.queue_capacity && c.fill_samples.load())
       fill = static_cast<double>(c.fill_sum.load()) / c.fill_samples.load() / s.queue_capacity;
-    nlohmann::json j = {{"name", s.name},           {"type", s.type},
-                        {"workers", s.workers},     {"items", c.items.load()},
-                        {"errors", c.errors.load()}, {"busy_seconds", c.busy_ns.load() / 1e9},
-                        {"busy_share", busy},       {"starved_share", starved},
-                        {"blocked_share", blocked}, {"cpu_share_of_busy", cpu},
-                        {"queue_capacity", s.queue_capacity}, {"queue_fill", fill}};
+    nlohmann::json j = {{"name", s.name},
+                        {"type", s.type},
+                        {"workers", s.workers},
+                        {"items", c.items.load()},
+                        {"errors", c.errors.load()},
+                        {"busy_seconds", c.busy_ns.load() / 1e9},
+                        {"busy_share", busy},
+                        {"starved_share", starved},
+                        {"blocked_share", blocked},
+                        {"cpu_share_of_busy", cpu},
+                        {"queue_capacity", s.queue_capacity},
+                        {"queue_fill", fill}};
     if (!s.metrics.empty()) {
       j["metrics"] = nlohmann::json::object();
       for (const auto& [k, v] : s.metrics) j["metrics"][k] = v;
@@ -56,11 +62,12 @@ nlohmann::json BuildProfile(const std::vector<StageInfo>& stages, double wall_se
   out["stages"] = list;
   nlohmann::json b;
   if (ring_blocked && ring_blocked_share > 0.5) {
-    b = {{"stage", ring_blocked->name},
-         {"kind", "transfer"},
-         {"why", fmt::format("{} waited for trainers to release ring slots {:.0f}% of the time: the "
-                             "consumers, not mmfeed, limit throughput",
-                             ring_blocked->name, ring_blocked_share * 100)}};
+    b = {
+        {"stage", ring_blocked->name},
+        {"kind", "transfer"},
+        {"why", fmt::format("{} waited for trainers to release ring slots {:.0f}% of the time: the "
+                            "consumers, not mmfeed, limit throughput",
+                            ring_blocked->name, ring_blocked_share * 100)}};
   } else if (worst) {
     const StageCounters& c = *worst->counters;
     double cpu = c.busy_ns.load() ? static_cast<double>(c.cpu_ns.load()) / c.busy_ns.load() : 0;
@@ -75,22 +82,22 @@ nlohmann::json BuildProfile(const std::vector<StageInfo>& stages, double wall_se
 }
 
 std::string FormatProfile(const nlohmann::json& p) {
-  std::string s = fmt::format("{:<12} {:>7} {:>9} {:>7} {:>6} {:>8} {:>8} {:>6} {:>7}\n", "stage",
-                              "workers", "items", "errors", "busy", "starved", "blocked", "cpu",
-                              "queue");
+  std::string s =
+      fmt::format("{:<12} {:>7} {:>9} {:>7} {:>6} {:>8} {:>8} {:>6} {:>7}\n", "stage", "workers",
+                  "items", "errors", "busy", "starved", "blocked", "cpu", "queue");
   for (const auto& st : p["stages"]) {
-    s += fmt::format("{:<12} {:>7} {:>9} {:>7} {:>5.0f}% {:>7.0f}% {:>7.0f}% {:>5.0f}% {:>6.0f}%\n",
-                     st["name"].get<std::string>(), st["workers"].get<int>(),
-                     st["items"].get<uint64_t>(), st["errors"].get<uint64_t>(),
-                     st["busy_share"].get<double>() * 100, st["starved_share"].get<double>() * 100,
-                     st["blocked_share"].get<double>() * 100,
-                     st["cpu_share_of_busy"].get<double>() * 100,
-                     st["queue_fill"].get<double>() * 100);
+    s += fmt::format(
+        "{:<12} {:>7} {:>9} {:>7} {:>5.0f}% {:>7.0f}% {:>7.0f}% {:>5.0f}% {:>6.0f}%\n",
+        st["name"].get<std::string>(), st["workers"].get<int>(), st["items"].get<uint64_t>(),
+        st["errors"].get<uint64_t>(), st["busy_share"].get<double>() * 100,
+        st["starved_share"].get<double>() * 100, st["blocked_share"].get<double>() * 100,
+        st["cpu_share_of_busy"].get<double>() * 100, st["queue_fill"].get<double>() * 100);
   }
   for (const auto& st : p["stages"]) {
     if (!st.contains("metrics")) continue;
     std::string line;
-    for (const auto& [k, v] : st["metrics"].items()) line += fmt::format("{}{} {:.4g}", line.empty() ? "" : ", ", k, v.get<double>());
+    for (const auto& [k, v] : st["metrics"].items())
+      line += fmt::format("{}{} {:.4g}", line.empty() ? "" : ", ", k, v.get<double>());
     s += fmt::format("{}: {}\n", st["name"].get<std::string>(), line);
   }
   if (p.contains("bottleneck") && !p["bottleneck"].is_null())

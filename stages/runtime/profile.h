@@ -3,10 +3,9 @@
 // Everything in the report is measured (clocks and counts), nothing is estimated.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <atomic>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>

@@ -13,8 +13,8 @@
 #include <variant>
 #include <vector>
 
-#include "stages/runtime/stage.h"
 #include "base/status.h"
+#include "stages/runtime/stage.h"
 
 namespace mmfeed {
 
@@ -96,7 +96,8 @@ class Registry {
 
 #define MMFEED_CONCAT_INNER(a, b) a##b
 #define MMFEED_CONCAT(a, b) MMFEED_CONCAT_INNER(a, b)
-#define MMFEED_REGISTER_STAGE(schema_expr) \
-  static const bool MMFEED_CONCAT(mmfeed_registered_, __LINE__) = ::mmfeed::Registry::Get().Add(schema_expr)
+#define MMFEED_REGISTER_STAGE(schema_expr)                        \
+  static const bool MMFEED_CONCAT(mmfeed_registered_, __LINE__) = \
+      ::mmfeed::Registry::Get().Add(schema_expr)
 
 }  // namespace mmfeed

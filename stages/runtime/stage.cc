@@ -42,8 +42,10 @@ Result<FieldFile> FieldFile::Open(const FieldValue& field) {
   f.offset_ = range ? field.offset : 0;
   f.size_ = range ? field.size : static_cast<uint64_t>(st.st_size);
   if (f.offset_ + f.size_ > static_cast<uint64_t>(st.st_size))
-    return Status::Corrupt(fmt::format("{}: member at offset {} runs past the end of the file", field.data, f.offset_));
-  f.identity_ = fmt::format("{}@{}+{}:{}.{}", field.data, f.offset_, f.size_, st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+    return Status::Corrupt(fmt::format("{}: member at offset {} runs past the end of the file",
+                                       field.data, f.offset_));
+  f.identity_ = fmt::format("{}@{}+{}:{}.{}", field.data, f.offset_, f.size_, st.st_mtim.tv_sec,
+                            st.st_mtim.tv_nsec);
   return f;
 }
 
@@ -55,9 +57,12 @@ Result<std::string_view> FieldBytes(const FieldValue& field, std::string* storag
   storage->resize(file->size());
   size_t done = 0;
   while (done < storage->size()) {
-    ssize_t n = ::pread(file->fd(), storage->data() + done, storage->size() - done, file->offset() + done);
+    ssize_t n =
+        ::pread(file->fd(), storage->data() + done, storage->size() - done, file->offset() + done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Status::Io(field.data + ": read failed: " + (n == 0 ? "short file" : std::strerror(errno)));
+    if (n <= 0)
+      return Status::Io(field.data +
+                        ": read failed: " + (n == 0 ? "short file" : std::strerror(errno)));
     done += static_cast<size_t>(n);
   }
   return std::string_view(*storage);

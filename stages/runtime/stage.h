@@ -76,7 +76,9 @@ class OutputRow {
   uint8_t* operator[](size_t k) const { return ptrs_[k]; }
   size_t size() const { return count_; }
   template <typename T>
-  T* As(size_t k) const { return reinterpret_cast<T*>(ptrs_[k]); }
+  T* As(size_t k) const {
+    return reinterpret_cast<T*>(ptrs_[k]);
+  }
 
  private:
   uint8_t* const* ptrs_;

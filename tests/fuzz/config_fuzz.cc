@@ -5,6 +5,7 @@
 #include "stages/runtime/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  mmfeed::ParseConfig(std::string(reinterpret_cast<const char*>(data), size), "/nonexistent/fuzz.yaml");
+  mmfeed::ParseConfig(std::string(reinterpret_cast<const char*>(data), size),
+                      "/nonexistent/fuzz.yaml");
   return 0;
 }

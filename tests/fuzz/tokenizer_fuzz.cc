@@ -14,7 +14,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static std::shared_ptr<const mmfeed::BpeTokenizer> tok = [] {
     const char* env = std::getenv("MMFEED_FUZZ_TOKENIZER");
-    auto t = mmfeed::BpeTokenizer::Load(env ? env : MMFEED_TEST_DATA "/tokenizer/qwen3-tokenizer.json.gz");
+    auto t = mmfeed::BpeTokenizer::Load(
+        env ? env : MMFEED_TEST_DATA "/tokenizer/qwen3-tokenizer.json.gz");
     if (!t.ok()) std::abort();
     return *t;
   }();

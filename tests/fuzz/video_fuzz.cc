@@ -24,9 +24,10 @@ std::unique_ptr<mmfeed::Stage> MakeVideo(const char* sampling) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static std::unique_ptr<mmfeed::Stage> stages[3] = {MakeVideo("uniform"), MakeVideo("clip"), MakeVideo("keyframes")};
-  static std::unique_ptr<mmfeed::StageWorker> workers[3] = {stages[0]->NewWorker(), stages[1]->NewWorker(),
-                                                            stages[2]->NewWorker()};
+  static std::unique_ptr<mmfeed::Stage> stages[3] = {MakeVideo("uniform"), MakeVideo("clip"),
+                                                     MakeVideo("keyframes")};
+  static std::unique_ptr<mmfeed::StageWorker> workers[3] = {
+      stages[0]->NewWorker(), stages[1]->NewWorker(), stages[2]->NewWorker()};
   static std::vector<uint8_t> frames(4 * 3 * 16 * 16), pts(4 * 4), mask(4);
   if (size < 1) return 0;
   mmfeed::FieldValue f;

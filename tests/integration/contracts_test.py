@@ -290,6 +290,41 @@ class ContractsTest(dt.DaemonCase):
         self.assertEqual(p.returncode, 1)
         self.assertRegex(p.stderr, r"the rings need 473\.\d\d GiB, \d+\.\d\d GiB available")
 
+    def test_numa_placement_binds_rings_pins_threads_and_budgets_workers(self):
+        make_texts(self.dir, 4000)
+        node0 = pathlib.Path("/sys/devices/system/node/node0/cpulist")
+        if not node0.exists():
+            self.skipTest("no NUMA node 0 in /sys (not a NUMA-aware kernel)")
+        cfg = self.config(consumers=1, epochs=0) + "placement: {numa_node: 0}\n"
+        d = dt.Daemon(self.dir, cfg, extra=("--drain-timeout", "1"))
+        c = d.consume(0, "--batches", "3")
+        dt.finish(c)
+        maps = pathlib.Path(f"/proc/{d.proc.pid}/numa_maps").read_text().splitlines()
+        ring = [l for l in maps if "mmfeed-ring-0" in l]
+        self.assertTrue(ring and all("bind:0" in l for l in ring), ring)
+        threads = {}
+        for task in pathlib.Path(f"/proc/{d.proc.pid}/task").iterdir():
+            status = (task / "status").read_text()
+            threads[(task / "comm").read_text().strip()] = [
+                l.split(":")[1].strip() for l in status.splitlines() if l.startswith("Cpus_allowed_list")][0]
+        for name in ("mmf:source", "mmf:batch", "mmf:text:0"):
+            self.assertEqual(threads[name], node0.read_text().strip(), name)
+        st = subprocess.run([f"{dt.BIN}/mmfeedctl", "--socket", d.socket, "status"], capture_output=True, text=True)
+        self.assertIn("bound to NUMA node 0", st.stdout)
+        self.assertIn(f"thread(s) on CPUs {node0.read_text().strip()}", st.stdout)
+        d.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(d.wait(), 0, d.log())
+        ncpu = len(os.sched_getaffinity(0))
+        many = self.config(consumers=1).replace("workers: 2", f"workers: {ncpu + 3}")
+        (self.dir / "many.yaml").write_text(many + "placement: {numa_node: 0, strict: true}\n")
+        p = subprocess.run([f"{dt.BIN}/mmfeedd", "--check", str(self.dir / "many.yaml")], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 2, p.stdout)
+        self.assertIn(f"placement: strict: {ncpu + 3} worker threads on", p.stderr)
+        (self.dir / "many.yaml").write_text(many)
+        p = subprocess.run([f"{dt.BIN}/mmfeedd", "--check", str(self.dir / "many.yaml")], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("more workers than CPUs", p.stderr)
+
     def test_numeric_flags_reject_bad_values(self):
         make_texts(self.dir, 8)
         (self.dir / "p.yaml").write_text(self.config())

@@ -477,7 +477,8 @@ class ThrowingStage : public Stage {
   std::vector<TensorSpec> OutputSpecs() const override { return {{"v", DType::kInt32, {}}}; }
   std::unique_ptr<StageWorker> NewWorker() const override {
     struct Worker : StageWorker {
-      Status Process(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) override {
+      Status Process(const SampleContext& ctx, const FieldValue& in,
+                     const OutputRow& out) override {
         if (ctx.id.back() == '3') throw std::runtime_error("cv::Exception: the library failed");
         *out.As<int32_t>(0) = static_cast<int32_t>(in.data.size());
         return Status::Ok();
@@ -486,10 +487,14 @@ class ThrowingStage : public Stage {
     return std::make_unique<Worker>();
   }
 };
-MMFEED_REGISTER_STAGE((StageSchema{"test_throws", "throws on ids ending in 3 (tests only)", StageKind::kField,
-                                   /*field_is_path=*/false, {},
+MMFEED_REGISTER_STAGE((StageSchema{"test_throws",
+                                   "throws on ids ending in 3 (tests only)",
+                                   StageKind::kField,
+                                   /*field_is_path=*/false,
+                                   {},
                                    [](const StageArgs&) -> Result<std::unique_ptr<Stage>> {
-                                     return std::unique_ptr<Stage>(std::make_unique<ThrowingStage>());
+                                     return std::unique_ptr<Stage>(
+                                         std::make_unique<ThrowingStage>());
                                    }}));
 
 TEST(PipelineTest, AThrowingWorkerSkipsThatSampleInsteadOfTerminating) {
@@ -504,8 +509,9 @@ TEST(PipelineTest, AThrowingWorkerSkipsThatSampleInsteadOfTerminating) {
   EXPECT_TRUE(run.pipeline->status().ok());
   nlohmann::json errors = run.pipeline->errors().ToJson();
   EXPECT_EQ(errors["total"], 10);
-  EXPECT_NE(errors["recent"][0]["message"].get<std::string>().find("test_throws threw: cv::Exception"),
-            std::string::npos);
+  EXPECT_NE(
+      errors["recent"][0]["message"].get<std::string>().find("test_throws threw: cv::Exception"),
+      std::string::npos);
   for (auto& s : run.sinks) {
     EXPECT_EQ(s->batches.size(), 10u);
     for (auto& b : s->batches)
@@ -546,7 +552,8 @@ TEST(PipelineTest, QuiescedPipelineHandsItsSinksToTheNextOne) {
     ASSERT_EQ(got.batches.size(), full.sinks[r]->batches.size()) << "rank " << r;
     for (size_t i = 0; i < got.batches.size(); ++i) {
       EXPECT_EQ(got.batches[i]->seq, i);
-      EXPECT_EQ(got.batches[i]->ids, full.sinks[r]->batches[i]->ids) << "rank " << r << " batch " << i;
+      EXPECT_EQ(got.batches[i]->ids, full.sinks[r]->batches[i]->ids)
+          << "rank " << r << " batch " << i;
     }
   }
 }
