@@ -24,6 +24,8 @@ const char* Status::CodeName() const {
       return "timeout";
     case Code::kUnavailable:
       return "unavailable";
+    case Code::kResourceExhausted:
+      return "resource_exhausted";
   }
   return "unknown";
 }

@@ -21,7 +21,8 @@ class [[nodiscard]] Status {
     kUnsupported,
     kClosed,
     kTimeout,
-    kUnavailable  // the peer (the daemon) is gone
+    kUnavailable,       // the peer (the daemon) is gone
+    kResourceExhausted  // out of file descriptors or memory: the machine's state, not the data's
   };
 
   Status() = default;
@@ -37,6 +38,9 @@ class [[nodiscard]] Status {
   static Status Closed(std::string m) { return Status(Code::kClosed, std::move(m)); }
   static Status Timeout(std::string m) { return Status(Code::kTimeout, std::move(m)); }
   static Status Unavailable(std::string m) { return Status(Code::kUnavailable, std::move(m)); }
+  static Status ResourceExhausted(std::string m) {
+    return Status(Code::kResourceExhausted, std::move(m));
+  }
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }

@@ -134,7 +134,8 @@ int EnvInt(const char* name, int fallback) {
 
 SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir) {
   CheckKeys(n, "source",
-            {"type", "path", "shuffle", "seed", "epochs", "node_rank", "num_nodes", "fields"});
+            {"type", "path", "shuffle", "seed", "epochs", "node_rank", "num_nodes", "fields",
+             "max_bytes"});
   SourceConfig s;
   if (!n["type"]) Fail(n, "source needs a 'type' (manifest or webdataset)");
   s.type = Str(n["type"], "source.type");
@@ -147,6 +148,8 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir) {
   if (n["shuffle"]) s.shuffle = Bool(n["shuffle"], "source.shuffle");
   if (n["seed"]) s.seed = static_cast<uint64_t>(IntAtLeast(n["seed"], "source.seed", 0));
   if (n["epochs"]) s.epochs = static_cast<int>(IntAtLeast(n["epochs"], "source.epochs", 0));
+  if (n["max_bytes"])
+    s.max_bytes = static_cast<uint64_t>(IntAtLeast(n["max_bytes"], "source.max_bytes", 1));
   s.node_rank = EnvInt("NODE_RANK", 0);
   s.num_nodes = EnvInt("NUM_NODES", 1);
   if (n["node_rank"])
@@ -349,7 +352,8 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
   cfg.base_dir = std::filesystem::path(file).parent_path().string();
   if (cfg.base_dir.empty()) cfg.base_dir = ".";
   CheckKeys(root, "the pipeline config",
-            {"pipeline", "source", "consumers", "stages", "output", "on_error", "placement"});
+            {"pipeline", "source", "consumers", "stages", "output", "on_error", "placement",
+             "data_roots"});
   if (root["pipeline"]) cfg.name = Str(root["pipeline"], "pipeline");
   if (!root["source"]) Fail(root, "the config needs a 'source'");
   cfg.source = ParseSource(root["source"], cfg.base_dir);
@@ -366,6 +370,22 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
       Fail(root["on_error"], fmt::format("on_error must be skip or fail, got '{}'", p));
   }
   if (root["placement"]) cfg.placement = ParsePlacement(root["placement"], "placement");
+  if (const YAML::Node& roots = root["data_roots"]) {
+    if (roots.IsScalar() && roots.Scalar() == "any") {
+      cfg.data_roots_any = true;
+    } else if (roots.IsSequence()) {
+      for (const auto& r : roots) {
+        std::string dir = ResolvePath(cfg.base_dir, Str(r, "data_roots"));
+        std::error_code ec;
+        if (!std::filesystem::is_directory(dir, ec))
+          Fail(r, fmt::format("data_roots: '{}' is not a folder", dir));
+        cfg.data_roots.push_back(dir);
+      }
+    } else {
+      Fail(roots,
+           fmt::format("data_roots must be a list of folders or 'any', got {}", Describe(roots)));
+    }
+  }
   if (root["output"]) {
     const YAML::Node& o = root["output"];
     CheckKeys(o, "output", {"ring_slots"});
@@ -417,11 +437,17 @@ std::vector<TensorSpec> BatchSpecs(const PipelineConfig& cfg) {
 }
 
 Result<PipelineConfig> LoadConfigFile(const std::string& file) {
-  std::ifstream in(file);
-  if (!in) return Status::NotFound(fmt::format("{}: cannot open config file", file));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseConfig(ss.str(), file);
+  // A config is small: anything else (a folder, a FIFO, /dev/zero, a huge file) is refused
+  // before it is read, so that parsing cannot exhaust memory.
+  FieldValue f{FieldValue::Kind::kPath, file};
+  std::string text;
+  Result<std::string_view> bytes = FieldBytes(f, &text, kMaxConfigBytes);
+  if (!bytes.ok()) {
+    if (bytes.status().code() == Status::Code::kNotFound)
+      return Status::NotFound(fmt::format("{}: cannot open config file", file));
+    return Status::Invalid(fmt::format("config: {}", bytes.status().message()));
+  }
+  return ParseConfig(text, file);
 }
 
 }  // namespace mmfeed

@@ -30,7 +30,8 @@ struct SourceConfig {
   std::string path;  // resolved against the config's folder
   bool shuffle = false;
   uint64_t seed = 0;
-  int epochs = 1;  // 0 = forever
+  int epochs = 1;                     // 0 = forever
+  uint64_t max_bytes = 256ull << 20;  // largest file a sample field may read
   int node_rank = 0;
   int num_nodes = 1;
   // webdataset: logical field name -> member extensions that provide it
@@ -68,12 +69,18 @@ struct PipelineConfig {
   // concatenated into fixed-length rows (see stages/text/packing_sink.h).
   int packed_stage = -1;
   int ring_slots = 8;
+  // Folders sample files must lie in (resolved against the config's folder), besides the
+  // source's own; `data_roots: any` lifts the check.
+  std::vector<std::string> data_roots;
+  bool data_roots_any = false;
   ErrorPolicy on_error = ErrorPolicy::kSkip;
   Placement placement;
 };
 
 // Parses and validates `text` as if read from `file` (used for messages and relative paths).
 Result<PipelineConfig> ParseConfig(const std::string& text, const std::string& file);
+// Refuses anything but a regular file of at most kMaxConfigBytes.
+constexpr uint64_t kMaxConfigBytes = 1 << 20;
 Result<PipelineConfig> LoadConfigFile(const std::string& file);
 
 // Every tensor of a batch, per sample, in order: the batch stage's inputs in order, each

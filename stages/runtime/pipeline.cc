@@ -8,8 +8,10 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <set>
+#include <thread>
 #include <unordered_map>
 
 #include "stages/runtime/mailbox.h"
@@ -170,6 +172,18 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
     p->branches_.push_back(std::move(b));
   }
   p->specs_ = BatchSpecs(p->cfg_);
+  // Sample files: the source's folder and data_roots, by real path.
+  p->file_policy_.max_bytes = cfg.source.max_bytes;
+  if (!cfg.data_roots_any) {
+    std::vector<std::string> roots = cfg.data_roots;
+    roots.push_back(std::filesystem::path(cfg.source.path).parent_path().string());
+    for (const std::string& r : roots) {
+      std::error_code ec;
+      std::string real = std::filesystem::canonical(r.empty() ? "." : r, ec).string();
+      if (ec) return Status::Invalid(fmt::format("data root {}: {}", r, ec.message()));
+      p->file_policy_.roots.push_back(real == "/" ? real : real + "/");
+    }
+  }
   // Worker threads against the CPUs they may use, per set of CPUs: oversubscription only
   // adds context switches; warn, or refuse under `placement: {strict: true}`.
   std::map<std::vector<int>, std::pair<int, bool>> budget;  // cpus -> (workers, strict)
@@ -430,6 +444,7 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
   Status pin = PinAndNameThisThread(b->cpus, fmt::format("mmf:{}:{}", b->cfg->name, worker));
   if (!pin.ok()) spdlog::warn("{}", pin.message());
   std::unique_ptr<StageWorker> impl = b->cfg->stage->NewWorker();
+  ScopedFilePolicy files(&file_policy_);
   while (true) {
     std::unique_ptr<WorkItem> item = b->inbox.Pop(&b->counters.starved_ns);
     if (!item) break;
@@ -445,13 +460,27 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
       item->status = Status::NotFound(fmt::format("sample has no field '{}'", b->cfg->field));
     } else {
       // A stage's library may throw (OpenCV does): the sample fails, the worker goes on.
-      try {
-        item->status = impl->Process(ctx, *field, OutputRow(item->out.data(), b->specs.size()));
-      } catch (const std::exception& e) {
-        item->status = Status::Corrupt(fmt::format("{} threw: {}", b->cfg->type, e.what()));
-      } catch (...) {
-        item->status = Status::Corrupt(fmt::format("{} threw an unknown exception", b->cfg->type));
+      auto process = [&]() -> Status {
+        try {
+          return impl->Process(ctx, *field, OutputRow(item->out.data(), b->specs.size()));
+        } catch (const std::exception& e) {
+          return Status::Corrupt(fmt::format("{} threw: {}", b->cfg->type, e.what()));
+        } catch (...) {
+          return Status::Corrupt(fmt::format("{} threw an unknown exception", b->cfg->type));
+        }
+      };
+      item->status = process();
+      // Out of descriptors or memory says nothing about the sample: wait and retry (up to
+      // ~30 s), then stop the pipeline whatever on_error says.
+      for (int attempt = 0; item->status.code() == Status::Code::kResourceExhausted &&
+                            attempt < 300 && !stop_.load(std::memory_order_acquire);
+           ++attempt) {
+        if (attempt == 0) spdlog::warn("{}; retrying", item->status.message());
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        item->status = process();
       }
+      if (item->status.code() == Status::Code::kResourceExhausted)
+        Fail(item->status.WithContext("out of resources, not a bad sample"));
     }
     b->counters.busy_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
     b->counters.cpu_ns.fetch_add(ThreadCpuNs() - c0, std::memory_order_relaxed);
@@ -491,6 +520,8 @@ class Pipeline::Collator {
         p_->refills_ok_.fetch_add(1, std::memory_order_relaxed);
         o.failed_run = 0;
       }
+    } else if (status.code() == Status::Code::kResourceExhausted) {
+      o.holes.push_back(s.row);  // not the sample's fault: never counted (the pipeline stops)
     } else {
       (*known_bad_)[s.entry] = true;
       if (s.refill) {

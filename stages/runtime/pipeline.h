@@ -163,6 +163,7 @@ class Pipeline {
   std::vector<BatchSink*> sinks_;
   std::vector<TensorSpec> specs_;     // every tensor of a batch, in order
   std::vector<size_t> first_tensor_;  // per branch: index of its first tensor in specs_
+  FilePolicy file_policy_;            // what the workers' samples may open
   std::vector<int> control_cpus_;  // where the source and batch threads run (top-level placement)
   std::shared_ptr<const Catalog> catalog_;
   uint64_t per_rank_ = 0;  // samples in a rank's share of an epoch

@@ -28,19 +28,55 @@ FieldFile::~FieldFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-Result<FieldFile> FieldFile::Open(const FieldValue& field) {
+namespace {
+thread_local const FilePolicy* t_file_policy = nullptr;
+const FilePolicy kDefaultFilePolicy;
+}  // namespace
+
+ScopedFilePolicy::ScopedFilePolicy(const FilePolicy* policy) : previous_(t_file_policy) {
+  t_file_policy = policy;
+}
+ScopedFilePolicy::~ScopedFilePolicy() { t_file_policy = previous_; }
+
+Result<FieldFile> FieldFile::Open(const FieldValue& field, uint64_t max_bytes) {
+  const FilePolicy& policy = t_file_policy ? *t_file_policy : kDefaultFilePolicy;
   FieldFile f;
-  f.fd_ = ::open(field.data.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
+  f.fd_ = ::open(field.data.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (f.fd_ < 0) {
     int e = errno;
     if (e == ENOENT) return Status::NotFound(field.data + ": no such file");
+    if (e == EMFILE || e == ENFILE || e == ENOMEM)
+      return Status::ResourceExhausted(field.data + ": " + std::strerror(e));
     return Status::Io(field.data + ": " + std::strerror(e));
   }
   struct stat st;
   if (fstat(f.fd_, &st) != 0) return Status::Io(field.data + ": " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) {
+    const char* what = S_ISDIR(st.st_mode)    ? "a directory"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                                              : "a device";
+    return Status::Invalid(fmt::format("{}: is {}, not a regular file", field.data, what));
+  }
+  if (!policy.roots.empty()) {
+    char real[4096];
+    ssize_t n = readlink(fmt::format("/proc/self/fd/{}", f.fd_).c_str(), real, sizeof(real) - 1);
+    if (n <= 0) return Status::Io(field.data + ": cannot resolve its real path");
+    std::string_view path(real, static_cast<size_t>(n));
+    bool inside = false;
+    for (const std::string& root : policy.roots) inside |= path.substr(0, root.size()) == root;
+    if (!inside)
+      return Status::Invalid(
+          fmt::format("{}: outside the data roots (it is {})", field.data, path));
+  }
   const bool range = field.kind == FieldValue::Kind::kFileRange;
   f.offset_ = range ? field.offset : 0;
   f.size_ = range ? field.size : static_cast<uint64_t>(st.st_size);
+  if (!max_bytes) max_bytes = policy.max_bytes;
+  if (f.size_ > max_bytes)
+    return Status::TooLarge(
+        fmt::format("{}: {} bytes, more than max_bytes {}", field.data, f.size_, max_bytes));
   if (f.offset_ + f.size_ > static_cast<uint64_t>(st.st_size))
     return Status::Corrupt(fmt::format("{}: member at offset {} runs past the end of the file",
                                        field.data, f.offset_));
@@ -49,10 +85,11 @@ Result<FieldFile> FieldFile::Open(const FieldValue& field) {
   return f;
 }
 
-Result<std::string_view> FieldBytes(const FieldValue& field, std::string* storage) {
+Result<std::string_view> FieldBytes(const FieldValue& field, std::string* storage,
+                                    uint64_t max_bytes) {
   if (field.kind == FieldValue::Kind::kText || field.kind == FieldValue::Kind::kBytes)
     return std::string_view(field.data);
-  Result<FieldFile> file = FieldFile::Open(field);
+  Result<FieldFile> file = FieldFile::Open(field, max_bytes);
   if (!file.ok()) return file.status();
   storage->resize(file->size());
   size_t done = 0;

@@ -39,6 +39,29 @@ struct SampleContext {
 // "" are returned as they are.
 std::string ResolvePath(const std::string& base_dir, const std::string& path);
 
+// What a sample may open. A sample's paths come from a dataset that may be hostile: only
+// regular files (a FIFO, device, socket or directory is refused without blocking), at most
+// `max_bytes` (checked with fstat before reading), and, when `roots` is not empty, only files
+// whose real path (symlinks resolved, from the open descriptor) lies inside one of the roots.
+struct FilePolicy {
+  static constexpr uint64_t kDefaultMaxBytes = 256ull << 20;
+  uint64_t max_bytes = kDefaultMaxBytes;
+  std::vector<std::string> roots;  // real paths of folders, each ending in '/'; empty: anywhere
+};
+
+// Makes `policy` the calling thread's for FieldFile::Open while it lives (the pipeline's
+// workers run every sample under one; elsewhere the defaults above apply, without roots).
+class ScopedFilePolicy {
+ public:
+  explicit ScopedFilePolicy(const FilePolicy* policy);
+  ~ScopedFilePolicy();
+  ScopedFilePolicy(const ScopedFilePolicy&) = delete;
+  ScopedFilePolicy& operator=(const ScopedFilePolicy&) = delete;
+
+ private:
+  const FilePolicy* previous_;
+};
+
 // The file behind a kPath or kFileRange field, open: `size` bytes at `offset` of `fd`.
 // Move-only; closes the file.
 class FieldFile {
@@ -47,8 +70,10 @@ class FieldFile {
   FieldFile(FieldFile&& o) noexcept { *this = std::move(o); }
   FieldFile& operator=(FieldFile&& o) noexcept;
   ~FieldFile();
-  // Errors: missing file (kNotFound), unreadable, a range past the end of the file.
-  static Result<FieldFile> Open(const FieldValue& field);
+  // Errors: missing file (kNotFound), unreadable, not a regular file, larger than max_bytes
+  // (kTooLarge), outside the data roots, a range past the end of the file; out of file
+  // descriptors or memory is kResourceExhausted (a condition of the machine, not of the file).
+  static Result<FieldFile> Open(const FieldValue& field, uint64_t max_bytes = 0);
 
   int fd() const { return fd_; }
   uint64_t offset() const { return offset_; }
@@ -65,7 +90,9 @@ class FieldFile {
 // Returns the bytes of a field: the file's contents (or range of it) for kPath and kFileRange,
 // the data itself otherwise.
 // `storage` receives file contents; the view points into it or into `field`.
-Result<std::string_view> FieldBytes(const FieldValue& field, std::string* storage);
+// `max_bytes` (when not 0) replaces the thread's FilePolicy limit.
+Result<std::string_view> FieldBytes(const FieldValue& field, std::string* storage,
+                                    uint64_t max_bytes = 0);
 
 // Where a worker writes one sample's outputs: out[k] has room for exactly
 // OutputSpecs()[k].NumBytes() bytes. In the daemon these point straight into the batch's

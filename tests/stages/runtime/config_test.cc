@@ -1,6 +1,7 @@
 #include "stages/runtime/config.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include "tests/test_util.h"
 
@@ -12,7 +13,9 @@ using testing::WriteFile;
 
 class ConfigTest : public ::testing::Test {
  protected:
-  void SetUp() override { WriteFile(dir_ / "manifest.jsonl", "{\"id\":\"a\",\"image\":\"x.jpg\",\"text\":\"t\"}\n"); }
+  void SetUp() override {
+    WriteFile(dir_ / "manifest.jsonl", "{\"id\":\"a\",\"image\":\"x.jpg\",\"text\":\"t\"}\n");
+  }
   // Returns "" on success, the error message otherwise.
   std::string Error(const std::string& yaml) {
     Result<PipelineConfig> r = ParseConfig(yaml, dir_ / "p.yaml");
@@ -55,6 +58,25 @@ std::string Replace(std::string s, const std::string& from, const std::string& t
   return s.replace(p, from.size(), to);
 }
 
+TEST_F(ConfigTest, OnlyASmallRegularFileIsReadAsAConfig) {
+  testing::TempDir dir;
+  auto error = [](const std::string& file) {
+    Result<PipelineConfig> c = LoadConfigFile(file);
+    return c.ok() ? std::string("loaded") : c.status().message();
+  };
+  EXPECT_NE(error(dir.path()).find("is a directory"), std::string::npos) << error(dir.path());
+  EXPECT_NE(error("/dev/zero").find("/dev/zero: is a device, not a regular file"),
+            std::string::npos);
+  ASSERT_EQ(mkfifo((dir / "fifo").c_str(), 0600), 0);
+  EXPECT_NE(error(dir / "fifo").find("is a FIFO"), std::string::npos) << "and it does not block";
+  std::string big = "pipeline: x\nstages:\n";
+  while (big.size() <= kMaxConfigBytes) big += "  - 1\n";
+  testing::WriteFile(dir / "big.yaml", big);
+  EXPECT_NE(error(dir / "big.yaml").find("more than max_bytes 1048576"), std::string::npos)
+      << error(dir / "big.yaml");
+  EXPECT_NE(error(dir / "none.yaml").find("none.yaml: cannot open config file"), std::string::npos);
+}
+
 TEST_F(ConfigTest, UnknownStageTypeNamesLineAndColumn) {
   std::string e = Error(Replace(kCanonical, "type: text,", "type: txet,"));
   EXPECT_NE(e.find("p.yaml:8:24: unknown stage type 'txet'"), std::string::npos) << e;
@@ -65,7 +87,9 @@ TEST_F(ConfigTest, UnknownStageTypeNamesLineAndColumn) {
 
 TEST_F(ConfigTest, UnknownParameterIsRejected) {
   std::string e = Error(Replace(kCanonical, "flip: 0.5", "flop: 0.5"));
-  EXPECT_NE(e.find("p.yaml:6:60: unknown parameter 'flop' for stage 'image' (image)"), std::string::npos) << e;
+  EXPECT_NE(e.find("p.yaml:6:60: unknown parameter 'flop' for stage 'image' (image)"),
+            std::string::npos)
+      << e;
 }
 
 TEST_F(ConfigTest, UnknownTopLevelKeyIsRejected) {
@@ -79,14 +103,17 @@ TEST_F(ConfigTest, IllTypedParametersAreRejected) {
   e = Error(Replace(kCanonical, "max_len: 128", "max_len: long"));
   EXPECT_NE(e.find("text.max_len must be an integer, got 'long'"), std::string::npos) << e;
   e = Error(Replace(kCanonical, "dtype: float32", "dtype: float64"));
-  EXPECT_NE(e.find("image.dtype must be one of uint8, float32, got 'float64'"), std::string::npos) << e;
+  EXPECT_NE(e.find("image.dtype must be one of uint8, float32, got 'float64'"), std::string::npos)
+      << e;
   e = Error(Replace(kCanonical, "workers: 2", "workers: 0"));
   EXPECT_NE(e.find("workers must be at least 1"), std::string::npos) << e;
 }
 
 TEST_F(ConfigTest, MissingInputIsRejected) {
   std::string e = Error(Replace(kCanonical, "inputs: [image, text]", "inputs: [image, txt]"));
-  EXPECT_NE(e.find("p.yaml:9:48: stage 'batch' reads input 'txt', but no stage has that name"), std::string::npos) << e;
+  EXPECT_NE(e.find("p.yaml:9:48: stage 'batch' reads input 'txt', but no stage has that name"),
+            std::string::npos)
+      << e;
 }
 
 TEST_F(ConfigTest, DuplicateStageNameIsRejected) {
@@ -95,9 +122,11 @@ TEST_F(ConfigTest, DuplicateStageNameIsRejected) {
 }
 
 TEST_F(ConfigTest, CycleIsRejected) {
-  std::string yaml = Replace(kCanonical, "  - {name: batch, type: batch, inputs: [image, text], params: {batch_size: 32}}\n",
-                             "  - {name: batch, type: batch, inputs: [image, text, b2], params: {batch_size: 32}}\n"
-                             "  - {name: b2, type: batch, inputs: [batch], params: {batch_size: 32}}\n");
+  std::string yaml = Replace(
+      kCanonical,
+      "  - {name: batch, type: batch, inputs: [image, text], params: {batch_size: 32}}\n",
+      "  - {name: batch, type: batch, inputs: [image, text, b2], params: {batch_size: 32}}\n"
+      "  - {name: b2, type: batch, inputs: [batch], params: {batch_size: 32}}\n");
   std::string e = Error(yaml);
   EXPECT_NE(e.find("the stages form a cycle: batch -> b2 -> batch"), std::string::npos) << e;
 }
@@ -118,10 +147,14 @@ TEST_F(ConfigTest, UnusedStageAndMissingManifestAreRejected) {
 
 TEST_F(ConfigTest, MissingOrBrokenTokenizerIsAConfigError) {
   std::string e = Error(Replace(kCanonical, "tokenizer: bytes", "tokenizer: nope.json"));
-  EXPECT_NE(e.find("p.yaml:8:51: stage 'text' (text): " + dir_ / "nope.json: cannot open tokenizer file"), std::string::npos) << e;
+  EXPECT_NE(
+      e.find("p.yaml:8:51: stage 'text' (text): " + dir_ / "nope.json: cannot open tokenizer file"),
+      std::string::npos)
+      << e;
   WriteFile(dir_ / "bad.json", "{\"model\": {\"type\": \"Unigram\"}}");
   e = Error(Replace(kCanonical, "tokenizer: bytes", "tokenizer: bad.json"));
-  EXPECT_NE(e.find("bad.json: unsupported tokenizer: model type 'Unigram'"), std::string::npos) << e;
+  EXPECT_NE(e.find("bad.json: unsupported tokenizer: model type 'Unigram'"), std::string::npos)
+      << e;
 }
 
 TEST_F(ConfigTest, YamlSyntaxErrorHasLocation) {
@@ -132,7 +165,8 @@ TEST_F(ConfigTest, YamlSyntaxErrorHasLocation) {
 
 TEST_F(ConfigTest, WebDatasetFieldsMapNamesToExtensions) {
   WriteFile(dir_ / "shard-0.tar", std::string(1024, '\0'));
-  const std::string yaml = R"(source: {type: webdataset, path: shard-0.tar, fields: {video: [mp4, mkv], text: txt}}
+  const std::string yaml =
+      R"(source: {type: webdataset, path: shard-0.tar, fields: {video: [mp4, mkv], text: txt}}
 stages:
   - {name: video, type: video, field: video, params: {size: [8, 8]}}
   - {name: text, type: text, field: text, params: {tokenizer: bytes, max_len: 8}}
@@ -145,7 +179,9 @@ stages:
   EXPECT_NE(Error(R"(source: {type: webdataset, path: shard-0.tar, fields: {video: {a: 1}}}
 stages:
   - {name: batch, type: batch, inputs: [video], params: {batch_size: 2}}
-)").find("source.fields values"), std::string::npos);
+)")
+                .find("source.fields values"),
+            std::string::npos);
 }
 
 TEST_F(ConfigTest, NodeRankFromEnvironment) {

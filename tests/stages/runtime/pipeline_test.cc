@@ -1,9 +1,11 @@
 #include "stages/runtime/pipeline.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <set>
@@ -517,6 +519,74 @@ TEST(PipelineTest, AThrowingWorkerSkipsThatSampleInsteadOfTerminating) {
     for (auto& b : s->batches)
       for (auto& id : b->ids) EXPECT_NE(id.back(), '3');
   }
+}
+
+// Sample paths come from a dataset that may be hostile: FIFOs, devices, folders, huge files
+// and paths outside the dataset are per-sample errors naming the path, and nothing blocks.
+TEST(PipelineTest, SampleFilesMustBeRegularSmallAndInsideTheDataRoots) {
+  TempDir dir, elsewhere;
+  std::filesystem::create_directories(dir / "data");
+  std::ofstream m(dir / "data/manifest.jsonl");
+  for (int i = 0; i < 8; ++i)
+    m << "{\"id\": \"s" << i << "\", \"text\": \"caption " << i << "\"}\n";
+  ASSERT_EQ(mkfifo((dir / "data/fifo").c_str(), 0600), 0);
+  std::filesystem::create_directories(dir / "data/folder");
+  WriteFile(dir / "data/big.txt", std::string(5000, 'x'));
+  WriteFile(dir / "outside.txt", "secret");
+  WriteFile(elsewhere / "ok.txt", "allowed elsewhere");
+  std::filesystem::create_symlink("/etc/hostname", dir / "data/link");
+  std::filesystem::create_symlink(elsewhere / "ok.txt", dir / "data/elsewhere");
+  auto entry = [&](const std::string& id, const std::string& path) {
+    m << "{\"id\": \"" << id << "\", \"text\": {\"path\": \"" << path << "\"}}\n";
+  };
+  entry("fifo", "fifo");
+  entry("folder", "folder");
+  entry("device", "/dev/zero");
+  entry("big", "big.txt");
+  entry("dotdot", "../outside.txt");
+  entry("absolute", "/etc/hostname");
+  entry("symlink", "link");
+  entry("elsewhere", "elsewhere");
+  m.close();
+  auto config = [&](const std::string& top) {
+    std::string c = TextConfig(1, 4, ", max_bytes: 4096", top);
+    return c.replace(c.find("path: manifest.jsonl"), 20, "path: data/manifest.jsonl");
+  };
+  PipelineRun run = RunPipeline(dir, config(""));
+  ASSERT_TRUE(run.pipeline) << run.create_status.message();
+  nlohmann::json errors = run.pipeline->errors().ToJson();
+  std::map<std::string, std::string> why;
+  for (auto& e : errors["recent"]) why[e["origin"]] = e["message"];
+  auto message = [&](int line) {
+    for (auto& [origin, msg] : why)
+      if (origin.size() > 3 && origin.substr(origin.rfind(':') + 1) == std::to_string(line))
+        return msg;
+    return std::string("<none>");
+  };
+  EXPECT_NE(message(9).find("fifo: is a FIFO, not a regular file"), std::string::npos)
+      << message(9);
+  EXPECT_NE(message(10).find("folder: is a directory, not a regular file"), std::string::npos)
+      << message(10);
+  EXPECT_NE(message(11).find("/dev/zero: is a device, not a regular file"), std::string::npos)
+      << message(11);
+  EXPECT_NE(message(12).find("big.txt: 5000 bytes, more than max_bytes 4096"), std::string::npos)
+      << message(12);
+  EXPECT_NE(message(13).find("outside.txt: outside the data roots"), std::string::npos)
+      << message(13);
+  EXPECT_NE(message(14).find("/etc/hostname: outside the data roots"), std::string::npos)
+      << message(14);
+  EXPECT_NE(message(15).find("link: outside the data roots (it is /etc/hostname)"),
+            std::string::npos)
+      << message(15);
+  EXPECT_NE(message(16).find("outside the data roots"), std::string::npos) << message(16);
+  EXPECT_EQ(run.pipeline->errors().ToJson()["total"], 8);
+  // Listing another folder admits it; `any` admits everything readable and regular.
+  PipelineRun listed = RunPipeline(dir, config("data_roots: [" + elsewhere.path() + "]\n"));
+  ASSERT_TRUE(listed.pipeline) << listed.create_status.message();
+  EXPECT_EQ(listed.pipeline->errors().ToJson()["total"], 7);
+  PipelineRun any = RunPipeline(dir, config("data_roots: any\n"));
+  ASSERT_TRUE(any.pipeline);
+  EXPECT_EQ(any.pipeline->errors().ToJson()["total"], 4) << "fifo, folder, device, big";
 }
 
 // Quiesce leaves the sinks open; a second pipeline started at each rank's next batch carries
