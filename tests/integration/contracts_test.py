@@ -325,6 +325,75 @@ class ContractsTest(dt.DaemonCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("more workers than CPUs", p.stderr)
 
+    def test_oversized_control_request_closes_only_that_connection(self):
+        make_texts(self.dir, 64)
+        d = dt.Daemon(self.dir, self.config(epochs=0), extra=("--drain-timeout", "1"))
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(d.socket)
+        try:
+            s.sendall(b"x" * (3 << 20))  # no newline, 3 MiB
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        s.settimeout(10)
+        try:
+            self.assertEqual(s.recv(1), b"")
+        except ConnectionResetError:
+            pass
+        s.close()
+        st = subprocess.run([f"{dt.BIN}/mmfeedctl", "--socket", d.socket, "status"], capture_output=True, text=True)
+        self.assertEqual(st.returncode, 0, st.stderr)
+        self.assertIn("longer than 1048576 bytes", d.log())
+        rss = [l for l in pathlib.Path(f"/proc/{d.proc.pid}/status").read_text().splitlines() if l.startswith("VmRSS")]
+        self.assertLess(int(rss[0].split()[1]), 200 * 1024, rss)
+        d.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(d.wait(), 0, d.log())
+
+    def test_fd_exhaustion_is_survived_and_never_counted_as_bad_samples(self):
+        (self.dir / "t").mkdir()
+        with open(self.dir / "manifest.jsonl", "w") as m:
+            for i in range(1600):
+                (self.dir / "t" / f"{i}.txt").write_text(f"caption {i}")
+                m.write(json.dumps({"id": f"s{i}", "text": {"path": f"t/{i}.txt"}}) + "\n")
+        (self.dir / "p.yaml").write_text(self.config(consumers=1))
+        sock = str(self.dir / "mmfeed.sock")
+        log = open(self.dir / "daemon.log", "w")
+        proc = subprocess.Popen(["prlimit", "--nofile=256", f"{dt.BIN}/mmfeedd", "--config", str(self.dir / "p.yaml"),
+                                 "--socket", sock], stdout=log, stderr=log)
+        try:
+            deadline = time.time() + 20
+            while not os.path.exists(sock) and time.time() < deadline:
+                time.sleep(0.02)
+            consumer = subprocess.Popen([f"{dt.BIN}/mmfeed-consume", "--socket", sock, "--rank", "0", "--json",
+                                         "--hold-ms", "5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            time.sleep(0.3)
+            flood = []
+            for _ in range(400):  # far more connections than the daemon has descriptors
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.setblocking(False)
+                try:
+                    s.connect(sock)
+                except (BlockingIOError, ConnectionRefusedError, OSError):
+                    pass
+                flood.append(s)
+            time.sleep(1.5)
+            for s in flood:
+                s.close()
+            st = subprocess.run([f"{dt.BIN}/mmfeedctl", "--socket", sock, "--timeout", "10", "status"],
+                                capture_output=True, text=True, timeout=30)
+            self.assertEqual(st.returncode, 0, st.stderr)
+            out, err = consumer.communicate(timeout=120)
+            self.assertEqual(consumer.returncode, 0, err)
+            self.assertEqual(json.loads(out)["samples"], 1600)
+            self.assertEqual(proc.wait(60), 0)
+            text = (self.dir / "daemon.log").read_text()
+            self.assertIn("samples skipped: 0", text)
+            self.assertRegex(text, r"accepting a control connection: .*; retrying|more than 256 control connections")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.close()
+
     def test_numeric_flags_reject_bad_values(self):
         make_texts(self.dir, 8)
         (self.dir / "p.yaml").write_text(self.config())
