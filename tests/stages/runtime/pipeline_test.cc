@@ -501,11 +501,13 @@ MMFEED_REGISTER_STAGE((StageSchema{"test_throws",
 
 TEST(PipelineTest, AThrowingWorkerSkipsThatSampleInsteadOfTerminating) {
   TempDir dir;
-  std::set<std::string> good = MakeTextDataset(dir, 100, [](int) { return false; });
-  std::string cfg = TextConfig(2, 5);
-  cfg.replace(cfg.find("type: text, field: text, workers: 2, params: {max_len: 16}"),
-              std::string("type: text, field: text, workers: 2, params: {max_len: 16}").size(),
-              "type: test_throws, field: text, workers: 2");
+  MakeTextDataset(dir, 100, [](int) { return false; });
+  const std::string cfg =
+      "source: {type: manifest, path: manifest.jsonl, seed: 3}\n"
+      "consumers: 2\n"
+      "stages:\n"
+      "  - {name: text, type: test_throws, field: text, workers: 2}\n"
+      "  - {name: batch, type: batch, inputs: [text], params: {batch_size: 5}}\n";
   PipelineRun run = RunPipeline(dir, cfg);
   ASSERT_TRUE(run.pipeline) << run.create_status.message();
   EXPECT_TRUE(run.pipeline->status().ok());
