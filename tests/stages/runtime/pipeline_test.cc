@@ -1,5 +1,6 @@
 #include "stages/runtime/pipeline.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -372,7 +373,7 @@ std::set<std::string> MakeTextDataset(const TempDir& dir, int n, Bad bad) {
       m << "{\"id\": \"b" << i << "\", \"text\": {\"path\": \"missing" << i << ".txt\"}}\n";
     } else {
       m << "{\"id\": \"s" << i << "\", \"text\": \"caption " << i << "\"}\n";
-      good.insert("s" + std::to_string(i));
+      good.insert(fmt::format("s{}", i));
     }
   }
   return good;
