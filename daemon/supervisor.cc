@@ -22,6 +22,7 @@ namespace mmfeed {
 namespace {
 
 constexpr int kExitConfig = 2;
+constexpr int kExitLost = 3;  // the drain timed out with batches no trainer took
 
 class Supervisor {
  public:
@@ -290,6 +291,7 @@ class Supervisor {
       if (!pipeline_->status().ok() && !draining_) BeginDrain("on_error: fail");
       if (draining_ && std::chrono::steady_clock::now() > drain_deadline_) {
         spdlog::warn("drain timed out");
+        drain_timed_out_ = true;
         for (auto& s : sinks_) s->Abort();
         pipeline_->RequestStop();
         if (pipeline_->Finished()) {
@@ -307,7 +309,7 @@ class Supervisor {
     uint64_t written = 0, unreleased = 0;
     for (auto& s : sinks_) {
       written += s->ring().published();
-      unreleased += s->ring().published() - s->ring().released();
+      unreleased += s->ring().unreleased();
     }
     const auto& errors = profile["errors"];
     std::fprintf(stderr, "mmfeedd profile:\n%s", text.c_str());
@@ -325,6 +327,13 @@ class Supervisor {
       std::fprintf(stderr, "mmfeedd: stopped on error: %s\n", st.message().c_str());
       return 1;
     }
+    if (drain_timed_out_ && unreleased > 0) {
+      std::fprintf(stderr, "mmfeedd: the drain timed out: %lu published batch(es) were never taken by a trainer%s\n",
+                   static_cast<unsigned long>(unreleased),
+                   opt_.state_dir.empty() ? " and are lost"
+                                          : " (the next start regenerates them from the saved cursors)");
+      return kExitLost;
+    }
     return 0;
   }
 
@@ -341,6 +350,7 @@ class Supervisor {
   std::string saved_state_;
   uint64_t ring_bytes_ = 0;  // the last state written to --state-dir
   bool draining_ = false;
+  bool drain_timed_out_ = false;
   std::chrono::steady_clock::time_point drain_deadline_;
 };
 

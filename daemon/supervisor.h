@@ -39,7 +39,7 @@ Status CheckMemory(const RingPlan& plan);
 Result<std::string> CheckPipeline(const PipelineConfig& cfg);
 
 // Runs the daemon until it drained or failed; returns its exit status (0 ok, 1 error or
-// on_error: fail, 2 bad config or data).
+// on_error: fail, 2 bad config or data, 3 the drain timed out with batches no trainer took).
 int RunSupervisor(PipelineConfig cfg, SupervisorOptions options);
 
 }  // namespace mmfeed

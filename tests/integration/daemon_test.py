@@ -240,10 +240,16 @@ class DaemonTest(DaemonCase):
         self.assertEqual([s["name"] for s in js["profile"]["stages"]], ["source", "image", "text", "batch", "ring0"])
         self.assertGreaterEqual(js["consumers"][0]["released"], 5)
         d.proc.send_signal(signal.SIGTERM)
+        # A trainer takes what was published before the stop; it is told the stream stopped
+        # before the end of the data, and the daemon exits 0: nothing was lost.
+        late = d.consume(0, "--json")
+        out, err = late.communicate(timeout=30)
+        self.assertEqual(late.returncode, 1)
+        self.assertIn("stopped before the end of the data", err)
         self.assertEqual(d.wait(30), 0, d.log())
         log = d.log()
         self.assertIn("SIGTERM: draining", log)
-        self.assertIn("batches:", log)
+        self.assertIn("0 left in rings", log)
 
     def test_ctl_stop_and_webdataset_source(self):
         ids = make_dataset(self.dir, 40)
@@ -264,9 +270,11 @@ class DaemonTest(DaemonCase):
         d = Daemon(self.dir, self.config(epochs=0, consumers=1), extra=("--drain-timeout", "1"))
         p = subprocess.run([f"{BIN}/mmfeedctl", "--socket", d.socket, "stop"], capture_output=True, text=True)
         self.assertEqual(p.returncode, 0, p.stderr)
-        # Nobody consumes: the drain gives up after its timeout, accounts, and exits 0.
-        self.assertEqual(d.wait(60), 0, d.log())
+        # Nobody consumes: the drain gives up after its timeout, says how many batches were
+        # lost, and exits 3.
+        self.assertEqual(d.wait(60), 3, d.log())
         self.assertIn("left in rings", d.log())
+        self.assertRegex(d.log(), r"the drain timed out: \d+ published batch\(es\) were never taken by a trainer and are lost")
 
 
 class BadFilesTest(DaemonCase):
