@@ -16,6 +16,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "daemon/control_protocol.h"
+
 namespace mmfeed {
 namespace {
 
@@ -123,31 +125,24 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
   }
 
   void Handle(const std::string& line) {
-    nlohmann::json req = nlohmann::json::parse(line, nullptr, false);
-    if (req.is_discarded() || !req.is_object() || !req.contains("cmd") || !req["cmd"].is_string())
-      return Reply({{"ok", false}, {"error", "expected one JSON object per line with a \"cmd\""}});
-    std::string cmd = req["cmd"];
-    if (cmd == "status") return Reply({{"ok", true}, {"status", server_.handler_.status()}});
-    if (cmd == "stop") {
-      Reply({{"ok", true}});
-      server_.handler_.stop();
-      return;
+    Result<ControlRequest> req = ParseControlRequest(line);
+    if (!req.ok()) return Reply({{"ok", false}, {"error", req.status().message()}});
+    switch (req->cmd) {
+      case ControlRequest::Cmd::kStatus:
+        return Reply({{"ok", true}, {"status", server_.handler_.status()}});
+      case ControlRequest::Cmd::kStop:
+        Reply({{"ok", true}});
+        server_.handler_.stop();
+        return;
+      case ControlRequest::Cmd::kAttach:
+        break;
     }
-    if (cmd != "attach")
-      return Reply(
-          {{"ok", false},
-           {"error", fmt::format("unknown command '{}'; expected attach, status or stop", cmd)}});
     if (attached_rank_ >= 0)
       return Reply({{"ok", false}, {"error", "this connection is already attached"}});
-    if (!req.contains("rank") || !req["rank"].is_number_integer())
-      return Reply({{"ok", false}, {"error", "attach needs an integer \"rank\""}});
-    int64_t rank = req["rank"].get<int64_t>();
-    if (rank < 0 || rank > INT32_MAX)
-      return Reply({{"ok", false}, {"error", fmt::format("rank {} out of range", rank)}});
     Result<AttachGrant> r = server_.handler_.attach(
-        static_cast<int>(rank), pid_, pidfd_.is_open() ? pidfd_.native_handle() : -1, req);
+        req->rank, pid_, pidfd_.is_open() ? pidfd_.native_handle() : -1, req->resume);
     if (!r.ok()) return Reply({{"ok", false}, {"error", r.status().message()}});
-    attached_rank_ = static_cast<int>(rank);
+    attached_rank_ = req->rank;
     generation_ = r->reply.value("generation", 0u);
     server_.attached_[generation_] = weak_from_this();
     nlohmann::json reply = r->reply;

@@ -23,9 +23,11 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "base/cursor.h"
 #include "base/status.h"
 
 namespace mmfeed {
@@ -39,7 +41,8 @@ class ControlServer {
  public:
   struct Handler {
     // `pidfd` refers to the peer process (-1 if pidfd_open failed); the daemon may keep a dup.
-    std::function<Result<AttachGrant>(int rank, int pid, int pidfd, const nlohmann::json& request)>
+    std::function<Result<AttachGrant>(int rank, int pid, int pidfd,
+                                      const std::optional<StreamCursor>& resume)>
         attach;
     // The attached trainer died (or was disconnected): `generation` is the one attach gave.
     std::function<void(int rank, int pid, uint32_t generation)> detach;

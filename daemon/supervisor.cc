@@ -80,8 +80,8 @@ class Supervisor {
     server_ = std::make_unique<ControlServer>(
         io_, opt_.socket, opt_.socket_group,
         ControlServer::Handler{
-            [this](int rank, int pid, int pidfd, const nlohmann::json& req) {
-              return Attach(rank, pid, pidfd, req);
+            [this](int rank, int pid, int pidfd, const std::optional<StreamCursor>& resume) {
+              return Attach(rank, pid, pidfd, resume);
             },
             [this](int rank, int pid, uint32_t generation) { Detach(rank, pid, generation); },
             [this] { return StatusJson(); },
@@ -116,7 +116,8 @@ class Supervisor {
     uint32_t generation = 0;
   };
 
-  Result<AttachGrant> Attach(int rank, int pid, int pidfd, const nlohmann::json& request) {
+  Result<AttachGrant> Attach(int rank, int pid, int pidfd,
+                             const std::optional<StreamCursor>& resume) {
     if (rank >= cfg_.consumers)
       return Status::Invalid(fmt::format(
           "rank {} out of range: this pipeline has {} consumer rank(s)", rank, cfg_.consumers));
@@ -130,7 +131,7 @@ class Supervisor {
       Detach(rank, h.pid, h.generation);
     }
     shm::RingWriter& ring = sinks_[rank]->ring();
-    if (request.contains("resume")) MMFEED_RETURN_IF_ERROR(Resume(rank, request["resume"]));
+    if (resume) MMFEED_RETURN_IF_ERROR(Resume(rank, *resume));
     Result<int> control = ring.Attach(++last_generation_);
     if (!control.ok()) return control.status();
     h = {pid, pidfd >= 0 ? fcntl(pidfd, F_DUPFD_CLOEXEC, 0) : -1, last_generation_};
@@ -145,17 +146,15 @@ class Supervisor {
 
   // The trainer finished the batches before `cursor`: those in the ring are not delivered
   // again; if the rest starts at the cursor it is reused, else the rank is rewound there.
-  Status Resume(int rank, const nlohmann::json& cursor) {
-    Result<StreamCursor> c = CursorFromJson(cursor);
-    if (!c.ok()) return c.status().WithContext("resume");
+  Status Resume(int rank, const StreamCursor& c) {
     shm::RingWriter& ring = sinks_[rank]->ring();
-    int finished = ring.DropReady(c->seq);
+    int finished = ring.DropReady(c.seq);
     uint64_t next = ring.MinReadySeq();
     if (next == UINT64_MAX) next = pipeline_->NextCommit(rank);
-    if (next != c->seq) MMFEED_RETURN_IF_ERROR(pipeline_->Rewind(rank, c->seq));
-    ring.set_acked(pipeline_->CursorAt(c->seq));
+    if (next != c.seq) MMFEED_RETURN_IF_ERROR(pipeline_->Rewind(rank, c.seq));
+    ring.set_acked(pipeline_->CursorAt(c.seq));
     spdlog::info("rank {}: resuming at batch {} ({} finished batch(es) dropped from the ring, {})",
-                 rank, c->seq, finished, next == c->seq ? "the rest reused" : "the rank rewound");
+                 rank, c.seq, finished, next == c.seq ? "the rest reused" : "the rank rewound");
     return Status::Ok();
   }
 
@@ -328,10 +327,12 @@ class Supervisor {
       return 1;
     }
     if (drain_timed_out_ && unreleased > 0) {
-      std::fprintf(stderr, "mmfeedd: the drain timed out: %lu published batch(es) were never taken by a trainer%s\n",
-                   static_cast<unsigned long>(unreleased),
-                   opt_.state_dir.empty() ? " and are lost"
-                                          : " (the next start regenerates them from the saved cursors)");
+      std::fprintf(
+          stderr,
+          "mmfeedd: the drain timed out: %lu published batch(es) were never taken by a trainer%s\n",
+          static_cast<unsigned long>(unreleased),
+          opt_.state_dir.empty() ? " and are lost"
+                                 : " (the next start regenerates them from the saved cursors)");
       return kExitLost;
     }
     return 0;

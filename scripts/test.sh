@@ -16,20 +16,22 @@ fi
 if [ "${MMFEED_SKIP_FUZZ:-0}" != 1 ]; then
   BUILD_DIR=build-fuzz bash scripts/build.sh -DCMAKE_CXX_COMPILER=clang++ -DMMFEED_FUZZ=ON -DMMFEED_TESTS=OFF
   seeds=build-fuzz/seeds
-  rm -rf "$seeds" && mkdir -p "$seeds"/{config,image,source,ring_reader,ring_control,tokenizer,tokenizer_json,video}
+  rm -rf "$seeds" && mkdir -p "$seeds"/{config,image,source,ring_reader,ring_control,control_protocol,tokenizer,tokenizer_json,video}
   head -c 200 /dev/urandom > "$seeds/ring_control/random"
   cp configs/*.yaml "$seeds/config/"
   cp tests/data/photos/photo0[0-3]*.jpg tests/data/photos/*.png "$seeds/image/"
   printf '{"id": "a", "image": "x.jpg", "text": "t"}\n' > "$seeds/source/manifest.jsonl"
   head -c 4000 tests/data/tokenizer/corpus.txt > "$seeds/tokenizer/corpus-head.txt"
   cp tests/data/tokenizer/tiny-tokenizer.json "$seeds/tokenizer_json/"
+  printf '{"cmd": "attach", "rank": 1, "resume": {"seq": 7, "epoch": 0, "batch": 7}}' > "$seeds/control_protocol/attach"
+  printf '{"cmd": "status"}' > "$seeds/control_protocol/status"
   # Video seeds: a mode byte (0 uniform, 1 clip, 2 keyframes) then a tiny video per container.
   for v in "0 mp4 libx264" "1 mkv libx264" "2 webm libvpx-vp9"; do
     read -r mode ext codec <<< "$v"
     ffmpeg -v error -y -f lavfi -i testsrc2=size=32x24:rate=10:duration=1 -c:v "$codec" -g 4 "$seeds/video/v.$ext"
     { printf "\\x0$mode"; cat "$seeds/video/v.$ext"; } > "$seeds/video/seed-$ext" && rm "$seeds/video/v.$ext"
   done
-  for t in config image source ring_reader ring_control tokenizer tokenizer_json video; do
+  for t in config image source ring_reader ring_control control_protocol tokenizer tokenizer_json video; do
     echo "fuzzing $t for ${MMFEED_FUZZ_SECONDS:-20}s"
     if ! ./build-fuzz/bin/fuzz_$t -max_total_time="${MMFEED_FUZZ_SECONDS:-20}" -rss_limit_mb=4096 \
         "$seeds/$t" > "build-fuzz/fuzz_$t.log" 2>&1; then

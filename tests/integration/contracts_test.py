@@ -394,6 +394,25 @@ class ContractsTest(dt.DaemonCase):
                 proc.wait()
             log.close()
 
+    def test_a_reply_larger_than_the_socket_buffer_arrives_whole(self):
+        long_dir = "/".join(["d" * 200] * 14)  # a 2.8 KB path that does not exist
+        with open(self.dir / "manifest.jsonl", "w") as m:
+            for i in range(200):
+                if i % 5 < 3:
+                    m.write(json.dumps({"id": f"b{i}", "text": {"path": f"{long_dir}/{i}.txt"}}) + "\n")
+                else:
+                    m.write(json.dumps({"id": f"s{i}", "text": f"caption {i}"}) + "\n")
+        d = dt.Daemon(self.dir, self.config(consumers=1, epochs=0), extra=("--drain-timeout", "1", "--log-level", "error"))
+        dt.finish(d.consume(0, "--batches", "30"))
+        st = subprocess.run([f"{dt.BIN}/mmfeedctl", "--socket", d.socket, "status", "--json"], capture_output=True,
+                            text=True, timeout=30)
+        self.assertEqual(st.returncode, 0, st.stderr)
+        self.assertGreater(len(st.stdout), 250_000, "the reply is larger than a unix socket's buffer")
+        recent = json.loads(st.stdout)["profile"]["errors"]["recent"]
+        self.assertEqual(len(recent), 100)
+        d.proc.send_signal(signal.SIGTERM)
+        d.wait()
+
     def test_numeric_flags_reject_bad_values(self):
         make_texts(self.dir, 8)
         (self.dir / "p.yaml").write_text(self.config())

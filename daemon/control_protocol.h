@@ -1,0 +1,24 @@
+// The control protocol's requests: one JSON object per line (see control_server.h). Parsing is
+// apart from the server so that it can be fuzzed on its own: any line yields a request or a
+// message saying what is wrong with it, never an exception.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "base/cursor.h"
+#include "base/status.h"
+
+namespace mmfeed {
+
+struct ControlRequest {
+  enum class Cmd { kAttach, kStatus, kStop };
+  Cmd cmd = Cmd::kStatus;
+  int rank = -1;                       // attach
+  std::optional<StreamCursor> resume;  // attach: serve from this cursor
+};
+
+Result<ControlRequest> ParseControlRequest(std::string_view line);
+
+}  // namespace mmfeed
