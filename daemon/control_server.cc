@@ -89,9 +89,13 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
                      kMaxRequestBytes);
         return Disconnect();
       }
-      if (ec) {  // EOF or error: judge the trainer by its process, not its socket
+      if (ec) {  // EOF or error: judge the trainer by its process and how it closed
         if (attached_rank_ >= 0 && !detached_) {
-          if (pidfd_.is_open() && !ProcessGone(pidfd_.native_handle()))
+          // A live process that only shut its writing side (POLLRDHUP without POLLHUP) is
+          // still attached; one that closed the connection (POLLHUP) has let the rank go.
+          pollfd p{socket_.native_handle(), POLLRDHUP, 0};
+          bool fully_closed = poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR));
+          if (!fully_closed && pidfd_.is_open() && !ProcessGone(pidfd_.native_handle()))
             spdlog::info(
                 "rank {}: pid {} closed its connection but lives; it stays attached until it exits",
                 attached_rank_, pid_);

@@ -12,10 +12,10 @@ PKGS=(
   libicu-dev zlib1g-dev
   libavformat-dev libavcodec-dev libavutil-dev libswscale-dev libswresample-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev
-  python3 python3-numpy python3-av ffmpeg
+  python3 python3-dev python3-numpy python3-av ffmpeg pybind11-dev python3-torch
 )
 if [ "${1:-}" = "--bench" ]; then
-  PKGS+=(python3-torch python3-torchvision python3-torchaudio python3-pil python3-opencv espeak-ng nodejs npm)
+  PKGS+=(python3-torchvision python3-torchaudio python3-pil python3-opencv espeak-ng nodejs npm)
 fi
 missing=()
 for p in "${PKGS[@]}"; do

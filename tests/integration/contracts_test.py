@@ -313,7 +313,7 @@ class ContractsTest(dt.DaemonCase):
         self.assertIn("bound to NUMA node 0", st.stdout)
         self.assertIn(f"thread(s) on CPUs {node0.read_text().strip()}", st.stdout)
         d.proc.send_signal(signal.SIGTERM)
-        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEqual(d.wait(), 3, "nobody takes the published batches: lost, exit 3")
         ncpu = len(os.sched_getaffinity(0))
         many = self.config(consumers=1).replace("workers: 2", f"workers: {ncpu + 3}")
         (self.dir / "many.yaml").write_text(many + "placement: {numa_node: 0, strict: true}\n")
@@ -346,7 +346,7 @@ class ContractsTest(dt.DaemonCase):
         rss = [l for l in pathlib.Path(f"/proc/{d.proc.pid}/status").read_text().splitlines() if l.startswith("VmRSS")]
         self.assertLess(int(rss[0].split()[1]), 200 * 1024, rss)
         d.proc.send_signal(signal.SIGTERM)
-        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEqual(d.wait(), 3, d.log())  # nobody took the published batches
 
     def test_fd_exhaustion_is_survived_and_never_counted_as_bad_samples(self):
         (self.dir / "t").mkdir()
@@ -364,7 +364,7 @@ class ContractsTest(dt.DaemonCase):
             while not os.path.exists(sock) and time.time() < deadline:
                 time.sleep(0.02)
             consumer = subprocess.Popen([f"{dt.BIN}/mmfeed-consume", "--socket", sock, "--rank", "0", "--json",
-                                         "--hold-ms", "5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                         "--hold-ms", "25"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             time.sleep(0.3)
             flood = []
             for _ in range(400):  # far more connections than the daemon has descriptors

@@ -1,0 +1,247 @@
+// _mmfeed: the Python binding of the mmfeed client (client/client.h). One thin file that
+// translates types and errors, nothing else. Lifetimes are held, never documented: every
+// numpy array made from a batch owns a reference to the batch's lease (a capsule as the
+// array's base), so the slot stays held until the last array (or tensor made from one) is gone.
+// The GIL is released around every wait.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "base/tensor.h"
+#include "client/client.h"
+
+namespace py = pybind11;
+using mmfeed::Batch;
+using mmfeed::Client;
+using mmfeed::Status;
+using mmfeed::StreamCursor;
+
+namespace {
+
+py::object g_daemon_gone, g_attach_error, g_stopped_early;
+
+[[noreturn]] void Raise(const Status& st, bool attaching = false) {
+  if (attaching && st.code() != Status::Code::kTimeout) {
+    PyErr_SetString(g_attach_error.ptr(), st.message().c_str());
+    throw py::error_already_set();
+  }
+  switch (st.code()) {
+    case Status::Code::kTimeout:
+      PyErr_SetString(PyExc_TimeoutError, st.message().c_str());
+      break;
+    case Status::Code::kUnavailable:
+      PyErr_SetString(g_daemon_gone.ptr(), st.message().c_str());
+      break;
+    case Status::Code::kClosed:
+      PyErr_SetString(g_stopped_early.ptr(), st.message().c_str());
+      break;
+    default:
+      PyErr_SetString(PyExc_RuntimeError, st.message().c_str());
+  }
+  throw py::error_already_set();
+}
+
+py::dtype DType(uint32_t d) {
+  switch (static_cast<mmfeed::DType>(d)) {
+    case mmfeed::DType::kUInt8:
+      return py::dtype::of<uint8_t>();
+    case mmfeed::DType::kInt32:
+      return py::dtype::of<int32_t>();
+    case mmfeed::DType::kFloat32:
+      return py::dtype::of<float>();
+    case mmfeed::DType::kInt64:
+      return py::dtype::of<int64_t>();
+  }
+  throw std::runtime_error("unknown dtype " + std::to_string(d));
+}
+
+py::dict CursorDict(const StreamCursor& c) {
+  py::dict d;
+  d["epoch"] = c.epoch;
+  d["batch"] = c.batch;
+  d["seq"] = c.seq;
+  return d;
+}
+
+// The Python Batch: holds the lease until release() or its own end; arrays hold their own.
+class PyBatch {
+ public:
+  explicit PyBatch(std::shared_ptr<Batch> b) : batch_(std::move(b)) {}
+
+  const Batch& get() const {
+    if (!batch_) throw std::runtime_error("this batch was released");
+    return *batch_;
+  }
+
+  py::array Array(const mmfeed::shm::TensorView& t) const {
+    auto* hold = new std::shared_ptr<Batch>(batch_);
+    py::capsule owner(hold, [](void* p) { delete static_cast<std::shared_ptr<Batch>*>(p); });
+    std::vector<py::ssize_t> shape(t.shape.begin(), t.shape.end());
+    py::array a(DType(t.dtype), shape, {}, t.data, owner);
+    py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+    return a;
+  }
+
+  py::array Get(const std::string& name) const {
+    const mmfeed::shm::TensorView* t = get().tensor(name);
+    if (!t) throw py::key_error(name);
+    return Array(*t);
+  }
+
+  py::dict Tensors() const {
+    py::dict d;
+    for (const auto& t : get().tensors()) d[py::str(t.name)] = Array(t);
+    return d;
+  }
+
+  std::vector<std::string> Keys() const {
+    std::vector<std::string> out;
+    for (const auto& t : get().tensors()) out.push_back(t.name);
+    return out;
+  }
+
+  py::list Ids() const {
+    py::list l;
+    for (auto id : get().ids()) l.append(py::str(id.data(), id.size()));
+    return l;
+  }
+
+  void Release() {
+    if (!batch_) return;
+    long others = batch_.use_count() - 1;
+    if (others > 0)
+      throw std::runtime_error(
+          std::to_string(others) +
+          " array(s) or tensor(s) made from this batch are still alive; the slot is "
+          "released when the last of them goes");
+    batch_.reset();
+  }
+
+  bool released() const { return !batch_; }
+
+ private:
+  std::shared_ptr<Batch> batch_;
+};
+
+class PyClient {
+ public:
+  PyClient(py::object socket, py::object rank, py::object resume, double reconnect_s,
+           py::object timeout_s) {
+    std::string path;
+    if (!socket.is_none())
+      path = py::str(socket);
+    else if (const char* s = std::getenv("MMFEED_SOCKET"))
+      path = s;
+    else
+      path = "/run/mmfeed/mmfeed.sock";
+    int r = 0;
+    if (!rank.is_none())
+      r = rank.cast<int>();
+    else if (const char* s = std::getenv("LOCAL_RANK"))
+      r = std::atoi(s);
+    mmfeed::AttachOptions opt;
+    opt.reconnect_s = reconnect_s;
+    if (!resume.is_none()) {
+      StreamCursor c;
+      if (py::isinstance<py::int_>(resume)) {
+        c.seq = resume.cast<uint64_t>();
+      } else {
+        py::dict d = resume.cast<py::dict>();
+        c.seq = d["seq"].cast<uint64_t>();
+        if (d.contains("epoch")) c.epoch = d["epoch"].cast<uint32_t>();
+        if (d.contains("batch")) c.batch = d["batch"].cast<uint64_t>();
+      }
+      opt.resume = c;
+    }
+    timeout_ms_ = timeout_s.is_none() ? -1 : static_cast<int>(timeout_s.cast<double>() * 1000);
+    mmfeed::Result<std::unique_ptr<Client>> c = [&] {
+      py::gil_scoped_release nogil;
+      return Client::Attach(path, r, opt);
+    }();
+    if (!c.ok()) Raise(c.status(), /*attaching=*/true);
+    client_ = std::move(c.value());
+  }
+
+  // The next batch, or None at the end of the data.
+  py::object Next(py::object timeout_s) {
+    int ms = timeout_s.is_none() ? timeout_ms_ : static_cast<int>(timeout_s.cast<double>() * 1000);
+    mmfeed::Result<std::shared_ptr<Batch>> b = [&] {
+      py::gil_scoped_release nogil;
+      return client_->Next(ms);
+    }();
+    if (!b.ok()) Raise(b.status());
+    if (!*b) return py::none();
+    return py::cast(PyBatch(*b));
+  }
+
+  PyBatch IterNext() {
+    py::object b = Next(py::none());
+    if (b.is_none()) throw py::stop_iteration();
+    return b.cast<PyBatch>();
+  }
+
+  int rank() const { return client_->rank(); }
+  std::string info() const { return client_->info().dump(); }
+
+ private:
+  std::unique_ptr<Client> client_;
+  int timeout_ms_ = -1;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_mmfeed, m) {
+  m.doc() = "mmfeed client: zero-copy batches from an mmfeedd daemon (see the mmfeed package)";
+  g_daemon_gone = py::reinterpret_steal<py::object>(PyErr_NewExceptionWithDoc(
+      "mmfeed.DaemonGone", "The daemon went away before the end of the data.",
+      PyExc_ConnectionError, nullptr));
+  g_attach_error = py::reinterpret_steal<py::object>(PyErr_NewExceptionWithDoc(
+      "mmfeed.AttachError", "Attach refused: rank taken or out of range, permission, no daemon.",
+      PyExc_RuntimeError, nullptr));
+  g_stopped_early = py::reinterpret_steal<py::object>(PyErr_NewExceptionWithDoc(
+      "mmfeed.StoppedEarly", "The daemon stopped before the end of the data.", PyExc_RuntimeError,
+      nullptr));
+  m.attr("DaemonGone") = g_daemon_gone;
+  m.attr("AttachError") = g_attach_error;
+  m.attr("StoppedEarly") = g_stopped_early;
+
+  py::class_<PyBatch>(
+      m, "Batch",
+      "One batch: a lease on a ring slot, held while it or any array made from it lives.")
+      .def_property_readonly(
+          "seq", [](const PyBatch& b) { return b.get().seq(); },
+          "Batch number in the rank's stream.")
+      .def_property_readonly("epoch", [](const PyBatch& b) { return b.get().epoch(); })
+      .def_property_readonly("ids", &PyBatch::Ids, "Sample ids, one per row.")
+      .def_property_readonly(
+          "cursor", [](const PyBatch& b) { return CursorDict(b.get().cursor()); },
+          "The rank's cursor after this batch: resume=cursor continues after it.")
+      .def_property_readonly("tensors", &PyBatch::Tensors,
+                             "Tensor name -> read-only zero-copy numpy array.")
+      .def("keys", &PyBatch::Keys)
+      .def("__getitem__", &PyBatch::Get, "A read-only zero-copy numpy view of one tensor.")
+      .def("__contains__",
+           [](const PyBatch& b, const std::string& n) { return b.get().tensor(n) != nullptr; })
+      .def(
+          "release", &PyBatch::Release,
+          "Releases the slot now. Raises if arrays or tensors made from the batch are still alive.")
+      .def_property_readonly("released", &PyBatch::released)
+      .def(
+          "__enter__", [](PyBatch& b) -> PyBatch& { return b; }, py::return_value_policy::reference)
+      .def("__exit__", [](PyBatch& b, py::args) { b.Release(); });
+
+  py::class_<PyClient>(m, "_Client")
+      .def(py::init<py::object, py::object, py::object, double, py::object>(),
+           py::arg("socket") = py::none(), py::arg("rank") = py::none(),
+           py::arg("resume") = py::none(), py::arg("reconnect_s") = 0.0,
+           py::arg("timeout_s") = py::none())
+      .def("next", &PyClient::Next, py::arg("timeout_s") = py::none())
+      .def("__iter__", [](py::object self) { return self; })
+      .def("__next__", &PyClient::IterNext)
+      .def_property_readonly("rank", &PyClient::rank)
+      .def_property_readonly("_info", &PyClient::info);
+}

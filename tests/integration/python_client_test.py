@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""The Python client (import mmfeed) against the real daemon: exactness against
+mmfeed-consume, leases that outlive the ring's turnover, resume from a checkpointed cursor
+after a SIGKILL, reconnect across a daemon restart, errors, fork, and the torch dataset.
+
+usage: python_client_test.py --bin BUILD/bin --python BUILD/python
+"""
+import argparse, json, os, pathlib, signal, subprocess, sys, textwrap, time, unittest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import daemon_test as dt  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+mmfeed = None
+PYDIR = None
+
+CONFIG = """pipeline: py
+source: {{type: manifest, path: manifest.jsonl, shuffle: true, seed: 5, epochs: {epochs}}}
+consumers: {consumers}
+stages:
+  - {{name: text, type: text, field: text, workers: 2, params: {{max_len: 24}}}}
+  - {{name: batch, type: batch, inputs: [text], params: {{batch_size: 8}}}}
+output: {{ring_slots: {slots}}}
+"""
+
+
+def make_texts(d, n, bad_every=0):
+    with open(d / "manifest.jsonl", "w") as m:
+        for i in range(n):
+            if bad_every and i % bad_every == bad_every - 1:
+                m.write(json.dumps({"id": f"b{i}", "text": {"path": f"missing/{i}.txt"}}) + "\n")
+            else:
+                m.write(json.dumps({"id": f"s{i}", "text": f"caption {i}"}) + "\n")
+
+
+def run_python(code, *args, timeout=60):
+    env = dict(os.environ, PYTHONPATH=PYDIR)
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def text_of(batch, row):
+    t, n = batch["text"], batch["text_lengths"]
+    return bytes(t[row, : n[row]].astype(np.uint8)).decode()
+
+
+class PythonClientTest(dt.DaemonCase):
+    def config(self, consumers=2, slots=4, epochs=1):
+        return CONFIG.format(consumers=consumers, slots=slots, epochs=epochs)
+
+    def test_the_module_links_no_daemon_library(self):
+        so = next(pathlib.Path(PYDIR, "mmfeed").glob("_mmfeed*.so"))
+        libs = subprocess.run(["ldd", str(so)], capture_output=True, text=True, check=True).stdout
+        for lib in ("yaml-cpp", "spdlog", "libnuma", "libavcodec", "opencv", "turbojpeg"):
+            self.assertNotIn(lib, libs)
+
+    def test_two_python_ranks_get_what_mmfeed_consume_gets(self):
+        make_texts(self.dir, 300, bad_every=13)
+        d = dt.Daemon(self.dir, self.config())
+        procs = [d.consume(r, "--dump", str(self.dir / f"ref{r}")) for r in range(2)]
+        for p in procs:
+            dt.finish(p)
+        self.assertEqual(d.wait(), 0)
+        want = [[i for meta, _ in dt.dumped_batches(self.dir / f"ref{r}") for i in meta["ids"]] for r in range(2)]
+        d = dt.Daemon(self.dir, self.config())
+        clients = [mmfeed.Client(socket=d.socket, rank=r) for r in range(2)]
+        got = [[], []]
+        done = [False, False]
+        while not all(done):  # both ranks side by side, as two trainers would
+            for r in range(2):
+                if done[r]:
+                    continue
+                b = clients[r].next(timeout_s=30)
+                if b is None:
+                    done[r] = True
+                    continue
+                with b:
+                    for k, sid in enumerate(b.ids):
+                        self.assertEqual(text_of(b, k), f"caption {sid[1:]}")
+                    got[r] += b.ids
+        del clients
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEqual(got, want)
+        every = got[0] + got[1]
+        self.assertEqual(len(set(every)), len([i for i in range(300) if i % 13 != 12]), "every good sample")
+
+    def test_an_array_kept_from_an_early_batch_keeps_its_bytes(self):
+        make_texts(self.dir, 400)
+        d = dt.Daemon(self.dir, self.config(consumers=1, slots=2))
+        c = mmfeed.Client(socket=d.socket, rank=0)
+        first = next(c)
+        kept = first["text"]
+        copy = kept.copy()
+        self.assertFalse(kept.flags.writeable)
+        with self.assertRaises(ValueError):
+            kept[0, 0] = 1
+        with self.assertRaises(RuntimeError):  # a view is alive: the slot cannot be freed
+            first.release()
+        del first
+        seen = 0
+        for b in c:  # with 2 slots, one held by `kept`: the ring turns over on the other
+            with b:
+                seen += 1
+            if seen == 30:
+                break
+        np.testing.assert_array_equal(kept, copy)
+        del kept
+        rest = sum(1 for _ in c)
+        self.assertEqual(1 + seen + rest, 50)
+        del c
+        self.assertEqual(d.wait(), 0, d.log())
+
+    def test_a_job_killed_between_checkpoints_resumes_exactly(self):
+        make_texts(self.dir, 400, bad_every=11)
+        d = dt.Daemon(self.dir, self.config(consumers=1))
+        ref = mmfeed.Client(socket=d.socket, rank=0)
+        want = [(b.seq, b.ids, b["text"].copy()) for b in ref]
+        del ref
+        self.assertEqual(d.wait(), 0)
+        d = dt.Daemon(self.dir, self.config(consumers=1))
+        job = """
+            import json, pathlib, sys, time, mmfeed
+            ckpt = pathlib.Path(sys.argv[2])
+            resume = json.loads(ckpt.read_text()) if ckpt.exists() else None
+            out = open(sys.argv[3], "a")
+            for step, b in enumerate(mmfeed.Client(socket=sys.argv[1], rank=0, resume=resume)):
+                out.write(json.dumps({"seq": b.seq, "ids": b.ids, "text": b["text"].tolist()}) + "\\n"); out.flush()
+                if step % 4 == 3:  # checkpoint every 4 steps
+                    tmp = ckpt.with_suffix(".tmp"); tmp.write_text(json.dumps(b.cursor)); tmp.rename(ckpt)
+                time.sleep(0.02)
+        """
+        ckpt, log = self.dir / "ckpt.json", self.dir / "steps.jsonl"
+        p = run_python(job, d.socket, str(ckpt), str(log))
+        deadline = time.time() + 30
+        while (not ckpt.exists() or json.loads(ckpt.read_text())["seq"] < 10) and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        at = json.loads(ckpt.read_text())["seq"]
+        before = [json.loads(l) for l in log.read_text().splitlines()]
+        log.write_text("")
+        p = run_python(job, d.socket, str(ckpt), str(log))
+        out, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 0, err)
+        after = [json.loads(l) for l in log.read_text().splitlines()]
+        got = [b for b in before if b["seq"] < at] + after
+        self.assertEqual([b["seq"] for b in got], [w[0] for w in want])
+        for g, (seq, ids, text) in zip(got, want):
+            self.assertEqual(g["ids"], ids)
+            self.assertEqual(g["text"], text.tolist(), f"the bytes of batch {seq}")
+        self.assertEqual(d.wait(), 0, d.log())
+
+    def test_reconnect_across_a_daemon_restart(self):
+        make_texts(self.dir, 400)
+        state = self.dir / "state"
+        d = dt.Daemon(self.dir, self.config(consumers=1), extra=("--state-dir", str(state)))
+        job = """
+            import json, sys, time, mmfeed
+            for b in mmfeed.Client(socket=sys.argv[1], rank=0, reconnect_s=30):
+                print(json.dumps([b.seq, b.ids]), flush=True)
+                time.sleep(0.02)
+        """
+        p = run_python(job, d.socket)
+        time.sleep(0.6)
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait()
+        d2 = dt.Daemon(self.dir, self.config(consumers=1), extra=("--state-dir", str(state)))
+        out, err = p.communicate(timeout=90)
+        self.assertEqual(p.returncode, 0, err)
+        seqs = [json.loads(l)[0] for l in out.splitlines()]
+        self.assertEqual(seqs, list(range(50)), "no gap, no duplicate")
+        self.assertEqual(d2.wait(), 0, d2.log())
+
+    def test_errors_are_python_exceptions_with_the_daemons_message(self):
+        make_texts(self.dir, 64)
+        with self.assertRaises(mmfeed.AttachError) as e:
+            mmfeed.Client(socket=str(self.dir / "none.sock"), rank=0)
+        self.assertIn("cannot connect", str(e.exception))
+        d = dt.Daemon(self.dir, self.config(consumers=1, epochs=0), extra=("--drain-timeout", "1"))
+        with self.assertRaises(mmfeed.AttachError) as e:
+            mmfeed.Client(socket=d.socket, rank=3)
+        self.assertIn("rank 3 out of range", str(e.exception))
+        c = mmfeed.Client(socket=d.socket, rank=0)
+        with self.assertRaises(mmfeed.AttachError):
+            mmfeed.Client(socket=d.socket, rank=0)  # taken
+        held = [c.next(timeout_s=10) for _ in range(4)]  # every slot
+        t0 = time.time()
+        with self.assertRaises(TimeoutError):
+            c.next(timeout_s=0.3)
+        self.assertGreaterEqual(time.time() - t0, 0.29)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                c.next(timeout_s=1)
+                os._exit(1)
+            except RuntimeError as err:
+                os._exit(0 if "forked process" in str(err) and "attach again in the child" in str(err) else 2)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        del held
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait()
+        with self.assertRaises(mmfeed.DaemonGone):
+            for _ in range(100):
+                c.next(timeout_s=5)
+
+    def test_torch_dataset_state_dict_resumes_exactly(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed (scripts/setup.sh installs python3-torch)")
+        import mmfeed.torch as mt
+
+        make_texts(self.dir, 200)
+        d = dt.Daemon(self.dir, self.config(consumers=1, epochs=2))
+        ds = mt.MmfeedDataset(socket=d.socket, rank=0)
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)
+        got, state = [], None
+        for step, b in enumerate(mt.to_device(loader, "cpu")):
+            self.assertIsInstance(b["text"], torch.Tensor)
+            self.assertEqual(b["text"].dtype, torch.int32)
+            got.append((b["seq"], b["ids"]))
+            if step == 9:
+                state = ds.state_dict()
+                break
+        del loader, ds, b
+        # A new job: load the checkpointed state, continue after batch 9 (on the same daemon).
+        ds2 = mt.MmfeedDataset(socket=d.socket, rank=0)
+        ds2.load_state_dict(state)
+        rest = [(b["seq"], b["ids"]) for b in torch.utils.data.DataLoader(ds2, batch_size=None)]
+        self.assertEqual([s for s, _ in got + rest], list(range(50)))
+        del ds2
+        self.assertEqual(d.wait(), 0, d.log())
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--python", required=True)
+    a, rest = ap.parse_known_args()
+    dt.BIN = os.path.abspath(a.bin)
+    PYDIR = os.path.abspath(a.python)
+    sys.path.insert(0, PYDIR)
+    import mmfeed  # noqa: E402
+
+    unittest.main(argv=[sys.argv[0], "-v", *rest])
