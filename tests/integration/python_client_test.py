@@ -8,6 +8,7 @@ usage: python_client_test.py --bin BUILD/bin --python BUILD/python
 import argparse, json, os, pathlib, signal, subprocess, sys, textwrap, time, unittest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import contracts_test as contracts  # noqa: E402  (the same small text pipeline and data)
 import daemon_test as dt  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -15,23 +16,8 @@ import numpy as np  # noqa: E402
 mmfeed = None
 PYDIR = None
 
-CONFIG = """pipeline: py
-source: {{type: manifest, path: manifest.jsonl, shuffle: true, seed: 5, epochs: {epochs}}}
-consumers: {consumers}
-stages:
-  - {{name: text, type: text, field: text, workers: 2, params: {{max_len: 24}}}}
-  - {{name: batch, type: batch, inputs: [text], params: {{batch_size: 8}}}}
-output: {{ring_slots: {slots}}}
-"""
-
-
-def make_texts(d, n, bad_every=0):
-    with open(d / "manifest.jsonl", "w") as m:
-        for i in range(n):
-            if bad_every and i % bad_every == bad_every - 1:
-                m.write(json.dumps({"id": f"b{i}", "text": {"path": f"missing/{i}.txt"}}) + "\n")
-            else:
-                m.write(json.dumps({"id": f"s{i}", "text": f"caption {i}"}) + "\n")
+CONFIG = contracts.CONFIG
+make_texts = contracts.make_texts
 
 
 def run_python(code, *args, timeout=60):
