@@ -10,6 +10,7 @@ DATA=demo-data
 /usr/bin/python3 scripts/make_dataset.py "$DATA" --count 2048
 cp configs/demo.yaml "$DATA/demo.yaml"
 SOCK="$PWD/$DATA/mmfeed.sock"
+rm -f "$SOCK"  # a previous run's, so that the wait below sees this daemon's
 ./build/bin/mmfeedd --config "$DATA/demo.yaml" --socket "$SOCK" 2> "$DATA/daemon.log" &
 DAEMON=$!
 for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
