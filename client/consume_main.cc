@@ -4,8 +4,9 @@
 //                  [--cursor FILE] [--reconnect SECONDS] [--hold-ms MS] [--abort-after N]
 //
 // --json prints one line: {"batches":..,"samples":..,"seconds":..,"samples_per_s":..,
-// "sample_ids_sha256":".."} (the hash is over the sample ids in received order, each followed
-// by '\n'). --dump writes DIR/<batch>/<tensor>.npy and DIR/<batch>/meta.json per batch.
+// "sample_ids_sha256":"..","batch_us_median":..} (the hash is over the sample ids in received
+// order, each followed by '\n'; batch_us_median is the median time of Next() plus the release,
+// waits included). --dump writes DIR/<batch>/<tensor>.npy and DIR/<batch>/meta.json per batch.
 // --cursor resumes from FILE if it exists and, after each finished batch (after --dump wrote
 // it), atomically replaces FILE with that batch's cursor {"seq":..,"epoch":..,"batch":..}.
 // --reconnect survives a daemon restart: the client re-attaches and resumes after the last
@@ -18,6 +19,7 @@
 #include <openssl/evp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -132,8 +134,12 @@ int main(int argc, char** argv) {
   EVP_MD_CTX* sha = EVP_MD_CTX_new();
   EVP_DigestInit_ex(sha, EVP_sha256(), nullptr);
   uint64_t batches = 0, samples = 0;
+  std::vector<double> batch_us;  // per batch: Next() plus the release (waits included)
+  using Clock = std::chrono::steady_clock;
   while (max_batches < 0 || static_cast<int64_t>(batches) < max_batches) {
+    auto n0 = Clock::now();
     Result<std::shared_ptr<Batch>> got = (*client)->Next();
+    double next_us = std::chrono::duration<double, std::micro>(Clock::now() - n0).count();
     if (!got.ok()) return Fail(got.status());
     std::shared_ptr<Batch> batch = *got;
     if (!batch) break;
@@ -154,6 +160,15 @@ int main(int argc, char** argv) {
     if (abort_after >= 0 && static_cast<int64_t>(batches) >= abort_after)
       _exit(3);  // holds the slot
     if (hold_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
+    auto r0 = Clock::now();
+    batch.reset();
+    batch_us.push_back(next_us +
+                       std::chrono::duration<double, std::micro>(Clock::now() - r0).count());
+  }
+  double median_us = 0;
+  if (!batch_us.empty()) {
+    std::nth_element(batch_us.begin(), batch_us.begin() + batch_us.size() / 2, batch_us.end());
+    median_us = batch_us[batch_us.size() / 2];
   }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   unsigned char digest[32];
@@ -163,11 +178,10 @@ int main(int argc, char** argv) {
   std::string hex;
   for (unsigned i = 0; i < len; ++i) hex += fmt::format("{:02x}", digest[i]);
   if (json) {
-    nlohmann::json out = {{"batches", batches},
-                          {"samples", samples},
-                          {"seconds", seconds},
-                          {"samples_per_s", seconds > 0 ? samples / seconds : 0.0},
-                          {"sample_ids_sha256", hex}};
+    nlohmann::json out = {
+        {"batches", batches},       {"samples", samples},
+        {"seconds", seconds},       {"samples_per_s", seconds > 0 ? samples / seconds : 0.0},
+        {"sample_ids_sha256", hex}, {"batch_us_median", median_us}};
     std::printf("%s\n", out.dump().c_str());
   } else {
     std::printf("rank %d: %lu batches, %lu samples in %.2fs (%.0f samples/s)\n", rank,

@@ -413,6 +413,44 @@ class ContractsTest(dt.DaemonCase):
         d.proc.send_signal(signal.SIGTERM)
         d.wait()
 
+    def test_a_service_user_serves_the_trainers_of_its_group(self):
+        if os.geteuid() != 0:
+            self.skipTest("needs root to run the daemon and the trainers as other users (setpriv)")
+        make_texts(self.dir, 64)
+        os.chmod(self.dir, 0o777)
+        (self.dir / "manifest.jsonl").chmod(0o644)
+        (self.dir / "p.yaml").write_text(self.config(consumers=1, epochs=0))
+        (self.dir / "p.yaml").chmod(0o644)
+        sock = str(self.dir / "group.sock")
+        log = open(self.dir / "group.log", "w")
+        # The daemon as `nobody`, a member of `users` (gid 100), serving the members of that group.
+        d = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--groups=100", f"{dt.BIN}/mmfeedd",
+                              "--config", str(self.dir / "p.yaml"), "--socket", sock, "--socket-group", "users",
+                              "--drain-timeout", "1"], stdout=log, stderr=log)
+        try:
+            deadline = time.time() + 20
+            while not os.path.exists(sock) and time.time() < deadline:
+                time.sleep(0.02)
+            st = os.stat(sock)
+            self.assertEqual((st.st_mode & 0o777, st.st_gid), (0o660, 100))
+
+            def consume(*groups):
+                cred = ["--groups=" + ",".join(groups)] if groups else ["--clear-groups"]
+                return subprocess.run(["setpriv", "--reuid=65533", "--regid=65533", *cred, f"{dt.BIN}/mmfeed-consume",
+                                       "--socket", sock, "--rank", "0", "--batches", "2", "--json"],
+                                      capture_output=True, text=True, timeout=30)
+
+            member = consume("100")
+            self.assertEqual(member.returncode, 0, member.stderr)
+            self.assertEqual(json.loads(member.stdout)["batches"], 2)
+            stranger = consume()
+            self.assertNotEqual(stranger.returncode, 0)
+            self.assertIn("Permission denied", stranger.stderr)  # the socket's mode already stops it
+        finally:
+            d.send_signal(signal.SIGTERM)
+            d.wait(30)
+            log.close()
+
     def test_numeric_flags_reject_bad_values(self):
         make_texts(self.dir, 8)
         (self.dir / "p.yaml").write_text(self.config())

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Python client benchmark, side by side with the C++ client, in one run:
+
+1. Per-batch overhead: a ring of 64 slots is filled with 64 ready batches (image-text, 4
+   tensors), then drained by mmfeed-consume and by a Python loop (next(), wrap every tensor as
+   a numpy view, release). Median microseconds per batch.
+2. Throughput: configs/demo.yaml's image-text pipeline (two ranks) consumed by two
+   mmfeed-consume processes, then by two Python processes (`for b in mmfeed.Client(): b.torch()`),
+   then the PyTorch DataLoader(num_workers=2) baseline over the same files
+   (bench/torch_baseline.py). Steady state: (long - short) samples / (long - short) seconds.
+
+usage: python_client_bench.py [--build build] [--out bench/out/python_client] [--short 512] [--long 2048]
+Prints one JSON object.
+"""
+import argparse, json, os, pathlib, statistics, subprocess, sys, textwrap, time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PY = "/usr/bin/python3"
+
+PY_CONSUMER = """
+import json, sys, time, mmfeed
+t0 = time.perf_counter(); n = 0
+for b in mmfeed.Client(socket=sys.argv[1], rank=int(sys.argv[2])):
+    t = b.torch(); n += len(b.ids); del t, b
+s = time.perf_counter() - t0
+print(json.dumps({"samples": n, "seconds": s}))
+"""
+
+PY_OVERHEAD = """
+import json, statistics, sys, time, mmfeed
+c = mmfeed.Client(socket=sys.argv[1], rank=0)
+us = []
+while True:
+    t0 = time.perf_counter()
+    b = c.next()
+    if b is None:
+        break
+    views = b.tensors
+    del views
+    b.release()
+    us.append((time.perf_counter() - t0) * 1e6)
+print(json.dumps({"batches": len(us), "batch_us_median": statistics.median(us)}))
+"""
+
+
+def start_daemon(build, cfg_text, data, name):
+    (data / f"{name}.yaml").write_text(cfg_text)
+    sock = data / f"{name}.sock"
+    if sock.exists():
+        sock.unlink()
+    log = open(data / f"{name}.log", "w")
+    d = subprocess.Popen([f"{build}/bin/mmfeedd", "--config", str(data / f"{name}.yaml"), "--socket", str(sock)],
+                         stderr=log)
+    while not sock.exists():
+        time.sleep(0.01)
+    return d, str(sock)
+
+
+def published(build, sock):
+    out = subprocess.run([f"{build}/bin/mmfeedctl", "--socket", sock, "status", "--json"], capture_output=True,
+                         text=True).stdout
+    return json.loads(out)["consumers"][0]["published"] if out else 0
+
+
+def overhead(build, data, manifest, python):
+    cfg = (ROOT / "configs" / "demo.yaml").read_text().replace("path: manifest.jsonl", f"path: {manifest}")
+    cfg = cfg.replace("consumers: 2", "consumers: 1").replace("ring_slots: 8", "ring_slots: 64")
+    if "ring_slots: 64" not in cfg:
+        cfg += "output: {ring_slots: 64}\n"
+    d, sock = start_daemon(build, cfg, data, "overhead")
+    while published(build, sock) < 64:  # every slot holds a ready batch
+        time.sleep(0.1)
+    if python:
+        out = subprocess.run([PY, "-c", PY_OVERHEAD, sock], capture_output=True, text=True,
+                             env=dict(os.environ, PYTHONPATH=f"{build}/python"))
+    else:
+        out = subprocess.run([f"{build}/bin/mmfeed-consume", "--socket", sock, "--rank", "0", "--json"],
+                             capture_output=True, text=True)
+    d.wait()
+    return json.loads(out.stdout)["batch_us_median"]
+
+
+def throughput(build, data, manifest, python):
+    cfg = (ROOT / "configs" / "demo.yaml").read_text().replace("path: manifest.jsonl", f"path: {manifest}")
+    d, sock = start_daemon(build, cfg, data, "throughput")
+    t0 = time.perf_counter()
+    if python:
+        env = dict(os.environ, PYTHONPATH=f"{build}/python")
+        cs = [subprocess.Popen([PY, "-c", PY_CONSUMER, sock, str(r)], stdout=subprocess.PIPE, text=True, env=env)
+              for r in (0, 1)]
+    else:
+        cs = [subprocess.Popen([f"{build}/bin/mmfeed-consume", "--socket", sock, "--rank", str(r), "--json"],
+                               stdout=subprocess.PIPE, text=True) for r in (0, 1)]
+    samples = sum(json.loads(c.communicate()[0])["samples"] for c in cs)
+    seconds = time.perf_counter() - t0
+    d.wait()
+    return samples, seconds
+
+
+def torch_baseline(data, manifest, samples):
+    out = subprocess.run([PY, str(ROOT / "bench" / "torch_baseline.py"), str(data / manifest), "--samples",
+                          str(samples)], capture_output=True, text=True, check=True).stdout
+    j = json.loads(out)
+    return j["samples"], j["seconds"]
+
+
+def steady(run, short, long):
+    s0, t0 = run(short)
+    s1, t1 = run(long)
+    return (s1 - s0) / (t1 - t0)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=str(ROOT / "build"))
+    ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "python_client"))
+    ap.add_argument("--short", type=int, default=512)
+    ap.add_argument("--long", type=int, default=2048)
+    a = ap.parse_args()
+    data = pathlib.Path(a.out)
+    data.mkdir(parents=True, exist_ok=True)
+    if not (data / "manifest.jsonl").exists() or len((data / "manifest.jsonl").read_text().splitlines()) < a.long:
+        subprocess.run([PY, str(ROOT / "scripts" / "make_dataset.py"), str(data), "--count", str(a.long)], check=True,
+                       stdout=subprocess.DEVNULL)
+    lines = (data / "manifest.jsonl").read_text().splitlines()
+    for n in (a.short, a.long):
+        (data / f"manifest-{n}.jsonl").write_text("\n".join(lines[:n]) + "\n")
+    res = {}
+    cpp_us = [overhead(a.build, data, f"manifest-{a.long}.jsonl", False) for _ in range(3)]
+    py_us = [overhead(a.build, data, f"manifest-{a.long}.jsonl", True) for _ in range(3)]
+    res["batch_overhead_us"] = {"cpp": statistics.median(cpp_us), "python": statistics.median(py_us)}
+    cpp = steady(lambda n: throughput(a.build, data, f"manifest-{n}.jsonl", False), a.short, a.long)
+    py = steady(lambda n: throughput(a.build, data, f"manifest-{n}.jsonl", True), a.short, a.long)
+    res["samples_per_s"] = {"mmfeed_consume": round(cpp), "python_client": round(py)}
+    res["python_vs_cpp"] = round(py / cpp, 3)
+    try:
+        base = steady(lambda n: torch_baseline(data, f"manifest-{n}.jsonl", n), a.short, a.long)
+        res["samples_per_s"]["torch_dataloader_2_workers"] = round(base)
+        res["python_client_vs_dataloader"] = round(py / base, 2)
+    except (subprocess.CalledProcessError, FileNotFoundError) as e:
+        res["torch_dataloader_2_workers"] = f"not run: {e}"
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
