@@ -76,8 +76,12 @@ int64_t IntAtLeast(const YAML::Node& n, const std::string& what, int64_t min) {
 }
 
 Placement ParsePlacement(const YAML::Node& n, const std::string& what) {
-  CheckKeys(n, what, {"numa_node", "strict"});
   Placement p;
+  if (n.IsScalar() && n.Scalar() == "strict") {  // shorthand for {strict: true}
+    p.strict = true;
+    return p;
+  }
+  CheckKeys(n, what, {"numa_node", "strict"});
   if (n["numa_node"])
     p.numa_node = static_cast<int>(IntAtLeast(n["numa_node"], what + ".numa_node", 0));
   if (n["strict"]) {

@@ -77,6 +77,24 @@ TEST_F(ConfigTest, OnlyASmallRegularFileIsReadAsAConfig) {
   EXPECT_NE(error(dir / "none.yaml").find("none.yaml: cannot open config file"), std::string::npos);
 }
 
+TEST_F(ConfigTest, PlacementStrictAndDataRoots) {
+  Result<PipelineConfig> r = ParseConfig(
+      std::string(kCanonical) + "placement: strict\ndata_roots: any\n", dir_ / "p.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_TRUE(r->placement.strict);
+  EXPECT_TRUE(r->stages[0].placement.strict) << "stages inherit the top-level placement";
+  EXPECT_TRUE(r->data_roots_any);
+  r = ParseConfig(std::string(kCanonical) + "placement: {numa_node: 0, strict: false}\n",
+                  dir_ / "p.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_FALSE(r->placement.strict);
+  EXPECT_NE(Error(std::string(kCanonical) + "data_roots: [nowhere]\n").find("data_roots: '"),
+            std::string::npos);
+  EXPECT_NE(Error(std::string(kCanonical) + "placement: {strict: maybe}\n")
+                .find("strict must be true or false"),
+            std::string::npos);
+}
+
 TEST_F(ConfigTest, UnknownStageTypeNamesLineAndColumn) {
   std::string e = Error(Replace(kCanonical, "type: text,", "type: txet,"));
   EXPECT_NE(e.find("p.yaml:8:24: unknown stage type 'txet'"), std::string::npos) << e;
