@@ -354,28 +354,33 @@ class ContractsTest(dt.DaemonCase):
             for i in range(1600):
                 (self.dir / "t" / f"{i}.txt").write_text(f"caption {i}")
                 m.write(json.dumps({"id": f"s{i}", "text": {"path": f"t/{i}.txt"}}) + "\n")
-        (self.dir / "p.yaml").write_text(self.config(consumers=1))
+        (self.dir / "p.yaml").write_text(self.config(consumers=1, epochs=0))  # runs until stopped
         sock = str(self.dir / "mmfeed.sock")
         log = open(self.dir / "daemon.log", "w")
         proc = subprocess.Popen(["prlimit", "--nofile=256", f"{dt.BIN}/mmfeedd", "--config", str(self.dir / "p.yaml"),
-                                 "--socket", sock], stdout=log, stderr=log)
+                                 "--socket", sock, "--drain-timeout", "1"], stdout=log, stderr=log)
         try:
             deadline = time.time() + 20
             while not os.path.exists(sock) and time.time() < deadline:
                 time.sleep(0.02)
             consumer = subprocess.Popen([f"{dt.BIN}/mmfeed-consume", "--socket", sock, "--rank", "0", "--json",
-                                         "--hold-ms", "25"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                         "--batches", "250", "--hold-ms", "5"], stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True)
             time.sleep(0.3)
-            flood = []
-            for _ in range(400):  # far more connections than the daemon has descriptors
+            # More connections than the daemon has descriptors (each takes a socket and a pidfd):
+            # keep connecting until it stops accepting (its fds are gone and its backlog full).
+            flood, last, deadline = [], time.time(), time.time() + 20
+            while len(flood) < 300 and time.time() - last < 1.0 and time.time() < deadline:
                 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 s.setblocking(False)
                 try:
                     s.connect(sock)
-                except (BlockingIOError, ConnectionRefusedError, OSError):
-                    pass
-                flood.append(s)
-            time.sleep(1.5)
+                    flood.append(s)
+                    last = time.time()
+                except OSError:  # the backlog is full: wait for accepts
+                    s.close()
+                    time.sleep(0.005)
+            self.assertGreater(len(flood), 120)
             for s in flood:
                 s.close()
             st = subprocess.run([f"{dt.BIN}/mmfeedctl", "--socket", sock, "--timeout", "10", "status"],
@@ -383,8 +388,9 @@ class ContractsTest(dt.DaemonCase):
             self.assertEqual(st.returncode, 0, st.stderr)
             out, err = consumer.communicate(timeout=120)
             self.assertEqual(consumer.returncode, 0, err)
-            self.assertEqual(json.loads(out)["samples"], 1600)
-            self.assertEqual(proc.wait(60), 0)
+            self.assertEqual(json.loads(out)["samples"], 2000)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
             text = (self.dir / "daemon.log").read_text()
             self.assertIn("samples skipped: 0", text)
             self.assertRegex(text, r"accepting a control connection: .*; retrying|more than 256 control connections")
