@@ -192,6 +192,30 @@ class PythonClientTest(dt.DaemonCase):
             for _ in range(100):
                 c.next(timeout_s=5)
 
+    def test_the_example_training_loop_checkpoints_and_resumes(self):
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            self.skipTest("torch is not installed (scripts/setup.sh installs python3-torch)")
+        root = pathlib.Path(__file__).resolve().parent.parent.parent
+        subprocess.run([sys.executable, str(root / "scripts" / "make_dataset.py"), str(self.dir), "--count", "128"],
+                       check=True, capture_output=True)
+        cfg = (root / "configs" / "demo.yaml").read_text().replace("consumers: 2", "consumers: 1")
+        d = dt.Daemon(self.dir, cfg.replace("epochs: 1", "epochs: 0"), extra=("--drain-timeout", "1"))
+        env = dict(os.environ, PYTHONPATH=PYDIR)
+        run = lambda *extra: subprocess.run(
+            [sys.executable, str(root / "examples" / "train_image_text.py"), "--socket", d.socket, "--every", "3",
+             "--ckpt", str(self.dir / "ck.pt"), *extra], capture_output=True, text=True, env=env, timeout=300)
+        first = run("--steps", "5")  # checkpoints after step 3; steps 4 and 5 are lost with the "crash"
+        self.assertEqual(first.returncode, 0, first.stderr)
+        second = run("--steps", "7", "--resume")
+        self.assertEqual(second.returncode, 0, second.stderr)
+        steps = [json.loads(l) for l in second.stdout.splitlines()]
+        self.assertEqual([(s["step"], s["seq"]) for s in steps], [(4, 3), (5, 4), (6, 5), (7, 6)])
+        self.assertTrue(all("stall_ms" in s and "compute_ms" in s for s in steps))
+        d.proc.send_signal(signal.SIGTERM)
+        d.wait()
+
     def test_torch_dataset_state_dict_resumes_exactly(self):
         try:
             import torch
