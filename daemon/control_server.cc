@@ -12,6 +12,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -263,6 +264,19 @@ Status ControlServer::Listen() {
   return Status::Ok();
 }
 
+void ControlServer::Shutdown() {
+  std::error_code ec;
+  acceptor_.close(ec);
+  retry_.cancel();
+  for (auto& w : sessions_)
+    if (auto s = w.lock()) s->Disconnect();
+  sessions_.clear();
+  // Run the cancelled handlers now, while everything they touch is alive; they drop the
+  // sessions' last references.
+  io_.restart();
+  io_.poll();
+}
+
 void ControlServer::Disconnect(uint32_t generation) {
   auto it = attached_.find(generation);
   if (it == attached_.end()) return;
@@ -288,7 +302,12 @@ void ControlServer::Accept() {
       spdlog::warn("more than {} control connections; refusing one", kMaxConnections);
     } else {
       ++connections_;
-      std::make_shared<Session>(std::move(s), *this)->Start();
+      auto session = std::make_shared<Session>(std::move(s), *this);
+      sessions_.erase(
+          std::remove_if(sessions_.begin(), sessions_.end(), [](auto& w) { return w.expired(); }),
+          sessions_.end());
+      sessions_.push_back(session);
+      session->Start();
     }
     Accept();
   });

@@ -56,6 +56,9 @@ class ControlServer {
   Status Listen();
   // Closes the connection of the trainer attached with `generation` (it was cut off).
   void Disconnect(uint32_t generation);
+  // Closes the socket and every connection, and runs their cancelled handlers. Call after
+  // io_context::run() returned, before destroying the server or what its handler uses.
+  void Shutdown();
   static constexpr size_t kMaxRequestBytes = 1 << 20;
   static constexpr int kMaxConnections = 256;
 
@@ -73,6 +76,7 @@ class ControlServer {
   unsigned group_id_ = 0;
   bool has_group_ = false;
   std::map<uint32_t, std::weak_ptr<Session>> attached_;  // by generation
+  std::vector<std::weak_ptr<Session>> sessions_;         // every open connection
   int connections_ = 0;
   bool emfile_logged_ = false;
 };

@@ -102,6 +102,8 @@ class Supervisor {
     spdlog::info("serving on {}", opt_.socket);
     Tick();
     io_.run();
+    timer_.cancel();
+    server_->Shutdown();
 
     pipeline_->Wait();
     SaveState();
