@@ -380,7 +380,9 @@ void Pipeline::SourceLoop() {
   std::vector<uint64_t> gen(consumers, 0);
   for (int r = 0; r < consumers; ++r) done[r] = past_end(next[r]);
   for (int turn = 0;; turn = (turn + 1) % consumers) {
-    uint64_t t0 = NowNs();
+    // Busy is the iteration less the time Push waited on full mailboxes (counted as blocked).
+    const uint64_t t0 = NowNs(),
+                   blocked0 = source_counters_.blocked_ns.load(std::memory_order_relaxed);
     if (rewind_pending_.exchange(false, std::memory_order_acq_rel)) {
       std::lock_guard<std::mutex> lock(rewind_mu_);
       for (int r = 0; r < consumers; ++r) {
@@ -418,7 +420,9 @@ void Pipeline::SourceLoop() {
       done[r] = past_end(next[r]);
       progressed = true;
     }
-    source_counters_.busy_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
+    source_counters_.busy_ns.fetch_add(
+        NowNs() - t0 - (source_counters_.blocked_ns.load(std::memory_order_relaxed) - blocked0),
+        std::memory_order_relaxed);
     bool complete = std::all_of(next.begin(), next.end(), past_end);
     complete_.store(complete, std::memory_order_release);
     bool all_dealt = stop_.load(std::memory_order_acquire) ||
