@@ -20,6 +20,7 @@ struct AudioLimits {
 // Decodes `bytes` to mono float32 at `sample_rate` into *out. Errors: not audio, no audio
 // stream, limits exceeded, truncated (decodes to clearly less than the container declares),
 // undecodable packets, zero samples, NaN/Inf samples.
-Status DecodeAudio(std::string_view bytes, int sample_rate, const AudioLimits& limits, std::vector<float>* out);
+Status DecodeAudio(std::string_view bytes, int sample_rate, const AudioLimits& limits,
+                   std::vector<float>* out);
 
 }  // namespace mmfeed

@@ -8,8 +8,8 @@
 #include <string>
 #include <string_view>
 
-#include "stages/runtime/stage.h"
 #include "base/status.h"
+#include "stages/runtime/stage.h"
 
 struct AVFormatContext;
 struct AVIOContext;

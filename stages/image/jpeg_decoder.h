@@ -8,11 +8,11 @@
 
 #include <cstddef>
 #include <cstdio>
-
+// jpeglib.h needs size_t and FILE declared before it.
 #include <jpeglib.h>
-#include <opencv2/core.hpp>
 
 #include <csetjmp>
+#include <opencv2/core.hpp>
 #include <string>
 #include <string_view>
 

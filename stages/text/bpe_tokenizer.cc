@@ -12,7 +12,8 @@ namespace mmfeed {
 namespace {
 
 constexpr const char* kQwenRegex =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
     "\\s+(?!\\S)|\\s+";
 
 Result<std::string> ReadMaybeGzip(const std::string& path) {
@@ -25,7 +26,8 @@ Result<std::string> ReadMaybeGzip(const std::string& path) {
   int err = 0;
   const char* msg = gzerror(f, &err);
   gzclose(f);
-  if (n < 0 || (err != Z_OK && err != Z_STREAM_END)) return Status::Io(fmt::format("{}: read failed: {}", path, msg));
+  if (n < 0 || (err != Z_OK && err != Z_STREAM_END))
+    return Status::Io(fmt::format("{}: read failed: {}", path, msg));
   return out;
 }
 
@@ -102,10 +104,13 @@ bool FoldEq(uint32_t cp, char lower) {
 size_t Contraction(const std::vector<Cp>& c, size_t i, bool ignore_case) {
   if (c[i].cp != '\'' || i + 1 >= c.size()) return 0;
   auto eq = [&](size_t k, char ch) {
-    return k < c.size() && (ignore_case ? FoldEq(c[k].cp, ch) : c[k].cp == static_cast<uint32_t>(ch));
+    return k < c.size() &&
+           (ignore_case ? FoldEq(c[k].cp, ch) : c[k].cp == static_cast<uint32_t>(ch));
   };
   if (eq(i + 1, 's') || eq(i + 1, 't') || eq(i + 1, 'm') || eq(i + 1, 'd')) return 2;
-  if ((eq(i + 1, 'r') && eq(i + 2, 'e')) || (eq(i + 1, 'v') && eq(i + 2, 'e')) || (eq(i + 1, 'l') && eq(i + 2, 'l'))) return 3;
+  if ((eq(i + 1, 'r') && eq(i + 2, 'e')) || (eq(i + 1, 'v') && eq(i + 2, 'e')) ||
+      (eq(i + 1, 'l') && eq(i + 2, 'l')))
+    return 3;
   return 0;
 }
 
@@ -134,7 +139,7 @@ size_t MatchQwen(const std::vector<Cp>& c, size_t i) {
     }
   }
   if (c[i].cls & kNumber) return i + 1;  // \p{N}
-  {  // ' ?[^\s\p{L}\p{N}]+[\r\n]*'
+  {                                      // ' ?[^\s\p{L}\p{N}]+[\r\n]*'
     size_t j = i + (c[i].cp == ' ' ? 1 : 0);
     size_t k = j;
     while (k < n && !(c[k].cls & (kSpace | kLetter | kNumber))) ++k;
@@ -183,11 +188,16 @@ std::string ReplaceInvalidUtf8(std::string_view s) {
     unsigned char b = s[i];
     if (need == 0) {
       ++i;
-      if (b < 0x80) out.push_back(static_cast<char>(b));
-      else if (b >= 0xC2 && b <= 0xDF) need = 1, cp = b & 0x1F;
-      else if (b >= 0xE0 && b <= 0xEF) need = 2, cp = b & 0x0F, lower = b == 0xE0 ? 0xA0 : 0x80, upper = b == 0xED ? 0x9F : 0xBF;
-      else if (b >= 0xF0 && b <= 0xF4) need = 3, cp = b & 0x07, lower = b == 0xF0 ? 0x90 : 0x80, upper = b == 0xF4 ? 0x8F : 0xBF;
-      else AppendUtf8(0xFFFD, &out);
+      if (b < 0x80)
+        out.push_back(static_cast<char>(b));
+      else if (b >= 0xC2 && b <= 0xDF)
+        need = 1, cp = b & 0x1F;
+      else if (b >= 0xE0 && b <= 0xEF)
+        need = 2, cp = b & 0x0F, lower = b == 0xE0 ? 0xA0 : 0x80, upper = b == 0xED ? 0x9F : 0xBF;
+      else if (b >= 0xF0 && b <= 0xF4)
+        need = 3, cp = b & 0x07, lower = b == 0xF0 ? 0x90 : 0x80, upper = b == 0xF4 ? 0x8F : 0xBF;
+      else
+        AppendUtf8(0xFFFD, &out);
       continue;
     }
     if (b < lower || b > upper) {  // ill-formed: one U+FFFD, then look at this byte afresh
@@ -222,7 +232,8 @@ Result<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Load(const std::string
   Result<std::string> text = ReadMaybeGzip(path);
   if (!text.ok()) return text.status();
   nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return Status::Invalid(fmt::format("{}: not a JSON tokenizer file", path));
+  if (j.is_discarded() || !j.is_object())
+    return Status::Invalid(fmt::format("{}: not a JSON tokenizer file", path));
   // A field of the wrong JSON type makes nlohmann throw; that is a bad file, not a crash.
   try {
     return FromJson(path, j);
@@ -231,35 +242,43 @@ Result<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Load(const std::string
   }
 }
 
-Result<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::FromJson(const std::string& path, const nlohmann::json& j) {
+Result<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::FromJson(const std::string& path,
+                                                                   const nlohmann::json& j) {
   auto unsupported = [&](const std::string& what) {
     return Status::Unsupported(fmt::format("{}: unsupported tokenizer: {}", path, what));
   };
   std::shared_ptr<BpeTokenizer> t(new BpeTokenizer());
   const auto& model = j.value("model", nlohmann::json());
   if (!model.is_object() || model.value("type", "") != "BPE")
-    return unsupported(fmt::format("model type '{}' (only BPE)", model.is_object() ? model.value("type", "?") : "?"));
+    return unsupported(fmt::format("model type '{}' (only BPE)",
+                                   model.is_object() ? model.value("type", "?") : "?"));
   if (model.value("byte_fallback", false)) return unsupported("model.byte_fallback");
   if (!model.value("dropout", nlohmann::json()).is_null()) return unsupported("model.dropout");
   if (model.value("continuing_subword_prefix", nlohmann::json("")) != "" ||
       model.value("end_of_word_suffix", nlohmann::json("")) != "")
     return unsupported("model.continuing_subword_prefix / end_of_word_suffix");
   const auto& norm = j.value("normalizer", nlohmann::json());
-  if (norm.is_object() && norm.value("type", "") == "NFC") t->nfc_ = true;
-  else if (!norm.is_null()) return unsupported(fmt::format("normalizer {}", norm.dump()));
-  // Pre-tokenizer: Sequence[Split(regex, Isolated), ByteLevel(use_regex=false)] or ByteLevel(use_regex=true).
+  if (norm.is_object() && norm.value("type", "") == "NFC")
+    t->nfc_ = true;
+  else if (!norm.is_null())
+    return unsupported(fmt::format("normalizer {}", norm.dump()));
+  // Pre-tokenizer: Sequence[Split(regex, Isolated), ByteLevel(use_regex=false)] or
+  // ByteLevel(use_regex=true).
   const auto& pre = j.value("pre_tokenizer", nlohmann::json());
   auto byte_level_ok = [](const nlohmann::json& p) {
-    return p.is_object() && p.value("type", "") == "ByteLevel" && !p.value("add_prefix_space", false);
+    return p.is_object() && p.value("type", "") == "ByteLevel" &&
+           !p.value("add_prefix_space", false);
   };
   if (byte_level_ok(pre) && pre.value("use_regex", true)) {
     t->pattern_ = Pattern::kGpt2;
   } else if (pre.is_object() && pre.value("type", "") == "Sequence" &&
              pre.value("pretokenizers", nlohmann::json::array()).size() == 2 &&
-             byte_level_ok(pre.at("pretokenizers").at(1)) && !pre.at("pretokenizers").at(1).value("use_regex", true)) {
+             byte_level_ok(pre.at("pretokenizers").at(1)) &&
+             !pre.at("pretokenizers").at(1).value("use_regex", true)) {
     const auto& split = pre.at("pretokenizers").at(0);
     std::string regex = split.value("pattern", nlohmann::json::object()).value("Regex", "");
-    if (split.value("type", "") != "Split" || split.value("behavior", "") != "Isolated" || split.value("invert", false))
+    if (split.value("type", "") != "Split" || split.value("behavior", "") != "Isolated" ||
+        split.value("invert", false))
       return unsupported(fmt::format("pre_tokenizer {}", split.dump()));
     if (regex != kQwenRegex) return unsupported(fmt::format("pre_tokenizer Split regex {}", regex));
     t->pattern_ = Pattern::kQwen;
@@ -267,7 +286,8 @@ Result<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::FromJson(const std::st
     return unsupported(fmt::format("pre_tokenizer {}", pre.dump().substr(0, 300)));
   }
   const auto& dec = j.value("decoder", nlohmann::json());
-  if (!dec.is_null() && dec.value("type", "") != "ByteLevel") return unsupported(fmt::format("decoder {}", dec.dump()));
+  if (!dec.is_null() && dec.value("type", "") != "ByteLevel")
+    return unsupported(fmt::format("decoder {}", dec.dump()));
 
   // Vocabulary: byte-level strings back to raw bytes.
   std::vector<int> b2c = ByteToCodepoint();
@@ -276,7 +296,8 @@ Result<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::FromJson(const std::st
   const auto& vocab = model.value("vocab", nlohmann::json::object());
   if (!vocab.is_object() || vocab.empty()) return unsupported("model.vocab is missing");
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() > (1 << 30))
+    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
+        it.value().get<int64_t>() > (1 << 30))
       return Status::Invalid(fmt::format("{}: vocab entry '{}' has a bad id", path, it.key()));
     int32_t id = it.value().get<int32_t>();
     std::string bytes;
@@ -293,7 +314,8 @@ Result<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::FromJson(const std::st
   }
   for (int b = 0; b < 256; ++b) {
     auto it = t->bytes_id_.find(std::string(1, static_cast<char>(b)));
-    if (it == t->bytes_id_.end()) return unsupported(fmt::format("vocab lacks the token for byte {}", b));
+    if (it == t->bytes_id_.end())
+      return unsupported(fmt::format("vocab lacks the token for byte {}", b));
     t->byte_id_[b] = it->second;
   }
   const auto& merges = model.value("merges", nlohmann::json::array());
@@ -307,7 +329,8 @@ Result<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::FromJson(const std::st
     } else if (m.is_string()) {
       std::string s = m.get<std::string>();
       size_t sp = s.find(' ');
-      if (sp == std::string::npos) return Status::Invalid(fmt::format("{}: merge {} is malformed", path, rank));
+      if (sp == std::string::npos)
+        return Status::Invalid(fmt::format("{}: merge {} is malformed", path, rank));
       left = s.substr(0, sp);
       right = s.substr(sp + 1);
     } else {
@@ -315,21 +338,27 @@ Result<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::FromJson(const std::st
     }
     auto l = vocab.find(left), r = vocab.find(right), mid = vocab.find(left + right);
     if (l == vocab.end() || r == vocab.end() || mid == vocab.end())
-      return Status::Invalid(fmt::format("{}: merge {} ('{}' '{}') uses tokens not in the vocabulary", path, rank, left, right));
+      return Status::Invalid(fmt::format(
+          "{}: merge {} ('{}' '{}') uses tokens not in the vocabulary", path, rank, left, right));
     uint64_t key = (static_cast<uint64_t>(l->get<uint32_t>()) << 32) | r->get<uint32_t>();
     t->merges_.emplace(key, (static_cast<uint64_t>(rank) << 32) | mid->get<uint32_t>());
   }
   for (const auto& a : j.value("added_tokens", nlohmann::json::array())) {
-    if (a.value("lstrip", false) || a.value("rstrip", false) || a.value("single_word", false) || a.value("normalized", false))
-      return unsupported(fmt::format("added token {} (lstrip/rstrip/single_word/normalized)", a.value("content", "?")));
+    if (a.value("lstrip", false) || a.value("rstrip", false) || a.value("single_word", false) ||
+        a.value("normalized", false))
+      return unsupported(fmt::format("added token {} (lstrip/rstrip/single_word/normalized)",
+                                     a.value("content", "?")));
     Added added{a.value("content", ""), a.value("id", -1)};
-    if (added.content.empty() || added.id < 0) return Status::Invalid(fmt::format("{}: malformed added token", path));
+    if (added.content.empty() || added.id < 0)
+      return Status::Invalid(fmt::format("{}: malformed added token", path));
     if (static_cast<size_t>(added.id) >= t->id_bytes_.size()) t->id_bytes_.resize(added.id + 1);
     t->id_bytes_[added.id] = added.content;
     t->added_.push_back(std::move(added));
   }
-  std::sort(t->added_.begin(), t->added_.end(), [](const Added& a, const Added& b) { return a.content.size() > b.content.size(); });
-  for (const Added& a : t->added_) t->added_first_byte_[static_cast<unsigned char>(a.content[0])] = true;
+  std::sort(t->added_.begin(), t->added_.end(),
+            [](const Added& a, const Added& b) { return a.content.size() > b.content.size(); });
+  for (const Added& a : t->added_)
+    t->added_first_byte_[static_cast<unsigned char>(a.content[0])] = true;
   return std::shared_ptr<const BpeTokenizer>(std::move(t));
 }
 
@@ -359,7 +388,8 @@ void BpeTokenizer::Encode(std::string_view raw, BpeCache* cache, std::vector<int
   EncodeSegment(s.substr(start), cache, ids);
 }
 
-void BpeTokenizer::EncodeSegment(std::string_view segment, BpeCache* cache, std::vector<int32_t>* ids) const {
+void BpeTokenizer::EncodeSegment(std::string_view segment, BpeCache* cache,
+                                 std::vector<int32_t>* ids) const {
   if (segment.empty()) return;
   std::string normalized;
   if (nfc_) {
@@ -387,7 +417,8 @@ void BpeTokenizer::EncodeSegment(std::string_view segment, BpeCache* cache, std:
   }
 }
 
-void BpeTokenizer::EncodePiece(std::string_view piece, BpeCache* cache, std::vector<int32_t>* ids) const {
+void BpeTokenizer::EncodePiece(std::string_view piece, BpeCache* cache,
+                               std::vector<int32_t>* ids) const {
   if (const std::vector<int32_t>* hit = cache->Find(piece)) {
     ids->insert(ids->end(), hit->begin(), hit->end());
     return;
@@ -401,12 +432,14 @@ void BpeTokenizer::EncodePiece(std::string_view piece, BpeCache* cache, std::vec
 // Repeatedly merges the adjacent pair of lowest rank (leftmost on ties), as the reference does.
 void BpeTokenizer::Merge(std::string_view piece, std::vector<int32_t>* sym) const {
   sym->resize(piece.size());
-  for (size_t i = 0; i < piece.size(); ++i) (*sym)[i] = byte_id_[static_cast<unsigned char>(piece[i])];
+  for (size_t i = 0; i < piece.size(); ++i)
+    (*sym)[i] = byte_id_[static_cast<unsigned char>(piece[i])];
   while (sym->size() > 1) {
     uint64_t best = UINT64_MAX;
     size_t at = 0;
     for (size_t i = 0; i + 1 < sym->size(); ++i) {
-      auto it = merges_.find((static_cast<uint64_t>((*sym)[i]) << 32) | static_cast<uint32_t>((*sym)[i + 1]));
+      auto it = merges_.find((static_cast<uint64_t>((*sym)[i]) << 32) |
+                             static_cast<uint32_t>((*sym)[i + 1]));
       if (it != merges_.end() && it->second < best) {
         best = it->second;
         at = i;

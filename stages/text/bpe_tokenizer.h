@@ -13,12 +13,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "base/status.h"
 
@@ -55,7 +54,8 @@ class BpeTokenizer {
   size_t vocab_size() const { return id_bytes_.size(); }
 
  private:
-  static Result<std::shared_ptr<const BpeTokenizer>> FromJson(const std::string& path, const nlohmann::json& j);
+  static Result<std::shared_ptr<const BpeTokenizer>> FromJson(const std::string& path,
+                                                              const nlohmann::json& j);
   struct Added {
     std::string content;
     int32_t id;

@@ -11,12 +11,11 @@
 // file into memory first (the path a tar member's bytes take). --bench samples every file
 // `repeat` times on `workers` threads and prints one JSON line: clips/s and decoded frames per
 // sampled frame.
-#include <nlohmann/json.hpp>
-
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,9 +28,10 @@
 namespace {
 
 int Usage() {
-  std::fprintf(stderr,
-               "usage: mmfeed-video [--params YAML] [--seed N] [--epoch N] [--memory] [--out DIR] FILE...\n"
-               "       mmfeed-video --bench [--workers N] [--repeat R] [--params YAML] FILE...\n");
+  std::fprintf(
+      stderr,
+      "usage: mmfeed-video [--params YAML] [--seed N] [--epoch N] [--memory] [--out DIR] FILE...\n"
+      "       mmfeed-video --bench [--workers N] [--repeat R] [--params YAML] FILE...\n");
   return 2;
 }
 
@@ -61,25 +61,39 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (a == "--params") params = value();
-    else if (a == "--seed") seed = std::stoull(value());
-    else if (a == "--epoch") epoch = static_cast<uint32_t>(std::stoul(value()));
-    else if (a == "--memory") memory = true;
-    else if (a == "--out") out_dir = value();
-    else if (a == "--bench") bench = true;
-    else if (a == "--workers") workers = std::max(1, std::stoi(value()));
-    else if (a == "--repeat") repeat = std::max(1, std::stoi(value()));
-    else if (!a.empty() && a[0] == '-') return Usage();
-    else files.push_back(a);
+    if (a == "--params")
+      params = value();
+    else if (a == "--seed")
+      seed = std::stoull(value());
+    else if (a == "--epoch")
+      epoch = static_cast<uint32_t>(std::stoul(value()));
+    else if (a == "--memory")
+      memory = true;
+    else if (a == "--out")
+      out_dir = value();
+    else if (a == "--bench")
+      bench = true;
+    else if (a == "--workers")
+      workers = std::max(1, std::stoi(value()));
+    else if (a == "--repeat")
+      repeat = std::max(1, std::stoi(value()));
+    else if (!a.empty() && a[0] == '-')
+      return Usage();
+    else
+      files.push_back(a);
   }
   if (files.empty()) return Usage();
   mmfeed::RouteFfmpegLogs();
 
   // The params go through the config parser, so they are checked exactly as in a pipeline.
   // (The source is never read; the parser only wants an existing file there.)
-  const std::string text = "source: {type: manifest, path: " + nlohmann::json(files[0]).dump() + "}\nstages:\n"
-                           "  - {name: video, type: video, field: video, params: " + params + "}\n"
-                           "  - {name: batch, type: batch, inputs: [video], params: {batch_size: 1}}\n";
+  const std::string text =
+      "source: {type: manifest, path: " + nlohmann::json(files[0]).dump() +
+      "}\nstages:\n"
+      "  - {name: video, type: video, field: video, params: " +
+      params +
+      "}\n"
+      "  - {name: batch, type: batch, inputs: [video], params: {batch_size: 1}}\n";
   auto cfg = mmfeed::ParseConfig(text, "--params");
   if (!cfg.ok()) {
     std::fprintf(stderr, "mmfeed-video: %s\n", cfg.status().message().c_str());
@@ -117,7 +131,8 @@ int main(int argc, char** argv) {
       });
     }
     for (auto& t : threads) t.join();
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     mmfeed::VideoStats sum;
     for (const auto& s : stats) sum += s;
     nlohmann::json j = {{"clips", sum.videos},
@@ -154,8 +169,9 @@ int main(int argc, char** argv) {
       j["decoded"] = work.decoded;
       j["seeks"] = work.seeks;
       if (!out_dir.empty()) {
-        mmfeed::Status w = mmfeed::WriteNpy(out_dir + "/" + std::to_string(k) + ".npy", specs[0].dtype, specs[0].shape,
-                                            frames.data(), frames.size());
+        mmfeed::Status w =
+            mmfeed::WriteNpy(out_dir + "/" + std::to_string(k) + ".npy", specs[0].dtype,
+                             specs[0].shape, frames.data(), frames.size());
         if (!w.ok()) {
           std::fprintf(stderr, "mmfeed-video: %s\n", w.message().c_str());
           return 1;

@@ -24,11 +24,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/status.h"
+#include "base/tensor.h"
 #include "stages/runtime/registry.h"
 #include "stages/runtime/rng.h"
 #include "stages/runtime/stage.h"
-#include "base/status.h"
-#include "base/tensor.h"
 
 struct SwsContext;
 
@@ -48,8 +48,8 @@ struct VideoOptions {
   DType dtype = DType::kUInt8;
   float mul[3] = {1, 1, 1}, add[3] = {0, 0, 0};  // float32: out = pixel * mul + add
   VideoPad pad = VideoPad::kRepeatLast;
-  int sws_flags = 2;      // SWS_BILINEAR
-  int threads = 1;        // decoder threads per worker
+  int sws_flags = 2;                   // SWS_BILINEAR
+  int threads = 1;                     // decoder threads per worker
   int64_t max_pixels = 7680LL * 4320;  // refuse larger frames before allocating anything
   size_t index_cache = 4096;           // files whose keyframe index is kept
 };
@@ -63,23 +63,27 @@ std::vector<TensorSpec> VideoOutputSpecs(const std::string& name, const VideoOpt
 // Counters of one sampler, for benchmarks and the profile.
 struct VideoStats {
   int64_t videos = 0;
-  int64_t sampled = 0;   // frames written that came from the video (mask 1)
-  int64_t decoded = 0;   // frames the decoder produced
+  int64_t sampled = 0;  // frames written that came from the video (mask 1)
+  int64_t decoded = 0;  // frames the decoder produced
   int64_t seeks = 0;
-  int64_t skipped = 0;   // packets sent with "skip if not a reference frame"
+  int64_t skipped = 0;  // packets sent with "skip if not a reference frame"
   int64_t index_hits = 0, index_misses = 0;
 
   VideoStats& operator+=(const VideoStats& o);
   VideoStats operator-(const VideoStats& o) const;
-  double DecodedPerSampled() const { return sampled ? static_cast<double>(decoded) / sampled : 0.0; }
+  double DecodedPerSampled() const {
+    return sampled ? static_cast<double>(decoded) / sampled : 0.0;
+  }
   double SeeksPerVideo() const { return videos ? static_cast<double>(seeks) / videos : 0.0; }
 };
 
 // Keyframe positions of one file.
 struct KeyframeIndex {
-  std::vector<int64_t> key_ts;   // ascending, as the demuxer's index has them (stream units; MP4: decoding times)
-  int64_t pts_offset = 0;        // a keyframe's pts minus its key_ts (MP4: the reorder delay; else 0)
-  int64_t end_ts = INT64_MIN;    // from a scan, when the container declares no duration; INT64_MIN: unknown
+  std::vector<int64_t>
+      key_ts;  // ascending, as the demuxer's index has them (stream units; MP4: decoding times)
+  int64_t pts_offset = 0;  // a keyframe's pts minus its key_ts (MP4: the reorder delay; else 0)
+  int64_t end_ts =
+      INT64_MIN;  // from a scan, when the container declares no duration; INT64_MIN: unknown
   // From a scan of a container without an index (MPEG-TS): each keyframe's byte position, to
   // seek by byte (its demuxer seeks by time only roughly, and not to keyframes).
   std::vector<int64_t> key_pos;

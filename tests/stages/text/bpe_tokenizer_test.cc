@@ -50,8 +50,8 @@ TEST(BpeTokenizerTest, MatchesHuggingFaceOnTheWholeCorpus) {
     tok->Encode(corpus[i], &cache, &ids);
     std::vector<int32_t> want = nlohmann::json::parse(reference[i]).get<std::vector<int32_t>>();
     if (ids != want && ++mismatches <= 5)
-      ADD_FAILURE() << "line " << i + 1 << ": " << corpus[i].substr(0, 80) << "\n ours " << nlohmann::json(ids).dump()
-                    << "\n ref  " << reference[i];
+      ADD_FAILURE() << "line " << i + 1 << ": " << corpus[i].substr(0, 80) << "\n ours "
+                    << nlohmann::json(ids).dump() << "\n ref  " << reference[i];
   }
   EXPECT_EQ(mismatches, 0);
 }
@@ -66,7 +66,8 @@ TEST(BpeTokenizerTest, DecodeRoundTripsToTheNormalizedText) {
   for (const std::string& line : Lines(TestData("tokenizer/corpus.txt"))) {
     std::string text = ReplaceInvalidUtf8(line), want;
     icu::StringByteSink<std::string> sink(&want);
-    nfc->normalizeUTF8(0, icu::StringPiece(text.data(), static_cast<int32_t>(text.size())), sink, nullptr, err);
+    nfc->normalizeUTF8(0, icu::StringPiece(text.data(), static_cast<int32_t>(text.size())), sink,
+                       nullptr, err);
     std::vector<int32_t> ids;
     tok->Encode(line, &cache, &ids);
     ASSERT_EQ(tok->Decode(ids), want) << line;
@@ -78,9 +79,10 @@ TEST(BpeTokenizerTest, DecodeRoundTripsToTheNormalizedText) {
 TEST(BpeTokenizerTest, InvalidUtf8IsReplacedLikeAWhatwgDecoder) {
   EXPECT_EQ(ReplaceInvalidUtf8("ok"), "ok");
   EXPECT_EQ(ReplaceInvalidUtf8("\xff"), "\xef\xbf\xbd");
-  EXPECT_EQ(ReplaceInvalidUtf8("\xe4\xb8"), "\xef\xbf\xbd");                      // cut short: one
-  EXPECT_EQ(ReplaceInvalidUtf8("\xc0\xaf"), "\xef\xbf\xbd\xef\xbf\xbd");          // overlong: two
-  EXPECT_EQ(ReplaceInvalidUtf8("\xed\xa0\x80"), "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // surrogate
+  EXPECT_EQ(ReplaceInvalidUtf8("\xe4\xb8"), "\xef\xbf\xbd");              // cut short: one
+  EXPECT_EQ(ReplaceInvalidUtf8("\xc0\xaf"), "\xef\xbf\xbd\xef\xbf\xbd");  // overlong: two
+  EXPECT_EQ(ReplaceInvalidUtf8("\xed\xa0\x80"),
+            "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // surrogate
   EXPECT_EQ(ReplaceInvalidUtf8("\xc3\x28"), "\xef\xbf\xbd(");
   EXPECT_EQ(ReplaceInvalidUtf8("\xf0\x9f\x98\x80"), "\xf0\x9f\x98\x80");
 }
@@ -105,22 +107,30 @@ TEST(BpeTokenizerTest, UnsupportedOrBrokenFilesAreClearErrors) {
     auto t = BpeTokenizer::Load(dir / name);
     return t.ok() ? std::string("loaded") : t.status().message();
   };
-  EXPECT_NE(BpeTokenizer::Load(dir / "none.json").status().message().find("none.json: cannot open"), std::string::npos);
-  EXPECT_NE(error("a.json", "{not json").find("a.json: not a JSON tokenizer file"), std::string::npos);
-  EXPECT_NE(error("b.json", R"({"model": {"type": "WordPiece", "vocab": {}}})").find("b.json: unsupported tokenizer: model type 'WordPiece'"),
+  EXPECT_NE(BpeTokenizer::Load(dir / "none.json").status().message().find("none.json: cannot open"),
             std::string::npos);
-  std::string split = R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "normalizer": null,
+  EXPECT_NE(error("a.json", "{not json").find("a.json: not a JSON tokenizer file"),
+            std::string::npos);
+  EXPECT_NE(error("b.json", R"({"model": {"type": "WordPiece", "vocab": {}}})")
+                .find("b.json: unsupported tokenizer: model type 'WordPiece'"),
+            std::string::npos);
+  std::string split =
+      R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "normalizer": null,
     "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
       {"type": "Split", "pattern": {"Regex": "\\w+"}, "behavior": "Isolated", "invert": false},
       {"type": "ByteLevel", "add_prefix_space": false, "use_regex": false}]}})";
-  EXPECT_NE(error("c.json", split).find("unsupported tokenizer: pre_tokenizer Split regex \\w+"), std::string::npos)
+  EXPECT_NE(error("c.json", split).find("unsupported tokenizer: pre_tokenizer Split regex \\w+"),
+            std::string::npos)
       << error("c.json", split);
-  std::string nfkc = R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "normalizer": {"type": "NFKC"}})";
+  std::string nfkc =
+      R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "normalizer": {"type": "NFKC"}})";
   EXPECT_NE(error("d.json", nfkc).find("unsupported tokenizer: normalizer"), std::string::npos);
   // Fields of the wrong JSON type make the JSON library throw: a clear error, not a crash.
-  EXPECT_NE(error("e.json", R"({"model": {"type": 5}})").find("e.json: malformed tokenizer file"), std::string::npos)
+  EXPECT_NE(error("e.json", R"({"model": {"type": 5}})").find("e.json: malformed tokenizer file"),
+            std::string::npos)
       << error("e.json", R"({"model": {"type": 5}})");
-  EXPECT_NE(error("f.json", R"({"model": {"type": "BPE", "byte_fallback": "yes"}})").find("malformed tokenizer file"),
+  EXPECT_NE(error("f.json", R"({"model": {"type": "BPE", "byte_fallback": "yes"}})")
+                .find("malformed tokenizer file"),
             std::string::npos);
 }
 
@@ -133,7 +143,8 @@ TEST(BpeTokenizerTest, Gpt2StylePreTokenizer) {
     bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
     int cp = printable ? b : next++;
     std::string s;
-    if (cp < 0x80) s.push_back(static_cast<char>(cp));
+    if (cp < 0x80)
+      s.push_back(static_cast<char>(cp));
     else {
       s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
       s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
@@ -144,10 +155,11 @@ TEST(BpeTokenizerTest, Gpt2StylePreTokenizer) {
   const std::string sp = byte_str[' '];
   vocab[sp + "h"] = id++;
   vocab[sp + "hi"] = id++;
-  nlohmann::json j = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {sp + " h", sp + "h i"}}}},
-                      {"normalizer", nullptr},
-                      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-                      {"decoder", {{"type", "ByteLevel"}}}};
+  nlohmann::json j = {
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {sp + " h", sp + "h i"}}}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"decoder", {{"type", "ByteLevel"}}}};
   testing::TempDir dir;
   testing::WriteFile(dir / "gpt2.json", j.dump());
   auto tok = BpeTokenizer::Load(dir / "gpt2.json");
@@ -162,9 +174,12 @@ TEST(BpeTokenizerTest, Gpt2StylePreTokenizer) {
 
 TEST(TextStageTest, BpeWithPrefixSuffixAndSpecialIds) {
   auto stage = testing::MakeStage("text", "text",
-                                  {{"tokenizer", TestData("tokenizer/qwen3-tokenizer.json.gz")}, {"max_len", int64_t{12}},
-                                   {"prefix", std::string("<|im_start|>user\n")}, {"suffix", std::string("<|im_end|>")},
-                                   {"add_special", std::vector<int64_t>{151643}}, {"pad_id", int64_t{-1}}});
+                                  {{"tokenizer", TestData("tokenizer/qwen3-tokenizer.json.gz")},
+                                   {"max_len", int64_t{12}},
+                                   {"prefix", std::string("<|im_start|>user\n")},
+                                   {"suffix", std::string("<|im_end|>")},
+                                   {"add_special", std::vector<int64_t>{151643}},
+                                   {"pad_id", int64_t{-1}}});
   ASSERT_TRUE(stage);
   FieldValue f;
   f.data = "Hello world! This text is far too long to fit";
