@@ -364,11 +364,6 @@ int RingWriter::DropReady(uint64_t seq) {
   return n;
 }
 
-uint64_t RingWriter::dropped() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return dropped_;
-}
-
 uint64_t RingWriter::MinReadySeq() {
   std::lock_guard<std::mutex> lock(mu_);
   SyncLocked();

@@ -102,7 +102,6 @@ class RingWriter {
   // Drops the published batches no reader holds whose seq is below `seq` (all of them for
   // UINT64_MAX): they will not be delivered. Returns how many.
   int DropReady(uint64_t seq = UINT64_MAX);
-  uint64_t dropped();
   // The smallest seq among the published batches no reader holds, or UINT64_MAX.
   uint64_t MinReadySeq();
   // The cursor after the last batch released, in seq order; settable when a trainer resumes.
@@ -156,7 +155,6 @@ class RingReader {
   Status Release(int slot);
 
   const RingHeader& header() const { return header_copy_; }
-  uint32_t generation() const { return generation_; }
   // After kEnd: the daemon stopped before the end of the data.
   bool stopped_early() const {
     return shared_->closed.load(std::memory_order_acquire) == kClosedStopped;
