@@ -34,7 +34,7 @@ Reservation RingSink::Reserve(BatchMemory* memory, int timeout_ms) {
 }
 
 void RingSink::Commit(const BatchMemory& memory, const BatchInfo& info) {
-  uint64_t t0 = NowNs(), c0 = ThreadCpuNs();
+  WorkTimer timer;
   shm::BatchView view;
   view.seq = info.seq;
   view.epoch = info.epoch;
@@ -55,8 +55,7 @@ void RingSink::Commit(const BatchMemory& memory, const BatchInfo& info) {
     ring_->Abandon(memory.handle);
   }
   counters_.items.fetch_add(1, std::memory_order_relaxed);
-  counters_.busy_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
-  counters_.cpu_ns.fetch_add(ThreadCpuNs() - c0, std::memory_order_relaxed);
+  timer.AddTo(&counters_);
 }
 
 void RingSink::Discard(const BatchMemory& memory) { ring_->Abandon(memory.handle); }

@@ -454,7 +454,7 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
     if (!item) break;
     b->counters.fill_sum.fetch_add(b->inbox.SizeApprox(), std::memory_order_relaxed);
     b->counters.fill_samples.fetch_add(1, std::memory_order_relaxed);
-    uint64_t t0 = NowNs(), c0 = ThreadCpuNs();
+    WorkTimer timer;
     const CatalogEntry& e = catalog_->entries[item->entry];
     const FieldValue* field = nullptr;
     for (const auto& kv : e.fields)
@@ -486,8 +486,7 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
       if (item->status.code() == Status::Code::kResourceExhausted)
         Fail(item->status.WithContext("out of resources, not a bad sample"));
     }
-    b->counters.busy_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
-    b->counters.cpu_ns.fetch_add(ThreadCpuNs() - c0, std::memory_order_relaxed);
+    timer.AddTo(&b->counters);
     b->counters.items.fetch_add(1, std::memory_order_relaxed);
     if (!item->status.ok()) b->counters.errors.fetch_add(1, std::memory_order_relaxed);
     join_->Push(std::move(item), &b->counters.blocked_ns);
@@ -698,7 +697,7 @@ void Pipeline::BatchLoop() {
     collators.emplace_back(this, static_cast<uint32_t>(r), start_[r].seq, &known_bad);
 
   while (std::unique_ptr<WorkItem> item = join_->Pop(&batch_counters_.starved_ns)) {
-    uint64_t t0 = NowNs(), c0 = ThreadCpuNs();
+    WorkTimer timer;
     batch_counters_.fill_sum.fetch_add(join_->SizeApprox(), std::memory_order_relaxed);
     batch_counters_.fill_samples.fetch_add(1, std::memory_order_relaxed);
     Pending& p = pending[item->key];
@@ -715,8 +714,7 @@ void Pipeline::BatchLoop() {
       if (!status().ok())
         for (Collator& c : collators) c.DiscardIdle();
     }
-    batch_counters_.busy_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
-    batch_counters_.cpu_ns.fetch_add(ThreadCpuNs() - c0, std::memory_order_relaxed);
+    timer.AddTo(&batch_counters_);
   }
   // Every worker has finished, so nothing writes into an open batch; normally none is left.
   for (Collator& c : collators) c.DiscardIdle();

@@ -1,16 +1,66 @@
 #include "stages/runtime/profile.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+
+#include "stages/runtime/mailbox.h"
 
 namespace mmfeed {
+namespace {
 
 uint64_t ThreadCpuNs() {
   timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
+}
+
+// The calling thread's /proc/thread-self/schedstat ("<cpu ns> <run-queue ns> <slices>"), opened
+// once by the thread that reads it and closed when that thread exits.
+class SchedStat {
+ public:
+  SchedStat() : fd_(open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC)) {}
+  ~SchedStat() {
+    if (fd_ >= 0) close(fd_);
+  }
+  SchedStat(const SchedStat&) = delete;
+  SchedStat& operator=(const SchedStat&) = delete;
+
+  uint64_t RunnableNs() const {
+    char buf[96];
+    ssize_t n = fd_ >= 0 ? pread(fd_, buf, sizeof buf - 1, 0) : -1;
+    if (n <= 0) return 0;
+    buf[n] = '\0';
+    unsigned long long cpu = 0, runnable = 0;
+    return std::sscanf(buf, "%llu %llu", &cpu, &runnable) == 2 ? runnable : 0;
+  }
+
+ private:
+  int fd_;
+};
+
+uint64_t ThreadRunnableNs() {
+  thread_local SchedStat stat;
+  return stat.RunnableNs();
+}
+
+double ShareOfBusy(const StageCounters& c, const std::atomic<uint64_t>& part) {
+  uint64_t busy = c.busy_ns.load();
+  return busy ? static_cast<double>(part.load()) / busy : 0;
+}
+
+}  // namespace
+
+WorkTimer::WorkTimer() : wall0_(NowNs()), cpu0_(ThreadCpuNs()), runnable0_(ThreadRunnableNs()) {}
+
+void WorkTimer::AddTo(StageCounters* c) const {
+  c->busy_ns.fetch_add(NowNs() - wall0_, std::memory_order_relaxed);
+  c->cpu_ns.fetch_add(ThreadCpuNs() - cpu0_, std::memory_order_relaxed);
+  c->runnable_ns.fetch_add(ThreadRunnableNs() - runnable0_, std::memory_order_relaxed);
 }
 
 nlohmann::json BuildProfile(const std::vector<StageInfo>& stages, double wall_seconds) {
@@ -28,7 +78,7 @@ nlohmann::json BuildProfile(const std::vector<StageInfo>& stages, double wall_se
     double busy = c.busy_ns.load() / capacity_ns;
     double starved = c.starved_ns.load() / capacity_ns;
     double blocked = c.blocked_ns.load() / capacity_ns;
-    double cpu = c.busy_ns.load() ? static_cast<double>(c.cpu_ns.load()) / c.busy_ns.load() : 0;
+    double cpu = ShareOfBusy(c, c.cpu_ns);
     double fill = 0;
     if (s.queue_capacity && c.fill_samples.load())
       fill = static_cast<double>(c.fill_sum.load()) / c.fill_samples.load() / s.queue_capacity;
@@ -42,6 +92,7 @@ nlohmann::json BuildProfile(const std::vector<StageInfo>& stages, double wall_se
                         {"starved_share", starved},
                         {"blocked_share", blocked},
                         {"cpu_share_of_busy", cpu},
+                        {"runnable_share_of_busy", ShareOfBusy(c, c.runnable_ns)},
                         {"queue_capacity", s.queue_capacity},
                         {"queue_fill", fill}};
     if (!s.metrics.empty()) {
@@ -70,28 +121,30 @@ nlohmann::json BuildProfile(const std::vector<StageInfo>& stages, double wall_se
                             ring_blocked->name, ring_blocked_share * 100)}};
   } else if (worst) {
     const StageCounters& c = *worst->counters;
-    double cpu = c.busy_ns.load() ? static_cast<double>(c.cpu_ns.load()) / c.busy_ns.load() : 0;
-    std::string kind = worst->type == "batch" ? "memory" : (cpu >= 0.6 ? "cpu" : "io");
+    double cpu = ShareOfBusy(c, c.cpu_ns), runnable = ShareOfBusy(c, c.runnable_ns);
+    std::string kind = worst->type == "batch" ? "memory" : (cpu + runnable >= 0.6 ? "cpu" : "io");
     b = {{"stage", worst->name},
          {"kind", kind},
-         {"why", fmt::format("{} workers were busy {:.0f}% of the time ({:.0f}% of that on CPU)",
-                             worst->name, worst_busy * 100, cpu * 100)}};
+         {"why", fmt::format("{} workers were busy {:.0f}% of the time ({:.0f}% of that on CPU, "
+                             "{:.0f}% waiting for a CPU)",
+                             worst->name, worst_busy * 100, cpu * 100, runnable * 100)}};
   }
   out["bottleneck"] = b;
   return out;
 }
 
 std::string FormatProfile(const nlohmann::json& p) {
-  std::string s =
-      fmt::format("{:<12} {:>7} {:>9} {:>7} {:>6} {:>8} {:>8} {:>6} {:>7}\n", "stage", "workers",
-                  "items", "errors", "busy", "starved", "blocked", "cpu", "queue");
+  std::string s = fmt::format("{:<12} {:>7} {:>9} {:>7} {:>6} {:>8} {:>8} {:>6} {:>6} {:>7}\n",
+                              "stage", "workers", "items", "errors", "busy", "starved", "blocked",
+                              "cpu", "runq", "queue");
   for (const auto& st : p["stages"]) {
     s += fmt::format(
-        "{:<12} {:>7} {:>9} {:>7} {:>5.0f}% {:>7.0f}% {:>7.0f}% {:>5.0f}% {:>6.0f}%\n",
+        "{:<12} {:>7} {:>9} {:>7} {:>5.0f}% {:>7.0f}% {:>7.0f}% {:>5.0f}% {:>5.0f}% {:>6.0f}%\n",
         st["name"].get<std::string>(), st["workers"].get<int>(), st["items"].get<uint64_t>(),
         st["errors"].get<uint64_t>(), st["busy_share"].get<double>() * 100,
         st["starved_share"].get<double>() * 100, st["blocked_share"].get<double>() * 100,
-        st["cpu_share_of_busy"].get<double>() * 100, st["queue_fill"].get<double>() * 100);
+        st["cpu_share_of_busy"].get<double>() * 100,
+        st["runnable_share_of_busy"].get<double>() * 100, st["queue_fill"].get<double>() * 100);
   }
   for (const auto& st : p["stages"]) {
     if (!st.contains("metrics")) continue;

@@ -15,11 +15,12 @@ namespace mmfeed {
 struct StageCounters {
   std::atomic<uint64_t> items{0};
   std::atomic<uint64_t> errors{0};
-  std::atomic<uint64_t> busy_ns{0};     // wall time spent working on items
-  std::atomic<uint64_t> cpu_ns{0};      // thread CPU time spent working on items
-  std::atomic<uint64_t> starved_ns{0};  // waiting for input
-  std::atomic<uint64_t> blocked_ns{0};  // waiting for downstream to take output
-  std::atomic<uint64_t> fill_sum{0};    // sum of mailbox fill seen at each pop
+  std::atomic<uint64_t> busy_ns{0};      // wall time spent working on items
+  std::atomic<uint64_t> cpu_ns{0};       // thread CPU time spent working on items
+  std::atomic<uint64_t> runnable_ns{0};  // ... waiting for a CPU while working on items
+  std::atomic<uint64_t> starved_ns{0};   // waiting for input
+  std::atomic<uint64_t> blocked_ns{0};   // waiting for downstream to take output
+  std::atomic<uint64_t> fill_sum{0};     // sum of mailbox fill seen at each pop
   std::atomic<uint64_t> fill_samples{0};
 };
 
@@ -33,13 +34,25 @@ struct StageInfo {
 };
 
 // Builds the report: per stage items, busy share, starved/blocked share, queue fill, CPU share,
-// plus "bottleneck": the stage that limits throughput and the kind of limit (cpu, io, transfer).
+// plus "bottleneck": the stage that limits throughput and the kind of limit (cpu, io, memory,
+// transfer). A stage's busy time splits into computing, waiting for a CPU (more runnable
+// threads than cores: still a CPU limit) and the rest (IO, page faults, locks).
 nlohmann::json BuildProfile(const std::vector<StageInfo>& stages, double wall_seconds);
 
 // Renders the report as an aligned text table for people.
 std::string FormatProfile(const nlohmann::json& profile);
 
-// Thread CPU time of the calling thread in nanoseconds.
-uint64_t ThreadCpuNs();
+// Times one item of work on the calling thread: wall, CPU and run-queue time. The run-queue
+// wait comes from /proc/thread-self/schedstat, kept open per thread; where it cannot be read it
+// counts as zero.
+class WorkTimer {
+ public:
+  WorkTimer();
+  // Adds the time since construction to busy_ns, cpu_ns and runnable_ns.
+  void AddTo(StageCounters* counters) const;
+
+ private:
+  uint64_t wall0_, cpu0_, runnable0_;
+};
 
 }  // namespace mmfeed
