@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -34,10 +35,23 @@ std::string Describe(const YAML::Node& n) {
   return "nothing";
 }
 
-// Checks that `map` is a mapping whose keys are all in `allowed`.
+// A key given twice is an error: the YAML parser would silently keep the first.
+void CheckUniqueKeys(const YAML::Node& map, const std::string& what) {
+  std::map<std::string, YAML::Mark> seen;
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    auto [first, fresh] = seen.emplace(it->first.as<std::string>(), it->first.Mark());
+    if (!fresh)
+      Fail(it->first,
+           fmt::format("'{}' is given twice in {} (first at line {}, column {})", first->first,
+                       what, first->second.line + 1, first->second.column + 1));
+  }
+}
+
+// Checks that `map` is a mapping whose keys are all in `allowed`, each once.
 void CheckKeys(const YAML::Node& map, const std::string& what,
                const std::vector<std::string>& allowed) {
   if (!map.IsMap()) Fail(map, fmt::format("{} must be a mapping, got {}", what, Describe(map)));
+  CheckUniqueKeys(map, what);
   for (auto it = map.begin(); it != map.end(); ++it) {
     std::string key = it->first.as<std::string>();
     if (std::find(allowed.begin(), allowed.end(), key) == allowed.end())
@@ -171,6 +185,7 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir) {
   if (n["fields"]) {
     const YAML::Node& f = n["fields"];
     if (!f.IsMap()) Fail(f, "source.fields must map field names to lists of extensions");
+    CheckUniqueKeys(f, "source.fields");
     for (auto it = f.begin(); it != f.end(); ++it) {
       // Copies: `it->second` lives in a proxy that dies with the expression (a range-for over
       // it read freed stack under ASan).
@@ -206,6 +221,7 @@ void ParseStageParams(StageConfig* sc, const YAML::Node& stage_node, const std::
   std::set<std::string> given;
   if (params) {
     if (!params.IsMap()) Fail(params, fmt::format("params of {} must be a mapping", where));
+    CheckUniqueKeys(params, fmt::format("the params of {}", where));
     for (auto it = params.begin(); it != params.end(); ++it) {
       std::string key = it->first.as<std::string>();
       auto spec = std::find_if(schema.params.begin(), schema.params.end(),

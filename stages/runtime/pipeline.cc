@@ -234,6 +234,7 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
       "{}|{}|{}|{}|{}|{}|{}|{}", cfg.source.seed, cfg.source.shuffle, cfg.source.node_rank,
       cfg.source.num_nodes, cfg.consumers, cfg.batch_size, cfg.drop_last, cfg.source.epochs));
   for (const CatalogEntry& e : p->catalog_->entries) h = HashString(e.id, HashString("\n", h));
+  p->order_fingerprint_ = fmt::format("{:016x}", h);
   for (const StageConfig& s : cfg.stages)
     h = HashString(fmt::format("{}|{}|{}|{}", s.name, s.type, s.field, s.params.Canonical()), h);
   p->fingerprint_ = fmt::format("{:016x}", h);
@@ -321,6 +322,11 @@ void Pipeline::Quiesce() {
   RequestStop();
 }
 
+void Pipeline::QuiesceAtEpochEnd() {
+  finish_sinks_.store(false, std::memory_order_release);
+  stop_at_epoch_end_.store(true, std::memory_order_release);
+}
+
 void Pipeline::Wait() {
   for (auto& t : threads_)
     if (t.joinable()) t.join();
@@ -376,10 +382,21 @@ void Pipeline::SourceLoop() {
   auto past_end = [&](const StreamCursor& c) {
     return cfg_.source.epochs != 0 && c.epoch >= static_cast<uint32_t>(cfg_.source.epochs);
   };
+  // QuiesceAtEpochEnd: each rank stops at the first epoch boundary at or after where it is.
+  std::vector<uint32_t> last_epoch(consumers, UINT32_MAX);
+  bool at_epoch_end = false;
   std::vector<bool> done(consumers);
   std::vector<uint64_t> gen(consumers, 0);
-  for (int r = 0; r < consumers; ++r) done[r] = past_end(next[r]);
+  auto is_done = [&](int r) { return past_end(next[r]) || next[r].epoch >= last_epoch[r]; };
+  for (int r = 0; r < consumers; ++r) done[r] = is_done(r);
   for (int turn = 0;; turn = (turn + 1) % consumers) {
+    if (!at_epoch_end && stop_at_epoch_end_.load(std::memory_order_acquire)) {
+      at_epoch_end = true;
+      for (int r = 0; r < consumers; ++r) {
+        last_epoch[r] = next[r].batch == 0 ? next[r].epoch : next[r].epoch + 1;
+        done[r] = is_done(r);
+      }
+    }
     // Busy is the iteration less the time Push waited on full mailboxes (counted as blocked).
     const uint64_t t0 = NowNs(),
                    blocked0 = source_counters_.blocked_ns.load(std::memory_order_relaxed);
@@ -390,7 +407,7 @@ void Pipeline::SourceLoop() {
         rewinds_[r].source_pending = false;
         next[r] = rewinds_[r].to;
         gen[r] = rewinds_[r].gen;
-        done[r] = past_end(next[r]);
+        done[r] = is_done(r);
       }
     }
     bool progressed = false, any_full = false;
@@ -417,7 +434,7 @@ void Pipeline::SourceLoop() {
       for (int row = 0; row < pb->rows; ++row)  // the rank's share: positions r, r + consumers, ...
         Dispatch(pb, row, (*order)[(pb->index * bs + row) * consumers + r], false);
       next[r] = CursorAfter(next[r].seq);
-      done[r] = past_end(next[r]);
+      done[r] = is_done(r);
       progressed = true;
     }
     source_counters_.busy_ns.fetch_add(

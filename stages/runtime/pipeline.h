@@ -109,6 +109,10 @@ class Pipeline {
   // completed and committed, and a new pipeline can go on feeding the same sinks from each
   // rank's NextCommit(). Rings outlive pipelines; a config reload builds on this.
   void Quiesce();
+  // Like Quiesce, but each rank's batches are dealt up to the end of the epoch it is in (at
+  // once if it stands at an epoch boundary): a new pipeline whose order differs (another seed)
+  // takes over at an epoch boundary, and so never changes an epoch halfway.
+  void QuiesceAtEpochEnd();
   // True once every thread has finished and every sink was told so.
   bool Finished() const { return finished_.load(std::memory_order_acquire); }
   void Wait();
@@ -140,6 +144,9 @@ class Pipeline {
   // Identifies the streams this pipeline makes: the catalog's ids and every setting that
   // changes which samples go where or their bytes. Equal fingerprints, equal batches.
   const std::string& fingerprint() const { return fingerprint_; }
+  // The same, for only what decides which sample goes into which batch row (the catalog's ids,
+  // seed, shuffle, nodes, consumers, batch size): equal, equal ids batch by batch.
+  const std::string& order_fingerprint() const { return order_fingerprint_; }
 
   struct WorkItem;  // internal: one sample's field travelling through a branch
 
@@ -184,7 +191,7 @@ class Pipeline {
   bool source_exited_ = false;
   std::atomic<bool> rewind_pending_{false};
   std::unique_ptr<std::atomic<uint64_t>[]> next_commit_;
-  std::string fingerprint_;
+  std::string fingerprint_, order_fingerprint_;
   uint64_t next_key_ = 0;  // source thread: one per dispatched sample
   // Sample accounting: dealt = first-time positions; refill draws are counted apart.
   std::atomic<uint64_t> dealt_{0}, failed_{0}, refills_ok_{0}, refills_failed_{0};
@@ -198,7 +205,8 @@ class Pipeline {
   std::atomic<int> live_workers_{0};
   std::atomic<bool> finished_{false};
   std::atomic<bool> finish_sinks_{true};  // false after Quiesce
-  std::atomic<bool> complete_{false};     // every rank dealt to the end of its data
+  std::atomic<bool> stop_at_epoch_end_{false};
+  std::atomic<bool> complete_{false};  // every rank dealt to the end of its data
   uint64_t start_ns_ = 0;
   std::atomic<uint64_t> end_ns_{0};
   mutable std::mutex status_mu_;

@@ -103,6 +103,24 @@ TEST_F(ConfigTest, UnknownStageTypeNamesLineAndColumn) {
   EXPECT_NE(e.find("text, video"), std::string::npos) << e;
 }
 
+// YAML parsers keep one of two equal keys silently; a config must not mean something else
+// than it says.
+TEST_F(ConfigTest, AKeyGivenTwiceIsAnError) {
+  std::string e = Error(Replace(kCanonical, "seed: 42,", "seed: 42, seed: 7,"));
+  EXPECT_NE(e.find("p.yaml:2:73: 'seed' is given twice in source (first at line 2, column 63)"),
+            std::string::npos)
+      << e;
+  e = Error(Replace(kCanonical, "flip: 0.5", "flip: 0.5, flip: 0"));
+  EXPECT_NE(e.find("'flip' is given twice in the params of stage 'image' (image)"),
+            std::string::npos)
+      << e;
+  e = Error(std::string(kCanonical) + "consumers: 3\n");
+  EXPECT_NE(e.find("p.yaml:12:1: 'consumers' is given twice in the pipeline config (first at line "
+                   "3, column 1)"),
+            std::string::npos)
+      << e;
+}
+
 TEST_F(ConfigTest, UnknownParameterIsRejected) {
   std::string e = Error(Replace(kCanonical, "flip: 0.5", "flop: 0.5"));
   EXPECT_NE(e.find("p.yaml:6:60: unknown parameter 'flop' for stage 'image' (image)"),

@@ -381,9 +381,8 @@ std::set<std::string> MakeTextDataset(const TempDir& dir, int n, Bad bad) {
 
 std::string TextConfig(int workers, int batch, const std::string& source_extra = "",
                        const std::string& top = "") {
-  return "pipeline: t\n"
-         "source: {type: manifest, path: manifest.jsonl, seed: 3" +
-         source_extra +
+  return std::string("pipeline: t\n") + "source: {type: manifest, path: manifest.jsonl" +
+         (source_extra.find("seed:") == std::string::npos ? ", seed: 3" : "") + source_extra +
          "}\n"
          "consumers: 2\n" +
          top +
@@ -626,6 +625,52 @@ TEST(PipelineTest, QuiescedPipelineHandsItsSinksToTheNextOne) {
     for (size_t i = 0; i < got.batches.size(); ++i) {
       EXPECT_EQ(got.batches[i]->seq, i);
       EXPECT_EQ(got.batches[i]->ids, full.sinks[r]->batches[i]->ids)
+          << "rank " << r << " batch " << i;
+    }
+  }
+}
+
+// QuiesceAtEpochEnd deals every rank to the end of its epoch: a pipeline with another seed
+// that takes over there delivers the first run's epoch 0 and the second seed's epoch 1.
+TEST(PipelineTest, QuiescingAtTheEpochEndHandsOverAtTheBoundary) {
+  TempDir dir;
+  MakeTextDataset(dir, 300, [](int i) { return i % 13 == 5; });
+  const std::string a = ", shuffle: true, seed: 1, epochs: 2",
+                    b = ", shuffle: true, seed: 2, epochs: 2";
+  PipelineRun run_a = RunPipeline(dir, TextConfig(2, 8, a));
+  PipelineRun run_b = RunPipeline(dir, TextConfig(2, 8, b));
+  ASSERT_TRUE(run_a.pipeline && run_b.pipeline);
+  const uint64_t per_epoch = run_a.pipeline->batches_per_epoch();
+  WriteFile(dir / "a.yaml", TextConfig(2, 8, a));
+  WriteFile(dir / "b.yaml", TextConfig(2, 8, b));
+  Result<PipelineConfig> cfg_a = LoadConfigFile(dir / "a.yaml"),
+                         cfg_b = LoadConfigFile(dir / "b.yaml");
+  ASSERT_TRUE(cfg_a.ok() && cfg_b.ok());
+  MemorySink r0(BatchSpecs(*cfg_a), 8, 2), r1(BatchSpecs(*cfg_a), 8, 2);
+  r0.Hold(true);
+  auto first = Pipeline::Create(*cfg_a, {&r0, &r1});
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE((*first)->Start().ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  (*first)->QuiesceAtEpochEnd();
+  r0.Hold(false);
+  (*first)->Wait();
+  EXPECT_FALSE(r0.finished || r1.finished);
+  for (uint32_t r = 0; r < 2; ++r) EXPECT_EQ((*first)->NextCommit(r), per_epoch) << "rank " << r;
+  auto second = Pipeline::Create(*cfg_b, {&r0, &r1},
+                                 {(*first)->CursorAt(per_epoch), (*first)->CursorAt(per_epoch)});
+  ASSERT_TRUE(second.ok());
+  EXPECT_NE((*first)->order_fingerprint(), (*second)->order_fingerprint());
+  ASSERT_TRUE((*second)->Start().ok());
+  (*second)->Wait();
+  EXPECT_TRUE(r0.finished && r1.finished);
+  for (int r = 0; r < 2; ++r) {
+    MemorySink& got = r == 0 ? r0 : r1;
+    ASSERT_EQ(got.batches.size(), 2 * per_epoch) << "rank " << r;
+    for (size_t i = 0; i < got.batches.size(); ++i) {
+      const PipelineRun& want = i < per_epoch ? run_a : run_b;
+      EXPECT_EQ(got.batches[i]->seq, i);
+      EXPECT_EQ(got.batches[i]->ids, want.sinks[r]->batches[i]->ids)
           << "rank " << r << " batch " << i;
     }
   }
