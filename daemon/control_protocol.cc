@@ -16,6 +16,13 @@ Result<ControlRequest> ParseControlRequest(std::string_view line) {
     r.cmd = ControlRequest::Cmd::kStatus;
   } else if (cmd == "stop") {
     r.cmd = ControlRequest::Cmd::kStop;
+  } else if (cmd == "reload") {
+    r.cmd = ControlRequest::Cmd::kReload;
+    if (req.contains("config")) {
+      if (!req["config"].is_string() || req["config"].get_ref<const std::string&>().empty())
+        return Status::Invalid("reload's \"config\" must be a file path");
+      r.config = req["config"].get<std::string>();
+    }
   } else if (cmd == "attach") {
     r.cmd = ControlRequest::Cmd::kAttach;
     if (!req.contains("rank") || !req["rank"].is_number_integer())
@@ -34,7 +41,7 @@ Result<ControlRequest> ParseControlRequest(std::string_view line) {
     }
   } else {
     return Status::Invalid(
-        fmt::format("unknown command '{}'; expected attach, status or stop", cmd));
+        fmt::format("unknown command '{}'; expected attach, status, reload or stop", cmd));
   }
   return r;
 }

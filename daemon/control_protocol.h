@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "base/cursor.h"
@@ -13,10 +14,11 @@
 namespace mmfeed {
 
 struct ControlRequest {
-  enum class Cmd { kAttach, kStatus, kStop };
+  enum class Cmd { kAttach, kStatus, kStop, kReload };
   Cmd cmd = Cmd::kStatus;
   int rank = -1;                       // attach
   std::optional<StreamCursor> resume;  // attach: serve from this cursor
+  std::string config;                  // reload: the config file; empty: the running one's
 };
 
 Result<ControlRequest> ParseControlRequest(std::string_view line);

@@ -139,6 +139,11 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
         Reply({{"ok", true}});
         server_.handler_.stop();
         return;
+      case ControlRequest::Cmd::kReload: {
+        Result<nlohmann::json> r = server_.handler_.reload(req->config);
+        if (!r.ok()) return Reply({{"ok", false}, {"error", r.status().message()}});
+        return Reply({{"ok", true}, {"reload", *r}});
+      }
       case ControlRequest::Cmd::kAttach:
         break;
     }

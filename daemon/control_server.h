@@ -6,6 +6,9 @@
 //                                 the ring's data area (read-only) and a fresh control area.
 //                                 The connection stays open while the trainer is attached.
 //   {"cmd":"status"}           -> {"ok":true,"status":{...}}
+//   {"cmd":"reload"[,"config":PATH]} -> {"ok":true,"reload":{"applied","changes","summary"}}
+//                                 or the error (a bad config: file:line:col); see
+//                                 docs/threads.md, "Reloading the config".
 //   {"cmd":"stop"}             -> {"ok":true}, then the daemon drains and exits.
 // Errors: {"ok":false,"error":"..."}.
 //
@@ -48,6 +51,8 @@ class ControlServer {
     std::function<void(int rank, int pid, uint32_t generation)> detach;
     std::function<nlohmann::json()> status;
     std::function<void()> stop;
+    // Reloads `config` (empty: the running config's file): the reply, or why not.
+    std::function<Result<nlohmann::json>(const std::string& config)> reload;
   };
 
   // `group`: a group name whose members may connect; empty for the daemon's user only.

@@ -58,6 +58,12 @@ void RingSink::Commit(const BatchMemory& memory, const BatchInfo& info) {
   timer.AddTo(&counters_);
 }
 
+Status RingSink::Reshape(std::vector<TensorSpec> specs, const shm::SlotLayout& layout) {
+  MMFEED_RETURN_IF_ERROR(ring_->SetLayout(layout));
+  specs_ = std::move(specs);
+  return Status::Ok();
+}
+
 void RingSink::Discard(const BatchMemory& memory) { ring_->Abandon(memory.handle); }
 
 void RingSink::Finish(bool complete) { ring_->Close(complete); }

@@ -25,6 +25,9 @@ class RingSink : public BatchSink {
   void Discard(const BatchMemory& memory) override;
   void Finish(bool complete) override;
   void DropPublished() override { ring_->DropReady(); }
+  // The batches from now on have these tensors, laid out so (a config reload); refused when
+  // they do not fit the ring's slots. REQUIRES: no pipeline feeds the sink.
+  Status Reshape(std::vector<TensorSpec> specs, const shm::SlotLayout& layout);
 
   // Stop waiting for the trainer: Reserve returns kClosed from now on.
   void Abort() { abort_.store(true, std::memory_order_release); }

@@ -14,6 +14,7 @@
 #include "base/atomic_file.h"
 #include "daemon/control_server.h"
 #include "daemon/ring_sink.h"
+#include "stages/runtime/config_diff.h"
 #include "stages/runtime/pipeline.h"
 #include "stages/source/catalog.h"
 #include "stages/text/packing_sink.h"
@@ -42,7 +43,7 @@ class Supervisor {
     ring_bytes_ = plan.total_bytes;
     const std::vector<TensorSpec>& specs = plan.specs;
     const StageConfig* packed = cfg_.packed_stage >= 0 ? &cfg_.stages[cfg_.packed_stage] : nullptr;
-    std::vector<BatchSink*> sinks;
+    std::vector<BatchSink*>& sinks = pipeline_sinks_;
     for (int r = 0; r < cfg_.consumers; ++r) {
       auto ring = shm::RingWriter::Create(r, cfg_.consumers, cfg_.ring_slots, layout,
                                           cfg_.placement.numa_node);
@@ -86,6 +87,7 @@ class Supervisor {
             [this](int rank, int pid, uint32_t generation) { Detach(rank, pid, generation); },
             [this] { return StatusJson(); },
             [this] { BeginDrain("stop requested"); },
+            [this](const std::string& file) { return Reload(file); },
         });
     Status st = server_->Listen();
     if (!st.ok()) {
@@ -133,6 +135,7 @@ class Supervisor {
       Detach(rank, h.pid, h.generation);
     }
     shm::RingWriter& ring = sinks_[rank]->ring();
+    if (pending_ && pipeline_->Finished()) CompleteReload();
     if (resume) MMFEED_RETURN_IF_ERROR(Resume(rank, *resume));
     Result<int> control = ring.Attach(++last_generation_);
     if (!control.ok()) return control.status();
@@ -153,11 +156,108 @@ class Supervisor {
     int finished = ring.DropReady(c.seq);
     uint64_t next = ring.MinReadySeq();
     if (next == UINT64_MAX) next = pipeline_->NextCommit(rank);
-    if (next != c.seq) MMFEED_RETURN_IF_ERROR(pipeline_->Rewind(rank, c.seq));
+    if (next != c.seq) {
+      Status st = pipeline_->Rewind(rank, c.seq);
+      if (st.code() == Status::Code::kClosed && pending_) {
+        // The pipeline was handing over at the epoch boundary: its successor serves the rank.
+        CompleteReload();
+        st = pipeline_->Rewind(rank, c.seq);
+      }
+      MMFEED_RETURN_IF_ERROR(st);
+    }
     ring.set_acked(pipeline_->CursorAt(c.seq));
     spdlog::info("rank {}: resuming at batch {} ({} finished batch(es) dropped from the ring, {})",
                  rank, c.seq, finished, next == c.seq ? "the rest reused" : "the rank rewound");
     return Status::Ok();
+  }
+
+  // SIGHUP, `mmfeedctl reload`: `file` (empty: the running config's) is checked as completely
+  // as --check and, if good, a pipeline built from it takes over from each rank's next batch:
+  // at once, or at each rank's next epoch boundary when it changes which samples go where (a
+  // new seed). A bad config, or one the running rings cannot serve, changes nothing.
+  Result<nlohmann::json> Reload(const std::string& file) {
+    const std::string path = file.empty() ? cfg_.file : file;
+    Result<nlohmann::json> r = TryReload(path);
+    if (r.ok()) {
+      ++reloads_ok_;
+      spdlog::info("reload of {}: {}; applied {}", path, (*r)["summary"].get<std::string>(),
+                   (*r)["applied"].get<std::string>());
+    } else {
+      ++reloads_failed_;
+      spdlog::error("reload of {} refused, the running pipeline is unchanged: {}", path,
+                    r.status().message());
+    }
+    return r;
+  }
+
+  Result<nlohmann::json> TryReload(const std::string& file) {
+    if (draining_) return Status::Unavailable("the daemon is draining");
+    if (pending_)
+      return Status::Unavailable("the previous reload is waiting for the epoch boundary");
+    if (pipeline_->Finished()) return Status::Closed("the run has ended");
+    Result<PipelineConfig> cfg = LoadConfigFile(file);
+    if (!cfg.ok()) return cfg.status();
+    ConfigChanges changes = DiffConfigs(cfg_, *cfg);
+    const std::string restart = "; restart the daemon with the new config to apply it";
+    if (!changes.needs_restart.empty()) return Status::Unsupported(changes.needs_restart + restart);
+    RingPlan plan = PlanRings(*cfg);
+    Status fits = sinks_[0]->ring().Fits(plan.layout);
+    if (!fits.ok())
+      return Status::Unsupported(fmt::format("the new config's batches do not fit the rings ({}){}",
+                                             fits.message(), restart));
+    Result<std::unique_ptr<Pipeline>> next = Pipeline::Create(*cfg, pipeline_sinks_);
+    if (!next.ok()) return next.status();
+    if ((*next)->batches_per_epoch() != pipeline_->batches_per_epoch())
+      return Status::Unsupported(
+          fmt::format("the new source gives every rank {} batches per epoch, the running one {}: "
+                      "the ranks' batch numbering would change{}",
+                      (*next)->batches_per_epoch(), pipeline_->batches_per_epoch(), restart));
+    const bool at_epoch = (*next)->order_fingerprint() != pipeline_->order_fingerprint();
+    pending_ = std::make_unique<PendingReload>(
+        PendingReload{std::move(next.value()), std::move(cfg.value()), std::move(plan)});
+    nlohmann::json reply = {{"config", file},
+                            {"changes", changes.json},
+                            {"summary", changes.Summary()},
+                            {"applied", at_epoch ? "at the next epoch boundary" : "now"}};
+    if (at_epoch) {
+      pipeline_->QuiesceAtEpochEnd();
+    } else {
+      pipeline_->Quiesce();
+      pipeline_->Wait();
+      CompleteReload();
+    }
+    return reply;
+  }
+
+  // The running pipeline has quiesced: the pending one continues every rank from its next
+  // batch, into the same sinks, reshaped for its tensors.
+  void CompleteReload() {
+    std::unique_ptr<PendingReload> p = std::move(pending_);
+    pipeline_->Wait();
+    Status st = pipeline_->status();
+    if (!st.ok() || draining_) {  // no successor: the sinks end with this pipeline
+      if (!st.ok()) spdlog::error("the reload is abandoned: {}", st.message());
+      for (BatchSink* s : pipeline_sinks_) s->Finish(false);
+      return;
+    }
+    std::vector<StreamCursor> start;
+    for (int r = 0; r < cfg_.consumers; ++r)
+      start.push_back(p->pipeline->CursorAt(pipeline_->NextCommit(r)));
+    st = p->pipeline->SetStart(start);
+    for (auto& s : sinks_)
+      if (st.ok()) st = s->Reshape(p->plan.specs, p->plan.layout);
+    for (auto& s : sinks_) p->pipeline->AddProfiledStage(s->info());
+    if (st.ok()) st = p->pipeline->Start();
+    if (!st.ok()) {  // checked before the swap: a bug, and the run cannot go on
+      spdlog::error("reload failed after the running pipeline stopped: {}", st.message());
+      for (BatchSink* s : pipeline_sinks_) s->Finish(false);
+      return;
+    }
+    std::string at;
+    for (const StreamCursor& c : start) at += fmt::format(" {}", c.seq);
+    spdlog::info("the reloaded pipeline took over: ranks at batch{}", at);
+    pipeline_ = std::move(p->pipeline);
+    cfg_ = std::move(p->cfg);
   }
 
   // --state-dir: the acknowledged cursors of the last run, used if they are for this stream.
@@ -235,6 +335,9 @@ class Supervisor {
                        {"released", sinks_[r]->ring().released()},
                        {"acked", CursorToJson(sinks_[r]->ring().acked())}});
     return {{"pipeline", cfg_.name},
+            {"config", cfg_.file},
+            {"reloads",
+             {{"ok", reloads_ok_}, {"failed", reloads_failed_}, {"pending", pending_ != nullptr}}},
             {"state", draining_               ? "draining"
                       : pipeline_->Finished() ? "finished"
                                               : "running"},
@@ -252,7 +355,7 @@ class Supervisor {
     signals.async_wait([this, &signals](std::error_code ec, int sig) {
       if (ec) return;
       if (sig == SIGHUP)
-        spdlog::warn("SIGHUP: config reload is not supported yet; ignoring");
+        (void)Reload("");  // logged either way
       else
         BeginDrain(sig == SIGINT ? "SIGINT" : "SIGTERM");
       WaitSignal(signals);
@@ -274,6 +377,7 @@ class Supervisor {
     timer_.expires_after(std::chrono::milliseconds(100));
     timer_.async_wait([this](std::error_code ec) {
       if (ec) return;
+      if (pending_ && pipeline_->Finished()) CompleteReload();
       SaveState();
       for (int r = 0; r < cfg_.consumers; ++r) {
         std::string why = sinks_[r]->ring().TakeViolation();
@@ -346,7 +450,16 @@ class Supervisor {
   asio::steady_timer timer_;
   std::vector<std::unique_ptr<RingSink>> sinks_;
   std::vector<std::unique_ptr<PackingSink>> packers_;  // in front of sinks_ when the text is packed
+  std::vector<BatchSink*> pipeline_sinks_;             // what the pipeline feeds, one per rank
   std::unique_ptr<Pipeline> pipeline_;
+  // A reload waiting for the running pipeline to quiesce (at the epoch boundary).
+  struct PendingReload {
+    std::unique_ptr<Pipeline> pipeline;
+    PipelineConfig cfg;
+    RingPlan plan;
+  };
+  std::unique_ptr<PendingReload> pending_;
+  uint64_t reloads_ok_ = 0, reloads_failed_ = 0;
   std::unique_ptr<ControlServer> server_;
   std::vector<Holder> holders_;
   uint32_t last_generation_ = 0;

@@ -8,6 +8,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -114,6 +115,27 @@ Result<std::unique_ptr<RingWriter>> RingWriter::Create(uint32_t rank, uint32_t n
   h->num_ranks = num_ranks;
   for (uint32_t i = 0; i < slot_count; ++i) new (w->slot(static_cast<int>(i))) SlotDescriptor();
   return w;
+}
+
+Status RingWriter::Fits(const SlotLayout& layout) const {
+  if (AlignUp(sizeof(SlotDescriptor) + layout.ids_capacity, kPageBytes) != payload_offset_ ||
+      layout.slot_bytes > slot_stride_)
+    return Status::TooLarge(
+        fmt::format("the batches need {:.2f} MiB slots, tensors from byte {}; the ring's slots "
+                    "hold {:.2f} MiB, tensors from byte {}",
+                    layout.slot_bytes / 1048576.0,
+                    AlignUp(sizeof(SlotDescriptor) + layout.ids_capacity, kPageBytes),
+                    slot_stride_ / 1048576.0, payload_offset_));
+  return Status::Ok();
+}
+
+Status RingWriter::SetLayout(const SlotLayout& layout) {
+  MMFEED_RETURN_IF_ERROR(Fits(layout));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (std::count(state_.begin(), state_.end(), Slot::kWriting))
+    return Status::Invalid("the ring's slots are being written");
+  layout_ = layout;
+  return Status::Ok();
 }
 
 RingWriter::~RingWriter() {

@@ -83,6 +83,12 @@ class RingWriter {
   // Start of a claimed slot; tensor k lives at layout().tensor_offsets[k].
   uint8_t* slot_data(int slot) const;
   const SlotLayout& layout() const { return layout_; }
+  // Lays out the batches published from now on by `layout` (a config reload changed their
+  // tensors; readers take every tensor's place from its slot's descriptor). Refused while a
+  // slot is claimed, or when the layout does not fit the slots as they were made.
+  Status SetLayout(const SlotLayout& layout);
+  // Whether `layout` fits the slots as they were made (SetLayout's check, without the change).
+  Status Fits(const SlotLayout& layout) const;
   // Publishes a claimed slot whose tensors were written in place: writes the descriptor (seq,
   // epoch, ids, cursor, the tensors' names, dtypes, shapes and sizes) and hands it to the
   // reader. An error (too many tensors, ids or a tensor larger than planned) publishes

@@ -324,6 +324,39 @@ TEST(RingTest, BatchLargerThanPlannedIsRefusedAndAbandonFreesTheSlot) {
   EXPECT_EQ(w->AcquireFree(100), slot) << "the slot is free again";
 }
 
+// A config reload may change a batch's tensors: the writer lays out later slots anew (within
+// the slots it made) and the reader takes every tensor's place from the slot's descriptor.
+TEST(RingTest, ANewLayoutThatFitsTheSlotsIsUsedForTheNextBatches) {
+  auto created = RingWriter::Create(0, 1, 2, PlanSlot(64, {8000}));
+  ASSERT_TRUE(created.ok());
+  RingWriter& w = **created;
+  auto r = Attach(w, 1);
+  EXPECT_EQ(w.SetLayout(PlanSlot(64, {8000, 4096})).code(), Status::Code::kTooLarge)
+      << "more than the slots hold";
+  EXPECT_EQ(w.SetLayout(PlanSlot(64 * 1024, {100})).code(), Status::Code::kTooLarge)
+      << "the ids would move the tensors";
+  int claimed = w.AcquireFree(100);
+  EXPECT_FALSE(w.SetLayout(PlanSlot(64, {2000, 1000})).ok()) << "a slot is being written";
+  w.Abandon(claimed);
+  ASSERT_TRUE(w.SetLayout(PlanSlot(64, {2000, 1000})).ok());
+  int slot = w.AcquireFree(100);
+  ASSERT_GE(slot, 0);
+  std::memset(w.slot_data(slot) + w.layout().tensor_offsets[1], 7, 1000);
+  BatchView view;
+  view.seq = 0;
+  std::string id = "a";
+  view.ids.push_back(id);
+  view.tensors.push_back({"x", 1, {2000}, nullptr, 2000});
+  view.tensors.push_back({"y", 1, {10, 100}, nullptr, 1000});
+  ASSERT_TRUE(w.Commit(slot, view).ok());
+  int got_slot;
+  BatchView got = Take(*r, &got_slot);
+  ASSERT_EQ(got.tensors.size(), 2u);
+  EXPECT_EQ(got.tensors[1].name, "y");
+  EXPECT_EQ(got.tensors[1].shape, (std::vector<int64_t>{10, 100}));
+  EXPECT_EQ(got.tensors[1].data[999], 7);
+}
+
 TEST(RingTest, LayoutIsPageAlignedAfterTheIds) {
   SlotLayout l = PlanSlot(32 * 256, {602112, 16384, 128});
   ASSERT_EQ(l.tensor_offsets.size(), 3u);

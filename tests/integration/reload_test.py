@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""Hot reload: the real mmfeedd reloading its config (mmfeedctl reload, SIGHUP) while real
+mmfeed-consume trainers take batches. Every reloading run is compared with uninterrupted runs
+of the configs on the same data.
+
+usage: reload_test.py --bin BUILD/bin
+"""
+import argparse, hashlib, json, os, pathlib, signal, subprocess, sys, time, unittest
+
+import numpy as np
+
+import daemon_test
+from daemon_test import CONFIG, Daemon, DaemonCase, dumped_batches, finish, make_dataset
+
+SAMPLES = 1200  # 2 ranks x 600 samples: 38 batches of 16 per rank and epoch
+
+
+def config(**kw):
+    args = dict(source_type="manifest", path="manifest.jsonl", seed=1, epochs=1, consumers=2, workers=2,
+                batch=16, placement="")
+    args.update(kw)
+    return CONFIG.format(**args)
+
+
+def ctl(d, *args):
+    return subprocess.run([f"{daemon_test.BIN}/mmfeedctl", "--socket", d.socket, *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def ids_of(batches):
+    return [i for meta, _ in batches for i in meta["ids"]]
+
+
+class ReloadCase(DaemonCase):
+    def setUp(self):
+        super().setUp()
+        make_dataset(self.dir, SAMPLES)
+
+    def reference(self, text, name):
+        """Per rank, the batches' ids of an uninterrupted run of `text`."""
+        run = self.dir / name
+        run.mkdir()
+        for f in ("manifest.jsonl",):
+            os.link(self.dir / f, run / f)
+        for p in self.dir.glob("*.jpg"):
+            os.link(p, run / p.name)
+        d = Daemon(run, text)
+        cs = [d.consume(r, "--json", "--dump", str(run / f"r{r}")) for r in (0, 1)]
+        for c in cs:
+            finish(c)
+        self.assertEqual(d.wait(), 0, d.log())
+        return [[meta["ids"] for meta, _ in dumped_batches(run / f"r{r}")] for r in (0, 1)]
+
+    def start_slow(self, text, hold_ms=40):
+        """The daemon on `text` and two trainers that take a batch every `hold_ms`."""
+        d = Daemon(self.dir, text)
+        cs = [d.consume(r, "--json", "--hold-ms", str(hold_ms), "--dump", str(self.dir / f"r{r}")) for r in (0, 1)]
+        return d, cs
+
+    def wait_batches(self, n, rank=0, timeout=30):
+        deadline = time.time() + timeout
+        while len(list((self.dir / f"r{rank}").glob("*/meta.json"))) < n:
+            self.assertLess(time.time(), deadline, f"rank {rank} did not get {n} batches")
+            time.sleep(0.01)
+
+    def finish_all(self, d, cs):
+        for c in cs:
+            finish(c, timeout=120)
+        self.assertEqual(d.wait(), 0, d.log())
+        return [dumped_batches(self.dir / f"r{r}") for r in (0, 1)]
+
+    def check_rows(self, batches, max_len):
+        """No torn batch: every row's text belongs to its id, every tensor has the batch's rows."""
+        for meta, path in batches:
+            text, lengths = np.load(path / "text.npy"), np.load(path / "text_lengths.npy")
+            self.assertEqual(text.shape, (len(meta["ids"]), max_len))
+            for k, sid in enumerate(meta["ids"]):
+                want = f"caption {int(sid[1:])}".encode()[:max_len]
+                self.assertEqual(bytes(text[k, :lengths[k]].astype(np.uint8)), want, f"{path} row {k}")
+
+
+class ReloadTest(ReloadCase):
+    def test_workers_and_crop_size_change_under_traffic(self):
+        want = self.reference(config(), "ref")
+        d, cs = self.start_slow(config())
+        self.wait_batches(4)
+        new = config(workers=1).replace("size: [64, 64]", "size: [48, 48]")
+        (self.dir / "new.yaml").write_text(new)
+        r = ctl(d, "reload", "--config", str(self.dir / "new.yaml"), "--json")
+        self.assertEqual(r.returncode, 0, r.stderr + d.log())
+        reply = json.loads(r.stdout)
+        self.assertEqual(reply["applied"], "now")
+        self.assertEqual(reply["changes"]["workers"], [{"stage": "image", "from": 2, "to": 1}])
+        self.assertEqual(reply["changes"]["stages_changed"], [{"stage": "image", "what": "params"}])
+        got = self.finish_all(d, cs)
+        self.assertIn("reload of", d.log())
+        for rank in (0, 1):
+            self.assertEqual([m["ids"] for m, _ in got[rank]], want[rank], f"rank {rank}")
+            sizes = [np.load(p / "image.npy").shape[2] for _, p in got[rank]]
+            self.assertEqual(sizes[0], 64)
+            self.assertEqual(sizes[-1], 48, "the batches after the swap have the new crop")
+            switch = sizes.index(48)
+            self.assertEqual(sizes[switch:], [48] * (len(sizes) - switch), "one switch, never back")
+            self.assertEqual(sizes[:switch], [64] * switch)
+            self.check_rows(got[rank], 32)
+
+    def test_a_bad_reload_during_traffic_changes_nothing(self):
+        want = self.reference(config(), "ref")
+        d, cs = self.start_slow(config())
+        self.wait_batches(3)
+        bad = config().replace("type: text,", "type: txet,")
+        (self.dir / "bad.yaml").write_text(bad)
+        r = ctl(d, "reload", "--config", str(self.dir / "bad.yaml"))
+        self.assertEqual(r.returncode, 1)
+        self.assertRegex(r.stderr, r"bad\.yaml:\d+:\d+: unknown stage type 'txet'")
+        # Parsed and valid, but a stage cannot be built: a missing tokenizer file.
+        (self.dir / "bad2.yaml").write_text(config().replace("tokenizer: bytes", "tokenizer: missing.json"))
+        r = ctl(d, "reload", "--config", str(self.dir / "bad2.yaml"))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("missing.json", r.stderr)
+        # What the running rings cannot serve: told, not half-applied.
+        (self.dir / "more.yaml").write_text(config(consumers=3))
+        r = ctl(d, "reload", "--config", str(self.dir / "more.yaml"))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("consumers 2 -> 3 changes the number of rings; restart the daemon", r.stderr)
+        (self.dir / "big.yaml").write_text(config().replace("size: [64, 64]", "size: [128, 128]"))
+        r = ctl(d, "reload", "--config", str(self.dir / "big.yaml"))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("do not fit the rings", r.stderr)
+        status = json.loads(ctl(d, "status", "--json").stdout)
+        self.assertEqual(status["reloads"], {"ok": 0, "failed": 4, "pending": False})
+        got = self.finish_all(d, cs)
+        self.assertIn("refused, the running pipeline is unchanged", d.log())
+        for rank in (0, 1):
+            self.assertEqual([m["ids"] for m, _ in got[rank]], want[rank])
+            self.assertEqual({np.load(p / "image.npy").shape[2] for _, p in got[rank]}, {64})
+
+    def test_sighup_reloads_a_new_max_len(self):
+        want = self.reference(config(), "ref")
+        d, cs = self.start_slow(config())
+        self.wait_batches(4)
+        (self.dir / "p.yaml").write_text(config().replace("max_len: 32", "max_len: 8"))
+        d.proc.send_signal(signal.SIGHUP)
+        got = self.finish_all(d, cs)
+        self.assertIn("text: params; applied now", d.log())
+        for rank in (0, 1):
+            self.assertEqual([m["ids"] for m, _ in got[rank]], want[rank])
+            lens = [np.load(p / "text.npy").shape[1] for _, p in got[rank]]
+            switch = lens.index(8)
+            self.assertGreater(switch, 0)
+            self.check_rows(got[rank][:switch], 32)
+            self.check_rows(got[rank][switch:], 8)
+
+    def test_a_new_seed_takes_effect_at_the_next_epoch(self):
+        a, b = config(epochs=2), config(epochs=2, seed=2)
+        want_a, want_b = self.reference(a, "ref_a"), self.reference(b, "ref_b")
+        d, cs = self.start_slow(a, hold_ms=25)
+        self.wait_batches(3)
+        (self.dir / "b.yaml").write_text(b)
+        r = ctl(d, "reload", "--config", str(self.dir / "b.yaml"), "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout)["applied"], "at the next epoch boundary")
+        self.assertTrue(json.loads(ctl(d, "status", "--json").stdout)["reloads"]["pending"])
+        got = self.finish_all(d, cs)
+        per_epoch = len(want_a[0]) // 2
+        for rank in (0, 1):
+            ids = [m["ids"] for m, _ in got[rank]]
+            self.assertEqual(ids[:per_epoch], want_a[rank][:per_epoch], "epoch 0: the old seed")
+            self.assertEqual(ids[per_epoch:], want_b[rank][per_epoch:], "epoch 1: the new seed")
+            self.assertNotEqual(want_a[rank][per_epoch:], want_b[rank][per_epoch:])
+
+    def test_ten_reloads_in_a_row_leak_no_threads_fds_or_memory(self):
+        want = self.reference(config(), "ref")
+        d, cs = self.start_slow(config(), hold_ms=60)
+        self.wait_batches(2)
+        proc = pathlib.Path(f"/proc/{d.proc.pid}")
+
+        def counts():
+            rss = int([l for l in (proc / "status").read_text().splitlines() if l.startswith("VmRSS:")][0].split()[1])
+            return len(list((proc / "task").iterdir())), len(list((proc / "fd").iterdir())), rss
+
+        variants = [config(workers=1), config(workers=2)]
+        (self.dir / "v0.yaml").write_text(variants[0])
+        (self.dir / "v1.yaml").write_text(variants[1])
+        self.assertEqual(ctl(d, "reload", "--config", str(self.dir / "v1.yaml")).returncode, 0)
+        before = counts()
+        for i in range(10):
+            r = ctl(d, "reload", "--config", str(self.dir / f"v{i % 2}.yaml"))
+            self.assertEqual(r.returncode, 0, r.stderr)
+        after = counts()
+        self.assertEqual(after[0], before[0], "threads (the last config has the same workers)")
+        self.assertEqual(after[1], before[1], "fds")
+        self.assertLess(after[2] - before[2], 64 * 1024, f"RSS grew from {before[2]} to {after[2]} KiB")
+        status = json.loads(ctl(d, "status", "--json").stdout)
+        self.assertEqual(status["reloads"]["ok"], 11)
+        got = self.finish_all(d, cs)
+        for rank in (0, 1):
+            self.assertEqual([m["ids"] for m, _ in got[rank]], want[rank])
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    args, rest = ap.parse_known_args()
+    daemon_test.BIN = os.path.abspath(args.bin)
+    unittest.main(argv=[sys.argv[0], "-v"] + rest)
