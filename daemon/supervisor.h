@@ -1,8 +1,9 @@
 // Supervisor: the daemon's lifecycle. It plans and creates the rings, builds the pipeline
-// from the config, serves the control socket (attach, resume, status, stop), watches the
+// from the config, serves the control socket (attach, resume, status, reload, stop), watches the
 // trainers (pidfds) and the rings (cut-off readers), persists the acknowledged cursors
-// (--state-dir), drains on SIGTERM/SIGINT/stop and reports. Everything runs on the calling
-// thread's Asio io_context, except the pipeline's own threads (docs/threads.md).
+// (--state-dir), reloads the config (SIGHUP, reload), drains on SIGTERM/SIGINT/stop and reports.
+// Everything runs on the calling thread's Asio io_context, except the pipeline's own threads
+// (docs/threads.md).
 #pragma once
 
 #include <string>
