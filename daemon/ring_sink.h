@@ -31,6 +31,8 @@ class RingSink : public BatchSink {
 
   // Stop waiting for the trainer: Reserve returns kClosed from now on.
   void Abort() { abort_.store(true, std::memory_order_release); }
+  // The ring is full and the source waits for the trainer to release a slot.
+  bool WaitingForTrainer() const { return full_since_ns_.load(std::memory_order_relaxed) != 0; }
   shm::RingWriter& ring() { return *ring_; }
   StageInfo info() const { return {name_, "ring", 1, 0, &counters_}; }
 

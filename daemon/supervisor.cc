@@ -14,6 +14,7 @@
 #include "base/atomic_file.h"
 #include "daemon/control_server.h"
 #include "daemon/ring_sink.h"
+#include "daemon/service_notify.h"
 #include "stages/runtime/config_diff.h"
 #include "stages/runtime/pipeline.h"
 #include "stages/source/catalog.h"
@@ -102,6 +103,7 @@ class Supervisor {
       return 1;
     }
     spdlog::info("serving on {}", opt_.socket);
+    notify_.Ready(StatusLine());
     Tick();
     io_.run();
     timer_.cancel();
@@ -177,7 +179,9 @@ class Supervisor {
   // new seed). A bad config, or one the running rings cannot serve, changes nothing.
   Result<nlohmann::json> Reload(const std::string& file) {
     const std::string path = file.empty() ? cfg_.file : file;
+    notify_.Reloading();
     Result<nlohmann::json> r = TryReload(path);
+    notify_.Ready(r.ok() ? StatusLine() : "reload refused: " + r.status().message());
     if (r.ok()) {
       ++reloads_ok_;
       spdlog::info("reload of {}: {}; applied {}", path, (*r)["summary"].get<std::string>(),
@@ -365,6 +369,7 @@ class Supervisor {
   void BeginDrain(const std::string& why) {
     if (draining_) return;
     draining_ = true;
+    notify_.Stopping();
     drain_deadline_ = std::chrono::steady_clock::now() +
                       std::chrono::milliseconds(static_cast<int>(opt_.drain_timeout * 1000));
     spdlog::info("{}: draining (up to {:.0f}s for trainers to take the produced batches)", why,
@@ -379,6 +384,7 @@ class Supervisor {
       if (ec) return;
       if (pending_ && pipeline_->Finished()) CompleteReload();
       SaveState();
+      Heartbeat();
       for (int r = 0; r < cfg_.consumers; ++r) {
         std::string why = sinks_[r]->ring().TakeViolation();
         if (why.empty()) continue;
@@ -406,6 +412,39 @@ class Supervisor {
       }
       Tick();
     });
+  }
+
+  // One line for systemd's STATUS=: throughput over the last interval and the trainers.
+  std::string StatusLine() {
+    auto now = std::chrono::steady_clock::now();
+    uint64_t published = 0;
+    int attached = 0;
+    for (int r = 0; r < cfg_.consumers; ++r) {
+      published += sinks_[r]->ring().published();
+      attached += holders_[r].pid != 0;
+    }
+    double seconds = std::chrono::duration<double>(now - status_at_).count();
+    double rate = status_at_.time_since_epoch().count() && seconds > 0
+                      ? (published - status_published_) * cfg_.batch_size / seconds
+                      : 0;
+    status_at_ = now;
+    status_published_ = published;
+    return fmt::format("{:.0f} samples/s, {} batches published, {}/{} trainers attached", rate,
+                       published, attached, cfg_.consumers);
+  }
+
+  // Every tick: the watchdog is fed while the pipeline makes progress or is idle for a good
+  // reason (finished, draining, or waiting for trainers to take batches); a pipeline stuck on
+  // something else stops feeding it, and systemd restarts the service. STATUS= every 5 s.
+  void Heartbeat() {
+    uint64_t progress = pipeline_->Progress();
+    for (auto& s : sinks_) progress += s->ring().published() + s->ring().released();
+    bool idle_ok = pipeline_->Finished() || draining_ || pending_ != nullptr;
+    for (auto& s : sinks_) idle_ok = idle_ok || s->WaitingForTrainer();
+    notify_.Watchdog(progress != watchdog_progress_ || idle_ok);
+    watchdog_progress_ = progress;
+    if (std::chrono::steady_clock::now() - status_at_ >= std::chrono::seconds(5))
+      notify_.Status(StatusLine());
   }
 
   int Report() {
@@ -460,6 +499,10 @@ class Supervisor {
   };
   std::unique_ptr<PendingReload> pending_;
   uint64_t reloads_ok_ = 0, reloads_failed_ = 0;
+  ServiceNotifier notify_;
+  uint64_t watchdog_progress_ = 0;                   // Heartbeat's last sign of life
+  std::chrono::steady_clock::time_point status_at_;  // the last STATUS= line, and its count
+  uint64_t status_published_ = 0;
   std::unique_ptr<ControlServer> server_;
   std::vector<Holder> holders_;
   uint32_t last_generation_ = 0;

@@ -13,6 +13,7 @@ PKGS=(
   libavformat-dev libavcodec-dev libavutil-dev libswscale-dev libswresample-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev
   python3 python3-dev python3-numpy python3-av ffmpeg pybind11-dev python3-torch
+  systemd
 )
 if [ "${1:-}" = "--bench" ]; then
   PKGS+=(python3-torchvision python3-torchaudio python3-pil python3-opencv espeak-ng nodejs npm)

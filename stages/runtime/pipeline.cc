@@ -753,6 +753,13 @@ nlohmann::json Pipeline::PlacementJson() const {
   return stages;
 }
 
+uint64_t Pipeline::Progress() const {
+  uint64_t n = dealt_.load(std::memory_order_relaxed) +
+               batch_counters_.items.load(std::memory_order_relaxed);
+  for (const auto& b : branches_) n += b->counters.items.load(std::memory_order_relaxed);
+  return n;
+}
+
 nlohmann::json Pipeline::Profile() const {
   std::vector<StageInfo> infos;
   infos.push_back({"source", cfg_.source.type, 1, 0, &source_counters_});

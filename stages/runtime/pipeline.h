@@ -123,6 +123,8 @@ class Pipeline {
   // REQUIRES: before Start().
   void AddProfiledStage(const StageInfo& info) { extra_infos_.push_back(info); }
   nlohmann::json Profile() const;
+  // Grows whenever any stage finishes an item (a watchdog's sign of life).
+  uint64_t Progress() const;
   // Where each stage's threads run: [{"stage", "threads", "cpus": "0-3", "numa_node"}].
   nlohmann::json PlacementJson() const;
   const ErrorLog& errors() const { return errors_; }
