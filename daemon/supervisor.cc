@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <array>
 #include <asio.hpp>
 #include <chrono>
 #include <filesystem>
@@ -13,6 +14,7 @@
 
 #include "base/atomic_file.h"
 #include "daemon/control_server.h"
+#include "daemon/metrics.h"
 #include "daemon/ring_sink.h"
 #include "daemon/service_notify.h"
 #include "stages/runtime/config_diff.h"
@@ -78,6 +80,16 @@ class Supervisor {
       }
     }
     holders_.resize(cfg_.consumers);
+    if (!cfg_.metrics_listen.empty()) {
+      auto m = MetricsServer::Start(cfg_.metrics_listen);
+      if (!m.ok()) {
+        spdlog::error("{}:{}:{}: {}", cfg_.file, cfg_.metrics_mark.line, cfg_.metrics_mark.column,
+                      m.status().message());
+        return 1;
+      }
+      metrics_ = std::move(m.value());
+      spdlog::info("serving Prometheus metrics on http://{}/metrics", cfg_.metrics_listen);
+    }
 
     server_ = std::make_unique<ControlServer>(
         io_, opt_.socket, opt_.socket_group,
@@ -181,7 +193,6 @@ class Supervisor {
     const std::string path = file.empty() ? cfg_.file : file;
     notify_.Reloading();
     Result<nlohmann::json> r = TryReload(path);
-    notify_.Ready(r.ok() ? StatusLine() : "reload refused: " + r.status().message());
     if (r.ok()) {
       ++reloads_ok_;
       spdlog::info("reload of {}: {}; applied {}", path, (*r)["summary"].get<std::string>(),
@@ -191,6 +202,8 @@ class Supervisor {
       spdlog::error("reload of {} refused, the running pipeline is unchanged: {}", path,
                     r.status().message());
     }
+    notify_.Ready(r.ok() ? StatusLine() : "reload refused: " + r.status().message());
+    if (metrics_) metrics_->Publish(MetricsText());
     return r;
   }
 
@@ -217,6 +230,15 @@ class Supervisor {
                       "the ranks' batch numbering would change{}",
                       (*next)->batches_per_epoch(), pipeline_->batches_per_epoch(), restart));
     const bool at_epoch = (*next)->order_fingerprint() != pipeline_->order_fingerprint();
+    // A new metrics endpoint is listening before anything changes, or the reload is refused.
+    const bool new_metrics = cfg->metrics_listen != cfg_.metrics_listen;
+    std::unique_ptr<MetricsServer> metrics;
+    if (new_metrics && !cfg->metrics_listen.empty()) {
+      auto m = MetricsServer::Start(cfg->metrics_listen);
+      if (!m.ok()) return m.status();
+      metrics = std::move(m.value());
+    }
+    if (new_metrics) metrics_ = std::move(metrics);
     pending_ = std::make_unique<PendingReload>(
         PendingReload{std::move(next.value()), std::move(cfg.value()), std::move(plan)});
     nlohmann::json reply = {{"config", file},
@@ -260,6 +282,7 @@ class Supervisor {
     std::string at;
     for (const StreamCursor& c : start) at += fmt::format(" {}", c.seq);
     spdlog::info("the reloaded pipeline took over: ranks at batch{}", at);
+    Retire(pipeline_->Profile());
     pipeline_ = std::move(p->pipeline);
     cfg_ = std::move(p->cfg);
   }
@@ -445,6 +468,109 @@ class Supervisor {
     watchdog_progress_ = progress;
     if (std::chrono::steady_clock::now() - status_at_ >= std::chrono::seconds(5))
       notify_.Status(StatusLine());
+    if (metrics_ && ++ticks_ % 5 == 0) metrics_->Publish(MetricsText());
+  }
+
+  // The counters of a pipeline a reload replaced: the metrics go on counting from them.
+  void Retire(const nlohmann::json& profile) {
+    for (const auto& st : profile["stages"]) {
+      if (st["type"] == "ring") continue;  // the rings' counters outlive pipelines anyway
+      StageTotals& t = retired_stages_[st["name"].get<std::string>()];
+      t.items += st["items"].get<double>();
+      t.errors += st["errors"].get<double>();
+      t.busy += st["busy_seconds"].get<double>();
+      t.starved += st["starved_seconds"].get<double>();
+      t.blocked += st["blocked_seconds"].get<double>();
+    }
+    for (const auto& [reason, n] : profile["errors"]["by_reason"].items())
+      retired_errors_[reason] += n.get<uint64_t>();
+  }
+
+  // The /metrics page (Prometheus text format). Counters belong to the daemon: those of
+  // pipelines replaced by reloads are included.
+  std::string MetricsText() {
+    nlohmann::json profile = pipeline_->Profile();
+    std::map<std::string, StageTotals> stages = retired_stages_;
+    std::map<std::string, double> depth;
+    for (const auto& st : profile["stages"]) {
+      const std::string name = st["name"].get<std::string>();
+      StageTotals& t = stages[name];
+      t.items += st["items"].get<double>();
+      t.errors += st["errors"].get<double>();
+      t.busy += st["busy_seconds"].get<double>();
+      t.starved += st["starved_seconds"].get<double>();
+      t.blocked += st["blocked_seconds"].get<double>();
+      depth[name] = st["queue_depth"].get<double>();
+    }
+    std::map<std::string, uint64_t> errors = retired_errors_;
+    for (const auto& [reason, n] : profile["errors"]["by_reason"].items())
+      errors[reason] += n.get<uint64_t>();
+
+    PromText t;
+    auto per_stage = [&](const char* name, const char* help, double StageTotals::*field) {
+      t.Family(name, "counter", help);
+      for (const auto& [stage, v] : stages) t.Sample(name, {{"stage", stage}}, v.*field);
+    };
+    per_stage("mmfeed_stage_items_total",
+              "Items a stage finished: samples, or batches for a ring stage.", &StageTotals::items);
+    per_stage("mmfeed_stage_errors_total", "Items a stage failed.", &StageTotals::errors);
+    per_stage("mmfeed_stage_busy_seconds_total", "Thread time a stage spent working.",
+              &StageTotals::busy);
+    per_stage("mmfeed_stage_starved_seconds_total", "Thread time a stage waited for input.",
+              &StageTotals::starved);
+    per_stage("mmfeed_stage_blocked_seconds_total",
+              "Thread time a stage waited for downstream (a ring: for trainers).",
+              &StageTotals::blocked);
+    t.Family("mmfeed_stage_queue_depth", "gauge", "Items in a stage's mailbox now.");
+    for (const auto& [stage, v] : depth)
+      t.Sample("mmfeed_stage_queue_depth", {{"stage", stage}}, v);
+    t.Family("mmfeed_sample_errors_total", "counter", "Samples skipped, by reason.");
+    for (const auto& [reason, n] : errors)
+      t.Sample("mmfeed_sample_errors_total", {{"reason", reason}}, static_cast<double>(n));
+
+    struct RankRow {
+      const char* name;
+      const char* type;
+      const char* help;
+    };
+    const RankRow rows[] = {
+        {"mmfeed_rank_batches_published_total", "counter", "Batches published to a rank's ring."},
+        {"mmfeed_rank_batches_released_total", "counter", "Batches a rank's trainer released."},
+        {"mmfeed_rank_cursor_epoch", "gauge", "Epoch of a rank's acknowledged cursor."},
+        {"mmfeed_rank_cursor_seq", "gauge", "Batch seq of a rank's acknowledged cursor."},
+        {"mmfeed_rank_lag_batches", "gauge", "Batches published and not yet taken."},
+        {"mmfeed_rank_seconds_since_take", "gauge",
+         "Seconds since the trainer last took a batch (-1: never)."},
+        {"mmfeed_rank_attached", "gauge", "1 while a trainer is attached."}};
+    std::vector<std::array<double, 7>> values;
+    for (int r = 0; r < cfg_.consumers; ++r) {
+      shm::RingWriter& ring = sinks_[r]->ring();
+      StreamCursor acked = ring.acked();
+      shm::RingWriter::Backlog b = ring.backlog();
+      values.push_back({static_cast<double>(ring.published()), static_cast<double>(ring.released()),
+                        static_cast<double>(acked.epoch), static_cast<double>(acked.seq),
+                        static_cast<double>(b.ready), b.seconds_since_take,
+                        holders_[r].pid ? 1.0 : 0.0});
+    }
+    for (size_t k = 0; k < std::size(rows); ++k) {
+      t.Family(rows[k].name, rows[k].type, rows[k].help);
+      for (int r = 0; r < cfg_.consumers; ++r)
+        t.Sample(rows[k].name, {{"rank", std::to_string(r)}}, values[r][k]);
+    }
+
+    ProcessStats p = ReadProcessStats();
+    t.Family("process_cpu_seconds_total", "counter", "User and system CPU time of the daemon.");
+    t.Sample("process_cpu_seconds_total", p.cpu_seconds);
+    t.Family("process_resident_memory_bytes", "gauge", "Resident memory of the daemon.");
+    t.Sample("process_resident_memory_bytes", p.rss_bytes);
+    t.Family("mmfeed_read_bytes_total", "counter",
+             "Bytes the daemon read: all reads (rchar), and those that reached storage.");
+    t.Sample("mmfeed_read_bytes_total", {{"source", "all"}}, p.read_bytes);
+    t.Sample("mmfeed_read_bytes_total", {{"source", "storage"}}, p.storage_read_bytes);
+    t.Family("mmfeed_reloads_total", "counter", "Config reloads, applied or refused.");
+    t.Sample("mmfeed_reloads_total", {{"result", "ok"}}, static_cast<double>(reloads_ok_));
+    t.Sample("mmfeed_reloads_total", {{"result", "refused"}}, static_cast<double>(reloads_failed_));
+    return t.text();
   }
 
   int Report() {
@@ -500,6 +626,13 @@ class Supervisor {
   std::unique_ptr<PendingReload> pending_;
   uint64_t reloads_ok_ = 0, reloads_failed_ = 0;
   ServiceNotifier notify_;
+  std::unique_ptr<MetricsServer> metrics_;
+  int ticks_ = 0;
+  struct StageTotals {
+    double items = 0, errors = 0, busy = 0, starved = 0, blocked = 0;
+  };
+  std::map<std::string, StageTotals> retired_stages_;  // of pipelines reloads replaced
+  std::map<std::string, uint64_t> retired_errors_;
   uint64_t watchdog_progress_ = 0;                   // Heartbeat's last sign of life
   std::chrono::steady_clock::time_point status_at_;  // the last STATUS= line, and its count
   uint64_t status_published_ = 0;

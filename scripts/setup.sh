@@ -9,7 +9,7 @@ PKGS=(
   libasio-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libconcurrentqueue-dev
   nlohmann-json3-dev libssl-dev
   libopencv-dev libturbojpeg0-dev libjpeg62-turbo-dev libnuma-dev libsystemd-dev libfftw3-dev
-  libicu-dev zlib1g-dev
+  libicu-dev zlib1g-dev libcivetweb-dev
   libavformat-dev libavcodec-dev libavutil-dev libswscale-dev libswresample-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev
   python3 python3-dev python3-numpy python3-av ffmpeg pybind11-dev python3-torch
@@ -26,4 +26,18 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update
   $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+# promtool (tests check the /metrics page with it) comes only with the Prometheus server: it is
+# installed with its service kept from starting (policy-rc.d) and left disabled.
+if ! command -v promtool > /dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  policy=/usr/sbin/policy-rc.d
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" > /dev/null
+    $SUDO chmod +x "$policy"
+    trap '$SUDO rm -f '"$policy" EXIT
+  fi
+  if [ ${#missing[@]} -eq 0 ]; then $SUDO apt-get update; fi
+  $SUDO apt-get install -y --no-install-recommends prometheus
+  if [ -d /run/systemd/system ]; then $SUDO systemctl disable --now prometheus || true; fi
 fi

@@ -231,12 +231,14 @@ void RingWriter::SyncLocked() {
     if (s == Slot::kFree || s == Slot::kWriting) {
       ok = w == 0;
     } else if (w == taken) {
+      if (s == Slot::kReady) last_take_ = std::chrono::steady_clock::now();
       s = Slot::kTaken;
     } else if (w == released) {
       // Free it only if the reader does not change the word meanwhile.
       ok = control(static_cast<int>(i))
                ->word.compare_exchange_strong(w, 0, std::memory_order_acq_rel);
       if (ok) {
+        if (s == Slot::kReady) last_take_ = std::chrono::steady_clock::now();
         s = Slot::kFree;
         ++released_;
         const SlotDescriptor* d = slot(static_cast<int>(i));
@@ -362,6 +364,17 @@ uint64_t RingWriter::released() {
   std::lock_guard<std::mutex> lock(mu_);
   SyncLocked();
   return released_;
+}
+
+RingWriter::Backlog RingWriter::backlog() {
+  std::lock_guard<std::mutex> lock(mu_);
+  SyncLocked();
+  Backlog b;
+  b.ready = static_cast<uint32_t>(std::count(state_.begin(), state_.end(), Slot::kReady));
+  if (last_take_.time_since_epoch().count())
+    b.seconds_since_take =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - last_take_).count();
+  return b;
 }
 
 uint64_t RingWriter::unreleased() {

@@ -4,6 +4,7 @@
 // A RingWriter is shared by the daemon's threads; a RingReader lives in one trainer process.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -105,6 +106,13 @@ class RingWriter {
   uint64_t released();
   // Published batches not yet released or dropped.
   uint64_t unreleased();
+  // What waits for the reader: batches published and not taken, and how long ago the reader
+  // last took one (-1: never).
+  struct Backlog {
+    uint32_t ready = 0;
+    double seconds_since_take = -1;
+  };
+  Backlog backlog();
   // Drops the published batches no reader holds whose seq is below `seq` (all of them for
   // UINT64_MAX): they will not be delivered. Returns how many.
   int DropReady(uint64_t seq = UINT64_MAX);
@@ -134,6 +142,7 @@ class RingWriter {
   std::mutex mu_;
   std::vector<Slot> state_;
   uint64_t released_ = 0, dropped_ = 0;
+  std::chrono::steady_clock::time_point last_take_{};
   StreamCursor acked_;
   int control_fd_ = -1;
   uint8_t* control_base_ = nullptr;  // the current reader's control area, or null

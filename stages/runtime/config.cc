@@ -373,7 +373,7 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
   if (cfg.base_dir.empty()) cfg.base_dir = ".";
   CheckKeys(root, "the pipeline config",
             {"pipeline", "source", "consumers", "stages", "output", "on_error", "placement",
-             "data_roots"});
+             "data_roots", "metrics"});
   if (root["pipeline"]) cfg.name = Str(root["pipeline"], "pipeline");
   if (!root["source"]) Fail(root, "the config needs a 'source'");
   cfg.source = ParseSource(root["source"], cfg.base_dir);
@@ -414,6 +414,29 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
     if (cfg.ring_slots > 496)
       Fail(o["ring_slots"],
            "output.ring_slots must be at most 496 (the ring's control area is one page)");
+  }
+  if (root["metrics"]) {
+    const YAML::Node& m = root["metrics"];
+    CheckKeys(m, "metrics", {"listen"});
+    if (m["listen"]) {
+      cfg.metrics_listen = Str(m["listen"], "metrics.listen");
+      cfg.metrics_mark = {m["listen"].Mark().line + 1, m["listen"].Mark().column + 1};
+      // PORT, HOST:PORT or [IPV6]:PORT
+      const std::string& l = cfg.metrics_listen;
+      size_t colon = l.rfind(':');
+      std::string host = colon == std::string::npos ? "" : l.substr(0, colon);
+      std::string port = colon == std::string::npos ? l : l.substr(colon + 1);
+      bool port_ok = !port.empty() && port.size() <= 5 &&
+                     port.find_first_not_of("0123456789") == std::string::npos &&
+                     std::stoi(port) >= 1 && std::stoi(port) <= 65535;
+      bool host_ok = colon == std::string::npos ||
+                     (!host.empty() && (host.front() == '[') == (host.back() == ']') &&
+                      (host.front() == '[' || host.find(':') == std::string::npos));
+      if (!port_ok || !host_ok)
+        Fail(m["listen"], fmt::format("metrics.listen must be PORT, HOST:PORT or [IPV6]:PORT "
+                                      "(e.g. 127.0.0.1:9464), got '{}'",
+                                      l));
+    }
   }
   const YAML::Node& stages = root["stages"];
   if (!stages || !stages.IsSequence() || stages.size() == 0)

@@ -75,6 +75,9 @@ struct PipelineConfig {
   bool data_roots_any = false;
   ErrorPolicy on_error = ErrorPolicy::kSkip;
   Placement placement;
+  // `metrics: {listen: "127.0.0.1:9464"}`: where GET /metrics is served; empty: nowhere.
+  std::string metrics_listen;
+  ConfigMark metrics_mark;
 };
 
 // Parses and validates `text` as if read from `file` (used for messages and relative paths).

@@ -88,6 +88,7 @@ ConfigChanges DiffConfigs(const PipelineConfig& a, const PipelineConfig& b) {
   setting("data_roots", a.data_roots != b.data_roots || a.data_roots_any != b.data_roots_any);
   setting("on_error", a.on_error != b.on_error);
   setting("placement", PlacementText(a.placement) != PlacementText(b.placement));
+  setting("metrics.listen", a.metrics_listen != b.metrics_listen);
 
   // What the rings or every rank's batch numbering are made from cannot change under
   // attached trainers.

@@ -765,9 +765,14 @@ nlohmann::json Pipeline::Profile() const {
   infos.push_back({"source", cfg_.source.type, 1, 0, &source_counters_});
   for (const auto& b : branches_)
     infos.push_back({b->cfg->name, b->cfg->type, b->cfg->workers, b->inbox.capacity(), &b->counters,
-                     b->cfg->stage->Metrics()});
-  infos.push_back(
-      {cfg_.stages[cfg_.batch_stage].name, "batch", 1, join_->capacity(), &batch_counters_});
+                     b->cfg->stage->Metrics(), b->inbox.SizeApprox()});
+  infos.push_back({cfg_.stages[cfg_.batch_stage].name,
+                   "batch",
+                   1,
+                   join_->capacity(),
+                   &batch_counters_,
+                   {},
+                   join_->SizeApprox()});
   infos.insert(infos.end(), extra_infos_.begin(), extra_infos_.end());
   uint64_t end = end_ns_.load();
   double wall = ((end ? end : NowNs()) - start_ns_) / 1e9;

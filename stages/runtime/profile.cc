@@ -89,12 +89,15 @@ nlohmann::json BuildProfile(const std::vector<StageInfo>& stages, double wall_se
                         {"errors", c.errors.load()},
                         {"busy_seconds", c.busy_ns.load() / 1e9},
                         {"busy_share", busy},
+                        {"starved_seconds", c.starved_ns.load() / 1e9},
+                        {"blocked_seconds", c.blocked_ns.load() / 1e9},
                         {"starved_share", starved},
                         {"blocked_share", blocked},
                         {"cpu_share_of_busy", cpu},
                         {"runnable_share_of_busy", ShareOfBusy(c, c.runnable_ns)},
                         {"queue_capacity", s.queue_capacity},
-                        {"queue_fill", fill}};
+                        {"queue_fill", fill},
+                        {"queue_depth", s.queue_depth}};
     if (!s.metrics.empty()) {
       j["metrics"] = nlohmann::json::object();
       for (const auto& [k, v] : s.metrics) j["metrics"][k] = v;

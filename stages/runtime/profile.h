@@ -31,6 +31,7 @@ struct StageInfo {
   size_t queue_capacity = 0;  // 0: the stage has no mailbox of its own
   const StageCounters* counters = nullptr;
   std::vector<std::pair<std::string, double>> metrics;  // Stage::Metrics()
+  size_t queue_depth = 0;                               // items in its mailbox now
 };
 
 // Builds the report: per stage items, busy share, starved/blocked share, queue fill, CPU share,

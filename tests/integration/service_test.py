@@ -4,7 +4,8 @@
 
 usage: service_test.py --bin BUILD/bin
 """
-import argparse, os, pathlib, shutil, signal, socket, subprocess, sys, tempfile, time, unittest
+import argparse, json, os, pathlib, shutil, signal, socket, subprocess, sys, tempfile, time, unittest
+import urllib.error, urllib.request
 
 import daemon_test
 from daemon_test import CONFIG, Daemon, DaemonCase, make_dataset
@@ -99,6 +100,90 @@ class NotifyTest(DaemonCase):
         m = self.next_message()
         self.assertEqual(m.get("STOPPING"), "1", m)
         self.assertEqual(d.wait(), 3, "the drain timed out with batches no trainer took")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def scrape(port, path="/metrics", method="GET"):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.headers.get("Content-Type"), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, None, ""
+
+
+def samples(page):
+    """{'name{labels}': value} of a metrics page."""
+    out = {}
+    for line in page.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
+class MetricsTest(DaemonCase):
+    def test_metrics_survive_reloads_and_pass_promtool(self):
+        if not shutil.which("promtool"):
+            self.skipTest("promtool not installed (scripts/setup.sh installs prometheus)")
+        make_dataset(self.dir, 400)
+        port = free_port()
+        d = Daemon(self.dir, config() + f'metrics: {{listen: "127.0.0.1:{port}"}}\n')
+        cs = [d.consume(r, "--hold-ms", "25", "--batches", "150", "--json") for r in (0, 1)]
+        time.sleep(1.5)
+        status, ctype, page = scrape(port)
+        self.assertEqual(status, 200)
+        self.assertEqual(ctype, "text/plain; version=0.0.4; charset=utf-8")
+        r = subprocess.run(["promtool", "check", "metrics"], input=page, capture_output=True, text=True)
+        self.assertEqual((r.returncode, r.stdout + r.stderr), (0, ""), page)
+        before = samples(page)
+        for key in ('mmfeed_stage_items_total{stage="image"}', 'mmfeed_stage_queue_depth{stage="image"}',
+                    'mmfeed_rank_batches_published_total{rank="0"}', 'mmfeed_rank_lag_batches{rank="1"}',
+                    'mmfeed_rank_cursor_seq{rank="0"}', 'mmfeed_rank_attached{rank="1"}',
+                    'mmfeed_read_bytes_total{source="all"}', "process_cpu_seconds_total",
+                    "process_resident_memory_bytes", 'mmfeed_reloads_total{result="ok"}'):
+            self.assertIn(key, before, page)
+        self.assertGreater(before['mmfeed_stage_items_total{stage="image"}'], 0)
+        self.assertEqual(before['mmfeed_rank_attached{rank="1"}'], 1)
+        self.assertGreater(before["process_resident_memory_bytes"], 1e6)
+        self.assertEqual(scrape(port, "/other")[0], 404)
+        self.assertEqual(scrape(port, method="POST")[0], 405)
+
+        # Counters belong to the daemon: a reload (another worker count, another port) keeps them.
+        new_port = free_port()
+        (self.dir / "two.yaml").write_text(config(workers=1) + f'metrics: {{listen: "127.0.0.1:{new_port}"}}\n')
+        r = subprocess.run([f"{daemon_test.BIN}/mmfeedctl", "--socket", d.socket, "reload", "--config",
+                            str(self.dir / "two.yaml")], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("metrics.listen changed", r.stdout)
+        with self.assertRaises(urllib.error.URLError):
+            scrape(port)
+        after = samples(scrape(new_port)[2])
+        for key in ('mmfeed_stage_items_total{stage="image"}', 'mmfeed_stage_busy_seconds_total{stage="image"}',
+                    'mmfeed_rank_batches_published_total{rank="0"}'):
+            self.assertGreaterEqual(after[key], before[key], key)
+        self.assertEqual(after['mmfeed_reloads_total{result="ok"}'], 1)
+
+        # A port someone else holds: the reload is refused, the endpoint stays where it was.
+        taken = socket.socket()
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        (self.dir / "busy.yaml").write_text(config() + f'metrics: {{listen: "127.0.0.1:{taken.getsockname()[1]}"}}\n')
+        r = subprocess.run([f"{daemon_test.BIN}/mmfeedctl", "--socket", d.socket, "reload", "--config",
+                            str(self.dir / "busy.yaml")], capture_output=True, text=True)
+        taken.close()
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("cannot serve /metrics", r.stderr)
+        self.assertEqual(samples(scrape(new_port)[2])['mmfeed_reloads_total{result="refused"}'], 1)
+        for c in cs:
+            self.assertEqual(json.loads(c.communicate(timeout=60)[0])["batches"], 150)
 
 
 class UnitTest(unittest.TestCase):

@@ -121,6 +121,21 @@ TEST_F(ConfigTest, AKeyGivenTwiceIsAnError) {
       << e;
 }
 
+TEST_F(ConfigTest, MetricsListenIsPortOrHostPort) {
+  for (const char* ok : {"9464", "127.0.0.1:9464", "[::1]:9464", "0.0.0.0:1"}) {
+    Result<PipelineConfig> r = ParseConfig(
+        std::string(kCanonical) + "metrics: {listen: \"" + ok + "\"}\n", dir_ / "p.yaml");
+    ASSERT_TRUE(r.ok()) << ok << ": " << r.status().message();
+    EXPECT_EQ(r->metrics_listen, ok);
+  }
+  for (const char* bad : {"localhost", "127.0.0.1:", ":9464", "1.2.3.4:70000", "::1:9464", "x:y"}) {
+    std::string e = Error(std::string(kCanonical) + "metrics: {listen: \"" + bad + "\"}\n");
+    EXPECT_NE(e.find("p.yaml:12:19: metrics.listen must be PORT, HOST:PORT or [IPV6]:PORT"),
+              std::string::npos)
+        << bad << ": " << e;
+  }
+}
+
 TEST_F(ConfigTest, UnknownParameterIsRejected) {
   std::string e = Error(Replace(kCanonical, "flip: 0.5", "flop: 0.5"));
   EXPECT_NE(e.find("p.yaml:6:60: unknown parameter 'flop' for stage 'image' (image)"),
