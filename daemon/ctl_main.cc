@@ -1,14 +1,26 @@
 // mmfeedctl: talks to a running mmfeedd.
 //
 //   mmfeedctl [--socket PATH] [--timeout SECONDS] status [--json]   profile, consumers, errors
+//   mmfeedctl [--socket PATH] [--timeout SECONDS] consumers [--json]
+//                                  per rank: trainer pid, cursor, samples/s, lag, last take
+//   mmfeedctl [--socket PATH] [--timeout SECONDS] top [--iterations N]
+//                                  a live view, refreshed every second; q quits
 //   mmfeedctl [--socket PATH] [--timeout SECONDS] reload [--config FILE] [--json]
 //                                  check FILE (default: the running config's) and swap it in;
 //                                  exit 1 with the daemon's reason (file:line:col) if refused
 //   mmfeedctl [--socket PATH] [--timeout SECONDS] stop              drain and exit
 // A daemon that does not answer within the timeout (default 10 s) is an error, exit 1.
+#include <fmt/format.h>
+#include <poll.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <string>
+#include <thread>
 
 #include "base/flags.h"
 #include "client/client.h"
@@ -21,25 +33,44 @@ namespace {
 int Usage() {
   std::fprintf(stderr,
                "usage: mmfeedctl [--socket PATH] [--timeout SECONDS] status [--json]\n"
+               "       mmfeedctl [--socket PATH] [--timeout SECONDS] consumers [--json]\n"
+               "       mmfeedctl [--socket PATH] [--timeout SECONDS] top [--iterations N]\n"
                "       mmfeedctl [--socket PATH] [--timeout SECONDS] reload [--config FILE] "
                "[--json]\n"
                "       mmfeedctl [--socket PATH] [--timeout SECONDS] stop\n");
   return 2;
 }
 
+std::string Cursor(const nlohmann::json& c) {
+  return fmt::format("epoch {} batch {} (seq {})", c["epoch"].get<uint64_t>(),
+                     c["batch"].get<uint64_t>(), c["seq"].get<uint64_t>());
+}
+
+void PrintConsumers(const nlohmann::json& s) {
+  std::printf("%-5s %-8s %-34s %10s %5s %10s %10s %10s\n", "rank", "pid", "cursor", "samples/s",
+              "lag", "last take", "published", "released");
+  for (const auto& r : s["consumers"]) {
+    double since = r["seconds_since_take"].get<double>();
+    std::printf("%-5d %-8s %-34s %10.0f %5u %10s %10lu %10lu\n", r["rank"].get<int>(),
+                r["attached"].get<bool>() ? std::to_string(r["pid"].get<int>()).c_str() : "-",
+                Cursor(r["acked"]).c_str(), r["samples_per_s"].get<double>(),
+                r["lag_batches"].get<unsigned>(),
+                since < 0 ? "never" : fmt::format("{:.1f}s ago", since).c_str(),
+                static_cast<unsigned long>(r["published"].get<uint64_t>()),
+                static_cast<unsigned long>(r["released"].get<uint64_t>()));
+  }
+}
+
 void PrintStatus(const nlohmann::json& s) {
-  std::printf("pipeline %s (pid %d): %s\n", s["pipeline"].get<std::string>().c_str(),
-              s["pid"].get<int>(), s["state"].get<std::string>().c_str());
-  std::printf("config %s; reloads: %lu ok, %lu refused%s\n", s["config"].get<std::string>().c_str(),
+  std::printf("pipeline %s (pid %d): %s, up %.0fs\n", s["pipeline"].get<std::string>().c_str(),
+              s["pid"].get<int>(), s["state"].get<std::string>().c_str(),
+              s["uptime_s"].get<double>());
+  std::printf("config %s (hash %s); reloads: %lu ok, %lu refused%s\n",
+              s["config"].get<std::string>().c_str(), s["config_hash"].get<std::string>().c_str(),
               static_cast<unsigned long>(s["reloads"]["ok"].get<uint64_t>()),
               static_cast<unsigned long>(s["reloads"]["failed"].get<uint64_t>()),
               s["reloads"]["pending"].get<bool>() ? ", one waiting for the epoch boundary" : "");
-  for (const auto& r : s["consumers"])
-    std::printf("  rank %d: %s, %lu published, %lu released\n", r["rank"].get<int>(),
-                r["attached"].get<bool>() ? ("pid " + std::to_string(r["pid"].get<int>())).c_str()
-                                          : "not attached",
-                static_cast<unsigned long>(r["published"].get<uint64_t>()),
-                static_cast<unsigned long>(r["released"].get<uint64_t>()));
+  PrintConsumers(s);
   const auto& rings = s["rings"];
   int node = rings["numa_node"].get<int>();
   std::printf("rings: %.2f GiB, %d slots per rank, %s\n",
@@ -49,8 +80,126 @@ void PrintStatus(const nlohmann::json& s) {
     std::printf("  %-14s %2d thread(s) on CPUs %s\n", p["stage"].get<std::string>().c_str(),
                 p["threads"].get<int>(), p["cpus"].get<std::string>().c_str());
   std::printf("%s", FormatProfile(s["profile"]).c_str());
-  std::printf("errors: %lu\n",
-              static_cast<unsigned long>(s["profile"]["errors"]["total"].get<uint64_t>()));
+  const auto& errors = s["profile"]["errors"];
+  std::printf("errors: %lu", static_cast<unsigned long>(errors["total"].get<uint64_t>()));
+  for (const auto& [reason, n] : errors["by_reason"].items())
+    std::printf(", %s %lu", reason.c_str(), static_cast<unsigned long>(n.get<uint64_t>()));
+  std::printf("\n");
+}
+
+// `top`: every second, each stage's share of the last second (busy, starved, blocked per
+// worker thread) and items/s, and the daemon's CPU, memory and reads.
+class Top {
+ public:
+  // Renders one screen from a status and the previous one (empty the first time).
+  std::string Render(const nlohmann::json& s, double dt) {
+    std::string out = fmt::format("mmfeedd {} (pid {}): {}, up {:.0f}s  [q quits]\n\n",
+                                  s["pipeline"].get<std::string>(), s["pid"].get<int>(),
+                                  s["state"].get<std::string>(), s["uptime_s"].get<double>());
+    out += fmt::format("{:<12} {:>7} {:>6} {:>8} {:>8} {:>6} {:>10}\n", "stage", "workers", "busy",
+                       "starved", "blocked", "queue", "items/s");
+    std::map<std::string, Sample> now;
+    for (const auto& st : s["profile"]["stages"]) {
+      std::string name = st["name"].get<std::string>();
+      Sample x{st["items"].get<double>(), st["busy_seconds"].get<double>(),
+               st["starved_seconds"].get<double>(), st["blocked_seconds"].get<double>()};
+      now[name] = x;
+      auto prev = last_.find(name);
+      Sample d = prev == last_.end() || dt <= 0 ? Sample{} : x - prev->second;
+      double capacity = std::max(dt, 1e-9) * std::max(1, st["workers"].get<int>());
+      out += fmt::format("{:<12} {:>7} {:>5.0f}% {:>7.0f}% {:>7.0f}% {:>5.0f}% {:>10.0f}\n", name,
+                         st["workers"].get<int>(), 100 * d.busy / capacity,
+                         100 * d.starved / capacity, 100 * d.blocked / capacity,
+                         100.0 * st["queue_depth"].get<double>() /
+                             std::max<double>(1, st["queue_capacity"].get<double>()),
+                         dt > 0 ? d.items / dt : 0);
+    }
+    last_ = now;
+    const auto& p = s["process"];
+    double cpu = p["cpu_seconds"].get<double>(), read = p["read_bytes"].get<double>();
+    out += fmt::format("\nhost: CPU {:.0f}%  RSS {:.0f} MiB  read {:.1f} MB/s\n",
+                       dt > 0 ? 100 * (cpu - last_cpu_) / dt : 0.0,
+                       p["rss_bytes"].get<double>() / 1048576,
+                       dt > 0 ? (read - last_read_) / dt / 1e6 : 0.0);
+    last_cpu_ = cpu;
+    last_read_ = read;
+    out += "\n";
+    for (const auto& r : s["consumers"])
+      out += fmt::format("rank {}: {}, {:.0f} samples/s, lag {} batch(es)\n", r["rank"].get<int>(),
+                         r["attached"].get<bool>() ? fmt::format("pid {}", r["pid"].get<int>())
+                                                   : std::string("not attached"),
+                         r["samples_per_s"].get<double>(), r["lag_batches"].get<unsigned>());
+    return out;
+  }
+
+ private:
+  struct Sample {
+    double items = 0, busy = 0, starved = 0, blocked = 0;
+    Sample operator-(const Sample& o) const {
+      return {items - o.items, busy - o.busy, starved - o.starved, blocked - o.blocked};
+    }
+  };
+  std::map<std::string, Sample> last_;
+  double last_cpu_ = 0, last_read_ = 0;
+};
+
+// Keys are read one at a time, without echo, while `top` runs on a terminal.
+class RawTerminal {
+ public:
+  RawTerminal() {
+    if (!isatty(STDIN_FILENO) || tcgetattr(STDIN_FILENO, &saved_) != 0) return;
+    termios raw = saved_;
+    raw.c_lflag &= ~static_cast<tcflag_t>(ICANON | ECHO);
+    raw.c_cc[VMIN] = 0;
+    raw.c_cc[VTIME] = 0;
+    active_ = tcsetattr(STDIN_FILENO, TCSANOW, &raw) == 0;
+  }
+  ~RawTerminal() {
+    if (active_) tcsetattr(STDIN_FILENO, TCSANOW, &saved_);
+  }
+  // Waits `ms` for a key; true if it was 'q'. Without a terminal it only waits.
+  bool QuitPressed(int ms) {
+    auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (active_) {
+      int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      until - std::chrono::steady_clock::now())
+                                      .count());
+      pollfd p{STDIN_FILENO, POLLIN, 0};
+      if (left <= 0 || poll(&p, 1, left) <= 0) return false;
+      char c;
+      if (read(STDIN_FILENO, &c, 1) == 1 && (c == 'q' || c == 'Q')) return true;
+    }
+    std::this_thread::sleep_until(until);
+    return false;
+  }
+
+ private:
+  termios saved_{};
+  bool active_ = false;
+};
+
+int RunTop(const std::string& socket_path, int timeout_ms, int iterations) {
+  Top top;
+  RawTerminal term;
+  const bool tty = isatty(STDOUT_FILENO);
+  auto last = std::chrono::steady_clock::now();
+  for (int i = 0; iterations <= 0 || i < iterations; ++i) {
+    Result<nlohmann::json> reply = ControlRequest(socket_path, {{"cmd", "status"}}, timeout_ms);
+    if (!reply.ok()) {
+      std::fprintf(stderr, "mmfeedctl: %s\n", reply.status().message().c_str());
+      return 1;
+    }
+    auto now = std::chrono::steady_clock::now();
+    double dt = i == 0 ? 0 : std::chrono::duration<double>(now - last).count();
+    last = now;
+    std::string screen = top.Render((*reply)["status"], dt);
+    // Home and clear on a terminal (tmux included); plain frames one after another otherwise.
+    std::printf("%s%s", tty ? "\x1b[H\x1b[2J" : (i ? "\n" : ""), screen.c_str());
+    std::fflush(stdout);
+    if (iterations > 0 && i + 1 == iterations) break;
+    if (term.QuitPressed(1000)) break;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -60,6 +209,7 @@ int main(int argc, char** argv) {
   if (const char* s = std::getenv("MMFEED_SOCKET")) socket_path = s;
   bool json = false;
   double timeout_s = 10;
+  int iterations = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--socket" && i + 1 < argc)
@@ -75,13 +225,22 @@ int main(int argc, char** argv) {
       json = true;
     else if (a == "--config" && i + 1 < argc && cmd == "reload")
       config = argv[++i];
-    else if (cmd.empty() && (a == "status" || a == "stop" || a == "reload"))
+    else if (a == "--iterations" && i + 1 < argc && cmd == "top") {
+      Result<int64_t> n = ParseInt(a, argv[++i], 1, 1 << 30);
+      if (!n.ok()) {
+        std::fprintf(stderr, "mmfeedctl: %s\n", n.status().message().c_str());
+        return 2;
+      }
+      iterations = static_cast<int>(*n);
+    } else if (cmd.empty() &&
+               (a == "status" || a == "stop" || a == "reload" || a == "consumers" || a == "top"))
       cmd = a;
     else
       return Usage();
   }
   if (cmd.empty()) return Usage();
-  nlohmann::json request = {{"cmd", cmd}};
+  if (cmd == "top") return RunTop(socket_path, static_cast<int>(timeout_s * 1000), iterations);
+  nlohmann::json request = {{"cmd", cmd == "consumers" ? "status" : cmd}};
   if (!config.empty()) {
     // The daemon runs elsewhere: the path is made absolute here.
     std::error_code ec;
@@ -107,9 +266,17 @@ int main(int argc, char** argv) {
                   r["summary"].get<std::string>().c_str(), r["applied"].get<std::string>().c_str());
     return 0;
   }
+  const nlohmann::json& status = (*reply)["status"];
+  if (cmd == "consumers") {
+    if (json)
+      std::printf("%s\n", status["consumers"].dump(2).c_str());
+    else
+      PrintConsumers(status);
+    return 0;
+  }
   if (json)
-    std::printf("%s\n", (*reply)["status"].dump(2).c_str());
+    std::printf("%s\n", status.dump(2).c_str());
   else
-    PrintStatus((*reply)["status"]);
+    PrintStatus(status);
   return 0;
 }

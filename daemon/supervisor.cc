@@ -19,6 +19,7 @@
 #include "daemon/service_notify.h"
 #include "stages/runtime/config_diff.h"
 #include "stages/runtime/pipeline.h"
+#include "stages/runtime/rng.h"
 #include "stages/source/catalog.h"
 #include "stages/text/packing_sink.h"
 
@@ -80,6 +81,8 @@ class Supervisor {
       }
     }
     holders_.resize(cfg_.consumers);
+    rates_.resize(cfg_.consumers);
+    config_hash_ = HashFile(cfg_.file);
     if (!cfg_.metrics_listen.empty()) {
       auto m = MetricsServer::Start(cfg_.metrics_listen);
       if (!m.ok()) {
@@ -282,6 +285,7 @@ class Supervisor {
     std::string at;
     for (const StreamCursor& c : start) at += fmt::format(" {}", c.seq);
     spdlog::info("the reloaded pipeline took over: ranks at batch{}", at);
+    config_hash_ = HashFile(p->cfg.file);
     Retire(pipeline_->Profile());
     pipeline_ = std::move(p->pipeline);
     cfg_ = std::move(p->cfg);
@@ -353,16 +357,30 @@ class Supervisor {
 
   nlohmann::json StatusJson() {
     nlohmann::json ranks = nlohmann::json::array();
-    for (int r = 0; r < cfg_.consumers; ++r)
+    for (int r = 0; r < cfg_.consumers; ++r) {
+      shm::RingWriter::Backlog b = sinks_[r]->ring().backlog();
       ranks.push_back({{"rank", r},
                        {"pid", holders_[r].pid},
                        {"attached", holders_[r].pid != 0},
                        {"generation", holders_[r].generation},
                        {"published", sinks_[r]->ring().published()},
                        {"released", sinks_[r]->ring().released()},
-                       {"acked", CursorToJson(sinks_[r]->ring().acked())}});
+                       {"acked", CursorToJson(sinks_[r]->ring().acked())},
+                       {"lag_batches", b.ready},
+                       {"seconds_since_take", b.seconds_since_take},
+                       {"samples_per_s", rates_[r].per_s}});
+    }
+    ProcessStats p = ReadProcessStats();
     return {{"pipeline", cfg_.name},
             {"config", cfg_.file},
+            {"config_hash", config_hash_},
+            {"uptime_s",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - started_at_).count()},
+            {"process",
+             {{"cpu_seconds", p.cpu_seconds},
+              {"rss_bytes", p.rss_bytes},
+              {"read_bytes", p.read_bytes},
+              {"storage_read_bytes", p.storage_read_bytes}}},
             {"reloads",
              {{"ok", reloads_ok_}, {"failed", reloads_failed_}, {"pending", pending_ != nullptr}}},
             {"state", draining_               ? "draining"
@@ -469,6 +487,26 @@ class Supervisor {
     if (std::chrono::steady_clock::now() - status_at_ >= std::chrono::seconds(5))
       notify_.Status(StatusLine());
     if (metrics_ && ++ticks_ % 5 == 0) metrics_->Publish(MetricsText());
+    // Each rank's trainer throughput: samples released over the last second or so.
+    auto now = std::chrono::steady_clock::now();
+    for (int r = 0; r < cfg_.consumers; ++r) {
+      Rate& rate = rates_[r];
+      double dt = std::chrono::duration<double>(now - rate.at).count();
+      if (dt < 1) continue;
+      uint64_t released = sinks_[r]->ring().released();
+      if (rate.at.time_since_epoch().count())
+        rate.per_s = (released - rate.released) * cfg_.batch_size / dt;
+      rate.at = now;
+      rate.released = released;
+    }
+  }
+
+  // The config file's content hash, to tell which version runs ("" if unreadable).
+  static std::string HashFile(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return "";
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    return fmt::format("{:016x}", HashString(text));
   }
 
   // The counters of a pipeline a reload replaced: the metrics go on counting from them.
@@ -626,6 +664,14 @@ class Supervisor {
   std::unique_ptr<PendingReload> pending_;
   uint64_t reloads_ok_ = 0, reloads_failed_ = 0;
   ServiceNotifier notify_;
+  const std::chrono::steady_clock::time_point started_at_ = std::chrono::steady_clock::now();
+  std::string config_hash_;
+  struct Rate {
+    std::chrono::steady_clock::time_point at{};
+    uint64_t released = 0;
+    double per_s = 0;
+  };
+  std::vector<Rate> rates_;  // per rank, updated by Heartbeat
   std::unique_ptr<MetricsServer> metrics_;
   int ticks_ = 0;
   struct StageTotals {

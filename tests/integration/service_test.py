@@ -186,6 +186,72 @@ class MetricsTest(DaemonCase):
             self.assertEqual(json.loads(c.communicate(timeout=60)[0])["batches"], 150)
 
 
+class CtlTest(DaemonCase):
+    def ctl(self, d, *args):
+        r = subprocess.run([f"{daemon_test.BIN}/mmfeedctl", "--socket", d.socket, *args],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return r.stdout
+
+    def test_status_consumers_and_top(self):
+        make_dataset(self.dir, 256)
+        d = Daemon(self.dir, config())
+        c = d.consume(0, "--hold-ms", "20", "--batches", "300", "--json")
+        time.sleep(2.5)
+        ranks = json.loads(self.ctl(d, "consumers", "--json"))
+        self.assertEqual([r["rank"] for r in ranks], [0, 1])
+        self.assertEqual((ranks[0]["attached"], ranks[0]["pid"]), (True, c.pid))
+        self.assertGreater(ranks[0]["samples_per_s"], 0)
+        self.assertGreaterEqual(ranks[0]["seconds_since_take"], 0)
+        self.assertLess(ranks[0]["seconds_since_take"], 2)
+        self.assertGreater(ranks[0]["acked"]["seq"], 0)
+        self.assertEqual((ranks[1]["attached"], ranks[1]["seconds_since_take"], ranks[1]["lag_batches"]),
+                         (False, -1, 4), "rank 1's ring is full and never taken from")
+        text = self.ctl(d, "consumers")
+        self.assertRegex(text, rf"\n0 +{c.pid} +epoch \d+ batch \d+ \(seq \d+\)")
+        self.assertRegex(text, r"\n1 +- +epoch 0 batch 0 \(seq 0\) +0 +4 +never")
+        status = json.loads(self.ctl(d, "status", "--json"))
+        self.assertGreater(status["uptime_s"], 2)
+        self.assertRegex(status["config_hash"], r"^[0-9a-f]{16}$")
+        self.assertGreater(status["process"]["rss_bytes"], 1e6)
+        self.assertIn("errors: 0", self.ctl(d, "status"))
+
+        frames = self.ctl(d, "top", "--iterations", "2").split("mmfeedd it (pid")
+        self.assertEqual(len(frames), 3, frames)
+        rows = {l.split()[0]: l.split() for l in frames[2].splitlines() if l.strip()}
+        self.assertGreater(float(rows["image"][-1]), 0, "image items/s over the last second")
+        self.assertIn("host: CPU", frames[2])
+
+        # On a terminal: clears the screen each second and quits on q.
+        import pty
+        pid, fd = pty.fork()
+        if pid == 0:
+            os.execv(f"{daemon_test.BIN}/mmfeedctl", ["mmfeedctl", "--socket", d.socket, "top"])
+        out = b""
+        deadline = time.time() + 10
+        while b"items/s" not in out and time.time() < deadline:
+            out += os.read(fd, 65536)
+        self.assertIn(b"\x1b[H\x1b[2J", out)
+        os.write(fd, b"q")
+        t0 = time.time()
+        while time.time() - t0 < 5:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            try:
+                os.read(fd, 65536)
+            except OSError:
+                pass
+            time.sleep(0.05)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            self.fail("top did not quit on q")
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        os.close(fd)
+        c.kill()
+        c.communicate()
+
+
 class UnitTest(unittest.TestCase):
     """`cmake --install` puts a unit that systemd accepts, and snippets that make the user,
     group and folders it names."""
