@@ -57,10 +57,13 @@ double ShareOfBusy(const StageCounters& c, const std::atomic<uint64_t>& part) {
 
 WorkTimer::WorkTimer() : wall0_(NowNs()), cpu0_(ThreadCpuNs()), runnable0_(ThreadRunnableNs()) {}
 
+// The clocks are read wall first at the start and wall last at the end, so that a preemption
+// between two reads can only make the CPU and run-queue times smaller than the wall time.
 void WorkTimer::AddTo(StageCounters* c) const {
+  const uint64_t runnable = ThreadRunnableNs() - runnable0_, cpu = ThreadCpuNs() - cpu0_;
   c->busy_ns.fetch_add(NowNs() - wall0_, std::memory_order_relaxed);
-  c->cpu_ns.fetch_add(ThreadCpuNs() - cpu0_, std::memory_order_relaxed);
-  c->runnable_ns.fetch_add(ThreadRunnableNs() - runnable0_, std::memory_order_relaxed);
+  c->cpu_ns.fetch_add(cpu, std::memory_order_relaxed);
+  c->runnable_ns.fetch_add(runnable, std::memory_order_relaxed);
 }
 
 nlohmann::json BuildProfile(const std::vector<StageInfo>& stages, double wall_seconds) {

@@ -235,7 +235,7 @@ class DaemonTest(DaemonCase):
         status = subprocess.run([f"{BIN}/mmfeedctl", "--socket", d.socket, "status"], capture_output=True, text=True)
         self.assertEqual(status.returncode, 0, status.stderr)
         self.assertIn("bottleneck:", status.stdout)
-        self.assertIn("rank 0: not attached", status.stdout)
+        self.assertRegex(status.stdout, r"\n0 +- +epoch \d+ batch \d+ \(seq \d+\)")  # rank 0, not attached
         js = json.loads(subprocess.run([f"{BIN}/mmfeedctl", "--socket", d.socket, "status", "--json"],
                                        capture_output=True, text=True).stdout)
         self.assertEqual([s["name"] for s in js["profile"]["stages"]], ["source", "image", "text", "batch", "ring0"])
