@@ -45,7 +45,8 @@ Status CheckWavLength(std::string_view b) {
     if (b.substr(pos, 4) == "data") {
       uint64_t have = b.size() - (pos + 8);
       if (size != 0xFFFFFFFFu && size > have)  // 0xFFFFFFFF: length unknown (streamed)
-        return Status::Corrupt(fmt::format("truncated: WAV declares {} bytes of samples, file has {}", size, have));
+        return Status::Corrupt(
+            fmt::format("truncated: WAV declares {} bytes of samples, file has {}", size, have));
       return Status::Ok();
     }
     pos += 8 + size + (size & 1);
@@ -55,7 +56,8 @@ Status CheckWavLength(std::string_view b) {
 
 }  // namespace
 
-Status DecodeAudio(std::string_view bytes, int sample_rate, const AudioLimits& limits, std::vector<float>* out) {
+Status DecodeAudio(std::string_view bytes, int sample_rate, const AudioLimits& limits,
+                   std::vector<float>* out) {
   out->clear();
   MMFEED_RETURN_IF_ERROR(CheckWavLength(bytes));
   Session s;
@@ -69,7 +71,8 @@ Status DecodeAudio(std::string_view bytes, int sample_rate, const AudioLimits& l
   for (unsigned i = 0; i < container->nb_streams; ++i) {
     const AVCodecParameters* p = container->streams[i]->codecpar;
     known = known && p->codec_id != AV_CODEC_ID_NONE &&
-            (p->codec_type != AVMEDIA_TYPE_AUDIO || (p->sample_rate > 0 && p->ch_layout.nb_channels > 0));
+            (p->codec_type != AVMEDIA_TYPE_AUDIO ||
+             (p->sample_rate > 0 && p->ch_layout.nb_channels > 0));
   }
   if (!known && (err = avformat_find_stream_info(container, nullptr)) < 0)
     return Status::Corrupt(fmt::format("cannot read stream info: {}", AvError(err)));
@@ -79,14 +82,18 @@ Status DecodeAudio(std::string_view bytes, int sample_rate, const AudioLimits& l
   AVStream* stream = container->streams[index];
   const AVCodecParameters* par = stream->codecpar;
   if (par->ch_layout.nb_channels <= 0 || par->ch_layout.nb_channels > limits.max_channels)
-    return Status::TooLarge(fmt::format("{} channels (limit {})", par->ch_layout.nb_channels, limits.max_channels));
+    return Status::TooLarge(
+        fmt::format("{} channels (limit {})", par->ch_layout.nb_channels, limits.max_channels));
   if (par->sample_rate <= 0 || par->sample_rate > limits.max_sample_rate)
-    return Status::TooLarge(fmt::format("sample rate {} Hz (limit {})", par->sample_rate, limits.max_sample_rate));
+    return Status::TooLarge(
+        fmt::format("sample rate {} Hz (limit {})", par->sample_rate, limits.max_sample_rate));
   s.codec = avcodec_alloc_context3(decoder);
   avcodec_parameters_to_context(s.codec, par);
   s.codec->thread_count = 1;  // the stage's workers are the parallelism
   err = avcodec_open2(s.codec, decoder, nullptr);
-  if (err < 0) return Status::Unsupported(fmt::format("cannot open {} decoder: {}", decoder->name, AvError(err)));
+  if (err < 0)
+    return Status::Unsupported(
+        fmt::format("cannot open {} decoder: {}", decoder->name, AvError(err)));
 
   AVChannelLayout mono = AV_CHANNEL_LAYOUT_MONO;
   s.packet = av_packet_alloc();
@@ -98,19 +105,25 @@ Status DecodeAudio(std::string_view bytes, int sample_rate, const AudioLimits& l
   auto convert = [&](const AVFrame* f) -> Status {
     if (!s.swr) {
       if (f->ch_layout.nb_channels <= 0 || f->ch_layout.nb_channels > limits.max_channels)
-        return Status::TooLarge(fmt::format("{} channels (limit {})", f->ch_layout.nb_channels, limits.max_channels));
+        return Status::TooLarge(
+            fmt::format("{} channels (limit {})", f->ch_layout.nb_channels, limits.max_channels));
       if (f->sample_rate <= 0 || f->sample_rate > limits.max_sample_rate)
-        return Status::TooLarge(fmt::format("sample rate {} Hz (limit {})", f->sample_rate, limits.max_sample_rate));
-      int e = swr_alloc_set_opts2(&s.swr, &mono, AV_SAMPLE_FMT_FLT, sample_rate, const_cast<AVChannelLayout*>(&f->ch_layout),
-                                  static_cast<AVSampleFormat>(f->format), f->sample_rate, 0, nullptr);
-      if (e < 0 || (e = swr_init(s.swr)) < 0) return Status::Unsupported(fmt::format("resampler: {}", AvError(e)));
+        return Status::TooLarge(
+            fmt::format("sample rate {} Hz (limit {})", f->sample_rate, limits.max_sample_rate));
+      int e =
+          swr_alloc_set_opts2(&s.swr, &mono, AV_SAMPLE_FMT_FLT, sample_rate,
+                              const_cast<AVChannelLayout*>(&f->ch_layout),
+                              static_cast<AVSampleFormat>(f->format), f->sample_rate, 0, nullptr);
+      if (e < 0 || (e = swr_init(s.swr)) < 0)
+        return Status::Unsupported(fmt::format("resampler: {}", AvError(e)));
     }
     int64_t room = f ? swr_get_out_samples(s.swr, f->nb_samples) : swr_get_out_samples(s.swr, 0);
     if (room <= 0) return Status::Ok();
     size_t old = out->size();
     out->resize(old + room);
     uint8_t* dst = reinterpret_cast<uint8_t*>(out->data() + old);
-    int n = swr_convert(s.swr, &dst, static_cast<int>(room), f ? const_cast<const uint8_t**>(f->extended_data) : nullptr,
+    int n = swr_convert(s.swr, &dst, static_cast<int>(room),
+                        f ? const_cast<const uint8_t**>(f->extended_data) : nullptr,
                         f ? f->nb_samples : 0);
     if (n < 0) return Status::Corrupt(fmt::format("resampling failed: {}", AvError(n)));
     out->resize(old + n);
@@ -134,6 +147,8 @@ Status DecodeAudio(std::string_view bytes, int sample_rate, const AudioLimits& l
   };
 
   while (true) {
+    if (SampleDeadlinePassed())
+      return Status::Timeout("the sample's time limit ran out while decoding");
     err = av_read_frame(container, s.packet);
     if (err == AVERROR_EOF) break;
     if (err < 0) {
@@ -142,7 +157,9 @@ Status DecodeAudio(std::string_view bytes, int sample_rate, const AudioLimits& l
     }
     if (s.packet->stream_index == index) {
       if (s.packet->flags & AV_PKT_FLAG_CORRUPT) {  // e.g. the last packet of a cut file
-        if (bad_packets++ == 0) first_bad = fmt::format("packet at {:.2f}s is corrupt or cut short", s.packet->pts * av_q2d(stream->time_base));
+        if (bad_packets++ == 0)
+          first_bad = fmt::format("packet at {:.2f}s is corrupt or cut short",
+                                  s.packet->pts * av_q2d(stream->time_base));
       }
       int e = avcodec_send_packet(s.codec, s.packet);
       if (e < 0 && bad_packets++ == 0) first_bad = AvError(e);
@@ -154,14 +171,18 @@ Status DecodeAudio(std::string_view bytes, int sample_rate, const AudioLimits& l
   MMFEED_RETURN_IF_ERROR(drain());
   if (s.swr) MMFEED_RETURN_IF_ERROR(convert(nullptr));  // flush the resampler's delay
 
-  if (bad_packets) return Status::Corrupt(fmt::format("{} undecodable packet(s), first: {}", bad_packets, first_bad));
+  if (bad_packets)
+    return Status::Corrupt(
+        fmt::format("{} undecodable packet(s), first: {}", bad_packets, first_bad));
   if (out->empty()) return Status::Corrupt("no audio samples");
   // A container that declares its length (WAV, FLAC, MP4) but ends early was cut.
-  if (container->duration_estimation_method != AVFMT_DURATION_FROM_BITRATE && stream->duration > 0) {
+  if (container->duration_estimation_method != AVFMT_DURATION_FROM_BITRATE &&
+      stream->duration > 0) {
     double declared = stream->duration * av_q2d(stream->time_base);
     double got = static_cast<double>(out->size()) / sample_rate;
     if (got < declared * 0.9 && declared - got > 0.05)
-      return Status::Corrupt(fmt::format("truncated: declares {:.2f}s, decodes to {:.2f}s", declared, got));
+      return Status::Corrupt(
+          fmt::format("truncated: declares {:.2f}s, decodes to {:.2f}s", declared, got));
   }
   for (float v : *out)
     if (!std::isfinite(v)) return Status::Corrupt("decodes to NaN or infinite samples");

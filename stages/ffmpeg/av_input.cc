@@ -47,10 +47,13 @@ AvInput::~AvInput() {
   avio_context_free(&io_);
 }
 
-int64_t AvInput::Size() const { return file_.fd() >= 0 ? static_cast<int64_t>(file_.size()) : static_cast<int64_t>(mem_.size()); }
+int64_t AvInput::Size() const {
+  return file_.fd() >= 0 ? static_cast<int64_t>(file_.size()) : static_cast<int64_t>(mem_.size());
+}
 
 int AvInput::Read(void* opaque, uint8_t* buf, int size) {
   auto* in = static_cast<AvInput*>(opaque);
+  if (SampleDeadlinePassed()) return AVERROR_EXIT;
   const int64_t left = in->Size() - in->pos_;
   if (left <= 0) return AVERROR_EOF;
   const int want = static_cast<int>(std::min<int64_t>(left, size));
@@ -60,7 +63,8 @@ int AvInput::Read(void* opaque, uint8_t* buf, int size) {
     return want;
   }
   while (true) {
-    ssize_t n = ::pread(in->file_.fd(), buf, want, static_cast<off_t>(in->file_.offset() + in->pos_));
+    ssize_t n =
+        ::pread(in->file_.fd(), buf, want, static_cast<off_t>(in->file_.offset() + in->pos_));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return AVERROR(errno);
     if (n == 0) return AVERROR_EOF;  // the file shrank under us
@@ -98,7 +102,9 @@ Status AvInput::OpenBytes(std::string_view bytes, const char* what, int64_t prob
 Status AvInput::OpenContainer(const char* what, int64_t probe_bytes) {
   if (Size() == 0) return Status::Corrupt("empty file (0 bytes)");
   auto* buffer = static_cast<uint8_t*>(av_malloc(kIoBufferBytes));
-  if (buffer) io_ = avio_alloc_context(buffer, kIoBufferBytes, 0, this, &AvInput::Read, nullptr, &AvInput::Seek);
+  if (buffer)
+    io_ = avio_alloc_context(buffer, kIoBufferBytes, 0, this, &AvInput::Read, nullptr,
+                             &AvInput::Seek);
   if (!io_) {
     av_free(buffer);
     return Status::Io("out of memory (AVIOContext)");
@@ -107,10 +113,12 @@ Status AvInput::OpenContainer(const char* what, int64_t probe_bytes) {
   if (!fmt_) return Status::Io("out of memory (AVFormatContext)");
   fmt_->pb = io_;
   fmt_->flags |= AVFMT_FLAG_CUSTOM_IO;
+  fmt_->interrupt_callback = {[](void*) { return SampleDeadlinePassed() ? 1 : 0; }, nullptr};
   fmt_->probesize = probe_bytes;
   int err = avformat_open_input(&fmt_, nullptr, nullptr, nullptr);  // frees fmt_ on failure
   if (err < 0)
-    return Status::Corrupt(fmt::format("not a readable {} file (unknown container, or truncated: {})", what, AvError(err)));
+    return Status::Corrupt(fmt::format(
+        "not a readable {} file (unknown container, or truncated: {})", what, AvError(err)));
   return Status::Ok();
 }
 

@@ -373,7 +373,7 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
   if (cfg.base_dir.empty()) cfg.base_dir = ".";
   CheckKeys(root, "the pipeline config",
             {"pipeline", "source", "consumers", "stages", "output", "on_error", "placement",
-             "data_roots", "metrics"});
+             "data_roots", "metrics", "sample_timeout_s"});
   if (root["pipeline"]) cfg.name = Str(root["pipeline"], "pipeline");
   if (!root["source"]) Fail(root, "the config needs a 'source'");
   cfg.source = ParseSource(root["source"], cfg.base_dir);
@@ -414,6 +414,12 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
     if (cfg.ring_slots > 496)
       Fail(o["ring_slots"],
            "output.ring_slots must be at most 496 (the ring's control area is one page)");
+  }
+  if (root["sample_timeout_s"]) {
+    const YAML::Node& t = root["sample_timeout_s"];
+    cfg.sample_timeout_s = Scalar<double>(t, "sample_timeout_s", "a number of seconds");
+    if (!(cfg.sample_timeout_s >= 0 && cfg.sample_timeout_s <= 86400))
+      Fail(t, "sample_timeout_s must be between 0 (no limit) and 86400 seconds");
   }
   if (root["metrics"]) {
     const YAML::Node& m = root["metrics"];

@@ -74,6 +74,8 @@ struct PipelineConfig {
   std::vector<std::string> data_roots;
   bool data_roots_any = false;
   ErrorPolicy on_error = ErrorPolicy::kSkip;
+  // A sample taking longer than this in a stage fails as timed out (0: no limit).
+  double sample_timeout_s = 60;
   Placement placement;
   // `metrics: {listen: "127.0.0.1:9464"}`: where GET /metrics is served; empty: nowhere.
   std::string metrics_listen;

@@ -89,6 +89,7 @@ ConfigChanges DiffConfigs(const PipelineConfig& a, const PipelineConfig& b) {
   setting("on_error", a.on_error != b.on_error);
   setting("placement", PlacementText(a.placement) != PlacementText(b.placement));
   setting("metrics.listen", a.metrics_listen != b.metrics_listen);
+  setting("sample_timeout_s", a.sample_timeout_s != b.sample_timeout_s);
 
   // What the rings or every rank's batch numbering are made from cannot change under
   // attached trainers.

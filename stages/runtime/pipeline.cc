@@ -480,15 +480,23 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
     if (!field) {
       item->status = Status::NotFound(fmt::format("sample has no field '{}'", b->cfg->field));
     } else {
-      // A stage's library may throw (OpenCV does): the sample fails, the worker goes on.
+      // A stage's library may throw (OpenCV does): the sample fails, the worker goes on. A
+      // sample that outlives sample_timeout_s is given up, whatever the stage made of it.
       auto process = [&]() -> Status {
+        ScopedSampleDeadline deadline(cfg_.sample_timeout_s);
+        Status st;
         try {
-          return impl->Process(ctx, *field, OutputRow(item->out.data(), b->specs.size()));
+          st = impl->Process(ctx, *field, OutputRow(item->out.data(), b->specs.size()));
         } catch (const std::exception& e) {
-          return Status::Corrupt(fmt::format("{} threw: {}", b->cfg->type, e.what()));
+          st = Status::Corrupt(fmt::format("{} threw: {}", b->cfg->type, e.what()));
         } catch (...) {
-          return Status::Corrupt(fmt::format("{} threw an unknown exception", b->cfg->type));
+          st = Status::Corrupt(fmt::format("{} threw an unknown exception", b->cfg->type));
         }
+        if (SampleDeadlinePassed())
+          return Status::Timeout(fmt::format("took longer than sample_timeout_s {}s{}",
+                                             cfg_.sample_timeout_s,
+                                             st.ok() ? "" : " (" + st.message() + ")"));
+        return st;
       };
       item->status = process();
       // Out of descriptors or memory says nothing about the sample: wait and retry (up to

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 
@@ -30,6 +31,13 @@ FieldFile::~FieldFile() {
 
 namespace {
 thread_local const FilePolicy* t_file_policy = nullptr;
+thread_local int64_t t_deadline_ns = 0;  // steady clock; 0: none
+
+int64_t SteadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 const FilePolicy kDefaultFilePolicy;
 }  // namespace
 
@@ -37,6 +45,13 @@ ScopedFilePolicy::ScopedFilePolicy(const FilePolicy* policy) : previous_(t_file_
   t_file_policy = policy;
 }
 ScopedFilePolicy::~ScopedFilePolicy() { t_file_policy = previous_; }
+
+ScopedSampleDeadline::ScopedSampleDeadline(double seconds) : previous_(t_deadline_ns) {
+  t_deadline_ns = seconds > 0 ? SteadyNs() + static_cast<int64_t>(seconds * 1e9) : 0;
+}
+ScopedSampleDeadline::~ScopedSampleDeadline() { t_deadline_ns = previous_; }
+
+bool SampleDeadlinePassed() { return t_deadline_ns != 0 && SteadyNs() > t_deadline_ns; }
 
 Result<FieldFile> FieldFile::Open(const FieldValue& field, uint64_t max_bytes) {
   const FilePolicy& policy = t_file_policy ? *t_file_policy : kDefaultFilePolicy;

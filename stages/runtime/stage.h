@@ -62,6 +62,24 @@ class ScopedFilePolicy {
   const FilePolicy* previous_;
 };
 
+// The time limit of the sample the calling thread works on (`sample_timeout_s`): while a
+// ScopedSampleDeadline lives, SampleDeadlinePassed() says whether it ran out. Stages check it
+// where they loop over input they do not control (FFmpeg's demuxing and decoding loops, reads)
+// and give up with an error; the pipeline then reports the sample as timed out, naming its
+// file, and the worker takes the next one. A read blocked in the kernel (a hung network
+// mount) is not interrupted.
+class ScopedSampleDeadline {
+ public:
+  explicit ScopedSampleDeadline(double seconds);  // <= 0: no limit
+  ~ScopedSampleDeadline();
+  ScopedSampleDeadline(const ScopedSampleDeadline&) = delete;
+  ScopedSampleDeadline& operator=(const ScopedSampleDeadline&) = delete;
+
+ private:
+  int64_t previous_;
+};
+bool SampleDeadlinePassed();
+
 // The file behind a kPath or kFileRange field, open: `size` bytes at `offset` of `fd`.
 // Move-only; closes the file.
 class FieldFile {

@@ -40,7 +40,9 @@ int64_t SecondsToTs(double seconds, AVRational tb) {
 }
 
 // A decoded frame's presentation time; kNoPts if unknown.
-int64_t FramePts(const AVFrame* f) { return f->best_effort_timestamp != kNoPts ? f->best_effort_timestamp : f->pts; }
+int64_t FramePts(const AVFrame* f) {
+  return f->best_effort_timestamp != kNoPts ? f->best_effort_timestamp : f->pts;
+}
 
 // The keyframes the demuxer's index lists, in its seek timestamps.
 std::vector<int64_t> IndexKeyframes(AVStream* st) {
@@ -48,7 +50,8 @@ std::vector<int64_t> IndexKeyframes(AVStream* st) {
   const int n = avformat_index_get_entries_count(st);
   for (int i = 0; i < n; ++i) {
     const AVIndexEntry* e = avformat_index_get_entry(st, i);
-    if (e && (e->flags & AVINDEX_KEYFRAME) && (out.empty() || e->timestamp > out.back())) out.push_back(e->timestamp);
+    if (e && (e->flags & AVINDEX_KEYFRAME) && (out.empty() || e->timestamp > out.back()))
+      out.push_back(e->timestamp);
   }
   return out;
 }
@@ -128,16 +131,18 @@ struct VideoSampler::Run {
   AVCodecContext* codec = nullptr;
   AVPacket* pkt = nullptr;
   AVFrame* frame = nullptr;
-  AVFrame* prev = nullptr;  // the last frame out of the decoder: the pick for targets before the next
+  // The last frame out of the decoder: the pick for targets before the next.
+  AVFrame* prev = nullptr;
   bool have_prev = false;
   int64_t prev_pts = 0;
   bool prev_damaged = false;
-  bool tainted = false;  // a damaged frame was decoded since the last keyframe: later ones may show it
+  // A damaged frame was decoded since the last keyframe: later ones may show it.
+  bool tainted = false;
   std::deque<AVPacket*> window;  // read, not yet sent
   bool demux_eof = false;
   bool seekable = true;
-  bool lost = false;                // a seek back to the start failed half-way: position unknown
-  int64_t first_packet = kNoPts;    // decoding time of the stream's first packet
+  bool lost = false;              // a seek back to the start failed half-way: position unknown
+  int64_t first_packet = kNoPts;  // decoding time of the stream's first packet
 
   AVRational tb{1, 1};
   double tb_sec = 0;
@@ -161,7 +166,8 @@ struct VideoSampler::Run {
   int damaged_picks = 0;
   double first_damaged = 0;
 
-  Run(VideoSampler& v, uint8_t* f, float* p, uint8_t* m) : vs(v), o(v.o_), frames(f), pts_out(p), mask(m) {}
+  Run(VideoSampler& v, uint8_t* f, float* p, uint8_t* m)
+      : vs(v), o(v.o_), frames(f), pts_out(p), mask(m) {}
   ~Run() {
     for (AVPacket* p : window) av_packet_free(&p);
     av_frame_free(&prev);
@@ -184,29 +190,38 @@ struct VideoSampler::Run {
     si = av_find_best_stream(fmt, AVMEDIA_TYPE_VIDEO, -1, -1, &decoder, 0);
     if (si == AVERROR_STREAM_NOT_FOUND) return Status::Corrupt("no video stream");
     if (si < 0 || !decoder) {
-      const AVCodecDescriptor* d = si >= 0 ? avcodec_descriptor_get(fmt->streams[si]->codecpar->codec_id) : nullptr;
-      return Status::Unsupported(fmt::format("no decoder for the video codec ({})", d ? d->name : "unknown"));
+      const AVCodecDescriptor* d =
+          si >= 0 ? avcodec_descriptor_get(fmt->streams[si]->codecpar->codec_id) : nullptr;
+      return Status::Unsupported(
+          fmt::format("no decoder for the video codec ({})", d ? d->name : "unknown"));
     }
     st = fmt->streams[si];
-    if (st->disposition & AV_DISPOSITION_ATTACHED_PIC) return Status::Corrupt("no video stream (only a cover picture)");
+    if (st->disposition & AV_DISPOSITION_ATTACHED_PIC)
+      return Status::Corrupt("no video stream (only a cover picture)");
     for (unsigned i = 0; i < fmt->nb_streams; ++i)
-      if (static_cast<int>(i) != si) fmt->streams[i]->discard = AVDISCARD_ALL;  // audio goes to the audio stage
+      if (static_cast<int>(i) != si)
+        fmt->streams[i]->discard = AVDISCARD_ALL;  // audio goes to the audio stage
     const AVCodecParameters* par = st->codecpar;
     // Containers without stream headers (MPEG-TS) need a look at the first frames.
     if ((par->width <= 0 || par->height <= 0) && avformat_find_stream_info(fmt, nullptr) < 0)
       return Status::Corrupt("cannot read the video stream's parameters");
-    if (par->width <= 0 || par->height <= 0) return Status::Corrupt("the video stream declares no frame size");
+    if (par->width <= 0 || par->height <= 0)
+      return Status::Corrupt("the video stream declares no frame size");
     if (static_cast<int64_t>(par->width) * par->height > o.max_pixels)
-      return Status::TooLarge(fmt::format("frame size {}x{} is over max_pixels {}", par->width, par->height, o.max_pixels));
+      return Status::TooLarge(fmt::format("frame size {}x{} is over max_pixels {}", par->width,
+                                          par->height, o.max_pixels));
     codec = avcodec_alloc_context3(decoder);
     if (!codec) return Status::Io("out of memory (AVCodecContext)");
     avcodec_parameters_to_context(codec, par);
     codec->thread_count = o.threads;
     codec->thread_type = FF_THREAD_FRAME | FF_THREAD_SLICE;
-    codec->max_pixels = o.max_pixels;  // the decoder refuses a larger frame (a size change mid-stream)
+    codec->max_pixels =
+        o.max_pixels;  // the decoder refuses a larger frame (a size change mid-stream)
     codec->pkt_timebase = st->time_base;
     int err = avcodec_open2(codec, decoder, nullptr);
-    if (err < 0) return Status::Unsupported(fmt::format("cannot open the {} decoder: {}", decoder->name, AvError(err)));
+    if (err < 0)
+      return Status::Unsupported(
+          fmt::format("cannot open the {} decoder: {}", decoder->name, AvError(err)));
     pkt = av_packet_alloc();
     frame = av_frame_alloc();
     prev = av_frame_alloc();
@@ -215,7 +230,8 @@ struct VideoSampler::Run {
     tb = st->time_base;
     tb_sec = av_q2d(tb);
     AVRational rate = st->avg_frame_rate.num > 0 ? st->avg_frame_rate : st->r_frame_rate;
-    frame_dur = rate.num > 0 && rate.den > 0 ? av_rescale_q(1, av_inv_q(rate), tb) : av_rescale_q(1, {1, 25}, tb);
+    frame_dur = rate.num > 0 && rate.den > 0 ? av_rescale_q(1, av_inv_q(rate), tb)
+                                             : av_rescale_q(1, {1, 25}, tb);
     frame_dur = std::max<int64_t>(frame_dur, 1);
     seekable = fmt->pb && (fmt->pb->seekable & AVIO_SEEKABLE_NORMAL);
     return Status::Ok();
@@ -223,6 +239,7 @@ struct VideoSampler::Run {
 
   // av_read_frame, retrying EAGAIN (a demuxer waiting for data) a bounded number of times.
   int ReadPacket() {
+    if (SampleDeadlinePassed()) return AVERROR_EXIT;
     int e = 0;
     for (int tries = 0; tries < 1000 && (e = av_read_frame(fmt, pkt)) == AVERROR(EAGAIN); ++tries) {
     }
@@ -266,8 +283,10 @@ struct VideoSampler::Run {
     if (st->duration > 0) {
       end_ts = start_ts + st->duration;
       end_from_stream = true;
-    } else if (fmt->duration > 0 && fmt->duration_estimation_method != AVFMT_DURATION_FROM_BITRATE) {
-      end_ts = start_ts + av_rescale_q(fmt->duration, AV_TIME_BASE_Q, tb);  // a guess from the bitrate is no end
+    } else if (fmt->duration > 0 &&
+               fmt->duration_estimation_method != AVFMT_DURATION_FROM_BITRATE) {
+      end_ts = start_ts + av_rescale_q(fmt->duration, AV_TIME_BASE_Q,
+                                       tb);  // a guess from the bitrate is no end
     }
     const std::string& key = input.identity();
     if (!key.empty()) index = vs.cache_->Find(key);
@@ -283,10 +302,12 @@ struct VideoSampler::Run {
       // Matroska reads its cues on the first seek, and until then lists only the keyframes
       // it has read; the seek back to the start costs nothing where the index is in the header.
       if (!rough) {
-        if (seekable && !Rewind()) return Status::Unsupported("cannot seek back to the start of the video stream");
+        if (seekable && !Rewind())
+          return Status::Unsupported("cannot seek back to the start of the video stream");
         built->key_ts = IndexKeyframes(st);
       }
-      if (built->key_ts.empty() || end_ts == kNoPts || Partial(*built)) MMFEED_RETURN_IF_ERROR(Scan(built.get(), rough));
+      if (built->key_ts.empty() || end_ts == kNoPts || Partial(*built))
+        MMFEED_RETURN_IF_ERROR(Scan(built.get(), rough));
       index = built;
       if (!key.empty()) vs.cache_->Put(key, index);
     }
@@ -317,7 +338,8 @@ struct VideoSampler::Run {
         keys.push_back(q->pts);
         positions.push_back(q->pos);
       }
-      end = std::max(end == kNoPts ? q->pts : end, q->pts + (q->duration > 0 ? q->duration : frame_dur));
+      end = std::max(end == kNoPts ? q->pts : end,
+                     q->pts + (q->duration > 0 ? q->duration : frame_dur));
     };
     for (const AVPacket* q : window) note(q);
     ClearWindow();
@@ -334,7 +356,8 @@ struct VideoSampler::Run {
       k->key_pos = std::move(positions);
       k->pts_offset = 0;
     }
-    if (!Rewind()) return Status::Unsupported("the container has no index and cannot seek back to the start");
+    if (!Rewind())
+      return Status::Unsupported("the container has no index and cannot seek back to the start");
     return Status::Ok();
   }
 
@@ -347,7 +370,8 @@ struct VideoSampler::Run {
     auto at_start = [&] {
       ClearWindow();
       FillWindow();
-      return !window.empty() && (first_packet == kNoPts || DecodeTime(window.front()) <= first_packet);
+      return !window.empty() &&
+             (first_packet == kNoPts || DecodeTime(window.front()) <= first_packet);
     };
     if (av_seek_frame(fmt, si, start_ts, AVSEEK_FLAG_BACKWARD) >= 0 && at_start()) return true;
     return av_seek_frame(fmt, -1, 0, AVSEEK_FLAG_BYTE) >= 0 && at_start();
@@ -365,9 +389,11 @@ struct VideoSampler::Run {
       case VideoSampling::kClip: {
         const double span = T / o.fps;
         double s = o.clip_start;
-        if (s < 0) s = duration > span ? rng->Uniform() * (duration - span) : 0.0;
+        if (s < 0)
+          s = duration > span ? rng->Uniform() * (duration - span) : 0.0;
         else if (s >= duration)
-          return Status::Invalid(fmt::format("clip_start {:.3f}s is past the end of the video ({:.3f}s)", s, duration));
+          return Status::Invalid(fmt::format(
+              "clip_start {:.3f}s is past the end of the video ({:.3f}s)", s, duration));
         for (int i = 0; i < T; ++i) t[i] = s + i / o.fps;
         break;
       }
@@ -379,8 +405,11 @@ struct VideoSampler::Run {
     }
     for (int i = 0; i < T; ++i)
       if (t[i] < duration) targets.push_back({start_ts + SecondsToTs(t[i], tb), i});
-    std::stable_sort(targets.begin(), targets.end(), [](const Target& a, const Target& b) { return a.ts < b.ts; });
-    if (targets.empty()) return Status::Invalid(fmt::format("every timestamp is past the end of the video ({:.3f}s)", duration));
+    std::stable_sort(targets.begin(), targets.end(),
+                     [](const Target& a, const Target& b) { return a.ts < b.ts; });
+    if (targets.empty())
+      return Status::Invalid(
+          fmt::format("every timestamp is past the end of the video ({:.3f}s)", duration));
     return Status::Ok();
   }
 
@@ -393,8 +422,10 @@ struct VideoSampler::Run {
         seekable = false;
         return;
       }
-    } else if (!seekable || (index->key_pos.empty() ? av_seek_frame(fmt, si, KeyPts(k), AVSEEK_FLAG_BACKWARD)
-                                                    : av_seek_frame(fmt, -1, index->key_pos[k], AVSEEK_FLAG_BYTE)) < 0) {
+    } else if (!seekable ||
+               (index->key_pos.empty()
+                    ? av_seek_frame(fmt, si, KeyPts(k), AVSEEK_FLAG_BACKWARD)
+                    : av_seek_frame(fmt, -1, index->key_pos[k], AVSEEK_FLAG_BYTE)) < 0) {
       seekable = false;  // keep decoding forward from where we are
       return;
     } else {
@@ -415,8 +446,10 @@ struct VideoSampler::Run {
   void MaybeSeek() {
     if (!seekable || index->key_ts.empty() || next >= targets.size()) return;
     const int64_t t = targets[next].ts;
-    int k = static_cast<int>(std::upper_bound(index->key_ts.begin(), index->key_ts.end(), t - index->pts_offset) -
-                             index->key_ts.begin()) - 1;
+    int k = static_cast<int>(std::upper_bound(index->key_ts.begin(), index->key_ts.end(),
+                                              t - index->pts_offset) -
+                             index->key_ts.begin()) -
+            1;
     if (static_cast<int>(next) == retry_target) k = std::min(k, retry_cap);
     if (k <= cur_key) return;
     int64_t pos = std::max(fed_max, have_prev ? prev_pts : kNothing);
@@ -443,14 +476,18 @@ struct VideoSampler::Run {
 
   Status Convert(const AVFrame* f, int slot) {
     if (static_cast<int64_t>(f->width) * f->height > o.max_pixels)
-      return Status::TooLarge(fmt::format("frame size {}x{} is over max_pixels {}", f->width, f->height, o.max_pixels));
+      return Status::TooLarge(
+          fmt::format("frame size {}x{} is over max_pixels {}", f->width, f->height, o.max_pixels));
     const int W = o.out_w, H = o.out_h;
     // Always RGB24: swscale's planar-RGB output rounds chroma differently, and RGB24 is what
     // PyAV's to_ndarray(format='rgb24') and OpenCV give, so the pixels match them exactly.
-    vs.sws_ = sws_getCachedContext(vs.sws_, f->width, f->height, static_cast<AVPixelFormat>(f->format), W, H,
-                                   AV_PIX_FMT_RGB24, o.sws_flags, nullptr, nullptr, nullptr);
+    vs.sws_ =
+        sws_getCachedContext(vs.sws_, f->width, f->height, static_cast<AVPixelFormat>(f->format), W,
+                             H, AV_PIX_FMT_RGB24, o.sws_flags, nullptr, nullptr, nullptr);
     if (!vs.sws_)
-      return Status::Unsupported(fmt::format("cannot convert pixel format {}", av_get_pix_fmt_name(static_cast<AVPixelFormat>(f->format))));
+      return Status::Unsupported(
+          fmt::format("cannot convert pixel format {}",
+                      av_get_pix_fmt_name(static_cast<AVPixelFormat>(f->format))));
     uint8_t* base = frames + slot * FrameBytes();
     const bool direct = o.dtype == DType::kUInt8 && !o.chw;  // THWC uint8: straight into the output
     const size_t plane = static_cast<size_t>(H) * W;
@@ -469,8 +506,10 @@ struct VideoSampler::Run {
     for (size_t i = 0; i < plane; ++i)
       for (int c = 0; c < 3; ++c) {
         const float v = rgb[3 * i + c] * o.mul[c] + o.add[c];
-        if (o.chw) out[c * plane + i] = v;
-        else out[3 * i + c] = v;
+        if (o.chw)
+          out[c * plane + i] = v;
+        else
+          out[3 * i + c] = v;
       }
     return Status::Ok();
   }
@@ -493,8 +532,10 @@ struct VideoSampler::Run {
   // Damage shows in the frame's flags, and carries on to the frames after it until a clean
   // keyframe (they may predict from it).
   bool Damaged(const AVFrame* f) {
-    if (f->decode_error_flags || (f->flags & AV_FRAME_FLAG_CORRUPT)) tainted = true;
-    else if (f->key_frame) tainted = false;
+    if (f->decode_error_flags || (f->flags & AV_FRAME_FLAG_CORRUPT))
+      tainted = true;
+    else if (f->key_frame)
+      tainted = false;
     return tainted;
   }
 
@@ -516,7 +557,8 @@ struct VideoSampler::Run {
     const bool damaged = Damaged(f);
     while (next < targets.size() && targets[next].ts < p) {
       // Before the video's first frame, the first frame is on screen.
-      MMFEED_RETURN_IF_ERROR(have_prev ? Resolve(targets[next], prev, prev_pts, prev_damaged) : Resolve(targets[next], f, p, damaged));
+      MMFEED_RETURN_IF_ERROR(have_prev ? Resolve(targets[next], prev, prev_pts, prev_damaged)
+                                       : Resolve(targets[next], f, p, damaged));
       ++next;
     }
     av_frame_unref(prev);
@@ -545,13 +587,15 @@ struct VideoSampler::Run {
 
   Status Send(AVPacket* p) {
     const double at = p ? Seconds(p->pts != kNoPts ? p->pts : p->dts) : 0.0;  // for messages
-    if (p && (p->flags & AV_PKT_FLAG_CORRUPT)) NoteBad(fmt::format("packet at {:.2f}s is corrupt or cut short", at));
+    if (p && (p->flags & AV_PKT_FLAG_CORRUPT))
+      NoteBad(fmt::format("packet at {:.2f}s is corrupt or cut short", at));
     for (int tries = 0; tries < 100; ++tries) {  // EAGAIN: take frames out, then send again
       int e = avcodec_send_packet(codec, p);
       if (e == AVERROR(EAGAIN)) {
         const int64_t seeks = vs.stats_.seeks;
         MMFEED_RETURN_IF_ERROR(Receive());
-        if (next >= targets.size() || vs.stats_.seeks != seeks) return Status::Ok();  // done, or p is stale
+        if (next >= targets.size() || vs.stats_.seeks != seeks)
+          return Status::Ok();  // done, or p is stale
         continue;
       }
       if (e < 0 && e != AVERROR_EOF)
@@ -568,13 +612,15 @@ struct VideoSampler::Run {
     for (; next < targets.size(); ++next) {
       const Target& t = targets[next];
       if (!have_prev) {
-        return bad ? Status::Corrupt("no decodable frames: " + first_bad) : Status::Corrupt("no decodable frames");
+        return bad ? Status::Corrupt("no decodable frames: " + first_bad)
+                   : Status::Corrupt("no decodable frames");
       }
       // Allow for the last frame's own duration (a variable-rate video may hold its last frame).
       if (t.ts - prev_pts > 2 * std::max(frame_dur, prev->pkt_duration)) {
         if (bad || end_from_stream)
-          return Status::Corrupt(fmt::format("truncated: decodes to {:.2f}s, declares {:.2f}s{}", Seconds(prev_pts + frame_dur),
-                                             Seconds(end_ts), bad ? " (" + first_bad + ")" : ""));
+          return Status::Corrupt(fmt::format("truncated: decodes to {:.2f}s, declares {:.2f}s{}",
+                                             Seconds(prev_pts + frame_dur), Seconds(end_ts),
+                                             bad ? " (" + first_bad + ")" : ""));
         continue;  // the container's duration covers other streams: padding
       }
       MMFEED_RETURN_IF_ERROR(Resolve(t, prev, prev_pts, prev_damaged));
@@ -591,7 +637,8 @@ struct VideoSampler::Run {
         const int64_t seeks = vs.stats_.seeks;
         MMFEED_RETURN_IF_ERROR(Send(nullptr));  // drain the decoder
         MMFEED_RETURN_IF_ERROR(Receive());
-        if (vs.stats_.seeks != seeks) continue;  // a frame sent us back (a seek landed past its target)
+        if (vs.stats_.seeks != seeks)
+          continue;  // a frame sent us back (a seek landed past its target)
         return ResolveAtEnd();
       }
       AVPacket* p = window.front();
@@ -635,8 +682,10 @@ struct VideoSampler::Run {
         int e = avcodec_send_packet(codec, p);
         const bool was_key = p && (p->flags & AV_PKT_FLAG_KEY);
         av_packet_free(&p);
-        if (e < 0 && e != AVERROR_EOF && e != AVERROR(EAGAIN)) NoteBad(fmt::format("decode error: {}", AvError(e)));
-        if (was_key || window.empty()) avcodec_send_packet(codec, nullptr);  // the keyframe is all we need
+        if (e < 0 && e != AVERROR_EOF && e != AVERROR(EAGAIN))
+          NoteBad(fmt::format("decode error: {}", AvError(e)));
+        if (was_key || window.empty())
+          avcodec_send_packet(codec, nullptr);  // the keyframe is all we need
         while (!got) {
           e = avcodec_receive_frame(codec, frame);
           if (e < 0) break;
@@ -648,7 +697,8 @@ struct VideoSampler::Run {
           MMFEED_RETURN_IF_ERROR(s);
           got = true;
         }
-        if (!got && e == AVERROR_EOF) return Status::Corrupt(fmt::format("keyframe {} does not decode", k));
+        if (!got && e == AVERROR_EOF)
+          return Status::Corrupt(fmt::format("keyframe {} does not decode", k));
       }
       avcodec_flush_buffers(codec);
     }
@@ -680,12 +730,14 @@ struct VideoSampler::Run {
     if (o.sampling == VideoSampling::kKeyframes) {
       MMFEED_RETURN_IF_ERROR(DecodeKeyframes());
     } else {
-      if (end_ts == kNoPts || end_ts <= start_ts) return Status::Corrupt("zero-length video (duration 0)");
+      if (end_ts == kNoPts || end_ts <= start_ts)
+        return Status::Corrupt("zero-length video (duration 0)");
       MMFEED_RETURN_IF_ERROR(MakeTargets(rng));
       MMFEED_RETURN_IF_ERROR(DecodeTargets());
     }
     if (damaged_picks)
-      return Status::Corrupt(fmt::format("{} sampled frame(s) damaged, first at {:.2f}s{}", damaged_picks, first_damaged,
+      return Status::Corrupt(fmt::format("{} sampled frame(s) damaged, first at {:.2f}s{}",
+                                         damaged_picks, first_damaged,
                                          bad ? ": " + first_bad : ""));
     Pad();
     ++vs.stats_.videos;
@@ -695,7 +747,8 @@ struct VideoSampler::Run {
 
 // ---- VideoSampler ----
 
-VideoSampler::VideoSampler(const VideoOptions& options, KeyframeIndexCache* cache) : o_(options), cache_(cache) {}
+VideoSampler::VideoSampler(const VideoOptions& options, KeyframeIndexCache* cache)
+    : o_(options), cache_(cache) {}
 
 VideoSampler::~VideoSampler() { sws_freeContext(sws_); }
 
@@ -703,14 +756,16 @@ size_t VideoSampler::FrameBytes() const {
   return static_cast<size_t>(o_.out_h) * o_.out_w * 3 * (o_.dtype == DType::kFloat32 ? 4 : 1);
 }
 
-Status VideoSampler::Sample(const FieldValue& in, Rng* rng, uint8_t* frames, float* pts, uint8_t* mask) {
+Status VideoSampler::Sample(const FieldValue& in, Rng* rng, uint8_t* frames, float* pts,
+                            uint8_t* mask) {
   Run run(*this, frames, pts, mask);
   return run.Go(in, rng);
 }
 
 std::vector<TensorSpec> VideoOutputSpecs(const std::string& name, const VideoOptions& o) {
   const int64_t T = o.frames, H = o.out_h, W = o.out_w;
-  TensorSpec frames{name, o.dtype, o.chw ? std::vector<int64_t>{T, 3, H, W} : std::vector<int64_t>{T, H, W, 3}};
+  TensorSpec frames{name, o.dtype,
+                    o.chw ? std::vector<int64_t>{T, 3, H, W} : std::vector<int64_t>{T, H, W, 3}};
   return {frames, {name + "_pts", DType::kFloat32, {T}}, {name + "_mask", DType::kUInt8, {T}}};
 }
 

@@ -412,6 +412,31 @@ class VideoTextTest(DaemonCase):
         self.assertIn("no video stream", log)
         self.assertIn("not a readable video file", log)
 
+    def test_a_video_over_the_time_limit_is_skipped_naming_its_file(self):
+        # A long 720p video with one keyframe: sampling it decodes every frame (seconds), while
+        # the small ones take milliseconds. sample_timeout_s gives up on it and goes on.
+        with open(self.dir / "manifest.jsonl", "w") as m:
+            for i in range(3):
+                subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=size=64x48:rate=25:duration=1",
+                                "-c:v", "libx264", "-pix_fmt", "yuv420p", str(self.dir / f"v{i}.mp4")], check=True)
+                m.write(json.dumps({"id": f"v{i}", "video": f"v{i}.mp4"}) + "\n")
+            subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=size=1280x720:rate=30:duration=40",
+                            "-c:v", "libx264", "-preset", "ultrafast", "-g", "100000", "-pix_fmt", "yuv420p",
+                            str(self.dir / "slow.mp4")], check=True)
+            m.write(json.dumps({"id": "slow", "video": "slow.mp4"}) + "\n")
+        config = """source: {type: manifest, path: manifest.jsonl}
+sample_timeout_s: 0.6
+stages:
+  - {name: video, type: video, field: video, workers: 1, params: {frames: 8, size: [48, 64]}}
+  - {name: batch, type: batch, inputs: [video], params: {batch_size: 2}}
+"""
+        batches, log = self.run_to_end(config, samples=4)
+        ids = [i for meta, _ in batches for i in meta["ids"]]
+        self.assertNotIn("slow", ids)
+        self.assertEqual(len(ids), 4, "the slow video's row was refilled")
+        self.assertRegex(log, r"skipped .*manifest.jsonl:4 \(video\): .*took longer than sample_timeout_s 0.6s")
+        self.assertIn("samples skipped: 1", log)
+
     def test_tar_members_decode_in_place_like_files(self):
         self.make_videos(4)
         lines = [json.loads(l) for l in (self.dir / "manifest.jsonl").read_text().splitlines()][:4]

@@ -523,6 +523,67 @@ TEST(PipelineTest, AThrowingWorkerSkipsThatSampleInsteadOfTerminating) {
   }
 }
 
+// A test stage that "hangs" on ids ending in 7: it loops until the sample's deadline passes
+// (as FFmpeg's loops do), or for 20 s if none is set.
+class HangingStage : public Stage {
+ public:
+  std::vector<TensorSpec> OutputSpecs() const override { return {{"v", DType::kInt32, {}}}; }
+  std::unique_ptr<StageWorker> NewWorker() const override {
+    struct Worker : StageWorker {
+      Status Process(const SampleContext& ctx, const FieldValue& in,
+                     const OutputRow& out) override {
+        auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        while (ctx.id.back() == '7' && !SampleDeadlinePassed() &&
+               std::chrono::steady_clock::now() < give_up)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        *out.As<int32_t>(0) = static_cast<int32_t>(in.data.size());
+        return Status::Ok();
+      }
+    };
+    return std::make_unique<Worker>();
+  }
+};
+MMFEED_REGISTER_STAGE((StageSchema{"test_hangs",
+                                   "hangs on ids ending in 7 (tests only)",
+                                   StageKind::kField,
+                                   /*field_is_path=*/false,
+                                   {},
+                                   [](const StageArgs&) -> Result<std::unique_ptr<Stage>> {
+                                     return std::unique_ptr<Stage>(
+                                         std::make_unique<HangingStage>());
+                                   }}));
+
+TEST(PipelineTest, ASampleOverItsTimeLimitIsGivenUpAndTheWorkerGoesOn) {
+  TempDir dir;
+  MakeTextDataset(dir, 100, [](int) { return false; });
+  const std::string cfg =
+      "source: {type: manifest, path: manifest.jsonl, seed: 3}\n"
+      "consumers: 2\n"
+      "sample_timeout_s: 0.05\n"
+      "stages:\n"
+      "  - {name: text, type: test_hangs, field: text, workers: 1}\n"
+      "  - {name: batch, type: batch, inputs: [text], params: {batch_size: 5}}\n";
+  auto t0 = std::chrono::steady_clock::now();
+  PipelineRun run = RunPipeline(dir, cfg);
+  ASSERT_TRUE(run.pipeline) << run.create_status.message();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15))
+      << "one worker went through 10 hanging samples";
+  EXPECT_TRUE(run.pipeline->status().ok());
+  nlohmann::json errors = run.pipeline->errors().ToJson();
+  EXPECT_EQ(errors["total"], 10);
+  EXPECT_EQ(errors["by_reason"]["timeout"], 10) << errors.dump();
+  std::string message = errors["recent"][0]["message"].get<std::string>();
+  EXPECT_NE(message.find("took longer than sample_timeout_s 0.05s"), std::string::npos) << message;
+  EXPECT_NE(errors["recent"][0]["origin"].get<std::string>().find("manifest.jsonl:"),
+            std::string::npos)
+      << errors.dump();
+  for (auto& s : run.sinks) {
+    EXPECT_EQ(s->batches.size(), 10u);
+    for (auto& b : s->batches)
+      for (auto& id : b->ids) EXPECT_NE(id.back(), '7');
+  }
+}
+
 // Sample paths come from a dataset that may be hostile: FIFOs, devices, folders, huge files
 // and paths outside the dataset are per-sample errors naming the path, and nothing blocks.
 TEST(PipelineTest, SampleFilesMustBeRegularSmallAndInsideTheDataRoots) {
