@@ -109,6 +109,9 @@ Result<nlohmann::json> RecvLine(int fd, std::vector<int>* fds, int timeout_ms) {
   return j;
 }
 
+// How long a client whose ring moved (kClosedMoved) tries to attach again.
+constexpr double kMovedReattachSeconds = 10;
+
 // The daemon's end of the socket closed: it exited or was killed.
 bool DaemonGone(int sock) {
   pollfd p{sock, POLLRDHUP, 0};
@@ -202,6 +205,13 @@ Result<std::shared_ptr<Batch>> Client::Next(int timeout_ms) {
       return b;
     }
     if (*w == shm::RingReader::Wait::kEnd) {
+      if (conn_->ring->moved()) {  // a reload made a larger ring: attach again, right after last_
+        conn_.reset();
+        reconnect_until =
+            Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(
+                               std::max(options_.reconnect_s, kMovedReattachSeconds) * 1000));
+        continue;
+      }
       if (conn_->ring->stopped_early())
         return Status::Closed("mmfeedd stopped before the end of the data");
       return std::shared_ptr<Batch>();

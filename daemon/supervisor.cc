@@ -45,18 +45,17 @@ class Supervisor {
     }
     const shm::SlotLayout& layout = plan.layout;
     ring_bytes_ = plan.total_bytes;
-    const std::vector<TensorSpec>& specs = plan.specs;
     const StageConfig* packed = cfg_.packed_stage >= 0 ? &cfg_.stages[cfg_.packed_stage] : nullptr;
     std::vector<BatchSink*>& sinks = pipeline_sinks_;
+    auto rings = MakeRings(plan);
+    if (!rings.ok()) {
+      spdlog::error("{}", rings.status().message());
+      return 1;
+    }
+    sinks_ = std::move(rings.value());
+    moved_from_.resize(cfg_.consumers);
     for (int r = 0; r < cfg_.consumers; ++r) {
-      auto ring = shm::RingWriter::Create(r, cfg_.consumers, cfg_.ring_slots, layout,
-                                          cfg_.placement.numa_node);
-      if (!ring.ok()) {
-        spdlog::error("{}", ring.status().message());
-        return 1;
-      }
-      sinks_.push_back(std::make_unique<RingSink>(r, specs, std::move(ring.value())));
-      sinks.push_back(sinks_.back().get());
+      sinks.push_back(sinks_[r].get());
       if (packed) {
         packers_.push_back(std::make_unique<PackingSink>(
             sinks.back(), packed->params.GetInt("max_len"), cfg_.batch_size,
@@ -151,9 +150,16 @@ class Supervisor {
       server_->Disconnect(h.generation);
       Detach(rank, h.pid, h.generation);
     }
-    shm::RingWriter& ring = sinks_[rank]->ring();
     if (pending_ && pipeline_->Finished()) CompleteReload();
-    if (resume) MMFEED_RETURN_IF_ERROR(Resume(rank, *resume));
+    if (resume) {
+      MMFEED_RETURN_IF_ERROR(Resume(rank, *resume));
+    } else if (moved_from_[rank] && moved_from_[rank]->ring().unreleased() > 0) {
+      // The rank's ring was replaced while batches in the old one were not done: without a
+      // cursor from the trainer, serve it from the old ring's acknowledged position.
+      MMFEED_RETURN_IF_ERROR(Resume(rank, moved_from_[rank]->ring().acked()));
+    }
+    moved_from_[rank].reset();
+    shm::RingWriter& ring = sinks_[rank]->ring();
     Result<int> control = ring.Attach(++last_generation_);
     if (!control.ok()) return control.status();
     h = {pid, pidfd >= 0 ? fcntl(pidfd, F_DUPFD_CLOEXEC, 0) : -1, last_generation_};
@@ -221,11 +227,24 @@ class Supervisor {
     const std::string restart = "; restart the daemon with the new config to apply it";
     if (!changes.needs_restart.empty()) return Status::Unsupported(changes.needs_restart + restart);
     RingPlan plan = PlanRings(*cfg);
-    Status fits = sinks_[0]->ring().Fits(plan.layout);
-    if (!fits.ok())
-      return Status::Unsupported(fmt::format("the new config's batches do not fit the rings ({}){}",
-                                             fits.message(), restart));
-    Result<std::unique_ptr<Pipeline>> next = Pipeline::Create(*cfg, pipeline_sinks_);
+    // Batches larger than the slots: every rank moves to a new ring, made now, and trainers
+    // attach to it by themselves (kClosedMoved). The old rings live on until then.
+    std::vector<std::unique_ptr<RingSink>> rings;
+    std::vector<BatchSink*> sinks = pipeline_sinks_;
+    if (!sinks_[0]->ring().Fits(plan.layout).ok()) {
+      if (cfg->packed_stage >= 0)
+        return Status::Unsupported("a packed text stream's rings cannot be re-made" + restart);
+      RingPlan both = plan;
+      both.total_bytes += ring_bytes_;
+      Status memory = CheckMemory(both);
+      if (!memory.ok())
+        return memory.WithContext("the new batches need larger rings, made beside the old ones");
+      auto made = MakeRings(plan);
+      if (!made.ok()) return made.status();
+      rings = std::move(made.value());
+      for (int r = 0; r < cfg_.consumers; ++r) sinks[r] = rings[r].get();
+    }
+    Result<std::unique_ptr<Pipeline>> next = Pipeline::Create(*cfg, sinks);
     if (!next.ok()) return next.status();
     if ((*next)->batches_per_epoch() != pipeline_->batches_per_epoch())
       return Status::Unsupported(
@@ -242,12 +261,15 @@ class Supervisor {
       metrics = std::move(m.value());
     }
     if (new_metrics) metrics_ = std::move(metrics);
-    pending_ = std::make_unique<PendingReload>(
-        PendingReload{std::move(next.value()), std::move(cfg.value()), std::move(plan)});
-    nlohmann::json reply = {{"config", file},
-                            {"changes", changes.json},
-                            {"summary", changes.Summary()},
-                            {"applied", at_epoch ? "at the next epoch boundary" : "now"}};
+    const bool grow = !rings.empty();
+    pending_ = std::make_unique<PendingReload>(PendingReload{
+        std::move(next.value()), std::move(cfg.value()), std::move(plan), std::move(rings)});
+    nlohmann::json reply = {
+        {"config", file},
+        {"changes", changes.json},
+        {"summary", changes.Summary()},
+        {"applied", at_epoch ? "at the next epoch boundary" : "now"},
+        {"rings", grow ? "re-made larger; trainers attach to them by themselves" : "unchanged"}};
     if (at_epoch) {
       pipeline_->QuiesceAtEpochEnd();
     } else {
@@ -270,8 +292,12 @@ class Supervisor {
       return;
     }
     std::vector<StreamCursor> start;
-    for (int r = 0; r < cfg_.consumers; ++r)
-      start.push_back(p->pipeline->CursorAt(pipeline_->NextCommit(r)));
+    for (int r = 0; r < cfg_.consumers; ++r) {
+      uint64_t seq = pipeline_->NextCommit(r);
+      if (!p->rings.empty()) seq = MoveRank(r, std::move(p->rings[r]), seq);
+      start.push_back(p->pipeline->CursorAt(seq));
+    }
+    if (!p->rings.empty()) ring_bytes_ = p->plan.total_bytes;
     st = p->pipeline->SetStart(start);
     for (auto& s : sinks_)
       if (st.ok()) st = s->Reshape(p->plan.specs, p->plan.layout);
@@ -289,6 +315,52 @@ class Supervisor {
     Retire(pipeline_->Profile());
     pipeline_ = std::move(p->pipeline);
     cfg_ = std::move(p->cfg);
+  }
+
+  // Makes one ring per rank for `plan`.
+  Result<std::vector<std::unique_ptr<RingSink>>> MakeRings(const RingPlan& plan) {
+    std::vector<std::unique_ptr<RingSink>> rings;
+    for (int r = 0; r < cfg_.consumers; ++r) {
+      auto ring = shm::RingWriter::Create(r, cfg_.consumers, cfg_.ring_slots, plan.layout,
+                                          cfg_.placement.numa_node);
+      if (!ring.ok()) return ring.status();
+      rings.push_back(std::make_unique<RingSink>(r, plan.specs, std::move(ring.value())));
+    }
+    return rings;
+  }
+
+  // Rank `r` goes on in `ring` (a reload needed larger slots); its stream continues at
+  // `next_seq`, the first batch not in the old ring. Returns where the new ring starts: there,
+  // once the attached trainer has drained the old ring (it attaches again by itself); with no
+  // trainer attached the old ring's batches are dropped and made again in the new one.
+  uint64_t MoveRank(int r, std::unique_ptr<RingSink> ring, uint64_t next_seq) {
+    std::unique_ptr<RingSink> old = std::move(sinks_[r]);
+    int dropped = 0;
+    if (!holders_[r].pid) {
+      next_seq = std::min(next_seq, old->ring().MinReadySeq());
+      dropped = old->ring().DropReady();
+    } else {
+      // The trainer keeps its connection to the old ring until it attaches again: its later
+      // close is then a stale generation and changes nothing.
+      if (holders_[r].pidfd >= 0) ::close(holders_[r].pidfd);
+      holders_[r] = Holder{};
+    }
+    ring->ring().set_acked(old->ring().acked());
+    old->ring().CloseMoved();
+    const StageCounters& c = *old->info().counters;
+    StageTotals& t = retired_stages_[old->info().name];
+    t.items += c.items.load();
+    t.errors += c.errors.load();
+    t.busy += c.busy_ns.load() / 1e9;
+    t.starved += c.starved_ns.load() / 1e9;
+    t.blocked += c.blocked_ns.load() / 1e9;
+    moved_published_ += old->ring().published() - dropped;
+    sinks_[r] = std::move(ring);
+    pipeline_sinks_[r] = sinks_[r].get();
+    moved_from_[r] = std::move(old);
+    spdlog::info("rank {}: moved to a larger ring ({:.1f} MiB slots), continuing at batch {}", r,
+                 sinks_[r]->ring().layout().slot_bytes / 1048576.0, next_seq);
+    return next_seq;
   }
 
   // --state-dir: the acknowledged cursors of the last run, used if they are for this stream.
@@ -614,11 +686,13 @@ class Supervisor {
   int Report() {
     nlohmann::json profile = pipeline_->Profile();
     std::string text = FormatProfile(profile);
-    uint64_t written = 0, unreleased = 0;
+    uint64_t written = moved_published_, unreleased = 0;
     for (auto& s : sinks_) {
       written += s->ring().published();
       unreleased += s->ring().unreleased();
     }
+    for (auto& s : moved_from_)  // replaced rings whose trainer never came back
+      if (s) unreleased += s->ring().unreleased();
     const auto& errors = profile["errors"];
     std::fprintf(stderr, "mmfeedd profile:\n%s", text.c_str());
     std::fprintf(stderr,
@@ -660,7 +734,11 @@ class Supervisor {
     std::unique_ptr<Pipeline> pipeline;
     PipelineConfig cfg;
     RingPlan plan;
+    std::vector<std::unique_ptr<RingSink>> rings;  // empty, or larger rings to move to
   };
+  // Per rank, the ring a reload replaced, until the rank's next attach.
+  std::vector<std::unique_ptr<RingSink>> moved_from_;
+  uint64_t moved_published_ = 0;  // batches published into replaced rings, less those dropped
   std::unique_ptr<PendingReload> pending_;
   uint64_t reloads_ok_ = 0, reloads_failed_ = 0;
   ServiceNotifier notify_;

@@ -341,8 +341,12 @@ void RingWriter::Abandon(int index) {
   if (state_[index] == Slot::kWriting) state_[index] = Slot::kFree;
 }
 
-void RingWriter::Close(bool complete) {
-  header()->closed.store(complete ? kClosedAtEnd : kClosedStopped, std::memory_order_release);
+void RingWriter::Close(bool complete) { SetClosed(complete ? kClosedAtEnd : kClosedStopped); }
+
+void RingWriter::CloseMoved() { SetClosed(kClosedMoved); }
+
+void RingWriter::SetClosed(uint32_t how) {
+  header()->closed.store(how, std::memory_order_release);
   header()->publish_futex.fetch_add(1, std::memory_order_release);
   FutexWakeAll(&header()->publish_futex);
 }

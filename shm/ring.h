@@ -100,6 +100,9 @@ class RingWriter {
   // No more batches: readers drain what is published, then see the end: of the data when
   // `complete`, else a stop before it (RingHeader::closed 1 or 2).
   void Close(bool complete);
+  // No more batches here: the rank goes on in a new ring (kClosedMoved). Readers drain this
+  // one and attach again.
+  void CloseMoved();
   // Closed and every published batch released.
   bool Drained();
   uint64_t published() const;
@@ -131,6 +134,7 @@ class RingWriter {
   void SyncLocked();
   int DetachLocked();
   void CutOff(std::string why);
+  void SetClosed(uint32_t how);
 
   int fd_ = -1, ro_fd_ = -1;
   uint8_t* base_ = nullptr;
@@ -174,6 +178,8 @@ class RingReader {
   bool stopped_early() const {
     return shared_->closed.load(std::memory_order_acquire) == kClosedStopped;
   }
+  // After kEnd: the rank goes on in a new ring; attach again, resuming after the last batch.
+  bool moved() const { return shared_->closed.load(std::memory_order_acquire) == kClosedMoved; }
 
  private:
   RingReader() = default;

@@ -43,6 +43,7 @@ constexpr uint32_t WordGeneration(uint64_t word) { return static_cast<uint32_t>(
 // RingHeader::closed: 0 while batches may follow.
 constexpr uint32_t kClosedAtEnd = 1;    // the data ended
 constexpr uint32_t kClosedStopped = 2;  // the daemon stopped before the end of the data
+constexpr uint32_t kClosedMoved = 3;    // the rank goes on in a new ring: attach again
 
 // At offset 0 of the data area; the header occupies the first kPageBytes. Written by the
 // daemon only.
@@ -59,7 +60,7 @@ struct RingHeader {
   uint32_t num_ranks;
   uint32_t reserved0;
   alignas(64) std::atomic<uint32_t> publish_futex;  // bumped after each publish and on close
-  std::atomic<uint32_t> closed;     // no batch will follow: kClosedAtEnd/kClosedStopped
+  std::atomic<uint32_t> closed;     // no batch will follow: kClosedAtEnd/Stopped/Moved
   std::atomic<uint64_t> published;  // batches published so far
   uint8_t reserved1[48];
 };
