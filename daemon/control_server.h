@@ -1,16 +1,6 @@
 // ControlServer: the daemon's unix socket, served on one Asio io_context thread.
 //
-// Protocol: one JSON object per line each way (a request is at most 1 MiB; a longer one
-// closes that connection only).
-//   {"cmd":"attach","rank":R}  -> {"ok":true,"generation":G,...} with two fds in SCM_RIGHTS:
-//                                 the ring's data area (read-only) and a fresh control area.
-//                                 The connection stays open while the trainer is attached.
-//   {"cmd":"status"}           -> {"ok":true,"status":{...}}
-//   {"cmd":"reload"[,"config":PATH]} -> {"ok":true,"reload":{"applied","changes","summary"}}
-//                                 or the error (a bad config: file:line:col); see
-//                                 docs/threads.md, "Reloading the config".
-//   {"cmd":"stop"}             -> {"ok":true}, then the daemon drains and exits.
-// Errors: {"ok":false,"error":"..."}.
+// The protocol (one JSON object per line each way) is documented in docs/control_protocol.md.
 //
 // Who may connect: the daemon's user, root, and members of `group` when one is given (the
 // socket is then mode 0660 and owned by that group); checked with SO_PEERCRED.
