@@ -71,6 +71,45 @@ class PythonClientTest(dt.DaemonCase):
         every = got[0] + got[1]
         self.assertEqual(len(set(every)), len([i for i in range(300) if i % 13 != 12]), "every good sample")
 
+    def test_a_reload_that_grows_the_ring_is_followed_by_the_client(self):
+        make_texts(self.dir, 400)
+        d = dt.Daemon(self.dir, self.config(consumers=1))
+        dt.finish(d.consume(0, "--dump", str(self.dir / "ref")))
+        self.assertEqual(d.wait(), 0)
+        want = [meta["ids"] for meta, _ in dt.dumped_batches(self.dir / "ref")]
+        d = dt.Daemon(self.dir, self.config(consumers=1))
+        client = mmfeed.Client(socket=d.socket, rank=0)
+        got, widths = [], []
+        kept = None
+        while True:
+            b = client.next(timeout_s=30)
+            if b is None:
+                break
+            if len(got) == 3:  # longer rows than the slots hold: the daemon makes larger rings
+                kept = b  # a batch of the old ring, held across the move
+                kept_text = np.array(b["text"])
+                (self.dir / "long.yaml").write_text(self.config(consumers=1).replace("max_len: 24", "max_len: 1024"))
+                r = subprocess.run([f"{dt.BIN}/mmfeedctl", "--socket", d.socket, "reload", "--config",
+                                    str(self.dir / "long.yaml")], capture_output=True, text=True)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertIn("applied now", r.stdout)
+            got.append(b.ids)
+            widths.append(b["text"].shape[1])
+            for k, sid in enumerate(b.ids):
+                self.assertEqual(text_of(b, k), f"caption {sid[1:]}")
+            if b is not kept:
+                b.release()
+            time.sleep(0.01)
+        self.assertTrue(np.array_equal(np.array(kept["text"]), kept_text), "the old ring's batch kept its bytes")
+        kept.release()
+        del client
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertIn("moved to a larger ring", d.log())
+        self.assertEqual(got, want)
+        switch = widths.index(1024)
+        self.assertGreater(switch, 3)
+        self.assertEqual(widths, [24] * switch + [1024] * (len(widths) - switch))
+
     def test_an_array_kept_from_an_early_batch_keeps_its_bytes(self):
         make_texts(self.dir, 400)
         d = dt.Daemon(self.dir, self.config(consumers=1, slots=2))
