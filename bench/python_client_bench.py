@@ -8,9 +8,12 @@
    mmfeed-consume processes, then by two Python processes (`for b in mmfeed.Client(): b.torch()`),
    then the PyTorch DataLoader(num_workers=2) baseline over the same files
    (bench/torch_baseline.py). Steady state: (long - short) samples / (long - short) seconds,
-   each consumer timed by its own clock from attach to its last batch.
+   each consumer timed by its own clock from attach to its last batch. The C++ and Python
+   measurements alternate --trials times, and the ratio reported is the median of the
+   trials' ratios: single runs vary by about 10% on a small VM.
 
 usage: python_client_bench.py [--build build] [--out bench/out/python_client] [--short 512] [--long 2048]
+                              [--trials 5]
 Prints one JSON object.
 """
 import argparse, json, os, pathlib, statistics, subprocess, sys, textwrap, time
@@ -117,6 +120,7 @@ def main():
     ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "python_client"))
     ap.add_argument("--short", type=int, default=512)
     ap.add_argument("--long", type=int, default=2048)
+    ap.add_argument("--trials", type=int, default=5)
     a = ap.parse_args()
     data = pathlib.Path(a.out)
     data.mkdir(parents=True, exist_ok=True)
@@ -130,10 +134,14 @@ def main():
     cpp_us = [overhead(a.build, data, f"manifest-{a.long}.jsonl", False) for _ in range(3)]
     py_us = [overhead(a.build, data, f"manifest-{a.long}.jsonl", True) for _ in range(3)]
     res["batch_overhead_us"] = {"cpp": statistics.median(cpp_us), "python": statistics.median(py_us)}
-    cpp = steady(lambda n: throughput(a.build, data, f"manifest-{n}.jsonl", False), a.short, a.long)
-    py = steady(lambda n: throughput(a.build, data, f"manifest-{n}.jsonl", True), a.short, a.long)
+    cpps, pys = [], []
+    for _ in range(a.trials):
+        cpps.append(steady(lambda n: throughput(a.build, data, f"manifest-{n}.jsonl", False), a.short, a.long))
+        pys.append(steady(lambda n: throughput(a.build, data, f"manifest-{n}.jsonl", True), a.short, a.long))
+    cpp, py = statistics.median(cpps), statistics.median(pys)
     res["samples_per_s"] = {"mmfeed_consume": round(cpp), "python_client": round(py)}
-    res["python_vs_cpp"] = round(py / cpp, 3)
+    res["python_vs_cpp_trials"] = [round(p / c, 3) for c, p in zip(cpps, pys)]
+    res["python_vs_cpp"] = statistics.median(res["python_vs_cpp_trials"])
     try:
         base = steady(lambda n: torch_baseline(data, f"manifest-{n}.jsonl", n), a.short, a.long)
         res["samples_per_s"]["torch_dataloader_2_workers"] = round(base)

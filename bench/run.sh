@@ -7,6 +7,7 @@ bash scripts/setup.sh --bench
 bash scripts/build.sh
 /usr/bin/python3 bench/image_text_bench.py
 /usr/bin/python3 bench/python_client_bench.py
+/usr/bin/python3 bench/train_loop_bench.py
 /usr/bin/python3 bench/audio_bench.py
 /usr/bin/python3 bench/tokenizer_bench.py
 /usr/bin/python3 bench/video_bench.py
