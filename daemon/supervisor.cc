@@ -552,7 +552,7 @@ class Supervisor {
   void Heartbeat() {
     uint64_t progress = pipeline_->Progress();
     for (auto& s : sinks_) progress += s->ring().published() + s->ring().released();
-    bool idle_ok = pipeline_->Finished() || draining_ || pending_ != nullptr;
+    bool idle_ok = pipeline_->Finished() || draining_;
     for (auto& s : sinks_) idle_ok = idle_ok || s->WaitingForTrainer();
     notify_.Watchdog(progress != watchdog_progress_ || idle_ok);
     watchdog_progress_ = progress;
