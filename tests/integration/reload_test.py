@@ -195,36 +195,40 @@ class ReloadTest(ReloadCase):
             self.assertNotEqual(want_a[rank][per_epoch:], want_b[rank][per_epoch:])
 
     def test_ten_reloads_in_a_row_leak_no_threads_fds_or_memory(self):
-        want = self.reference(config(), "ref")
-        d, cs = self.start_slow(config(), hold_ms=60)
-        self.wait_batches(2)
+        # Endless data and trainers that keep taking: the reloads all happen under traffic
+        # however slow the machine (the ids across reloads are checked by the tests above).
+        d = Daemon(self.dir, config(epochs=0), extra=("--drain-timeout", "1"))
+        cs = [d.consume(r, "--hold-ms", "20", "--batches", "1000000") for r in (0, 1)]
         proc = pathlib.Path(f"/proc/{d.proc.pid}")
 
         def counts():
             rss = int([l for l in (proc / "status").read_text().splitlines() if l.startswith("VmRSS:")][0].split()[1])
             return len(list((proc / "task").iterdir())), len(list((proc / "fd").iterdir())), rss
 
-        variants = [config(workers=1), config(workers=2)]
-        (self.dir / "v0.yaml").write_text(variants[0])
-        (self.dir / "v1.yaml").write_text(variants[1])
+        (self.dir / "v0.yaml").write_text(config(epochs=0, workers=1))
+        (self.dir / "v1.yaml").write_text(config(epochs=0, workers=2))
         self.assertEqual(ctl(d, "reload", "--config", str(self.dir / "v1.yaml")).returncode, 0)
         # Settled: every worker has taken an item (each thread opens its schedstat once) and
         # the control connections are closed.
-        time.sleep(0.5)
+        time.sleep(1)
         before = counts()
         for i in range(10):
             r = ctl(d, "reload", "--config", str(self.dir / f"v{i % 2}.yaml"))
             self.assertEqual(r.returncode, 0, r.stderr)
-        time.sleep(0.5)
+        time.sleep(1)
         after = counts()
         self.assertEqual(after[0], before[0], "threads (the last config has the same workers)")
         self.assertEqual(after[1], before[1], "fds")
         self.assertLess(after[2] - before[2], 64 * 1024, f"RSS grew from {before[2]} to {after[2]} KiB")
         status = json.loads(ctl(d, "status", "--json").stdout)
         self.assertEqual(status["reloads"]["ok"], 11)
-        got = self.finish_all(d, cs)
-        for rank in (0, 1):
-            self.assertEqual([m["ids"] for m, _ in got[rank]], want[rank])
+        self.assertTrue(all(r["attached"] for r in status["consumers"]))
+        for c in cs:
+            self.assertIsNone(c.poll(), "the trainers went on through every reload")
+            c.kill()
+            c.communicate()
+        d.proc.send_signal(signal.SIGTERM)
+        self.assertIn(d.wait(), (0, 3))
 
 
 if __name__ == "__main__":
