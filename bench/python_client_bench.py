@@ -21,10 +21,20 @@ import argparse, json, os, pathlib, statistics, subprocess, sys, textwrap, time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PY = "/usr/bin/python3"
 
+# Imports first, then says so and waits for the daemon's socket: the bench starts the daemon only
+# once both Python consumers are ready, so that importing torch does not take CPU from it.
 PY_CONSUMER = """
-import json, sys, time, torch, mmfeed
-t0 = time.perf_counter(); n = 0
-for b in mmfeed.Client(socket=sys.argv[1], rank=int(sys.argv[2])):
+import json, os, sys, time, torch, mmfeed
+print("ready", flush=True)
+while True:  # the socket's file appears just before the daemon listens on it
+    try:
+        t0 = time.perf_counter()
+        client = mmfeed.Client(socket=sys.argv[1], rank=int(sys.argv[2]))
+        break
+    except mmfeed.AttachError:
+        time.sleep(0.005)
+n = 0
+for b in client:
     t = b.torch(); n += len(b.ids); del t, b
 s = time.perf_counter() - t0
 print(json.dumps({"samples": n, "seconds": s}))
@@ -86,12 +96,18 @@ def overhead(build, data, manifest, python):
 
 def throughput(build, data, manifest, python):
     cfg = (ROOT / "configs" / "demo.yaml").read_text().replace("path: manifest.jsonl", f"path: {manifest}")
-    d, sock = start_daemon(build, cfg, data, "throughput")
     if python:
+        sock = data / "throughput.sock"
+        if sock.exists():
+            sock.unlink()
         env = dict(os.environ, PYTHONPATH=f"{build}/python")
-        cs = [subprocess.Popen([PY, "-c", PY_CONSUMER, sock, str(r)], stdout=subprocess.PIPE, text=True, env=env)
+        cs = [subprocess.Popen([PY, "-c", PY_CONSUMER, str(sock), str(r)], stdout=subprocess.PIPE, text=True, env=env)
               for r in (0, 1)]
+        for c in cs:
+            assert c.stdout.readline().strip() == "ready"
+        d, _ = start_daemon(build, cfg, data, "throughput")
     else:
+        d, sock = start_daemon(build, cfg, data, "throughput")
         cs = [subprocess.Popen([f"{build}/bin/mmfeed-consume", "--socket", sock, "--rank", str(r), "--json"],
                                stdout=subprocess.PIPE, text=True) for r in (0, 1)]
     # Each consumer's own clock runs from its attach to its last batch (interpreter start-up and
