@@ -6,7 +6,7 @@ consumer (--hold-ms) holds rank 2. Checks, and prints:
 - every rank's batches arrive in order with no gap, and no duplicate beyond one re-delivery per
   kill (a batch dumped but not yet recorded in the cursor file when the consumer died);
 - no bad sample is ever delivered, and the daemon's accounting closes: failed = refilled
-  (every failed row was refilled), skipped = failed;
+  (every failed row was refilled), skipped = failed (the log may lead the count by a few while samples fail);
 - the daemon's RSS and open fds stay flat after warm-up.
 
 usage: soak.py --bin BUILD/bin [--seconds 600] [--samples 20000]
@@ -123,8 +123,10 @@ def main():
             failures.append(f"rank {rank}: bad samples delivered: {sorted(bad & set(ids))[:5]}")
     s = status["profile"]["samples"]
     skipped = status["profile"]["errors"]["total"]
-    if skipped != s["failed"]:
-        failures.append(f"skipped {skipped} != failed {s['failed']}")
+    # The status is taken while samples fail: each is logged, then counted, and the count is
+    # read first, so the log may be a few ahead, never behind.
+    if not 0 <= skipped - s["failed"] <= 16:
+        failures.append(f"skipped {skipped} vs failed {s['failed']}")
     in_flight = s["failed"] - s["refilled"]
     if not 0 <= in_flight <= 3 * 4 * 16:  # rows of batches still being refilled when status was taken
         failures.append(f"failed {s['failed']} vs refilled {s['refilled']}")

@@ -556,8 +556,10 @@ class Pipeline::Collator {
         p_->refills_failed_.fetch_add(1, std::memory_order_relaxed);
         ++o.failed_run;
       } else {
-        p_->failed_.fetch_add(1, std::memory_order_relaxed);
+        // Logged before counted, and Profile() reads the count first: a profile taken while
+        // samples fail never shows more failed samples than logged errors.
         p_->SampleFailed(e, failed_stage, status);
+        p_->failed_.fetch_add(1, std::memory_order_release);
       }
       o.holes.push_back(s.row);
     }
@@ -785,11 +787,11 @@ nlohmann::json Pipeline::Profile() const {
   uint64_t end = end_ns_.load();
   double wall = ((end ? end : NowNs()) - start_ns_) / 1e9;
   nlohmann::json j = BuildProfile(infos, wall);
-  j["errors"] = errors_.ToJson();
   j["samples"] = {{"dealt", dealt_.load()},
-                  {"failed", failed_.load()},
+                  {"failed", failed_.load(std::memory_order_acquire)},
                   {"refilled", refills_ok_.load()},
                   {"refill_failed", refills_failed_.load()}};
+  j["errors"] = errors_.ToJson();  // read after failed_: see where failed_ grows
   j["samples_in_catalog"] = catalog_->entries.size();
   return j;
 }
