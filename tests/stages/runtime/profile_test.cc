@@ -75,7 +75,8 @@ TEST(ProfileTest, WorkTimerSeesTheTimeAThreadWaitsForACpu) {
          runnable = counters.runnable_ns.load();
   EXPECT_GT(runnable / busy, 0.15) << "cpu " << cpu_ns / busy << " runnable " << runnable / busy;
   EXPECT_GT((cpu_ns + runnable) / busy, 0.8) << "cpu " << cpu_ns / busy;
-  EXPECT_LT((cpu_ns + runnable) / busy, 1.02) << "cpu " << cpu_ns / busy << " runnable " << runnable / busy;
+  EXPECT_LT((cpu_ns + runnable) / busy, 1.02)
+      << "cpu " << cpu_ns / busy << " runnable " << runnable / busy;
 }
 
 }  // namespace
