@@ -473,31 +473,48 @@ TEST(PipelineTest, AnyFailureMixCompletesTheEpochWithEqualBatchCounts) {
   }
 }
 
-// A test stage whose library throws on every sample whose id ends in 3.
-class ThrowingStage : public Stage {
+// A test stage (tests only): one int32 output, the field's length, after `before` ran on the
+// sample. Registered as `type` with no parameters.
+using SampleHook = void (*)(const SampleContext& ctx);
+class HookStage : public Stage {
  public:
+  explicit HookStage(SampleHook before) : before_(before) {}
   std::vector<TensorSpec> OutputSpecs() const override { return {{"v", DType::kInt32, {}}}; }
   std::unique_ptr<StageWorker> NewWorker() const override {
     struct Worker : StageWorker {
+      explicit Worker(SampleHook before) : before(before) {}
       Status Process(const SampleContext& ctx, const FieldValue& in,
                      const OutputRow& out) override {
-        if (ctx.id.back() == '3') throw std::runtime_error("cv::Exception: the library failed");
+        before(ctx);
         *out.As<int32_t>(0) = static_cast<int32_t>(in.data.size());
         return Status::Ok();
       }
+      SampleHook before;
     };
-    return std::make_unique<Worker>();
+    return std::make_unique<Worker>(before_);
   }
+
+ private:
+  SampleHook before_;
 };
-MMFEED_REGISTER_STAGE((StageSchema{"test_throws",
-                                   "throws on ids ending in 3 (tests only)",
-                                   StageKind::kField,
-                                   /*field_is_path=*/false,
-                                   {},
-                                   [](const StageArgs&) -> Result<std::unique_ptr<Stage>> {
-                                     return std::unique_ptr<Stage>(
-                                         std::make_unique<ThrowingStage>());
-                                   }}));
+
+bool RegisterHookStage(const char* type, const char* doc, SampleHook before) {
+  return Registry::Get().Add(
+      StageSchema{type,
+                  doc,
+                  StageKind::kField,
+                  /*field_is_path=*/false,
+                  {},
+                  [before](const StageArgs&) -> Result<std::unique_ptr<Stage>> {
+                    return std::unique_ptr<Stage>(std::make_unique<HookStage>(before));
+                  }});
+}
+
+// Its library throws on every sample whose id ends in 3.
+const bool kThrowsRegistered = RegisterHookStage(
+    "test_throws", "throws on ids ending in 3 (tests only)", [](const SampleContext& ctx) {
+      if (ctx.id.back() == '3') throw std::runtime_error("cv::Exception: the library failed");
+    });
 
 TEST(PipelineTest, AThrowingWorkerSkipsThatSampleInsteadOfTerminating) {
   TempDir dir;
@@ -523,35 +540,15 @@ TEST(PipelineTest, AThrowingWorkerSkipsThatSampleInsteadOfTerminating) {
   }
 }
 
-// A test stage that "hangs" on ids ending in 7: it loops until the sample's deadline passes
-// (as FFmpeg's loops do), or for 20 s if none is set.
-class HangingStage : public Stage {
- public:
-  std::vector<TensorSpec> OutputSpecs() const override { return {{"v", DType::kInt32, {}}}; }
-  std::unique_ptr<StageWorker> NewWorker() const override {
-    struct Worker : StageWorker {
-      Status Process(const SampleContext& ctx, const FieldValue& in,
-                     const OutputRow& out) override {
-        auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-        while (ctx.id.back() == '7' && !SampleDeadlinePassed() &&
-               std::chrono::steady_clock::now() < give_up)
-          std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        *out.As<int32_t>(0) = static_cast<int32_t>(in.data.size());
-        return Status::Ok();
-      }
-    };
-    return std::make_unique<Worker>();
-  }
-};
-MMFEED_REGISTER_STAGE((StageSchema{"test_hangs",
-                                   "hangs on ids ending in 7 (tests only)",
-                                   StageKind::kField,
-                                   /*field_is_path=*/false,
-                                   {},
-                                   [](const StageArgs&) -> Result<std::unique_ptr<Stage>> {
-                                     return std::unique_ptr<Stage>(
-                                         std::make_unique<HangingStage>());
-                                   }}));
+// It "hangs" on ids ending in 7: loops until the sample's deadline passes (as FFmpeg's loops
+// do), or for 20 s if none is set.
+const bool kHangsRegistered = RegisterHookStage(
+    "test_hangs", "hangs on ids ending in 7 (tests only)", [](const SampleContext& ctx) {
+      auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (ctx.id.back() == '7' && !SampleDeadlinePassed() &&
+             std::chrono::steady_clock::now() < give_up)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    });
 
 TEST(PipelineTest, ASampleOverItsTimeLimitIsGivenUpAndTheWorkerGoesOn) {
   TempDir dir;
