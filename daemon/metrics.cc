@@ -84,7 +84,6 @@ void PromText::Sample(const std::string& name, const std::map<std::string, std::
 
 Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen) {
   std::unique_ptr<MetricsServer> s(new MetricsServer());
-  s->listen_ = listen;
   mg_init_library(0);
   const char* options[] = {
       "listening_ports", listen.c_str(),      "num_threads", "2",    "request_timeout_ms",

@@ -49,12 +49,10 @@ class MetricsServer {
   MetricsServer& operator=(const MetricsServer&) = delete;
   // The page served from now on.
   void Publish(std::string page);
-  const std::string& listen() const { return listen_; }
 
  private:
   MetricsServer() = default;
   static int Handle(mg_connection* conn, void* self);
-  std::string listen_;
   mg_context* ctx_ = nullptr;
   std::mutex mu_;
   std::string page_;

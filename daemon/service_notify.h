@@ -24,7 +24,6 @@ class ServiceNotifier {
   // Called often (every control tick): sends WATCHDOG=1 when half the watchdog interval has
   // passed and `healthy` is true. Without a watchdog (no $WATCHDOG_USEC) it does nothing.
   void Watchdog(bool healthy);
-  bool watchdog_enabled() const { return watchdog_usec_ > 0; }
 
  private:
   void Send(const std::string& message);

@@ -347,13 +347,7 @@ class Supervisor {
     }
     ring->ring().set_acked(old->ring().acked());
     old->ring().CloseMoved();
-    const StageCounters& c = *old->info().counters;
-    StageTotals& t = retired_stages_[old->info().name];
-    t.items += c.items.load();
-    t.errors += c.errors.load();
-    t.busy += c.busy_ns.load() / 1e9;
-    t.starved += c.starved_ns.load() / 1e9;
-    t.blocked += c.blocked_ns.load() / 1e9;
+    retired_stages_[old->info().name].Add(BuildProfile({old->info()}, 1)["stages"][0]);
     moved_published_ += old->ring().published() - dropped;
     sinks_[r] = std::move(ring);
     pipeline_sinks_[r] = sinks_[r].get();
@@ -585,12 +579,7 @@ class Supervisor {
   void Retire(const nlohmann::json& profile) {
     for (const auto& st : profile["stages"]) {
       if (st["type"] == "ring") continue;  // the rings' counters outlive pipelines anyway
-      StageTotals& t = retired_stages_[st["name"].get<std::string>()];
-      t.items += st["items"].get<double>();
-      t.errors += st["errors"].get<double>();
-      t.busy += st["busy_seconds"].get<double>();
-      t.starved += st["starved_seconds"].get<double>();
-      t.blocked += st["blocked_seconds"].get<double>();
+      retired_stages_[st["name"].get<std::string>()].Add(st);
     }
     for (const auto& [reason, n] : profile["errors"]["by_reason"].items())
       retired_errors_[reason] += n.get<uint64_t>();
@@ -604,12 +593,7 @@ class Supervisor {
     std::map<std::string, double> depth;
     for (const auto& st : profile["stages"]) {
       const std::string name = st["name"].get<std::string>();
-      StageTotals& t = stages[name];
-      t.items += st["items"].get<double>();
-      t.errors += st["errors"].get<double>();
-      t.busy += st["busy_seconds"].get<double>();
-      t.starved += st["starved_seconds"].get<double>();
-      t.blocked += st["blocked_seconds"].get<double>();
+      stages[name].Add(st);
       depth[name] = st["queue_depth"].get<double>();
     }
     std::map<std::string, uint64_t> errors = retired_errors_;
@@ -752,8 +736,16 @@ class Supervisor {
   std::vector<Rate> rates_;  // per rank, updated by Heartbeat
   std::unique_ptr<MetricsServer> metrics_;
   int ticks_ = 0;
+  // A stage's counters summed over pipelines, from their profile entries.
   struct StageTotals {
     double items = 0, errors = 0, busy = 0, starved = 0, blocked = 0;
+    void Add(const nlohmann::json& stage) {
+      items += stage["items"].get<double>();
+      errors += stage["errors"].get<double>();
+      busy += stage["busy_seconds"].get<double>();
+      starved += stage["starved_seconds"].get<double>();
+      blocked += stage["blocked_seconds"].get<double>();
+    }
   };
   std::map<std::string, StageTotals> retired_stages_;  // of pipelines reloads replaced
   std::map<std::string, uint64_t> retired_errors_;
