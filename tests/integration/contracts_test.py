@@ -6,7 +6,7 @@ processes speaking the control protocol themselves.
 
 usage: contracts_test.py --bin BUILD/bin
 """
-import argparse, json, mmap, os, pathlib, signal, socket, subprocess, sys, time, unittest
+import json, mmap, os, pathlib, signal, socket, subprocess, sys, time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import daemon_test as dt  # noqa: E402  (Daemon, finish, dumped_batches, DaemonCase)
@@ -252,7 +252,7 @@ class ContractsTest(dt.DaemonCase):
                            capture_output=True, text=True, timeout=30)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("another mmfeedd is serving", p.stderr)
-        st = subprocess.run([f"{dt.BIN}/mmfeedctl", "--socket", d.socket, "status"], capture_output=True, text=True)
+        st = d.ctl("status")
         self.assertEqual(st.returncode, 0, "the first daemon is still reachable")
         d.proc.send_signal(signal.SIGKILL)
         d.proc.wait()
@@ -309,7 +309,7 @@ class ContractsTest(dt.DaemonCase):
                 l.split(":")[1].strip() for l in status.splitlines() if l.startswith("Cpus_allowed_list")][0]
         for name in ("mmf:source", "mmf:batch", "mmf:text:0"):
             self.assertEqual(threads[name], node0.read_text().strip(), name)
-        st = subprocess.run([f"{dt.BIN}/mmfeedctl", "--socket", d.socket, "status"], capture_output=True, text=True)
+        st = d.ctl("status")
         self.assertIn("bound to NUMA node 0", st.stdout)
         self.assertIn(f"thread(s) on CPUs {node0.read_text().strip()}", st.stdout)
         d.proc.send_signal(signal.SIGTERM)
@@ -340,7 +340,7 @@ class ContractsTest(dt.DaemonCase):
         except ConnectionResetError:
             pass
         s.close()
-        st = subprocess.run([f"{dt.BIN}/mmfeedctl", "--socket", d.socket, "status"], capture_output=True, text=True)
+        st = d.ctl("status")
         self.assertEqual(st.returncode, 0, st.stderr)
         self.assertIn("longer than 1048576 bytes", d.log())
         rss = [l for l in pathlib.Path(f"/proc/{d.proc.pid}/status").read_text().splitlines() if l.startswith("VmRSS")]
@@ -410,8 +410,7 @@ class ContractsTest(dt.DaemonCase):
                     m.write(json.dumps({"id": f"s{i}", "text": f"caption {i}"}) + "\n")
         d = dt.Daemon(self.dir, self.config(consumers=1, epochs=0), extra=("--drain-timeout", "1", "--log-level", "error"))
         dt.finish(d.consume(0, "--batches", "30"))
-        st = subprocess.run([f"{dt.BIN}/mmfeedctl", "--socket", d.socket, "status", "--json"], capture_output=True,
-                            text=True, timeout=30)
+        st = d.ctl("status", "--json")
         self.assertEqual(st.returncode, 0, st.stderr)
         self.assertGreater(len(st.stdout), 250_000, "the reply is larger than a unix socket's buffer")
         recent = json.loads(st.stdout)["profile"]["errors"]["recent"]
@@ -477,8 +476,4 @@ class ContractsTest(dt.DaemonCase):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
-    a, rest = ap.parse_known_args()
-    dt.BIN = os.path.abspath(a.bin)
-    unittest.main(argv=[sys.argv[0], "-v", *rest])
+    dt.main()

@@ -74,6 +74,11 @@ class Daemon:
             self.proc.kill()
             raise AssertionError("daemon did not exit:\n" + self.log())
 
+    def ctl(self, *args):
+        """Runs mmfeedctl against this daemon; returns the finished process (text output)."""
+        return subprocess.run([f"{BIN}/mmfeedctl", "--socket", self.socket, *args], capture_output=True, text=True,
+                              timeout=60)
+
     def consume(self, rank, *args):
         return subprocess.Popen([f"{BIN}/mmfeed-consume", "--socket", self.socket, "--rank", str(rank), *args],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -232,12 +237,11 @@ class DaemonTest(DaemonCase):
         self.assertIn("mmf:image:1", pinned)
         if node0.exists():
             self.assertEqual(pinned["mmf:image:0"], node0.read_text().strip())
-        status = subprocess.run([f"{BIN}/mmfeedctl", "--socket", d.socket, "status"], capture_output=True, text=True)
+        status = d.ctl("status")
         self.assertEqual(status.returncode, 0, status.stderr)
         self.assertIn("bottleneck:", status.stdout)
         self.assertRegex(status.stdout, r"\n0 +- +epoch \d+ batch \d+ \(seq \d+\)")  # rank 0, not attached
-        js = json.loads(subprocess.run([f"{BIN}/mmfeedctl", "--socket", d.socket, "status", "--json"],
-                                       capture_output=True, text=True).stdout)
+        js = json.loads(d.ctl("status", "--json").stdout)
         self.assertEqual([s["name"] for s in js["profile"]["stages"]], ["source", "image", "text", "batch", "ring0"])
         self.assertGreaterEqual(js["consumers"][0]["released"], 5)
         d.proc.send_signal(signal.SIGTERM)
@@ -269,7 +273,7 @@ class DaemonTest(DaemonCase):
         self.assertEqual(sorted(got), ids)
         self.assertEqual(d.wait(), 0, d.log())
         d = Daemon(self.dir, self.config(epochs=0, consumers=1), extra=("--drain-timeout", "1"))
-        p = subprocess.run([f"{BIN}/mmfeedctl", "--socket", d.socket, "stop"], capture_output=True, text=True)
+        p = d.ctl("stop")
         self.assertEqual(p.returncode, 0, p.stderr)
         # Nobody consumes: the drain gives up after its timeout, says how many batches were
         # lost, and exits 3.
@@ -519,9 +523,15 @@ class PackedTextTest(DaemonCase):
         self.assertEqual(rows, (len(want) + 63) // 64, "no padding but in the last row")
 
 
-if __name__ == "__main__":
+def main():
+    """Runs the tests of the script being run: --bin BUILD/bin, then unittest's own arguments."""
+    global BIN
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     a, rest = ap.parse_known_args()
     BIN = os.path.abspath(a.bin)
-    unittest.main(argv=[sys.argv[0], "-v", *rest])
+    unittest.main(module="__main__", argv=[sys.argv[0], "-v", *rest])
+
+
+if __name__ == "__main__":
+    main()

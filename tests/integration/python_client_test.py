@@ -89,8 +89,7 @@ class PythonClientTest(dt.DaemonCase):
                 kept = b  # a batch of the old ring, held across the move
                 kept_text = np.array(b["text"])
                 (self.dir / "long.yaml").write_text(self.config(consumers=1).replace("max_len: 24", "max_len: 1024"))
-                r = subprocess.run([f"{dt.BIN}/mmfeedctl", "--socket", d.socket, "reload", "--config",
-                                    str(self.dir / "long.yaml")], capture_output=True, text=True)
+                r = d.ctl("reload", "--config", str(self.dir / "long.yaml"))
                 self.assertEqual(r.returncode, 0, r.stderr)
                 self.assertIn("applied now", r.stdout)
             got.append(b.ids)

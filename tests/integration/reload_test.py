@@ -5,7 +5,7 @@ of the configs on the same data.
 
 usage: reload_test.py --bin BUILD/bin
 """
-import argparse, hashlib, json, os, pathlib, signal, subprocess, sys, time, unittest
+import json, os, pathlib, signal, subprocess, time
 
 import numpy as np
 
@@ -20,11 +20,6 @@ def config(**kw):
                 batch=16, placement="")
     args.update(kw)
     return CONFIG.format(**args)
-
-
-def ctl(d, *args):
-    return subprocess.run([f"{daemon_test.BIN}/mmfeedctl", "--socket", d.socket, *args],
-                          capture_output=True, text=True, timeout=60)
 
 
 def ids_of(batches):
@@ -86,7 +81,7 @@ class ReloadTest(ReloadCase):
         self.wait_batches(4)
         new = config(workers=1).replace("size: [64, 64]", "size: [48, 48]")
         (self.dir / "new.yaml").write_text(new)
-        r = ctl(d, "reload", "--config", str(self.dir / "new.yaml"), "--json")
+        r = d.ctl("reload", "--config", str(self.dir / "new.yaml"), "--json")
         self.assertEqual(r.returncode, 0, r.stderr + d.log())
         reply = json.loads(r.stdout)
         self.assertEqual(reply["applied"], "now")
@@ -110,20 +105,20 @@ class ReloadTest(ReloadCase):
         self.wait_batches(3)
         bad = config().replace("type: text,", "type: txet,")
         (self.dir / "bad.yaml").write_text(bad)
-        r = ctl(d, "reload", "--config", str(self.dir / "bad.yaml"))
+        r = d.ctl("reload", "--config", str(self.dir / "bad.yaml"))
         self.assertEqual(r.returncode, 1)
         self.assertRegex(r.stderr, r"bad\.yaml:\d+:\d+: unknown stage type 'txet'")
         # Parsed and valid, but a stage cannot be built: a missing tokenizer file.
         (self.dir / "bad2.yaml").write_text(config().replace("tokenizer: bytes", "tokenizer: missing.json"))
-        r = ctl(d, "reload", "--config", str(self.dir / "bad2.yaml"))
+        r = d.ctl("reload", "--config", str(self.dir / "bad2.yaml"))
         self.assertEqual(r.returncode, 1)
         self.assertIn("missing.json", r.stderr)
         # What the running rings cannot serve: told, not half-applied.
         (self.dir / "more.yaml").write_text(config(consumers=3))
-        r = ctl(d, "reload", "--config", str(self.dir / "more.yaml"))
+        r = d.ctl("reload", "--config", str(self.dir / "more.yaml"))
         self.assertEqual(r.returncode, 1)
         self.assertIn("consumers 2 -> 3 changes the number of rings; restart the daemon", r.stderr)
-        status = json.loads(ctl(d, "status", "--json").stdout)
+        status = json.loads(d.ctl("status", "--json").stdout)
         self.assertEqual(status["reloads"], {"ok": 0, "failed": 3, "pending": False})
         got = self.finish_all(d, cs)
         self.assertIn("refused, the running pipeline is unchanged", d.log())
@@ -137,14 +132,14 @@ class ReloadTest(ReloadCase):
         d = Daemon(self.dir, config())
         c0 = d.consume(0, "--json", "--hold-ms", "40", "--dump", str(self.dir / "r0"))
         self.wait_batches(4)
-        before = json.loads(ctl(d, "status", "--json").stdout)["rings"]["bytes"]
+        before = json.loads(d.ctl("status", "--json").stdout)["rings"]["bytes"]
         (self.dir / "big.yaml").write_text(config().replace("size: [64, 64]", "size: [96, 96]"))
-        r = ctl(d, "reload", "--config", str(self.dir / "big.yaml"), "--json")
+        r = d.ctl("reload", "--config", str(self.dir / "big.yaml"), "--json")
         self.assertEqual(r.returncode, 0, r.stderr + d.log())
         reply = json.loads(r.stdout)
         self.assertEqual(reply["applied"], "now")
         self.assertEqual(reply["rings"], "re-made larger; trainers attach to them by themselves")
-        self.assertGreater(json.loads(ctl(d, "status", "--json").stdout)["rings"]["bytes"], before)
+        self.assertGreater(json.loads(d.ctl("status", "--json").stdout)["rings"]["bytes"], before)
         c1 = d.consume(1, "--json", "--dump", str(self.dir / "r1"))
         got = self.finish_all(d, [c0, c1])
         self.assertIn("moved to a larger ring", d.log())
@@ -182,10 +177,10 @@ class ReloadTest(ReloadCase):
         d, cs = self.start_slow(a, hold_ms=25)
         self.wait_batches(3)
         (self.dir / "b.yaml").write_text(b)
-        r = ctl(d, "reload", "--config", str(self.dir / "b.yaml"), "--json")
+        r = d.ctl("reload", "--config", str(self.dir / "b.yaml"), "--json")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(json.loads(r.stdout)["applied"], "at the next epoch boundary")
-        self.assertTrue(json.loads(ctl(d, "status", "--json").stdout)["reloads"]["pending"])
+        self.assertTrue(json.loads(d.ctl("status", "--json").stdout)["reloads"]["pending"])
         got = self.finish_all(d, cs)
         per_epoch = len(want_a[0]) // 2
         for rank in (0, 1):
@@ -207,13 +202,13 @@ class ReloadTest(ReloadCase):
 
         (self.dir / "v0.yaml").write_text(config(epochs=0, workers=1))
         (self.dir / "v1.yaml").write_text(config(epochs=0, workers=2))
-        self.assertEqual(ctl(d, "reload", "--config", str(self.dir / "v1.yaml")).returncode, 0)
+        self.assertEqual(d.ctl("reload", "--config", str(self.dir / "v1.yaml")).returncode, 0)
         # Settled: every worker has taken an item (each thread opens its schedstat once) and
         # the control connections are closed.
         time.sleep(1)
         before = counts()
         for i in range(10):
-            r = ctl(d, "reload", "--config", str(self.dir / f"v{i % 2}.yaml"))
+            r = d.ctl("reload", "--config", str(self.dir / f"v{i % 2}.yaml"))
             self.assertEqual(r.returncode, 0, r.stderr)
         time.sleep(1)
         after = counts()
@@ -224,7 +219,7 @@ class ReloadTest(ReloadCase):
         libs = subprocess.run(["ldd", f"{daemon_test.BIN}/mmfeedd"], capture_output=True, text=True).stdout
         if "libasan" not in libs:
             self.assertLess(after[2] - before[2], 64 * 1024, f"RSS grew from {before[2]} to {after[2]} KiB")
-        status = json.loads(ctl(d, "status", "--json").stdout)
+        status = json.loads(d.ctl("status", "--json").stdout)
         self.assertEqual(status["reloads"]["ok"], 11)
         self.assertTrue(all(r["attached"] for r in status["consumers"]))
         for c in cs:
@@ -236,8 +231,4 @@ class ReloadTest(ReloadCase):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
-    args, rest = ap.parse_known_args()
-    daemon_test.BIN = os.path.abspath(args.bin)
-    unittest.main(argv=[sys.argv[0], "-v"] + rest)
+    daemon_test.main()

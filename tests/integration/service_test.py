@@ -4,7 +4,7 @@
 
 usage: service_test.py --bin BUILD/bin
 """
-import argparse, json, os, pathlib, shutil, signal, socket, subprocess, sys, tempfile, time, unittest
+import json, os, pathlib, shutil, signal, socket, subprocess, tempfile, time, unittest
 import urllib.error, urllib.request
 
 import daemon_test
@@ -45,10 +45,6 @@ class NotifyTest(DaemonCase):
                 continue
             return dict(line.split("=", 1) for line in m.split("\n") if line)
 
-    def ctl(self, d, *args):
-        return subprocess.run([f"{daemon_test.BIN}/mmfeedctl", "--socket", d.socket, *args],
-                              capture_output=True, text=True, timeout=60)
-
     def test_ready_reloading_stopping_and_the_watchdog(self):
         env = {"NOTIFY_SOCKET": str(self.dir / "notify.sock"), "WATCHDOG_USEC": "300000"}
         old = {k: os.environ.get(k) for k in env}
@@ -77,7 +73,7 @@ class NotifyTest(DaemonCase):
         self.assertGreaterEqual(self.pings, 5)
 
         (self.dir / "one.yaml").write_text(config(workers=1))
-        self.assertEqual(self.ctl(d, "reload", "--config", str(self.dir / "one.yaml")).returncode, 0)
+        self.assertEqual(d.ctl("reload", "--config", str(self.dir / "one.yaml")).returncode, 0)
         m = self.next_message()
         self.assertEqual(m.get("RELOADING"), "1", m)
         self.assertRegex(m.get("MONOTONIC_USEC", ""), r"^\d+$")
@@ -85,7 +81,7 @@ class NotifyTest(DaemonCase):
         self.assertEqual(m.get("READY"), "1", m)
 
         (self.dir / "bad.yaml").write_text("pipeline: [\n")
-        self.assertEqual(self.ctl(d, "reload", "--config", str(self.dir / "bad.yaml")).returncode, 1)
+        self.assertEqual(d.ctl("reload", "--config", str(self.dir / "bad.yaml")).returncode, 1)
         self.assertEqual(self.next_message().get("RELOADING"), "1")
         m = self.next_message()
         self.assertEqual(m.get("READY"), "1", "READY=1 ends a refused reload too")
@@ -159,8 +155,7 @@ class MetricsTest(DaemonCase):
         # Counters belong to the daemon: a reload (another worker count, another port) keeps them.
         new_port = free_port()
         (self.dir / "two.yaml").write_text(config(workers=1) + f'metrics: {{listen: "127.0.0.1:{new_port}"}}\n')
-        r = subprocess.run([f"{daemon_test.BIN}/mmfeedctl", "--socket", d.socket, "reload", "--config",
-                            str(self.dir / "two.yaml")], capture_output=True, text=True)
+        r = d.ctl("reload", "--config", str(self.dir / "two.yaml"))
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("metrics.listen changed", r.stdout)
         with self.assertRaises(urllib.error.URLError):
@@ -176,8 +171,7 @@ class MetricsTest(DaemonCase):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         (self.dir / "busy.yaml").write_text(config() + f'metrics: {{listen: "127.0.0.1:{taken.getsockname()[1]}"}}\n')
-        r = subprocess.run([f"{daemon_test.BIN}/mmfeedctl", "--socket", d.socket, "reload", "--config",
-                            str(self.dir / "busy.yaml")], capture_output=True, text=True)
+        r = d.ctl("reload", "--config", str(self.dir / "busy.yaml"))
         taken.close()
         self.assertEqual(r.returncode, 1)
         self.assertIn("cannot serve /metrics", r.stderr)
@@ -188,8 +182,7 @@ class MetricsTest(DaemonCase):
 
 class CtlTest(DaemonCase):
     def ctl(self, d, *args):
-        r = subprocess.run([f"{daemon_test.BIN}/mmfeedctl", "--socket", d.socket, *args],
-                           capture_output=True, text=True, timeout=60)
+        r = d.ctl(*args)
         self.assertEqual(r.returncode, 0, r.stderr)
         return r.stdout
 
@@ -299,8 +292,4 @@ class UnitTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
-    args, rest = ap.parse_known_args()
-    daemon_test.BIN = os.path.abspath(args.bin)
-    unittest.main(argv=[sys.argv[0], "-v"] + rest)
+    daemon_test.main()
