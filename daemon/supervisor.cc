@@ -134,6 +134,7 @@ class Supervisor {
     int pid = 0;
     int pidfd = -1;
     uint32_t generation = 0;
+    RingSink* sink = nullptr;  // the rank's ring, or the one a reload replaced
   };
 
   Result<AttachGrant> Attach(int rank, int pid, int pidfd,
@@ -144,26 +145,36 @@ class Supervisor {
     Holder& h = holders_[rank];
     if (h.pid) {
       pollfd p{h.pidfd, POLLIN, 0};
-      if (h.pidfd < 0 || poll(&p, 1, 0) == 0)
+      // The holder attaching again has drained the ring a reload replaced: it moves on.
+      const bool moves_on = h.pid == pid && h.sink != sinks_[rank].get();
+      if (!moves_on && (h.pidfd < 0 || poll(&p, 1, 0) == 0))
         return Status::Invalid(fmt::format("rank {} is already attached (pid {})", rank, h.pid));
-      spdlog::info("rank {}: its holder pid {} is dead; pid {} takes over", rank, h.pid, pid);
+      if (!moves_on)
+        spdlog::info("rank {}: its holder pid {} is dead; pid {} takes over", rank, h.pid, pid);
       server_->Disconnect(h.generation);
       Detach(rank, h.pid, h.generation);
     }
     if (pending_ && pipeline_->Finished()) CompleteReload();
-    if (resume) {
-      MMFEED_RETURN_IF_ERROR(Resume(rank, *resume));
-    } else if (moved_from_[rank] && moved_from_[rank]->ring().unreleased() > 0) {
-      // The rank's ring was replaced while batches in the old one were not done: without a
-      // cursor from the trainer, serve it from the old ring's acknowledged position.
-      MMFEED_RETURN_IF_ERROR(Resume(rank, moved_from_[rank]->ring().acked()));
+    RingSink* sink = sinks_[rank].get();
+    if (std::unique_ptr<RingSink>& old = moved_from_[rank]) {
+      // A reload replaced the rank's ring. Its batches the trainer has not finished are served
+      // from it first (the trainer then attaches again by itself); unless the trainer asks for
+      // earlier ones, which the running pipeline makes again.
+      if (resume) old->ring().DropReady(resume->seq);
+      uint64_t first = old->ring().MinReadySeq();
+      if (old->ring().unreleased() > 0 && (!resume || resume->seq == first)) {
+        sink = old.get();
+      } else {
+        old.reset();
+      }
     }
-    moved_from_[rank].reset();
-    shm::RingWriter& ring = sinks_[rank]->ring();
+    if (resume && sink == sinks_[rank].get()) MMFEED_RETURN_IF_ERROR(Resume(rank, *resume));
+    shm::RingWriter& ring = sink->ring();
     Result<int> control = ring.Attach(++last_generation_);
     if (!control.ok()) return control.status();
-    h = {pid, pidfd >= 0 ? fcntl(pidfd, F_DUPFD_CLOEXEC, 0) : -1, last_generation_};
-    spdlog::info("rank {} attached (pid {}, generation {})", rank, pid, h.generation);
+    h = {pid, pidfd >= 0 ? fcntl(pidfd, F_DUPFD_CLOEXEC, 0) : -1, last_generation_, sink};
+    spdlog::info("rank {} attached (pid {}, generation {}{})", rank, pid, h.generation,
+                 sink == sinks_[rank].get() ? "" : ", to the ring a reload replaced");
     return AttachGrant{{ring.data_fd(), *control},
                        {{"rank", rank},
                         {"generation", h.generation},
@@ -246,12 +257,13 @@ class Supervisor {
     }
     Result<std::unique_ptr<Pipeline>> next = Pipeline::Create(*cfg, sinks);
     if (!next.ok()) return next.status();
-    if ((*next)->batches_per_epoch() != pipeline_->batches_per_epoch())
-      return Status::Unsupported(
-          fmt::format("the new source gives every rank {} batches per epoch, the running one {}: "
-                      "the ranks' batch numbering would change{}",
-                      (*next)->batches_per_epoch(), pipeline_->batches_per_epoch(), restart));
-    const bool at_epoch = (*next)->order_fingerprint() != pipeline_->order_fingerprint();
+    // Another number of batches per epoch (batch size, drop_last, the source's size): every
+    // rank switches at one epoch boundary, where the new numbering starts.
+    const bool renumber = (*next)->batches_per_epoch() != pipeline_->batches_per_epoch();
+    if (renumber && cfg->packed_stage >= 0)
+      return Status::Unsupported("a packed text stream's batch numbering cannot change" + restart);
+    const bool at_epoch =
+        renumber || (*next)->order_fingerprint() != pipeline_->order_fingerprint();
     // A new metrics endpoint is listening before anything changes, or the reload is refused.
     const bool new_metrics = cfg->metrics_listen != cfg_.metrics_listen;
     std::unique_ptr<MetricsServer> metrics;
@@ -262,16 +274,20 @@ class Supervisor {
     }
     if (new_metrics) metrics_ = std::move(metrics);
     const bool grow = !rings.empty();
-    pending_ = std::make_unique<PendingReload>(PendingReload{
-        std::move(next.value()), std::move(cfg.value()), std::move(plan), std::move(rings)});
+    pending_ = std::make_unique<PendingReload>(
+        PendingReload{std::move(next.value()), std::move(cfg.value()), std::move(plan),
+                      std::move(rings), renumber});
     nlohmann::json reply = {
         {"config", file},
         {"changes", changes.json},
         {"summary", changes.Summary()},
-        {"applied", at_epoch ? "at the next epoch boundary" : "now"},
+        {"applied", !at_epoch  ? "now"
+                    : renumber ? "at the next epoch boundary, for every rank at once (the batches "
+                                 "per epoch change)"
+                               : "at the next epoch boundary"},
         {"rings", grow ? "re-made larger; trainers attach to them by themselves" : "unchanged"}};
     if (at_epoch) {
-      pipeline_->QuiesceAtEpochEnd();
+      pipeline_->QuiesceAtEpochEnd(renumber);
     } else {
       pipeline_->Quiesce();
       pipeline_->Wait();
@@ -291,10 +307,22 @@ class Supervisor {
       for (BatchSink* s : pipeline_sinks_) s->Finish(false);
       return;
     }
+    if (p->renumber) {
+      // Every rank stands at the same epoch boundary: the new numbering starts there.
+      StreamCursor at = pipeline_->CursorAt(pipeline_->NextCommit(0));
+      bool together = at.batch == 0;
+      for (int r = 1; r < cfg_.consumers; ++r) together &= pipeline_->NextCommit(r) == at.seq;
+      if (!together) {  // QuiesceAtEpochEnd(true) guarantees it: a bug
+        spdlog::error("the reload is abandoned: the ranks did not stop at one epoch boundary");
+        for (BatchSink* s : pipeline_sinks_) s->Finish(false);
+        return;
+      }
+      p->pipeline->SetOrigin({at.epoch, at.seq});
+    }
     std::vector<StreamCursor> start;
     for (int r = 0; r < cfg_.consumers; ++r) {
       uint64_t seq = pipeline_->NextCommit(r);
-      if (!p->rings.empty()) seq = MoveRank(r, std::move(p->rings[r]), seq);
+      if (!p->rings.empty()) MoveRank(r, std::move(p->rings[r]), seq);
       start.push_back(p->pipeline->CursorAt(seq));
     }
     if (!p->rings.empty()) ring_bytes_ = p->plan.total_bytes;
@@ -329,17 +357,12 @@ class Supervisor {
     return rings;
   }
 
-  // Rank `r` goes on in `ring` (a reload needed larger slots); its stream continues at
-  // `next_seq`, the first batch not in the old ring. Returns where the new ring starts: there,
-  // once the attached trainer has drained the old ring (it attaches again by itself); with no
-  // trainer attached the old ring's batches are dropped and made again in the new one.
-  uint64_t MoveRank(int r, std::unique_ptr<RingSink> ring, uint64_t next_seq) {
+  // Rank `r` goes on in `ring` (a reload needed larger slots) from `next_seq`, the first batch
+  // not in the old ring. The old ring's batches are served first (see Attach): an attached
+  // trainer drains it and attaches again by itself.
+  void MoveRank(int r, std::unique_ptr<RingSink> ring, uint64_t next_seq) {
     std::unique_ptr<RingSink> old = std::move(sinks_[r]);
-    int dropped = 0;
-    if (!holders_[r].pid) {
-      next_seq = std::min(next_seq, old->ring().MinReadySeq());
-      dropped = old->ring().DropReady();
-    } else {
+    if (holders_[r].pid) {
       // The trainer keeps its connection to the old ring until it attaches again: its later
       // close is then a stale generation and changes nothing.
       if (holders_[r].pidfd >= 0) ::close(holders_[r].pidfd);
@@ -348,13 +371,12 @@ class Supervisor {
     ring->ring().set_acked(old->ring().acked());
     old->ring().CloseMoved();
     retired_stages_[old->info().name].Add(BuildProfile({old->info()}, 1)["stages"][0]);
-    moved_published_ += old->ring().published() - dropped;
+    moved_published_ += old->ring().published();
     sinks_[r] = std::move(ring);
     pipeline_sinks_[r] = sinks_[r].get();
     moved_from_[r] = std::move(old);
     spdlog::info("rank {}: moved to a larger ring ({:.1f} MiB slots), continuing at batch {}", r,
                  sinks_[r]->ring().layout().slot_bytes / 1048576.0, next_seq);
-    return next_seq;
   }
 
   // --state-dir: the acknowledged cursors of the last run, used if they are for this stream.
@@ -374,9 +396,21 @@ class Supervisor {
     if (!j.is_discarded() && j.is_object() &&
         j.value("fingerprint", "") == pipeline_->fingerprint() && j.contains("ranks") &&
         j["ranks"].is_array() && static_cast<int>(j["ranks"].size()) == cfg_.consumers) {
+      // A reload that changed the batches per epoch numbered this config's batches from there.
+      Result<StreamCursor> origin = CursorFromJson(j.value("origin", CursorToJson({})));
+      if (origin.ok()) pipeline_->SetOrigin({origin->epoch, origin->seq});
       for (const auto& r : j["ranks"]) {
         Result<StreamCursor> c = CursorFromJson(r);
-        if (!c.ok()) break;
+        if (!c.ok() || !origin.ok()) break;
+        if (c->seq < origin->seq) {
+          // The daemon stopped while this rank's trainer still had batches of the config before
+          // that reload to take; this config cannot make them.
+          spdlog::warn(
+              "rank {}: batches {}-{} of the config before the last reload were not "
+              "taken and cannot be made again: the rank starts at batch {} (epoch {})",
+              start.size(), c->seq, origin->seq - 1, origin->seq, origin->epoch);
+          c->seq = origin->seq;
+        }
         start.push_back(pipeline_->CursorAt(c->seq));
       }
     }
@@ -398,8 +432,10 @@ class Supervisor {
   // Writes the acknowledged cursors when they changed (temp file, fsync, rename).
   void SaveState() {
     if (opt_.state_dir.empty()) return;
+    const Pipeline::Origin origin = pipeline_->origin();
     nlohmann::json j = {{"pipeline", cfg_.name},
                         {"fingerprint", pipeline_->fingerprint()},
+                        {"origin", {{"epoch", origin.epoch}, {"seq", origin.seq}}},
                         {"ranks", nlohmann::json::array()}};
     for (auto& s : sinks_) j["ranks"].push_back(CursorToJson(s->ring().acked()));
     std::string text = j.dump() + "\n";
@@ -415,8 +451,9 @@ class Supervisor {
     Holder& h = holders_[rank];
     if (h.generation != generation || !h.pid) return;  // already taken over
     if (h.pidfd >= 0) ::close(h.pidfd);
+    RingSink* sink = h.sink;
     h = Holder{};
-    int n = sinks_[rank]->ring().Detach();
+    int n = sink->ring().Detach();
     spdlog::info("rank {} detached (pid {}); {} unreleased batch(es) will be delivered again", rank,
                  pid, n);
   }
@@ -493,7 +530,8 @@ class Supervisor {
       SaveState();
       Heartbeat();
       for (int r = 0; r < cfg_.consumers; ++r) {
-        std::string why = sinks_[r]->ring().TakeViolation();
+        if (!holders_[r].pid) continue;
+        std::string why = holders_[r].sink->ring().TakeViolation();
         if (why.empty()) continue;
         spdlog::error("rank {}: cutting off pid {}: {}; the rank is rebuilt for the next attach", r,
                       holders_[r].pid, why);
@@ -719,6 +757,7 @@ class Supervisor {
     PipelineConfig cfg;
     RingPlan plan;
     std::vector<std::unique_ptr<RingSink>> rings;  // empty, or larger rings to move to
+    bool renumber = false;  // the batches per epoch change: all ranks switch at one epoch
   };
   // Per rank, the ring a reload replaced, until the rank's next attach.
   std::vector<std::unique_ptr<RingSink>> moved_from_;

@@ -102,8 +102,6 @@ ConfigChanges DiffConfigs(const PipelineConfig& a, const PipelineConfig& b) {
           fmt::format("output.ring_slots {} -> {} changes the rings", a.ring_slots, b.ring_slots));
   restart(a.placement.numa_node != b.placement.numa_node,
           "placement.numa_node changes the NUMA node the rings' memory is bound to");
-  restart(a.batch_size != b.batch_size || a.drop_last != b.drop_last,
-          "batch_size and drop_last decide every rank's batch numbering");
   restart(a.source.node_rank != b.source.node_rank || a.source.num_nodes != b.source.num_nodes,
           "source.node_rank and num_nodes decide this node's share of the data");
   const StageConfig* pa = a.packed_stage >= 0 ? &a.stages[a.packed_stage] : nullptr;

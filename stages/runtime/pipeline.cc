@@ -248,13 +248,21 @@ Status Pipeline::SetStart(std::vector<StreamCursor> start) {
   if (static_cast<int>(start.size()) != cfg_.consumers)
     return Status::Invalid("one start cursor per consumer rank is required");
   for (const StreamCursor& c : start)
-    if (c.batch >= batches_per_epoch_ || c.seq != c.epoch * batches_per_epoch_ + c.batch)
-      return Status::Invalid(
-          fmt::format("cursor (epoch {}, batch {}, seq {}) does not fit {} batches per epoch",
-                      c.epoch, c.batch, c.seq, batches_per_epoch_));
+    if (c.batch >= batches_per_epoch_ || c.epoch < origin_.epoch || c.seq < origin_.seq ||
+        c != CursorAt(c.seq))
+      return Status::Invalid(fmt::format(
+          "cursor (epoch {}, batch {}, seq {}) does not fit {} batches per epoch from epoch {} "
+          "(seq {})",
+          c.epoch, c.batch, c.seq, batches_per_epoch_, origin_.epoch, origin_.seq));
   start_ = std::move(start);
   for (int r = 0; r < cfg_.consumers; ++r) next_commit_[r] = start_[r].seq;
   return Status::Ok();
+}
+
+void Pipeline::SetOrigin(Origin origin) {
+  origin_ = origin;
+  start_.assign(cfg_.consumers, CursorAt(origin.seq));
+  for (int r = 0; r < cfg_.consumers; ++r) next_commit_[r] = origin.seq;
 }
 
 int Pipeline::RowsOf(uint64_t index) const {
@@ -265,8 +273,8 @@ int Pipeline::RowsOf(uint64_t index) const {
 StreamCursor Pipeline::CursorAt(uint64_t seq) const {
   StreamCursor c;
   c.seq = seq;
-  c.epoch = static_cast<uint32_t>(seq / batches_per_epoch_);
-  c.batch = seq % batches_per_epoch_;
+  c.epoch = origin_.epoch + static_cast<uint32_t>((seq - origin_.seq) / batches_per_epoch_);
+  c.batch = (seq - origin_.seq) % batches_per_epoch_;
   return c;
 }
 
@@ -276,7 +284,16 @@ Status Pipeline::Rewind(uint32_t rank, uint64_t from_seq) {
         "a packed text stream cannot be resumed at a cursor (its rows cross batches)");
   if (rank >= static_cast<uint32_t>(cfg_.consumers))
     return Status::Invalid(fmt::format("rank {} out of range", rank));
-  const uint64_t total = cfg_.source.epochs ? cfg_.source.epochs * batches_per_epoch_ : UINT64_MAX;
+  if (from_seq < origin_.seq)
+    return Status::Invalid(fmt::format(
+        "cursor seq {} is before batch {}, where a reload changed the batch numbering at epoch "
+        "{}: the earlier batches cannot be made again",
+        from_seq, origin_.seq, origin_.epoch));
+  const uint64_t epochs = static_cast<uint64_t>(cfg_.source.epochs);
+  const uint64_t total =
+      epochs
+          ? origin_.seq + (epochs - std::min<uint64_t>(epochs, origin_.epoch)) * batches_per_epoch_
+          : UINT64_MAX;
   if (from_seq > total)
     return Status::Invalid(fmt::format(
         "cursor seq {} is past the end of the data ({} batches per rank)", from_seq, total));
@@ -322,8 +339,9 @@ void Pipeline::Quiesce() {
   RequestStop();
 }
 
-void Pipeline::QuiesceAtEpochEnd() {
+void Pipeline::QuiesceAtEpochEnd(bool together) {
   finish_sinks_.store(false, std::memory_order_release);
+  epoch_end_together_.store(together, std::memory_order_release);
   stop_at_epoch_end_.store(true, std::memory_order_release);
 }
 
@@ -392,10 +410,11 @@ void Pipeline::SourceLoop() {
   for (int turn = 0;; turn = (turn + 1) % consumers) {
     if (!at_epoch_end && stop_at_epoch_end_.load(std::memory_order_acquire)) {
       at_epoch_end = true;
-      for (int r = 0; r < consumers; ++r) {
+      for (int r = 0; r < consumers; ++r)
         last_epoch[r] = next[r].batch == 0 ? next[r].epoch : next[r].epoch + 1;
-        done[r] = is_done(r);
-      }
+      if (epoch_end_together_.load(std::memory_order_acquire))
+        last_epoch.assign(consumers, *std::max_element(last_epoch.begin(), last_epoch.end()));
+      for (int r = 0; r < consumers; ++r) done[r] = is_done(r);
     }
     // Busy is the iteration less the time Push waited on full mailboxes (counted as blocked).
     const uint64_t t0 = NowNs(),

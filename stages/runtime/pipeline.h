@@ -101,6 +101,17 @@ class Pipeline {
   // Where each rank's stream begins (one cursor per rank), instead of Create's `start`.
   // REQUIRES: before Start().
   Status SetStart(std::vector<StreamCursor> start);
+  // Where this pipeline's batch numbering starts: batch `index` of epoch `e` (e >= epoch) is
+  // seq `seq + (e - epoch) * batches_per_epoch() + index`. {0, 0} unless a reload changed the
+  // batches per epoch at an epoch boundary (the earlier epochs were numbered by another
+  // pipeline). Cursors before it cannot be served. Resets the start cursors to the origin.
+  // REQUIRES: before Start().
+  struct Origin {
+    uint32_t epoch = 0;
+    uint64_t seq = 0;
+  };
+  void SetOrigin(Origin origin);
+  Origin origin() const { return origin_; }
   Status Start();
   // The source stops dealing at a batch boundary; batches already dealt are completed
   // (refilled where samples fail) and committed, then the sinks are finished.
@@ -112,7 +123,10 @@ class Pipeline {
   // Like Quiesce, but each rank's batches are dealt up to the end of the epoch it is in (at
   // once if it stands at an epoch boundary): a new pipeline whose order differs (another seed)
   // takes over at an epoch boundary, and so never changes an epoch halfway.
-  void QuiesceAtEpochEnd();
+  // `together`: every rank goes on to the same boundary, the first one at or after where the
+  // furthest rank is (the successor's batch numbering differs, and all ranks switch to it at
+  // one epoch).
+  void QuiesceAtEpochEnd(bool together = false);
   // True once every thread has finished and every sink was told so.
   bool Finished() const { return finished_.load(std::memory_order_acquire); }
   void Wait();
@@ -131,7 +145,8 @@ class Pipeline {
   // Every rank's epoch has this many batches; batch `index` of an epoch has RowsOf(index) rows.
   uint64_t batches_per_epoch() const { return batches_per_epoch_; }
   int RowsOf(uint64_t index) const;
-  // The cursor of batch `seq` of a rank, and the one that follows it.
+  // The cursor of batch `seq` of a rank, and the one that follows it. REQUIRES: seq >=
+  // origin().seq (Rewind and SetStart check it).
   StreamCursor CursorAt(uint64_t seq) const;
   StreamCursor CursorAfter(uint64_t seq) const { return CursorAt(seq + 1); }
   // Serves rank `rank` from `from` on (a cursor its trainer finished at): the rank's batches
@@ -178,6 +193,7 @@ class Pipeline {
   uint64_t per_rank_ = 0;  // samples in a rank's share of an epoch
   uint64_t batches_per_epoch_ = 0;
   std::vector<StreamCursor> start_;
+  Origin origin_;
   std::unique_ptr<EpochOrders> orders_;
   std::unique_ptr<RefillQueue> refills_;
   std::atomic<int64_t> open_batches_{0};  // dealt and not yet committed or discarded
@@ -208,6 +224,7 @@ class Pipeline {
   std::atomic<bool> finished_{false};
   std::atomic<bool> finish_sinks_{true};  // false after Quiesce
   std::atomic<bool> stop_at_epoch_end_{false};
+  std::atomic<bool> epoch_end_together_{false};
   std::atomic<bool> complete_{false};  // every rank dealt to the end of its data
   uint64_t start_ns_ = 0;
   std::atomic<uint64_t> end_ns_{0};

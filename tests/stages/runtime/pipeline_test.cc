@@ -734,6 +734,61 @@ TEST(PipelineTest, QuiescingAtTheEpochEndHandsOverAtTheBoundary) {
   }
 }
 
+// QuiesceAtEpochEnd(true) takes every rank to one boundary, the one after the furthest rank;
+// a pipeline with another batch size numbers its batches from there (SetOrigin) and delivers
+// what a run of its own config delivers from that epoch on.
+TEST(PipelineTest, ABatchSizeChangeHandsOverAtOneEpochForEveryRank) {
+  TempDir dir;
+  MakeTextDataset(dir, 300, [](int i) { return i % 13 == 5; });
+  const std::string source = ", shuffle: true, epochs: 4";
+  PipelineRun run_a = RunPipeline(dir, TextConfig(2, 8, source));
+  PipelineRun run_b = RunPipeline(dir, TextConfig(2, 16, source));
+  ASSERT_TRUE(run_a.pipeline && run_b.pipeline);
+  const uint64_t per_a = run_a.pipeline->batches_per_epoch(),
+                 per_b = run_b.pipeline->batches_per_epoch();
+  ASSERT_NE(per_a, per_b);
+  WriteFile(dir / "a.yaml", TextConfig(2, 8, source));
+  WriteFile(dir / "b.yaml", TextConfig(2, 16, source));
+  Result<PipelineConfig> cfg_a = LoadConfigFile(dir / "a.yaml"),
+                         cfg_b = LoadConfigFile(dir / "b.yaml");
+  ASSERT_TRUE(cfg_a.ok() && cfg_b.ok());
+  MemorySink r0(BatchSpecs(*cfg_a), 16), r1(BatchSpecs(*cfg_a), 16);
+  // Rank 0 in epoch 0, rank 1 in epoch 1: both stop at the start of epoch 2.
+  auto first = Pipeline::Create(*cfg_a, {&r0, &r1},
+                                {run_a.pipeline->CursorAt(3), run_a.pipeline->CursorAt(per_a + 5)});
+  ASSERT_TRUE(first.ok());
+  (*first)->QuiesceAtEpochEnd(/*together=*/true);
+  ASSERT_TRUE((*first)->Start().ok());
+  (*first)->Wait();
+  for (uint32_t r = 0; r < 2; ++r) EXPECT_EQ((*first)->NextCommit(r), 2 * per_a) << "rank " << r;
+
+  auto second = Pipeline::Create(*cfg_b, {&r0, &r1});
+  ASSERT_TRUE(second.ok());
+  (*second)->SetOrigin({2, 2 * per_a});
+  EXPECT_EQ((*second)->CursorAt(2 * per_a + per_b + 1),
+            (StreamCursor{3, 1, 2 * per_a + per_b + 1}));
+  EXPECT_FALSE((*second)->SetStart({StreamCursor{1, 0, per_a}, StreamCursor{1, 0, per_a}}).ok());
+  Status before = (*second)->Rewind(0, 2 * per_a - 1);
+  EXPECT_NE(before.message().find("before batch " + std::to_string(2 * per_a)), std::string::npos)
+      << before.message();
+  ASSERT_TRUE((*second)->Start().ok());
+  (*second)->Wait();
+  EXPECT_TRUE(r0.finished && r1.finished);
+  for (int r = 0; r < 2; ++r) {
+    MemorySink& got = r == 0 ? r0 : r1;
+    const uint64_t first_seq = r == 0 ? 3 : per_a + 5, switch_at = 2 * per_a - first_seq;
+    ASSERT_EQ(got.batches.size(), switch_at + 2 * per_b) << "rank " << r;
+    for (size_t i = 0; i < got.batches.size(); ++i) {
+      const bool old = i < switch_at;
+      const MemBatch& want = old ? *run_a.sinks[r]->batches[first_seq + i]
+                                 : *run_b.sinks[r]->batches[2 * per_b + i - switch_at];
+      EXPECT_EQ(got.batches[i]->seq, first_seq + i) << "rank " << r;
+      EXPECT_EQ(got.batches[i]->epoch, want.epoch) << "rank " << r << " batch " << i;
+      EXPECT_EQ(got.batches[i]->ids, want.ids) << "rank " << r << " batch " << i;
+    }
+  }
+}
+
 TEST(PipelineTest, NoUsableSampleStopsWithAClearError) {
   TempDir dir;
   MakeTextDataset(dir, 64, [](int) { return true; });
