@@ -51,7 +51,9 @@ void PrintConsumers(const nlohmann::json& s) {
               "lag", "last take", "published", "released");
   for (const auto& r : s["consumers"]) {
     double since = r["seconds_since_take"].get<double>();
-    std::printf("%-5d %-8s %-34s %10.0f %5u %10s %10lu %10lu\n", r["rank"].get<int>(),
+    // A rank a reload removed: its trainer drains its ring, then sees the end.
+    const std::string rank = std::to_string(r["rank"].get<int>()) + (r["removed"] ? "*" : "");
+    std::printf("%-5s %-8s %-34s %10.0f %5u %10s %10lu %10lu\n", rank.c_str(),
                 r["attached"].get<bool>() ? std::to_string(r["pid"].get<int>()).c_str() : "-",
                 Cursor(r["acked"]).c_str(), r["samples_per_s"].get<double>(),
                 r["lag_batches"].get<unsigned>(),
@@ -59,6 +61,11 @@ void PrintConsumers(const nlohmann::json& s) {
                 static_cast<unsigned long>(r["published"].get<uint64_t>()),
                 static_cast<unsigned long>(r["released"].get<uint64_t>()));
   }
+  for (const auto& r : s["consumers"])
+    if (r["removed"]) {
+      std::printf("*: removed by a reload; its trainer gets what its ring holds, then the end\n");
+      break;
+    }
 }
 
 void PrintStatus(const nlohmann::json& s) {

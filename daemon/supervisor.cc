@@ -47,7 +47,7 @@ class Supervisor {
     ring_bytes_ = plan.total_bytes;
     const StageConfig* packed = cfg_.packed_stage >= 0 ? &cfg_.stages[cfg_.packed_stage] : nullptr;
     std::vector<BatchSink*>& sinks = pipeline_sinks_;
-    auto rings = MakeRings(plan);
+    auto rings = MakeRings(cfg_, plan);
     if (!rings.ok()) {
       spdlog::error("{}", rings.status().message());
       return 1;
@@ -129,6 +129,9 @@ class Supervisor {
   }
 
  private:
+  // Ranks with a ring: the config's consumers, then any a reload removed (their rings end).
+  int ranks() const { return static_cast<int>(sinks_.size()); }
+
   // The process attached for a rank: its pid, a pidfd on it, and the attach's generation.
   struct Holder {
     int pid = 0;
@@ -139,7 +142,8 @@ class Supervisor {
 
   Result<AttachGrant> Attach(int rank, int pid, int pidfd,
                              const std::optional<StreamCursor>& resume) {
-    if (rank >= cfg_.consumers)
+    // A rank a reload removed is still served the batches its ring holds.
+    if (rank >= ranks() || (rank >= cfg_.consumers && sinks_[rank]->ring().unreleased() == 0))
       return Status::Invalid(fmt::format(
           "rank {} out of range: this pipeline has {} consumer rank(s)", rank, cfg_.consumers));
     Holder& h = holders_[rank];
@@ -238,28 +242,31 @@ class Supervisor {
     const std::string restart = "; restart the daemon with the new config to apply it";
     if (!changes.needs_restart.empty()) return Status::Unsupported(changes.needs_restart + restart);
     RingPlan plan = PlanRings(*cfg);
-    // Batches larger than the slots: every rank moves to a new ring, made now, and trainers
-    // attach to it by themselves (kClosedMoved). The old rings live on until then.
+    // Batches larger than the slots, or another number of ranks: every rank moves to a new
+    // ring, made now, and trainers attach to it by themselves (kClosedMoved). The old rings
+    // live on until then.
     std::vector<std::unique_ptr<RingSink>> rings;
     std::vector<BatchSink*> sinks = pipeline_sinks_;
-    if (!sinks_[0]->ring().Fits(plan.layout).ok()) {
+    const bool new_ranks = cfg->consumers != cfg_.consumers;
+    if (new_ranks || !sinks_[0]->ring().Fits(plan.layout).ok()) {
       if (cfg->packed_stage >= 0)
         return Status::Unsupported("a packed text stream's rings cannot be re-made" + restart);
       RingPlan both = plan;
       both.total_bytes += ring_bytes_;
       Status memory = CheckMemory(both);
-      if (!memory.ok())
-        return memory.WithContext("the new batches need larger rings, made beside the old ones");
-      auto made = MakeRings(plan);
+      if (!memory.ok()) return memory.WithContext("the new rings are made beside the old ones");
+      auto made = MakeRings(*cfg, plan);
       if (!made.ok()) return made.status();
       rings = std::move(made.value());
-      for (int r = 0; r < cfg_.consumers; ++r) sinks[r] = rings[r].get();
+      sinks.clear();
+      for (auto& ring : rings) sinks.push_back(ring.get());
     }
     Result<std::unique_ptr<Pipeline>> next = Pipeline::Create(*cfg, sinks);
     if (!next.ok()) return next.status();
     // Another number of batches per epoch (batch size, drop_last, the source's size): every
     // rank switches at one epoch boundary, where the new numbering starts.
-    const bool renumber = (*next)->batches_per_epoch() != pipeline_->batches_per_epoch();
+    const bool renumber =
+        new_ranks || (*next)->batches_per_epoch() != pipeline_->batches_per_epoch();
     if (renumber && cfg->packed_stage >= 0)
       return Status::Unsupported("a packed text stream's batch numbering cannot change" + restart);
     const bool at_epoch =
@@ -274,6 +281,7 @@ class Supervisor {
     }
     if (new_metrics) metrics_ = std::move(metrics);
     const bool grow = !rings.empty();
+    const int consumers = cfg->consumers;
     pending_ = std::make_unique<PendingReload>(
         PendingReload{std::move(next.value()), std::move(cfg.value()), std::move(plan),
                       std::move(rings), renumber});
@@ -283,9 +291,13 @@ class Supervisor {
         {"summary", changes.Summary()},
         {"applied", !at_epoch  ? "now"
                     : renumber ? "at the next epoch boundary, for every rank at once (the batches "
-                                 "per epoch change)"
+                                 "per epoch or the ranks change)"
                                : "at the next epoch boundary"},
-        {"rings", grow ? "re-made larger; trainers attach to them by themselves" : "unchanged"}};
+        {"rings", !grow       ? "unchanged"
+                  : new_ranks ? fmt::format("re-made for {} consumer rank(s); trainers attach to "
+                                            "them by themselves",
+                                            consumers)
+                              : "re-made larger; trainers attach to them by themselves"}};
     if (at_epoch) {
       pipeline_->QuiesceAtEpochEnd(renumber);
     } else {
@@ -319,17 +331,31 @@ class Supervisor {
       }
       p->pipeline->SetOrigin({at.epoch, at.seq});
     }
-    std::vector<StreamCursor> start;
-    for (int r = 0; r < cfg_.consumers; ++r) {
-      uint64_t seq = pipeline_->NextCommit(r);
-      if (!p->rings.empty()) MoveRank(r, std::move(p->rings[r]), seq);
-      start.push_back(p->pipeline->CursorAt(seq));
+    // Ranks a smaller consumer count removes: their trainers take what their rings hold, then
+    // see the end of their data. Added ranks start where the others are.
+    for (int r = p->cfg.consumers; r < cfg_.consumers; ++r) {
+      sinks_[r]->Finish(true);
+      spdlog::warn(
+          "rank {} is no longer served (consumers {} -> {}): its trainer gets the "
+          "batches its ring holds, then the end of its data",
+          r, cfg_.consumers, p->cfg.consumers);
     }
-    if (!p->rings.empty()) ring_bytes_ = p->plan.total_bytes;
+    std::vector<StreamCursor> start;
+    for (int r = 0; r < p->cfg.consumers; ++r) {
+      uint64_t seq = r < cfg_.consumers ? pipeline_->NextCommit(r) : p->pipeline->origin().seq;
+      start.push_back(p->pipeline->CursorAt(seq));
+      if (!p->rings.empty()) MoveRank(r, std::move(p->rings[r]), start.back());
+    }
+    if (!p->rings.empty()) {
+      pipeline_sinks_.clear();
+      for (int r = 0; r < p->cfg.consumers; ++r) pipeline_sinks_.push_back(sinks_[r].get());
+      ring_bytes_ = p->plan.total_bytes;
+    }
     st = p->pipeline->SetStart(start);
-    for (auto& s : sinks_)
-      if (st.ok()) st = s->Reshape(p->plan.specs, p->plan.layout);
-    for (auto& s : sinks_) p->pipeline->AddProfiledStage(s->info());
+    for (int r = 0; r < p->cfg.consumers; ++r) {
+      if (st.ok()) st = sinks_[r]->Reshape(p->plan.specs, p->plan.layout);
+      p->pipeline->AddProfiledStage(sinks_[r]->info());
+    }
     if (st.ok()) st = p->pipeline->Start();
     if (!st.ok()) {  // checked before the swap: a bug, and the run cannot go on
       spdlog::error("reload failed after the running pipeline stopped: {}", st.message());
@@ -345,22 +371,32 @@ class Supervisor {
     cfg_ = std::move(p->cfg);
   }
 
-  // Makes one ring per rank for `plan`.
-  Result<std::vector<std::unique_ptr<RingSink>>> MakeRings(const RingPlan& plan) {
+  // Makes one ring per rank of `cfg` for `plan`.
+  static Result<std::vector<std::unique_ptr<RingSink>>> MakeRings(const PipelineConfig& cfg,
+                                                                  const RingPlan& plan) {
     std::vector<std::unique_ptr<RingSink>> rings;
-    for (int r = 0; r < cfg_.consumers; ++r) {
-      auto ring = shm::RingWriter::Create(r, cfg_.consumers, cfg_.ring_slots, plan.layout,
-                                          cfg_.placement.numa_node);
+    for (int r = 0; r < cfg.consumers; ++r) {
+      auto ring = shm::RingWriter::Create(r, cfg.consumers, cfg.ring_slots, plan.layout,
+                                          cfg.placement.numa_node);
       if (!ring.ok()) return ring.status();
       rings.push_back(std::make_unique<RingSink>(r, plan.specs, std::move(ring.value())));
     }
     return rings;
   }
 
-  // Rank `r` goes on in `ring` (a reload needed larger slots) from `next_seq`, the first batch
-  // not in the old ring. The old ring's batches are served first (see Attach): an attached
-  // trainer drains it and attaches again by itself.
-  void MoveRank(int r, std::unique_ptr<RingSink> ring, uint64_t next_seq) {
+  // Rank `r` goes on in `ring` (a reload needed larger slots or changed the ranks) from `next`,
+  // the first batch not in the old ring. The old ring's batches are served first (see Attach): an
+  // attached trainer drains it and attaches again by itself.
+  void MoveRank(int r, std::unique_ptr<RingSink> ring, const StreamCursor& next) {
+    if (r == ranks()) {  // a rank a larger consumer count adds
+      ring->ring().set_acked(next);
+      sinks_.push_back(std::move(ring));
+      holders_.emplace_back();
+      rates_.emplace_back();
+      moved_from_.emplace_back();
+      spdlog::info("rank {}: added, starting at batch {}", r, next.seq);
+      return;
+    }
     std::unique_ptr<RingSink> old = std::move(sinks_[r]);
     if (holders_[r].pid) {
       // The trainer keeps its connection to the old ring until it attaches again: its later
@@ -373,10 +409,9 @@ class Supervisor {
     retired_stages_[old->info().name].Add(BuildProfile({old->info()}, 1)["stages"][0]);
     moved_published_ += old->ring().published();
     sinks_[r] = std::move(ring);
-    pipeline_sinks_[r] = sinks_[r].get();
     moved_from_[r] = std::move(old);
-    spdlog::info("rank {}: moved to a larger ring ({:.1f} MiB slots), continuing at batch {}", r,
-                 sinks_[r]->ring().layout().slot_bytes / 1048576.0, next_seq);
+    spdlog::info("rank {}: moved to a new ring ({:.1f} MiB slots), continuing at batch {}", r,
+                 sinks_[r]->ring().layout().slot_bytes / 1048576.0, next.seq);
   }
 
   // --state-dir: the acknowledged cursors of the last run, used if they are for this stream.
@@ -437,7 +472,8 @@ class Supervisor {
                         {"fingerprint", pipeline_->fingerprint()},
                         {"origin", {{"epoch", origin.epoch}, {"seq", origin.seq}}},
                         {"ranks", nlohmann::json::array()}};
-    for (auto& s : sinks_) j["ranks"].push_back(CursorToJson(s->ring().acked()));
+    for (int r = 0; r < cfg_.consumers; ++r)
+      j["ranks"].push_back(CursorToJson(sinks_[r]->ring().acked()));
     std::string text = j.dump() + "\n";
     if (text == saved_state_) return;
     Status st = WriteFileAtomically(StatePath(), text);
@@ -460,9 +496,10 @@ class Supervisor {
 
   nlohmann::json StatusJson() {
     nlohmann::json ranks = nlohmann::json::array();
-    for (int r = 0; r < cfg_.consumers; ++r) {
+    for (int r = 0; r < this->ranks(); ++r) {
       shm::RingWriter::Backlog b = sinks_[r]->ring().backlog();
       ranks.push_back({{"rank", r},
+                       {"removed", r >= cfg_.consumers},
                        {"pid", holders_[r].pid},
                        {"attached", holders_[r].pid != 0},
                        {"generation", holders_[r].generation},
@@ -529,7 +566,7 @@ class Supervisor {
       if (pending_ && pipeline_->Finished()) CompleteReload();
       SaveState();
       Heartbeat();
-      for (int r = 0; r < cfg_.consumers; ++r) {
+      for (int r = 0; r < ranks(); ++r) {
         if (!holders_[r].pid) continue;
         std::string why = holders_[r].sink->ring().TakeViolation();
         if (why.empty()) continue;
@@ -564,9 +601,9 @@ class Supervisor {
     auto now = std::chrono::steady_clock::now();
     uint64_t published = 0;
     int attached = 0;
-    for (int r = 0; r < cfg_.consumers; ++r) {
+    for (int r = 0; r < ranks(); ++r) {
       published += sinks_[r]->ring().published();
-      attached += holders_[r].pid != 0;
+      attached += r < cfg_.consumers && holders_[r].pid != 0;
     }
     double seconds = std::chrono::duration<double>(now - status_at_).count();
     double rate = status_at_.time_since_epoch().count() && seconds > 0
@@ -593,7 +630,7 @@ class Supervisor {
     if (metrics_ && ++ticks_ % 5 == 0) metrics_->Publish(MetricsText());
     // Each rank's trainer throughput: samples released over the last second or so.
     auto now = std::chrono::steady_clock::now();
-    for (int r = 0; r < cfg_.consumers; ++r) {
+    for (int r = 0; r < ranks(); ++r) {
       Rate& rate = rates_[r];
       double dt = std::chrono::duration<double>(now - rate.at).count();
       if (dt < 1) continue;
@@ -675,7 +712,7 @@ class Supervisor {
          "Seconds since the trainer last took a batch (-1: never)."},
         {"mmfeed_rank_attached", "gauge", "1 while a trainer is attached."}};
     std::vector<std::array<double, 7>> values;
-    for (int r = 0; r < cfg_.consumers; ++r) {
+    for (int r = 0; r < ranks(); ++r) {
       shm::RingWriter& ring = sinks_[r]->ring();
       StreamCursor acked = ring.acked();
       shm::RingWriter::Backlog b = ring.backlog();
@@ -686,7 +723,7 @@ class Supervisor {
     }
     for (size_t k = 0; k < std::size(rows); ++k) {
       t.Family(rows[k].name, rows[k].type, rows[k].help);
-      for (int r = 0; r < cfg_.consumers; ++r)
+      for (int r = 0; r < ranks(); ++r)
         t.Sample(rows[k].name, {{"rank", std::to_string(r)}}, values[r][k]);
     }
 

@@ -96,8 +96,6 @@ ConfigChanges DiffConfigs(const PipelineConfig& a, const PipelineConfig& b) {
   auto restart = [&](bool differs, const std::string& why) {
     if (differs && c.needs_restart.empty()) c.needs_restart = why;
   };
-  restart(a.consumers != b.consumers,
-          fmt::format("consumers {} -> {} changes the number of rings", a.consumers, b.consumers));
   restart(a.ring_slots != b.ring_slots,
           fmt::format("output.ring_slots {} -> {} changes the rings", a.ring_slots, b.ring_slots));
   restart(a.placement.numa_node != b.placement.numa_node,

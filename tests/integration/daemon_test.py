@@ -166,8 +166,9 @@ class DaemonTest(DaemonCase):
         self.assertTrue(set(got) <= set(ids))
         log = d.log()
         # The source's time waiting on full mailboxes is blocked time, not busy time: the image
-        # stage, not the source, limits this pipeline.
-        self.assertIn("bottleneck: image (cpu)", log)
+        # stage, not the source, limits this pipeline. (Its kind depends on the machine's load
+        # here; profile_test measures the kinds under controlled work.)
+        self.assertIn("bottleneck: image (", log)
 
     def test_same_bytes_whatever_the_worker_count(self):
         make_dataset(self.dir, 64)

@@ -103,7 +103,7 @@ class PythonClientTest(dt.DaemonCase):
         kept.release()
         del client
         self.assertEqual(d.wait(), 0, d.log())
-        self.assertIn("moved to a larger ring", d.log())
+        self.assertIn("moved to a new ring", d.log())
         self.assertEqual(got, want)
         switch = widths.index(1024)
         self.assertGreater(switch, 3)

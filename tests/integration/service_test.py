@@ -4,7 +4,7 @@
 
 usage: service_test.py --bin BUILD/bin
 """
-import json, os, pathlib, shutil, signal, socket, subprocess, tempfile, time, unittest
+import ctypes, errno, json, os, pathlib, shutil, signal, socket, subprocess, tempfile, time, unittest
 import urllib.error, urllib.request
 
 import daemon_test
@@ -45,32 +45,46 @@ class NotifyTest(DaemonCase):
                 continue
             return dict(line.split("=", 1) for line in m.split("\n") if line)
 
-    def test_ready_reloading_stopping_and_the_watchdog(self):
+    def start(self, text):
+        """The daemon on `text`, told to notify the test socket with a 300 ms watchdog."""
         env = {"NOTIFY_SOCKET": str(self.dir / "notify.sock"), "WATCHDOG_USEC": "300000"}
         old = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
-            d = Daemon(self.dir, config(), extra=("--drain-timeout", "1"))
+            return Daemon(self.dir, text, extra=("--drain-timeout", "1"))
         finally:
             for k, v in old.items():
                 if v is None:
                     os.environ.pop(k)
                 else:
                     os.environ[k] = v
+
+    def count_pings(self, seconds):
+        """WATCHDOG=1 messages sent over the next `seconds` (those queued before are dropped)."""
+        self.sock.setblocking(False)
+        try:
+            while True:
+                self.sock.recv(4096)
+        except BlockingIOError:
+            pass
+        self.pings = 0
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            try:
+                self.next_message(timeout=deadline - time.time())
+            except AssertionError:
+                break
+        return self.pings
+
+    def test_ready_reloading_stopping_and_the_watchdog(self):
+        d = self.start(config())
         m = self.next_message()
         self.assertEqual(m.get("READY"), "1", m)
         self.assertRegex(m["STATUS"], r"samples/s, \d+ batches published, 0/2 trainers attached")
         # No trainer takes anything: the rings fill and the pipeline is idle for a good reason,
         # so the watchdog keeps being fed (every 150 ms).
         time.sleep(1.5)
-        self.pings = 0
-        deadline = time.time() + 1.5
-        while time.time() < deadline:
-            try:
-                self.next_message(timeout=deadline - time.time())
-            except AssertionError:
-                break
-        self.assertGreaterEqual(self.pings, 5)
+        self.assertGreaterEqual(self.count_pings(1.5), 5)
 
         (self.dir / "one.yaml").write_text(config(workers=1))
         self.assertEqual(d.ctl("reload", "--config", str(self.dir / "one.yaml")).returncode, 0)
@@ -96,6 +110,64 @@ class NotifyTest(DaemonCase):
         m = self.next_message()
         self.assertEqual(m.get("STOPPING"), "1", m)
         self.assertEqual(d.wait(), 3, "the drain timed out with batches no trainer took")
+
+
+    def test_a_hung_pipeline_stops_feeding_the_watchdog(self):
+        d = self.start(config())
+        self.assertEqual(self.next_message().get("READY"), "1")
+        trainers = [d.consume(r, "--json") for r in (0, 1)]  # endless data, taken at once
+        self.assertGreaterEqual(self.count_pings(1.5), 3, "fed while batches flow")
+        # Every image worker stuck (ptrace-stopped, as a thread blocked for good would be) while
+        # the trainers wait for batches: no progress and no good reason to be idle.
+        workers = [t for t in thread_ids(d.proc.pid) if thread_name(d.proc.pid, t).startswith("mmf:image")]
+        self.assertEqual(len(workers), 2)
+        try:
+            for t in workers:
+                stop_thread(t)
+        except PermissionError as e:
+            for p in trainers:
+                p.kill()
+            self.skipTest(f"cannot ptrace the daemon's threads here ({e})")
+        try:
+            time.sleep(1)  # the other stages finish what they hold
+            self.assertEqual(self.count_pings(1.5), 0, "a hung pipeline must not feed the watchdog")
+        finally:
+            for t in workers:
+                resume_thread(t)
+        self.assertGreaterEqual(self.count_pings(1.5), 3, "fed again once it moves")
+        for p in trainers:
+            p.kill()
+            p.wait()
+
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+LIBC.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+PTRACE_DETACH, PTRACE_SEIZE, PTRACE_INTERRUPT, WALL = 17, 0x4206, 0x4207, 0x40000000
+
+
+def thread_ids(pid):
+    return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+
+
+def thread_name(pid, tid):
+    return pathlib.Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+
+
+def ptrace(request, tid):
+    if LIBC.ptrace(request, tid, None, None) != 0:
+        e = ctypes.get_errno()
+        raise (PermissionError if e == errno.EPERM else OSError)(e, os.strerror(e))
+
+
+def stop_thread(tid):
+    """Stops one thread of a child process (the others run on)."""
+    ptrace(PTRACE_SEIZE, tid)
+    ptrace(PTRACE_INTERRUPT, tid)
+    os.waitpid(tid, WALL)
+
+
+def resume_thread(tid):
+    ptrace(PTRACE_DETACH, tid)
 
 
 def free_port():
