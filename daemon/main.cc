@@ -6,7 +6,6 @@
 //           [--drain-timeout SECONDS] [--log-level LEVEL]
 //   mmfeedd --check FILE        build the pipeline without starting it (0 ok, 2 invalid)
 //   mmfeedd --list-stages       print every stage type and its parameters
-#include <malloc.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -14,6 +13,7 @@
 #include <cstdlib>
 
 #include "base/flags.h"
+#include "base/malloc_tuning.h"
 #include "daemon/supervisor.h"
 #include "stages/runtime/config.h"
 #include "stages/runtime/registry.h"
@@ -85,11 +85,7 @@ Options ParseArgs(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   using namespace mmfeed;
-  // Per-sample outputs (e.g. 600 KB float images) are allocated and freed thousands of times a
-  // second on different threads: keep them on the heap instead of fresh mmaps, whose page
-  // faults would otherwise cost as much as the data copy.
-  mallopt(M_MMAP_THRESHOLD, 64 << 20);
-  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  KeepSampleMemoryOnTheHeap();
   Options opt = ParseArgs(argc, argv);
   spdlog::set_default_logger(spdlog::stderr_color_mt("mmfeedd"));
   spdlog::set_level(spdlog::level::from_str(opt.log_level));

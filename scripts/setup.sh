@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs every Debian package mmfeed needs to build, test and run its demo.
-# Usage: scripts/setup.sh [--bench]   (--bench adds the baselines: torch, torchvision, torchaudio, OpenCV, ...)
+# Usage: scripts/setup.sh [--bench]   (--bench adds the other baselines: torchaudio, OpenCV, ...)
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
@@ -13,10 +13,10 @@ PKGS=(
   libavformat-dev libavcodec-dev libavutil-dev libswscale-dev libswresample-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev
   python3 python3-dev python3-numpy python3-av ffmpeg pybind11-dev python3-torch
-  systemd
+  python3-torchvision python3-pil systemd
 )
 if [ "${1:-}" = "--bench" ]; then
-  PKGS+=(python3-torchvision python3-torchaudio python3-pil python3-opencv espeak-ng nodejs npm)
+  PKGS+=(python3-torchaudio python3-opencv espeak-ng nodejs npm)
 fi
 missing=()
 for p in "${PKGS[@]}"; do

@@ -10,6 +10,7 @@
 #include <opencv2/imgproc.hpp>
 
 #include "stages/image/jpeg_decoder.h"
+#include "stages/image/resample.h"
 #include "stages/runtime/registry.h"
 #include "stages/runtime/rng.h"
 
@@ -29,6 +30,8 @@ struct ImageParams {
   DType dtype = DType::kUInt8;
   bool chw = false;
   int64_t max_pixels = 0;
+  bool dct_scaling = true;  // decode JPEGs at 1/2, 1/4, 1/8 size when the output is that small
+  bool output_box = false;  // also output <name>_box: the source box shown, and the flip
 };
 
 // PNG keeps its size at a fixed place; read it so a huge PNG is refused before decoding.
@@ -44,6 +47,9 @@ bool PngSize(std::string_view d, int64_t* w, int64_t* h) {
   return true;
 }
 
+// Python's round(): halves to even, as torchvision's arithmetic rounds.
+int RoundHalfEven(double v) { return static_cast<int>(std::nearbyint(v)); }
+
 // torchvision.transforms.RandomResizedCrop.get_params, drawn from our Rng.
 cv::Rect RandomResizedCropRect(int width, int height, const ImageParams& p, Rng& rng) {
   double area = static_cast<double>(width) * height;
@@ -51,8 +57,8 @@ cv::Rect RandomResizedCropRect(int width, int height, const ImageParams& p, Rng&
   for (int attempt = 0; attempt < 10; ++attempt) {
     double target = area * rng.Uniform(p.scale_lo, p.scale_hi);
     double aspect = std::exp(rng.Uniform(log_lo, log_hi));
-    int w = static_cast<int>(std::lround(std::sqrt(target * aspect)));
-    int h = static_cast<int>(std::lround(std::sqrt(target / aspect)));
+    int w = RoundHalfEven(std::sqrt(target * aspect));
+    int h = RoundHalfEven(std::sqrt(target / aspect));
     if (w > 0 && w <= width && h > 0 && h <= height) {
       int y = static_cast<int>(rng.Below(static_cast<uint64_t>(height - h + 1)));
       int x = static_cast<int>(rng.Below(static_cast<uint64_t>(width - w + 1)));
@@ -61,31 +67,61 @@ cv::Rect RandomResizedCropRect(int width, int height, const ImageParams& p, Rng&
   }
   double in_ratio = static_cast<double>(width) / height;
   int w = width, h = height;
-  if (in_ratio < p.ratio_lo) h = static_cast<int>(std::lround(w / p.ratio_lo));
-  else if (in_ratio > p.ratio_hi) w = static_cast<int>(std::lround(h * p.ratio_hi));
+  if (in_ratio < p.ratio_lo)
+    h = RoundHalfEven(w / p.ratio_lo);
+  else if (in_ratio > p.ratio_hi)
+    w = RoundHalfEven(h * p.ratio_hi);
   return {(width - w) / 2, (height - h) / 2, w, h};
 }
 
-cv::Rect CropRect(int width, int height, const ImageParams& p, Rng& rng) {
+// A box of the source resized to `out` pixels (torchvision's crop, then resize).
+AxisMap BoxAxis(int box_start, int box_size, int out) {
+  return {static_cast<double>(box_start),
+          static_cast<double>(box_size) / out,
+          box_start,
+          box_start + box_size,
+          0,
+          out};
+}
+
+// What of the source each output pixel comes from, per axis, in source pixels; `*box` is the
+// source region the output shows.
+void MapAxes(int width, int height, const ImageParams& p, Rng& rng, AxisMap* x, AxisMap* y,
+             cv::Rect* box) {
   switch (p.crop) {
-    case Crop::kNone: return {0, 0, width, height};
-    case Crop::kRandomResized: return RandomResizedCropRect(width, height, p, rng);
-    case Crop::kCenter: {
-      double cw, ch;
+    case Crop::kNone:
+      *box = {0, 0, width, height};
+      break;
+    case Crop::kRandomResized:
+      *box = RandomResizedCropRect(width, height, p, rng);
+      break;
+    case Crop::kCenter:
       if (p.resize > 0) {
-        double s = static_cast<double>(p.resize) / std::min(width, height);
-        cw = std::min<double>(width, p.out_w / s);
-        ch = std::min<double>(height, p.out_h / s);
+        // torchvision's Resize(resize) + CenterCrop(size): the shorter side becomes `resize`,
+        // the longer one int(resize * long / short); the crop starts at round((side - crop)/2).
+        const bool portrait = width <= height;
+        const int s = portrait ? width : height, l = portrait ? height : width;
+        const int new_long = static_cast<int>(static_cast<int64_t>(p.resize) * l / s);
+        const int new_w = portrait ? p.resize : new_long, new_h = portrait ? new_long : p.resize;
+        const int left = RoundHalfEven((new_w - p.out_w) / 2.0),
+                  top = RoundHalfEven((new_h - p.out_h) / 2.0);
+        *x = {0, static_cast<double>(width) / new_w, 0, width, left, p.out_w};
+        *y = {0, static_cast<double>(height) / new_h, 0, height, top, p.out_h};
+        *box = {static_cast<int>(left * x->scale), static_cast<int>(top * y->scale),
+                static_cast<int>(std::lround(p.out_w * x->scale)),
+                static_cast<int>(std::lround(p.out_h * y->scale))};
+        return;
       } else {  // the largest centered region with the output's aspect ratio
-        double a = static_cast<double>(p.out_w) / p.out_h;
-        cw = std::min<double>(width, height * a);
-        ch = cw / a;
+        const double a = static_cast<double>(p.out_w) / p.out_h;
+        const double cw = std::min<double>(width, height * a);
+        const int w = std::max(1, static_cast<int>(std::lround(cw))),
+                  h = std::max(1, static_cast<int>(std::lround(cw / a)));
+        *box = {(width - w) / 2, (height - h) / 2, w, h};
       }
-      int w = std::max(1, static_cast<int>(std::lround(cw))), h = std::max(1, static_cast<int>(std::lround(ch)));
-      return {(width - w) / 2, (height - h) / 2, w, h};
-    }
+      break;
   }
-  return {0, 0, width, height};
+  *x = BoxAxis(box->x, box->width, p.out_w);
+  *y = BoxAxis(box->y, box->height, p.out_h);
 }
 
 class ImageWorker : public StageWorker {
@@ -98,61 +134,80 @@ class ImageWorker : public StageWorker {
     std::string_view data = *bytes;
     if (data.empty()) return Status::Corrupt("empty file (0 bytes)");
     Rng rng(ctx.seed, ctx.epoch, ctx.id, p_.name);
-    cv::Mat region;
-    cv::Rect2d roi;
+    AxisMap x, y;
+    cv::Rect box;
+    cv::Mat source;
+    cv::Point origin;
+    bool decoded = false;
     if (LooksLikeJpeg(data)) {
       int w = 0, h = 0;
       MMFEED_RETURN_IF_ERROR(jpeg_.ReadSize(data, &w, &h));
       MMFEED_RETURN_IF_ERROR(CheckPixels(w, h));
-      cv::Rect crop = CropRect(w, h, p_, rng);
-      // The smallest DCT scale that still leaves the crop at least as large as the output.
-      // Only 1/8, 2/8, 4/8 and 8/8: libjpeg-turbo has SIMD IDCTs for those, while the other
-      // scales run plain C (perf showed jpeg_idct_6x6, _10x10, _12x12 ... at the top).
+      MapAxes(w, h, p_, rng, &x, &y, &box);
+      // The smallest DCT scale that leaves the source at least as large as the output. Only
+      // 1/8, 2/8, 4/8 and 8/8: libjpeg-turbo has SIMD IDCTs for those, while the other scales
+      // run plain C (perf showed jpeg_idct_6x6, _10x10, _12x12 ... at the top).
       int n = 1;
-      while (n < 8 && (crop.width * n < p_.out_w * 8 || crop.height * n < p_.out_h * 8)) n *= 2;
-      Status st = jpeg_.DecodeRegion(data, crop, n, &region, &roi);
-      if (st.code() == Status::Code::kUnsupported) {
-        MMFEED_RETURN_IF_ERROR(DecodeWithOpenCv(data, &decoded_));
-        region = decoded_;
-        roi = cv::Rect2d(crop);
-      } else if (!st.ok()) {
+      if (!p_.dct_scaling) n = 8;
+      while (n < 8 && (x.scale * n < 8 || y.scale * n < 8)) n *= 2;
+      AxisMap sx = x, sy = y;
+      if (n < 8) {
+        sx = x.Scaled(n / 8.0, JpegDecoder::ScaledSize(w, n));
+        sy = y.Scaled(n / 8.0, JpegDecoder::ScaledSize(h, n));
+      }
+      cv::Rect need = resampler_.Plan(sx, sy);
+      Status st = jpeg_.DecodeRegion(data, n, need, &source, &origin);
+      if (st.ok()) {
+        decoded = true;
+      } else if (st.code() != Status::Code::kUnsupported) {
         return st;
       }
-    } else {
+    }
+    if (!decoded) {  // PNG and the rest, and JPEGs libjpeg-turbo will not give us as RGB
       int64_t pw, ph;
       if (PngSize(data, &pw, &ph)) MMFEED_RETURN_IF_ERROR(CheckPixels(pw, ph));
       MMFEED_RETURN_IF_ERROR(DecodeWithOpenCv(data, &decoded_));
       MMFEED_RETURN_IF_ERROR(CheckPixels(decoded_.cols, decoded_.rows));
-      region = decoded_;
-      roi = cv::Rect2d(CropRect(decoded_.cols, decoded_.rows, p_, rng));
+      rng = Rng(ctx.seed, ctx.epoch, ctx.id, p_.name);  // the same draws whichever decoder ran
+      MapAxes(decoded_.cols, decoded_.rows, p_, rng, &x, &y, &box);
+      resampler_.Plan(x, y);
+      source = decoded_;
+      origin = {0, 0};
     }
-    bool flip = p_.flip > 0 && rng.Uniform() < p_.flip;
-
-    cv::Rect r(static_cast<int>(std::lround(roi.x)), static_cast<int>(std::lround(roi.y)),
-               std::max(1, static_cast<int>(std::lround(roi.width))), std::max(1, static_cast<int>(std::lround(roi.height))));
-    r &= cv::Rect(0, 0, region.cols, region.rows);
-    if (r.empty()) return Status::Corrupt("crop outside the decoded image");
-    bool shrink_a_lot = r.width > 2 * p_.out_w || r.height > 2 * p_.out_h;
-    cv::resize(region(r), resized_, cv::Size(p_.out_w, p_.out_h), 0, 0,
-               shrink_a_lot ? cv::INTER_AREA : cv::INTER_LINEAR);
-
-    WriteOutput(resized_, flip, out[0]);
+    ResampleOutput o;
+    o.flip = p_.flip > 0 && rng.Uniform() < p_.flip;
+    o.float32 = p_.dtype == DType::kFloat32;
+    o.chw = p_.chw;
+    o.mul = p_.mul;
+    o.add = p_.add;
+    resampler_.Run(source, origin, o, out[0]);
+    if (p_.output_box) {
+      const int32_t b[5] = {box.x, box.y, box.width, box.height, o.flip ? 1 : 0};
+      std::memcpy(out[1], b, sizeof(b));
+    }
     return Status::Ok();
   }
 
-  static TensorSpec OutputSpec(const ImageParams& p) {
+  static std::vector<TensorSpec> OutputSpecs(const ImageParams& p) {
     TensorSpec s;
     s.name = p.name;
     s.dtype = p.dtype;
-    s.shape = p.chw ? std::vector<int64_t>{3, p.out_h, p.out_w} : std::vector<int64_t>{p.out_h, p.out_w, 3};
-    return s;
+    s.shape = p.chw ? std::vector<int64_t>{3, p.out_h, p.out_w}
+                    : std::vector<int64_t>{p.out_h, p.out_w, 3};
+    if (!p.output_box) return {s};
+    TensorSpec b;
+    b.name = p.name + "_box";
+    b.dtype = DType::kInt32;
+    b.shape = {5};
+    return {s, b};
   }
 
  private:
   Status CheckPixels(int64_t w, int64_t h) const {
     if (w <= 0 || h <= 0) return Status::Corrupt("image has no pixels");
     if (w * h > p_.max_pixels)
-      return Status::TooLarge(fmt::format("image is {}x{} = {} pixels, above max_pixels {}", w, h, w * h, p_.max_pixels));
+      return Status::TooLarge(fmt::format("image is {}x{} = {} pixels, above max_pixels {}", w, h,
+                                          w * h, p_.max_pixels));
     return Status::Ok();
   }
 
@@ -169,54 +224,20 @@ class ImageWorker : public StageWorker {
     return Status::Ok();
   }
 
-  // Flip, normalize and change layout in one pass over the resized pixels.
-  void WriteOutput(const cv::Mat& rgb, bool flip, uint8_t* out) {
-    const int H = p_.out_h, W = p_.out_w;
-    if (p_.dtype == DType::kUInt8) {
-      uint8_t* dst = out;
-      for (int y = 0; y < H; ++y) {
-        const uint8_t* row = rgb.ptr<uint8_t>(y);
-        for (int x = 0; x < W; ++x) {
-          const uint8_t* px = row + 3 * (flip ? W - 1 - x : x);
-          for (int c = 0; c < 3; ++c) {
-            if (p_.chw) dst[(c * H + y) * W + x] = px[c];
-            else dst[(y * W + x) * 3 + c] = px[c];
-          }
-        }
-      }
-      return;
-    }
-    float* dst = reinterpret_cast<float*>(out);
-    const cv::Mat* src = &rgb;
-    if (flip) {
-      cv::flip(rgb, flipped_, 1);
-      src = &flipped_;
-    }
-    if (p_.chw) {  // deinterleave, then scale+shift each plane (both SIMD in OpenCV)
-      cv::split(*src, planes_);
-      for (int c = 0; c < 3; ++c)
-        planes_[c].convertTo(cv::Mat(H, W, CV_32F, dst + c * H * W), CV_32F, p_.mul[c], p_.add[c]);
-    } else {
-      for (int y = 0; y < H; ++y) {
-        const uint8_t* row = src->ptr<uint8_t>(y);
-        for (int x = 0; x < W; ++x)
-          for (int c = 0; c < 3; ++c) dst[(y * W + x) * 3 + c] = row[3 * x + c] * p_.mul[c] + p_.add[c];
-      }
-    }
-  }
-
   const ImageParams& p_;
   JpegDecoder jpeg_;
+  Resampler resampler_;
   std::string file_;
-  cv::Mat decoded_, resized_, flipped_;
-  cv::Mat planes_[3];
+  cv::Mat decoded_;
 };
 
 class ImageStage : public Stage {
  public:
   explicit ImageStage(ImageParams p) : p_(std::move(p)) {}
-  std::vector<TensorSpec> OutputSpecs() const override { return {ImageWorker::OutputSpec(p_)}; }
-  std::unique_ptr<StageWorker> NewWorker() const override { return std::make_unique<ImageWorker>(p_); }
+  std::vector<TensorSpec> OutputSpecs() const override { return ImageWorker::OutputSpecs(p_); }
+  std::unique_ptr<StageWorker> NewWorker() const override {
+    return std::make_unique<ImageWorker>(p_);
+  }
 
  private:
   ImageParams p_;
@@ -230,7 +251,9 @@ Result<std::unique_ptr<Stage>> MakeImageStage(const StageArgs& a) {
   ImageParams p;
   p.name = a.name;
   const std::string& crop = prm.GetString("crop");
-  p.crop = crop == "center" ? Crop::kCenter : crop == "random_resized_crop" ? Crop::kRandomResized : Crop::kNone;
+  p.crop = crop == "center"                ? Crop::kCenter
+           : crop == "random_resized_crop" ? Crop::kRandomResized
+                                           : Crop::kNone;
   const auto& size = prm.GetIntList("size");
   p.out_h = static_cast<int>(size[0]);
   p.out_w = static_cast<int>(size[1]);
@@ -238,6 +261,16 @@ Result<std::unique_ptr<Stage>> MakeImageStage(const StageArgs& a) {
     return Status::Invalid("size must be [height, width] with each in 1..16384");
   p.resize = static_cast<int>(prm.GetInt("resize"));
   if (p.resize < 0) return Status::Invalid("resize must be >= 0");
+  if (p.resize > 0 && p.resize < std::max(p.out_h, p.out_w))
+    return Status::Invalid(
+        fmt::format("resize {} is smaller than size [{}, {}]: the center crop "
+                    "would leave the resized image",
+                    p.resize, p.out_h, p.out_w));
+  // DCT scaling changes pixels a little (up to ~2 levels mean on photos over twice the output):
+  // the evaluation transform (center) stays exact unless asked.
+  const std::string& dct = prm.GetString("dct_scaling");
+  p.dct_scaling = dct == "on" || (dct == "auto" && p.crop != Crop::kCenter);
+  p.output_box = prm.GetBool("output_box");
   const auto& scale = prm.GetFloatList("scale");
   const auto& ratio = prm.GetFloatList("ratio");
   p.scale_lo = scale[0];
@@ -246,7 +279,8 @@ Result<std::unique_ptr<Stage>> MakeImageStage(const StageArgs& a) {
   p.ratio_hi = ratio[1];
   if (!(0 < p.scale_lo && p.scale_lo <= p.scale_hi && p.scale_hi <= 1))
     return Status::Invalid("scale must be [lo, hi] with 0 < lo <= hi <= 1");
-  if (!(0 < p.ratio_lo && p.ratio_lo <= p.ratio_hi)) return Status::Invalid("ratio must be [lo, hi] with 0 < lo <= hi");
+  if (!(0 < p.ratio_lo && p.ratio_lo <= p.ratio_hi))
+    return Status::Invalid("ratio must be [lo, hi] with 0 < lo <= hi");
   p.flip = prm.GetFloat("flip");
   if (p.flip < 0 || p.flip > 1) return Status::Invalid("flip is a probability in [0, 1]");
   const auto& mean = prm.GetFloatList("mean");
@@ -267,22 +301,63 @@ Result<std::unique_ptr<Stage>> MakeImageStage(const StageArgs& a) {
 
 MMFEED_REGISTER_STAGE((StageSchema{
     "image",
-    "decode an image (JPEG via libjpeg-turbo with DCT scaling and region decode; PNG and others via "
+    "decode an image (JPEG via libjpeg-turbo with DCT scaling and region decode; PNG and others "
+    "via "
     "OpenCV), crop, resize, flip, normalize. Output tensor: <stage name>",
     StageKind::kField,
     /*field_is_path=*/true,
     {
-        {"crop", ParamType::kString, std::string("none"), "none | center | random_resized_crop", {"none", "center", "random_resized_crop"}},
+        {"crop",
+         ParamType::kString,
+         std::string("none"),
+         "none | center | random_resized_crop",
+         {"none", "center", "random_resized_crop"}},
         {"size", ParamType::kIntList, std::nullopt, "output [height, width]", {}, 2},
-        {"resize", ParamType::kInt, int64_t{0}, "center crop: resize the shorter side to this first (0: largest centered crop)"},
-        {"scale", ParamType::kFloatList, std::vector<double>{0.08, 1.0}, "random_resized_crop area range", {}, 2},
-        {"ratio", ParamType::kFloatList, std::vector<double>{3.0 / 4, 4.0 / 3}, "random_resized_crop aspect range", {}, 2},
+        {"resize", ParamType::kInt, int64_t{0},
+         "center crop: resize the shorter side to this first (0: largest centered crop)"},
+        {"scale",
+         ParamType::kFloatList,
+         std::vector<double>{0.08, 1.0},
+         "random_resized_crop area range",
+         {},
+         2},
+        {"ratio",
+         ParamType::kFloatList,
+         std::vector<double>{3.0 / 4, 4.0 / 3},
+         "random_resized_crop aspect range",
+         {},
+         2},
         {"flip", ParamType::kFloat, 0.0, "probability of a horizontal flip"},
-        {"mean", ParamType::kFloatList, std::vector<double>{0, 0, 0}, "float32: per-channel mean (of pixel/255)", {}, 3},
-        {"std", ParamType::kFloatList, std::vector<double>{1, 1, 1}, "float32: per-channel std (of pixel/255)", {}, 3},
-        {"dtype", ParamType::kString, std::string("uint8"), "uint8 (raw pixels) | float32 (pixel/255, normalized)", {"uint8", "float32"}},
+        {"mean",
+         ParamType::kFloatList,
+         std::vector<double>{0, 0, 0},
+         "float32: per-channel mean (of pixel/255)",
+         {},
+         3},
+        {"std",
+         ParamType::kFloatList,
+         std::vector<double>{1, 1, 1},
+         "float32: per-channel std (of pixel/255)",
+         {},
+         3},
+        {"dtype",
+         ParamType::kString,
+         std::string("uint8"),
+         "uint8 (raw pixels) | float32 (pixel/255, normalized)",
+         {"uint8", "float32"}},
         {"layout", ParamType::kString, std::string("HWC"), "HWC | CHW", {"HWC", "CHW"}},
-        {"max_pixels", ParamType::kInt, int64_t{89478485}, "refuse images with more pixels (checked before decoding)"},
+        {"max_pixels", ParamType::kInt, int64_t{89478485},
+         "refuse images with more pixels (checked before decoding)"},
+        {"dct_scaling",
+         ParamType::kString,
+         std::string("auto"),
+         "on: decode JPEGs at 1/2, 1/4 or 1/8 size when the output is at least that much smaller "
+         "(faster; pixels differ slightly from a full decode) | off: always at full size | auto: "
+         "on, except for crop: center (the evaluation transform stays exact)",
+         {"auto", "on", "off"}},
+        {"output_box", ParamType::kBool, false,
+         "also output <name>_box, int32 [x, y, width, height, flipped]: the source pixels the "
+         "output shows"},
     },
     MakeImageStage}));
 

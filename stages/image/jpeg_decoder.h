@@ -15,6 +15,7 @@
 #include <opencv2/core.hpp>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "base/status.h"
 
@@ -32,12 +33,16 @@ class JpegDecoder {
   // Reads the header only: full-resolution width and height.
   Status ReadSize(std::string_view data, int* width, int* height);
 
-  // Decodes `roi` (full-resolution pixel coordinates) at DCT scale `scale_num`/8 into RGB.
-  // `*out` receives a region at least covering the scaled roi; `*roi_in_out` is where the scaled
-  // roi lies inside it (fractional, for the resampler).
-  // REQUIRES: ReadSize succeeded on the same data; 1 <= scale_num <= 8.
-  Status DecodeRegion(std::string_view data, const cv::Rect& roi, int scale_num, cv::Mat* out,
-                      cv::Rect2d* roi_in_out);
+  // The image's side `size` decoded at DCT scale `scale_num`/8 (libjpeg rounds up).
+  static int ScaledSize(int size, int scale_num) { return (size * scale_num + 7) / 8; }
+
+  // Decodes `region` of the image scaled by `scale_num`/8 (coordinates in the scaled image,
+  // inside it) into RGB: `*out` covers it, possibly wider (whole iMCU columns), and `*origin` is
+  // where out's top-left pixel lies in the scaled image. Rows below the region are not decoded.
+  // `*out` refers to the decoder's own memory, valid until its next DecodeRegion.
+  // REQUIRES: 1 <= scale_num <= 8.
+  Status DecodeRegion(std::string_view data, int scale_num, const cv::Rect& region, cv::Mat* out,
+                      cv::Point* origin);
 
   struct ErrorManager {
     jpeg_error_mgr pub;
@@ -48,6 +53,7 @@ class JpegDecoder {
  private:
   jpeg_decompress_struct cinfo_;
   ErrorManager err_;
+  std::vector<uint8_t> buffer_;  // the decoded pixels, reused
 };
 
 }  // namespace mmfeed

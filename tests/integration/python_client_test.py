@@ -282,6 +282,25 @@ class PythonClientTest(dt.DaemonCase):
         del ds2
         self.assertEqual(d.wait(), 0, d.log())
 
+    def test_uint8_images_normalized_by_the_client_equal_the_float_path(self):
+        import torch
+        import mmfeed.torch as mt
+
+        dt.make_dataset(self.dir, 48)
+        float_cfg = dt.CONFIG.format(source_type="manifest", path="manifest.jsonl", seed=1, epochs=1, consumers=1,
+                                     workers=2, batch=16, placement="")
+        images = {}
+        for dtype in ("float32", "uint8"):
+            d = dt.Daemon(self.dir, float_cfg.replace("dtype: float32", f"dtype: {dtype}"))
+            images[dtype] = [b.torch()["image"].clone() for b in mmfeed.Client(socket=d.socket, rank=0)]
+            self.assertEqual(d.wait(), 0, d.log())
+        self.assertEqual(images["uint8"][0].dtype, torch.uint8)
+        mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+        for u8, f32 in zip(images["uint8"], images["float32"], strict=True):
+            self.assertTrue(torch.allclose(mt.normalize(u8, mean, std), f32, atol=1e-5))
+        with self.assertRaises(TypeError):
+            mt.normalize(images["float32"][0], mean, std)
+
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()

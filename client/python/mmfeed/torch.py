@@ -4,7 +4,8 @@ the device.
     ds = mmfeed.torch.MmfeedDataset()
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)
     for batch in mmfeed.torch.to_device(loader, "cuda"):
-        loss = model(batch["image"], batch["text"])
+        image = mmfeed.torch.normalize(batch["image"], MEAN, STD)  # a uint8 image stage
+        loss = model(image, batch["text"])
         ...
         checkpoint = {"model": ..., "data": ds.state_dict()}   # ds.load_state_dict() on restart
 """
@@ -67,3 +68,18 @@ def to_device(iterable, device, non_blocking=True):
     if pending is not None:
         torch.cuda.current_stream(device).wait_event(pending[1])
         yield pending[0]
+
+
+def normalize(images, mean, std, layout="CHW", dtype=torch.float32):
+    """uint8 images from an image stage with `dtype: uint8` ([N, 3, H, W] for layout CHW, [N,
+    H, W, 3] for HWC) to what `dtype: float32` with the same mean and std gives: (pixel / 255 -
+    mean) / std, computed where the images are (on the GPU after to_device, so the ring and the
+    host-to-device copy carry 4x fewer bytes)."""
+    if images.dtype != torch.uint8:
+        raise TypeError(f"normalize takes uint8 images, not {images.dtype}")
+    if layout not in ("CHW", "HWC"):
+        raise ValueError(f"layout is CHW or HWC, not {layout!r}")
+    shape = (1, 3, 1, 1) if layout == "CHW" else (1, 1, 1, 3)
+    mean = torch.as_tensor(mean, dtype=dtype, device=images.device).view(shape)
+    std = torch.as_tensor(std, dtype=dtype, device=images.device).view(shape)
+    return (images.to(dtype) / 255 - mean) / std

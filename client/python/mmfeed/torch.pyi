@@ -1,4 +1,4 @@
-from typing import Any, Dict, Iterable, Iterator, Optional
+from typing import Any, Dict, Iterable, Iterator, Optional, Sequence
 
 import torch
 
@@ -12,3 +12,5 @@ class MmfeedDataset(torch.utils.data.IterableDataset):
     def load_state_dict(self, state: Dict[str, Any]) -> None: ...
 
 def to_device(iterable: Iterable[Dict[str, Any]], device: Any, non_blocking: bool = True) -> Iterator[Dict[str, Any]]: ...
+def normalize(images: Any, mean: Sequence[float], std: Sequence[float], layout: str = "CHW",
+              dtype: Any = ...) -> Any: ...

@@ -4,6 +4,7 @@
 #include <opencv2/imgproc.hpp>
 
 #include "stages/image/jpeg_decoder.h"
+#include "stages/image/resample.h"
 #include "tests/stage_util.h"
 #include "tests/test_util.h"
 
@@ -16,16 +17,20 @@ using testing::TestData;
 
 using testing::Output;
 
-Result<Output> RunImage(const Stage& stage, const FieldValue& in, const std::string& id = "x", uint32_t epoch = 0) {
+Result<Output> RunImage(const Stage& stage, const FieldValue& in, const std::string& id = "x",
+                        uint32_t epoch = 0) {
   Result<std::vector<Output>> out = testing::RunStage(stage, {42, epoch, id, "test"}, in);
   if (!out.ok()) return out.status();
   return std::move(out.value()[0]);
 }
 
 TEST(ImageStageTest, CenterCropMatchesAFullDecodeReference) {
-  auto stage = MakeStage("image", "image", {{"crop", std::string("center")}, {"resize", int64_t{256}},
-                                            {"size", std::vector<int64_t>{224, 224}}});
-  for (const char* name : {"photo00.jpg", "photo05.jpg", "photo09.jpg", "photo00_progressive.jpg"}) {
+  auto stage = MakeStage("image", "image",
+                         {{"crop", std::string("center")},
+                          {"resize", int64_t{256}},
+                          {"size", std::vector<int64_t>{224, 224}}});
+  for (const char* name :
+       {"photo00.jpg", "photo05.jpg", "photo09.jpg", "photo00_progressive.jpg"}) {
     std::string path = TestData(std::string("photos/") + name);
     Result<Output> t = RunImage(*stage, PathField(path));
     ASSERT_TRUE(t.ok()) << t.status().message();
@@ -36,22 +41,28 @@ TEST(ImageStageTest, CenterCropMatchesAFullDecodeReference) {
     cv::Mat bgr = cv::imread(path, cv::IMREAD_COLOR), rgb, small;
     cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
     double s = 256.0 / std::min(rgb.cols, rgb.rows);
-    cv::resize(rgb, small, cv::Size(static_cast<int>(std::lround(rgb.cols * s)), static_cast<int>(std::lround(rgb.rows * s))), 0, 0, cv::INTER_AREA);
+    cv::resize(rgb, small,
+               cv::Size(static_cast<int>(std::lround(rgb.cols * s)),
+                        static_cast<int>(std::lround(rgb.rows * s))),
+               0, 0, cv::INTER_AREA);
     cv::Mat ref = small(cv::Rect((small.cols - 224) / 2, (small.rows - 224) / 2, 224, 224)).clone();
     cv::Mat got(224, 224, CV_8UC3, t->data.data());
     double diff = cv::norm(got, ref, cv::NORM_L1) / (224.0 * 224 * 3);
     EXPECT_LT(diff, 16.0) << name << ": mean abs difference " << diff;
     // A crop shifted by 16 pixels must be clearly worse, so the test can see a misplaced crop.
-    cv::Mat shifted = small(cv::Rect((small.cols - 224) / 2 + 16, (small.rows - 224) / 2, 224, 224));
+    cv::Mat shifted =
+        small(cv::Rect((small.cols - 224) / 2 + 16, (small.rows - 224) / 2, 224, 224));
     EXPECT_GT(cv::norm(got, shifted, cv::NORM_L1) / (224.0 * 224 * 3), diff * 1.5) << name;
   }
 }
 
 TEST(ImageStageTest, RandomCropIsSeededBySampleAndEpoch) {
-  auto stage = MakeStage("image", "image", {{"crop", std::string("random_resized_crop")}, {"size", std::vector<int64_t>{64, 64}}});
+  auto stage = MakeStage(
+      "image", "image",
+      {{"crop", std::string("random_resized_crop")}, {"size", std::vector<int64_t>{64, 64}}});
   FieldValue f = PathField(TestData("photos/photo03.jpg"));
-  Result<Output> a = RunImage(*stage, f, "id1"), b = RunImage(*stage, f, "id1"), c = RunImage(*stage, f, "id2"),
-                 d = RunImage(*stage, f, "id1", 1);
+  Result<Output> a = RunImage(*stage, f, "id1"), b = RunImage(*stage, f, "id1"),
+                 c = RunImage(*stage, f, "id2"), d = RunImage(*stage, f, "id1", 1);
   ASSERT_TRUE(a.ok() && b.ok() && c.ok() && d.ok());
   EXPECT_EQ(a->data, b->data);
   EXPECT_NE(a->data, c->data);
@@ -59,7 +70,8 @@ TEST(ImageStageTest, RandomCropIsSeededBySampleAndEpoch) {
 }
 
 TEST(ImageStageTest, FlipMirrorsAndFloatNormalizeMatchesPixels) {
-  std::map<std::string, ParamValue> base = {{"crop", std::string("center")}, {"size", std::vector<int64_t>{40, 60}}};
+  std::map<std::string, ParamValue> base = {{"crop", std::string("center")},
+                                            {"size", std::vector<int64_t>{40, 60}}};
   auto plain = MakeStage("image", "image", base);
   auto with_flip = base;
   with_flip["flip"] = 1.0;
@@ -87,7 +99,8 @@ TEST(ImageStageTest, FlipMirrorsAndFloatNormalizeMatchesPixels) {
 }
 
 TEST(ImageStageTest, GrayscaleProgressiveAndPngDecode) {
-  auto stage = MakeStage("image", "image", {{"crop", std::string("center")}, {"size", std::vector<int64_t>{50, 50}}});
+  auto stage = MakeStage("image", "image",
+                         {{"crop", std::string("center")}, {"size", std::vector<int64_t>{50, 50}}});
   Result<Output> gray = RunImage(*stage, PathField(TestData("photos/photo01_gray.jpg")));
   ASSERT_TRUE(gray.ok()) << gray.status().message();
   for (int i = 0; i < 50 * 50; ++i) {
@@ -100,7 +113,8 @@ TEST(ImageStageTest, GrayscaleProgressiveAndPngDecode) {
   Result<Output> jpg = RunImage(*stage, PathField(TestData("photos/photo02.jpg")));
   ASSERT_TRUE(jpg.ok());
   cv::Mat a(50, 50, CV_8UC3, png->data.data()), b(50, 50, CV_8UC3, jpg->data.data());
-  EXPECT_LT(cv::norm(a, b, cv::NORM_L1) / (50.0 * 50 * 3), 12.0) << "PNG and JPEG of one photo must agree";
+  EXPECT_LT(cv::norm(a, b, cv::NORM_L1) / (50.0 * 50 * 3), 12.0)
+      << "PNG and JPEG of one photo must agree";
 }
 
 TEST(ImageStageTest, HugeDeclaredSizeIsRefusedBeforeDecoding) {
@@ -111,9 +125,12 @@ TEST(ImageStageTest, HugeDeclaredSizeIsRefusedBeforeDecoding) {
   Result<Output> t = RunImage(*stage, f);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), Status::Code::kTooLarge);
-  EXPECT_NE(t.status().message().find("60000x60000 = 3600000000 pixels, above max_pixels 89478485"), std::string::npos);
-  auto strict = MakeStage("image", "image", {{"size", std::vector<int64_t>{32, 32}}, {"max_pixels", int64_t{1000}}});
-  EXPECT_EQ(RunImage(*strict, PathField(TestData("photos/photo00.jpg"))).status().code(), Status::Code::kTooLarge);
+  EXPECT_NE(t.status().message().find("60000x60000 = 3600000000 pixels, above max_pixels 89478485"),
+            std::string::npos);
+  auto strict = MakeStage("image", "image",
+                          {{"size", std::vector<int64_t>{32, 32}}, {"max_pixels", int64_t{1000}}});
+  EXPECT_EQ(RunImage(*strict, PathField(TestData("photos/photo00.jpg"))).status().code(),
+            Status::Code::kTooLarge);
 }
 
 TEST(ImageStageTest, RegionDecodeReadsOnlyTheRowsAndColumnsNeeded) {
@@ -121,20 +138,48 @@ TEST(ImageStageTest, RegionDecodeReadsOnlyTheRowsAndColumnsNeeded) {
   JpegDecoder dec;
   int w, h;
   ASSERT_TRUE(dec.ReadSize(jpeg, &w, &h).ok());
-  cv::Mat region;
-  cv::Rect2d roi;
-  cv::Rect want(w / 2, h / 3, w / 4, h / 5);
-  ASSERT_TRUE(dec.DecodeRegion(jpeg, want, 4, &region, &roi).ok());
-  EXPECT_LT(region.cols, w / 2 / 2 + 32) << "columns outside the crop (plus iMCU rounding) are not decoded";
-  EXPECT_LE(region.rows, h / 5 / 2 + 2);
-  // The decoded region agrees with the same area of a full half-scale decode.
-  cv::Mat full;
-  cv::Rect2d full_roi;
-  ASSERT_TRUE(dec.DecodeRegion(jpeg, cv::Rect(0, 0, w, h), 4, &full, &full_roi).ok());
-  cv::Rect in_region(static_cast<int>(roi.x), static_cast<int>(roi.y), static_cast<int>(roi.width), static_cast<int>(roi.height));
-  cv::Rect in_full(static_cast<int>(want.x * 0.5), static_cast<int>(want.y * 0.5), in_region.width, in_region.height);
-  double diff = cv::norm(region(in_region), full(in_full), cv::NORM_L1) / (in_region.area() * 3.0);
-  EXPECT_LT(diff, 1.0);
+  const int sw = JpegDecoder::ScaledSize(w, 4), sh = JpegDecoder::ScaledSize(h, 4);
+  cv::Mat region, full;
+  cv::Point origin, full_origin;
+  cv::Rect want(sw / 2, sh / 3, sw / 4, sh / 5);
+  ASSERT_TRUE(dec.DecodeRegion(jpeg, 4, want, &region, &origin).ok());
+  EXPECT_LT(region.cols, sw / 4 + 32)
+      << "columns outside the region (plus iMCU rounding) are not decoded";
+  EXPECT_EQ(region.rows, want.height);
+  EXPECT_EQ(origin.y, want.y);
+  EXPECT_LE(origin.x, want.x);
+  EXPECT_GE(origin.x + region.cols, want.x + want.width);
+  // The decoded region has the pixels of a full half-scale decode.
+  ASSERT_TRUE(dec.DecodeRegion(jpeg, 4, cv::Rect(0, 0, sw, sh), &full, &full_origin).ok());
+  ASSERT_EQ(full.size(), cv::Size(sw, sh));
+  cv::Rect in_region(want.x - origin.x, 0, want.width, want.height);
+  double diff = cv::norm(region(in_region), full(want), cv::NORM_L1) / (want.area() * 3.0);
+  EXPECT_LT(diff, 0.5);
+}
+
+// A window of a resize is exactly those pixels of the whole resize: Resize(256) then
+// CenterCrop(224) can read only the pixels the crop needs.
+TEST(ImageStageTest, AResizeWindowEqualsTheCropOfTheWholeResize) {
+  cv::Mat src(97, 131, CV_8UC3);
+  cv::randu(src, 0, 256);
+  Resampler whole, window;
+  const AxisMap wx{0, 131.0 / 70, 0, 131, 0, 70}, wy{0, 97.0 / 52, 0, 97, 0, 52};
+  whole.Plan(wx, wy);
+  std::vector<uint8_t> all(70 * 52 * 3), part(30 * 20 * 3);
+  whole.Run(src, {0, 0}, {}, all.data());
+  AxisMap px = wx, py = wy;
+  px.start = 17;
+  px.count = 30;
+  py.start = 11;
+  py.count = 20;
+  cv::Rect need = window.Plan(px, py);
+  EXPECT_GT(need.x, 0);
+  EXPECT_LT(need.width, 131);
+  cv::Mat only = src(need).clone();  // nothing outside what Plan asked for
+  window.Run(only, need.tl(), {}, part.data());
+  for (int y = 0; y < 20; ++y)
+    for (int x = 0; x < 30 * 3; ++x)
+      ASSERT_EQ(part[y * 90 + x], all[(y + 11) * 210 + 17 * 3 + x]) << y << "," << x;
 }
 
 }  // namespace

@@ -1,0 +1,150 @@
+#include "stages/image/resample.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace mmfeed {
+
+AxisMap AxisMap::Scaled(double factor, int size) const {
+  AxisMap s = *this;
+  s.origin = origin * factor;
+  s.scale = scale * factor;
+  s.lo = std::clamp(static_cast<int>(std::floor(lo * factor + 1e-9)), 0, size - 1);
+  s.hi = std::clamp(static_cast<int>(std::ceil(hi * factor - 1e-9)), s.lo + 1, size);
+  return s;
+}
+
+// torchvision's (PIL's, torch's) antialiased bilinear taps: a triangle filter of support
+// max(scale, 1), sampled at the source pixel centres, clipped to [lo, hi) and normalized.
+// Positions are relative to lo, as in the cropped image those libraries resize.
+void Resampler::Compute(const AxisMap& a, Taps* t) {
+  const double support = std::max(a.scale, 1.0), inv = 1.0 / support;
+  t->stride = static_cast<int>(std::ceil(2 * support)) + 1;
+  t->first.resize(a.count);
+  t->count.resize(a.count);
+  t->weights.assign(static_cast<size_t>(a.count) * t->stride, 0.0f);
+  t->lo = a.hi;
+  t->hi = a.lo;
+  const int size = a.hi - a.lo;
+  for (int i = 0; i < a.count; ++i) {
+    const double center = a.origin - a.lo + (a.start + i + 0.5) * a.scale;
+    int xmin = std::max(static_cast<int>(std::floor(center - support + 0.5)), 0);
+    int xmax = std::min(static_cast<int>(std::floor(center + support + 0.5)), size);
+    xmin = std::min(xmin, size - 1);
+    xmax = std::min(std::max(xmax, xmin + 1), xmin + t->stride);
+    float* w = &t->weights[static_cast<size_t>(i) * t->stride];
+    double total = 0;
+    for (int j = xmin; j < xmax; ++j) {
+      double v = std::max(0.0, 1.0 - std::abs((j - center + 0.5) * inv));
+      w[j - xmin] = static_cast<float>(v);
+      total += v;
+    }
+    if (total > 0) {
+      for (int j = 0; j < xmax - xmin; ++j) w[j] = static_cast<float>(w[j] / total);
+    } else {  // cannot happen for a window inside the source; nearest pixel
+      w[0] = 1;
+      xmax = xmin + 1;
+    }
+    t->first[i] = a.lo + xmin;
+    t->count[i] = xmax - xmin;
+    t->lo = std::min(t->lo, a.lo + xmin);
+    t->hi = std::max(t->hi, a.lo + xmax);
+  }
+}
+
+cv::Rect Resampler::Plan(const AxisMap& x, const AxisMap& y) {
+  Compute(x, &x_);
+  Compute(y, &y_);
+  return {x_.lo, y_.lo, x_.hi - x_.lo, y_.hi - y_.lo};
+}
+
+namespace {
+
+// The hot loops, compiled for AVX2 as well and chosen at run time (the build is portable).
+#define MMFEED_SIMD __attribute__((target_clones("avx2", "default")))
+
+// c = w * p (first tap) or c += w * p, over n values.
+MMFEED_SIMD void AddRow(const uint8_t* __restrict p, float w, float* __restrict c, int n,
+                        bool first) {
+  if (first) {
+    for (int i = 0; i < n; ++i) c[i] = w * static_cast<float>(p[i]);
+  } else {
+    for (int i = 0; i < n; ++i) c[i] += w * static_cast<float>(p[i]);
+  }
+}
+
+// One output row from the vertically filtered row `c` (RGB interleaved): every output pixel
+// reads `stride` taps (zero weights past its own), channels to separate planes.
+MMFEED_SIMD void FilterRow(const float* __restrict c, const int* __restrict first,
+                           const float* __restrict weights, int stride, int out_w, bool flip,
+                           float* __restrict r, float* __restrict g, float* __restrict b) {
+  for (int ox = 0; ox < out_w; ++ox) {
+    const float* p = c + first[ox] * 3;
+    const float* w = weights + ox * stride;
+    float sr = 0, sg = 0, sb = 0;
+    for (int k = 0; k < stride; ++k) {
+      sr += w[k] * p[3 * k];
+      sg += w[k] * p[3 * k + 1];
+      sb += w[k] * p[3 * k + 2];
+    }
+    const int d = flip ? out_w - 1 - ox : ox;
+    r[d] = sr;
+    g[d] = sg;
+    b[d] = sb;
+  }
+}
+
+// Rounds to 8 bits as torchvision's resize does (values clamped to [0, 255]), in place.
+MMFEED_SIMD void Round8(float* __restrict v, int n) {
+  for (int i = 0; i < n; ++i) {
+    const float f = std::min(std::max(v[i], 0.0f), 255.0f);
+    v[i] = static_cast<float>(static_cast<int>(f + 0.5f));
+  }
+}
+
+MMFEED_SIMD void Normalize(const float* __restrict v, int n, float mul, float add,
+                           float* __restrict out, int out_step) {
+  for (int i = 0; i < n; ++i) out[i * out_step] = v[i] * mul + add;
+}
+
+MMFEED_SIMD void ToUint8(const float* __restrict v, int n, uint8_t* __restrict out, int out_step) {
+  for (int i = 0; i < n; ++i) out[i * out_step] = static_cast<uint8_t>(static_cast<int>(v[i]));
+}
+
+}  // namespace
+
+void Resampler::Run(const cv::Mat& src, cv::Point src_origin, const ResampleOutput& o,
+                    uint8_t* out) {
+  const int out_w = static_cast<int>(x_.first.size()), out_h = static_cast<int>(y_.first.size());
+  const int n = (x_.hi - x_.lo) * 3;
+  // Taps past the source's end read zeros with zero weights.
+  column_.assign(static_cast<size_t>(n) + 3 * x_.stride, 0.0f);
+  row_.resize(static_cast<size_t>(out_w) * 3);
+  first_.resize(out_w);
+  for (int ox = 0; ox < out_w; ++ox) first_[ox] = x_.first[ox] - x_.lo;
+  float* planes[3] = {row_.data(), row_.data() + out_w, row_.data() + 2 * out_w};
+  const size_t plane = static_cast<size_t>(out_w) * out_h;
+  for (int oy = 0; oy < out_h; ++oy) {
+    // Vertical: the source rows this output row reads, over the columns any output reads.
+    const float* wy = &y_.weights[static_cast<size_t>(oy) * y_.stride];
+    for (int k = 0; k < y_.count[oy]; ++k)
+      AddRow(src.ptr<uint8_t>(y_.first[oy] + k - src_origin.y) + (x_.lo - src_origin.x) * 3, wy[k],
+             column_.data(), n, k == 0);
+    FilterRow(column_.data(), first_.data(), x_.weights.data(), x_.stride, out_w, o.flip, planes[0],
+              planes[1], planes[2]);
+    // Rounded to 8 bits as torchvision's resize returns them, then laid out.
+    for (int ch = 0; ch < 3; ++ch) {
+      Round8(planes[ch], out_w);
+      const size_t at = o.chw ? ch * plane + static_cast<size_t>(oy) * out_w
+                              : static_cast<size_t>(oy) * out_w * 3 + ch;
+      const int step = o.chw ? 1 : 3;
+      if (o.float32)
+        Normalize(planes[ch], out_w, o.mul[ch], o.add[ch], reinterpret_cast<float*>(out) + at,
+                  step);
+      else
+        ToUint8(planes[ch], out_w, out + at, step);
+    }
+  }
+}
+
+}  // namespace mmfeed

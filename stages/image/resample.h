@@ -1,0 +1,60 @@
+// Resampler: antialiased bilinear resizing exactly as torchvision computes it (PIL's
+// ImagingResample and torch's _upsample_bilinear2d_aa share the arithmetic): each output pixel
+// is a normalized triangle filter over the source, widened by the scale when shrinking.
+//
+// It computes a window of a virtual resize: "resize the source's [lo, hi) to N pixels, keep
+// outputs [start, start + count)". torchvision's Resize(256) + CenterCrop(224) is one window
+// of the full image's resize, and a crop box resized to the output (RandomResizedCrop) is the
+// whole of a resize of the box; only the source pixels the window needs are read, so the
+// decoder decodes only those. Flip, rounding to uint8 as torchvision's PIL path does,
+// normalization and the output layout are fused into the last pass. Buffers are reused across
+// images; one Resampler per worker thread.
+#pragma once
+
+#include <cstdint>
+#include <opencv2/core.hpp>
+#include <vector>
+
+namespace mmfeed {
+
+// One axis of a resize, in source pixel coordinates: output pixel i (of the whole resize) is
+// centred at origin + (i + 0.5) * scale, and only source pixels in [lo, hi) are used.
+struct AxisMap {
+  double origin = 0, scale = 1;
+  int lo = 0, hi = 0;
+  int start = 0, count = 0;  // the outputs computed: [start, start + count)
+  // The same axis on a source decoded at `factor` of its size (JPEG DCT scaling), `size` pixels.
+  AxisMap Scaled(double factor, int size) const;
+};
+
+struct ResampleOutput {
+  bool flip = false;           // mirror left-right
+  bool float32 = false;        // else uint8
+  bool chw = false;            // else HWC
+  const float* mul = nullptr;  // float32: out = round(pixel) * mul[c] + add[c]
+  const float* add = nullptr;
+};
+
+class Resampler {
+ public:
+  // Computes the filter taps of both axes; returns the source rectangle they read.
+  cv::Rect Plan(const AxisMap& x, const AxisMap& y);
+  // `src` (8-bit RGB) holds the source pixels from `src_origin` on and covers Plan's rectangle.
+  // Writes count_y x count_x pixels of 3 channels to `out` as `o` says.
+  void Run(const cv::Mat& src, cv::Point src_origin, const ResampleOutput& o, uint8_t* out);
+
+ private:
+  struct Taps {
+    std::vector<int> first;      // per output: first source pixel
+    std::vector<int> count;      // per output: taps
+    std::vector<float> weights;  // per output: `stride` weights, normalized
+    int stride = 0;
+    int lo = 0, hi = 0;  // source pixels read
+  };
+  static void Compute(const AxisMap& a, Taps* t);
+  Taps x_, y_;
+  std::vector<float> column_, row_;  // one output row after the vertical, horizontal pass
+  std::vector<int> first_;           // per output column: its first tap in column_
+};
+
+}  // namespace mmfeed
