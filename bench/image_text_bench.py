@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
-"""Image-text benchmark: mmfeed (configs/demo.yaml's pipeline, two consumer ranks) against the
-PyTorch DataLoader baseline and a bare libjpeg-turbo full-size decode, on the same files in one
-run. Steady state: each side runs a short and a long pass, and throughput is
-(long - short samples) / (long - short seconds), so start-up cancels out.
+"""Image-text benchmark: mmfeed (configs/demo.yaml's pipeline, two consumer ranks; float32
+and, with normalization left to the consumer, uint8 images) against the PyTorch DataLoader
+baseline and a bare libjpeg-turbo full-size decode, on the same files in one run. Steady
+state: each side runs a short and a long pass, and throughput is
+(long - short samples) / (long - short seconds), so start-up cancels out. Two photo sets:
+the project's own (scripts/make_dataset.py: 400-800 px wide) and ImageNet-sized photos
+(scripts/make_photos.py: 240-620 px wide, median about 430x350).
 
-usage: image_text_bench.py --build BUILD --out DIR [--short N] [--long N]
+usage: image_text_bench.py --build BUILD --out DIR [--short N] [--long N] [--sets project,imagenet]
 """
-import argparse, glob, json, os, pathlib, shutil, subprocess, sys, time
+import argparse, glob, json, os, pathlib, random, shutil, subprocess, sys, time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PY = "/usr/bin/python3"
+sys.path.insert(0, str(ROOT / "scripts"))
+import make_photos  # noqa: E402
 
 
-def run_mmfeed(build, data, samples):
+def run_mmfeed(build, data, samples, dtype="float32"):
     cfg = (ROOT / "configs" / "demo.yaml").read_text().replace("path: manifest.jsonl", f"path: manifest-{samples}.jsonl")
+    cfg = cfg.replace("dtype: float32", f"dtype: {dtype}")
     (data / f"bench-{samples}.yaml").write_text(cfg)
     sock = str(data / "bench.sock")
     if os.path.exists(sock):
@@ -43,37 +49,65 @@ def steady(short, long):
     return (long["samples"] - short["samples"]) / (long["seconds"] - short["seconds"])
 
 
+def imagenet_set(data, samples):
+    """ImageNet-sized photos (400 of them) and a manifest of `samples` captioned samples."""
+    make_photos.make(data / "img", 400, 240, 620, seed=7)
+    rng = random.Random(0)
+    files = sorted((data / "img").glob("p*.jpg"))
+    with open(data / "manifest.jsonl", "w") as m:
+        for i in range(samples):
+            words = " ".join(rng.choice(("a", "photo", "of", "the", "red", "house", "dog", "park")) for _ in range(12))
+            m.write(json.dumps({"id": f"s{i:06d}", "image": f"img/{files[i % len(files)].name}", "text": words}) + "\n")
+
+
+def measure(build, data, short, long):
+    lines = (data / "manifest.jsonl").read_text().splitlines()
+    for n in (short, long):
+        (data / f"manifest-{n}.jsonl").write_text("\n".join(lines[:n]) + "\n")
+    files = sorted(glob.glob(str(data / "img" / "*.jpg")))
+    res = {"images": len(files)}
+    res["mmfeed"] = steady(run_mmfeed(build, data, short), run_mmfeed(build, data, long))
+    res["mmfeed_uint8"] = steady(run_mmfeed(build, data, short, "uint8"), run_mmfeed(build, data, long, "uint8"))
+    res["torch_dataloader"] = steady(run_torch(data, short), run_torch(data, long))
+    reps = max(1, long // len(files))
+    dec = json.loads(subprocess.run([f"{build}/bin/mmfeed-bench-decode", "--threads", "2", "--repeat", str(reps), *files],
+                                    capture_output=True, text=True, check=True).stdout)
+    res["bare_libjpeg_turbo_decode"] = dec["images_per_s"]
+    for k in ("mmfeed", "mmfeed_uint8"):
+        res[f"{k}_vs_dataloader"] = res[k] / res["torch_dataloader"]
+        res[f"{k}_vs_bare_decode"] = res[k] / res["bare_libjpeg_turbo_decode"]
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=str(ROOT / "build"))
     ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "image_text"))
     ap.add_argument("--short", type=int, default=1024)
     ap.add_argument("--long", type=int, default=6144)
+    ap.add_argument("--sets", default="project,imagenet")
     a = ap.parse_args()
-    data = pathlib.Path(a.out)
-    subprocess.run([PY, str(ROOT / "scripts" / "make_dataset.py"), str(data), "--count", str(a.long)], check=True)
-    lines = (data / "manifest.jsonl").read_text().splitlines()
-    for n in (a.short, a.long):
-        (data / f"manifest-{n}.jsonl").write_text("\n".join(lines[:n]) + "\n")
-    files = sorted(glob.glob(str(data / "img" / "*.jpg")))
-    res = {}
-    res["mmfeed"] = steady(run_mmfeed(a.build, data, a.short), run_mmfeed(a.build, data, a.long))
-    res["torch_dataloader"] = steady(run_torch(data, a.short), run_torch(data, a.long))
-    reps = max(1, a.long // len(files))
-    dec = json.loads(subprocess.run([f"{a.build}/bin/mmfeed-bench-decode", "--threads", "2", "--repeat", str(reps), *files],
-                                    capture_output=True, text=True, check=True).stdout)
-    res["bare_libjpeg_turbo_decode"] = dec["images_per_s"]
-    res["mmfeed_vs_dataloader"] = res["mmfeed"] / res["torch_dataloader"]
-    res["mmfeed_vs_bare_decode"] = res["mmfeed"] / res["bare_libjpeg_turbo_decode"]
-    res["images"] = len(files)
-    res["cores"] = os.cpu_count()
-    print(json.dumps(res, indent=2))
-    print(f"\n| pipeline | images/s (steady state) | ratio |\n|---|---|---|\n"
-          f"| mmfeed (demo.yaml, 2 ranks) | {res['mmfeed']:.0f} | 1.00 |\n"
-          f"| PyTorch DataLoader(num_workers=2) + torchvision | {res['torch_dataloader']:.0f} | "
-          f"mmfeed is {res['mmfeed_vs_dataloader']:.2f}x |\n"
-          f"| bare libjpeg-turbo full decode, 2 threads | {res['bare_libjpeg_turbo_decode']:.0f} | "
-          f"mmfeed is {res['mmfeed_vs_bare_decode']:.2f}x |")
+    results = {"cores": os.cpu_count()}
+    for name in a.sets.split(","):
+        data = pathlib.Path(a.out) / name
+        if name == "project":
+            subprocess.run([PY, str(ROOT / "scripts" / "make_dataset.py"), str(data), "--count", str(a.long)], check=True)
+        elif name == "imagenet":
+            imagenet_set(data, a.long)
+        else:
+            raise SystemExit(f"unknown photo set {name}: project or imagenet")
+        results[name] = measure(a.build, data, a.short, a.long)
+    print(json.dumps(results, indent=2))
+    print("\n| photos | pipeline | images/s (steady state) | vs bare decode | vs DataLoader |\n|---|---|---|---|---|")
+    for name in a.sets.split(","):
+        r = results[name]
+        label = {"project": "project set (400-800 px)", "imagenet": "ImageNet-sized (median ~430x350)"}[name]
+        for k, what in (("mmfeed", "mmfeed, float32 CHW"), ("mmfeed_uint8", "mmfeed, uint8 CHW (normalize on the consumer)")):
+            print(f"| {label} | {what} | {r[k]:.0f} | {r[k + '_vs_bare_decode']:.2f}x | {r[k + '_vs_dataloader']:.2f}x |")
+        print(f"| {label} | PyTorch DataLoader(num_workers=2) + torchvision | {r['torch_dataloader']:.0f} | "
+              f"{r['torch_dataloader'] / r['bare_libjpeg_turbo_decode']:.2f}x | 1.00x |")
+        print(f"| {label} | bare libjpeg-turbo full decode, 2 threads | {r['bare_libjpeg_turbo_decode']:.0f} | 1.00x | "
+              f"{r['bare_libjpeg_turbo_decode'] / r['torch_dataloader']:.2f}x |")
 
 
 if __name__ == "__main__":
