@@ -3,12 +3,13 @@
 //   mmfeedctl [--socket PATH] [--timeout SECONDS] status [--json]   profile, consumers, errors
 //   mmfeedctl [--socket PATH] [--timeout SECONDS] consumers [--json]
 //                                  per rank: trainer pid, cursor, samples/s, lag, last take
-//   mmfeedctl [--socket PATH] [--timeout SECONDS] top [--iterations N]
-//                                  a live view, refreshed every second; q quits
+//   mmfeedctl [--socket PATH] [--timeout SECONDS] top [--iterations N] [--json]
+//                                  a live view, refreshed every second; q quits (--json: one
+//                                  status object a line, every second)
 //   mmfeedctl [--socket PATH] [--timeout SECONDS] reload [--config FILE] [--json]
 //                                  check FILE (default: the running config's) and swap it in;
 //                                  exit 1 with the daemon's reason (file:line:col) if refused
-//   mmfeedctl [--socket PATH] [--timeout SECONDS] stop              drain and exit
+//   mmfeedctl [--socket PATH] [--timeout SECONDS] stop [--json]     drain and exit
 // A daemon that does not answer within the timeout (default 10 s) is an error, exit 1.
 #include <fmt/format.h>
 #include <poll.h>
@@ -31,13 +32,14 @@ using namespace mmfeed;
 namespace {
 
 int Usage() {
-  std::fprintf(stderr,
-               "usage: mmfeedctl [--socket PATH] [--timeout SECONDS] status [--json]\n"
-               "       mmfeedctl [--socket PATH] [--timeout SECONDS] consumers [--json]\n"
-               "       mmfeedctl [--socket PATH] [--timeout SECONDS] top [--iterations N]\n"
-               "       mmfeedctl [--socket PATH] [--timeout SECONDS] reload [--config FILE] "
-               "[--json]\n"
-               "       mmfeedctl [--socket PATH] [--timeout SECONDS] stop\n");
+  std::fprintf(
+      stderr,
+      "usage: mmfeedctl [--socket PATH] [--timeout SECONDS] status [--json]\n"
+      "       mmfeedctl [--socket PATH] [--timeout SECONDS] consumers [--json]\n"
+      "       mmfeedctl [--socket PATH] [--timeout SECONDS] top [--iterations N] [--json]\n"
+      "       mmfeedctl [--socket PATH] [--timeout SECONDS] reload [--config FILE] "
+      "[--json]\n"
+      "       mmfeedctl [--socket PATH] [--timeout SECONDS] stop [--json]\n");
   return 2;
 }
 
@@ -185,7 +187,7 @@ class RawTerminal {
   bool active_ = false;
 };
 
-int RunTop(const std::string& socket_path, int timeout_ms, int iterations) {
+int RunTop(const std::string& socket_path, int timeout_ms, int iterations, bool json) {
   Top top;
   RawTerminal term;
   const bool tty = isatty(STDOUT_FILENO);
@@ -199,9 +201,13 @@ int RunTop(const std::string& socket_path, int timeout_ms, int iterations) {
     auto now = std::chrono::steady_clock::now();
     double dt = i == 0 ? 0 : std::chrono::duration<double>(now - last).count();
     last = now;
-    std::string screen = top.Render((*reply)["status"], dt);
-    // Home and clear on a terminal (tmux included); plain frames one after another otherwise.
-    std::printf("%s%s", tty ? "\x1b[H\x1b[2J" : (i ? "\n" : ""), screen.c_str());
+    if (json) {  // for scripts: one line per refresh
+      std::printf("%s\n", (*reply)["status"].dump().c_str());
+    } else {
+      std::string screen = top.Render((*reply)["status"], dt);
+      // Home and clear on a terminal (tmux included); plain frames one after another otherwise.
+      std::printf("%s%s", tty ? "\x1b[H\x1b[2J" : (i ? "\n" : ""), screen.c_str());
+    }
     std::fflush(stdout);
     if (iterations > 0 && i + 1 == iterations) break;
     if (term.QuitPressed(1000)) break;
@@ -246,7 +252,8 @@ int main(int argc, char** argv) {
       return Usage();
   }
   if (cmd.empty()) return Usage();
-  if (cmd == "top") return RunTop(socket_path, static_cast<int>(timeout_s * 1000), iterations);
+  if (cmd == "top")
+    return RunTop(socket_path, static_cast<int>(timeout_s * 1000), iterations, json);
   nlohmann::json request = {{"cmd", cmd == "consumers" ? "status" : cmd}};
   if (!config.empty()) {
     // The daemon runs elsewhere: the path is made absolute here.
@@ -261,7 +268,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (cmd == "stop") {
-    std::printf("stopping\n");
+    std::printf(json ? "{\"stopping\": true}\n" : "stopping\n");
     return 0;
   }
   if (cmd == "reload") {

@@ -286,6 +286,9 @@ class CtlTest(DaemonCase):
         rows = {l.split()[0]: l.split() for l in frames[2].splitlines() if l.strip()}
         self.assertGreater(float(rows["image"][-1]), 0, "image items/s over the last second")
         self.assertIn("host: CPU", frames[2])
+        lines = self.ctl(d, "top", "--iterations", "2", "--json").splitlines()
+        self.assertEqual(len(lines), 2)
+        self.assertEqual([json.loads(l)["pipeline"] for l in lines], ["it", "it"])
 
         # On a terminal: clears the screen each second and quits on q.
         import pty
@@ -315,6 +318,7 @@ class CtlTest(DaemonCase):
         os.close(fd)
         c.kill()
         c.communicate()
+        self.assertEqual(json.loads(self.ctl(d, "stop", "--json")), {"stopping": True})
 
 
 class UnitTest(unittest.TestCase):
