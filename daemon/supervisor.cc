@@ -472,8 +472,13 @@ class Supervisor {
                         {"fingerprint", pipeline_->fingerprint()},
                         {"origin", {{"epoch", origin.epoch}, {"seq", origin.seq}}},
                         {"ranks", nlohmann::json::array()}};
-    for (int r = 0; r < cfg_.consumers; ++r)
-      j["ranks"].push_back(CursorToJson(sinks_[r]->ring().acked()));
+    for (int r = 0; r < cfg_.consumers; ++r) {
+      StreamCursor acked = sinks_[r]->ring().acked();
+      // A trainer still draining the ring a reload replaced acknowledges there.
+      if (moved_from_[r] && moved_from_[r]->ring().acked().seq > acked.seq)
+        acked = moved_from_[r]->ring().acked();
+      j["ranks"].push_back(CursorToJson(acked));
+    }
     std::string text = j.dump() + "\n";
     if (text == saved_state_) return;
     Status st = WriteFileAtomically(StatePath(), text);
