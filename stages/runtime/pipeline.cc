@@ -126,9 +126,9 @@ class Pipeline::EpochOrders {
       cache_;  // oldest first
 };
 
-class JoinBox : public Mailbox<std::unique_ptr<Pipeline::WorkItem>> {
+class JoinBox : public BulkMailbox<std::unique_ptr<Pipeline::WorkItem>> {
  public:
-  using Mailbox::Mailbox;
+  using BulkMailbox::BulkMailbox;
 };
 
 struct Pipeline::Branch {
@@ -240,7 +240,10 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
   p->fingerprint_ = fmt::format("{:016x}", h);
   p->orders_ =
       std::make_unique<EpochOrders>(p->catalog_->entries.size(), cfg.source, cfg.consumers);
-  p->join_ = std::make_unique<JoinBox>(256);
+  // The batch thread is woken every half batch of finished items, or for a failed sample (its
+  // row is refilled at once).
+  const size_t items_per_batch = static_cast<size_t>(cfg.batch_size) * p->branches_.size();
+  p->join_ = std::make_unique<JoinBox>(256, std::clamp<size_t>(items_per_batch / 2, 1, 64));
   return p;
 }
 
@@ -533,10 +536,11 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
     timer.AddTo(&b->counters);
     b->counters.items.fetch_add(1, std::memory_order_relaxed);
     if (!item->status.ok()) b->counters.errors.fetch_add(1, std::memory_order_relaxed);
-    join_->Push(std::move(item), &b->counters.blocked_ns);
+    const bool failed = !item->status.ok();
+    join_->Push(std::move(item), failed, &b->counters.blocked_ns);
   }
   if (live_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1)
-    join_->Close(1);  // the last worker of all
+    join_->Close();  // the last worker of all
 }
 
 // Completes one rank's batches and commits them in order. A batch is complete when every row

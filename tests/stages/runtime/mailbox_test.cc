@@ -84,5 +84,43 @@ TEST(MailboxTest, ManyProducersManyConsumersLoseNothing) {
   EXPECT_EQ(sum.load(), 3L * 1000 * 1001 / 2);
 }
 
+// The bulk mailbox's consumer sleeps through pushes below its wake-up count, yet gets every
+// item: the rest within its look-again interval, an urgent one at once, all before the end.
+TEST(BulkMailboxTest, ManyProducersOneSleepyConsumerLoseNothing) {
+  BulkMailbox<std::unique_ptr<int>> box(16, 8);
+  std::atomic<uint64_t> t{0};
+  long sum = 0;
+  std::vector<std::thread> producers;
+  for (int p = 0; p < 3; ++p)
+    producers.emplace_back([&, p] {
+      for (int i = 1; i <= 1000; ++i) {
+        box.Push(std::make_unique<int>(i), i % 97 == 0, &t);
+        if (i % 250 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(7));
+      }
+    });
+  std::thread consumer([&] {
+    while (auto v = box.Pop(&t)) sum += *v;
+  });
+  for (auto& p : producers) p.join();
+  box.Close();
+  consumer.join();
+  EXPECT_EQ(sum, 3L * 1000 * 1001 / 2);
+}
+
+TEST(BulkMailboxTest, ATrickleBelowTheWakeUpCountStillArrives) {
+  BulkMailbox<std::unique_ptr<int>> box(64, 32);
+  std::atomic<uint64_t> t{0};
+  box.Push(std::make_unique<int>(7), false, &t);
+  EXPECT_EQ(*box.Pop(&t), 7);  // already waiting: no sleep
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    box.Push(std::make_unique<int>(8), false, &t);  // one item, far below 32: no wake-up
+  });
+  EXPECT_EQ(*box.Pop(&t), 8) << "found when the consumer looks again";
+  late.join();
+  box.Close();
+  EXPECT_EQ(box.Pop(&t), nullptr);
+}
+
 }  // namespace
 }  // namespace mmfeed
