@@ -9,7 +9,7 @@ the project's own (scripts/make_dataset.py: 400-800 px wide) and ImageNet-sized 
 
 usage: image_text_bench.py --build BUILD --out DIR [--short N] [--long N] [--sets project,imagenet]
 """
-import argparse, glob, json, os, pathlib, random, shutil, subprocess, sys, time
+import argparse, glob, json, os, pathlib, random, subprocess, sys, time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PY = "/usr/bin/python3"

@@ -147,8 +147,7 @@ class ImageWorker : public StageWorker {
       // The smallest DCT scale that leaves the source at least as large as the output. Only
       // 1/8, 2/8, 4/8 and 8/8: libjpeg-turbo has SIMD IDCTs for those, while the other scales
       // run plain C (perf showed jpeg_idct_6x6, _10x10, _12x12 ... at the top).
-      int n = 1;
-      if (!p_.dct_scaling) n = 8;
+      int n = p_.dct_scaling ? 1 : 8;
       while (n < 8 && (x.scale * n < 8 || y.scale * n < 8)) n *= 2;
       AxisMap sx = x, sy = y;
       if (n < 8) {

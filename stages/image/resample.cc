@@ -51,6 +51,7 @@ void Resampler::Compute(const AxisMap& a, Taps* t) {
     t->lo = std::min(t->lo, a.lo + xmin);
     t->hi = std::max(t->hi, a.lo + xmax);
   }
+  for (int& f : t->first) f -= t->lo;
 }
 
 cv::Rect Resampler::Plan(const AxisMap& x, const AxisMap& y) {
@@ -147,18 +148,16 @@ void Resampler::Run(const cv::Mat& src, cv::Point src_origin, const ResampleOutp
   // Taps past the source's end read zeros with zero weights (and one float more: see Pixel).
   column_.assign(static_cast<size_t>(n) + 3 * x_.stride + 1, 0.0f);
   row_.resize(static_cast<size_t>(out_w) * 3);
-  first_.resize(out_w);
-  for (int ox = 0; ox < out_w; ++ox) first_[ox] = x_.first[ox] - x_.lo;
   float* planes[3] = {row_.data(), row_.data() + out_w, row_.data() + 2 * out_w};
   const size_t plane = static_cast<size_t>(out_w) * out_h;
   for (int oy = 0; oy < out_h; ++oy) {
     // Vertical: the source rows this output row reads, over the columns any output reads.
     const float* wy = &y_.weights[static_cast<size_t>(oy) * y_.stride];
     for (int k = 0; k < y_.count[oy]; ++k)
-      AddRow(src.ptr<uint8_t>(y_.first[oy] + k - src_origin.y) + (x_.lo - src_origin.x) * 3, wy[k],
-             column_.data(), n, k == 0);
-    FilterRow(column_.data(), first_.data(), x_.weights.data(), x_.stride, out_w, o.flip, planes[0],
-              planes[1], planes[2]);
+      AddRow(src.ptr<uint8_t>(y_.lo + y_.first[oy] + k - src_origin.y) + (x_.lo - src_origin.x) * 3,
+             wy[k], column_.data(), n, k == 0);
+    FilterRow(column_.data(), x_.first.data(), x_.weights.data(), x_.stride, out_w, o.flip,
+              planes[0], planes[1], planes[2]);
     // Rounded to 8 bits as torchvision's resize returns them, then laid out.
     for (int ch = 0; ch < 3; ++ch) {
       const size_t at = o.chw ? ch * plane + static_cast<size_t>(oy) * out_w

@@ -45,7 +45,7 @@ class Resampler {
 
  private:
   struct Taps {
-    std::vector<int> first;      // per output: first source pixel
+    std::vector<int> first;      // per output: its first source pixel, counted from `lo`
     std::vector<int> count;      // per output: taps
     std::vector<float> weights;  // per output: `stride` weights, normalized
     int stride = 0;
@@ -54,7 +54,6 @@ class Resampler {
   static void Compute(const AxisMap& a, Taps* t);
   Taps x_, y_;
   std::vector<float> column_, row_;  // one output row after the vertical, horizontal pass
-  std::vector<int> first_;           // per output column: its first tap in column_
 };
 
 }  // namespace mmfeed

@@ -21,6 +21,16 @@ inline uint64_t NowNs() {
       .count();
 }
 
+// Takes one of a mailbox's free slots, waiting while there is none (back-pressure); the wait
+// is added to *blocked_ns.
+inline void TakeSlot(moodycamel::LightweightSemaphore& free_slots,
+                     std::atomic<uint64_t>* blocked_ns) {
+  if (free_slots.tryWait()) return;
+  uint64_t t0 = NowNs();
+  free_slots.wait();
+  blocked_ns->fetch_add(NowNs() - t0, std::memory_order_relaxed);
+}
+
 template <typename T>
 class Mailbox {
  public:
@@ -33,11 +43,7 @@ class Mailbox {
 
   // Blocks while full. Adds the time spent waiting to *blocked_ns.
   void Push(T item, std::atomic<uint64_t>* blocked_ns) {
-    if (!free_slots_.tryWait()) {
-      uint64_t t0 = NowNs();
-      free_slots_.wait();
-      blocked_ns->fetch_add(NowNs() - t0, std::memory_order_relaxed);
-    }
+    TakeSlot(free_slots_, blocked_ns);
     outstanding_.fetch_add(1, std::memory_order_acq_rel);
     queue_.enqueue(std::move(item));
   }
@@ -115,11 +121,7 @@ class BulkMailbox {
 
   // Blocks while full. Adds the time spent waiting to *blocked_ns.
   void Push(T item, bool urgent, std::atomic<uint64_t>* blocked_ns) {
-    if (!free_slots_.tryWait()) {
-      uint64_t t0 = NowNs();
-      free_slots_.wait();
-      blocked_ns->fetch_add(NowNs() - t0, std::memory_order_relaxed);
-    }
+    TakeSlot(free_slots_, blocked_ns);
     queue_.enqueue(std::move(item));
     const int64_t waiting = waiting_.fetch_add(1, std::memory_order_seq_cst) + 1;
     if ((urgent || waiting >= wake_every_) && sleeping_.load(std::memory_order_seq_cst))
