@@ -1,7 +1,8 @@
 // mmfeed-consume: attaches to mmfeedd like a trainer would and consumes batches.
 //
 //   mmfeed-consume --socket PATH --rank R [--batches N] [--json] [--dump DIR]
-//                  [--cursor FILE] [--reconnect SECONDS] [--hold-ms MS] [--abort-after N]
+//                  [--cursor FILE] [--reconnect SECONDS] [--hold-ms MS] [--pause-ms MS]
+//                  [--abort-after N]
 //
 // --json prints one line: {"batches":..,"samples":..,"seconds":..,"samples_per_s":..,
 // "sample_ids_sha256":"..","batch_us_median":..} (the hash is over the sample ids in received
@@ -10,8 +11,11 @@
 // --cursor resumes from FILE if it exists and, after each finished batch (after --dump wrote
 // it), atomically replaces FILE with that batch's cursor {"seq":..,"epoch":..,"batch":..}.
 // --reconnect survives a daemon restart: the client re-attaches and resumes after the last
-// batch it received. --hold-ms simulates a slow trainer; --abort-after exits abruptly after N
-// batches without releasing the last one (tests use it to play a crashed trainer).
+// batch it received. --hold-ms simulates a trainer's step time: it keeps each batch MS ms before
+// releasing it (how a user checks, before a run, whether the host keeps up with a step time).
+// --pause-ms waits MS ms after releasing each batch instead (a trainer that copies its batch
+// out and releases it at once, then computes). --abort-after exits abruptly after N batches
+// without releasing the last one (tests use it to play a crashed trainer).
 // Exit status: 0 at the end of the data (or after --batches), 1 on an error, including a
 // daemon that stopped before the end of the data, 2 on bad arguments.
 #include <fcntl.h>
@@ -41,7 +45,8 @@ namespace {
   std::fprintf(stderr,
                "usage: mmfeed-consume --socket PATH --rank R [--batches N] [--json] [--dump DIR]\n"
                "                      [--cursor FILE] [--reconnect SECONDS] [--hold-ms MS] "
-               "[--abort-after N]\n");
+               "[--pause-ms MS]\n"
+               "                      [--abort-after N]\n");
   std::exit(code);
 }
 
@@ -91,7 +96,7 @@ int main(int argc, char** argv) {
   std::string socket_path = "/tmp/mmfeed.sock", dump, cursor_file;
   if (const char* s = std::getenv("MMFEED_SOCKET")) socket_path = s;
   int rank = -1;
-  int64_t max_batches = -1, abort_after = -1, hold_ms = 0;
+  int64_t max_batches = -1, abort_after = -1, hold_ms = 0, pause_ms = 0;
   bool json = false;
   AttachOptions options;
   for (int i = 1; i < argc; ++i) {
@@ -116,6 +121,8 @@ int main(int argc, char** argv) {
       options.reconnect_s = Flag(ParseDouble(a, value(), 0, 1e6));
     else if (a == "--hold-ms")
       hold_ms = Flag(ParseInt(a, value(), 0, 86400000));
+    else if (a == "--pause-ms")
+      pause_ms = Flag(ParseInt(a, value(), 0, 86400000));
     else if (a == "--abort-after")
       abort_after = Flag(ParseInt(a, value(), 0, INT64_MAX));
     else
@@ -141,7 +148,7 @@ int main(int argc, char** argv) {
     Result<std::shared_ptr<Batch>> got = (*client)->Next();
     double next_us = std::chrono::duration<double, std::micro>(Clock::now() - n0).count();
     if (!got.ok()) return Fail(got.status());
-    std::shared_ptr<Batch> batch = *got;
+    std::shared_ptr<Batch> batch = std::move(got.value());  // the only reference: see reset()
     if (!batch) break;
     for (auto id : batch->ids()) {
       EVP_DigestUpdate(sha, id.data(), id.size());
@@ -164,6 +171,7 @@ int main(int argc, char** argv) {
     batch.reset();
     batch_us.push_back(next_us +
                        std::chrono::duration<double, std::micro>(Clock::now() - r0).count());
+    if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
   }
   double median_us = 0;
   if (!batch_us.empty()) {

@@ -23,6 +23,20 @@ Result<ControlRequest> ParseControlRequest(std::string_view line) {
         return Status::Invalid("reload's \"config\" must be a file path");
       r.config = req["config"].get<std::string>();
     }
+  } else if (cmd == "profile") {
+    r.cmd = ControlRequest::Cmd::kProfile;
+    if (req.contains("seconds")) {
+      const nlohmann::json& s = req["seconds"];
+      if (!s.is_number() || !(s.get<double>() > 0 && s.get<double>() <= kMaxProfileSeconds))
+        return Status::Invalid(fmt::format(
+            "profile's \"seconds\" must be a number above 0 and at most {}", kMaxProfileSeconds));
+      r.seconds = s.get<double>();
+    }
+    if (req.contains("trace")) {
+      if (!req["trace"].is_boolean())
+        return Status::Invalid("profile's \"trace\" must be true or false");
+      r.trace = req["trace"].get<bool>();
+    }
   } else if (cmd == "attach") {
     r.cmd = ControlRequest::Cmd::kAttach;
     if (!req.contains("rank") || !req["rank"].is_number_integer())
@@ -41,7 +55,7 @@ Result<ControlRequest> ParseControlRequest(std::string_view line) {
     }
   } else {
     return Status::Invalid(
-        fmt::format("unknown command '{}'; expected attach, status, reload or stop", cmd));
+        fmt::format("unknown command '{}'; expected attach, status, profile, reload or stop", cmd));
   }
   return r;
 }

@@ -14,12 +14,17 @@
 namespace mmfeed {
 
 struct ControlRequest {
-  enum class Cmd { kAttach, kStatus, kStop, kReload };
+  enum class Cmd { kAttach, kStatus, kStop, kReload, kProfile };
   Cmd cmd = Cmd::kStatus;
   int rank = -1;                       // attach
   std::optional<StreamCursor> resume;  // attach: serve from this cursor
   std::string config;                  // reload: the config file; empty: the running one's
+  double seconds = 5;                  // profile: the window
+  bool trace = false;                  // profile: record a trace of the window too
 };
+
+// The longest profile window a request may ask for.
+constexpr double kMaxProfileSeconds = 600;
 
 Result<ControlRequest> ParseControlRequest(std::string_view line);
 

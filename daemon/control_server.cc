@@ -144,6 +144,15 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
         if (!r.ok()) return Reply({{"ok", false}, {"error", r.status().message()}});
         return Reply({{"ok", true}, {"reload", *r}});
       }
+      case ControlRequest::Cmd::kProfile:
+        // No other request on this connection until the window's report is sent.
+        server_.handler_.profile(req->seconds, req->trace,
+                                 [this, self = shared_from_this()](Result<nlohmann::json> r) {
+                                   if (!r.ok())
+                                     return Reply({{"ok", false}, {"error", r.status().message()}});
+                                   Reply({{"ok", true}, {"profile", std::move(r.value())}});
+                                 });
+        return;
       case ControlRequest::Cmd::kAttach:
         break;
     }
@@ -163,6 +172,7 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
 
   // Sends the whole reply (the fds ride with its first bytes), then reads the next request.
   void Reply(const nlohmann::json& j, const std::vector<int>& fds = {}, bool then_read = true) {
+    if (!socket_.is_open()) return;  // disconnected while a profile window ran
     auto text = std::make_shared<std::string>(j.dump() + "\n");
     size_t sent = 0;
     int tries = 0;

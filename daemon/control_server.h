@@ -43,6 +43,11 @@ class ControlServer {
     std::function<void()> stop;
     // Reloads `config` (empty: the running config's file): the reply, or why not.
     std::function<Result<nlohmann::json>(const std::string& config)> reload;
+    // Measures a window of `seconds` (and traces it when `trace`), then calls `done` with the
+    // report, or why not, on the io_context's thread. Returns at once.
+    std::function<void(double seconds, bool trace,
+                       std::function<void(Result<nlohmann::json>)> done)>
+        profile;
   };
 
   // `group`: a group name whose members may connect; empty for the daemon's user only.

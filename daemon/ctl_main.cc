@@ -3,6 +3,11 @@
 //   mmfeedctl [--socket PATH] [--timeout SECONDS] status [--json]   profile, consumers, errors
 //   mmfeedctl [--socket PATH] [--timeout SECONDS] consumers [--json]
 //                                  per rank: trainer pid, cursor, samples/s, lag, last take
+//   mmfeedctl [--socket PATH] [--timeout SECONDS] profile [--seconds N] [--json] [--trace FILE]
+//                                  measures the daemon for N seconds (default 5): per stage,
+//                                  host, consumers, and a diagnosis of what limits the job
+//                                  (docs/profile.md); --trace writes the window as a Chrome
+//                                  trace (Perfetto)
 //   mmfeedctl [--socket PATH] [--timeout SECONDS] top [--iterations N] [--json]
 //                                  a live view, refreshed every second; q quits (--json: one
 //                                  status object a line, every second)
@@ -23,9 +28,11 @@
 #include <string>
 #include <thread>
 
+#include "base/atomic_file.h"
 #include "base/flags.h"
 #include "client/client.h"
 #include "stages/runtime/profile.h"
+#include "stages/runtime/window_profile.h"
 
 using namespace mmfeed;
 
@@ -36,6 +43,8 @@ int Usage() {
       stderr,
       "usage: mmfeedctl [--socket PATH] [--timeout SECONDS] status [--json]\n"
       "       mmfeedctl [--socket PATH] [--timeout SECONDS] consumers [--json]\n"
+      "       mmfeedctl [--socket PATH] [--timeout SECONDS] profile [--seconds N] [--json] "
+      "[--trace FILE]\n"
       "       mmfeedctl [--socket PATH] [--timeout SECONDS] top [--iterations N] [--json]\n"
       "       mmfeedctl [--socket PATH] [--timeout SECONDS] reload [--config FILE] "
       "[--json]\n"
@@ -215,10 +224,44 @@ int RunTop(const std::string& socket_path, int timeout_ms, int iterations, bool 
   return 0;
 }
 
+int RunProfile(const std::string& socket_path, int timeout_ms, double seconds,
+               const std::string& trace_file, bool json) {
+  nlohmann::json request = {{"cmd", "profile"}, {"seconds", seconds}};
+  if (!trace_file.empty()) request["trace"] = true;
+  Result<nlohmann::json> reply =
+      ControlRequest(socket_path, request, timeout_ms + static_cast<int>(seconds * 1000));
+  if (!reply.ok()) {
+    std::fprintf(stderr, "mmfeedctl: %s\n", reply.status().message().c_str());
+    return 1;
+  }
+  nlohmann::json& report = (*reply)["profile"];
+  std::string wrote;
+  if (!trace_file.empty()) {
+    Status st = WriteFileAtomically(trace_file, report["trace"].dump());
+    if (!st.ok()) {
+      std::fprintf(stderr, "mmfeedctl: --trace: %s\n", st.message().c_str());
+      return 1;
+    }
+    const auto& other = report["trace"]["otherData"];
+    wrote = fmt::format("wrote {}: {} spans", trace_file, other["spans"].get<uint64_t>());
+    if (other["dropped_spans"].get<uint64_t>())
+      wrote += fmt::format(" ({} more dropped)", other["dropped_spans"].get<uint64_t>());
+    report.erase("trace");
+  }
+  if (json)
+    std::printf("%s\n", report.dump(2).c_str());
+  else
+    std::printf("%s", FormatWindowReport(report).c_str());
+  std::fflush(stdout);
+  if (!wrote.empty()) std::fprintf(stderr, "%s\n", wrote.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string socket_path = "/tmp/mmfeed.sock", cmd, config;
+  std::string socket_path = "/tmp/mmfeed.sock", cmd, config, trace_file;
+  double seconds = 5;
   if (const char* s = std::getenv("MMFEED_SOCKET")) socket_path = s;
   bool json = false;
   double timeout_s = 10;
@@ -245,8 +288,17 @@ int main(int argc, char** argv) {
         return 2;
       }
       iterations = static_cast<int>(*n);
-    } else if (cmd.empty() &&
-               (a == "status" || a == "stop" || a == "reload" || a == "consumers" || a == "top"))
+    } else if (a == "--seconds" && i + 1 < argc && cmd == "profile") {
+      Result<double> t = ParseDouble(a, argv[++i], 0.1, 600);
+      if (!t.ok()) {
+        std::fprintf(stderr, "mmfeedctl: %s\n", t.status().message().c_str());
+        return 2;
+      }
+      seconds = *t;
+    } else if (a == "--trace" && i + 1 < argc && cmd == "profile")
+      trace_file = argv[++i];
+    else if (cmd.empty() && (a == "status" || a == "stop" || a == "reload" || a == "consumers" ||
+                             a == "top" || a == "profile"))
       cmd = a;
     else
       return Usage();
@@ -254,6 +306,8 @@ int main(int argc, char** argv) {
   if (cmd.empty()) return Usage();
   if (cmd == "top")
     return RunTop(socket_path, static_cast<int>(timeout_s * 1000), iterations, json);
+  if (cmd == "profile")
+    return RunProfile(socket_path, static_cast<int>(timeout_s * 1000), seconds, trace_file, json);
   nlohmann::json request = {{"cmd", cmd == "consumers" ? "status" : cmd}};
   if (!config.empty()) {
     // The daemon runs elsewhere: the path is made absolute here.

@@ -3,8 +3,10 @@
 // in daemon/supervisor.h.
 //
 //   mmfeedd --config FILE [--socket PATH] [--socket-group GROUP] [--state-dir DIR]
-//           [--drain-timeout SECONDS] [--log-level LEVEL]
+//           [--drain-timeout SECONDS] [--log-level LEVEL] [--allow-faults]
 //   mmfeedd --check FILE        build the pipeline without starting it (0 ok, 2 invalid)
+// --allow-faults accepts a config's `faults:` (injected faults for tests of the profile);
+// without it such a config is refused.
 //   mmfeedd --list-stages       print every stage type and its parameters
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -33,8 +35,8 @@ struct Options {
   std::fprintf(
       code ? stderr : stdout,
       "usage: mmfeedd --config FILE [--socket PATH] [--socket-group GROUP] [--state-dir DIR]\n"
-      "               [--drain-timeout SECONDS] [--log-level LEVEL]\n"
-      "       mmfeedd --check FILE\n"
+      "               [--drain-timeout SECONDS] [--log-level LEVEL] [--allow-faults]\n"
+      "       mmfeedd --check FILE [--allow-faults]\n"
       "       mmfeedd --list-stages\n");
   std::exit(code);
 }
@@ -67,6 +69,8 @@ Options ParseArgs(int argc, char** argv) {
       o.daemon.drain_timeout = *v;
     } else if (a == "--log-level")
       o.log_level = value();
+    else if (a == "--allow-faults")  // configs may inject faults (`faults:`): for tests only
+      o.daemon.allow_faults = true;
     else if (a == "--list-stages")
       o.list_stages = true;
     else if (a == "--help" || a == "-h")
@@ -96,10 +100,14 @@ int main(int argc, char** argv) {
   }
   std::string file = opt.check.empty() ? opt.config : opt.check;
   Result<PipelineConfig> cfg = LoadConfigFile(file);
-  if (!cfg.ok()) {
-    std::fprintf(stderr, "%s\n", cfg.status().message().c_str());
+  Status faults = cfg.ok() ? CheckFaultsAllowed(*cfg, opt.daemon.allow_faults) : cfg.status();
+  if (!faults.ok()) {
+    std::fprintf(stderr, "%s\n", faults.message().c_str());
     return kExitConfig;
   }
+  if (!cfg->faults.stage.empty())
+    spdlog::warn("faults injected into stage {}: read_delay_ms {}, leak_bytes_per_item {}",
+                 cfg->faults.stage, cfg->faults.read_delay_ms, cfg->faults.leak_bytes_per_item);
   if (!opt.check.empty()) {
     Result<std::string> summary = CheckPipeline(*cfg);
     if (!summary.ok()) {

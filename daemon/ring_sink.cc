@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "stages/runtime/mailbox.h"
+#include "stages/runtime/trace.h"
 
 namespace mmfeed {
 
@@ -56,6 +57,8 @@ void RingSink::Commit(const BatchMemory& memory, const BatchInfo& info) {
   }
   counters_.items.fetch_add(1, std::memory_order_relaxed);
   timer.AddTo(&counters_);
+  if (trace::On())
+    trace::Span(name_, "work", fmt::format("batch {}", info.seq), timer.start_ns(), NowNs());
 }
 
 Status RingSink::Reshape(std::vector<TensorSpec> specs, const shm::SlotLayout& layout) {

@@ -11,8 +11,10 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "base/atomic_file.h"
+#include "base/clock.h"
 #include "daemon/control_server.h"
 #include "daemon/metrics.h"
 #include "daemon/ring_sink.h"
@@ -20,6 +22,8 @@
 #include "stages/runtime/config_diff.h"
 #include "stages/runtime/pipeline.h"
 #include "stages/runtime/rng.h"
+#include "stages/runtime/trace.h"
+#include "stages/runtime/window_profile.h"
 #include "stages/source/catalog.h"
 #include "stages/text/packing_sink.h"
 
@@ -103,6 +107,9 @@ class Supervisor {
             [this] { return StatusJson(); },
             [this] { BeginDrain("stop requested"); },
             [this](const std::string& file) { return Reload(file); },
+            [this](double seconds, bool trace, std::function<void(Result<nlohmann::json>)> done) {
+              Profile(seconds, trace, std::move(done));
+            },
         });
     Status st = server_->Listen();
     if (!st.ok()) {
@@ -121,6 +128,7 @@ class Supervisor {
     Tick();
     io_.run();
     timer_.cancel();
+    for (const auto& w : windows_) w->cancel();  // their requests get an error
     server_->Shutdown();
 
     pipeline_->Wait();
@@ -238,6 +246,7 @@ class Supervisor {
     if (pipeline_->Finished()) return Status::Closed("the run has ended");
     Result<PipelineConfig> cfg = LoadConfigFile(file);
     if (!cfg.ok()) return cfg.status();
+    MMFEED_RETURN_IF_ERROR(CheckFaultsAllowed(*cfg, opt_.allow_faults));
     ConfigChanges changes = DiffConfigs(cfg_, *cfg);
     const std::string restart = "; restart the daemon with the new config to apply it";
     if (!changes.needs_restart.empty()) return Status::Unsupported(changes.needs_restart + restart);
@@ -368,6 +377,7 @@ class Supervisor {
     config_hash_ = HashFile(p->cfg.file);
     Retire(pipeline_->Profile());
     pipeline_ = std::move(p->pipeline);
+    ++pipeline_id_;
     cfg_ = std::move(p->cfg);
   }
 
@@ -539,6 +549,60 @@ class Supervisor {
               {"numa_node", cfg_.placement.numa_node}}},
             {"placement", pipeline_->PlacementJson()},
             {"profile", pipeline_->Profile()}};
+  }
+
+  // Everything the windowed profile compares, now.
+  WindowSample SampleWindow() {
+    WindowSample w;
+    w.t_ns = NowNs();
+    w.pipeline_id = pipeline_id_;
+    w.stages = pipeline_->SampleStages();
+    w.host = SampleHost(pipeline_->Threads());
+    for (int r = 0; r < ranks(); ++r) {
+      shm::RingWriter::Backlog b = sinks_[r]->ring().backlog();
+      ConsumerSample c;
+      c.rank = r;
+      c.attached = holders_[r].pid != 0;
+      c.removed = r >= cfg_.consumers;
+      c.generation = b.generation;
+      c.wait_ns = b.wait_ns;
+      c.hold_ns = b.hold_ns;
+      c.published = sinks_[r]->ring().published();
+      c.released = sinks_[r]->ring().released();
+      c.ready = b.ready;
+      c.taken = b.taken;
+      c.slots = static_cast<uint32_t>(cfg_.ring_slots);
+      w.consumers.push_back(c);
+    }
+    return w;
+  }
+
+  // `mmfeedctl profile`: samples now and again after `seconds`, on this thread's timer; with
+  // `trace`, records the window's spans too (one trace at a time).
+  void Profile(double seconds, bool trace, std::function<void(Result<nlohmann::json>)> done) {
+    if (trace) {
+      Status st = trace::Start();
+      if (!st.ok()) return done(st);
+    }
+    auto start = std::make_shared<WindowSample>(SampleWindow());
+    auto window = std::make_shared<asio::steady_timer>(
+        io_, std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6)));
+    windows_.insert(window);
+    window->async_wait([this, window, start, trace, done = std::move(done)](std::error_code ec) {
+      windows_.erase(window);
+      if (ec) {
+        if (trace) (void)trace::Stop({});
+        return done(Status::Closed("mmfeedd stopped before the profile's window ended"));
+      }
+      WindowSample end = SampleWindow();
+      nlohmann::json report = BuildWindowReport(*start, end);
+      if (trace) {
+        std::map<int, std::string> names;
+        for (const ThreadSample& t : end.host.threads) names[t.tid] = t.name;
+        report["trace"] = trace::Stop(names);
+      }
+      done(std::move(report));
+    });
   }
 
   void WaitSignal(asio::signal_set& signals) {
@@ -788,6 +852,8 @@ class Supervisor {
   PipelineConfig cfg_;
   SupervisorOptions opt_;
   asio::io_context io_;
+  std::set<std::shared_ptr<asio::steady_timer>> windows_;  // profile windows under way
+  uint64_t pipeline_id_ = 0;                               // bumped when a reload swaps
   asio::steady_timer timer_;
   std::vector<std::unique_ptr<RingSink>> sinks_;
   std::vector<std::unique_ptr<PackingSink>> packers_;  // in front of sinks_ when the text is packed

@@ -21,6 +21,7 @@ struct SupervisorOptions {
   std::string socket_group;  // members may attach too (socket mode 0660)
   std::string state_dir;     // where acknowledged cursors are kept; empty: nowhere
   double drain_timeout = 30;
+  bool allow_faults = false;  // configs may inject faults (`faults:`, for tests)
 };
 
 // The rings a config needs: every slot's layout and their total size.

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <thread>
 
+#include "base/clock.h"
 #include "base/tensor.h"
 
 namespace mmfeed::shm {
@@ -375,6 +376,13 @@ RingWriter::Backlog RingWriter::backlog() {
   SyncLocked();
   Backlog b;
   b.ready = static_cast<uint32_t>(std::count(state_.begin(), state_.end(), Slot::kReady));
+  b.taken = static_cast<uint32_t>(std::count(state_.begin(), state_.end(), Slot::kTaken));
+  if (control_base_) {
+    const auto* ch = reinterpret_cast<const ControlHeader*>(control_base_);
+    b.generation = generation_;
+    b.wait_ns = ch->wait_ns.load(std::memory_order_relaxed);
+    b.hold_ns = ch->hold_ns.load(std::memory_order_relaxed);
+  }
   if (last_take_.time_since_epoch().count())
     b.seconds_since_take =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - last_take_).count();
@@ -471,6 +479,7 @@ Result<std::unique_ptr<RingReader>> RingReader::Map(int data_fd, int control_fd)
       ch.slot_count != h.slot_count || ch.generation == 0)
     return Status::Corrupt("ring control area does not match its ring");
   r->generation_ = ch.generation;
+  r->taken_at_ns_ = std::make_unique<std::atomic<uint64_t>[]>(h.slot_count);
   return r;
 }
 
@@ -543,6 +552,14 @@ Status RingReader::ParseSlot(int i, BatchView* batch) const {
 }
 
 Result<RingReader::Wait> RingReader::Acquire(int timeout_ms, int* out_slot, BatchView* batch) {
+  auto* ch = reinterpret_cast<ControlHeader*>(control_base_);
+  const uint64_t t0 = NowNs();
+  // The time spent here is the trainer's data stall, whatever the outcome.
+  struct AddWait {
+    ControlHeader* ch;
+    uint64_t t0;
+    ~AddWait() { ch->wait_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed); }
+  } add_wait{ch, t0};
   const uint64_t ready = ControlWord(kSlotReady, generation_),
                  taken = ControlWord(kSlotTaken, generation_);
   auto* futex = const_cast<std::atomic<uint32_t>*>(&shared_->publish_futex);
@@ -562,6 +579,7 @@ Result<RingReader::Wait> RingReader::Acquire(int timeout_ms, int* out_slot, Batc
     if (best >= 0) {
       uint64_t expected = ready;
       if (control(best)->word.compare_exchange_strong(expected, taken, std::memory_order_acquire)) {
+        taken_at_ns_[best].store(NowNs(), std::memory_order_relaxed);
         Status st = ParseSlot(best, batch);
         if (!st.ok()) {
           (void)Release(best);
@@ -587,6 +605,8 @@ Status RingReader::Release(int i) {
     return Status::Invalid(fmt::format(
         "slot {} is not held by this reader (generation {}): release refused", i, generation_));
   auto* ch = reinterpret_cast<ControlHeader*>(control_base_);
+  ch->hold_ns.fetch_add(NowNs() - taken_at_ns_[i].load(std::memory_order_relaxed),
+                        std::memory_order_relaxed);
   ch->released.fetch_add(1, std::memory_order_relaxed);
   ch->release_futex.fetch_add(1, std::memory_order_release);
   FutexWakeAll(&ch->release_futex);

@@ -110,10 +110,15 @@ class RingWriter {
   // Published batches not yet released or dropped.
   uint64_t unreleased();
   // What waits for the reader: batches published and not taken, and how long ago the reader
-  // last took one (-1: never).
+  // last took one (-1: never); what the reader holds; and the reader's own stall accounting
+  // from its control area (untrusted: for the profile only), with the attach generation it
+  // belongs to (0: no reader; the counts start at 0 with every attach).
   struct Backlog {
     uint32_t ready = 0;
+    uint32_t taken = 0;
     double seconds_since_take = -1;
+    uint32_t generation = 0;
+    uint64_t wait_ns = 0, hold_ns = 0;
   };
   Backlog backlog();
   // Drops the published batches no reader holds whose seq is below `seq` (all of them for
@@ -194,6 +199,7 @@ class RingReader {
   const RingHeader* shared_ = nullptr;
   RingHeader header_copy_;  // validated; the geometry is read from here, never from shared_
   uint32_t generation_ = 0;
+  std::unique_ptr<std::atomic<uint64_t>[]> taken_at_ns_;  // per slot: when it was taken
 };
 
 // Futex helpers on a 32-bit word in a MAP_SHARED mapping (no FUTEX_PRIVATE_FLAG).

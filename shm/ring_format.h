@@ -19,7 +19,8 @@ constexpr uint64_t kRingMagic = 0x474e495244464d4dull;     // "MMFDRING" little-
 constexpr uint64_t kControlMagic = 0x4c52544344464d4dull;  // "MMFDCTRL" little-endian
 // Bump whenever a struct below, a constant, or the meaning of a field changes.
 // 2: control area split from the data area; attach generations; the cursor in descriptors.
-constexpr uint32_t kRingLayoutVersion = 2;
+// 3: the reader's wait_ns and hold_ns in the control header (the trainers' data stall).
+constexpr uint32_t kRingLayoutVersion = 3;
 
 constexpr uint32_t kMaxTensors = 16;
 constexpr uint32_t kMaxDims = 6;
@@ -78,7 +79,12 @@ struct ControlHeader {
   alignas(64) std::atomic<uint32_t> release_futex;
   uint32_t reserved2;
   std::atomic<uint64_t> released;  // the reader's own count; the daemon counts for itself
-  uint8_t reserved3[48];
+  // Written by the reader, for the profile only (the daemon trusts nothing else to them):
+  // nanoseconds spent waiting for a batch to be published (the trainer's data stall), and the
+  // sum over batches of the time from each take to its release.
+  std::atomic<uint64_t> wait_ns;
+  std::atomic<uint64_t> hold_ns;
+  uint8_t reserved3[32];
 };
 
 struct SlotControl {

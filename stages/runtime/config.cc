@@ -373,7 +373,7 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
   if (cfg.base_dir.empty()) cfg.base_dir = ".";
   CheckKeys(root, "the pipeline config",
             {"pipeline", "source", "consumers", "stages", "output", "on_error", "placement",
-             "data_roots", "metrics", "sample_timeout_s"});
+             "data_roots", "metrics", "sample_timeout_s", "faults"});
   if (root["pipeline"]) cfg.name = Str(root["pipeline"], "pipeline");
   if (!root["source"]) Fail(root, "the config needs a 'source'");
   cfg.source = ParseSource(root["source"], cfg.base_dir);
@@ -456,6 +456,29 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
     }
   }
   ValidateGraph(&cfg, stages);
+  if (const YAML::Node& f = root["faults"]) {
+    CheckKeys(f, "faults", {"stage", "read_delay_ms", "leak_bytes_per_item"});
+    cfg.faults.mark = ToMark(f.Mark());
+    if (!f["stage"]) Fail(f, "faults needs a 'stage': the stage to inject them into");
+    cfg.faults.stage = Str(f["stage"], "faults.stage");
+    auto it = std::find_if(cfg.stages.begin(), cfg.stages.end(),
+                           [&](const StageConfig& s) { return s.name == cfg.faults.stage; });
+    if (it == cfg.stages.end() || it->field.empty())
+      Fail(f["stage"], fmt::format("faults.stage: '{}' is not a stage that reads a sample field",
+                                   cfg.faults.stage));
+    if (f["read_delay_ms"]) {
+      cfg.faults.read_delay_ms =
+          static_cast<int>(IntAtLeast(f["read_delay_ms"], "faults.read_delay_ms", 0));
+      if (cfg.faults.read_delay_ms > 60000)
+        Fail(f["read_delay_ms"], "faults.read_delay_ms must be at most 60000");
+    }
+    if (f["leak_bytes_per_item"]) {
+      cfg.faults.leak_bytes_per_item =
+          IntAtLeast(f["leak_bytes_per_item"], "faults.leak_bytes_per_item", 0);
+      if (cfg.faults.leak_bytes_per_item > (1 << 30))
+        Fail(f["leak_bytes_per_item"], "faults.leak_bytes_per_item must be at most 1 GiB");
+    }
+  }
   return cfg;
 }
 
@@ -474,6 +497,13 @@ Result<PipelineConfig> ParseConfig(const std::string& text, const std::string& f
     return Status::Invalid(
         fmt::format("{}:{}:{}: {}", file, e.mark.line + 1, e.mark.column + 1, e.msg));
   }
+}
+
+Status CheckFaultsAllowed(const PipelineConfig& cfg, bool allowed) {
+  if (cfg.faults.stage.empty() || allowed) return Status::Ok();
+  return Status::Invalid(fmt::format(
+      "{}:{}:{}: faults: injects faults for tests; start mmfeedd with --allow-faults to use it",
+      cfg.file, cfg.faults.mark.line, cfg.faults.mark.column));
 }
 
 std::vector<TensorSpec> BatchSpecs(const PipelineConfig& cfg) {

@@ -55,6 +55,16 @@ struct StageConfig {
   ConfigMark mark;
 };
 
+// `faults:` — injected faults, for tests of the profile's diagnosis (refused unless mmfeedd runs
+// with --allow-faults): an off-CPU delay before each file a stage opens, and memory a stage
+// keeps for every item (never freed while the pipeline runs).
+struct FaultConfig {
+  std::string stage;  // empty: no faults
+  int read_delay_ms = 0;
+  int64_t leak_bytes_per_item = 0;
+  ConfigMark mark;
+};
+
 struct PipelineConfig {
   std::string file;      // the config file's path
   std::string base_dir;  // its folder
@@ -80,7 +90,11 @@ struct PipelineConfig {
   // `metrics: {listen: "127.0.0.1:9464"}`: where GET /metrics is served; empty: nowhere.
   std::string metrics_listen;
   ConfigMark metrics_mark;
+  FaultConfig faults;
 };
+
+// Refuses a config with `faults:` unless `allowed` (mmfeedd --allow-faults), naming where.
+Status CheckFaultsAllowed(const PipelineConfig& cfg, bool allowed);
 
 // Parses and validates `text` as if read from `file` (used for messages and relative paths).
 Result<PipelineConfig> ParseConfig(const std::string& text, const std::string& file);

@@ -90,6 +90,9 @@ ConfigChanges DiffConfigs(const PipelineConfig& a, const PipelineConfig& b) {
   setting("placement", PlacementText(a.placement) != PlacementText(b.placement));
   setting("metrics.listen", a.metrics_listen != b.metrics_listen);
   setting("sample_timeout_s", a.sample_timeout_s != b.sample_timeout_s);
+  setting("faults", a.faults.stage != b.faults.stage ||
+                        a.faults.read_delay_ms != b.faults.read_delay_ms ||
+                        a.faults.leak_bytes_per_item != b.faults.leak_bytes_per_item);
 
   // What the rings or every rank's batch numbering are made from cannot change under
   // attached trainers.

@@ -13,13 +13,9 @@
 #include <chrono>
 #include <cstdint>
 
-namespace mmfeed {
+#include "base/clock.h"
 
-inline uint64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+namespace mmfeed {
 
 // Takes one of a mailbox's free slots, waiting while there is none (back-pressure); the wait
 // is added to *blocked_ns.

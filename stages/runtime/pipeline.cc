@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -17,6 +18,7 @@
 #include "stages/runtime/mailbox.h"
 #include "stages/runtime/numa.h"
 #include "stages/runtime/rng.h"
+#include "stages/runtime/trace.h"
 #include "stages/source/catalog.h"
 
 namespace mmfeed {
@@ -138,6 +140,30 @@ struct Pipeline::Branch {
   Mailbox<std::unique_ptr<WorkItem>> inbox;
   StageCounters counters;
   std::vector<int> cpus;
+  FilePolicy files;  // what its samples may open
+  // faults.leak_bytes_per_item: memory kept per item until the pipeline ends.
+  int64_t leak_bytes_per_item = 0;
+  std::mutex leak_mu;
+  std::vector<std::unique_ptr<char[]>> leaked;
+};
+
+// Registers the calling thread as working for `stage` while it lives (Threads()).
+class Pipeline::ThreadTag {
+ public:
+  ThreadTag(Pipeline* p, const std::string& stage) : p_(p), tid_(gettid()) {
+    std::lock_guard<std::mutex> lock(p_->threads_mu_);
+    p_->thread_stages_[tid_] = stage;
+  }
+  ~ThreadTag() {
+    std::lock_guard<std::mutex> lock(p_->threads_mu_);
+    p_->thread_stages_.erase(tid_);
+  }
+  ThreadTag(const ThreadTag&) = delete;
+  ThreadTag& operator=(const ThreadTag&) = delete;
+
+ private:
+  Pipeline* p_;
+  int tid_;
 };
 
 Pipeline::Pipeline() : refills_(std::make_unique<RefillQueue>()) {}
@@ -173,7 +199,8 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
   }
   p->specs_ = BatchSpecs(p->cfg_);
   // Sample files: the source's folder and data_roots, by real path.
-  p->file_policy_.max_bytes = cfg.source.max_bytes;
+  FilePolicy files;
+  files.max_bytes = cfg.source.max_bytes;
   if (!cfg.data_roots_any) {
     std::vector<std::string> roots = cfg.data_roots;
     roots.push_back(std::filesystem::path(cfg.source.path).parent_path().string());
@@ -181,7 +208,14 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
       std::error_code ec;
       std::string real = std::filesystem::canonical(r.empty() ? "." : r, ec).string();
       if (ec) return Status::Invalid(fmt::format("data root {}: {}", r, ec.message()));
-      p->file_policy_.roots.push_back(real == "/" ? real : real + "/");
+      files.roots.push_back(real == "/" ? real : real + "/");
+    }
+  }
+  for (auto& b : p->branches_) {
+    b->files = files;
+    if (b->cfg->name == cfg.faults.stage) {  // injected faults, for tests of the profile
+      b->files.read_delay_ms = cfg.faults.read_delay_ms;
+      b->leak_bytes_per_item = cfg.faults.leak_bytes_per_item;
     }
   }
   // Worker threads against the CPUs they may use, per set of CPUs: oversubscription only
@@ -383,6 +417,7 @@ void Pipeline::Dispatch(const std::shared_ptr<const Provisional>& batch, int row
       size_t t = first_tensor_[b] + k;
       item->out[k] = batch->memory.base[t] + row * specs_[t].NumBytes();
     }
+    trace::WaitSpan wait("source", "wait: output");
     branches_[b]->inbox.Push(std::move(item), &source_counters_.blocked_ns);
   }
   if (!refill) {
@@ -397,6 +432,7 @@ void Pipeline::Dispatch(const std::shared_ptr<const Provisional>& batch, int row
 void Pipeline::SourceLoop() {
   Status pin = PinAndNameThisThread(control_cpus_, "mmf:source");
   if (!pin.ok()) spdlog::warn("{}", pin.message());
+  ThreadTag tag(this, "source");
   const int consumers = cfg_.consumers;
   const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size);
   std::vector<StreamCursor> next = start_;
@@ -475,6 +511,7 @@ void Pipeline::SourceLoop() {
     }
     if (!progressed) {
       uint64_t w0 = NowNs();
+      trace::WaitSpan wait("source", any_full ? "wait: rings full" : "wait: input");
       refills_->Wait(1);
       (any_full ? source_counters_.blocked_ns : source_counters_.starved_ns)
           .fetch_add(NowNs() - w0, std::memory_order_relaxed);
@@ -486,10 +523,16 @@ void Pipeline::SourceLoop() {
 void Pipeline::WorkerLoop(Branch* b, int worker) {
   Status pin = PinAndNameThisThread(b->cpus, fmt::format("mmf:{}:{}", b->cfg->name, worker));
   if (!pin.ok()) spdlog::warn("{}", pin.message());
+  ThreadTag tag(this, b->cfg->name);
   std::unique_ptr<StageWorker> impl = b->cfg->stage->NewWorker();
-  ScopedFilePolicy files(&file_policy_);
+  ScopedFilePolicy files(&b->files);
+  const std::string& name = b->cfg->name;
   while (true) {
-    std::unique_ptr<WorkItem> item = b->inbox.Pop(&b->counters.starved_ns);
+    std::unique_ptr<WorkItem> item;
+    {
+      trace::WaitSpan wait(name, "wait: input");
+      item = b->inbox.Pop(&b->counters.starved_ns);
+    }
     if (!item) break;
     b->counters.fill_sum.fetch_add(b->inbox.SizeApprox(), std::memory_order_relaxed);
     b->counters.fill_samples.fetch_add(1, std::memory_order_relaxed);
@@ -533,10 +576,18 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
       if (item->status.code() == Status::Code::kResourceExhausted)
         Fail(item->status.WithContext("out of resources, not a bad sample"));
     }
+    if (b->leak_bytes_per_item > 0) {  // touched, so that it is resident
+      auto kept = std::make_unique_for_overwrite<char[]>(b->leak_bytes_per_item);
+      std::memset(kept.get(), 1, b->leak_bytes_per_item);
+      std::lock_guard<std::mutex> lock(b->leak_mu);
+      b->leaked.push_back(std::move(kept));
+    }
     timer.AddTo(&b->counters);
+    if (trace::On()) trace::Span(name, "work", e.id, timer.start_ns(), NowNs());
     b->counters.items.fetch_add(1, std::memory_order_relaxed);
     if (!item->status.ok()) b->counters.errors.fetch_add(1, std::memory_order_relaxed);
     const bool failed = !item->status.ok();
+    trace::WaitSpan wait(name, "wait: output");
     join_->Push(std::move(item), failed, &b->counters.blocked_ns);
   }
   if (live_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1)
@@ -733,6 +784,7 @@ void Pipeline::SampleFailed(const CatalogEntry& e, const std::string& stage, con
 void Pipeline::BatchLoop() {
   Status pin = PinAndNameThisThread(control_cpus_, "mmf:batch");
   if (!pin.ok()) spdlog::warn("{}", pin.message());
+  ThreadTag tag(this, cfg_.stages[cfg_.batch_stage].name);
   const size_t nb = branches_.size();
   struct Pending {
     size_t arrived = 0;
@@ -746,8 +798,16 @@ void Pipeline::BatchLoop() {
   for (int r = 0; r < cfg_.consumers; ++r)
     collators.emplace_back(this, static_cast<uint32_t>(r), start_[r].seq, &known_bad);
 
-  while (std::unique_ptr<WorkItem> item = join_->Pop(&batch_counters_.starved_ns)) {
+  const std::string& name = cfg_.stages[cfg_.batch_stage].name;
+  while (true) {
+    std::unique_ptr<WorkItem> item;
+    {
+      trace::WaitSpan wait(name, "wait: input");
+      item = join_->Pop(&batch_counters_.starved_ns);
+    }
+    if (!item) break;
     WorkTimer timer;
+    const uint32_t entry = item->entry;
     batch_counters_.fill_sum.fetch_add(join_->SizeApprox(), std::memory_order_relaxed);
     batch_counters_.fill_samples.fetch_add(1, std::memory_order_relaxed);
     Pending& p = pending[item->key];
@@ -765,6 +825,8 @@ void Pipeline::BatchLoop() {
         for (Collator& c : collators) c.DiscardIdle();
     }
     timer.AddTo(&batch_counters_);
+    if (trace::On())
+      trace::Span(name, "work", catalog_->entries[entry].id, timer.start_ns(), NowNs());
   }
   // Every worker has finished, so nothing writes into an open batch; normally none is left.
   for (Collator& c : collators) c.DiscardIdle();
@@ -793,7 +855,7 @@ uint64_t Pipeline::Progress() const {
   return n;
 }
 
-nlohmann::json Pipeline::Profile() const {
+std::vector<StageInfo> Pipeline::StageInfos() const {
   std::vector<StageInfo> infos;
   infos.push_back({"source", cfg_.source.type, 1, 0, &source_counters_});
   for (const auto& b : branches_)
@@ -807,6 +869,22 @@ nlohmann::json Pipeline::Profile() const {
                    {},
                    join_->SizeApprox()});
   infos.insert(infos.end(), extra_infos_.begin(), extra_infos_.end());
+  return infos;
+}
+
+std::vector<StageSample> Pipeline::SampleStages() const {
+  std::vector<StageSample> out;
+  for (const StageInfo& info : StageInfos()) out.push_back(SampleStage(info));
+  return out;
+}
+
+std::map<int, std::string> Pipeline::Threads() const {
+  std::lock_guard<std::mutex> lock(threads_mu_);
+  return thread_stages_;
+}
+
+nlohmann::json Pipeline::Profile() const {
+  std::vector<StageInfo> infos = StageInfos();
   uint64_t end = end_ns_.load();
   double wall = ((end ? end : NowNs()) - start_ns_) / 1e9;
   nlohmann::json j = BuildProfile(infos, wall);

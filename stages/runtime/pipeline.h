@@ -16,6 +16,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -137,6 +138,11 @@ class Pipeline {
   // REQUIRES: before Start().
   void AddProfiledStage(const StageInfo& info) { extra_infos_.push_back(info); }
   nlohmann::json Profile() const;
+  // Every stage's counters now (the windowed profile compares two of these).
+  std::vector<StageSample> SampleStages() const;
+  // The pipeline's live threads: thread id -> the stage they work for (the source's and the
+  // batch stage's names for those two threads).
+  std::map<int, std::string> Threads() const;
   // Grows whenever any stage finishes an item (a watchdog's sign of life).
   uint64_t Progress() const;
   // Where each stage's threads run: [{"stage", "threads", "cpus": "0-3", "numa_node"}].
@@ -182,12 +188,13 @@ class Pipeline {
   void BatchLoop();
   void Fail(const Status& st);
   void SampleFailed(const CatalogEntry& e, const std::string& stage, const Status& st);
+  std::vector<StageInfo> StageInfos() const;
+  class ThreadTag;
 
   PipelineConfig cfg_;
   std::vector<BatchSink*> sinks_;
   std::vector<TensorSpec> specs_;     // every tensor of a batch, in order
   std::vector<size_t> first_tensor_;  // per branch: index of its first tensor in specs_
-  FilePolicy file_policy_;            // what the workers' samples may open
   std::vector<int> control_cpus_;  // where the source and batch threads run (top-level placement)
   std::shared_ptr<const Catalog> catalog_;
   uint64_t per_rank_ = 0;  // samples in a rank's share of an epoch
@@ -217,6 +224,8 @@ class Pipeline {
   std::unique_ptr<class JoinBox> join_;
   StageCounters source_counters_, batch_counters_;
   std::vector<StageInfo> extra_infos_;
+  mutable std::mutex threads_mu_;
+  std::map<int, std::string> thread_stages_;  // guarded by threads_mu_
   ErrorLog errors_;
   std::vector<std::thread> threads_;
   std::atomic<bool> stop_{false};

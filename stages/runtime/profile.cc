@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "stages/runtime/mailbox.h"
@@ -55,13 +56,49 @@ double ShareOfBusy(const StageCounters& c, const std::atomic<uint64_t>& part) {
 
 }  // namespace
 
+int LatencyBucket(uint64_t ns) {
+  if (ns < 1024) return 0;
+  const int top = 63 - __builtin_clzll(ns);                     // 2^top <= ns
+  const int quarter = static_cast<int>((ns >> (top - 2)) & 3);  // the next two bits
+  return std::min(kLatencyBuckets - 1, 1 + 4 * (top - 10) + quarter);
+}
+
+double LatencyBucketNs(int bucket) {
+  if (bucket <= 0) return 512;
+  const int top = 10 + (bucket - 1) / 4, quarter = (bucket - 1) % 4;
+  return std::ldexp(1.0 + (quarter + 0.5) / 4, top);
+}
+
+StageSample SampleStage(const StageInfo& info) {
+  const StageCounters& c = *info.counters;
+  StageSample s;
+  s.name = info.name;
+  s.type = info.type;
+  s.workers = info.workers;
+  s.queue_capacity = info.queue_capacity;
+  s.items = c.items.load(std::memory_order_relaxed);
+  s.errors = c.errors.load(std::memory_order_relaxed);
+  s.busy_ns = c.busy_ns.load(std::memory_order_relaxed);
+  s.cpu_ns = c.cpu_ns.load(std::memory_order_relaxed);
+  s.runnable_ns = c.runnable_ns.load(std::memory_order_relaxed);
+  s.starved_ns = c.starved_ns.load(std::memory_order_relaxed);
+  s.blocked_ns = c.blocked_ns.load(std::memory_order_relaxed);
+  s.fill_sum = c.fill_sum.load(std::memory_order_relaxed);
+  s.fill_samples = c.fill_samples.load(std::memory_order_relaxed);
+  for (int b = 0; b < kLatencyBuckets; ++b)
+    s.latency[b] = c.latency[b].load(std::memory_order_relaxed);
+  return s;
+}
+
 WorkTimer::WorkTimer() : wall0_(NowNs()), cpu0_(ThreadCpuNs()), runnable0_(ThreadRunnableNs()) {}
 
 // The clocks are read wall first at the start and wall last at the end, so that a preemption
 // between two reads can only make the CPU and run-queue times smaller than the wall time.
 void WorkTimer::AddTo(StageCounters* c) const {
   const uint64_t runnable = ThreadRunnableNs() - runnable0_, cpu = ThreadCpuNs() - cpu0_;
-  c->busy_ns.fetch_add(NowNs() - wall0_, std::memory_order_relaxed);
+  const uint64_t wall = NowNs() - wall0_;
+  c->busy_ns.fetch_add(wall, std::memory_order_relaxed);
+  c->latency[LatencyBucket(wall)].fetch_add(1, std::memory_order_relaxed);
   c->cpu_ns.fetch_add(cpu, std::memory_order_relaxed);
   c->runnable_ns.fetch_add(runnable, std::memory_order_relaxed);
 }

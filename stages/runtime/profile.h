@@ -3,6 +3,7 @@
 // Everything in the report is measured (clocks and counts), nothing is estimated.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,13 @@
 #include <vector>
 
 namespace mmfeed {
+
+// Per-item work time in a log histogram: bucket 0 holds items under 1 us, then 4 buckets per
+// power of two up to ~18 minutes (the last bucket also takes anything longer).
+constexpr int kLatencyBuckets = 1 + 4 * 30;
+int LatencyBucket(uint64_t ns);
+// A bucket's representative time (its geometric middle), in nanoseconds.
+double LatencyBucketNs(int bucket);
 
 struct StageCounters {
   std::atomic<uint64_t> items{0};
@@ -22,6 +30,17 @@ struct StageCounters {
   std::atomic<uint64_t> blocked_ns{0};   // waiting for downstream to take output
   std::atomic<uint64_t> fill_sum{0};     // sum of mailbox fill seen at each pop
   std::atomic<uint64_t> fill_samples{0};
+  std::array<std::atomic<uint64_t>, kLatencyBuckets> latency{};  // work time per item
+};
+
+// A plain copy of a stage's counters at one moment (the windowed profile compares two).
+struct StageSample {
+  std::string name, type;
+  int workers = 1;
+  size_t queue_capacity = 0;
+  uint64_t items = 0, errors = 0, busy_ns = 0, cpu_ns = 0, runnable_ns = 0, starved_ns = 0,
+           blocked_ns = 0, fill_sum = 0, fill_samples = 0;
+  std::array<uint64_t, kLatencyBuckets> latency{};
 };
 
 struct StageInfo {
@@ -33,6 +52,8 @@ struct StageInfo {
   std::vector<std::pair<std::string, double>> metrics;  // Stage::Metrics()
   size_t queue_depth = 0;                               // items in its mailbox now
 };
+
+StageSample SampleStage(const StageInfo& info);
 
 // Builds the report: per stage items, busy share, starved/blocked share, queue fill, CPU share,
 // plus "bottleneck": the stage that limits throughput and the kind of limit (cpu, io, memory,
@@ -49,8 +70,11 @@ std::string FormatProfile(const nlohmann::json& profile);
 class WorkTimer {
  public:
   WorkTimer();
-  // Adds the time since construction to busy_ns, cpu_ns and runnable_ns.
+  // Adds the time since construction to busy_ns, cpu_ns and runnable_ns, and counts it as one
+  // item's work time in the latency histogram.
   void AddTo(StageCounters* counters) const;
+  // When it started (NowNs() clock).
+  uint64_t start_ns() const { return wall0_; }
 
  private:
   uint64_t wall0_, cpu0_, runnable0_;

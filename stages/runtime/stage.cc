@@ -9,6 +9,9 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <thread>
+
+#include "base/clock.h"
 
 namespace mmfeed {
 
@@ -33,11 +36,6 @@ namespace {
 thread_local const FilePolicy* t_file_policy = nullptr;
 thread_local int64_t t_deadline_ns = 0;  // steady clock; 0: none
 
-int64_t SteadyNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 const FilePolicy kDefaultFilePolicy;
 }  // namespace
 
@@ -47,14 +45,19 @@ ScopedFilePolicy::ScopedFilePolicy(const FilePolicy* policy) : previous_(t_file_
 ScopedFilePolicy::~ScopedFilePolicy() { t_file_policy = previous_; }
 
 ScopedSampleDeadline::ScopedSampleDeadline(double seconds) : previous_(t_deadline_ns) {
-  t_deadline_ns = seconds > 0 ? SteadyNs() + static_cast<int64_t>(seconds * 1e9) : 0;
+  t_deadline_ns =
+      seconds > 0 ? static_cast<int64_t>(NowNs()) + static_cast<int64_t>(seconds * 1e9) : 0;
 }
 ScopedSampleDeadline::~ScopedSampleDeadline() { t_deadline_ns = previous_; }
 
-bool SampleDeadlinePassed() { return t_deadline_ns != 0 && SteadyNs() > t_deadline_ns; }
+bool SampleDeadlinePassed() {
+  return t_deadline_ns != 0 && static_cast<int64_t>(NowNs()) > t_deadline_ns;
+}
 
 Result<FieldFile> FieldFile::Open(const FieldValue& field, uint64_t max_bytes) {
   const FilePolicy& policy = t_file_policy ? *t_file_policy : kDefaultFilePolicy;
+  if (policy.read_delay_ms > 0)  // an injected fault (faults.read_delay_ms): slow storage
+    std::this_thread::sleep_for(std::chrono::milliseconds(policy.read_delay_ms));
   FieldFile f;
   // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
   f.fd_ = ::open(field.data.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);

@@ -47,6 +47,7 @@ struct FilePolicy {
   static constexpr uint64_t kDefaultMaxBytes = 256ull << 20;
   uint64_t max_bytes = kDefaultMaxBytes;
   std::vector<std::string> roots;  // real paths of folders, each ending in '/'; empty: anywhere
+  int read_delay_ms = 0;           // an injected fault (config `faults:`): sleeps before each open
 };
 
 // Makes `policy` the calling thread's for FieldFile::Open while it lives (the pipeline's

@@ -10,7 +10,7 @@ namespace mmfeed::shm {
 namespace {
 
 TEST(RingFormatTest, VersionAndMagic) {
-  EXPECT_EQ(kRingLayoutVersion, 2u);
+  EXPECT_EQ(kRingLayoutVersion, 3u);
   EXPECT_EQ(kRingMagic, 0x474e495244464d4dull);
   EXPECT_EQ(std::memcmp(&kRingMagic, "MMFDRING", 8), 0);
   EXPECT_EQ(std::memcmp(&kControlMagic, "MMFDCTRL", 8), 0);
@@ -51,7 +51,9 @@ TEST(RingFormatTest, ControlLayout) {
   EXPECT_EQ(offsetof(ControlHeader, release_futex), 64u);
   EXPECT_EQ(offsetof(ControlHeader, reserved2), 68u);
   EXPECT_EQ(offsetof(ControlHeader, released), 72u);
-  EXPECT_EQ(offsetof(ControlHeader, reserved3), 80u);
+  EXPECT_EQ(offsetof(ControlHeader, wait_ns), 80u);
+  EXPECT_EQ(offsetof(ControlHeader, hold_ns), 88u);
+  EXPECT_EQ(offsetof(ControlHeader, reserved3), 96u);
   EXPECT_EQ(sizeof(SlotControl), 8u);
   EXPECT_EQ(kSlotFree, 0u);
   EXPECT_EQ(kSlotReady, 2u);

@@ -107,6 +107,35 @@ TEST(RingTest, WrapsAroundManyTimesInOrder) {
   EXPECT_EQ(w->released(), 50u);
 }
 
+TEST(RingTest, TheReaderAccountsItsWaitAndHoldTimesInItsControlArea) {
+  auto w = MakeRing(3);
+  auto r = Attach(*w, 7);
+  int slot;
+  BatchView v;
+  EXPECT_EQ(*r->Acquire(60, &slot, &v), RingReader::Wait::kTimeout);
+  RingWriter::Backlog b = w->backlog();
+  EXPECT_EQ(b.generation, 7u);
+  EXPECT_GE(b.wait_ns, 50'000'000u) << "the empty wait is the trainer's data stall";
+  EXPECT_EQ(b.hold_ns, 0u);
+  Publish(*w, 0);
+  ExpectBatch(Take(*r, &slot), 0);
+  EXPECT_EQ(w->backlog().taken, 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(40));
+  ASSERT_TRUE(r->Release(slot).ok());
+  b = w->backlog();
+  EXPECT_GE(b.hold_ns, 35'000'000u);
+  EXPECT_LT(b.hold_ns, 5'000'000'000u);
+  EXPECT_EQ(b.taken, 0u);
+  // A new attach has a fresh control area: its counts start at 0.
+  r.reset();
+  w->Detach();
+  auto r2 = Attach(*w, 8);
+  b = w->backlog();
+  EXPECT_EQ(b.generation, 8u);
+  EXPECT_EQ(b.wait_ns, 0u);
+  EXPECT_EQ(b.hold_ns, 0u);
+}
+
 TEST(RingTest, FullRingMakesTheWriterWaitAndOutOfOrderReleaseKeepsOrder) {
   auto w = MakeRing(3);
   auto r = Attach(*w, 1);

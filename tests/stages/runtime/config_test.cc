@@ -148,6 +148,34 @@ TEST_F(ConfigTest, UnknownTopLevelKeyIsRejected) {
   EXPECT_NE(e.find("p.yaml:12:1: unknown key 'colour'"), std::string::npos) << e;
 }
 
+TEST_F(ConfigTest, FaultsNameAFieldStageAndNeedToBeAllowed) {
+  std::string yaml = std::string(kCanonical) +
+                     "faults: {stage: image, read_delay_ms: 20, leak_bytes_per_item: 4096}\n";
+  Result<PipelineConfig> r = ParseConfig(yaml, dir_ / "p.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->faults.stage, "image");
+  EXPECT_EQ(r->faults.read_delay_ms, 20);
+  EXPECT_EQ(r->faults.leak_bytes_per_item, 4096);
+  EXPECT_TRUE(CheckFaultsAllowed(*r, true).ok());
+  Status refused = CheckFaultsAllowed(*r, false);
+  EXPECT_EQ(refused.message().find(dir_ / "p.yaml:12:9: faults:"), 0u) << refused.message();
+  EXPECT_NE(refused.message().find("--allow-faults"), std::string::npos);
+  Result<PipelineConfig> plain = ParseConfig(kCanonical, dir_ / "p.yaml");
+  EXPECT_TRUE(CheckFaultsAllowed(*plain, false).ok());
+
+  EXPECT_NE(Error(std::string(kCanonical) + "faults: {stage: batch, read_delay_ms: 1}\n")
+                .find("12:17: faults.stage: 'batch' is not a stage that reads a sample field"),
+            std::string::npos);
+  EXPECT_NE(Error(std::string(kCanonical) + "faults: {read_delay_ms: 1}\n").find("needs a 'stage'"),
+            std::string::npos);
+  EXPECT_NE(Error(std::string(kCanonical) + "faults: {stage: image, read_delay_ms: -1}\n")
+                .find("at least 0"),
+            std::string::npos);
+  EXPECT_NE(Error(std::string(kCanonical) + "faults: {stage: image, slow: 1}\n")
+                .find("unknown key 'slow' in faults"),
+            std::string::npos);
+}
+
 TEST_F(ConfigTest, IllTypedParametersAreRejected) {
   std::string e = Error(Replace(kCanonical, "size: [224, 224]", "size: [224]"));
   EXPECT_NE(e.find("p.yaml:6:48: image.size must have 2 values, got 1"), std::string::npos) << e;

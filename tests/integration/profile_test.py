@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""`mmfeedctl profile`: planted bottlenecks, each run on the real daemon with real consumers;
+the diagnosis must name the right stage and kind from what it measured. Faults are injected
+with the config's `faults:` (refused without --allow-faults, tested here too).
+
+usage: profile_test.py --bin BUILD/bin
+"""
+import json, pathlib, socket, subprocess, sys, time, unittest
+
+import daemon_test
+from daemon_test import Daemon, DaemonCase, make_dataset
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+
+CONFIG = """pipeline: profiled
+source: {{type: manifest, path: manifest.jsonl, shuffle: true, seed: 1, epochs: 0}}
+consumers: {consumers}
+stages:
+  - {{name: image, type: image, field: image, workers: {workers},
+     params: {{crop: center, size: [{size}, {size}], dtype: uint8, layout: HWC}}}}
+  - {{name: text, type: text, field: text, params: {{tokenizer: bytes, max_len: 32}}}}
+  - {{name: batch, type: batch, inputs: [image, text], params: {{batch_size: 16}}}}
+output: {{ring_slots: 4}}
+{faults}
+"""
+
+
+def config(workers=1, consumers=1, size=64, faults=""):
+    return CONFIG.format(workers=workers, consumers=consumers, size=size, faults=faults)
+
+
+class ProfileCase(DaemonCase):
+    def start(self, text, *consumer_args, consumers=1, faults=False, extra=()):
+        d = Daemon(self.dir, text, extra=(("--allow-faults",) if faults else ()) + tuple(extra))
+        self.consumers = [d.consume(r, "--batches", "1000000", *consumer_args) for r in range(consumers)]
+        return d
+
+    def tearDown(self):
+        for c in getattr(self, "consumers", []):
+            c.kill()
+            c.communicate()
+        super().tearDown()
+
+    def profile(self, d, seconds=2.0, *extra):
+        time.sleep(1.0)  # past the start: rings filled, threads warm
+        r = d.ctl("profile", "--seconds", str(seconds), "--json", *extra)
+        self.assertEqual(r.returncode, 0, r.stderr + d.log())
+        report = json.loads(r.stdout)
+        self.assertAlmostEqual(report["window_s"], seconds, delta=0.5)
+        return report
+
+    def assertDiagnosis(self, report, stage, kind):
+        dx = report["diagnosis"]
+        print(f"\n{self.id()}: {dx['stage']} ({dx['kind']}): {dx['evidence']} -> {dx['advice']}", file=sys.stderr)
+        detail = json.dumps(report, indent=1)
+        self.assertEqual(dx["kind"], kind, detail)
+        self.assertEqual(dx["stage"], stage, detail)
+        self.assertTrue(dx["evidence"] and dx["advice"], detail)
+
+
+class PlantedBottleneckTest(ProfileCase):
+    def test_cpu_one_image_worker_on_large_photos(self):
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "make_photos.py"), str(self.dir), "--count", "8",
+                        "--min-width", "1600", "--max-width", "2400", "--prefix", "big"], check=True)
+        with open(self.dir / "manifest.jsonl", "w") as m:
+            for i in range(64):
+                m.write(json.dumps({"id": f"s{i}", "image": f"big{i % 8:04d}.jpg", "text": "t"}) + "\n")
+        d = self.start(config(workers=1, size=224))
+        report = self.profile(d)
+        self.assertDiagnosis(report, "image", "cpu")
+        image = next(s for s in report["stages"] if s["name"] == "image")
+        self.assertGreater(image["busy_share"], 0.7)
+        self.assertGreater(image["cpu_share_of_busy"], 0.6)
+        self.assertGreater(image["latency_ms"]["p50"], 1.0, "a 2000 px decode takes milliseconds")
+        self.assertGreater(image["thread_cpu_cores"], 0.5, "from /proc/self/task")
+        self.assertIn("add image workers", report["diagnosis"]["advice"])
+        # The trainer is starved, and says so through its ring's control area.
+        self.assertGreater(report["consumers"][0]["wait_share"], 0.5)
+
+    def test_io_slow_reads(self):
+        make_dataset(self.dir, 256)
+        d = self.start(config(workers=2, faults="faults: {stage: image, read_delay_ms: 15}"), faults=True)
+        report = self.profile(d)
+        self.assertDiagnosis(report, "image", "io")
+        image = next(s for s in report["stages"] if s["name"] == "image")
+        self.assertLess(image["cpu_share_of_busy"], 0.4)
+        self.assertGreater(image["latency_ms"]["p50"], 14)
+        self.assertIn("read", report["diagnosis"]["evidence"])
+
+    def test_memory_leaking_stage(self):
+        make_dataset(self.dir, 256)
+        d = self.start(config(workers=1, faults="faults: {stage: text, leak_bytes_per_item: 65536}"), faults=True)
+        report = self.profile(d)
+        self.assertDiagnosis(report, "text", "memory")
+        self.assertGreater(report["host"]["rss_growth_bytes_per_s"], 8 << 20)
+        text = next(s for s in report["stages"] if s["name"] == "text")
+        self.assertGreater(text["minor_faults_per_s"], 1000)
+
+    def test_consumer_holding_batches(self):
+        make_dataset(self.dir, 256)
+        d = self.start(config(workers=1, consumers=2), "--hold-ms", "150", consumers=2)
+        report = self.profile(d)
+        self.assertDiagnosis(report, None, "consumer")
+        for c in report["consumers"]:
+            self.assertGreater(c["held_batches"], 0.8)
+            self.assertLess(c["wait_share"], 0.2)
+
+    def test_balanced_no_false_alarm(self):
+        make_dataset(self.dir, 256)
+        # Trainers that copy each batch out and release it at once, then compute 60 ms: the
+        # pipeline has spare capacity and nobody waits for it.
+        d = self.start(config(workers=1), "--pause-ms", "60")
+        report = self.profile(d)
+        self.assertDiagnosis(report, None, "none")
+        self.assertLess(report["consumers"][0]["wait_share"], 0.2)
+
+
+class ProfileToolTest(ProfileCase):
+    def test_text_report_and_trace(self):
+        make_dataset(self.dir, 256)
+        d = self.start(config(workers=1))
+        time.sleep(1.0)
+        trace = self.dir / "trace.json"
+        r = d.ctl("profile", "--seconds", "1", "--trace", str(trace))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for heading in ("stage", "host:", "pressure", "rank", "diagnosis:"):
+            self.assertIn(heading, r.stdout)
+        self.assertIn("wrote", r.stderr)
+        t = json.loads(trace.read_text())
+        events = t["traceEvents"]
+        names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+        self.assertIn("mmf:image:0", names.values())
+        work = [e for e in events if e.get("cat") == "work"]
+        image = [e for e in work if e["args"]["stage"] == "image"]
+        self.assertGreater(len(image), 10)
+        ids = {e["args"]["id"] for e in image}
+        self.assertTrue(all(i.startswith("s") for i in ids), ids)
+        self.assertTrue(all(names.get(e["tid"]) == "mmf:image:0" for e in image), "one track per thread")
+        self.assertTrue(all(e["ph"] == "X" and e["dur"] >= 0 and 0 <= e["ts"] <= 1.5e6 for e in work))
+        self.assertTrue(any(e.get("cat") == "wait" for e in events), "waits are marked")
+        # One trace at a time; a profile without one still works meanwhile.
+        first = d.ctl("profile", "--seconds", "2", "--trace", str(self.dir / "a.json"))
+        self.assertEqual(first.returncode, 0, first.stderr)
+
+    def test_concurrent_traces_refused_and_stop_during_window(self):
+        make_dataset(self.dir, 256)
+        d = self.start(config(workers=1), extra=("--drain-timeout", "1"))
+        first = subprocess.Popen([f"{daemon_test.BIN}/mmfeedctl", "--socket", d.socket, "profile", "--seconds", "3",
+                                  "--trace", str(self.dir / "a.json")], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+        second = d.ctl("profile", "--seconds", "1", "--trace", str(self.dir / "b.json"))
+        self.assertEqual(second.returncode, 1)
+        self.assertIn("already being recorded", second.stderr)
+        plain = d.ctl("profile", "--seconds", "0.5", "--json")
+        self.assertEqual(plain.returncode, 0, plain.stderr)
+        _, err = first.communicate(timeout=30)
+        self.assertEqual(first.returncode, 0, err)
+        # A window cut short by a stop is an error for its requester, not a hang.
+        waiting = subprocess.Popen([f"{daemon_test.BIN}/mmfeedctl", "--socket", d.socket, "profile", "--seconds",
+                                    "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+        for c in self.consumers:
+            c.kill()
+            c.communicate()
+        self.consumers = []
+        self.assertEqual(d.ctl("stop").returncode, 0)
+        _, err = waiting.communicate(timeout=30)
+        self.assertEqual(waiting.returncode, 1)
+        self.assertTrue("stopped before the profile's window ended" in err or "closed" in err, err)
+
+    def test_bad_arguments(self):
+        make_dataset(self.dir, 64)
+        d = self.start(config())
+        for bad in (["--seconds", "0"], ["--seconds", "601"], ["--seconds", "x"]):
+            r = d.ctl("profile", *bad)
+            self.assertEqual(r.returncode, 2, (bad, r.stderr))
+        # The daemon checks requests itself too.
+        for request, error in (({"cmd": "profile", "seconds": -1}, "above 0"),
+                               ({"cmd": "profile", "seconds": "5"}, "above 0"),
+                               ({"cmd": "profile", "trace": 1}, "true or false")):
+            with socket.socket(socket.AF_UNIX) as c:
+                c.connect(d.socket)
+                c.sendall((json.dumps(request) + "\n").encode())
+                reply = json.loads(c.makefile().readline())
+            self.assertFalse(reply["ok"])
+            self.assertIn(error, reply["error"])
+
+    def test_faults_refused_without_allow_faults(self):
+        make_dataset(self.dir, 64)
+        (self.dir / "f.yaml").write_text(config(faults="faults: {stage: image, read_delay_ms: 5}"))
+        r = subprocess.run([f"{daemon_test.BIN}/mmfeedd", "--config", str(self.dir / "f.yaml"), "--socket",
+                            str(self.dir / "x.sock")], capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 2)
+        self.assertRegex(r.stderr, r"f\.yaml:\d+:\d+: faults: .*--allow-faults")
+        # Nor can a reload bring them into a daemon started without it; the running graph goes on.
+        d = self.start(config())
+        r = d.ctl("reload", "--config", str(self.dir / "f.yaml"))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("--allow-faults", r.stderr)
+        self.assertEqual(d.ctl("status").returncode, 0)
+        for c in self.consumers:
+            self.assertIsNone(c.poll())
+
+
+if __name__ == "__main__":
+    daemon_test.main()
