@@ -95,8 +95,22 @@ void PrintStatus(const nlohmann::json& s) {
               rings["bytes"].get<uint64_t>() / 1073741824.0, rings["slots"].get<int>(),
               node >= 0 ? ("bound to NUMA node " + std::to_string(node)).c_str() : "not bound");
   for (const auto& p : s["placement"])
-    std::printf("  %-14s %2d thread(s) on CPUs %s\n", p["stage"].get<std::string>().c_str(),
-                p["threads"].get<int>(), p["cpus"].get<std::string>().c_str());
+    std::printf("  %-14s %2d thread(s) on CPUs %s%s\n", p["stage"].get<std::string>().c_str(),
+                p["threads"].get<int>(), p["cpus"].get<std::string>().c_str(),
+                p.value("auto", false)
+                    ? fmt::format(" (workers: auto, up to {})", p["max_threads"].get<int>()).c_str()
+                    : "");
+  if (s["workers"].contains("cpu_budget")) {
+    std::printf("workers: auto within cpu_budget %d", s["workers"]["cpu_budget"].get<int>());
+    const auto& moves = s["workers"]["decisions"];
+    if (moves.empty()) std::printf(", no move yet\n");
+    for (size_t i = 0; i < moves.size(); ++i)
+      std::printf(
+          "%s  %.0fs: +1 %s%s (%s)\n", i ? "" : ":\n", moves[i]["uptime_s"].get<double>(),
+          moves[i]["to"].get<std::string>().c_str(),
+          moves[i]["from"].is_null() ? "" : (", -1 " + moves[i]["from"].get<std::string>()).c_str(),
+          moves[i]["evidence"].get<std::string>().c_str());
+  }
   std::printf("%s", FormatProfile(s["profile"]).c_str());
   const auto& errors = s["profile"]["errors"];
   std::printf("errors: %lu", static_cast<unsigned long>(errors["total"].get<uint64_t>()));

@@ -19,6 +19,7 @@
 #include "daemon/metrics.h"
 #include "daemon/ring_sink.h"
 #include "daemon/service_notify.h"
+#include "stages/runtime/autotune.h"
 #include "stages/runtime/config_diff.h"
 #include "stages/runtime/pipeline.h"
 #include "stages/runtime/rng.h"
@@ -548,6 +549,7 @@ class Supervisor {
               {"slots", cfg_.ring_slots},
               {"numa_node", cfg_.placement.numa_node}}},
             {"placement", pipeline_->PlacementJson()},
+            {"workers", WorkersJson()},
             {"profile", pipeline_->Profile()}};
   }
 
@@ -577,6 +579,43 @@ class Supervisor {
     return w;
   }
 
+  // workers: auto: a window every kTuneWindow, after which the tuner may move one worker.
+  void Tune() {
+    if (!pipeline_->cpu_budget() || draining_ || pipeline_->Finished()) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (tune_sample_ && now < tune_at_) return;
+    WindowSample w = SampleWindow();
+    if (!tuner_ || !tune_sample_ || tune_sample_->pipeline_id != w.pipeline_id) {
+      int fixed = 0;
+      for (const StageConfig& st : cfg_.stages)
+        if (!st.field.empty() && !st.workers_auto) fixed += st.workers;
+      tuner_ = std::make_unique<WorkerTuner>(pipeline_->cpu_budget(), fixed);
+    } else if (std::optional<WorkerMove> m = tuner_->Observe(BuildWindowReport(*tune_sample_, w))) {
+      std::map<std::string, int> workers;
+      for (const StageSample& st : w.stages) workers[st.name] = st.workers;
+      Status st =
+          m->from.empty() ? Status::Ok() : pipeline_->SetWorkers(m->from, workers[m->from] - 1);
+      if (st.ok()) st = pipeline_->SetWorkers(m->to, workers[m->to] + 1);
+      if (!st.ok()) {
+        spdlog::error("workers: auto: {}", st.message());
+      } else {
+        std::string from = m->from.empty() ? ""
+                                           : fmt::format(", {} {} -> {}", m->from, workers[m->from],
+                                                         workers[m->from] - 1);
+        spdlog::info("workers: auto: {} {} -> {}{} ({})", m->to, workers[m->to], workers[m->to] + 1,
+                     from, m->evidence);
+        tune_decisions_.push_back(
+            {{"uptime_s", std::chrono::duration<double>(now - started_at_).count()},
+             {"to", m->to},
+             {"from", m->from.empty() ? nlohmann::json() : nlohmann::json(m->from)},
+             {"evidence", m->evidence}});
+        if (tune_decisions_.size() > 20) tune_decisions_.erase(tune_decisions_.begin());
+      }
+    }
+    tune_sample_ = std::move(w);
+    tune_at_ = now + kTuneWindow;
+  }
+
   // `mmfeedctl profile`: samples now and again after `seconds`, on this thread's timer; with
   // `trace`, records the window's spans too (one trace at a time).
   void Profile(double seconds, bool trace, std::function<void(Result<nlohmann::json>)> done) {
@@ -603,6 +642,20 @@ class Supervisor {
       }
       done(std::move(report));
     });
+  }
+
+  // Every field stage's workers now; with workers: auto, the budget and the tuner's last moves.
+  nlohmann::json WorkersJson() {
+    nlohmann::json split = nlohmann::json::object();
+    for (const StageSample& st : pipeline_->SampleStages())
+      if (st.type != "ring" && st.type != "batch" && st.name != "source")
+        split[st.name] = st.workers;
+    nlohmann::json j = {{"split", split}};
+    if (pipeline_->cpu_budget()) {
+      j["cpu_budget"] = pipeline_->cpu_budget();
+      j["decisions"] = tune_decisions_;
+    }
+    return j;
   }
 
   void WaitSignal(asio::signal_set& signals) {
@@ -635,6 +688,7 @@ class Supervisor {
       if (pending_ && pipeline_->Finished()) CompleteReload();
       SaveState();
       Heartbeat();
+      Tune();
       for (int r = 0; r < ranks(); ++r) {
         if (!holders_[r].pid) continue;
         std::string why = holders_[r].sink->ring().TakeViolation();
@@ -854,6 +908,12 @@ class Supervisor {
   asio::io_context io_;
   std::set<std::shared_ptr<asio::steady_timer>> windows_;  // profile windows under way
   uint64_t pipeline_id_ = 0;                               // bumped when a reload swaps
+  // workers: auto (Tune): the tuner, the start of its window, and its moves (the last 20).
+  static constexpr std::chrono::seconds kTuneWindow{2};
+  std::unique_ptr<WorkerTuner> tuner_;
+  std::optional<WindowSample> tune_sample_;
+  std::chrono::steady_clock::time_point tune_at_;
+  std::vector<nlohmann::json> tune_decisions_;
   asio::steady_timer timer_;
   std::vector<std::unique_ptr<RingSink>> sinks_;
   std::vector<std::unique_ptr<PackingSink>> packers_;  // in front of sinks_ when the text is packed

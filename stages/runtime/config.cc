@@ -282,8 +282,15 @@ StageConfig ParseStage(const YAML::Node& n, const std::string& base_dir) {
            fmt::format("stage '{}' ({}) needs 'inputs:', a list of stage names", sc.name, sc.type));
     for (const auto& i : n["inputs"]) sc.inputs.push_back(Str(i, "input"));
   }
-  if (n["workers"]) sc.workers = static_cast<int>(IntAtLeast(n["workers"], "workers", 1));
-  if (sc.schema->kind == StageKind::kBatch && sc.workers != 1)
+  if (n["workers"] && n["workers"].IsScalar() && n["workers"].Scalar() == "auto")
+    sc.workers_auto = true;
+  else if (n["workers"]) {
+    const int64_t w = Scalar<int64_t>(n["workers"], "workers", "an integer or auto");
+    if (w < 1) Fail(n["workers"], fmt::format("workers must be at least 1, got {}", w));
+    if (w > 4096) Fail(n["workers"], fmt::format("workers must be at most 4096, got {}", w));
+    sc.workers = static_cast<int>(w);
+  }
+  if (sc.schema->kind == StageKind::kBatch && (sc.workers != 1 || sc.workers_auto))
     Fail(n["workers"], "a batch stage runs on one thread; remove 'workers'");
   if (n["queue"]) sc.queue = static_cast<int>(IntAtLeast(n["queue"], "queue", 1));
   if (n["placement"]) sc.placement = ParsePlacement(n["placement"], "placement");
@@ -373,7 +380,7 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
   if (cfg.base_dir.empty()) cfg.base_dir = ".";
   CheckKeys(root, "the pipeline config",
             {"pipeline", "source", "consumers", "stages", "output", "on_error", "placement",
-             "data_roots", "metrics", "sample_timeout_s", "faults"});
+             "data_roots", "metrics", "sample_timeout_s", "faults", "cpu_budget"});
   if (root["pipeline"]) cfg.name = Str(root["pipeline"], "pipeline");
   if (!root["source"]) Fail(root, "the config needs a 'source'");
   cfg.source = ParseSource(root["source"], cfg.base_dir);
@@ -456,6 +463,25 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
     }
   }
   ValidateGraph(&cfg, stages);
+  if (const YAML::Node& b = root["cpu_budget"]) {
+    const int64_t budget = IntAtLeast(b, "cpu_budget", 1);
+    if (budget > 4096) Fail(b, fmt::format("cpu_budget must be at most 4096, got {}", budget));
+    cfg.cpu_budget = static_cast<int>(budget);
+    cfg.cpu_budget_mark = ToMark(b.Mark());
+    int fixed = 0, autos = 0;
+    for (const StageConfig& s : cfg.stages) {
+      if (s.field.empty()) continue;  // the batch stage: not a worker
+      if (s.workers_auto)
+        ++autos;
+      else
+        fixed += s.workers;
+    }
+    if (autos == 0) Fail(b, "cpu_budget is for stages with 'workers: auto', and there is none");
+    if (cfg.cpu_budget < fixed + autos)
+      Fail(b, fmt::format("cpu_budget {} is less than the {} fixed worker(s) plus one for each of "
+                          "the {} stage(s) with workers: auto",
+                          cfg.cpu_budget, fixed, autos));
+  }
   if (const YAML::Node& f = root["faults"]) {
     CheckKeys(f, "faults", {"stage", "read_delay_ms", "leak_bytes_per_item"});
     cfg.faults.mark = ToMark(f.Mark());

@@ -47,6 +47,9 @@ struct StageConfig {
   std::string field;                // kField stages
   std::vector<std::string> inputs;  // kBatch stages
   int workers = 1;
+  // `workers: auto`: the supervisor moves worker threads between such stages while running,
+  // within the top-level cpu_budget (stages/runtime/autotune.h); `workers` is then unused.
+  bool workers_auto = false;
   int queue = 0;  // mailbox capacity; 0 = default (4 x workers, at least 8)
   Placement placement;
   const StageSchema* schema = nullptr;
@@ -91,6 +94,10 @@ struct PipelineConfig {
   std::string metrics_listen;
   ConfigMark metrics_mark;
   FaultConfig faults;
+  // Worker threads all field stages may have together when some have `workers: auto`;
+  // 0: the CPUs of the top-level placement.
+  int cpu_budget = 0;
+  ConfigMark cpu_budget_mark;
 };
 
 // Refuses a config with `faults:` unless `allowed` (mmfeedd --allow-faults), naming where.

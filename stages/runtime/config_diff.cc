@@ -42,9 +42,12 @@ std::string ConfigChanges::Summary() const {
   for (const auto& s : json["stages_changed"])
     parts.push_back(
         fmt::format("{}: {}", s["stage"].get<std::string>(), s["what"].get<std::string>()));
+  auto count = [](const nlohmann::json& n) {  // a number, or "auto"
+    return n.is_string() ? n.get<std::string>() : n.dump();
+  };
   for (const auto& w : json["workers"])
     parts.push_back(fmt::format("workers of {} {} -> {}", w["stage"].get<std::string>(),
-                                w["from"].get<int>(), w["to"].get<int>()));
+                                count(w["from"]), count(w["to"])));
   for (const auto& s : json["settings"]) parts.push_back(s.get<std::string>() + " changed");
   return parts.empty() ? "nothing changed" : fmt::format("{}", fmt::join(parts, "; "));
 }
@@ -66,8 +69,11 @@ ConfigChanges DiffConfigs(const PipelineConfig& a, const PipelineConfig& b) {
     }
     std::string what = StageDifference(s, *t);
     if (!what.empty()) c.json["stages_changed"].push_back({{"stage", s.name}, {"what", what}});
-    if (s.workers != t->workers)
-      c.json["workers"].push_back({{"stage", s.name}, {"from", s.workers}, {"to", t->workers}});
+    auto workers = [](const StageConfig& x) {
+      return x.workers_auto ? nlohmann::json("auto") : nlohmann::json(x.workers);
+    };
+    if (workers(s) != workers(*t))
+      c.json["workers"].push_back({{"stage", s.name}, {"from", workers(s)}, {"to", workers(*t)}});
   }
   auto setting = [&](const char* name, bool differs) {
     if (differs) c.json["settings"].push_back(name);
@@ -90,6 +96,7 @@ ConfigChanges DiffConfigs(const PipelineConfig& a, const PipelineConfig& b) {
   setting("placement", PlacementText(a.placement) != PlacementText(b.placement));
   setting("metrics.listen", a.metrics_listen != b.metrics_listen);
   setting("sample_timeout_s", a.sample_timeout_s != b.sample_timeout_s);
+  setting("cpu_budget", a.cpu_budget != b.cpu_budget);
   setting("faults", a.faults.stage != b.faults.stage ||
                         a.faults.read_delay_ms != b.faults.read_delay_ms ||
                         a.faults.leak_bytes_per_item != b.faults.leak_bytes_per_item);

@@ -140,6 +140,11 @@ struct Pipeline::Branch {
   Mailbox<std::unique_ptr<WorkItem>> inbox;
   StageCounters counters;
   std::vector<int> cpus;
+  int threads = 1;                   // started; `active` of them take items, the rest park
+  std::atomic<int> active{1};        // workers: auto moves it (SetWorkers)
+  std::atomic<bool> closing{false};  // no more input: parked threads help drain, then exit
+  std::mutex park_mu;
+  std::condition_variable park_cv;
   FilePolicy files;  // what its samples may open
   // faults.leak_bytes_per_item: memory kept per item until the pipeline ends.
   int64_t leak_bytes_per_item = 0;
@@ -178,12 +183,44 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
     return Status::Invalid("one batch sink per consumer rank is required");
   // Branches point into the pipeline's own copy of the config.
   const std::vector<StageConfig>& stages = p->cfg_.stages;
+  // workers: auto: such stages share what the fixed ones leave of the budget, evenly at first;
+  // each starts enough threads to take all of it but one per other such stage.
+  int fixed = 0, autos = 0;
+  for (const StageConfig& s : stages) {
+    if (s.field.empty()) continue;  // the batch stage: not a worker
+    if (s.workers_auto)
+      ++autos;
+    else
+      fixed += s.workers;
+  }
+  if (autos) {
+    p->cpu_budget_ = cfg.cpu_budget;
+    if (!p->cpu_budget_) {
+      Result<std::vector<int>> cpus = CpusFor(cfg.placement);
+      if (!cpus.ok()) return cpus.status().WithContext("placement");
+      p->cpu_budget_ = static_cast<int>(cpus->size());
+    }
+    if (p->cpu_budget_ < fixed + autos)
+      return Status::Invalid(fmt::format(
+          "cpu_budget {}{} is less than the {} fixed worker(s) plus one for each of the {} "
+          "stage(s) with workers: auto",
+          p->cpu_budget_, cfg.cpu_budget ? "" : " (the placement's CPUs)", fixed, autos));
+  }
+  const int shared = p->cpu_budget_ - fixed;
+  int auto_index = 0;
   std::set<std::string> needed, path_fields;
   for (const std::string& in : stages[cfg.batch_stage].inputs) {
     auto it = std::find_if(stages.begin(), stages.end(),
                            [&](const StageConfig& s) { return s.name == in; });
-    auto b = std::make_unique<Branch>(it->queue ? it->queue : std::max(8, 4 * it->workers));
+    int threads = it->workers, active = it->workers;
+    if (it->workers_auto) {
+      threads = shared - (autos - 1);
+      active = shared / autos + (auto_index++ < shared % autos ? 1 : 0);
+    }
+    auto b = std::make_unique<Branch>(it->queue ? it->queue : std::max(8, 4 * threads));
     b->cfg = &*it;
+    b->threads = threads;
+    b->active.store(active);
     b->specs = it->stage->OutputSpecs();
     Result<std::vector<int>> cpus = CpusFor(it->placement);
     if (!cpus.ok()) return cpus.status().WithContext(fmt::format("stage '{}'", it->name));
@@ -223,7 +260,7 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
   std::map<std::vector<int>, std::pair<int, bool>> budget;  // cpus -> (workers, strict)
   for (const auto& b : p->branches_) {
     auto& [workers, strict] = budget[b->cpus];
-    workers += b->cfg->workers;
+    workers += b->active.load();
     strict |= b->cfg->placement.strict || cfg.placement.strict;
   }
   for (const auto& [cpus, use] : budget) {
@@ -360,9 +397,9 @@ Status Pipeline::Start() {
   spdlog::info("pipeline '{}': {} samples, {} consumer rank(s), batch {}", cfg_.name,
                catalog_->entries.size(), cfg_.consumers, cfg_.batch_size);
   threads_.emplace_back([this] { BatchLoop(); });
-  for (auto& b : branches_) live_workers_ += b->cfg->workers;
+  for (auto& b : branches_) live_workers_ += b->threads;
   for (auto& b : branches_) {
-    for (int w = 0; w < b->cfg->workers; ++w)
+    for (int w = 0; w < b->threads; ++w)
       threads_.emplace_back([this, br = b.get(), w] { WorkerLoop(br, w); });
   }
   threads_.emplace_back([this] { SourceLoop(); });
@@ -517,7 +554,14 @@ void Pipeline::SourceLoop() {
           .fetch_add(NowNs() - w0, std::memory_order_relaxed);
     }
   }
-  for (auto& b : branches_) b->inbox.Close(b->cfg->workers);
+  for (auto& b : branches_) {
+    {
+      std::lock_guard<std::mutex> lock(b->park_mu);
+      b->closing.store(true, std::memory_order_release);
+    }
+    b->park_cv.notify_all();
+    b->inbox.Close(b->threads);
+  }
 }
 
 void Pipeline::WorkerLoop(Branch* b, int worker) {
@@ -528,6 +572,20 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
   ScopedFilePolicy files(&b->files);
   const std::string& name = b->cfg->name;
   while (true) {
+    if (worker >= b->active.load(std::memory_order_acquire) &&
+        !b->closing.load(std::memory_order_acquire)) {  // workers: auto took this thread
+      // Parked time is counted every 100 ms, so that a profile sees threads parked for long.
+      std::unique_lock<std::mutex> lock(b->park_mu);
+      auto in_use = [&] {
+        return worker < b->active.load(std::memory_order_acquire) ||
+               b->closing.load(std::memory_order_acquire);
+      };
+      for (bool done = false; !done;) {
+        const uint64_t t0 = NowNs();
+        done = b->park_cv.wait_for(lock, std::chrono::milliseconds(100), in_use);
+        b->counters.parked_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
+      }
+    }
     std::unique_ptr<WorkItem> item;
     {
       trace::WaitSpan wait(name, "wait: input");
@@ -842,7 +900,9 @@ nlohmann::json Pipeline::PlacementJson() const {
   stages.push_back({{"stage", "source+batch"}, {"threads", 2}, {"cpus", CpuList(control_cpus_)}});
   for (const auto& b : branches_)
     stages.push_back({{"stage", b->cfg->name},
-                      {"threads", b->cfg->workers},
+                      {"threads", b->active.load()},
+                      {"auto", b->cfg->workers_auto},
+                      {"max_threads", b->threads},
                       {"cpus", CpuList(b->cpus)},
                       {"numa_node", b->cfg->placement.numa_node}});
   return stages;
@@ -859,8 +919,9 @@ std::vector<StageInfo> Pipeline::StageInfos() const {
   std::vector<StageInfo> infos;
   infos.push_back({"source", cfg_.source.type, 1, 0, &source_counters_});
   for (const auto& b : branches_)
-    infos.push_back({b->cfg->name, b->cfg->type, b->cfg->workers, b->inbox.capacity(), &b->counters,
-                     b->cfg->stage->Metrics(), b->inbox.SizeApprox()});
+    infos.push_back({b->cfg->name, b->cfg->type, b->active.load(), b->inbox.capacity(),
+                     &b->counters, b->cfg->stage->Metrics(), b->inbox.SizeApprox(), b->threads,
+                     b->cfg->workers_auto});
   infos.push_back({cfg_.stages[cfg_.batch_stage].name,
                    "batch",
                    1,
@@ -876,6 +937,24 @@ std::vector<StageSample> Pipeline::SampleStages() const {
   std::vector<StageSample> out;
   for (const StageInfo& info : StageInfos()) out.push_back(SampleStage(info));
   return out;
+}
+
+Status Pipeline::SetWorkers(const std::string& stage, int workers) {
+  for (auto& b : branches_) {
+    if (b->cfg->name != stage) continue;
+    if (!b->cfg->workers_auto)
+      return Status::Invalid(fmt::format("stage '{}' has a fixed number of workers", stage));
+    if (workers < 1 || workers > b->threads)
+      return Status::Invalid(
+          fmt::format("stage '{}' may have 1 to {} workers, not {}", stage, b->threads, workers));
+    {
+      std::lock_guard<std::mutex> lock(b->park_mu);
+      b->active.store(workers, std::memory_order_release);
+    }
+    b->park_cv.notify_all();
+    return Status::Ok();
+  }
+  return Status::NotFound(fmt::format("no stage named '{}' reads a field", stage));
 }
 
 std::map<int, std::string> Pipeline::Threads() const {

@@ -138,6 +138,12 @@ class Pipeline {
   // REQUIRES: before Start().
   void AddProfiledStage(const StageInfo& info) { extra_infos_.push_back(info); }
   nlohmann::json Profile() const;
+  // workers: auto: how many of the stage's threads take items from now on (1 to the threads it
+  // started, SampleStages()' `threads`); the others finish their item and park. The bytes of
+  // every batch are the same whatever the counts.
+  Status SetWorkers(const std::string& stage, int workers);
+  // The worker threads field stages may have together (0 unless a stage has workers: auto).
+  int cpu_budget() const { return cpu_budget_; }
   // Every stage's counters now (the windowed profile compares two of these).
   std::vector<StageSample> SampleStages() const;
   // The pipeline's live threads: thread id -> the stage they work for (the source's and the
@@ -224,6 +230,7 @@ class Pipeline {
   std::unique_ptr<class JoinBox> join_;
   StageCounters source_counters_, batch_counters_;
   std::vector<StageInfo> extra_infos_;
+  int cpu_budget_ = 0;
   mutable std::mutex threads_mu_;
   std::map<int, std::string> thread_stages_;  // guarded by threads_mu_
   ErrorLog errors_;

@@ -75,6 +75,8 @@ StageSample SampleStage(const StageInfo& info) {
   s.name = info.name;
   s.type = info.type;
   s.workers = info.workers;
+  s.threads = info.threads ? info.threads : info.workers;
+  s.auto_workers = info.auto_workers;
   s.queue_capacity = info.queue_capacity;
   s.items = c.items.load(std::memory_order_relaxed);
   s.errors = c.errors.load(std::memory_order_relaxed);
@@ -83,6 +85,7 @@ StageSample SampleStage(const StageInfo& info) {
   s.runnable_ns = c.runnable_ns.load(std::memory_order_relaxed);
   s.starved_ns = c.starved_ns.load(std::memory_order_relaxed);
   s.blocked_ns = c.blocked_ns.load(std::memory_order_relaxed);
+  s.parked_ns = c.parked_ns.load(std::memory_order_relaxed);
   s.fill_sum = c.fill_sum.load(std::memory_order_relaxed);
   s.fill_samples = c.fill_samples.load(std::memory_order_relaxed);
   for (int b = 0; b < kLatencyBuckets; ++b)
@@ -114,7 +117,10 @@ nlohmann::json BuildProfile(const std::vector<StageInfo>& stages, double wall_se
   double ring_blocked_share = 0;
   for (const StageInfo& s : stages) {
     const StageCounters& c = *s.counters;
-    double capacity_ns = wall_ns * std::max(1, s.workers);
+    // Thread time, less what parked threads (workers: auto) spent out of use.
+    const int threads = std::max(1, s.threads ? s.threads : s.workers);
+    double capacity_ns =
+        std::max(wall_ns, wall_ns * threads - static_cast<double>(c.parked_ns.load()));
     double busy = c.busy_ns.load() / capacity_ns;
     double starved = c.starved_ns.load() / capacity_ns;
     double blocked = c.blocked_ns.load() / capacity_ns;

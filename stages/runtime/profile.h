@@ -28,6 +28,7 @@ struct StageCounters {
   std::atomic<uint64_t> runnable_ns{0};  // ... waiting for a CPU while working on items
   std::atomic<uint64_t> starved_ns{0};   // waiting for input
   std::atomic<uint64_t> blocked_ns{0};   // waiting for downstream to take output
+  std::atomic<uint64_t> parked_ns{0};    // workers: auto: threads not in use, waiting
   std::atomic<uint64_t> fill_sum{0};     // sum of mailbox fill seen at each pop
   std::atomic<uint64_t> fill_samples{0};
   std::array<std::atomic<uint64_t>, kLatencyBuckets> latency{};  // work time per item
@@ -36,21 +37,26 @@ struct StageCounters {
 // A plain copy of a stage's counters at one moment (the windowed profile compares two).
 struct StageSample {
   std::string name, type;
-  int workers = 1;
+  int workers = 1, threads = 1;
+  bool auto_workers = false;
   size_t queue_capacity = 0;
   uint64_t items = 0, errors = 0, busy_ns = 0, cpu_ns = 0, runnable_ns = 0, starved_ns = 0,
-           blocked_ns = 0, fill_sum = 0, fill_samples = 0;
+           blocked_ns = 0, parked_ns = 0, fill_sum = 0, fill_samples = 0;
   std::array<uint64_t, kLatencyBuckets> latency{};
 };
 
 struct StageInfo {
   std::string name;
   std::string type;
-  int workers = 1;
+  int workers = 1;            // threads taking items now
   size_t queue_capacity = 0;  // 0: the stage has no mailbox of its own
   const StageCounters* counters = nullptr;
   std::vector<std::pair<std::string, double>> metrics;  // Stage::Metrics()
   size_t queue_depth = 0;                               // items in its mailbox now
+  // workers: auto: the threads started (`workers` of them take items, the rest are parked);
+  // 0: `workers`.
+  int threads = 0;
+  bool auto_workers = false;
 };
 
 StageSample SampleStage(const StageInfo& info);

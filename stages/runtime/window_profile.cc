@@ -199,7 +199,9 @@ nlohmann::json BuildWindowReport(const WindowSample& a, const WindowSample& b) {
                                 ? *it->second
                                 : zero;
     auto d = [](uint64_t x, uint64_t x0) { return static_cast<double>(x >= x0 ? x - x0 : 0); };
-    const double capacity = window_ns * std::max(1, s.workers);
+    // Thread time, less what parked threads (workers: auto) spent out of use.
+    const double capacity =
+        std::max(window_ns, window_ns * std::max(1, s.threads) - d(s.parked_ns, s0.parked_ns));
     const double busy = d(s.busy_ns, s0.busy_ns), items = d(s.items, s0.items);
     std::array<uint64_t, kLatencyBuckets> hist;
     uint64_t timed = 0;
@@ -213,6 +215,8 @@ nlohmann::json BuildWindowReport(const WindowSample& a, const WindowSample& b) {
         {"name", s.name},
         {"type", s.type},
         {"workers", s.workers},
+        {"auto_workers", s.auto_workers},
+        {"max_workers", s.threads},
         {"items", items},
         {"items_per_s", items / window_s},
         {"errors", d(s.errors, s0.errors)},

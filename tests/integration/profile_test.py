@@ -115,6 +115,46 @@ class PlantedBottleneckTest(ProfileCase):
         self.assertLess(report["consumers"][0]["wait_share"], 0.2)
 
 
+AUTO = """pipeline: tuned
+source: {{type: manifest, path: manifest.jsonl, shuffle: true, seed: 1, epochs: 0}}
+cpu_budget: 4
+stages:
+  - {{name: image, type: image, field: image, workers: auto,
+     params: {{crop: random_resized_crop, size: [224, 224], dtype: uint8, layout: HWC}}}}
+  - {{name: text, type: text, field: text, workers: auto, params: {{tokenizer: bytes, max_len: 32}}}}
+  - {{name: batch, type: batch, inputs: [image, text], params: {{batch_size: 16}}}}
+output: {{ring_slots: 4}}
+"""
+
+
+class WorkersAutoTest(ProfileCase):
+    def test_a_worker_moves_to_the_cpu_bound_stage_and_status_shows_why(self):
+        make_dataset(self.dir, 256)
+        d = self.start(AUTO.format())
+        status = json.loads(d.ctl("status", "--json").stdout)
+        self.assertEqual(status["workers"]["split"], {"image": 2, "text": 2}, "the budget split evenly")
+        self.assertEqual(status["workers"]["cpu_budget"], 4)
+        deadline = time.time() + 60
+        while status["workers"]["split"]["image"] < 3 and time.time() < deadline:
+            time.sleep(0.5)
+            status = json.loads(d.ctl("status", "--json").stdout)
+        self.assertEqual(status["workers"]["split"], {"image": 3, "text": 1}, d.log())
+        move = status["workers"]["decisions"][0]
+        self.assertEqual((move["to"], move["from"]), ("image", "text"))
+        self.assertIn("image busy", move["evidence"])
+        self.assertRegex(d.log(), r"workers: auto: image 2 -> 3, text 2 -> 1 \(image busy \d+%")
+        image = next(p for p in status["placement"] if p["stage"] == "image")
+        self.assertEqual((image["threads"], image["max_threads"], image["auto"]), (3, 3, True))
+        text = d.ctl("status").stdout
+        self.assertIn("workers: auto within cpu_budget 4", text)
+        self.assertIn("+1 image, -1 text", text)
+        # Never beyond the budget, and no back and forth: it stays there.
+        time.sleep(6)
+        status = json.loads(d.ctl("status", "--json").stdout)
+        self.assertEqual(status["workers"]["split"], {"image": 3, "text": 1})
+        self.assertEqual(len(status["workers"]["decisions"]), 1)
+
+
 class ProfileToolTest(ProfileCase):
     def test_text_report_and_trace(self):
         make_dataset(self.dir, 256)

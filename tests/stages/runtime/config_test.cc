@@ -176,6 +176,30 @@ TEST_F(ConfigTest, FaultsNameAFieldStageAndNeedToBeAllowed) {
             std::string::npos);
 }
 
+TEST_F(ConfigTest, WorkersAutoAndTheCpuBudget) {
+  std::string yaml = Replace(kCanonical, "workers: 2", "workers: auto");
+  Result<PipelineConfig> r = ParseConfig(yaml + "cpu_budget: 6\n", dir_ / "p.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_TRUE(r->stages[0].workers_auto);
+  EXPECT_FALSE(r->stages[1].workers_auto);
+  EXPECT_EQ(r->cpu_budget, 6);
+  EXPECT_TRUE(ParseConfig(yaml, dir_ / "p.yaml").ok()) << "cpu_budget defaults to the CPUs";
+  EXPECT_NE(Error(yaml + "cpu_budget: 1\n")
+                .find("12:13: cpu_budget 1 is less than the 1 fixed worker(s) plus one for each "
+                      "of the 1 stage(s) with workers: auto"),
+            std::string::npos)
+      << Error(yaml + "cpu_budget: 1\n");
+  EXPECT_NE(Error(std::string(kCanonical) + "cpu_budget: 4\n").find("there is none"),
+            std::string::npos);
+  EXPECT_NE(Error(Replace(kCanonical, "workers: 2", "workers: many"))
+                .find("workers must be an integer or auto"),
+            std::string::npos);
+  EXPECT_NE(
+      Error(Replace(kCanonical, "inputs: [image, text],", "inputs: [image, text], workers: auto,"))
+          .find("a batch stage runs on one thread"),
+      std::string::npos);
+}
+
 TEST_F(ConfigTest, IllTypedParametersAreRejected) {
   std::string e = Error(Replace(kCanonical, "size: [224, 224]", "size: [224]"));
   EXPECT_NE(e.find("p.yaml:6:48: image.size must have 2 values, got 1"), std::string::npos) << e;

@@ -206,6 +206,51 @@ TEST(PipelineTest, SameBytesWhateverTheWorkerCount) {
   EXPECT_TRUE(a == b) << "batches differ between 1 and 3 workers";
 }
 
+std::string AllReplaced(std::string s, const std::string& from, const std::string& to) {
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
+  return s;
+}
+
+TEST(PipelineTest, WorkersAutoMovesThreadsWithoutChangingBytes) {
+  TempDir dir;
+  testing::MakeImageTextDataset(dir.path(), 40);
+  PipelineRun fixed = RunPipeline(dir, Config(2, 1, 4, ", epochs: 3"));
+  const std::string yaml =
+      AllReplaced(Config(2, 1, 4, ", epochs: 3"), "workers: 1", "workers: auto") +
+      "cpu_budget: 5\n";
+  PipelineRun tuned = RunPipeline(dir, yaml, /*wait=*/false);
+  ASSERT_TRUE(fixed.pipeline && tuned.pipeline) << tuned.create_status.message();
+  Pipeline& p = *tuned.pipeline;
+  EXPECT_EQ(p.cpu_budget(), 5);
+  std::vector<StageSample> stages = p.SampleStages();
+  ASSERT_EQ(stages[1].name, "image");
+  EXPECT_TRUE(stages[1].auto_workers);
+  EXPECT_EQ(stages[1].workers, 3) << "the budget split evenly, the odd one to the first";
+  EXPECT_EQ(stages[2].workers, 2);
+  EXPECT_EQ(stages[1].threads, 4) << "all of the budget but one for the other auto stage";
+  EXPECT_FALSE(p.SetWorkers("image", 0).ok());
+  EXPECT_FALSE(p.SetWorkers("image", 5).ok());
+  EXPECT_FALSE(p.SetWorkers("nope", 1).ok());
+  // Move threads back and forth while it runs.
+  for (int i = 0; !p.Finished(); ++i) {
+    ASSERT_TRUE(p.SetWorkers("image", 1 + i % 4).ok());
+    ASSERT_TRUE(p.SetWorkers("text", 1 + (i + 2) % 4).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  p.Wait();
+  EXPECT_TRUE(p.status().ok()) << p.status().message();
+  EXPECT_TRUE(Fingerprint(fixed) == Fingerprint(tuned)) << "worker counts changed the batches";
+  EXPECT_EQ(tuned.sinks[0]->batches.size(), fixed.sinks[0]->batches.size());
+
+  // A stage with a fixed count keeps it.
+  PipelineRun plain = RunPipeline(dir, Config(1, 2, 4), /*wait=*/false);
+  ASSERT_TRUE(plain.pipeline);
+  EXPECT_EQ(plain.pipeline->cpu_budget(), 0);
+  EXPECT_FALSE(plain.pipeline->SetWorkers("image", 1).ok());
+  plain.pipeline->Wait();
+}
+
 TEST(PipelineTest, ShuffleDependsOnSeedAndEpoch) {
   TempDir dir;
   testing::MakeImageTextDataset(dir.path(), 40);

@@ -25,6 +25,7 @@ StageSample Stage(const char* name, const char* type, int workers, double busy_s
   s.name = name;
   s.type = type;
   s.workers = workers;
+  s.threads = workers;
   s.queue_capacity = 8;
   s.items = items;
   s.busy_ns = static_cast<uint64_t>(busy_s * 1e9);
