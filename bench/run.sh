@@ -11,3 +11,5 @@ bash scripts/build.sh
 /usr/bin/python3 bench/audio_bench.py
 /usr/bin/python3 bench/tokenizer_bench.py
 /usr/bin/python3 bench/video_bench.py
+/usr/bin/python3 bench/profile_bench.py
+/usr/bin/python3 bench/autotune_bench.py

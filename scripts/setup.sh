@@ -16,7 +16,10 @@ PKGS=(
   python3-torchvision python3-pil systemd
 )
 if [ "${1:-}" = "--bench" ]; then
-  PKGS+=(python3-torchaudio python3-opencv espeak-ng nodejs npm)
+  PKGS+=(python3-torchaudio python3-opencv espeak-ng)
+  # Debian's nodejs and npm, unless a Node.js with npm is there already (nodesource's nodejs
+  # bundles npm and conflicts with Debian's npm package).
+  if ! command -v npm > /dev/null; then PKGS+=(nodejs npm); fi
 fi
 missing=()
 for p in "${PKGS[@]}"; do

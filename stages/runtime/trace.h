@@ -26,8 +26,9 @@ Status Start();
 nlohmann::json Stop(const std::map<int, std::string>& thread_names);
 
 // A span of the calling thread from t0_ns to t1_ns (NowNs() clock). `what`: "work" for an
-// item, "wait: ..." for a wait; `id`: the sample (or batch) it was for, may be empty.
-void Span(std::string_view stage, std::string_view what, std::string_view id, uint64_t t0_ns,
+// item, "wait: ..." for a wait (a string literal: it is kept as a pointer); `id`: the sample
+// (or batch) it was for, may be empty.
+void Span(std::string_view stage, const char* what, std::string_view id, uint64_t t0_ns,
           uint64_t t1_ns);
 
 // Waits shorter than this are not recorded (they would drown the items).
