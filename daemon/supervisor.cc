@@ -833,8 +833,14 @@ class Supervisor {
         {"mmfeed_rank_lag_batches", "gauge", "Batches published and not yet taken."},
         {"mmfeed_rank_seconds_since_take", "gauge",
          "Seconds since the trainer last took a batch (-1: never)."},
-        {"mmfeed_rank_attached", "gauge", "1 while a trainer is attached."}};
-    std::vector<std::array<double, 7>> values;
+        {"mmfeed_rank_attached", "gauge", "1 while a trainer is attached."},
+        {"mmfeed_rank_wait_seconds_total", "counter",
+         "Seconds the attached trainer waited for a batch, as its client reports (its data "
+         "stall; restarts at each attach)."},
+        {"mmfeed_rank_hold_seconds_total", "counter",
+         "Seconds the attached trainer held batches, summed over batches, as its client reports "
+         "(restarts at each attach)."}};
+    std::vector<std::array<double, std::size(rows)>> values;
     for (int r = 0; r < ranks(); ++r) {
       shm::RingWriter& ring = sinks_[r]->ring();
       StreamCursor acked = ring.acked();
@@ -842,7 +848,7 @@ class Supervisor {
       values.push_back({static_cast<double>(ring.published()), static_cast<double>(ring.released()),
                         static_cast<double>(acked.epoch), static_cast<double>(acked.seq),
                         static_cast<double>(b.ready), b.seconds_since_take,
-                        holders_[r].pid ? 1.0 : 0.0});
+                        holders_[r].pid ? 1.0 : 0.0, b.wait_ns / 1e9, b.hold_ns / 1e9});
     }
     for (size_t k = 0; k < std::size(rows); ++k) {
       t.Family(rows[k].name, rows[k].type, rows[k].help);

@@ -17,7 +17,7 @@
 namespace mmfeed::trace {
 
 // Spans kept at most per recording; later ones are counted as dropped.
-constexpr size_t kMaxSpans = 1 << 21;
+constexpr size_t kMaxSpans = 1 << 20;
 
 bool On();
 // Starts recording; refused while another recording runs (one trace at a time).

@@ -215,11 +215,14 @@ class MetricsTest(DaemonCase):
         for key in ('mmfeed_stage_items_total{stage="image"}', 'mmfeed_stage_queue_depth{stage="image"}',
                     'mmfeed_rank_batches_published_total{rank="0"}', 'mmfeed_rank_lag_batches{rank="1"}',
                     'mmfeed_rank_cursor_seq{rank="0"}', 'mmfeed_rank_attached{rank="1"}',
+                    'mmfeed_rank_wait_seconds_total{rank="0"}', 'mmfeed_rank_hold_seconds_total{rank="1"}',
                     'mmfeed_read_bytes_total{source="all"}', "process_cpu_seconds_total",
                     "process_resident_memory_bytes", 'mmfeed_reloads_total{result="ok"}'):
             self.assertIn(key, before, page)
         self.assertGreater(before['mmfeed_stage_items_total{stage="image"}'], 0)
         self.assertEqual(before['mmfeed_rank_attached{rank="1"}'], 1)
+        # Trainers holding each batch 25 ms report it (their own accounting, through the ring).
+        self.assertGreater(before['mmfeed_rank_hold_seconds_total{rank="1"}'], 0.2)
         self.assertGreater(before["process_resident_memory_bytes"], 1e6)
         self.assertEqual(scrape(port, "/other")[0], 404)
         self.assertEqual(scrape(port, method="POST")[0], 405)

@@ -47,6 +47,12 @@ TEST_F(ConfigDiffTest, NamesWhatChangedAndWhatNeedsARestart) {
   EXPECT_NE(c.needs_restart.find("output.ring_slots 8 -> 4"), std::string::npos) << c.needs_restart;
   c = DiffConfigs(a, Parse("2", "16", "", ", num_nodes: 2, node_rank: 1"));
   EXPECT_NE(c.needs_restart.find("this node's share"), std::string::npos) << c.needs_restart;
+  // workers: auto and its budget reload like any worker count.
+  c = DiffConfigs(a, Parse("auto", "16", "cpu_budget: 3\n"));
+  EXPECT_TRUE(c.needs_restart.empty());
+  EXPECT_EQ(c.Summary(), "workers of text 2 -> auto; cpu_budget changed");
+  c = DiffConfigs(a, Parse("2", "16", "faults: {stage: text, read_delay_ms: 5}\n"));
+  EXPECT_EQ(c.Summary(), "faults changed");
 }
 
 }  // namespace
