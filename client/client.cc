@@ -132,6 +132,8 @@ Batch::~Batch() {
   if (conn_->owner_pid == getpid()) (void)conn_->ring->Release(slot_);
 }
 
+Batch::Mapping Batch::mapping() const { return {conn_->ring->data(), conn_->ring->size(), conn_}; }
+
 const shm::TensorView* Batch::tensor(std::string_view name) const {
   for (const auto& t : view_.tensors)
     if (t.name == name) return &t;

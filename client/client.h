@@ -45,6 +45,15 @@ class Batch {
   const shm::TensorView* tensor(std::string_view name) const;
   // The rank's cursor after this batch: attach with it to be served the batch after this one.
   StreamCursor cursor() const { return view_.next; }
+  // The ring mapping the batch lives in (one per attach: every batch of it shares it), with a
+  // reference that keeps it mapped while held: what registering the ring with the CUDA runtime
+  // needs (client/cuda_feeder.h).
+  struct Mapping {
+    const void* base = nullptr;
+    uint64_t size = 0;
+    std::shared_ptr<const void> owner;
+  };
+  Mapping mapping() const;
 
  private:
   friend class Client;

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Installs every Debian package mmfeed needs to build, test and run its demo.
-# Usage: scripts/setup.sh [--bench]   (--bench adds the other baselines: torchaudio, OpenCV, ...)
+# Usage: scripts/setup.sh [--bench] [--cuda]
+#   --bench adds the other baselines: torchaudio, OpenCV, ...
+#   --cuda enables Debian's contrib and non-free components and installs the CUDA toolkit
+#          (nvidia-cuda-dev: the runtime and headers, CUDA 11.8; nvidia-cuda-toolkit: nvcc), so
+#          the CUDA feeder builds and its no-GPU tests run; a GPU is not needed
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
@@ -15,7 +19,30 @@ PKGS=(
   python3 python3-dev python3-numpy python3-av ffmpeg pybind11-dev python3-torch
   python3-torchvision python3-pil systemd
 )
-if [ "${1:-}" = "--bench" ]; then
+bench=0
+cuda=0
+for arg in "$@"; do
+  case "$arg" in
+    --bench) bench=1 ;;
+    --cuda) cuda=1 ;;
+    *) echo "usage: scripts/setup.sh [--bench] [--cuda]" >&2; exit 2 ;;
+  esac
+done
+if [ $cuda = 1 ]; then
+  # CUDA comes from non-free (its installer from contrib). Debian 12 lists components in
+  # /etc/apt/sources.list.d/debian.sources (deb822) or /etc/apt/sources.list.
+  if [ -f /etc/apt/sources.list.d/debian.sources ] &&
+    ! grep -q "^Components:.*non-free\b" /etc/apt/sources.list.d/debian.sources; then
+    $SUDO sed -i -E 's/^(Components:.*\bmain\b)(.*)$/\1\2 contrib non-free/' \
+      /etc/apt/sources.list.d/debian.sources
+  fi
+  if [ -f /etc/apt/sources.list ] && grep -qE "^deb .* main" /etc/apt/sources.list &&
+    ! grep -qE "^deb .* main.*non-free( |$)" /etc/apt/sources.list; then
+    $SUDO sed -i -E '/^deb /s/ main( |$)/ main contrib non-free\1/' /etc/apt/sources.list
+  fi
+  PKGS+=(nvidia-cuda-dev nvidia-cuda-toolkit)
+fi
+if [ $bench = 1 ]; then
   PKGS+=(python3-torchaudio python3-opencv espeak-ng)
   # Debian's nodejs and npm, unless a Node.js with npm is there already (nodesource's nodejs
   # bundles npm and conflicts with Debian's npm package).

@@ -179,6 +179,9 @@ class RingReader {
   Status Release(int slot);
 
   const RingHeader& header() const { return header_copy_; }
+  // The read-only mapping of the data area (every batch's tensors lie inside it).
+  const uint8_t* data() const { return base_; }
+  uint64_t size() const { return size_; }
   // After kEnd: the daemon stopped before the end of the data.
   bool stopped_early() const {
     return shared_->closed.load(std::memory_order_acquire) == kClosedStopped;

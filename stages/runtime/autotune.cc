@@ -7,6 +7,7 @@ namespace {
 
 constexpr double kSaturated = 0.85;   // a stage this busy wants another worker
 constexpr double kDonorAfter = 0.75;  // a donor must stay below this busy without one worker
+constexpr double kIdleCore = 0.5;     // a CPU-bound stage grows only while this much CPU idles
 
 double Num(const nlohmann::json& j, const char* key) {
   return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
@@ -37,7 +38,12 @@ std::optional<WorkerMove> ProposeMove(const nlohmann::json& report, int cpu_budg
   if (target->at("workers").get<int>() >= target->at("max_workers").get<int>()) return std::nullopt;
   WorkerMove move;
   move.to = (*target)["name"].get<std::string>();
-  if (used < cpu_budget) {
+  // A free place in the budget, for a CPU-bound stage only while the machine has a core idle
+  // (another thread would only wait for one).
+  const nlohmann::json& host = report.contains("host") ? report["host"] : nlohmann::json();
+  const bool core_idle = dx["kind"] != "cpu" || !host.is_object() || !host.contains("idle_cores") ||
+                         Num(host, "idle_cores") >= kIdleCore;
+  if (used < cpu_budget && core_idle) {
     move.evidence = fmt::format("{}; {} of cpu_budget {} free", Describe(*target),
                                 cpu_budget - used, cpu_budget);
     return move;

@@ -1,7 +1,8 @@
 // workers: auto — how the supervisor moves worker threads between stages while running. Every
 // window it measures the pipeline (BuildWindowReport) and asks the tuner whether one worker
 // should move: to the stage that limits the pipeline (the diagnosis names it, CPU- or
-// IO-bound, busy at least 85%), from a free place in the cpu_budget or else from another
+// IO-bound, busy at least 85%), from a free place in the cpu_budget (for a CPU-bound stage, only
+// while half a core of the machine idles) or else from another
 // `workers: auto` stage that would stay under 75% busy without it. Slowly: a move is made when
 // the same one is proposed in two windows in a row, and the window after a move only settles.
 // Worker counts never change bytes (every sample's work depends on its id, not its thread).

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <sched.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -131,6 +132,12 @@ HostSample SampleHost(const std::map<int, std::string>& thread_stages) {
   h.mem_available_bytes = KbField(ReadSmallFile("/proc/meminfo"), "MemAvailable");
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0) h.cpus = std::max(1, CPU_COUNT(&set));
+  // "cpu  user nice system idle iowait ..." in clock ticks, all CPUs together.
+  std::istringstream stat(ReadSmallFile("/proc/stat"));
+  std::string cpu;
+  unsigned long long user, nice, system, idle, iowait;
+  if (stat >> cpu >> user >> nice >> system >> idle >> iowait && cpu == "cpu")
+    h.idle_cpu_ns = static_cast<double>(idle + iowait) * 1e9 / sysconf(_SC_CLK_TCK);
   return h;
 }
 
@@ -256,9 +263,15 @@ nlohmann::json BuildWindowReport(const WindowSample& a, const WindowSample& b) {
   nlohmann::json stage_cpu = nlohmann::json::object();
   for (const auto& [stage, ps] : per_stage)
     stage_cpu[stage.empty() ? "(other)" : stage] = ps.cpu_ns / window_ns;
+  // Cores free for more workers: those the daemon may use and does not, less what the rest of
+  // the machine keeps busy.
+  double idle_cores = h1.cpus - rate(h1.cpu_ns, h0.cpu_ns) / 1e9;
+  if (h0.idle_cpu_ns >= 0 && h1.idle_cpu_ns >= h0.idle_cpu_ns)
+    idle_cores = std::min(idle_cores, (h1.idle_cpu_ns - h0.idle_cpu_ns) / window_ns);
   report["host"] = {
       {"cpus", h1.cpus},
       {"cpu_cores_used", rate(h1.cpu_ns, h0.cpu_ns) / 1e9},
+      {"idle_cores", std::max(0.0, idle_cores)},
       {"stage_cpu_cores", stage_cpu},
       {"threads", std::move(threads)},
       {"rss_bytes", h1.rss_bytes},
@@ -291,6 +304,8 @@ nlohmann::json BuildWindowReport(const WindowSample& a, const WindowSample& b) {
           (it != consumers_before.end() ? d(c.released, it->second->released) : 0) / window_s},
          {"wait_share", std::min(1.0, d(c.wait_ns, c0.wait_ns) / window_ns)},
          {"held_batches", std::min<double>(c.slots, d(c.hold_ns, c0.hold_ns) / window_ns)},
+         // The share of the window it held a batch (exact for a trainer holding one at a time).
+         {"hold_share", std::min(1.0, d(c.hold_ns, c0.hold_ns) / window_ns)},
          {"ready_not_taken", c.ready},
          {"taken", c.taken},
          {"slots", c.slots}});
@@ -399,12 +414,15 @@ nlohmann::json Diagnose(const nlohmann::json& r) {
         attached ? fmt::format("; trainers waited for data {} of the time", Pct(wait)) : "";
     const std::string workers_text = fmt::format("{} worker{}", workers, workers == 1 ? "" : "s");
     if (on_cpu + runq >= kOnCpu) {
-      const double idle = host["cpus"].get<double>() - num(host, "cpu_cores_used");
+      const double idle = host.contains("idle_cores")
+                              ? num(host, "idle_cores")
+                              : host["cpus"].get<double>() - num(host, "cpu_cores_used");
       std::string advice =
           idle >= 0.8 ? fmt::format("add {} workers ({:.1f} idle cores)", name, idle)
                       : fmt::format(
-                            "no idle core (the daemon uses {:.1f} of {}): give it more cores, or "
-                            "less work per item (smaller outputs, max_pixels, dct_scaling)",
+                            "no idle core (the daemon uses {:.1f} of its {}, other work the "
+                            "rest): give it more cores, or less work per item (smaller outputs, "
+                            "max_pixels, dct_scaling)",
                             num(host, "cpu_cores_used"), host["cpus"].get<int>());
       if (runq >= 0.25)
         advice += fmt::format(

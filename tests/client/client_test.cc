@@ -14,6 +14,13 @@
 
 #include "tests/test_util.h"
 
+#ifdef MMFEED_HAVE_CUDA
+#include "client/cuda_feeder.h"
+#ifdef MMFEED_HAVE_CUDA_KERNELS
+#include "client/cuda_normalize.h"
+#endif
+#endif
+
 namespace mmfeed {
 namespace {
 
@@ -148,6 +155,92 @@ TEST(ClientTest, TheEndOfTheDataIsANullBatch) {
   }
   EXPECT_EQ(batches, 2);
 }
+
+#ifdef MMFEED_HAVE_CUDA
+// The CUDA feeder. Without a GPU (as in CI) the cases that copy skip with the reason; the
+// error a trainer gets, and its CPU path, are tested everywhere.
+TEST(CudaFeederTest, WithoutAGpuTheErrorNamesTheCauseAndTheCpuPathGoesOn) {
+  RealDaemon d(16, 2);
+  auto c = Client::Attach(d.socket(), 0);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  Status available = CudaAvailable();
+  auto feeder = CudaFeeder::Create(c->get(), {});
+  if (available.ok()) {
+    EXPECT_TRUE(feeder.ok()) << feeder.status().message();
+    EXPECT_FALSE(CudaFeeder::Create(c->get(), {.device = 1 << 20}).ok());
+    GTEST_SKIP() << "a CUDA device is present: the no-GPU error cannot be seen here";
+  }
+  ASSERT_FALSE(feeder.ok());
+  const std::string& why = feeder.status().message();
+  EXPECT_TRUE(why.find("no CUDA device") != std::string::npos ||
+              why.find("driver") != std::string::npos)
+      << why;
+  EXPECT_NE(why.find("cudaGetDeviceCount"), std::string::npos) << why;
+  auto b = (*c)->Next(5000);  // the client is untouched
+  ASSERT_TRUE(b.ok() && *b) << b.status().message();
+  EXPECT_EQ((*b)->ids().size(), 4u);
+}
+
+TEST(CudaFeederTest, EveryBatchArrivesOnTheDeviceByteForByteAndSlotsAreReleased) {
+  Status available = CudaAvailable();
+  if (!available.ok()) GTEST_SKIP() << "no GPU: " << available.message();
+  RealDaemon d(64, 2);  // two slots: the feeder must release them for the stream to go on
+  auto c = Client::Attach(d.socket(), 0);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  auto feeder = CudaFeeder::Create(c->get(), {});
+  ASSERT_TRUE(feeder.ok()) << feeder.status().message();
+  int batches = 0;
+  for (;;) {
+    auto got = (*feeder)->Next(10000);
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    if (!*got) break;
+    const DeviceBatch& b = **got;
+    ASSERT_EQ(b.ids.size(), 4u);
+    EXPECT_EQ(b.seq, static_cast<uint64_t>(batches));
+    const DeviceTensor* text = b.tensor("text");
+    ASSERT_TRUE(text);
+    std::vector<int32_t> host(text->nbytes / 4);
+    ASSERT_EQ(cudaMemcpy(host.data(), text->data, text->nbytes, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    for (size_t r = 0; r < b.ids.size(); ++r) {  // row r holds "caption <id>" as byte tokens
+      std::string want = "caption " + b.ids[r].substr(1), got_text;
+      for (size_t k = 0; k < want.size(); ++k) got_text += static_cast<char>(host[r * 16 + k]);
+      EXPECT_EQ(got_text, want);
+    }
+    ++batches;
+  }
+  EXPECT_EQ(batches, 16);
+  EXPECT_EQ((*feeder)->stats().batches, 16u);
+  EXPECT_EQ((*feeder)->stats().registered_mappings, 1) << (*feeder)->stats().registration_error;
+}
+
+#ifdef MMFEED_HAVE_CUDA_KERNELS
+TEST(CudaFeederTest, TheNormalizeKernelMatchesTheImageStagesFormula) {
+  Status available = CudaAvailable();
+  if (!available.ok()) GTEST_SKIP() << "no GPU: " << available.message();
+  const int n = 2, h = 5, w = 7;
+  std::vector<uint8_t> in(n * h * w * 3);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>(i * 37 % 256);
+  const float mean[3] = {0.485f, 0.456f, 0.406f}, stdv[3] = {0.229f, 0.224f, 0.225f};
+  uint8_t* din;
+  float* dout;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&din), in.size()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dout), in.size() * 4), cudaSuccess);
+  cudaMemcpy(din, in.data(), in.size(), cudaMemcpyHostToDevice);
+  ASSERT_EQ(NormalizeU8HwcToF32Chw(din, dout, n, h, w, mean, stdv, nullptr), cudaSuccess);
+  std::vector<float> out(in.size());
+  cudaMemcpy(out.data(), dout, out.size() * 4, cudaMemcpyDeviceToHost);
+  for (int i = 0; i < n; ++i)
+    for (int c = 0; c < 3; ++c)
+      for (int p = 0; p < h * w; ++p) {
+        float want = (in[(i * h * w + p) * 3 + c] / 255.0f - mean[c]) / stdv[c];
+        EXPECT_NEAR(out[(i * 3 + c) * h * w + p], want, 1e-5);
+      }
+  cudaFree(din);
+  cudaFree(dout);
+}
+#endif
+#endif
 
 }  // namespace
 }  // namespace mmfeed

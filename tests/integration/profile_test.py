@@ -70,10 +70,13 @@ class PlantedBottleneckTest(ProfileCase):
         self.assertDiagnosis(report, "image", "cpu")
         image = next(s for s in report["stages"] if s["name"] == "image")
         self.assertGreater(image["busy_share"], 0.7)
-        self.assertGreater(image["cpu_share_of_busy"], 0.6)
+        # On a CPU, or waiting for one (a loaded machine): not off-CPU.
+        self.assertGreater(image["cpu_share_of_busy"] + image["runnable_share_of_busy"], 0.6)
         self.assertGreater(image["latency_ms"]["p50"], 1.0, "a 2000 px decode takes milliseconds")
-        self.assertGreater(image["thread_cpu_cores"], 0.5, "from /proc/self/task")
-        self.assertIn("add image workers", report["diagnosis"]["advice"])
+        self.assertGreater(image["thread_cpu_cores"], 0.2, "from /proc/self/task")
+        # Workers are advised only while cores are idle (not so on a loaded machine).
+        advice = report["diagnosis"]["advice"]
+        self.assertIn("add image workers" if report["host"]["idle_cores"] >= 0.8 else "no idle core", advice)
         # The trainer is starved, and says so through its ring's control area.
         self.assertGreater(report["consumers"][0]["wait_share"], 0.5)
 
@@ -103,6 +106,7 @@ class PlantedBottleneckTest(ProfileCase):
         self.assertDiagnosis(report, None, "consumer")
         for c in report["consumers"]:
             self.assertGreater(c["held_batches"], 0.8)
+            self.assertGreater(c["hold_share"], 0.8)
             self.assertLess(c["wait_share"], 0.2)
 
     def test_balanced_no_false_alarm(self):

@@ -64,6 +64,9 @@ def to_device(iterable, device, non_blocking=True):
         if pending is not None:
             torch.cuda.current_stream(device).wait_event(pending[1])
             yield pending[0]
+            # The CPU batch (and its ring slot) goes only once its copy is done: a wait on the
+            # copy stream's event, never on the stream the model works on.
+            pending[1].synchronize()
         pending = (moved, event, batch)
     if pending is not None:
         torch.cuda.current_stream(device).wait_event(pending[1])

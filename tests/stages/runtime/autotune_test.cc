@@ -35,6 +35,18 @@ TEST(AutotuneTest, AFreePlaceInTheBudgetGoesToTheLimitingStage) {
   EXPECT_NE(m->evidence.find("image busy 97% (95% on CPU) with 2 workers; 1 of cpu_budget 5 free"),
             std::string::npos)
       << m->evidence;
+  // No core idles on the machine: another CPU-bound thread would only wait for one, so the
+  // worker comes from the other stage instead; an IO-bound stage may still grow.
+  r["host"] = {{"idle_cores", 0.1}};
+  m = ProposeMove(r, 5, 0);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->from, "text");
+  r["diagnosis"]["kind"] = "io";
+  m = ProposeMove(r, 5, 0);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->from, "");
+  r["diagnosis"]["kind"] = "cpu";
+  r.erase("host");
   // Fixed workers count against the budget too.
   m = ProposeMove(r, 5, 1);
   ASSERT_TRUE(m);

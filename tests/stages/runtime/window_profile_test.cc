@@ -99,6 +99,7 @@ TEST(WindowProfileTest, ANonsenseTrainerCountSpoilsOnlyItsOwnLine) {
   nlohmann::json r = BuildWindowReport(a, b);
   EXPECT_LE(r["consumers"][0]["wait_share"].get<double>(), 1.0);
   EXPECT_LE(r["consumers"][0]["held_batches"].get<double>(), 4.0);
+  EXPECT_LE(r["consumers"][0]["hold_share"].get<double>(), 1.0);
 }
 
 // A report as BuildWindowReport writes it, with the fields the diagnosis reads.
@@ -159,6 +160,9 @@ TEST(WindowProfileTest, ASaturatedStageIsNamedWithTheKindItsTimeShows) {
             std::string::npos)
       << d;
 
+  r["host"]["idle_cores"] = 0.3;  // the rest of the machine keeps the other cores busy
+  EXPECT_NE(Diagnose(r)["advice"].get<std::string>().find("no idle core"), std::string::npos);
+  r["host"].erase("idle_cores");
   r["host"]["cpu_cores_used"] = 7.9;  // nothing idle: the advice changes
   EXPECT_NE(Diagnose(r)["advice"].get<std::string>().find("no idle core"), std::string::npos);
 
