@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include "base/tensor.h"
@@ -68,6 +69,14 @@ py::dict CursorDict(const StreamCursor& c) {
 }
 
 // The Python Batch: holds the lease until release() or its own end; arrays hold their own.
+// The ring mapping a batch lives in; keeps it mapped while referenced (for registering it with
+// the CUDA runtime: mmfeed.torch.to_device).
+struct PyRing {
+  uintptr_t address = 0;
+  uint64_t size = 0;
+  std::shared_ptr<const void> owner;
+};
+
 class PyBatch {
  public:
   explicit PyBatch(std::shared_ptr<Batch> b) : batch_(std::move(b)) {}
@@ -122,6 +131,11 @@ class PyBatch {
   }
 
   bool released() const { return !batch_; }
+
+  PyRing Ring() const {
+    Batch::Mapping m = get().mapping();
+    return {reinterpret_cast<uintptr_t>(m.base), m.size, m.owner};
+  }
 
  private:
   std::shared_ptr<Batch> batch_;
@@ -230,9 +244,21 @@ PYBIND11_MODULE(_mmfeed, m) {
           "release", &PyBatch::Release,
           "Releases the slot now. Raises if arrays or tensors made from the batch are still alive.")
       .def_property_readonly("released", &PyBatch::released)
+      .def_property_readonly("ring", &PyBatch::Ring,
+                             "The ring mapping the batch lives in (one per attach).")
       .def(
           "__enter__", [](PyBatch& b) -> PyBatch& { return b; }, py::return_value_policy::reference)
       .def("__exit__", [](PyBatch& b, py::args) { b.Release(); });
+
+  py::class_<PyRing>(m, "Ring",
+                     "A ring mapping: `address` and `size` of the read-only memory every batch "
+                     "of one attach lives in. Keeps it mapped while referenced.")
+      .def_readonly("address", &PyRing::address)
+      .def_readonly("size", &PyRing::size)
+      .def("__repr__", [](const PyRing& r) {
+        return "<mmfeed.Ring 0x" + (std::ostringstream() << std::hex << r.address).str() + ", " +
+               std::to_string(r.size) + " bytes>";
+      });
 
   py::class_<PyClient>(m, "_Client")
       .def(py::init<py::object, py::object, py::object, double, py::object>(),

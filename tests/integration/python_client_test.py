@@ -254,6 +254,28 @@ class PythonClientTest(dt.DaemonCase):
         d.proc.send_signal(signal.SIGTERM)
         d.wait()
 
+    def test_to_device_on_cuda_registers_the_ring_and_copies_every_byte(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed (scripts/setup.sh installs python3-torch)")
+        if not torch.cuda.is_available():
+            self.skipTest("no CUDA device: to_device's CUDA path needs a GPU")
+        import mmfeed.torch as mt
+
+        make_texts(self.dir, 200)
+        d = dt.Daemon(self.dir, self.config(consumers=1, epochs=1))
+        want = [(b.seq, b.ids, b.torch()["text"].clone()) for b in mmfeed.Client(socket=d.socket, rank=0)]
+        self.assertEqual(d.wait(), 0, d.log())
+        d = dt.Daemon(self.dir, self.config(consumers=1, epochs=1))
+        loader = torch.utils.data.DataLoader(mt.MmfeedDataset(socket=d.socket, rank=0), batch_size=None)
+        got = [(b["seq"], b["ids"], b["text"].cpu()) for b in mt.to_device(loader, "cuda")]
+        self.assertEqual(len(got), len(want))
+        for (s1, i1, t1), (s2, i2, t2) in zip(got, want):
+            self.assertEqual((s1, i1), (s2, i2))
+            self.assertTrue(torch.equal(t1, t2))
+        self.assertEqual(d.wait(), 0, d.log())
+
     def test_torch_dataset_state_dict_resumes_exactly(self):
         try:
             import torch
@@ -269,11 +291,17 @@ class PythonClientTest(dt.DaemonCase):
         for step, b in enumerate(mt.to_device(loader, "cpu")):
             self.assertIsInstance(b["text"], torch.Tensor)
             self.assertEqual(b["text"].dtype, torch.int32)
+            # The ring the tensors live in (what to_device registers with CUDA): they lie inside.
+            ring = b["ring"]
+            for name in ("text", "text_lengths"):
+                t = b[name]
+                self.assertTrue(ring.address <= t.data_ptr() and
+                                t.data_ptr() + t.numel() * t.element_size() <= ring.address + ring.size)
             got.append((b["seq"], b["ids"]))
             if step == 9:
                 state = ds.state_dict()
                 break
-        del loader, ds, b
+        del loader, ds, b, ring, t  # a batch, tensor or ring kept would keep the attach
         # A new job: load the checkpointed state, continue after batch 9 (on the same daemon).
         ds2 = mt.MmfeedDataset(socket=d.socket, rank=0)
         ds2.load_state_dict(state)

@@ -12,9 +12,9 @@ Checkpoint `batch.cursor` with the model and pass it back as `resume=` to contin
 Built with the C++ client (client/client.h); after `bash scripts/build.sh`:
 `PYTHONPATH=build/python /usr/bin/python3 -c "import mmfeed"`.
 """
-from ._mmfeed import AttachError, Batch, DaemonGone, StoppedEarly, _Client
+from ._mmfeed import AttachError, Batch, DaemonGone, Ring, StoppedEarly, _Client
 
-__all__ = ["AttachError", "Batch", "Client", "DaemonGone", "StoppedEarly"]
+__all__ = ["AttachError", "Batch", "Client", "DaemonGone", "Ring", "StoppedEarly"]
 
 
 class Client(_Client):

@@ -35,6 +35,7 @@ class MmfeedDataset(torch.utils.data.IterableDataset):
             out["ids"] = batch.ids
             out["epoch"] = batch.epoch
             out["seq"] = batch.seq
+            out["ring"] = batch.ring  # where the tensors live: to_device registers it once
             self._cursor = batch.cursor
             del batch  # the tensors hold the lease from here on
             yield out
@@ -46,31 +47,71 @@ class MmfeedDataset(torch.utils.data.IterableDataset):
         self._cursor = state.get("cursor")
 
 
+# cudaHostRegister flags: portable, and read-only (the ring is mapped read-only).
+_REGISTER_FLAGS = 0x01 | 0x08
+
+
+class _Registrations:
+    """The ring mappings registered with the CUDA runtime: each once, for as long as batches of
+    it are in flight; a mapping no batch uses any more (a re-attach made a new one) is
+    unregistered before it can be unmapped (the Ring object keeps it mapped until then)."""
+
+    def __init__(self):
+        self._rings = {}  # address -> Ring
+        self.error = None  # why copies go from pageable memory, if they do
+
+    def add(self, ring):
+        if ring is None or ring.address in self._rings or self.error is not None:
+            return
+        err = torch.cuda.cudart().cudaHostRegister(ring.address, ring.size, _REGISTER_FLAGS)
+        if int(err) != 0:
+            self.error = f"cudaHostRegister of the {ring.size / 2**20:.1f} MiB ring failed ({err}); copies go from pageable memory"
+            return
+        self._rings[ring.address] = ring
+
+    def drop_unused(self, in_use):
+        for address in [a for a in self._rings if a not in in_use]:
+            torch.cuda.cudart().cudaHostUnregister(address)
+            del self._rings[address]
+
+
 def to_device(iterable, device, non_blocking=True):
-    """Moves each batch's tensors to `device`. On CUDA, batch k+1 is copied on a side stream
-    while the caller works on batch k, and the CPU tensors (and so the ring slot) are kept
-    until the copy's event has completed. On CPU, batches pass through."""
+    """Moves each batch's tensors to `device`. On CUDA, each ring mapping is registered once
+    with cudaHostRegister (so copies run at pinned-memory speed), batch k+1 is copied on a side
+    stream while the caller works on batch k, and the CPU tensors (and so the ring slot) are
+    kept until the copy's event has completed. On CPU, batches pass through."""
     device = torch.device(device)
     if device.type != "cuda":
         yield from iterable
         return
     stream = torch.cuda.Stream(device)
+    registrations = _Registrations()
     pending = None  # (batch on the device, its event, the CPU batch it came from)
-    for batch in iterable:
-        with torch.cuda.stream(stream):
-            moved = {k: v.to(device, non_blocking=non_blocking) if torch.is_tensor(v) else v for k, v in batch.items()}
-            event = torch.cuda.Event()
-            event.record(stream)
+    try:
+        for batch in iterable:
+            ring = batch.get("ring")
+            registrations.add(ring)
+            with torch.cuda.stream(stream):
+                moved = {k: v.to(device, non_blocking=non_blocking) if torch.is_tensor(v) else v
+                         for k, v in batch.items()}
+                event = torch.cuda.Event()
+                event.record(stream)
+            if pending is not None:
+                torch.cuda.current_stream(device).wait_event(pending[1])
+                yield pending[0]
+                # The CPU batch (and its ring slot) goes only once its copy is done: a wait on
+                # the copy stream's event, never on the stream the model works on.
+                pending[1].synchronize()
+            pending = (moved, event, batch)
+            registrations.drop_unused({ring.address} if ring is not None else set())
         if pending is not None:
             torch.cuda.current_stream(device).wait_event(pending[1])
             yield pending[0]
-            # The CPU batch (and its ring slot) goes only once its copy is done: a wait on the
-            # copy stream's event, never on the stream the model works on.
             pending[1].synchronize()
-        pending = (moved, event, batch)
-    if pending is not None:
-        torch.cuda.current_stream(device).wait_event(pending[1])
-        yield pending[0]
+    finally:
+        stream.synchronize()
+        pending = None
+        registrations.drop_unused(set())
 
 
 def normalize(images, mean, std, layout="CHW", dtype=torch.float32):
