@@ -17,6 +17,7 @@ namespace {
 
 // The diagnosis's thresholds (docs/profile.md).
 constexpr double kSaturatedBusy = 0.7;        // a stage this busy limits the pipeline
+constexpr double kWaiting = 0.05;             // trainers waiting less never notice the host
 constexpr double kStallingWait = 0.2;         // trainers waiting this much are starved of data
 constexpr double kStalledStageBusy = 0.3;     // ... and then a stage this busy is named
 constexpr double kOnCpu = 0.6;                // busy time on (or waiting for) a CPU: cpu-bound
@@ -399,9 +400,12 @@ nlohmann::json Diagnose(const nlohmann::json& r) {
         "the host is not the limit: the trainers' step time is; release each batch as soon as "
         "it is copied to the GPU, or add trainers; mmfeed could do with fewer workers");
 
+  // A busy stage limits the job only if trainers wait for data (or none is attached yet): one
+  // at 80% while trainers never wait is spare capacity, not a bottleneck.
   const double busy = busiest ? num(*busiest, "busy_share") : 0;
-  if (busiest && (busy >= kSaturatedBusy ||
-                  (attached && wait >= kStallingWait && busy >= kStalledStageBusy))) {
+  const bool saturated = busy >= kSaturatedBusy && (!attached || wait >= kWaiting);
+  const bool stalling = attached && wait >= kStallingWait && busy >= kStalledStageBusy;
+  if (busiest && (saturated || stalling)) {
     const std::string name = (*busiest)["name"].get<std::string>();
     const int workers = (*busiest)["workers"].get<int>();
     const double on_cpu = num(*busiest, "cpu_share_of_busy");

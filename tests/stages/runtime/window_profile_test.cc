@@ -189,8 +189,17 @@ TEST(WindowProfileTest, StarvedTrainersNameAStageThatIsOnlyHalfBusy) {
   r["stages"] = {StageJson("image", "image", 0.45, 0.9), StageJson("batch", "batch", 0.1, 0.9)};
   r["consumers"] = {Trainer(0.6, 0.1)};
   EXPECT_EQ(Diagnose(r)["stage"], "image");
-  r["consumers"] = {Trainer(0.05, 0.1)};
+  r["consumers"] = {Trainer(0.04, 0.1)};
   EXPECT_EQ(Diagnose(r)["kind"], "none");
+  // A stage busy 80% while the trainers barely wait is spare capacity, not the limit.
+  r["stages"][0]["busy_share"] = 0.8;
+  nlohmann::json d = Diagnose(r);
+  EXPECT_EQ(d["kind"], "none");
+  EXPECT_NE(d["evidence"].get<std::string>().find("the busiest stage, image, was busy 80%"),
+            std::string::npos)
+      << d;
+  r["consumers"] = {Trainer(0.06, 0.1)};
+  EXPECT_EQ(Diagnose(r)["stage"], "image");
 }
 
 TEST(WindowProfileTest, AGrowingProcessIsAMemoryProblemOfTheStageThatFaults) {
