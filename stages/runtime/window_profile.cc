@@ -390,7 +390,9 @@ nlohmann::json Diagnose(const nlohmann::json& r) {
     if (!busiest || num(s, "busy_share") > num(*busiest, "busy_share")) busiest = &s;
   }
   const double hold_share = attached ? held / attached : 0;
-  if (attached && rings_full >= kRingsFull && hold_share >= kHolding)
+  // Trainers that hold batches most of the time and keep the rings full, or never wait for
+  // one: their step time sets the pace.
+  if (attached && hold_share >= kHolding && (rings_full >= kRingsFull || wait < kWaiting))
     return verdict(
         nullptr, "consumer",
         fmt::format("consumer-bound: trainers hold batches {} of the time, the rings were full "

@@ -234,6 +234,12 @@ TEST(WindowProfileTest, TrainersHoldingFullRingsAreTheLimitAndIdleIsNone) {
   EXPECT_EQ(d["kind"], "consumer");
   EXPECT_TRUE(d["stage"].is_null());
   EXPECT_NE(d["evidence"].get<std::string>().find("hold batches 90%"), std::string::npos) << d;
+  // Trainers holding batches and never waiting set the pace even while the rings are not full.
+  r["stages"][1]["blocked_share"] = 0.2;
+  EXPECT_EQ(Diagnose(r)["kind"], "consumer");
+  r["consumers"] = {Trainer(0.3, 0.9)};  // ... but not if they also wait for data
+  EXPECT_NE(Diagnose(r)["kind"], "consumer");
+  r["stages"][1]["blocked_share"] = 0.95;
   // Full rings, trainers that take and release at once: spare capacity, no alarm.
   r["consumers"] = {Trainer(0.0, 0.02)};
   EXPECT_EQ(Diagnose(r)["kind"], "none");
