@@ -26,8 +26,11 @@ if [ "${MMFEED_SKIP_FUZZ:-0}" != 1 ]; then
   printf '{"cmd": "attach", "rank": 1, "resume": {"seq": 7, "epoch": 0, "batch": 7}}' > "$seeds/control_protocol/attach"
   printf '{"cmd": "status"}' > "$seeds/control_protocol/status"
   printf '{"cmd": "reload", "config": "/etc/mmfeed/pipeline.yaml"}' > "$seeds/control_protocol/reload"
+  printf '{"cmd": "profile", "seconds": 2.5, "trace": true}' > "$seeds/control_protocol/profile"
   { cat configs/demo.yaml; printf 'metrics: {listen: "127.0.0.1:9464"}\nsample_timeout_s: 30\n'; } \
     > "$seeds/config/service.yaml"
+  { sed 's/workers: 2/workers: auto/' configs/demo.yaml; printf 'cpu_budget: 4\nfaults: {stage: image, read_delay_ms: 1}\n'; } \
+    > "$seeds/config/tuned.yaml"
   # Video seeds: a mode byte (0 uniform, 1 clip, 2 keyframes) then a tiny video per container.
   for v in "0 mp4 libx264" "1 mkv libx264" "2 webm libvpx-vp9"; do
     read -r mode ext codec <<< "$v"
