@@ -33,7 +33,7 @@ struct HostSample {
   // /proc/pressure/{cpu,io,memory}: "some" total stall time in microseconds; -1 if absent.
   std::array<double, 3> pressure_us{-1, -1, -1};
   uint64_t mem_available_bytes = 0;
-  int cpus = 1;              // CPUs this process may run on
+  int cpus = 1;             // CPUs this process may run on
   double idle_cpu_ns = -1;  // the machine's idle CPU time (/proc/stat idle + iowait); -1: unknown
 };
 // `thread_stages`: thread id -> stage (Pipeline::Threads()).
