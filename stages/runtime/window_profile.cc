@@ -77,6 +77,9 @@ double PressureSomeTotalUs(const char* resource) {
   return static_cast<double>(std::strtoull(text.c_str() + at + 6, nullptr, 10));
 }
 
+// A counter's growth; 0 if it went back (it restarted).
+double Delta(uint64_t x, uint64_t x0) { return static_cast<double>(x >= x0 ? x - x0 : 0); }
+
 double Ratio(double part, double whole) { return whole > 0 ? part / whole : 0; }
 
 double Quantile(const std::array<uint64_t, kLatencyBuckets>& h, uint64_t total, double q) {
@@ -189,35 +192,32 @@ nlohmann::json BuildWindowReport(const WindowSample& a, const WindowSample& b) {
   // the window counts from the new pipeline's start (rings outlive pipelines).
   std::map<std::string, const StageSample*> stages_before;
   for (const StageSample& s : a.stages) stages_before[s.name] = &s;
-  double total_busy = 0;
-  for (const StageSample& s : b.stages) {
+  const StageSample zero;
+  // The sample a stage's window starts from: its own at the start, or zeros when its counters
+  // started within the window.
+  auto base = [&](const StageSample& s) -> const StageSample& {
     auto it = stages_before.find(s.name);
-    if (it != stages_before.end() && !(replaced && s.type != "ring") &&
-        it->second->items <= s.items && it->second->busy_ns <= s.busy_ns)
-      total_busy += static_cast<double>(s.busy_ns - it->second->busy_ns);
-    else
-      total_busy += static_cast<double>(s.busy_ns);
-  }
+    return it != stages_before.end() && !(replaced && s.type != "ring") &&
+                   it->second->items <= s.items && it->second->busy_ns <= s.busy_ns
+               ? *it->second
+               : zero;
+  };
+  double total_busy = 0;
+  for (const StageSample& s : b.stages) total_busy += Delta(s.busy_ns, base(s).busy_ns);
   nlohmann::json stages = nlohmann::json::array();
   for (const StageSample& s : b.stages) {
-    StageSample zero;
-    auto it = stages_before.find(s.name);
-    const StageSample& s0 = it != stages_before.end() && !(replaced && s.type != "ring") &&
-                                    it->second->items <= s.items && it->second->busy_ns <= s.busy_ns
-                                ? *it->second
-                                : zero;
-    auto d = [](uint64_t x, uint64_t x0) { return static_cast<double>(x >= x0 ? x - x0 : 0); };
+    const StageSample& s0 = base(s);
     // Thread time, less what parked threads (workers: auto) spent out of use.
     const double capacity =
-        std::max(window_ns, window_ns * std::max(1, s.threads) - d(s.parked_ns, s0.parked_ns));
-    const double busy = d(s.busy_ns, s0.busy_ns), items = d(s.items, s0.items);
+        std::max(window_ns, window_ns * std::max(1, s.threads) - Delta(s.parked_ns, s0.parked_ns));
+    const double busy = Delta(s.busy_ns, s0.busy_ns), items = Delta(s.items, s0.items);
     std::array<uint64_t, kLatencyBuckets> hist;
     uint64_t timed = 0;
     for (int k = 0; k < kLatencyBuckets; ++k) {
       hist[k] = s.latency[k] >= s0.latency[k] ? s.latency[k] - s0.latency[k] : 0;
       timed += hist[k];
     }
-    const double fills = d(s.fill_samples, s0.fill_samples);
+    const double fills = Delta(s.fill_samples, s0.fill_samples);
     const PerStage& ps = per_stage[s.name];
     nlohmann::json j = {
         {"name", s.name},
@@ -227,19 +227,20 @@ nlohmann::json BuildWindowReport(const WindowSample& a, const WindowSample& b) {
         {"max_workers", s.threads},
         {"items", items},
         {"items_per_s", items / window_s},
-        {"errors", d(s.errors, s0.errors)},
+        {"errors", Delta(s.errors, s0.errors)},
         {"busy_seconds", busy / 1e9},
         {"work_share", Ratio(busy, total_busy)},
         {"busy_share", std::min(1.0, busy / capacity)},
-        {"starved_share", std::min(1.0, d(s.starved_ns, s0.starved_ns) / capacity)},
-        {"blocked_share", std::min(1.0, d(s.blocked_ns, s0.blocked_ns) / capacity)},
-        {"cpu_share_of_busy", std::min(1.0, Ratio(d(s.cpu_ns, s0.cpu_ns), busy))},
-        {"runnable_share_of_busy", std::min(1.0, Ratio(d(s.runnable_ns, s0.runnable_ns), busy))},
+        {"starved_share", std::min(1.0, Delta(s.starved_ns, s0.starved_ns) / capacity)},
+        {"blocked_share", std::min(1.0, Delta(s.blocked_ns, s0.blocked_ns) / capacity)},
+        {"cpu_share_of_busy", std::min(1.0, Ratio(Delta(s.cpu_ns, s0.cpu_ns), busy))},
+        {"runnable_share_of_busy",
+         std::min(1.0, Ratio(Delta(s.runnable_ns, s0.runnable_ns), busy))},
         {"latency_ms", timed ? nlohmann::json{{"p50", Quantile(hist, timed, 0.5) / 1e6},
                                               {"p99", Quantile(hist, timed, 0.99) / 1e6}}
                              : nlohmann::json()},
         {"queue_capacity", s.queue_capacity},
-        {"queue_fill", s.queue_capacity && fills > 0 ? d(s.fill_sum, s0.fill_sum) / fills /
+        {"queue_fill", s.queue_capacity && fills > 0 ? Delta(s.fill_sum, s0.fill_sum) / fills /
                                                            static_cast<double>(s.queue_capacity)
                                                      : 0.0},
         {"threads", ps.threads},
@@ -295,18 +296,17 @@ nlohmann::json BuildWindowReport(const WindowSample& a, const WindowSample& b) {
     auto it = consumers_before.find(c.rank);
     const ConsumerSample& c0 =
         it != consumers_before.end() && it->second->generation == c.generation ? *it->second : zero;
-    auto d = [](uint64_t x, uint64_t x0) { return static_cast<double>(x >= x0 ? x - x0 : 0); };
     // The reader writes its own counts: a nonsense value only spoils its own line.
     consumers.push_back(
         {{"rank", c.rank},
          {"attached", c.attached},
          {"removed", c.removed},
          {"batches_per_s",
-          (it != consumers_before.end() ? d(c.released, it->second->released) : 0) / window_s},
-         {"wait_share", std::min(1.0, d(c.wait_ns, c0.wait_ns) / window_ns)},
-         {"held_batches", std::min<double>(c.slots, d(c.hold_ns, c0.hold_ns) / window_ns)},
+          (it != consumers_before.end() ? Delta(c.released, it->second->released) : 0) / window_s},
+         {"wait_share", std::min(1.0, Delta(c.wait_ns, c0.wait_ns) / window_ns)},
+         {"held_batches", std::min<double>(c.slots, Delta(c.hold_ns, c0.hold_ns) / window_ns)},
          // The share of the window it held a batch (exact for a trainer holding one at a time).
-         {"hold_share", std::min(1.0, d(c.hold_ns, c0.hold_ns) / window_ns)},
+         {"hold_share", std::min(1.0, Delta(c.hold_ns, c0.hold_ns) / window_ns)},
          {"ready_not_taken", c.ready},
          {"taken", c.taken},
          {"slots", c.slots}});
