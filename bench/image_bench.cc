@@ -40,6 +40,10 @@ double Rate(size_t n, int threads, const std::function<std::function<void(size_t
   return n / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Outputs go to kRows rows in turn, as the daemon's go to its ring's slots (8 batches of 32 per
+// rank there): written to memory, not to one row that stays in the cache.
+constexpr int kRows = 256;
+
 int Main(int argc, char** argv) {
   KeepSampleMemoryOnTheHeap();  // as mmfeedd does, for both sides
   int threads = 2, trials = 5;
@@ -98,18 +102,22 @@ int Main(int argc, char** argv) {
     };
   };
   std::atomic<int> failed{0};
+  // Each thread writes its outputs to its own kRows rows in turn, made before the trials.
+  const std::vector<TensorSpec> specs = stage.OutputSpecs();
+  std::vector<std::vector<uint8_t>> rows;
+  for (int r = 0; r < threads * kRows; ++r)
+    for (const TensorSpec& s : specs) rows.emplace_back(s.NumBytes(), 1);
+  std::atomic<int> next_thread{0};
   auto staged = [&] {
     std::shared_ptr<StageWorker> worker = stage.NewWorker();
-    auto buffers = std::make_shared<std::vector<std::vector<uint8_t>>>();
-    auto ptrs = std::make_shared<std::vector<uint8_t*>>();
-    for (const TensorSpec& s : stage.OutputSpecs()) {
-      buffers->emplace_back(s.NumBytes());
-      ptrs->push_back(buffers->back().data());
-    }
-    return [&, worker, buffers, ptrs](size_t i) {
+    const size_t first = static_cast<size_t>(next_thread++ % threads) * kRows * specs.size();
+    return [&, worker, first](size_t i) {
       std::string id = std::to_string(i);
+      std::vector<uint8_t*> ptrs;
+      for (size_t k = 0; k < specs.size(); ++k)
+        ptrs.push_back(rows[first + (i % kRows) * specs.size() + k].data());
       Status st =
-          worker->Process({1, 0, id, "bench"}, data[i], OutputRow(ptrs->data(), ptrs->size()));
+          worker->Process({1, 0, id, "bench"}, data[i], OutputRow(ptrs.data(), ptrs.size()));
       if (!st.ok()) ++failed;
     };
   };

@@ -35,7 +35,7 @@ Reservation RingSink::Reserve(BatchMemory* memory, int timeout_ms) {
 }
 
 void RingSink::Commit(const BatchMemory& memory, const BatchInfo& info) {
-  WorkTimer timer;
+  WorkTimer timer(WorkTimer::Clocks::kPerItem);  // inside the batch stage's item
   shm::BatchView view;
   view.seq = info.seq;
   view.epoch = info.epoch;

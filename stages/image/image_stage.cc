@@ -136,9 +136,7 @@ class ImageWorker : public StageWorker {
     Rng rng(ctx.seed, ctx.epoch, ctx.id, p_.name);
     AxisMap x, y;
     cv::Rect box;
-    cv::Mat source;
-    cv::Point origin;
-    bool decoded = false;
+    bool decoding = false;  // jpeg_ gives the rows
     if (LooksLikeJpeg(data)) {
       int w = 0, h = 0;
       MMFEED_RETURN_IF_ERROR(jpeg_.ReadSize(data, &w, &h));
@@ -155,14 +153,14 @@ class ImageWorker : public StageWorker {
         sy = y.Scaled(n / 8.0, JpegDecoder::ScaledSize(h, n));
       }
       cv::Rect need = resampler_.Plan(sx, sy);
-      Status st = jpeg_.DecodeRegion(data, n, need, &source, &origin);
+      Status st = jpeg_.Start(data, n, need, resampler_.window_rows());
       if (st.ok()) {
-        decoded = true;
+        decoding = true;
       } else if (st.code() != Status::Code::kUnsupported) {
         return st;
       }
     }
-    if (!decoded) {  // PNG and the rest, and JPEGs libjpeg-turbo will not give us as RGB
+    if (!decoding) {  // PNG and the rest, and JPEGs libjpeg-turbo will not give us as RGB
       int64_t pw, ph;
       if (PngSize(data, &pw, &ph)) MMFEED_RETURN_IF_ERROR(CheckPixels(pw, ph));
       MMFEED_RETURN_IF_ERROR(DecodeWithOpenCv(data, &decoded_));
@@ -170,8 +168,6 @@ class ImageWorker : public StageWorker {
       rng = Rng(ctx.seed, ctx.epoch, ctx.id, p_.name);  // the same draws whichever decoder ran
       MapAxes(decoded_.cols, decoded_.rows, p_, rng, &x, &y, &box);
       resampler_.Plan(x, y);
-      source = decoded_;
-      origin = {0, 0};
     }
     ResampleOutput o;
     o.flip = p_.flip > 0 && rng.Uniform() < p_.flip;
@@ -179,7 +175,13 @@ class ImageWorker : public StageWorker {
     o.chw = p_.chw;
     o.mul = p_.mul;
     o.add = p_.add;
-    resampler_.Run(source, origin, o, out[0]);
+    if (decoding) {
+      const bool ok = resampler_.Run(jpeg_, o, out[0]);
+      jpeg_.End();
+      if (!ok) return jpeg_.status();
+    } else {
+      resampler_.Run(decoded_, {0, 0}, o, out[0]);
+    }
     if (p_.output_box) {
       const int32_t b[5] = {box.x, box.y, box.width, box.height, o.flip ? 1 : 0};
       std::memcpy(out[1], b, sizeof(b));

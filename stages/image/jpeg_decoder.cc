@@ -49,8 +49,9 @@ Status JpegDecoder::ReadSize(std::string_view data, int* width, int* height) {
   return Status::Ok();
 }
 
-Status JpegDecoder::DecodeRegion(std::string_view data, int scale_num, const cv::Rect& region,
-                                 cv::Mat* out, cv::Point* origin) {
+Status JpegDecoder::Start(std::string_view data, int scale_num, const cv::Rect& region,
+                          int window_rows) {
+  End();
   if (setjmp(err_.jump)) {
     jpeg_abort_decompress(&cinfo_);
     return Status::Corrupt(std::string("JPEG decode: ") + err_.message);
@@ -77,17 +78,46 @@ Status JpegDecoder::DecodeRegion(std::string_view data, int scale_num, const cv:
   JDIMENSION xoff = static_cast<JDIMENSION>(r.x), w = static_cast<JDIMENSION>(r.width);
   if (w < cinfo_.output_width) jpeg_crop_scanline(&cinfo_, &xoff, &w);  // widens to iMCU bounds
   if (r.y > 0) jpeg_skip_scanlines(&cinfo_, static_cast<JDIMENSION>(r.y));
-  // Into memory kept from image to image: no allocation (and no page faults) per image.
-  const size_t bytes = static_cast<size_t>(r.height) * w * 3;
+  x0_ = static_cast<int>(xoff);
+  width_ = static_cast<int>(w);
+  first_ = next_ = r.y;
+  end_ = r.y + r.height;
+  window_ = std::max(1, window_rows);
+  const size_t bytes = static_cast<size_t>(window_) * width_ * 3;
   if (buffer_.size() < bytes) buffer_.resize(bytes);
-  *out = cv::Mat(r.height, static_cast<int>(w), CV_8UC3, buffer_.data());
-  while (cinfo_.output_scanline < static_cast<JDIMENSION>(r.y + r.height)) {
-    JSAMPROW row = out->ptr<uint8_t>(static_cast<int>(cinfo_.output_scanline) - r.y);
-    jpeg_read_scanlines(&cinfo_, &row, 1);
-  }
-  jpeg_abort_decompress(&cinfo_);  // stop: the rows below the region are never decoded
-  *origin = cv::Point(static_cast<int>(xoff), r.y);
+  status_ = Status::Ok();
+  started_ = true;
   return Status::Ok();
+}
+
+const uint8_t* JpegDecoder::Row(int y) {
+  if (!started_ || y < first_ || y >= end_ || y < next_ - window_) {
+    if (status_.ok())
+      status_ =
+          Status::Invalid(fmt::format("JPEG row {} asked for outside the rows [{}, {}) "
+                                      "decoded so far, or out of order",
+                                      y, std::max(first_, next_ - window_), next_));
+    return nullptr;
+  }
+  if (y >= next_) {
+    if (setjmp(err_.jump)) {
+      status_ = Status::Corrupt(std::string("JPEG decode: ") + err_.message);
+      End();
+      return nullptr;
+    }
+    while (next_ <= y) {
+      JSAMPROW row = WindowRow(next_);
+      jpeg_read_scanlines(&cinfo_, &row, 1);
+      ++next_;
+    }
+  }
+  return WindowRow(y);
+}
+
+void JpegDecoder::End() {
+  if (!started_) return;
+  started_ = false;
+  jpeg_abort_decompress(&cinfo_);  // stop: the rows below are never decoded
 }
 
 }  // namespace mmfeed

@@ -1,8 +1,11 @@
-// JpegDecoder: decodes the part of a JPEG that an output needs, with libjpeg-turbo.
+// JpegDecoder: decodes the part of a JPEG that an output needs, with libjpeg-turbo, row by row
+// as the resampler reads them.
 //
-// Three things make it fast: the DCT scaling of libjpeg-turbo (decode at n/8 of full size when
-// the output is much smaller), jpeg_crop_scanline (decode only the iMCU columns a crop covers)
-// and jpeg_skip_scanlines / stopping early (decode only the rows it covers). One decoder per
+// Four things make it fast: the DCT scaling of libjpeg-turbo (decode at n/8 of full size when
+// the output is much smaller), jpeg_crop_scanline (decode only the iMCU columns a crop covers),
+// jpeg_skip_scanlines / stopping early (decode only the rows it covers), and decoding each row
+// just before the resampler reads it into a window of a few rows, so that decoded pixels are
+// read while they are still in the cache and no image-sized buffer exists. One decoder per
 // worker thread; not thread-safe.
 #pragma once
 
@@ -18,15 +21,16 @@
 #include <vector>
 
 #include "base/status.h"
+#include "stages/image/resample.h"
 
 namespace mmfeed {
 
 bool LooksLikeJpeg(std::string_view data);
 
-class JpegDecoder {
+class JpegDecoder : public RowSource {
  public:
   JpegDecoder();
-  ~JpegDecoder();
+  ~JpegDecoder() override;
   JpegDecoder(const JpegDecoder&) = delete;
   JpegDecoder& operator=(const JpegDecoder&) = delete;
 
@@ -36,13 +40,22 @@ class JpegDecoder {
   // The image's side `size` decoded at DCT scale `scale_num`/8 (libjpeg rounds up).
   static int ScaledSize(int size, int scale_num) { return (size * scale_num + 7) / 8; }
 
-  // Decodes `region` of the image scaled by `scale_num`/8 (coordinates in the scaled image,
-  // inside it) into RGB: `*out` covers it, possibly wider (whole iMCU columns), and `*origin` is
-  // where out's top-left pixel lies in the scaled image. Rows below the region are not decoded.
-  // `*out` refers to the decoder's own memory, valid until its next DecodeRegion.
-  // REQUIRES: 1 <= scale_num <= 8.
-  Status DecodeRegion(std::string_view data, int scale_num, const cv::Rect& region, cv::Mat* out,
-                      cv::Point* origin);
+  // Starts decoding `region` of the image scaled by `scale_num`/8 (coordinates in the scaled
+  // image, inside it) as RGB; `data` must outlive the decoding. The columns decoded are whole
+  // iMCU columns covering the region: width() pixels from x0() on. Rows are decoded as Row asks
+  // for them, into a window of the last `window_rows` rows (memory kept from image to image);
+  // rows below the last one asked for are never decoded. End() stops; Start ends the previous
+  // image. kUnsupported for JPEGs that cannot be given as RGB (CMYK).
+  // REQUIRES: 1 <= scale_num <= 8, window_rows >= 1.
+  Status Start(std::string_view data, int scale_num, const cv::Rect& region, int window_rows);
+  // Row y of the scaled image, for region.y <= y < region.y + region.height and no more than
+  // window_rows - 1 above the lowest row asked for since Start; nullptr when the row cannot be
+  // decoded (a damaged or truncated file) or was not asked for that way: status() says why.
+  const uint8_t* Row(int y) override;
+  int x0() const override { return x0_; }
+  int width() const { return width_; }
+  const Status& status() const { return status_; }
+  void End();
 
   struct ErrorManager {
     jpeg_error_mgr pub;
@@ -51,9 +64,19 @@ class JpegDecoder {
   };
 
  private:
+  uint8_t* WindowRow(int y) {
+    return buffer_.data() + static_cast<size_t>(y % window_) * width_ * 3;
+  }
+
   jpeg_decompress_struct cinfo_;
   ErrorManager err_;
-  std::vector<uint8_t> buffer_;  // the decoded pixels, reused
+  bool started_ = false;
+  int x0_ = 0, width_ = 0;
+  int first_ = 0, end_ = 0;  // the region's rows: [first_, end_)
+  int next_ = 0;             // the next row libjpeg gives
+  int window_ = 1;
+  Status status_;
+  std::vector<uint8_t> buffer_;  // window_ rows of width_ pixels; row y at y % window_
 };
 
 }  // namespace mmfeed

@@ -143,6 +143,20 @@ MMFEED_SIMD void ToUint8(const float* __restrict v, int n, uint8_t* __restrict o
 
 void Resampler::Run(const cv::Mat& src, cv::Point src_origin, const ResampleOutput& o,
                     uint8_t* out) {
+  class MatRows : public RowSource {
+   public:
+    MatRows(const cv::Mat& m, cv::Point origin) : m_(m), origin_(origin) {}
+    const uint8_t* Row(int y) override { return m_.ptr<uint8_t>(y - origin_.y); }
+    int x0() const override { return origin_.x; }
+
+   private:
+    const cv::Mat& m_;
+    cv::Point origin_;
+  } rows(src, src_origin);
+  Run(rows, o, out);
+}
+
+bool Resampler::Run(RowSource& src, const ResampleOutput& o, uint8_t* out) {
   const int out_w = static_cast<int>(x_.first.size()), out_h = static_cast<int>(y_.first.size());
   const int n = (x_.hi - x_.lo) * 3;
   // Taps past the source's end read zeros with zero weights (and one float more: see Pixel).
@@ -153,9 +167,11 @@ void Resampler::Run(const cv::Mat& src, cv::Point src_origin, const ResampleOutp
   for (int oy = 0; oy < out_h; ++oy) {
     // Vertical: the source rows this output row reads, over the columns any output reads.
     const float* wy = &y_.weights[static_cast<size_t>(oy) * y_.stride];
-    for (int k = 0; k < y_.count[oy]; ++k)
-      AddRow(src.ptr<uint8_t>(y_.lo + y_.first[oy] + k - src_origin.y) + (x_.lo - src_origin.x) * 3,
-             wy[k], column_.data(), n, k == 0);
+    for (int k = 0; k < y_.count[oy]; ++k) {
+      const uint8_t* row = src.Row(y_.lo + y_.first[oy] + k);
+      if (!row) return false;
+      AddRow(row + (x_.lo - src.x0()) * 3, wy[k], column_.data(), n, k == 0);
+    }
     FilterRow(column_.data(), x_.first.data(), x_.weights.data(), x_.stride, out_w, o.flip,
               planes[0], planes[1], planes[2]);
     // Rounded to 8 bits as torchvision's resize returns them, then laid out.
@@ -170,6 +186,7 @@ void Resampler::Run(const cv::Mat& src, cv::Point src_origin, const ResampleOutp
         ToUint8(planes[ch], out_w, out + at, step);
     }
   }
+  return true;
 }
 
 }  // namespace mmfeed

@@ -35,12 +35,30 @@ struct ResampleOutput {
   const float* add = nullptr;
 };
 
+// The source pixels Resampler::Run reads, row by row, in the coordinates Plan used. Run asks for
+// the rows of each output row's taps in order, and never for a row more than the vertical
+// filter's taps (window_rows()) above the lowest row asked for so far: a decoder can produce
+// rows as they are asked for into a window of that many rows (JpegDecoder does).
+class RowSource {
+ public:
+  virtual ~RowSource() = default;
+  // Row y's 8-bit RGB pixels from column x0() on, or nullptr when it cannot be had (the source
+  // says why).
+  virtual const uint8_t* Row(int y) = 0;
+  virtual int x0() const = 0;
+};
+
 class Resampler {
  public:
   // Computes the filter taps of both axes; returns the source rectangle they read.
   cv::Rect Plan(const AxisMap& x, const AxisMap& y);
-  // `src` (8-bit RGB) holds the source pixels from `src_origin` on and covers Plan's rectangle.
-  // Writes count_y x count_x pixels of 3 channels to `out` as `o` says.
+  // The rows a RowSource must keep for Run (the vertical filter's taps).
+  int window_rows() const { return y_.stride; }
+  // Writes count_y x count_x pixels of 3 channels to `out` as `o` says, reading Plan's rectangle
+  // from `src`. False when `src` failed to give a row.
+  bool Run(RowSource& src, const ResampleOutput& o, uint8_t* out);
+  // The same from an image in memory (8-bit RGB) that holds the source pixels from
+  // `src_origin` on and covers Plan's rectangle.
   void Run(const cv::Mat& src, cv::Point src_origin, const ResampleOutput& o, uint8_t* out);
 
  private:

@@ -21,15 +21,16 @@ uint64_t ThreadCpuNs() {
 }
 
 // The calling thread's /proc/thread-self/schedstat ("<cpu ns> <run-queue ns> <slices>"), opened
-// once by the thread that reads it and closed when that thread exits.
-class SchedStat {
+// once by the thread that reads it and closed when that thread exits, and the last reading of
+// the thread's clocks that WorkTimer attributed.
+class ThreadClocks {
  public:
-  SchedStat() : fd_(open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC)) {}
-  ~SchedStat() {
+  ThreadClocks() : fd_(open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC)) {}
+  ~ThreadClocks() {
     if (fd_ >= 0) close(fd_);
   }
-  SchedStat(const SchedStat&) = delete;
-  SchedStat& operator=(const SchedStat&) = delete;
+  ThreadClocks(const ThreadClocks&) = delete;
+  ThreadClocks& operator=(const ThreadClocks&) = delete;
 
   uint64_t RunnableNs() const {
     char buf[96];
@@ -40,18 +41,35 @@ class SchedStat {
     return std::sscanf(buf, "%llu %llu", &cpu, &runnable) == 2 ? runnable : 0;
   }
 
+  // The first call only takes a reading; later ones, when the last reading is a period old at
+  // `now`, add what the clocks grew by since to `c` (when given) and take a new one.
+  void Sample(uint64_t now, StageCounters* c) {
+    if (read_ && now - at_ < kThreadClockPeriodNs) return;
+    const uint64_t runnable = RunnableNs(), cpu = ThreadCpuNs();
+    if (read_ && c) {
+      c->cpu_ns.fetch_add(cpu - cpu_, std::memory_order_relaxed);
+      c->runnable_ns.fetch_add(runnable - runnable_, std::memory_order_relaxed);
+    }
+    read_ = true;
+    at_ = now;
+    cpu_ = cpu;
+    runnable_ = runnable;
+  }
+
  private:
   int fd_;
+  bool read_ = false;
+  uint64_t at_ = 0, cpu_ = 0, runnable_ = 0;
 };
 
-uint64_t ThreadRunnableNs() {
-  thread_local SchedStat stat;
-  return stat.RunnableNs();
+ThreadClocks& ThisThreadClocks() {
+  thread_local ThreadClocks clocks;
+  return clocks;
 }
 
 double ShareOfBusy(const StageCounters& c, const std::atomic<uint64_t>& part) {
   uint64_t busy = c.busy_ns.load();
-  return busy ? static_cast<double>(part.load()) / busy : 0;
+  return busy ? std::min(1.0, static_cast<double>(part.load()) / busy) : 0;
 }
 
 }  // namespace
@@ -93,17 +111,29 @@ StageSample SampleStage(const StageInfo& info) {
   return s;
 }
 
-WorkTimer::WorkTimer() : wall0_(NowNs()), cpu0_(ThreadCpuNs()), runnable0_(ThreadRunnableNs()) {}
+WorkTimer::WorkTimer(Clocks clocks) : clocks_(clocks), wall0_(NowNs()) {
+  ThreadClocks& t = ThisThreadClocks();
+  if (clocks_ == Clocks::kPerItem) {
+    cpu0_ = ThreadCpuNs();
+    runnable0_ = t.RunnableNs();
+  } else {
+    t.Sample(wall0_, nullptr);  // the thread's first reading
+  }
+}
 
 // The clocks are read wall first at the start and wall last at the end, so that a preemption
 // between two reads can only make the CPU and run-queue times smaller than the wall time.
 void WorkTimer::AddTo(StageCounters* c) const {
-  const uint64_t runnable = ThreadRunnableNs() - runnable0_, cpu = ThreadCpuNs() - cpu0_;
+  ThreadClocks& t = ThisThreadClocks();
+  if (clocks_ == Clocks::kPerItem) {
+    c->runnable_ns.fetch_add(t.RunnableNs() - runnable0_, std::memory_order_relaxed);
+    c->cpu_ns.fetch_add(ThreadCpuNs() - cpu0_, std::memory_order_relaxed);
+  } else {
+    t.Sample(NowNs(), c);
+  }
   const uint64_t wall = NowNs() - wall0_;
   c->busy_ns.fetch_add(wall, std::memory_order_relaxed);
   c->latency[LatencyBucket(wall)].fetch_add(1, std::memory_order_relaxed);
-  c->cpu_ns.fetch_add(cpu, std::memory_order_relaxed);
-  c->runnable_ns.fetch_add(runnable, std::memory_order_relaxed);
 }
 
 nlohmann::json BuildProfile(const std::vector<StageInfo>& stages, double wall_seconds) {

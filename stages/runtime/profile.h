@@ -70,20 +70,32 @@ nlohmann::json BuildProfile(const std::vector<StageInfo>& stages, double wall_se
 // Renders the report as an aligned text table for people.
 std::string FormatProfile(const nlohmann::json& profile);
 
-// Times one item of work on the calling thread: wall, CPU and run-queue time. The run-queue
-// wait comes from /proc/thread-self/schedstat, kept open per thread; where it cannot be read it
-// counts as zero.
+// Times one item of work on the calling thread. Wall time is per item (busy_ns and the latency
+// histogram). The thread's CPU and run-queue time (/proc/thread-self/schedstat, kept open per
+// thread; zero where it cannot be read) cost two system calls (~3 us) to read, as much as a
+// cheap stage's whole item, so each thread reads them at most once per kThreadClockPeriodNs of
+// wall time and adds what they grew by to the stage of the item that read them: over a profile
+// window that is the stage threads' CPU and run-queue time to within a period per thread,
+// including their few microseconds of bookkeeping between items and the wait for a CPU after
+// being woken. Reports clamp both to the busy time.
+constexpr uint64_t kThreadClockPeriodNs = 1000000;
+
+// kPerItem reads them at the start and end of this item instead, for rare items that run
+// inside another stage's item on the same thread (a ring's commit inside the batch stage's):
+// the enclosing stage's readings include its time, as they include any nested work.
 class WorkTimer {
  public:
-  WorkTimer();
-  // Adds the time since construction to busy_ns, cpu_ns and runnable_ns, and counts it as one
-  // item's work time in the latency histogram.
+  enum class Clocks { kSampled, kPerItem };
+  explicit WorkTimer(Clocks clocks = Clocks::kSampled);
+  // Adds the wall time since construction to busy_ns and the latency histogram, and CPU and
+  // run-queue time as the Clocks mode says.
   void AddTo(StageCounters* counters) const;
   // When it started (NowNs() clock).
   uint64_t start_ns() const { return wall0_; }
 
  private:
-  uint64_t wall0_, cpu0_, runnable0_;
+  Clocks clocks_;
+  uint64_t wall0_, cpu0_ = 0, runnable0_ = 0;
 };
 
 }  // namespace mmfeed

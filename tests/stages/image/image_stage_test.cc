@@ -133,28 +133,65 @@ TEST(ImageStageTest, HugeDeclaredSizeIsRefusedBeforeDecoding) {
             Status::Code::kTooLarge);
 }
 
+// Decodes `region` at `scale`/8 row by row into a Mat (window of one row).
+cv::Mat DecodeRows(JpegDecoder& dec, const std::string& jpeg, int scale, const cv::Rect& region) {
+  EXPECT_TRUE(dec.Start(jpeg, scale, region, 1).ok());
+  cv::Mat out(region.height, dec.width(), CV_8UC3);
+  for (int y = 0; y < region.height; ++y) {
+    const uint8_t* row = dec.Row(region.y + y);
+    EXPECT_NE(row, nullptr) << dec.status().message();
+    if (!row) break;
+    std::memcpy(out.ptr<uint8_t>(y), row, static_cast<size_t>(dec.width()) * 3);
+  }
+  dec.End();
+  return out;
+}
+
 TEST(ImageStageTest, RegionDecodeReadsOnlyTheRowsAndColumnsNeeded) {
   std::string jpeg = testing::ReadFile(TestData("photos/photo05.jpg"));
   JpegDecoder dec;
   int w, h;
   ASSERT_TRUE(dec.ReadSize(jpeg, &w, &h).ok());
   const int sw = JpegDecoder::ScaledSize(w, 4), sh = JpegDecoder::ScaledSize(h, 4);
-  cv::Mat region, full;
-  cv::Point origin, full_origin;
   cv::Rect want(sw / 2, sh / 3, sw / 4, sh / 5);
-  ASSERT_TRUE(dec.DecodeRegion(jpeg, 4, want, &region, &origin).ok());
+  cv::Mat region = DecodeRows(dec, jpeg, 4, want);
   EXPECT_LT(region.cols, sw / 4 + 32)
       << "columns outside the region (plus iMCU rounding) are not decoded";
-  EXPECT_EQ(region.rows, want.height);
-  EXPECT_EQ(origin.y, want.y);
-  EXPECT_LE(origin.x, want.x);
-  EXPECT_GE(origin.x + region.cols, want.x + want.width);
+  const int x0 = dec.x0();
+  EXPECT_LE(x0, want.x);
+  EXPECT_GE(x0 + region.cols, want.x + want.width);
   // The decoded region has the pixels of a full half-scale decode.
-  ASSERT_TRUE(dec.DecodeRegion(jpeg, 4, cv::Rect(0, 0, sw, sh), &full, &full_origin).ok());
+  cv::Mat full = DecodeRows(dec, jpeg, 4, cv::Rect(0, 0, sw, sh));
   ASSERT_EQ(full.size(), cv::Size(sw, sh));
-  cv::Rect in_region(want.x - origin.x, 0, want.width, want.height);
+  cv::Rect in_region(want.x - x0, 0, want.width, want.height);
   double diff = cv::norm(region(in_region), full(want), cv::NORM_L1) / (want.area() * 3.0);
   EXPECT_LT(diff, 0.5);
+}
+
+// Rows come from a window of the last rows decoded; the rows below the last one asked for are
+// never decoded: a file cut short below the region decodes, and fails only when its missing
+// rows are asked for.
+TEST(ImageStageTest, RowsAreDecodedAsAskedIntoAWindow) {
+  std::string jpeg = testing::ReadFile(TestData("photos/photo05.jpg"));
+  JpegDecoder dec;
+  int w, h;
+  ASSERT_TRUE(dec.ReadSize(jpeg, &w, &h).ok());
+  ASSERT_TRUE(dec.Start(jpeg, 8, cv::Rect(0, 0, w, h), 3).ok());
+  ASSERT_NE(dec.Row(5), nullptr);
+  ASSERT_NE(dec.Row(3), nullptr) << "rows 3..5 are in the window";
+  EXPECT_EQ(dec.Row(2), nullptr) << "row 2 left the window";
+  EXPECT_EQ(dec.status().code(), Status::Code::kInvalid);
+  dec.End();
+
+  std::string cut = jpeg.substr(0, jpeg.size() / 2);
+  ASSERT_TRUE(dec.Start(cut, 8, cv::Rect(0, 0, w, h), 4).ok());
+  for (int y = 0; y < h / 8; ++y) ASSERT_NE(dec.Row(y), nullptr) << y << dec.status().message();
+  EXPECT_EQ(dec.Row(h - 1), nullptr);
+  EXPECT_EQ(dec.status().code(), Status::Code::kCorrupt);
+  EXPECT_NE(dec.status().message().find("JPEG decode"), std::string::npos);
+  // The decoder is ready for the next image.
+  cv::Mat again = DecodeRows(dec, jpeg, 8, cv::Rect(0, 0, w, 16));
+  EXPECT_EQ(again.rows, 16);
 }
 
 // A window of a resize is exactly those pixels of the whole resize: Resize(256) then
