@@ -102,32 +102,6 @@ class Pipeline::RefillQueue {
   std::deque<Refill> q_;
 };
 
-// The node's dealing order of an epoch (EpochOrder), computed once and shared by the source
-// and batch threads; ranks may be in different epochs, so a few are kept.
-class Pipeline::EpochOrders {
- public:
-  EpochOrders(size_t n, const SourceConfig& source, int consumers)
-      : n_(n), source_(source), consumers_(consumers) {}
-  std::shared_ptr<const std::vector<uint32_t>> Get(uint32_t epoch) {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [e, order] : cache_)
-      if (e == epoch) return order;
-    auto order =
-        std::make_shared<const std::vector<uint32_t>>(EpochOrder(n_, source_, epoch, consumers_));
-    if (cache_.size() >= 4) cache_.erase(cache_.begin());
-    cache_.emplace_back(epoch, order);
-    return order;
-  }
-
- private:
-  const size_t n_;
-  const SourceConfig source_;
-  const int consumers_;
-  std::mutex mu_;
-  std::vector<std::pair<uint32_t, std::shared_ptr<const std::vector<uint32_t>>>>
-      cache_;  // oldest first
-};
-
 class JoinBox : public BulkMailbox<std::unique_ptr<Pipeline::WorkItem>> {
  public:
   using BulkMailbox::BulkMailbox;
@@ -299,18 +273,18 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
   p->next_commit_ = std::make_unique<std::atomic<uint64_t>[]>(cfg.consumers);
   if (start.empty()) start.assign(cfg.consumers, StreamCursor{});
   MMFEED_RETURN_IF_ERROR(p->SetStart(std::move(start)));
-  // The fingerprint: every catalog id in order, then the settings (each stage's full config
-  // stands in for its sample-changing parameters).
+  // The fingerprint: the order's version ("order 2": the shuffle is a Feistel permutation; a
+  // cursor saved by a daemon that shuffled with a table is for another stream), every catalog
+  // id in order, then the settings (each stage's full config stands in for its sample-changing
+  // parameters).
   uint64_t h = HashString(fmt::format(
-      "{}|{}|{}|{}|{}|{}|{}|{}", cfg.source.seed, cfg.source.shuffle, cfg.source.node_rank,
+      "order 2|{}|{}|{}|{}|{}|{}|{}|{}", cfg.source.seed, cfg.source.shuffle, cfg.source.node_rank,
       cfg.source.num_nodes, cfg.consumers, cfg.batch_size, cfg.drop_last, cfg.source.epochs));
   for (const CatalogEntry& e : p->catalog_->entries) h = HashString(e.id, HashString("\n", h));
   p->order_fingerprint_ = fmt::format("{:016x}", h);
   for (const StageConfig& s : cfg.stages)
     h = HashString(fmt::format("{}|{}|{}|{}", s.name, s.type, s.field, s.params.Canonical()), h);
   p->fingerprint_ = fmt::format("{:016x}", h);
-  p->orders_ =
-      std::make_unique<EpochOrders>(p->catalog_->entries.size(), cfg.source, cfg.consumers);
   // The batch thread is woken every half batch of finished items, or for a failed sample (its
   // row is refilled at once).
   const size_t items_per_batch = static_cast<size_t>(cfg.batch_size) * p->branches_.size();
@@ -525,9 +499,9 @@ void Pipeline::SourceLoop() {
       pb->seq = next[r].seq;
       pb->rows = RowsOf(pb->index);
       open_batches_.fetch_add(1, std::memory_order_acq_rel);
-      std::shared_ptr<const std::vector<uint32_t>> order = orders_->Get(pb->epoch);
+      const EpochOrder order(catalog_->entries.size(), cfg_.source, pb->epoch, consumers);
       for (int row = 0; row < pb->rows; ++row)  // the rank's share: positions r, r + consumers, ...
-        Dispatch(pb, row, (*order)[(pb->index * bs + row) * consumers + r], false);
+        Dispatch(pb, row, order[(pb->index * bs + row) * consumers + r], false);
       next[r] = CursorAfter(next[r].seq);
       done[r] = is_done(r);
       progressed = true;
@@ -770,7 +744,8 @@ class Pipeline::Collator {
 
   void Refill(Open& o) {
     const uint64_t limit = 4 * p_->per_rank_ + 256;
-    std::shared_ptr<const std::vector<uint32_t>> order = p_->orders_->Get(o.batch->epoch);
+    const EpochOrder order(p_->catalog_->entries.size(), p_->cfg_.source, o.batch->epoch,
+                           p_->cfg_.consumers);
     std::vector<Pipeline::Refill> requests;
     bool give_up = false;
     while (!give_up && o.outstanding == 0 && !o.holes.empty()) {  // one round per pass
@@ -791,7 +766,7 @@ class Pipeline::Collator {
           continue;
         }
         uint64_t pos = o.draws.Below(p_->per_rank_);
-        uint32_t entry = (*order)[pos * p_->cfg_.consumers + rank_];
+        uint32_t entry = order[pos * p_->cfg_.consumers + rank_];
         if ((*known_bad_)[entry]) {
           p_->refills_failed_.fetch_add(1, std::memory_order_relaxed);
           ++o.failed_run;

@@ -184,7 +184,6 @@ class Pipeline {
   struct Provisional;
   struct Refill;
   class Collator;
-  class EpochOrders;
   class RefillQueue;
   Pipeline();
   void SourceLoop();
@@ -207,7 +206,6 @@ class Pipeline {
   uint64_t batches_per_epoch_ = 0;
   std::vector<StreamCursor> start_;
   Origin origin_;
-  std::unique_ptr<EpochOrders> orders_;
   std::unique_ptr<RefillQueue> refills_;
   std::atomic<int64_t> open_batches_{0};  // dealt and not yet committed or discarded
   // Rewinds, guarded by rewind_mu_: per rank the stream generation, where it restarts, and

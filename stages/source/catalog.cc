@@ -25,11 +25,15 @@ std::string ParseManifestLine(const std::string& line, const std::string& dir, s
   if (!j.is_object()) return "a manifest line must be a JSON object";
   if (j.contains("id")) {
     const auto& id = j["id"];
-    if (id.is_string()) entry->id = id.get<std::string>();
-    else if (id.is_number_integer()) entry->id = std::to_string(id.get<int64_t>());
-    else return "'id' must be a string or an integer";
+    if (id.is_string())
+      entry->id = id.get<std::string>();
+    else if (id.is_number_integer())
+      entry->id = std::to_string(id.get<int64_t>());
+    else
+      return "'id' must be a string or an integer";
     if (entry->id.empty()) return "'id' is empty";
-    if (entry->id.size() > kMaxIdBytes) return fmt::format("'id' is longer than {} bytes", kMaxIdBytes);
+    if (entry->id.size() > kMaxIdBytes)
+      return fmt::format("'id' is longer than {} bytes", kMaxIdBytes);
   } else {
     entry->id = fmt::format("{}:{}", manifest_name, line_no);
   }
@@ -97,7 +101,8 @@ void ScanShard(const std::string& shard, const SourceConfig& source,
       if (!found) missing = f;
     }
     if (!missing.empty())
-      out->errors.push_back({current.origin, fmt::format("sample has no member for field '{}'", missing)});
+      out->errors.push_back(
+          {current.origin, fmt::format("sample has no member for field '{}'", missing)});
     else
       out->entries.push_back(std::move(current));
     current = CatalogEntry();
@@ -110,7 +115,8 @@ void ScanShard(const std::string& shard, const SourceConfig& source,
   while (true) {
     if (off + 512 > file_size) {
       if (off != file_size || off == 0)
-        out->errors.push_back({shard, fmt::format("tar truncated at offset {} (no end-of-archive marker)", off)});
+        out->errors.push_back(
+            {shard, fmt::format("tar truncated at offset {} (no end-of-archive marker)", off)});
       break;
     }
     if (::pread(fd, h, 512, static_cast<off_t>(off)) != 512) {
@@ -122,7 +128,8 @@ void ScanShard(const std::string& shard, const SourceConfig& source,
     bool ok = true;
     uint64_t checksum = ParseOctal(h + 148, 8, &ok);
     uint64_t sum = 0;
-    for (int i = 0; i < 512; ++i) sum += (i >= 148 && i < 156) ? ' ' : static_cast<unsigned char>(h[i]);
+    for (int i = 0; i < 512; ++i)
+      sum += (i >= 148 && i < 156) ? ' ' : static_cast<unsigned char>(h[i]);
     uint64_t size = ParseOctal(h + 124, 12, &ok);
     if (!ok || sum != checksum) {
       out->errors.push_back({shard, fmt::format("damaged tar header at offset {}", off)});
@@ -141,12 +148,17 @@ void ScanShard(const std::string& shard, const SourceConfig& source,
         name = std::string(h + 345, strnlen(h + 345, 155)) + "/" + name;
     }
     if (data_off + size > file_size) {
-      out->errors.push_back({shard + ":" + name, fmt::format("tar truncated: member needs {} bytes at offset {}, file ends at {}", size, data_off, file_size)});
+      out->errors.push_back(
+          {shard + ":" + name,
+           fmt::format("tar truncated: member needs {} bytes at offset {}, file ends at {}", size,
+                       data_off, file_size)});
       break;
     }
     if (type == 'L') {  // GNU long name: the name is the member's data
       long_name.resize(size);
-      if (::pread(fd, long_name.data(), size, static_cast<off_t>(data_off)) != static_cast<ssize_t>(size)) break;
+      if (::pread(fd, long_name.data(), size, static_cast<off_t>(data_off)) !=
+          static_cast<ssize_t>(size))
+        break;
       long_name.resize(strnlen(long_name.c_str(), size));
     } else if (type == '0' || type == 0) {
       size_t slash = name.rfind('/');
@@ -156,7 +168,8 @@ void ScanShard(const std::string& shard, const SourceConfig& source,
       if (key != current_key) {
         flush();
         if (key.size() > kMaxIdBytes) {
-          out->errors.push_back({shard + ":" + key.substr(0, 64) + "...", fmt::format("sample key is longer than {} bytes", kMaxIdBytes)});
+          out->errors.push_back({shard + ":" + key.substr(0, 64) + "...",
+                                 fmt::format("sample key is longer than {} bytes", kMaxIdBytes)});
           off = next;
           continue;
         }
@@ -197,8 +210,10 @@ Result<Catalog> LoadManifest(const std::string& path, const std::set<std::string
     CatalogEntry e;
     e.origin = fmt::format("{}:{}", path, line_no);
     std::string reason = ParseManifestLine(line, dir, line_no, name, needed, path_fields, &e);
-    if (reason.empty()) cat.entries.push_back(std::move(e));
-    else cat.errors.push_back({e.origin, reason});
+    if (reason.empty())
+      cat.entries.push_back(std::move(e));
+    else
+      cat.errors.push_back({e.origin, reason});
   }
   return cat;
 }
@@ -217,20 +232,11 @@ Result<Catalog> LoadCatalog(const SourceConfig& source, const std::set<std::stri
   return LoadWebDataset(source, needed);
 }
 
-std::vector<uint32_t> EpochOrder(size_t n, const SourceConfig& source, uint32_t epoch, int consumers) {
-  std::vector<uint32_t> perm(n);
-  for (size_t i = 0; i < n; ++i) perm[i] = static_cast<uint32_t>(i);
-  if (source.shuffle) {
-    Rng rng(source.seed, epoch, "", "shuffle");
-    for (size_t i = n; i > 1; --i) std::swap(perm[i - 1], perm[rng.Below(i)]);
-  }
-  // Every node takes the same count: node k gets positions k, k + nodes, ...
-  size_t per_node = n / source.num_nodes;
-  size_t per_rank = per_node / consumers;
-  std::vector<uint32_t> out;
-  out.reserve(per_rank * consumers);
-  for (size_t i = 0; i < per_rank * consumers; ++i) out.push_back(perm[i * source.num_nodes + source.node_rank]);
-  return out;
-}
+EpochOrder::EpochOrder(size_t n, const SourceConfig& source, uint32_t epoch, int consumers)
+    : size_(n / source.num_nodes / consumers * consumers),
+      nodes_(static_cast<uint64_t>(source.num_nodes)),
+      node_(static_cast<uint64_t>(source.node_rank)),
+      shuffle_(source.shuffle),
+      perm_(n, Rng(source.seed, epoch, "", "shuffle").Next()) {}
 
 }  // namespace mmfeed

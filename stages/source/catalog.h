@@ -13,6 +13,7 @@
 
 #include "stages/runtime/config.h"
 #include "stages/runtime/stage.h"
+#include "stages/source/permutation.h"
 
 namespace mmfeed {
 
@@ -46,7 +47,24 @@ Result<Catalog> LoadCatalog(const SourceConfig& source, const std::set<std::stri
 // The catalog positions this node deals in `epoch`, in dealing order: position i goes to
 // consumer rank i % consumers. A deterministic function of (seed, epoch, node_rank, num_nodes);
 // every node gets the same count and every rank the same count (the remainder is left out).
-std::vector<uint32_t> EpochOrder(size_t catalog_size, const SourceConfig& source, uint32_t epoch,
-                                 int consumers);
+// The shuffle is a Permutation of the whole catalog (seeded by seed and epoch), of which node k
+// takes positions k, k + num_nodes, ...; each position is computed when asked for, so an epoch
+// costs no memory and any position is reached in O(1).
+class EpochOrder {
+ public:
+  EpochOrder(size_t catalog_size, const SourceConfig& source, uint32_t epoch, int consumers);
+  size_t size() const { return size_; }
+  // REQUIRES: i < size().
+  uint32_t operator[](size_t i) const {
+    const uint64_t at = static_cast<uint64_t>(i) * nodes_ + node_;
+    return static_cast<uint32_t>(shuffle_ ? perm_(at) : at);
+  }
+
+ private:
+  size_t size_;
+  uint64_t nodes_, node_;
+  bool shuffle_;
+  Permutation perm_;
+};
 
 }  // namespace mmfeed

@@ -474,43 +474,97 @@ struct VideoSampler::Run {
 
   size_t FrameBytes() const { return vs.FrameBytes(); }
 
+  // Channel c of frame `slot` in a planar layout (TCHW, CTHW).
+  uint8_t* Plane(int slot, int c) const {
+    if (o.layout == VideoLayout::kCTHW)
+      return frames + (static_cast<size_t>(c) * o.frames + slot) * vs.PlaneBytes();
+    return frames + slot * FrameBytes() + c * vs.PlaneBytes();
+  }
+
+  void CopyFrame(int to, int from) const {
+    if (o.layout != VideoLayout::kCTHW) {
+      std::memcpy(frames + to * FrameBytes(), frames + from * FrameBytes(), FrameBytes());
+      return;
+    }
+    for (int c = 0; c < 3; ++c) std::memcpy(Plane(to, c), Plane(from, c), vs.PlaneBytes());
+  }
+
+  void ZeroFrame(int slot) const {
+    if (o.layout != VideoLayout::kCTHW) {
+      std::memset(frames + slot * FrameBytes(), 0, FrameBytes());
+      return;
+    }
+    for (int c = 0; c < 3; ++c) std::memset(Plane(slot, c), 0, vs.PlaneBytes());
+  }
+
+  // resize: cover reads the largest centered region with the output's aspect ratio, its left
+  // and top edges rounded down to the chroma grid so that every plane starts on a sample:
+  // points `src` at its top-left pixel in each plane and returns its size.
+  static void CoverCrop(const AVFrame* f, int W, int H, const uint8_t* src[4], int* cw, int* ch) {
+    const auto* d = av_pix_fmt_desc_get(static_cast<AVPixelFormat>(f->format));
+    const double scale =
+        std::max(static_cast<double>(W) / f->width, static_cast<double>(H) / f->height);
+    *cw = std::clamp(static_cast<int>(std::lround(W / scale)), 1, f->width);
+    *ch = std::clamp(static_cast<int>(std::lround(H / scale)), 1, f->height);
+    const int x = ((f->width - *cw) / 2) & ~((1 << d->log2_chroma_w) - 1);
+    const int y = ((f->height - *ch) / 2) & ~((1 << d->log2_chroma_h) - 1);
+    for (int p = 0; p < 4; ++p) src[p] = f->data[p];
+    const bool chroma_planes = !(d->flags & AV_PIX_FMT_FLAG_RGB);
+    for (int c = 0; c < d->nb_components; ++c) {
+      const AVComponentDescriptor& comp = d->comp[c];
+      if (comp.plane == 0 && c != 0) continue;  // packed: plane 0 is offset once, by component 0
+      if ((d->flags & AV_PIX_FMT_FLAG_PAL) && comp.plane != 0) continue;  // the palette
+      const bool sub = chroma_planes && (c == 1 || c == 2);
+      src[comp.plane] =
+          f->data[comp.plane] +
+          static_cast<ptrdiff_t>(sub ? y >> d->log2_chroma_h : y) * f->linesize[comp.plane] +
+          static_cast<ptrdiff_t>(sub ? x >> d->log2_chroma_w : x) * comp.step;
+    }
+  }
+
   Status Convert(const AVFrame* f, int slot) {
     if (static_cast<int64_t>(f->width) * f->height > o.max_pixels)
       return Status::TooLarge(
           fmt::format("frame size {}x{} is over max_pixels {}", f->width, f->height, o.max_pixels));
     const int W = o.out_w, H = o.out_h;
+    const uint8_t* src[4] = {f->data[0], f->data[1], f->data[2], f->data[3]};
+    int sw = f->width, sh = f->height;
+    if (o.resize == VideoResize::kCover) CoverCrop(f, W, H, src, &sw, &sh);
     // Always RGB24: swscale's planar-RGB output rounds chroma differently, and RGB24 is what
     // PyAV's to_ndarray(format='rgb24') and OpenCV give, so the pixels match them exactly.
-    vs.sws_ =
-        sws_getCachedContext(vs.sws_, f->width, f->height, static_cast<AVPixelFormat>(f->format), W,
-                             H, AV_PIX_FMT_RGB24, o.sws_flags, nullptr, nullptr, nullptr);
+    vs.sws_ = sws_getCachedContext(vs.sws_, sw, sh, static_cast<AVPixelFormat>(f->format), W, H,
+                                   AV_PIX_FMT_RGB24, o.sws_flags, nullptr, nullptr, nullptr);
     if (!vs.sws_)
       return Status::Unsupported(
           fmt::format("cannot convert pixel format {}",
                       av_get_pix_fmt_name(static_cast<AVPixelFormat>(f->format))));
     uint8_t* base = frames + slot * FrameBytes();
-    const bool direct = o.dtype == DType::kUInt8 && !o.chw;  // THWC uint8: straight into the output
+    // THWC uint8: straight into the output.
+    const bool direct = o.dtype == DType::kUInt8 && o.layout == VideoLayout::kTHWC;
     const size_t plane = static_cast<size_t>(H) * W;
     if (!direct) vs.rgb_.resize(plane * 3);
     uint8_t* dst[4] = {direct ? base : vs.rgb_.data()};
     int strides[4] = {3 * W};
-    sws_scale(vs.sws_, f->data, f->linesize, 0, f->height, dst, strides);
+    sws_scale(vs.sws_, src, f->linesize, 0, sh, dst, strides);
     if (direct) return Status::Ok();
     const uint8_t* rgb = vs.rgb_.data();
-    if (o.dtype == DType::kUInt8) {  // TCHW
-      for (size_t i = 0; i < plane; ++i)
-        for (int c = 0; c < 3; ++c) base[c * plane + i] = rgb[3 * i + c];
+    if (o.dtype == DType::kUInt8) {  // planar
+      for (int c = 0; c < 3; ++c) {
+        uint8_t* out = Plane(slot, c);
+        for (size_t i = 0; i < plane; ++i) out[i] = rgb[3 * i + c];
+      }
       return Status::Ok();
     }
-    float* out = reinterpret_cast<float*>(base);
-    for (size_t i = 0; i < plane; ++i)
-      for (int c = 0; c < 3; ++c) {
-        const float v = rgb[3 * i + c] * o.mul[c] + o.add[c];
-        if (o.chw)
-          out[c * plane + i] = v;
-        else
-          out[3 * i + c] = v;
-      }
+    if (o.layout == VideoLayout::kTHWC) {
+      float* out = reinterpret_cast<float*>(base);
+      for (size_t i = 0; i < plane; ++i)
+        for (int c = 0; c < 3; ++c) out[3 * i + c] = rgb[3 * i + c] * o.mul[c] + o.add[c];
+      return Status::Ok();
+    }
+    for (int c = 0; c < 3; ++c) {
+      float* out = reinterpret_cast<float*>(Plane(slot, c));
+      for (size_t i = 0; i < plane; ++i) out[i] = rgb[3 * i + c] * o.mul[c] + o.add[c];
+    }
     return Status::Ok();
   }
 
@@ -521,7 +575,7 @@ struct VideoSampler::Run {
     ++vs.stats_.sampled;
     if (damaged && damaged_picks++ == 0) first_damaged = Seconds(p);
     if (written_slot >= 0 && written_pts == p) {
-      std::memcpy(frames + slot * FrameBytes(), frames + written_slot * FrameBytes(), FrameBytes());
+      CopyFrame(slot, written_slot);
       return Status::Ok();
     }
     written_slot = slot;
@@ -712,12 +766,11 @@ struct VideoSampler::Run {
       if (mask[i] && (last < 0 || pts_out[i] > pts_out[last])) last = i;
     for (int i = 0; i < o.frames; ++i) {
       if (mask[i]) continue;
-      uint8_t* dst = frames + i * FrameBytes();
       if (o.pad == VideoPad::kRepeatLast && last >= 0) {
-        std::memcpy(dst, frames + last * FrameBytes(), FrameBytes());
+        CopyFrame(i, last);
         pts_out[i] = pts_out[last];
       } else {
-        std::memset(dst, 0, FrameBytes());
+        ZeroFrame(i);
         pts_out[i] = 0;
       }
     }
@@ -765,7 +818,9 @@ Status VideoSampler::Sample(const FieldValue& in, Rng* rng, uint8_t* frames, flo
 std::vector<TensorSpec> VideoOutputSpecs(const std::string& name, const VideoOptions& o) {
   const int64_t T = o.frames, H = o.out_h, W = o.out_w;
   TensorSpec frames{name, o.dtype,
-                    o.chw ? std::vector<int64_t>{T, 3, H, W} : std::vector<int64_t>{T, H, W, 3}};
+                    o.layout == VideoLayout::kTHWC   ? std::vector<int64_t>{T, H, W, 3}
+                    : o.layout == VideoLayout::kCTHW ? std::vector<int64_t>{3, T, H, W}
+                                                     : std::vector<int64_t>{T, 3, H, W}};
   return {frames, {name + "_pts", DType::kFloat32, {T}}, {name + "_mask", DType::kUInt8, {T}}};
 }
 

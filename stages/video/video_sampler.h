@@ -36,6 +36,13 @@ namespace mmfeed {
 
 enum class VideoSampling { kUniform, kClip, kKeyframes, kTimestamps };
 enum class VideoPad { kRepeatLast, kZeros };
+// TCHW: [T,3,H,W]; THWC: [T,H,W,3]; CTHW: [3,T,H,W] (channels first over time, as Wan's and
+// most video diffusion models' VAEs take a clip).
+enum class VideoLayout { kTCHW, kTHWC, kCTHW };
+// stretch: the whole frame to the output size; cover: scaled keeping its aspect ratio to cover
+// the output, then center-cropped (the crop is taken from the source frame, its left and top
+// edges on the chroma grid: even pixels for 4:2:0).
+enum class VideoResize { kStretch, kCover };
 
 struct VideoOptions {
   VideoSampling sampling = VideoSampling::kUniform;
@@ -44,7 +51,8 @@ struct VideoOptions {
   double clip_start = -1;          // clip: seconds from the start; < 0: random, seeded per sample
   std::vector<double> timestamps;  // timestamps: seconds from the start (T = its size)
   int out_h = 224, out_w = 224;
-  bool chw = true;  // [T,3,H,W]; false: [T,H,W,3]
+  VideoLayout layout = VideoLayout::kTCHW;
+  VideoResize resize = VideoResize::kStretch;
   DType dtype = DType::kUInt8;
   float mul[3] = {1, 1, 1}, add[3] = {0, 0, 0};  // float32: out = pixel * mul + add
   VideoPad pad = VideoPad::kRepeatLast;
@@ -57,7 +65,8 @@ struct VideoOptions {
 // Builds options from a `video` stage's validated params (the schema is in video_stage.cc).
 Result<VideoOptions> VideoOptionsFromParams(const Params& params);
 
-// Per-sample outputs: frames [T,3,H,W] or [T,H,W,3], pts float32 [T] (seconds), mask uint8 [T].
+// Per-sample outputs: frames [T,3,H,W], [T,H,W,3] or [3,T,H,W], pts float32 [T] (seconds),
+// mask uint8 [T].
 std::vector<TensorSpec> VideoOutputSpecs(const std::string& name, const VideoOptions& o);
 
 // Counters of one sampler, for benchmarks and the profile.
@@ -124,6 +133,7 @@ class VideoSampler {
   struct Run;
   friend struct Run;
   size_t FrameBytes() const;
+  size_t PlaneBytes() const { return FrameBytes() / 3; }
 
   const VideoOptions& o_;
   KeyframeIndexCache* cache_;

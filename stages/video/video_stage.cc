@@ -1,8 +1,8 @@
 // The `video` stage: sample T frames per video with FFmpeg (see video_sampler.h for which
 // frames and how), resized with swscale to `size`, as uint8 or normalized float32.
-// Outputs: <name> [T,3,H,W] (TCHW) or [T,H,W,3] (THWC); <name>_pts float32 [T], seconds from
-// the video's start; <name>_mask uint8 [T], 0 where the video ended before the target (padding).
-// The audio track of a video goes to an `audio` stage reading the same field.
+// Outputs: <name> [T,3,H,W] (TCHW), [T,H,W,3] (THWC) or [3,T,H,W] (CTHW); <name>_pts float32 [T],
+// seconds from the video's start; <name>_mask uint8 [T], 0 where the video ended before the target
+// (padding). The audio track of a video goes to an `audio` stage reading the same field.
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -21,14 +21,15 @@ namespace mmfeed {
 Result<VideoOptions> VideoOptionsFromParams(const Params& prm) {
   VideoOptions o;
   const std::string& sampling = prm.GetString("sampling");
-  o.sampling = sampling == "clip"        ? VideoSampling::kClip
-               : sampling == "keyframes" ? VideoSampling::kKeyframes
+  o.sampling = sampling == "clip"         ? VideoSampling::kClip
+               : sampling == "keyframes"  ? VideoSampling::kKeyframes
                : sampling == "timestamps" ? VideoSampling::kTimestamps
                                           : VideoSampling::kUniform;
   o.frames = static_cast<int>(prm.GetInt("frames"));
   o.timestamps = prm.GetFloatList("timestamps");
   if (o.sampling == VideoSampling::kTimestamps) {
-    if (o.timestamps.empty()) return Status::Invalid("sampling: timestamps needs a non-empty `timestamps` list (seconds)");
+    if (o.timestamps.empty())
+      return Status::Invalid("sampling: timestamps needs a non-empty `timestamps` list (seconds)");
     o.frames = static_cast<int>(o.timestamps.size());
   } else if (!o.timestamps.empty()) {
     return Status::Invalid("`timestamps` is only used with sampling: timestamps");
@@ -43,14 +44,19 @@ Result<VideoOptions> VideoOptionsFromParams(const Params& prm) {
     char* end = nullptr;
     o.clip_start = std::strtod(start.c_str(), &end);
     if (start.empty() || *end != '\0' || !(o.clip_start >= 0))
-      return Status::Invalid(fmt::format("clip_start must be 'random' or seconds >= 0, got '{}'", start));
+      return Status::Invalid(
+          fmt::format("clip_start must be 'random' or seconds >= 0, got '{}'", start));
   }
   const auto& size = prm.GetIntList("size");
   o.out_h = static_cast<int>(size[0]);
   o.out_w = static_cast<int>(size[1]);
   if (o.out_h < 1 || o.out_w < 1 || o.out_h > 8192 || o.out_w > 8192)
     return Status::Invalid("size must be [height, width] with each in 1..8192");
-  o.chw = prm.GetString("layout") == "TCHW";
+  const std::string& layout = prm.GetString("layout");
+  o.layout = layout == "THWC"   ? VideoLayout::kTHWC
+             : layout == "CTHW" ? VideoLayout::kCTHW
+                                : VideoLayout::kTCHW;
+  o.resize = prm.GetString("resize") == "cover" ? VideoResize::kCover : VideoResize::kStretch;
   o.dtype = prm.GetString("dtype") == "float32" ? DType::kFloat32 : DType::kUInt8;
   const auto& mean = prm.GetFloatList("mean");
   const auto& stdv = prm.GetFloatList("std");
@@ -61,9 +67,13 @@ Result<VideoOptions> VideoOptionsFromParams(const Params& prm) {
   }
   o.pad = prm.GetString("pad") == "zeros" ? VideoPad::kZeros : VideoPad::kRepeatLast;
   const std::string& interp = prm.GetString("interpolation");
-  o.sws_flags = interp == "area" ? SWS_AREA : interp == "bicubic" ? SWS_BICUBIC : interp == "nearest" ? SWS_POINT : SWS_BILINEAR;
+  o.sws_flags = interp == "area"      ? SWS_AREA
+                : interp == "bicubic" ? SWS_BICUBIC
+                : interp == "nearest" ? SWS_POINT
+                                      : SWS_BILINEAR;
   o.threads = static_cast<int>(prm.GetInt("threads"));
-  if (o.threads < 0 || o.threads > 64) return Status::Invalid("threads must be in 0..64 (0: FFmpeg picks)");
+  if (o.threads < 0 || o.threads > 64)
+    return Status::Invalid("threads must be in 0..64 (0: FFmpeg picks)");
   o.max_pixels = prm.GetInt("max_pixels");
   if (o.max_pixels < 1) return Status::Invalid("max_pixels must be positive");
   const int64_t cache = prm.GetInt("index_cache");
@@ -82,7 +92,8 @@ struct SharedStats {
 
 class VideoWorker : public StageWorker {
  public:
-  VideoWorker(const std::string& name, const VideoOptions& o, KeyframeIndexCache* cache, SharedStats* shared)
+  VideoWorker(const std::string& name, const VideoOptions& o, KeyframeIndexCache* cache,
+              SharedStats* shared)
       : name_(name), sampler_(o, cache), shared_(shared) {}
 
   Status Process(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) override {
@@ -105,7 +116,8 @@ class VideoWorker : public StageWorker {
 
 class VideoStage : public Stage {
  public:
-  VideoStage(std::string name, VideoOptions o) : name_(std::move(name)), o_(std::move(o)), cache_(o_.index_cache) {}
+  VideoStage(std::string name, VideoOptions o)
+      : name_(std::move(name)), o_(std::move(o)), cache_(o_.index_cache) {}
   std::vector<TensorSpec> OutputSpecs() const override { return VideoOutputSpecs(name_, o_); }
   std::unique_ptr<StageWorker> NewWorker() const override {
     return std::make_unique<VideoWorker>(name_, o_, &cache_, &shared_);
@@ -140,30 +152,68 @@ Result<std::unique_ptr<Stage>> MakeVideoStage(const StageArgs& a) {
 
 MMFEED_REGISTER_STAGE((StageSchema{
     "video",
-    "sample T frames per video with FFmpeg (seeking to keyframes, skipping what is not needed), resize with "
-    "swscale. Outputs: <name> [T,3,H,W] or [T,H,W,3], <name>_pts float32 [T] seconds, <name>_mask uint8 [T]",
+    "sample T frames per video with FFmpeg (seeking to keyframes, skipping what is not needed), "
+    "resize with "
+    "swscale. Outputs: <name> [T,3,H,W] or [T,H,W,3], <name>_pts float32 [T] seconds, <name>_mask "
+    "uint8 [T]",
     StageKind::kField,
     /*field_is_path=*/true,
     {
-        {"sampling", ParamType::kString, std::string("uniform"),
-         "uniform (T frames over the whole video) | clip (T frames at fps from clip_start) | keyframes | timestamps",
+        {"sampling",
+         ParamType::kString,
+         std::string("uniform"),
+         "uniform (T frames over the whole video) | clip (T frames at fps from clip_start) | "
+         "keyframes | timestamps",
          {"uniform", "clip", "keyframes", "timestamps"}},
-        {"frames", ParamType::kInt, int64_t{16}, "T: frames per video (timestamps: the list's length)"},
+        {"frames", ParamType::kInt, int64_t{16},
+         "T: frames per video (timestamps: the list's length)"},
         {"fps", ParamType::kFloat, 4.0, "clip: frames per second of the clip"},
         {"clip_start", ParamType::kString, std::string("random"),
          "clip: 'random' (seeded per sample and epoch) or seconds from the start, e.g. '2.5'"},
-        {"timestamps", ParamType::kFloatList, std::vector<double>{}, "timestamps: seconds from the start"},
+        {"timestamps", ParamType::kFloatList, std::vector<double>{},
+         "timestamps: seconds from the start"},
         {"size", ParamType::kIntList, std::nullopt, "output [height, width]", {}, 2},
-        {"layout", ParamType::kString, std::string("TCHW"), "TCHW | THWC", {"TCHW", "THWC"}},
-        {"dtype", ParamType::kString, std::string("uint8"), "uint8 (raw RGB) | float32 (pixel/255, normalized)", {"uint8", "float32"}},
-        {"mean", ParamType::kFloatList, std::vector<double>{0, 0, 0}, "float32: per-channel mean (of pixel/255)", {}, 3},
-        {"std", ParamType::kFloatList, std::vector<double>{1, 1, 1}, "float32: per-channel std (of pixel/255)", {}, 3},
-        {"pad", ParamType::kString, std::string("repeat_last"),
-         "frames past the end of a short video: repeat_last | zeros (mask is 0 either way)", {"repeat_last", "zeros"}},
-        {"interpolation", ParamType::kString, std::string("bilinear"), "swscale resize filter",
+        {"layout",
+         ParamType::kString,
+         std::string("TCHW"),
+         "TCHW | THWC | CTHW (channels first over time)",
+         {"TCHW", "THWC", "CTHW"}},
+        {"resize",
+         ParamType::kString,
+         std::string("stretch"),
+         "stretch: the whole frame to size | cover: keep the aspect ratio, cover size, center crop",
+         {"stretch", "cover"}},
+        {"dtype",
+         ParamType::kString,
+         std::string("uint8"),
+         "uint8 (raw RGB) | float32 (pixel/255, normalized)",
+         {"uint8", "float32"}},
+        {"mean",
+         ParamType::kFloatList,
+         std::vector<double>{0, 0, 0},
+         "float32: per-channel mean (of pixel/255)",
+         {},
+         3},
+        {"std",
+         ParamType::kFloatList,
+         std::vector<double>{1, 1, 1},
+         "float32: per-channel std (of pixel/255)",
+         {},
+         3},
+        {"pad",
+         ParamType::kString,
+         std::string("repeat_last"),
+         "frames past the end of a short video: repeat_last | zeros (mask is 0 either way)",
+         {"repeat_last", "zeros"}},
+        {"interpolation",
+         ParamType::kString,
+         std::string("bilinear"),
+         "swscale resize filter",
          {"bilinear", "bicubic", "area", "nearest"}},
-        {"threads", ParamType::kInt, int64_t{1}, "decoder threads per worker (workers are the main parallelism)"},
-        {"max_pixels", ParamType::kInt, int64_t{7680} * 4320, "refuse videos with larger frames, before allocating"},
+        {"threads", ParamType::kInt, int64_t{1},
+         "decoder threads per worker (workers are the main parallelism)"},
+        {"max_pixels", ParamType::kInt, int64_t{7680} * 4320,
+         "refuse videos with larger frames, before allocating"},
         {"index_cache", ParamType::kInt, int64_t{4096}, "files whose keyframe index is kept (LRU)"},
     },
     MakeVideoStage}));

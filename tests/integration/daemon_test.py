@@ -486,6 +486,51 @@ stages:
         self.assertTrue(np.all(np.abs(wave).max(axis=1) > 0.05))
 
 
+class WanClipTest(DaemonCase):
+    def test_wan_t2v_config_gives_16fps_cthw_clips_in_unit_range_and_byte_captions(self):
+        # Sources at 30 and 25 fps, landscape and portrait, longer than a clip (81 frames at
+        # 16 fps = 5.06 s), and one shorter, whose last frame is repeated with mask 0.
+        sources = [("l30", "640x360", 30, 6), ("p25", "360x640", 25, 6), ("short", "640x360", 24, 3)]
+        with open(self.dir / "manifest.jsonl", "w") as m:
+            for name, size, rate, seconds in sources:
+                subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", f"testsrc2=size={size}:rate={rate}",
+                                "-t", str(seconds), "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p",
+                                str(self.dir / f"{name}.mp4")], check=True)
+                m.write(json.dumps({"id": name, "video": f"{name}.mp4", "text": f"a clip, \u00e9t\u00e9 {name}"}) + "\n")
+        config = (pathlib.Path(__file__).resolve().parent.parent.parent / "configs" / "wan2.2-t2v.yaml").read_text()
+        batches, log = self.run_to_end(config, samples=3)
+        self.assertIn("1 ring(s) of 3 slots x 370.2 MiB: 1.08 GiB of ring memory", log)
+        for meta, b in batches:
+            sid = meta["ids"][0]
+            video = np.load(b / "video.npy", mmap_mode="r")
+            self.assertEqual(video.shape, (1, 3, 81, 480, 832))
+            self.assertEqual(video.dtype, np.float32)
+            first = np.asarray(video[0, :, 0])
+            self.assertGreaterEqual(first.min(), -1.0)
+            self.assertLessEqual(first.max(), 1.0)
+            self.assertGreater(first.std(), 0.1, sid)  # a picture
+            pts, mask = np.load(b / "video_pts.npy")[0], np.load(b / "video_mask.npy")[0]
+            rate = {"l30": 30, "p25": 25, "short": 24}[sid]
+            real = int(mask.sum())
+            if sid == "short":
+                self.assertLess(real, 81)
+                self.assertTrue(np.all(mask[:real] == 1) and np.all(mask[real:] == 0), mask)
+                np.testing.assert_array_equal(video[0, :, -1], video[0, :, real - 1])  # repeat_last
+            else:
+                self.assertEqual(real, 81, sid)
+            # 16 fps by timestamp: frame i is the one on screen at start + i/16 s, so successive
+            # frames are floor or ceil of rate/16 source frames apart, and the clip spans
+            # (real - 1)/16 s to within a source frame.
+            steps = np.round(np.diff(pts[:real]) * rate).astype(int)
+            self.assertTrue(set(steps.tolist()) <= {rate // 16, -(-rate // 16)}, (sid, steps))
+            self.assertLess(abs(pts[real - 1] - pts[0] - (real - 1) / 16), 1 / rate + 1e-4, sid)
+            caption = np.load(b / "caption.npy")[0]
+            length = int(np.load(b / "caption_lengths.npy")[0])
+            self.assertEqual(caption.dtype, np.uint8)
+            self.assertEqual(bytes(caption[:length]).decode("utf-8"), f"a clip, \u00e9t\u00e9 {sid}")
+            self.assertTrue(np.all(caption[length:] == 0))
+
+
 class PackedTextTest(DaemonCase):
     def test_packed_rows_hold_every_document_in_order(self):
         root = pathlib.Path(__file__).resolve().parent.parent.parent

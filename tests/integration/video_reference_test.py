@@ -24,6 +24,7 @@ from fractions import Fraction
 
 import av
 import numpy as np
+from PIL import Image
 
 BIN = None
 TMP = None
@@ -119,7 +120,8 @@ class Reference:
 
 
 def run_stage(path, params, memory=False, layout="THWC"):
-    p = dict(params, size=list(SIZE), layout=layout)
+    p = dict(params, layout=layout)
+    p.setdefault("size", list(SIZE))
     out = os.path.join(TMP, "out")
     os.makedirs(out, exist_ok=True)
     cmd = [os.path.join(BIN, "mmfeed-video"), "--params", json.dumps(p), "--out", out, path]
@@ -177,6 +179,95 @@ class VideoReferenceTest(unittest.TestCase):
                 np.testing.assert_array_equal(fa, fb, err_msg=name)
                 np.testing.assert_array_equal(fa, fc.transpose(0, 2, 3, 1), err_msg=name)
                 np.testing.assert_array_equal(fa, fd, err_msg=name)
+
+
+# resize: cover (and layout: CTHW) on landscape and portrait sources, one whose centered crop
+# starts on an odd column (rounded down to the chroma grid), sampled as Wan2.2 clips are: 4n+1
+# frames at 16 fps from 30 and 25 fps sources.
+COVER_VIDEOS = {
+    "land_30fps.mp4": ("testsrc2=size=320x180:rate=30", 3),
+    "odd_30fps.mp4": ("testsrc2=size=322x180:rate=30", 3),
+    "portrait_25fps.mp4": ("testsrc2=size=240x320:rate=25", 3),
+}
+COVER_SIZE = (24, 40)  # H, W: wider than 16:9 sources are tall, taller than portrait ones
+COVER_CLIP = {"sampling": "clip", "frames": 17, "fps": 16, "clip_start": "0.3"}
+
+
+def cover_crop(w, h, W, H):
+    """The source region resize: cover reads (video_sampler.h): the centered region with the
+    output's aspect ratio that the scaled frame covers, its left and top on even pixels (4:2:0)."""
+    scale = max(W / w, H / h)
+    cw = min(w, max(1, int(math.floor(W / scale + 0.5))))
+    ch = min(h, max(1, int(math.floor(H / scale + 0.5))))
+    return ((w - cw) // 2) & ~1, ((h - ch) // 2) & ~1, cw, ch
+
+
+def cover_reference(path):
+    """Every frame: its pts, and its crop scaled by swscale (bilinear, RGB24) through PyAV."""
+    H, W = COVER_SIZE
+    out = []
+    with av.open(path) as c:
+        s = c.streams.video[0]
+        for f in c.decode(s):
+            x, y, cw, ch = cover_crop(f.width, f.height, W, H)
+            yuv = f.to_ndarray(format="yuv420p")
+            ys = yuv[: f.height]
+            uv = yuv[f.height:].reshape(2, f.height // 2, f.width // 2)
+            planes = [ys[y:y + ch, x:x + cw], uv[0, y // 2:(y + ch) // 2, x // 2:(x + cw) // 2],
+                      uv[1, y // 2:(y + ch) // 2, x // 2:(x + cw) // 2]]
+            packed = np.concatenate([p.ravel() for p in planes]).reshape(ch * 3 // 2, cw)
+            crop = av.VideoFrame.from_ndarray(np.ascontiguousarray(packed), format="yuv420p")
+            rgb = crop.reformat(width=W, height=H, format="rgb24", interpolation="BILINEAR").to_ndarray()
+            out.append((f.pts, rgb, f.to_ndarray(format="rgb24")))
+    out.sort(key=lambda fr: fr[0])
+    return out
+
+
+class CoverTest(unittest.TestCase):
+    """resize: cover, layout: CTHW, float32 in [-1, 1]: what configs/wan2.2-*.yaml ask for."""
+
+    def test_cover_crop_cthw_clips_match_the_reference(self):
+        H, W = COVER_SIZE
+        for name, (src, seconds) in COVER_VIDEOS.items():
+            path = os.path.join(TMP, name)
+            subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", src, "-t", str(seconds),
+                            "-c:v", "libx264", "-bf", "2", "-pix_fmt", "yuv420p", path], check=True)
+            ref = Reference(path)  # the timeline and the picks (frames at 16 fps by timestamp)
+            picks = ref.sample(COVER_CLIP)
+            self.assertNotIn(None, picks, name)
+            frames = cover_reference(path)
+            self.assertEqual([f[0] for f in frames], ref.pts, name)
+            p = dict(COVER_CLIP, size=list(COVER_SIZE), resize="cover")
+            got, clip = run_stage(path, p, layout="CTHW")
+            self.assertEqual(clip.shape, (3, 17, H, W), name)
+            self.assertEqual(clip.dtype, np.uint8)
+            for slot, k in enumerate(picks):
+                self.assertAlmostEqual(got["pts"][slot], ref.seconds(ref.pts[k]), places=4, msg=f"{name} slot {slot}")
+                np.testing.assert_array_equal(clip[:, slot].transpose(1, 2, 0), frames[k][1],
+                                              err_msg=f"{name} slot {slot}")
+            # The crop's geometry, checked independently: PIL scales the whole frame to cover
+            # the output and crops its center (torchvision's Resize(min side) + CenterCrop).
+            # On testsrc2's sharp pattern at 7.5x down, swscale's bilinear (not antialiased)
+            # differs from PIL's by ~15 levels where the crops agree, and by ~31 where they are
+            # one output pixel apart.
+            for slot in (0, 8, 16):
+                full = Image.fromarray(frames[picks[slot]][2])
+                scale = max(W / full.width, H / full.height)
+                sw, sh = max(W, round(full.width * scale)), max(H, round(full.height * scale))
+                big = np.asarray(full.resize((sw, sh), Image.BILINEAR), dtype=np.float64)
+                top, left = (sh - H) // 2, (sw - W) // 2
+                want = big[top:top + H, left:left + W]
+                diff = np.abs(clip[:, slot].transpose(1, 2, 0).astype(np.float64) - want).mean()
+                self.assertLess(diff, 22, f"{name} slot {slot}: the crop is not centered as PIL's")
+                print(f"  {name} slot {slot}: mean difference to PIL cover+crop {diff:.2f} levels", flush=True)
+            # float32 with mean = std = 0.5: the same pixels in [-1, 1], THWC and TCHW the same.
+            gotf, clipf = run_stage(path, dict(p, dtype="float32", mean=[0.5] * 3, std=[0.5] * 3), layout="CTHW")
+            self.assertEqual(clipf.dtype, np.float32)
+            np.testing.assert_allclose(clipf, clip.astype(np.float32) / 127.5 - 1, atol=1e-6, err_msg=name)
+            _, thwc = run_stage(path, p, layout="THWC")
+            _, tchw = run_stage(path, p, layout="TCHW")
+            np.testing.assert_array_equal(thwc, clip.transpose(1, 2, 3, 0), err_msg=name)
+            np.testing.assert_array_equal(tchw, clip.transpose(1, 0, 2, 3), err_msg=name)
 
 
 def main():

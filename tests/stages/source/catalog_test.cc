@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -17,8 +19,8 @@ using testing::WriteFile;
 TEST(BraceTest, ExpandsRangesWithPaddingAndLists) {
   auto r = ExpandBraces("data/shard-{00000..00003}.tar");
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ(*r, (std::vector<std::string>{"data/shard-00000.tar", "data/shard-00001.tar", "data/shard-00002.tar",
-                                          "data/shard-00003.tar"}));
+  EXPECT_EQ(*r, (std::vector<std::string>{"data/shard-00000.tar", "data/shard-00001.tar",
+                                          "data/shard-00002.tar", "data/shard-00003.tar"}));
   r = ExpandBraces("{train,val}-{0..1}.tar");
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(*r, (std::vector<std::string>{"train-0.tar", "train-1.tar", "val-0.tar", "val-1.tar"}));
@@ -64,7 +66,8 @@ TEST(WebDatasetTest, GroupsMembersByKeyWithoutUnpacking) {
     std::string tar;
     for (int i = 0; i < 3; ++i) {
       std::string key = "sub/s" + std::to_string(s) + "_" + std::to_string(i);
-      tar += TarMember(key + ".jpg", jpg) + TarMember(key + ".txt", "caption " + key) + TarMember(key + ".json", "{}");
+      tar += TarMember(key + ".jpg", jpg) + TarMember(key + ".txt", "caption " + key) +
+             TarMember(key + ".json", "{}");
     }
     tar += std::string(1024, '\0');
     WriteFile(dir / ("shard-0" + std::to_string(s) + ".tar"), tar);
@@ -80,8 +83,10 @@ TEST(WebDatasetTest, GroupsMembersByKeyWithoutUnpacking) {
   for (auto& [name, value] : e.fields) {
     Result<std::string_view> bytes = FieldBytes(value, &storage);
     ASSERT_TRUE(bytes.ok());
-    if (name == "text") EXPECT_EQ(*bytes, "caption sub/s1_1");
-    else EXPECT_EQ(*bytes, jpg);
+    if (name == "text")
+      EXPECT_EQ(*bytes, "caption sub/s1_1");
+    else
+      EXPECT_EQ(*bytes, jpg);
   }
 }
 
@@ -89,7 +94,8 @@ TEST(WebDatasetTest, TarCutInTheMiddleKeepsTheSamplesBeforeAndReportsTheRest) {
   TempDir dir;
   std::string tar;
   for (int i = 0; i < 4; ++i)
-    tar += TarMember("k" + std::to_string(i) + ".jpg", std::string(3000, 'x')) + TarMember("k" + std::to_string(i) + ".txt", "t");
+    tar += TarMember("k" + std::to_string(i) + ".jpg", std::string(3000, 'x')) +
+           TarMember("k" + std::to_string(i) + ".txt", "t");
   WriteFile(dir / "cut.tar", tar.substr(0, 3 * 4096 + 700));  // inside k3.jpg's data
   Result<Catalog> cat = LoadWebDataset(WebDataset(dir / "cut.tar"), {"image", "text"});
   ASSERT_TRUE(cat.ok());
@@ -104,14 +110,15 @@ TEST(WebDatasetTest, TarCutInTheMiddleKeepsTheSamplesBeforeAndReportsTheRest) {
 
 TEST(ManifestTest, MalformedLinesAreReportedWithLineNumbers) {
   TempDir dir;
-  WriteFile(dir / "m.jsonl",
-            "{\"id\": \"a\", \"image\": \"x.jpg\", \"text\": \"hi\"}\n"
-            "\n"
-            "{\"id\": \"b\", \"image\": \"x.jpg\"\n"
-            "[1, 2]\n"
-            "{\"id\": \"c\", \"image\": \"x.jpg\"}\n"
-            "{\"id\": \"d\", \"image\": {\"path\": \"/abs/y.jpg\"}, \"text\": {\"path\": \"t.txt\"}}\n"
-            "{\"id\": \"e\", \"image\": 5, \"text\": \"x\"}\n");
+  WriteFile(
+      dir / "m.jsonl",
+      "{\"id\": \"a\", \"image\": \"x.jpg\", \"text\": \"hi\"}\n"
+      "\n"
+      "{\"id\": \"b\", \"image\": \"x.jpg\"\n"
+      "[1, 2]\n"
+      "{\"id\": \"c\", \"image\": \"x.jpg\"}\n"
+      "{\"id\": \"d\", \"image\": {\"path\": \"/abs/y.jpg\"}, \"text\": {\"path\": \"t.txt\"}}\n"
+      "{\"id\": \"e\", \"image\": 5, \"text\": \"x\"}\n");
   Result<Catalog> cat = LoadManifest(dir / "m.jsonl", {"image", "text"}, {"image"});
   ASSERT_TRUE(cat.ok());
   ASSERT_EQ(cat->entries.size(), 2u);
@@ -127,6 +134,12 @@ TEST(ManifestTest, MalformedLinesAreReportedWithLineNumbers) {
   EXPECT_EQ(cat->errors[3].origin, dir / "m.jsonl:7");
 }
 
+std::vector<uint32_t> Positions(const EpochOrder& o) {
+  std::vector<uint32_t> v;
+  for (size_t i = 0; i < o.size(); ++i) v.push_back(o[i]);
+  return v;
+}
+
 TEST(EpochOrderTest, NodesGetDisjointEqualShares) {
   SourceConfig s;
   s.shuffle = true;
@@ -135,17 +148,75 @@ TEST(EpochOrderTest, NodesGetDisjointEqualShares) {
   std::set<uint32_t> all;
   for (int node = 0; node < 3; ++node) {
     s.node_rank = node;
-    std::vector<uint32_t> o = EpochOrder(100, s, 0, 4);
+    std::vector<uint32_t> o = Positions(EpochOrder(100, s, 0, 4));
     EXPECT_EQ(o.size(), 32u);  // 33 per node, trimmed to a multiple of 4 ranks
     for (uint32_t i : o) EXPECT_TRUE(all.insert(i).second);
-    EXPECT_EQ(o, EpochOrder(100, s, 0, 4)) << "deterministic";
-    EXPECT_NE(o, EpochOrder(100, s, 1, 4)) << "new order each epoch";
+    EXPECT_EQ(o, Positions(EpochOrder(100, s, 0, 4))) << "deterministic";
+    EXPECT_NE(o, Positions(EpochOrder(100, s, 1, 4))) << "new order each epoch";
   }
   s.shuffle = false;
   s.num_nodes = 1;
   s.node_rank = 0;
-  std::vector<uint32_t> plain = EpochOrder(5, s, 0, 1);
-  EXPECT_EQ(plain, (std::vector<uint32_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(Positions(EpochOrder(5, s, 0, 1)), (std::vector<uint32_t>{0, 1, 2, 3, 4}));
+}
+
+// Every index exactly once, for sizes that are primes, powers of two (even and odd exponents),
+// one more or less than one, and tiny.
+TEST(PermutationTest, IsABijectionForManySizes) {
+  for (uint64_t n : {1ull,    2ull,    3ull,     4ull,     5ull,      7ull,      8ull,    16ull,
+                     31ull,   32ull,   33ull,    97ull,    127ull,    128ull,    1000ull, 1023ull,
+                     1024ull, 1025ull, 65521ull, 65536ull, 131072ull, 1000003ull}) {
+    for (uint64_t seed : {0ull, 42ull}) {
+      Permutation p(n, seed);
+      std::vector<bool> seen(n);
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint64_t v = p(i);
+        ASSERT_LT(v, n) << "n " << n;
+        ASSERT_FALSE(seen[v]) << "n " << n << ": " << v << " twice";
+        seen[v] = true;
+      }
+    }
+  }
+}
+
+// Positions are computed one at a time and equal whichever order they are asked in (a cursor
+// resumes with no replay); different seeds give different orders.
+TEST(PermutationTest, IsDeterministicPerPositionAndSeeded) {
+  Permutation a(1000003, 7), b(1000003, 7), c(1000003, 8);
+  EXPECT_EQ(a(999999), b(999999));
+  EXPECT_EQ(a(0), b(0));
+  int same = 0;
+  for (uint64_t i = 0; i < 1000; ++i) same += a(i) == c(i);
+  EXPECT_LT(same, 5);
+  // A billion samples: positions at the far end cost what the first ones do.
+  Permutation big(1000000000, 1);
+  EXPECT_LT(big(999999999), 1000000000u);
+}
+
+// The statistics a training order needs: consecutive positions land far apart and
+// uncorrelated, and where a position goes does not depend on where it starts (no index stays
+// near its place more often than chance).
+TEST(PermutationTest, LooksShuffled) {
+  const uint64_t n = 100000;
+  Permutation p(n, 3);
+  double sum_xy = 0, sum_x = 0, sum_y = 0, sum_xx = 0, sum_yy = 0;
+  int near = 0;
+  for (uint64_t i = 0; i + 1 < n; ++i) {
+    const double x = static_cast<double>(p(i)), y = static_cast<double>(p(i + 1));
+    sum_x += x;
+    sum_y += y;
+    sum_xy += x * y;
+    sum_xx += x * x;
+    sum_yy += y * y;
+    near += std::llabs(static_cast<int64_t>(p(i)) - static_cast<int64_t>(i)) < 100;
+  }
+  const double m = n - 1;
+  const double r = (sum_xy - sum_x * sum_y / m) /
+                   std::sqrt((sum_xx - sum_x * sum_x / m) * (sum_yy - sum_y * sum_y / m));
+  EXPECT_LT(std::abs(r), 0.02) << "successive positions correlate";
+  // P(|p(i) - i| < 100) is about 2 * 100 / n = 0.2%: 200 expected.
+  EXPECT_LT(near, 400);
+  EXPECT_GT(near, 80);
 }
 
 }  // namespace
