@@ -37,7 +37,9 @@ constexpr int kExitLost = 3;  // the drain timed out with batches no trainer too
 class Supervisor {
  public:
   Supervisor(PipelineConfig cfg, SupervisorOptions opt)
-      : cfg_(std::move(cfg)), opt_(std::move(opt)), timer_(io_) {}
+      : cfg_(std::move(cfg)), opt_(std::move(opt)), timer_(io_) {
+    cfg_.source.index_dir = opt_.state_dir;  // manifest indexes live with the cursors
+  }
 
   int Run() {
     // Rings first: their size is known from the stage specs, and running out of memory
@@ -246,6 +248,7 @@ class Supervisor {
       return Status::Unavailable("the previous reload is waiting for the epoch boundary");
     if (pipeline_->Finished()) return Status::Closed("the run has ended");
     Result<PipelineConfig> cfg = LoadConfigFile(file);
+    if (cfg.ok()) cfg->source.index_dir = opt_.state_dir;
     if (!cfg.ok()) return cfg.status();
     MMFEED_RETURN_IF_ERROR(CheckFaultsAllowed(*cfg, opt_.allow_faults));
     ConfigChanges changes = DiffConfigs(cfg_, *cfg);

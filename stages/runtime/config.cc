@@ -153,7 +153,7 @@ int EnvInt(const char* name, int fallback) {
 SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir) {
   CheckKeys(n, "source",
             {"type", "path", "shuffle", "seed", "epochs", "node_rank", "num_nodes", "fields",
-             "max_bytes"});
+             "max_bytes", "index"});
   SourceConfig s;
   if (!n["type"]) Fail(n, "source needs a 'type' (manifest or webdataset)");
   s.type = Str(n["type"], "source.type");
@@ -168,6 +168,13 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir) {
   if (n["epochs"]) s.epochs = static_cast<int>(IntAtLeast(n["epochs"], "source.epochs", 0));
   if (n["max_bytes"])
     s.max_bytes = static_cast<uint64_t>(IntAtLeast(n["max_bytes"], "source.max_bytes", 1));
+  if (n["index"]) {
+    s.index = Str(n["index"], "source.index");
+    if (s.index != "auto" && s.index != "on" && s.index != "off")
+      Fail(n["index"], fmt::format("source.index must be auto, on or off, not '{}'", s.index));
+    if (s.type != "manifest")
+      Fail(n["index"], "source.index applies to manifests (tar shards are read by their headers)");
+  }
   s.node_rank = EnvInt("NODE_RANK", 0);
   s.num_nodes = EnvInt("NUM_NODES", 1);
   if (n["node_rank"])

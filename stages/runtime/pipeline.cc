@@ -61,6 +61,9 @@ constexpr int kMaxOutputs = 16;  // tensors per stage (the ring holds 16 per bat
 struct Pipeline::WorkItem {
   uint64_t key = 0;    // one per dispatched sample: joins its branches
   uint32_t entry = 0;  // catalog index
+  // The sample's entry, shared by its branches (parsed once when the catalog is indexed).
+  std::shared_ptr<const CatalogEntry> sample;
+  bool source_failed = false;  // its manifest line could not be read or parsed: no stage runs
   int branch = -1;
   bool refill = false;  // drawn to fill the row of a failed sample
   std::shared_ptr<const Provisional> batch;
@@ -254,15 +257,14 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
       return Status::Corrupt(fmt::format("{}: {} (on_error: fail)", e.origin, e.reason));
     p->errors_.Add(e.origin, "source", "corrupt", e.reason);
   }
-  if (cat->entries.empty())
+  if (cat->size() == 0)
     return Status::Invalid(fmt::format("{}: no usable samples", cfg.source.path));
-  if (cat->entries.size() > UINT32_MAX)
-    return Status::TooLarge("more than 4G samples in one source");
-  if (cat->entries.size() / cfg.source.num_nodes < static_cast<size_t>(cfg.consumers))
+  if (cat->size() > UINT32_MAX) return Status::TooLarge("more than 4G samples in one source");
+  if (cat->size() / cfg.source.num_nodes < static_cast<size_t>(cfg.consumers))
     return Status::Invalid(fmt::format("{} samples cannot be dealt to {} node(s) x {} consumer(s)",
-                                       cat->entries.size(), cfg.source.num_nodes, cfg.consumers));
+                                       cat->size(), cfg.source.num_nodes, cfg.consumers));
   p->catalog_ = std::make_shared<Catalog>(std::move(cat.value()));
-  p->per_rank_ = p->catalog_->entries.size() / cfg.source.num_nodes / cfg.consumers;
+  p->per_rank_ = p->catalog_->size() / cfg.source.num_nodes / cfg.consumers;
   const uint64_t bs = static_cast<uint64_t>(cfg.batch_size);
   p->batches_per_epoch_ = cfg.drop_last ? p->per_rank_ / bs : (p->per_rank_ + bs - 1) / bs;
   if (p->batches_per_epoch_ == 0)
@@ -280,6 +282,8 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
   uint64_t h = HashString(fmt::format(
       "order 2|{}|{}|{}|{}|{}|{}|{}|{}", cfg.source.seed, cfg.source.shuffle, cfg.source.node_rank,
       cfg.source.num_nodes, cfg.consumers, cfg.batch_size, cfg.drop_last, cfg.source.epochs));
+  if (p->catalog_->index)  // an indexed manifest: its contents (size, mtime, inode, ends)
+    h = HashString(fmt::format("index {:016x}", p->catalog_->index->fingerprint()), h);
   for (const CatalogEntry& e : p->catalog_->entries) h = HashString(e.id, HashString("\n", h));
   p->order_fingerprint_ = fmt::format("{:016x}", h);
   for (const StageConfig& s : cfg.stages)
@@ -369,7 +373,7 @@ Pipeline::~Pipeline() {
 Status Pipeline::Start() {
   start_ns_ = NowNs();
   spdlog::info("pipeline '{}': {} samples, {} consumer rank(s), batch {}", cfg_.name,
-               catalog_->entries.size(), cfg_.consumers, cfg_.batch_size);
+               catalog_->size(), cfg_.consumers, cfg_.batch_size);
   threads_.emplace_back([this] { BatchLoop(); });
   for (auto& b : branches_) live_workers_ += b->threads;
   for (auto& b : branches_) {
@@ -416,10 +420,22 @@ void Pipeline::Fail(const Status& st) {
 void Pipeline::Dispatch(const std::shared_ptr<const Provisional>& batch, int row, uint32_t entry,
                         bool refill) {
   const uint64_t key = next_key_++;
+  std::shared_ptr<const CatalogEntry> sample;
+  Status read;
+  if (catalog_->index) {
+    auto e = std::make_shared<CatalogEntry>();
+    read = catalog_->Read(entry, e.get());
+    sample = std::move(e);
+  } else {  // shares the catalog's entry (aliasing: keeps the catalog alive, copies nothing)
+    sample = std::shared_ptr<const CatalogEntry>(catalog_, &catalog_->entries[entry]);
+  }
   for (size_t b = 0; b < branches_.size(); ++b) {
     auto item = std::make_unique<WorkItem>();
     item->key = key;
     item->entry = entry;
+    item->sample = sample;
+    item->status = read;
+    item->source_failed = !read.ok();
     item->branch = static_cast<int>(b);
     item->refill = refill;
     item->batch = batch;
@@ -499,7 +515,7 @@ void Pipeline::SourceLoop() {
       pb->seq = next[r].seq;
       pb->rows = RowsOf(pb->index);
       open_batches_.fetch_add(1, std::memory_order_acq_rel);
-      const EpochOrder order(catalog_->entries.size(), cfg_.source, pb->epoch, consumers);
+      const EpochOrder order(catalog_->size(), cfg_.source, pb->epoch, consumers);
       for (int row = 0; row < pb->rows; ++row)  // the rank's share: positions r, r + consumers, ...
         Dispatch(pb, row, order[(pb->index * bs + row) * consumers + r], false);
       next[r] = CursorAfter(next[r].seq);
@@ -566,10 +582,14 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
       item = b->inbox.Pop(&b->counters.starved_ns);
     }
     if (!item) break;
+    if (item->source_failed) {  // its manifest line could not be read: nothing to do here
+      join_->Push(std::move(item), true, &b->counters.blocked_ns);
+      continue;
+    }
     b->counters.fill_sum.fetch_add(b->inbox.SizeApprox(), std::memory_order_relaxed);
     b->counters.fill_samples.fetch_add(1, std::memory_order_relaxed);
     WorkTimer timer;
-    const CatalogEntry& e = catalog_->entries[item->entry];
+    const CatalogEntry& e = *item->sample;
     const FieldValue* field = nullptr;
     for (const auto& kv : e.fields)
       if (kv.first == b->cfg->field) field = &kv.second;
@@ -647,7 +667,7 @@ class Pipeline::Collator {
       if (o.outstanding == 0) Drop(s.batch);
       return;
     }
-    const CatalogEntry& e = p_->catalog_->entries[s.entry];
+    const CatalogEntry& e = *s.sample;
     if (status.ok()) {
       o.ids[s.row] = e.id;
       if (s.refill) {
@@ -744,7 +764,7 @@ class Pipeline::Collator {
 
   void Refill(Open& o) {
     const uint64_t limit = 4 * p_->per_rank_ + 256;
-    const EpochOrder order(p_->catalog_->entries.size(), p_->cfg_.source, o.batch->epoch,
+    const EpochOrder order(p_->catalog_->size(), p_->cfg_.source, o.batch->epoch,
                            p_->cfg_.consumers);
     std::vector<Pipeline::Refill> requests;
     bool give_up = false;
@@ -826,7 +846,7 @@ void Pipeline::BatchLoop() {
     std::unique_ptr<WorkItem> first;
   };
   std::unordered_map<uint64_t, Pending> pending;  // by key: the branches reported so far
-  std::vector<bool> known_bad(catalog_->entries.size());
+  std::vector<bool> known_bad(catalog_->size());
   std::vector<Collator> collators;
   for (int r = 0; r < cfg_.consumers; ++r)
     collators.emplace_back(this, static_cast<uint32_t>(r), start_[r].seq, &known_bad);
@@ -840,13 +860,13 @@ void Pipeline::BatchLoop() {
     }
     if (!item) break;
     WorkTimer timer;
-    const uint32_t entry = item->entry;
+    const std::string trace_id = trace::On() ? item->sample->id : std::string();
     batch_counters_.fill_sum.fetch_add(join_->SizeApprox(), std::memory_order_relaxed);
     batch_counters_.fill_samples.fetch_add(1, std::memory_order_relaxed);
     Pending& p = pending[item->key];
     if (!item->status.ok() && p.status.ok()) {
       p.status = item->status;
-      p.failed_stage = branches_[item->branch]->cfg->name;
+      p.failed_stage = item->source_failed ? "source" : branches_[item->branch]->cfg->name;
     }
     if (!p.first) p.first = std::move(item);
     if (++p.arrived == nb) {
@@ -858,8 +878,7 @@ void Pipeline::BatchLoop() {
         for (Collator& c : collators) c.DiscardIdle();
     }
     timer.AddTo(&batch_counters_);
-    if (trace::On())
-      trace::Span(name, "work", catalog_->entries[entry].id, timer.start_ns(), NowNs());
+    if (trace::On()) trace::Span(name, "work", trace_id, timer.start_ns(), NowNs());
   }
   // Every worker has finished, so nothing writes into an open batch; normally none is left.
   for (Collator& c : collators) c.DiscardIdle();
@@ -947,7 +966,7 @@ nlohmann::json Pipeline::Profile() const {
                   {"refilled", refills_ok_.load()},
                   {"refill_failed", refills_failed_.load()}};
   j["errors"] = errors_.ToJson();  // read after failed_: see where failed_ grows
-  j["samples_in_catalog"] = catalog_->entries.size();
+  j["samples_in_catalog"] = catalog_->size();
   return j;
 }
 

@@ -12,7 +12,8 @@ Result<std::vector<std::string>> ExpandBraces(const std::string& pattern) {
     return std::vector<std::string>{pattern};
   }
   size_t close = pattern.find('}', open);
-  if (close == std::string::npos) return Status::Invalid(fmt::format("'{}': '{{' without '}}'", pattern));
+  if (close == std::string::npos)
+    return Status::Invalid(fmt::format("'{}': '{{' without '}}'", pattern));
   std::string head = pattern.substr(0, open);
   std::string body = pattern.substr(open + 1, close - open - 1);
   Result<std::vector<std::string>> tails = ExpandBraces(pattern.substr(close + 1));
@@ -25,10 +26,13 @@ Result<std::vector<std::string>> ExpandBraces(const std::string& pattern) {
       return !s.empty() && s.size() <= 9 && s.find_first_not_of("0123456789") == std::string::npos;
     };
     if (!digits(a) || !digits(b))
-      return Status::Invalid(fmt::format("'{}': range '{{{}}}' must be two numbers like {{000..099}}", pattern, body));
+      return Status::Invalid(
+          fmt::format("'{}': range '{{{}}}' must be two numbers like {{000..099}}", pattern, body));
     long lo = std::stol(a), hi = std::stol(b);
-    if (hi < lo) return Status::Invalid(fmt::format("'{}': range '{{{}}}' runs backwards", pattern, body));
-    if (hi - lo > 10000000) return Status::Invalid(fmt::format("'{}': range '{{{}}}' is too large", pattern, body));
+    if (hi < lo)
+      return Status::Invalid(fmt::format("'{}': range '{{{}}}' runs backwards", pattern, body));
+    if (hi - lo > 10000000)
+      return Status::Invalid(fmt::format("'{}': range '{{{}}}' is too large", pattern, body));
     size_t width = a.size();
     for (long i = lo; i <= hi; ++i) alternatives.push_back(fmt::format("{:0{}}", i, width));
   } else {

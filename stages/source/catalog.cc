@@ -226,10 +226,43 @@ Result<Catalog> LoadWebDataset(const SourceConfig& source, const std::set<std::s
   return cat;
 }
 
+Status Catalog::Read(size_t i, CatalogEntry* e) const {
+  if (!index) {
+    *e = entries[i];
+    return Status::Ok();
+  }
+  *e = CatalogEntry();
+  std::string line;
+  uint64_t line_no = 0;
+  Status st = index->Line(i, &line, &line_no);
+  e->id = fmt::format("{}:{}", manifest_name, line_no);
+  e->origin = fmt::format("{}:{}", manifest_path, line_no);
+  if (!st.ok()) return st;
+  std::string reason =
+      ParseManifestLine(line, manifest_dir, line_no, manifest_name, needed, path_fields, e);
+  return reason.empty() ? Status::Ok() : Status::Corrupt(reason);
+}
+
 Result<Catalog> LoadCatalog(const SourceConfig& source, const std::set<std::string>& needed,
                             const std::set<std::string>& path_fields) {
-  if (source.type == "manifest") return LoadManifest(source.path, needed, path_fields);
-  return LoadWebDataset(source, needed);
+  if (source.type != "manifest") return LoadWebDataset(source, needed);
+  bool indexed = source.index == "on";
+  if (source.index == "auto") {
+    std::error_code ec;
+    const uintmax_t bytes = std::filesystem::file_size(source.path, ec);
+    indexed = !ec && bytes >= kIndexAutoBytes;
+  }
+  if (!indexed) return LoadManifest(source.path, needed, path_fields);
+  Result<std::unique_ptr<ManifestIndex>> index = ManifestIndex::Open(source.path, source.index_dir);
+  if (!index.ok()) return index.status();
+  Catalog cat;
+  cat.index = std::move(index.value());
+  cat.manifest_path = source.path;
+  cat.manifest_dir = std::filesystem::path(source.path).parent_path().string();
+  cat.manifest_name = std::filesystem::path(source.path).filename().string();
+  cat.needed = needed;
+  cat.path_fields = path_fields;
+  return cat;
 }
 
 EpochOrder::EpochOrder(size_t n, const SourceConfig& source, uint32_t epoch, int consumers)

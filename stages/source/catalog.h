@@ -1,11 +1,15 @@
-// Catalog: every sample a source offers, enumerated once at start (a JSONL manifest's lines,
-// or the members of WebDataset tar shards, found by reading only their 512-byte headers).
-// Samples that cannot be used (malformed line, missing field, tar cut in the middle) are not
-// in the catalog; they are listed in `errors` with their origin and reason.
-// Built on the supervisor thread; read-only afterwards and safe to share between threads.
+// Catalog: every sample a source offers. A JSONL manifest's lines are either all parsed at
+// start (source.index: off, and auto below kIndexAutoBytes) or, with its ManifestIndex, only
+// located at start and parsed when dealt (8 bytes per sample instead of the parsed fields);
+// WebDataset tar shards' members are found by reading only their 512-byte headers.
+// Parsed at start, samples that cannot be used (malformed line, missing field, tar cut in the
+// middle) are not in the catalog; they are listed in `errors` with their origin and reason.
+// Parsed when dealt, such a line is a failed sample (Read's status), counted like a corrupt
+// file. Built on the supervisor thread; read-only afterwards and safe to share between threads.
 #pragma once
 
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
@@ -13,6 +17,7 @@
 
 #include "stages/runtime/config.h"
 #include "stages/runtime/stage.h"
+#include "stages/source/manifest_index.h"
 #include "stages/source/permutation.h"
 
 namespace mmfeed {
@@ -31,9 +36,22 @@ struct LoadError {
   std::string reason;
 };
 
+// source.index: auto indexes manifests from this size on (about 600 k short lines, whose
+// parsed fields would take ~270 MB).
+constexpr uint64_t kIndexAutoBytes = 64ull << 20;
+
 struct Catalog {
-  std::vector<CatalogEntry> entries;
+  std::vector<CatalogEntry> entries;  // parsed at start
   std::vector<LoadError> errors;
+  // Or an indexed manifest, whose lines Read parses.
+  std::shared_ptr<const ManifestIndex> index;
+  std::string manifest_path, manifest_dir, manifest_name;
+  std::set<std::string> needed, path_fields;
+
+  size_t size() const { return index ? index->size() : entries.size(); }
+  // Entry i (REQUIRES: i < size()): a copy of the parsed entry, or its line read and parsed.
+  // On failure `*e` still has the sample's id and origin ("manifest.jsonl:12").
+  Status Read(size_t i, CatalogEntry* e) const;
 };
 
 // `needed`: the fields the pipeline's stages read; `path_fields`: those whose plain-string

@@ -339,6 +339,68 @@ output: {{ring_slots: {slots}}}
             self.run_mix(lambda i: 1000 <= i < 1600, slots, shuffle="false")
 
 
+class IndexedManifestTest(DaemonCase):
+    """source.index: on: the manifest is indexed once (into --state-dir), its lines parsed as
+    they are dealt; a malformed line is a failed sample, counted with its line and refilled."""
+
+    CONFIG = """pipeline: indexed
+source: {type: manifest, path: manifest.jsonl, shuffle: true, seed: 5, index: on}
+consumers: 2
+stages:
+  - {name: text, type: text, field: text, workers: 2, params: {max_len: 24}}
+  - {name: batch, type: batch, inputs: [text], params: {batch_size: 32}}
+output: {ring_slots: 4}
+"""
+
+    def run_once(self, state):
+        d = Daemon(self.dir, self.CONFIG, extra=("--state-dir", str(state)))
+        dumps = [self.dir / f"r{r}" for r in range(2)]
+        for dump in dumps:
+            shutil.rmtree(dump, ignore_errors=True)
+        results = [finish(p, timeout=120) for p in [d.consume(r, "--json", "--dump", str(dumps[r])) for r in range(2)]]
+        self.assertEqual(d.wait(), 0, d.log())
+        ids = []
+        for dump in dumps:
+            for meta, path in dumped_batches(dump):
+                text, lengths = np.load(path / "text.npy"), np.load(path / "text_lengths.npy")
+                for k, sid in enumerate(meta["ids"]):
+                    self.assertEqual(bytes(text[k, :lengths[k]].astype(np.uint8)).decode(), f"caption {sid[1:]}")
+                ids.extend(meta["ids"])
+        return results, ids, d.log()
+
+    def test_an_indexed_manifest_delivers_every_good_line_and_counts_the_bad_ones(self):
+        good, bad_lines = set(), []
+        with open(self.dir / "manifest.jsonl", "w") as m:
+            line = 0
+            for i in range(2100):
+                line += 1
+                if i % 100 == 7:
+                    m.write('{"id": "broken", "text": \n')  # malformed JSON
+                    bad_lines.append(line)
+                else:
+                    good.add(f"s{i}")
+                    m.write(json.dumps({"id": f"s{i}", "text": f"caption {i}"}) + "\n")
+                if i % 500 == 0:
+                    m.write("\n")  # blank lines are not samples and keep line numbers right
+                    line += 1
+        state = self.dir / "state"
+        results, ids, log = self.run_once(state)
+        self.assertEqual([r["samples"] for r in results], [1050, 1050])  # 2100 lines
+        self.assertIn("indexed 2100 samples", log)
+        self.assertEqual(len(list((state / "index").glob("manifest.jsonl-*.mmfidx"))), 1)
+        self.assertTrue(set(ids) <= good, "no bad line delivered")
+        self.assertGreater(len(set(ids)), 1900)
+        for line in bad_lines[:3]:  # logged with their line numbers
+            self.assertIn(f"manifest.jsonl:{line} (source): malformed JSON", log)
+        self.assertRegex(log, r"samples skipped: 2[01]\b")
+        # The next start maps the index (no indexing) and deals the same stream (from the
+        # start: the first run's cursors, kept beside the index, are removed).
+        (state / "cursors.json").unlink()
+        results2, ids2, log2 = self.run_once(state)
+        self.assertNotIn("indexed 2100 samples", log2)
+        self.assertEqual(ids2, ids)
+
+
 class AudioTextTest(DaemonCase):
     def test_audio_text_config_runs_and_dump_shows_the_features(self):
         tone = pathlib.Path(__file__).resolve().parent.parent / "data" / "audio" / "tone.wav"

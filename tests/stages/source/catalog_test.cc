@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <set>
 
 #include "stages/source/brace.h"
@@ -132,6 +133,85 @@ TEST(ManifestTest, MalformedLinesAreReportedWithLineNumbers) {
   EXPECT_EQ(cat->errors[1].origin, dir / "m.jsonl:4");
   EXPECT_EQ(cat->errors[2].reason, "missing field 'text'");
   EXPECT_EQ(cat->errors[3].origin, dir / "m.jsonl:7");
+}
+
+// The same manifest through its index: entries are located at start and parsed when read;
+// blank lines keep the line numbers right, a malformed line is a failed read naming its line.
+TEST(ManifestIndexTest, LocatesLinesAndParsesThemWhenRead) {
+  TempDir dir;
+  const std::string text =
+      "{\"id\": \"a\", \"image\": \"x.jpg\", \"text\": \"hi\"}\n"
+      "\n"
+      "  \t\r\n"
+      "{\"id\": \"b\", \"image\": \"x.jpg\"\n"
+      "{\"id\": \"c\", \"image\": \"y.jpg\", \"text\": \"crlf\"}\r\n"
+      "{\"image\": \"z.jpg\", \"text\": \"no newline, no id\"}";
+  WriteFile(dir / "m.jsonl", text);
+  SourceConfig s;
+  s.type = "manifest";
+  s.path = dir / "m.jsonl";
+  s.index = "on";
+  Result<Catalog> cat = LoadCatalog(s, {"image", "text"}, {"image"});
+  ASSERT_TRUE(cat.ok()) << cat.status().message();
+  ASSERT_NE(cat->index, nullptr);
+  EXPECT_TRUE(cat->index->built());
+  EXPECT_EQ(cat->index->path(), dir / "m.jsonl.mmfidx");
+  ASSERT_EQ(cat->size(), 4u);
+  CatalogEntry e;
+  ASSERT_TRUE(cat->Read(0, &e).ok());
+  EXPECT_EQ(e.id, "a");
+  EXPECT_EQ(e.fields[0].second.data, dir / "x.jpg");
+  Status bad = cat->Read(1, &e);
+  EXPECT_EQ(bad.code(), Status::Code::kCorrupt);
+  EXPECT_EQ(e.origin, dir / "m.jsonl:4");
+  ASSERT_TRUE(cat->Read(2, &e).ok());
+  EXPECT_EQ(e.id, "c");
+  EXPECT_EQ(e.origin, dir / "m.jsonl:5");
+  ASSERT_TRUE(cat->Read(3, &e).ok());
+  EXPECT_EQ(e.id, "m.jsonl:6");
+  EXPECT_EQ(e.fields[1].second.data, "no newline, no id");
+
+  // The next open maps the same index; a changed manifest is indexed again.
+  Result<Catalog> again = LoadCatalog(s, {"image", "text"}, {"image"});
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->index->built());
+  EXPECT_EQ(again->index->fingerprint(), cat->index->fingerprint());
+  WriteFile(dir / "m.jsonl", text + "\n{\"id\": \"d\", \"image\": \"x.jpg\", \"text\": \"t\"}\n");
+  Result<Catalog> changed = LoadCatalog(s, {"image", "text"}, {"image"});
+  ASSERT_TRUE(changed.ok());
+  EXPECT_TRUE(changed->index->built());
+  EXPECT_EQ(changed->size(), 5u);
+  EXPECT_NE(changed->index->fingerprint(), cat->index->fingerprint());
+  ASSERT_TRUE(changed->Read(4, &e).ok());
+  EXPECT_EQ(e.id, "d");
+
+  // With a state dir, the index goes there; where nothing can be written, it stays in memory.
+  s.index_dir = dir / "state";
+  Result<Catalog> kept = LoadCatalog(s, {"image", "text"}, {"image"});
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(kept->index->path().rfind(dir / "state/index/m.jsonl-", 0), 0u) << kept->index->path();
+  WriteFile(dir / "not-a-dir", "x");
+  s.index_dir = dir / "not-a-dir";
+  Result<Catalog> memory = LoadCatalog(s, {"image", "text"}, {"image"});
+  ASSERT_TRUE(memory.ok());
+  EXPECT_EQ(memory->index->path(), "");
+  EXPECT_EQ(memory->size(), 5u);
+  ASSERT_TRUE(memory->Read(2, &e).ok());
+  EXPECT_EQ(e.id, "c");
+}
+
+// A manifest below kIndexAutoBytes is parsed at start with index: auto; index: off always.
+TEST(ManifestIndexTest, AutoIndexesOnlyLargeManifests) {
+  TempDir dir;
+  WriteFile(dir / "m.jsonl", "{\"id\": \"a\", \"text\": \"hi\"}\n");
+  SourceConfig s;
+  s.type = "manifest";
+  s.path = dir / "m.jsonl";
+  Result<Catalog> small = LoadCatalog(s, {"text"}, {});
+  ASSERT_TRUE(small.ok());
+  EXPECT_EQ(small->index, nullptr);
+  EXPECT_EQ(small->size(), 1u);
+  EXPECT_FALSE(std::filesystem::exists(dir / "m.jsonl.mmfidx"));
 }
 
 std::vector<uint32_t> Positions(const EpochOrder& o) {

@@ -1,0 +1,324 @@
+#include "stages/source/manifest_index.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <vector>
+
+#include "stages/runtime/rng.h"
+
+namespace mmfeed {
+
+struct ManifestIndex::Header {
+  char magic[8];
+  uint64_t manifest_size;
+  int64_t mtime_ns;
+  uint64_t inode;
+  uint64_t ends_hash;
+  uint64_t count;
+  uint64_t marks;
+  uint64_t reserved;
+};
+
+namespace {
+
+constexpr char kMagic[8] = {'M', 'M', 'F', 'I', 'D', 'X', '1', '\0'};
+constexpr size_t kEndBytes = 64 << 10;        // hashed at each end of the manifest
+constexpr uint64_t kMaxLineBytes = 16 << 20;  // a longer line is a failed sample
+
+bool FullPread(int fd, void* buf, size_t n, uint64_t off) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    ssize_t r = ::pread(fd, p, n, static_cast<off_t>(off));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+    off += static_cast<uint64_t>(r);
+  }
+  return true;
+}
+
+bool FullWrite(int fd, const void* buf, size_t n) {
+  auto* p = static_cast<const char*>(buf);
+  while (n > 0) {
+    ssize_t r = ::write(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+// What the index must match: the manifest's size, mtime, inode and the hash of its ends.
+Result<ManifestIndex::Header> Describe(int fd, const std::string& manifest) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    return Status::Invalid(fmt::format("{}: the manifest is not a regular file", manifest));
+  ManifestIndex::Header h{};
+  std::memcpy(h.magic, kMagic, sizeof kMagic);
+  h.manifest_size = static_cast<uint64_t>(st.st_size);
+  h.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  h.inode = static_cast<uint64_t>(st.st_ino);
+  std::string ends(std::min<uint64_t>(h.manifest_size, 2 * kEndBytes), '\0');
+  const size_t head = std::min<uint64_t>(h.manifest_size, kEndBytes);
+  if (!FullPread(fd, ends.data(), head, 0) || !FullPread(fd, ends.data() + head, ends.size() - head,
+                                                         h.manifest_size - (ends.size() - head)))
+    return Status::Io(fmt::format("{}: read failed: {}", manifest, std::strerror(errno)));
+  h.ends_hash = HashString(ends, HashString(std::to_string(h.manifest_size)));
+  return h;
+}
+
+// Why an index file does not describe the manifest (empty: it does).
+std::string Stale(const ManifestIndex::Header& have, const ManifestIndex::Header& want,
+                  uint64_t file_bytes) {
+  if (std::memcmp(have.magic, kMagic, sizeof kMagic) != 0) return "not an index of this version";
+  if (have.manifest_size != want.manifest_size)
+    return fmt::format("the manifest's size changed ({} -> {} bytes)", have.manifest_size,
+                       want.manifest_size);
+  if (have.mtime_ns != want.mtime_ns) return "the manifest was modified since";
+  if (have.inode != want.inode) return "the manifest was replaced since";
+  if (have.ends_hash != want.ends_hash) return "the manifest's contents changed";
+  if (file_bytes != sizeof(ManifestIndex::Header) + (have.count + 1) * 8 +
+                        have.marks * sizeof(ManifestIndex::Mark))
+    return "the index file is truncated or damaged";
+  return "";
+}
+
+// Streams through the manifest: the offsets of its non-blank lines go to `emit`, the
+// line-number marks to `mark`, in order (bounded memory: a manifest of alternate blank lines
+// has a mark per entry).
+Status Scan(int fd, const std::string& manifest, uint64_t size,
+            const std::function<bool(uint64_t)>& emit,
+            const std::function<bool(const ManifestIndex::Mark&)>& mark, uint64_t* count) {
+  const size_t cap = static_cast<size_t>(std::min<uint64_t>(size, 8 << 20));
+  auto buf = std::make_unique_for_overwrite<char[]>(std::max<size_t>(cap, 1));
+  uint64_t pos = 0, line_start = 0, line_no = 1, entries = 0, last_line = 0;
+  bool blank = true;
+  auto end_line = [&](uint64_t next_start) {
+    if (!blank) {
+      if (line_no != last_line + 1 && !mark({entries, line_no})) return false;
+      last_line = line_no;
+      ++entries;
+      if (!emit(line_start)) return false;
+    }
+    ++line_no;
+    line_start = next_start;
+    blank = true;
+    return true;
+  };
+  while (pos < size) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(cap, size - pos));
+    if (!FullPread(fd, buf.get(), n, pos))
+      return Status::Io(fmt::format("{}: read failed at offset {}", manifest, pos));
+    const char* p = buf.get();
+    const char* end = p + n;
+    while (p < end) {
+      const char* nl = static_cast<const char*>(std::memchr(p, '\n', end - p));
+      const char* seg_end = nl ? nl : end;
+      for (const char* c = p; blank && c < seg_end; ++c)
+        blank = *c == ' ' || *c == '\t' || *c == '\r';
+      if (!nl) break;
+      if (!end_line(pos + static_cast<uint64_t>(nl - buf.get()) + 1))
+        return Status::Io("cannot write the index");
+      p = nl + 1;
+    }
+    pos += n;
+  }
+  if (!end_line(size)) return Status::Io("cannot write the index");  // a last line without '\n'
+  *count = entries;
+  return Status::Ok();
+}
+
+std::string IndexPath(const std::string& manifest, const std::string& index_dir) {
+  if (index_dir.empty()) return manifest + ".mmfidx";
+  std::error_code ec;
+  const std::string abs = std::filesystem::absolute(manifest, ec).lexically_normal().string();
+  const std::string name = std::filesystem::path(manifest).filename().string();
+  return fmt::format("{}/index/{}-{:016x}.mmfidx", index_dir, name, HashString(abs));
+}
+
+}  // namespace
+
+ManifestIndex::~ManifestIndex() {
+  if (map_) ::munmap(map_, map_bytes_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Result<std::unique_ptr<ManifestIndex>> ManifestIndex::Open(const std::string& manifest,
+                                                           const std::string& index_dir) {
+  std::unique_ptr<ManifestIndex> idx(new ManifestIndex());
+  idx->manifest_ = manifest;
+  idx->fd_ = ::open(manifest.c_str(), O_RDONLY | O_CLOEXEC);
+  if (idx->fd_ < 0)
+    return Status::NotFound(
+        fmt::format("{}: cannot open manifest: {}", manifest, std::strerror(errno)));
+  Result<Header> want = Describe(idx->fd_, manifest);
+  if (!want.ok()) return want.status();
+  idx->manifest_size_ = want->manifest_size;
+  idx->fingerprint_ = HashString(fmt::format("{}|{}|{}|{}", want->manifest_size, want->mtime_ns,
+                                             want->inode, want->ends_hash));
+  const std::string path = IndexPath(manifest, index_dir);
+
+  // An index that describes the manifest: map it.
+  std::string why = "none yet";
+  if (int ifd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC); ifd >= 0) {
+    Header have{};
+    struct stat st;
+    if (::fstat(ifd, &st) == 0 && FullPread(ifd, &have, sizeof have, 0))
+      why = Stale(have, *want, static_cast<uint64_t>(st.st_size));
+    else
+      why = "the index file is truncated or damaged";
+    if (why.empty()) {
+      void* m = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, ifd, 0);
+      ::close(ifd);
+      if (m == MAP_FAILED)
+        return Status::Io(fmt::format("cannot map {}: {}", path, std::strerror(errno)));
+      idx->map_ = m;
+      idx->map_bytes_ = static_cast<size_t>(st.st_size);
+      idx->path_ = path;
+      idx->count_ = have.count;
+      idx->mark_count_ = have.marks;
+      idx->offsets_ =
+          reinterpret_cast<const uint64_t*>(static_cast<const char*>(m) + sizeof(Header));
+      idx->marks_ = reinterpret_cast<const Mark*>(idx->offsets_ + have.count + 1);
+      return idx;
+    }
+    ::close(ifd);
+  }
+
+  // Build it: into a temporary file renamed over the index, or in memory.
+  const auto t0 = std::chrono::steady_clock::now();
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  const std::string tmp = path + ".tmp", marks_tmp = path + ".marks.tmp";
+  int out = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int marks_out =
+      out < 0 ? -1 : ::open(marks_tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  uint64_t count = 0;
+  if (out >= 0 && marks_out >= 0) {
+    // Offsets and marks are written in chunks as the scan finds them; marks go to their own
+    // file, appended after the offsets at the end.
+    std::vector<uint64_t> chunk;
+    std::vector<Mark> mark_chunk;
+    uint64_t marks = 0;
+    chunk.reserve(1 << 16);
+    mark_chunk.reserve(1 << 12);
+    auto flush = [&] {
+      const bool ok = FullWrite(out, chunk.data(), chunk.size() * 8);
+      chunk.clear();
+      return ok;
+    };
+    auto flush_marks = [&] {
+      const bool ok = FullWrite(marks_out, mark_chunk.data(), mark_chunk.size() * sizeof(Mark));
+      mark_chunk.clear();
+      return ok;
+    };
+    bool ok = ::lseek(out, sizeof(Header), SEEK_SET) == static_cast<off_t>(sizeof(Header));
+    Status st = Scan(
+        idx->fd_, manifest, want->manifest_size,
+        [&](uint64_t off) {
+          chunk.push_back(off);
+          return chunk.size() < chunk.capacity() || flush();
+        },
+        [&](const Mark& m) {
+          mark_chunk.push_back(m);
+          ++marks;
+          return mark_chunk.size() < mark_chunk.capacity() || flush_marks();
+        },
+        &count);
+    chunk.push_back(want->manifest_size);
+    ok = ok && st.ok() && flush() && flush_marks() && ::lseek(marks_out, 0, SEEK_SET) == 0;
+    for (uint64_t left = marks; ok && left > 0;) {  // the marks, after the offsets
+      mark_chunk.resize(std::min<uint64_t>(left, 1 << 12));
+      ok = FullPread(marks_out, mark_chunk.data(), mark_chunk.size() * sizeof(Mark),
+                     (marks - left) * sizeof(Mark)) &&
+           FullWrite(out, mark_chunk.data(), mark_chunk.size() * sizeof(Mark));
+      left -= mark_chunk.size();
+    }
+    ::close(marks_out);
+    ::unlink(marks_tmp.c_str());
+    Header h = *want;
+    h.count = count;
+    h.marks = marks;
+    ok =
+        ok && ::pwrite(out, &h, sizeof h, 0) == static_cast<ssize_t>(sizeof h) && ::fsync(out) == 0;
+    ok = ::close(out) == 0 && ok;
+    if (!st.ok()) {
+      ::unlink(tmp.c_str());
+      return st;
+    }
+    if (ok && std::rename(tmp.c_str(), path.c_str()) == 0) {
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      spdlog::info("{}: indexed {} samples in {:.1f} s ({:.0f} MB/s) into {} (previous index: {})",
+                   manifest, count, secs, want->manifest_size / 1e6 / std::max(secs, 1e-9), path,
+                   why);
+      Result<std::unique_ptr<ManifestIndex>> again = Open(manifest, index_dir);
+      if (again.ok()) (*again)->built_ = true;
+      return again;
+    }
+    ::unlink(tmp.c_str());
+  } else if (out >= 0) {
+    ::close(out);
+    ::unlink(tmp.c_str());
+  }
+  spdlog::warn("{}: cannot write its index at {} ({}): keeping it in memory, 8 bytes per sample",
+               manifest, path, std::strerror(errno));
+  std::vector<uint64_t> offsets;
+  std::vector<Mark> marks;
+  MMFEED_RETURN_IF_ERROR(Scan(
+      idx->fd_, manifest, want->manifest_size,
+      [&](uint64_t off) {
+        offsets.push_back(off);
+        return true;
+      },
+      [&](const Mark& m) {
+        marks.push_back(m);
+        return true;
+      },
+      &count));
+  offsets.push_back(want->manifest_size);
+  const size_t words = offsets.size() + marks.size() * 2;
+  idx->heap_ = std::make_unique<uint64_t[]>(words);
+  std::copy(offsets.begin(), offsets.end(), idx->heap_.get());
+  std::memcpy(idx->heap_.get() + offsets.size(), marks.data(), marks.size() * sizeof(Mark));
+  idx->count_ = count;
+  idx->mark_count_ = marks.size();
+  idx->offsets_ = idx->heap_.get();
+  idx->marks_ = reinterpret_cast<const Mark*>(idx->heap_.get() + offsets.size());
+  idx->built_ = true;
+  return idx;
+}
+
+Status ManifestIndex::Line(size_t i, std::string* line, uint64_t* line_no) const {
+  const Mark* m = std::upper_bound(marks_, marks_ + mark_count_, static_cast<uint64_t>(i),
+                                   [](uint64_t v, const Mark& k) { return v < k.entry; });
+  *line_no = m == marks_ ? i + 1 : (m - 1)->line + (i - (m - 1)->entry);
+  const uint64_t start = offsets_[i], end = offsets_[i + 1];
+  if (end < start || end > manifest_size_)
+    return Status::Corrupt(fmt::format("the index of {} is damaged at entry {}", manifest_, i));
+  const uint64_t n = std::min(end - start, kMaxLineBytes + 1);
+  line->resize(static_cast<size_t>(n));
+  if (!FullPread(fd_, line->data(), line->size(), start))
+    return Status::Io(fmt::format("{}: read failed at offset {} (was the manifest truncated?)",
+                                  manifest_, start));
+  const size_t nl = line->find('\n');
+  if (nl != std::string::npos) line->resize(nl);
+  if (line->size() > kMaxLineBytes)
+    return Status::TooLarge(fmt::format("line longer than {} bytes", kMaxLineBytes));
+  return Status::Ok();
+}
+
+}  // namespace mmfeed
