@@ -3,13 +3,14 @@
 and, with normalization left to the consumer, uint8 images) against the PyTorch DataLoader
 baseline and a bare libjpeg-turbo full-size decode, on the same files in one run. Steady
 state: each side runs a short and a long pass, and throughput is
-(long - short samples) / (long - short seconds), so start-up cancels out. Two photo sets:
+(long - short samples) / (long - short seconds), so start-up cancels out; mmfeed and the
+bare decode take turns for --rounds rounds and the ratios are medians of the rounds'. Two photo sets:
 the project's own (scripts/make_dataset.py: 400-800 px wide) and ImageNet-sized photos
 (scripts/make_photos.py: 240-620 px wide, median about 430x350).
 
-usage: image_text_bench.py --build BUILD --out DIR [--short N] [--long N] [--sets project,imagenet]
+usage: image_text_bench.py --build BUILD --out DIR [--short N] [--long N] [--sets project,imagenet] [--rounds R]
 """
-import argparse, glob, json, os, pathlib, random, subprocess, sys, time
+import argparse, glob, json, os, pathlib, random, statistics, subprocess, sys, time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PY = "/usr/bin/python3"
@@ -60,22 +61,33 @@ def imagenet_set(data, samples):
             m.write(json.dumps({"id": f"s{i:06d}", "image": f"img/{files[i % len(files)].name}", "text": words}) + "\n")
 
 
-def measure(build, data, short, long):
+def measure(build, data, short, long, rounds):
     lines = (data / "manifest.jsonl").read_text().splitlines()
     for n in (short, long):
         (data / f"manifest-{n}.jsonl").write_text("\n".join(lines[:n]) + "\n")
     files = sorted(glob.glob(str(data / "img" / "*.jpg")))
-    res = {"images": len(files)}
-    res["mmfeed"] = steady(run_mmfeed(build, data, short), run_mmfeed(build, data, long))
-    res["mmfeed_uint8"] = steady(run_mmfeed(build, data, short, "uint8"), run_mmfeed(build, data, long, "uint8"))
-    res["torch_dataloader"] = steady(run_torch(data, short), run_torch(data, long))
     reps = max(1, long // len(files))
-    dec = json.loads(subprocess.run([f"{build}/bin/mmfeed-bench-decode", "--threads", "2", "--repeat", str(reps), *files],
-                                    capture_output=True, text=True, check=True).stdout)
-    res["bare_libjpeg_turbo_decode"] = dec["images_per_s"]
+
+    def bare():
+        out = subprocess.run([f"{build}/bin/mmfeed-bench-decode", "--threads", "2", "--repeat", str(reps), *files],
+                             capture_output=True, text=True, check=True).stdout
+        return json.loads(out)["images_per_s"]
+
+    # The VM's speed drifts by 10-15% between minutes: mmfeed and the bare decode take turns,
+    # `rounds` times, and each ratio is the median of the rounds' ratios.
+    runs = {"mmfeed": [], "mmfeed_uint8": [], "bare_libjpeg_turbo_decode": []}
+    for _ in range(rounds):
+        runs["mmfeed"].append(steady(run_mmfeed(build, data, short), run_mmfeed(build, data, long)))
+        runs["bare_libjpeg_turbo_decode"].append(bare())
+        runs["mmfeed_uint8"].append(steady(run_mmfeed(build, data, short, "uint8"), run_mmfeed(build, data, long, "uint8")))
+    res = {"images": len(files), "rounds": runs}
+    for k, v in runs.items():
+        res[k] = statistics.median(v)
+    res["torch_dataloader"] = steady(run_torch(data, short), run_torch(data, long))
     for k in ("mmfeed", "mmfeed_uint8"):
         res[f"{k}_vs_dataloader"] = res[k] / res["torch_dataloader"]
-        res[f"{k}_vs_bare_decode"] = res[k] / res["bare_libjpeg_turbo_decode"]
+        res[f"{k}_vs_bare_decode"] = statistics.median(
+            m / b for m, b in zip(runs[k], runs["bare_libjpeg_turbo_decode"]))
     return res
 
 
@@ -86,6 +98,7 @@ def main():
     ap.add_argument("--short", type=int, default=1024)
     ap.add_argument("--long", type=int, default=6144)
     ap.add_argument("--sets", default="project,imagenet")
+    ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
     results = {"cores": os.cpu_count()}
     for name in a.sets.split(","):
@@ -96,7 +109,7 @@ def main():
             imagenet_set(data, a.long)
         else:
             raise SystemExit(f"unknown photo set {name}: project or imagenet")
-        results[name] = measure(a.build, data, a.short, a.long)
+        results[name] = measure(a.build, data, a.short, a.long, a.rounds)
     print(json.dumps(results, indent=2))
     print("\n| photos | pipeline | images/s (steady state) | vs bare decode | vs DataLoader |\n|---|---|---|---|---|")
     for name in a.sets.split(","):

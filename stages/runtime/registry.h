@@ -33,6 +33,24 @@ struct ParamSpec {
   int list_size = 0;                 // for lists: the required length, 0 = any
 };
 
+// `mean` and `std` of the stages that output pixels: float32 = (pixel/255 - mean) / std.
+inline ParamSpec PixelMeanParam() {
+  return {"mean",
+          ParamType::kFloatList,
+          std::vector<double>{0, 0, 0},
+          "float32: per-channel mean (of pixel/255)",
+          {},
+          3};
+}
+inline ParamSpec PixelStdParam() {
+  return {"std",
+          ParamType::kFloatList,
+          std::vector<double>{1, 1, 1},
+          "float32: per-channel std (of pixel/255)",
+          {},
+          3};
+}
+
 // Parameter values after validation; every declared parameter is present (given or default).
 class Params {
  public:

@@ -103,6 +103,19 @@ def finish(proc, timeout=60):
     return json.loads(out) if out.strip().startswith("{") else out
 
 
+def captioned_ids(test, dumps):
+    """The ids of every dumped batch in order, each checked to carry its own text ("caption N"
+    for id sN)."""
+    ids = []
+    for dump in dumps:
+        for meta, path in dumped_batches(dump):
+            text, lengths = np.load(path / "text.npy"), np.load(path / "text_lengths.npy")
+            for k, sid in enumerate(meta["ids"]):
+                test.assertEqual(bytes(text[k, :lengths[k]].astype(np.uint8)).decode(), f"caption {sid[1:]}")
+            ids.extend(meta["ids"])
+    return ids
+
+
 class DaemonCase(unittest.TestCase):
     """A temporary folder per test; daemons a test started are killed after it."""
 
@@ -313,14 +326,7 @@ output: {{ring_slots: {slots}}}
         self.assertEqual(d.wait(), 0, d.log())
         self.assertEqual([r["batches"] for r in results], [64, 64], "equal batch counts whatever fails")
         self.assertEqual([r["samples"] for r in results], [2048, 2048])
-        delivered = set()
-        for dump in dumps:
-            for meta, path in dumped_batches(dump):
-                text, lengths = np.load(path / "text.npy"), np.load(path / "text_lengths.npy")
-                for k, sid in enumerate(meta["ids"]):
-                    self.assertEqual(bytes(text[k, :lengths[k]].astype(np.uint8)).decode(), f"caption {sid[1:]}")
-                delivered.update(meta["ids"])
-        self.assertEqual(delivered, good, "every good sample delivered, no bad one")
+        self.assertEqual(set(captioned_ids(self, dumps)), good, "every good sample delivered, no bad one")
         self.assertIn(f"samples skipped: {n - len(good)}", d.log())
         shutil.rmtree(dumps[0]), shutil.rmtree(dumps[1])
 
@@ -359,14 +365,7 @@ output: {ring_slots: 4}
             shutil.rmtree(dump, ignore_errors=True)
         results = [finish(p, timeout=120) for p in [d.consume(r, "--json", "--dump", str(dumps[r])) for r in range(2)]]
         self.assertEqual(d.wait(), 0, d.log())
-        ids = []
-        for dump in dumps:
-            for meta, path in dumped_batches(dump):
-                text, lengths = np.load(path / "text.npy"), np.load(path / "text_lengths.npy")
-                for k, sid in enumerate(meta["ids"]):
-                    self.assertEqual(bytes(text[k, :lengths[k]].astype(np.uint8)).decode(), f"caption {sid[1:]}")
-                ids.extend(meta["ids"])
-        return results, ids, d.log()
+        return results, captioned_ids(self, dumps), d.log()
 
     def test_an_indexed_manifest_delivers_every_good_line_and_counts_the_bad_ones(self):
         good, bad_lines = set(), []
