@@ -124,9 +124,11 @@ class PlantedBottleneckTest(ProfileCase):
 
     def test_balanced_no_false_alarm(self):
         make_dataset(self.dir, 256)
-        # Trainers that copy each batch out and release it at once, then compute 60 ms: the
-        # pipeline has spare capacity and nobody waits for it.
-        d = self.start(config(workers=1), "--pause-ms", "60")
+        # Trainers that copy each batch out and release it at once, then compute 150 ms: the
+        # pipeline has spare capacity and nobody waits for it. (60 ms left an ASan daemon on a
+        # loaded 2-core machine, making ~15 batches/s, without spare capacity: its trainer
+        # waited 8% of the time and the image stage was rightly named.)
+        d = self.start(config(workers=1), "--pause-ms", "150")
         report = self.profile(d)
         self.assertDiagnosis(report, None, "none")
         self.assertLess(report["consumers"][0]["wait_share"], 0.2)
