@@ -114,7 +114,10 @@ class PlantedBottleneckTest(ProfileCase):
 
     def test_consumer_holding_batches(self):
         make_dataset(self.dir, 256)
-        d = self.start(config(workers=1, consumers=2), "--hold-ms", "150", consumers=2)
+        # Each trainer holds a batch 400 ms: 5 batches/s wanted, a third of what even an ASan
+        # daemon with one image worker makes on a loaded 2-core machine (at 150 ms it was
+        # near its capacity there, and its trainers waited 7%).
+        d = self.start(config(workers=1, consumers=2), "--hold-ms", "400", consumers=2)
         report = self.profile(d)
         self.assertDiagnosis(report, None, "consumer")
         for c in report["consumers"]:
