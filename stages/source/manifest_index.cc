@@ -97,26 +97,24 @@ std::string Stale(const ManifestIndex::Header& have, const ManifestIndex::Header
 }
 
 // Streams through the manifest: the offsets of its non-blank lines go to `emit`, the
-// line-number marks to `mark`, in order (bounded memory: a manifest of alternate blank lines
-// has a mark per entry).
+// line-number marks to `mark`, in order. Fails only when the manifest cannot be read.
 Status Scan(int fd, const std::string& manifest, uint64_t size,
-            const std::function<bool(uint64_t)>& emit,
-            const std::function<bool(const ManifestIndex::Mark&)>& mark, uint64_t* count) {
+            const std::function<void(uint64_t)>& emit,
+            const std::function<void(const ManifestIndex::Mark&)>& mark) {
   const size_t cap = static_cast<size_t>(std::min<uint64_t>(size, 8 << 20));
   auto buf = std::make_unique_for_overwrite<char[]>(std::max<size_t>(cap, 1));
   uint64_t pos = 0, line_start = 0, line_no = 1, entries = 0, last_line = 0;
   bool blank = true;
   auto end_line = [&](uint64_t next_start) {
     if (!blank) {
-      if (line_no != last_line + 1 && !mark({entries, line_no})) return false;
+      if (line_no != last_line + 1) mark({entries, line_no});
       last_line = line_no;
       ++entries;
-      if (!emit(line_start)) return false;
+      emit(line_start);
     }
     ++line_no;
     line_start = next_start;
     blank = true;
-    return true;
   };
   while (pos < size) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(cap, size - pos));
@@ -130,15 +128,101 @@ Status Scan(int fd, const std::string& manifest, uint64_t size,
       for (const char* c = p; blank && c < seg_end; ++c)
         blank = *c == ' ' || *c == '\t' || *c == '\r';
       if (!nl) break;
-      if (!end_line(pos + static_cast<uint64_t>(nl - buf.get()) + 1))
-        return Status::Io("cannot write the index");
+      end_line(pos + static_cast<uint64_t>(nl - buf.get()) + 1);
       p = nl + 1;
     }
     pos += n;
   }
-  if (!end_line(size)) return Status::Io("cannot write the index");  // a last line without '\n'
-  *count = entries;
+  end_line(size);  // a last line without '\n'
   return Status::Ok();
+}
+
+// Appends records of type T to a file in chunks of 256 KiB (bounded memory). The first failed
+// write is kept (ok(), error()); later records are dropped.
+template <typename T>
+class ChunkWriter {
+ public:
+  explicit ChunkWriter(int fd) : fd_(fd) { buf_.reserve(kChunk); }
+  void Add(const T& v) {
+    ++count_;
+    buf_.push_back(v);
+    if (buf_.size() == kChunk) Flush();
+  }
+  bool Flush() {
+    if (error_ == 0 && !FullWrite(fd_, buf_.data(), buf_.size() * sizeof(T)))
+      error_ = errno ? errno : EIO;
+    buf_.clear();
+    return error_ == 0;
+  }
+  bool ok() const { return error_ == 0; }
+  int error() const { return error_; }
+  uint64_t count() const { return count_; }
+
+ private:
+  static constexpr size_t kChunk = (256 << 10) / sizeof(T);
+  int fd_;
+  int error_ = 0;
+  uint64_t count_ = 0;
+  std::vector<T> buf_;
+};
+
+// Builds the index file at `path`: offsets and marks written in chunks as the scan finds them
+// (the marks into a temporary file of their own, appended after the offsets at the end), then
+// renamed into place. A manifest that cannot be read is the returned error; an index that
+// cannot be written (no folder, read-only, disk full) leaves no file behind and says why in
+// *write_error.
+Status WriteIndex(int manifest_fd, const std::string& manifest, const ManifestIndex::Header& want,
+                  const std::string& path, std::string* write_error) {
+  using Mark = ManifestIndex::Mark;
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  const std::string tmp = path + ".tmp", marks_tmp = path + ".marks.tmp";
+  const int out = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (out < 0) {
+    *write_error = std::strerror(errno);
+    return Status::Ok();
+  }
+  const int marks_out = ::open(marks_tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int error = marks_out < 0 ? errno : 0;
+  ChunkWriter<uint64_t> offsets(out);
+  ChunkWriter<Mark> marks(marks_out);
+  Status st = Status::Ok();
+  if (error == 0) {
+    if (::lseek(out, sizeof want, SEEK_SET) != static_cast<off_t>(sizeof want)) error = errno;
+    st = Scan(
+        manifest_fd, manifest, want.manifest_size, [&](uint64_t off) { offsets.Add(off); },
+        [&](const Mark& m) { marks.Add(m); });
+    if (!st.ok()) error = EIO;  // not a write error: reported as st, *write_error unset
+    const uint64_t count = offsets.count();
+    offsets.Add(want.manifest_size);
+    if (error == 0 && !offsets.Flush()) error = offsets.error();
+    if (error == 0 && !marks.Flush()) error = marks.error();
+    if (error == 0 && ::lseek(marks_out, 0, SEEK_SET) != 0) error = errno;
+    ChunkWriter<Mark> marks_after(out);  // the marks, after the offsets
+    std::vector<Mark> chunk;
+    for (uint64_t done = 0; error == 0 && done < marks.count(); done += chunk.size()) {
+      chunk.resize(std::min<uint64_t>(marks.count() - done, 1 << 12));
+      if (!FullPread(marks_out, chunk.data(), chunk.size() * sizeof(Mark), done * sizeof(Mark)))
+        error = errno ? errno : EIO;
+      for (const Mark& m : chunk) marks_after.Add(m);
+    }
+    if (error == 0 && !marks_after.Flush()) error = marks_after.error();
+    ManifestIndex::Header h = want;
+    h.count = count;
+    h.marks = marks.count();
+    if (error == 0 &&
+        (::pwrite(out, &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h) || ::fsync(out) != 0))
+      error = errno ? errno : EIO;
+  }
+  if (marks_out >= 0) {
+    ::close(marks_out);
+    ::unlink(marks_tmp.c_str());
+  }
+  if (::close(out) != 0 && error == 0) error = errno;
+  if (error == 0 && std::rename(tmp.c_str(), path.c_str()) != 0) error = errno;
+  if (error != 0) ::unlink(tmp.c_str());
+  if (error != 0 && st.ok()) *write_error = std::strerror(error);
+  return st;
 }
 
 std::string IndexPath(const std::string& manifest, const std::string& index_dir) {
@@ -198,106 +282,32 @@ Result<std::unique_ptr<ManifestIndex>> ManifestIndex::Open(const std::string& ma
     ::close(ifd);
   }
 
-  // Build it: into a temporary file renamed over the index, or in memory.
+  // Build it: into the index file, or, when that cannot be written, in memory.
   const auto t0 = std::chrono::steady_clock::now();
-  std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  const std::string tmp = path + ".tmp", marks_tmp = path + ".marks.tmp";
-  int out = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  int marks_out =
-      out < 0 ? -1 : ::open(marks_tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  uint64_t count = 0;
-  if (out >= 0 && marks_out >= 0) {
-    // Offsets and marks are written in chunks as the scan finds them; marks go to their own
-    // file, appended after the offsets at the end.
-    std::vector<uint64_t> chunk;
-    std::vector<Mark> mark_chunk;
-    uint64_t marks = 0;
-    chunk.reserve(1 << 16);
-    mark_chunk.reserve(1 << 12);
-    auto flush = [&] {
-      const bool ok = FullWrite(out, chunk.data(), chunk.size() * 8);
-      chunk.clear();
-      return ok;
-    };
-    auto flush_marks = [&] {
-      const bool ok = FullWrite(marks_out, mark_chunk.data(), mark_chunk.size() * sizeof(Mark));
-      mark_chunk.clear();
-      return ok;
-    };
-    bool ok = ::lseek(out, sizeof(Header), SEEK_SET) == static_cast<off_t>(sizeof(Header));
-    Status st = Scan(
-        idx->fd_, manifest, want->manifest_size,
-        [&](uint64_t off) {
-          chunk.push_back(off);
-          return chunk.size() < chunk.capacity() || flush();
-        },
-        [&](const Mark& m) {
-          mark_chunk.push_back(m);
-          ++marks;
-          return mark_chunk.size() < mark_chunk.capacity() || flush_marks();
-        },
-        &count);
-    chunk.push_back(want->manifest_size);
-    ok = ok && st.ok() && flush() && flush_marks() && ::lseek(marks_out, 0, SEEK_SET) == 0;
-    for (uint64_t left = marks; ok && left > 0;) {  // the marks, after the offsets
-      mark_chunk.resize(std::min<uint64_t>(left, 1 << 12));
-      ok = FullPread(marks_out, mark_chunk.data(), mark_chunk.size() * sizeof(Mark),
-                     (marks - left) * sizeof(Mark)) &&
-           FullWrite(out, mark_chunk.data(), mark_chunk.size() * sizeof(Mark));
-      left -= mark_chunk.size();
-    }
-    ::close(marks_out);
-    ::unlink(marks_tmp.c_str());
-    Header h = *want;
-    h.count = count;
-    h.marks = marks;
-    ok =
-        ok && ::pwrite(out, &h, sizeof h, 0) == static_cast<ssize_t>(sizeof h) && ::fsync(out) == 0;
-    ok = ::close(out) == 0 && ok;
-    if (!st.ok()) {
-      ::unlink(tmp.c_str());
-      return st;
-    }
-    if (ok && std::rename(tmp.c_str(), path.c_str()) == 0) {
-      const double secs =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      spdlog::info("{}: indexed {} samples in {:.1f} s ({:.0f} MB/s) into {} (previous index: {})",
-                   manifest, count, secs, want->manifest_size / 1e6 / std::max(secs, 1e-9), path,
-                   why);
-      Result<std::unique_ptr<ManifestIndex>> again = Open(manifest, index_dir);
-      if (again.ok()) (*again)->built_ = true;
-      return again;
-    }
-    ::unlink(tmp.c_str());
-  } else if (out >= 0) {
-    ::close(out);
-    ::unlink(tmp.c_str());
+  std::string write_error;
+  MMFEED_RETURN_IF_ERROR(WriteIndex(idx->fd_, manifest, *want, path, &write_error));
+  if (write_error.empty()) {
+    Result<std::unique_ptr<ManifestIndex>> again = Open(manifest, index_dir);
+    if (!again.ok()) return again;
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    spdlog::info("{}: indexed {} samples in {:.1f} s ({:.0f} MB/s) into {} (previous index: {})",
+                 manifest, (*again)->size(), secs, want->manifest_size / 1e6 / std::max(secs, 1e-9),
+                 path, why);
+    (*again)->built_ = true;
+    return again;
   }
   spdlog::warn("{}: cannot write its index at {} ({}): keeping it in memory, 8 bytes per sample",
-               manifest, path, std::strerror(errno));
-  std::vector<uint64_t> offsets;
-  std::vector<Mark> marks;
+               manifest, path, write_error);
   MMFEED_RETURN_IF_ERROR(Scan(
       idx->fd_, manifest, want->manifest_size,
-      [&](uint64_t off) {
-        offsets.push_back(off);
-        return true;
-      },
-      [&](const Mark& m) {
-        marks.push_back(m);
-        return true;
-      },
-      &count));
-  offsets.push_back(want->manifest_size);
-  const size_t words = offsets.size() + marks.size() * 2;
-  idx->heap_ = std::make_unique<uint64_t[]>(words);
-  std::copy(offsets.begin(), offsets.end(), idx->heap_.get());
-  std::memcpy(idx->heap_.get() + offsets.size(), marks.data(), marks.size() * sizeof(Mark));
-  idx->count_ = count;
-  idx->mark_count_ = marks.size();
-  idx->offsets_ = idx->heap_.get();
-  idx->marks_ = reinterpret_cast<const Mark*>(idx->heap_.get() + offsets.size());
+      [&](uint64_t off) { idx->heap_offsets_.push_back(off); },
+      [&](const Mark& m) { idx->heap_marks_.push_back(m); }));
+  idx->count_ = idx->heap_offsets_.size();
+  idx->heap_offsets_.push_back(want->manifest_size);
+  idx->mark_count_ = idx->heap_marks_.size();
+  idx->offsets_ = idx->heap_offsets_.data();
+  idx->marks_ = idx->heap_marks_.data();
   idx->built_ = true;
   return idx;
 }

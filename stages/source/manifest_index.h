@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 
@@ -63,7 +64,8 @@ class ManifestIndex {
   uint64_t mark_count_ = 0;
   void* map_ = nullptr;  // the index file, mapped
   size_t map_bytes_ = 0;
-  std::unique_ptr<uint64_t[]> heap_;  // or the index in memory: offsets then marks
+  std::vector<uint64_t> heap_offsets_;  // or the index in memory
+  std::vector<Mark> heap_marks_;
 };
 
 }  // namespace mmfeed

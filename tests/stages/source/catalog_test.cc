@@ -1,8 +1,10 @@
 #include "stages/source/catalog.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -198,6 +200,39 @@ TEST(ManifestIndexTest, LocatesLinesAndParsesThemWhenRead) {
   EXPECT_EQ(memory->size(), 5u);
   ASSERT_TRUE(memory->Read(2, &e).ok());
   EXPECT_EQ(e.id, "c");
+}
+
+// A write that fails inside the scan (here the file-size limit, as a full disk would) leaves
+// no index file behind and keeps the index in memory, like a folder that cannot be written.
+TEST(ManifestIndexTest, AWriteFailureWhileIndexingKeepsTheIndexInMemory) {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 20000; ++i)
+    text += "{\"id\": \"s" + std::to_string(i) + "\", \"text\": \"t\"}\n" + (i % 7 ? "" : "\n");
+  WriteFile(dir / "m.jsonl", text);
+  SourceConfig s;
+  s.type = "manifest";
+  s.path = dir / "m.jsonl";
+  s.index = "on";
+  struct rlimit old;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  ::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 64 << 10;  // the offsets alone are 160 KB
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  Result<Catalog> cat = LoadCatalog(s, {"text"}, {});
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+  ASSERT_TRUE(cat.ok()) << cat.status().message();
+  EXPECT_EQ(cat->index->path(), "");
+  EXPECT_TRUE(cat->index->built());
+  EXPECT_FALSE(std::filesystem::exists(dir / "m.jsonl.mmfidx"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "m.jsonl.mmfidx.tmp"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "m.jsonl.mmfidx.marks.tmp"));
+  ASSERT_EQ(cat->size(), 20000u);
+  CatalogEntry e;
+  ASSERT_TRUE(cat->Read(19999, &e).ok());
+  EXPECT_EQ(e.id, "s19999");
+  EXPECT_EQ(e.origin, dir / "m.jsonl:22857");  // the 20000th entry, after 2857 blank lines
 }
 
 // A manifest below kIndexAutoBytes is parsed at start with index: auto; index: off always.
