@@ -16,9 +16,18 @@
 namespace mmfeed {
 namespace {
 
-// Parses one manifest line into `entry`; returns the reason on failure.
-std::string ParseManifestLine(const std::string& line, const std::string& dir, size_t line_no,
-                              const std::string& manifest_name, const std::set<std::string>& needed,
+// A manifest line's entry before it is parsed: its origin, and the id it has when the line
+// gives none.
+CatalogEntry LineEntry(const std::string& path, const std::string& name, uint64_t line_no) {
+  CatalogEntry e;
+  e.id = fmt::format("{}:{}", name, line_no);
+  e.origin = fmt::format("{}:{}", path, line_no);
+  return e;
+}
+
+// Parses one manifest line into `entry` (made by LineEntry); returns the reason on failure.
+std::string ParseManifestLine(const std::string& line, const std::string& dir,
+                              const std::set<std::string>& needed,
                               const std::set<std::string>& path_fields, CatalogEntry* entry) {
   nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return "malformed JSON (or invalid UTF-8)";
@@ -34,8 +43,6 @@ std::string ParseManifestLine(const std::string& line, const std::string& dir, s
     if (entry->id.empty()) return "'id' is empty";
     if (entry->id.size() > kMaxIdBytes)
       return fmt::format("'id' is longer than {} bytes", kMaxIdBytes);
-  } else {
-    entry->id = fmt::format("{}:{}", manifest_name, line_no);
   }
   for (const std::string& name : needed) {
     if (!j.contains(name)) return fmt::format("missing field '{}'", name);
@@ -207,9 +214,8 @@ Result<Catalog> LoadManifest(const std::string& path, const std::set<std::string
   while (std::getline(in, line)) {
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    CatalogEntry e;
-    e.origin = fmt::format("{}:{}", path, line_no);
-    std::string reason = ParseManifestLine(line, dir, line_no, name, needed, path_fields, &e);
+    CatalogEntry e = LineEntry(path, name, line_no);
+    std::string reason = ParseManifestLine(line, dir, needed, path_fields, &e);
     if (reason.empty())
       cat.entries.push_back(std::move(e));
     else
@@ -227,19 +233,12 @@ Result<Catalog> LoadWebDataset(const SourceConfig& source, const std::set<std::s
 }
 
 Status Catalog::Read(size_t i, CatalogEntry* e) const {
-  if (!index) {
-    *e = entries[i];
-    return Status::Ok();
-  }
-  *e = CatalogEntry();
   std::string line;
   uint64_t line_no = 0;
   Status st = index->Line(i, &line, &line_no);
-  e->id = fmt::format("{}:{}", manifest_name, line_no);
-  e->origin = fmt::format("{}:{}", manifest_path, line_no);
+  *e = LineEntry(manifest_path, manifest_name, line_no);
   if (!st.ok()) return st;
-  std::string reason =
-      ParseManifestLine(line, manifest_dir, line_no, manifest_name, needed, path_fields, e);
+  std::string reason = ParseManifestLine(line, manifest_dir, needed, path_fields, e);
   return reason.empty() ? Status::Ok() : Status::Corrupt(reason);
 }
 

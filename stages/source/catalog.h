@@ -50,7 +50,7 @@ struct Catalog {
   std::set<std::string> needed, path_fields;
 
   size_t size() const { return index ? index->size() : entries.size(); }
-  // Entry i (REQUIRES: i < size()): a copy of the parsed entry, or its line read and parsed.
+  // An indexed manifest's entry i, its line read and parsed (REQUIRES: index, i < size()).
   // On failure `*e` still has the sample's id and origin ("manifest.jsonl:12").
   Status Read(size_t i, CatalogEntry* e) const;
 };
