@@ -99,10 +99,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::string file = opt.check.empty() ? opt.config : opt.check;
-  Result<PipelineConfig> cfg = LoadConfigFile(file);
-  Status faults = cfg.ok() ? CheckFaultsAllowed(*cfg, opt.daemon.allow_faults) : cfg.status();
-  if (!faults.ok()) {
-    std::fprintf(stderr, "%s\n", faults.message().c_str());
+  Result<PipelineConfig> cfg = LoadDaemonConfig(file, opt.daemon);
+  if (!cfg.ok()) {
+    std::fprintf(stderr, "%s\n", cfg.status().message().c_str());
     return kExitConfig;
   }
   if (!cfg->faults.stage.empty())

@@ -2,12 +2,9 @@
 
 #include <civetweb.h>
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 namespace mmfeed {
 namespace {
@@ -33,35 +30,6 @@ std::string Number(double v) {
 }
 
 }  // namespace
-
-ProcessStats ReadProcessStats() {
-  ProcessStats p;
-  std::ifstream stat("/proc/self/stat");
-  std::string line;
-  if (std::getline(stat, line)) {
-    // Fields after the command (in parentheses, which may hold spaces): utime is the 14th
-    // field of the line, stime the 15th.
-    std::istringstream rest(line.substr(line.rfind(')') + 2));
-    std::string field;
-    double utime = 0, stime = 0;
-    for (int i = 3; i <= 15 && rest >> field; ++i) {
-      if (i == 14) utime = std::stod(field);
-      if (i == 15) stime = std::stod(field);
-    }
-    p.cpu_seconds = (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
-  }
-  std::ifstream status("/proc/self/status");
-  while (std::getline(status, line))
-    if (line.rfind("VmRSS:", 0) == 0) p.rss_bytes = std::stod(line.substr(6)) * 1024;
-  std::ifstream io("/proc/self/io");
-  std::string key;
-  double value;
-  while (io >> key >> value) {
-    if (key == "rchar:") p.read_bytes = value;
-    if (key == "read_bytes:") p.storage_read_bytes = value;
-  }
-  return p;
-}
 
 void PromText::Family(const std::string& name, const std::string& type, const std::string& help) {
   text_ += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);

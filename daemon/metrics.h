@@ -31,15 +31,6 @@ class PromText {
   std::string text_;
 };
 
-// This process's CPU time, resident memory and reads, from /proc/self (zeros where unreadable).
-struct ProcessStats {
-  double cpu_seconds = 0;
-  double rss_bytes = 0;
-  double read_bytes = 0;          // every read(2) and friends (rchar)
-  double storage_read_bytes = 0;  // what reached the block layer (read_bytes)
-};
-ProcessStats ReadProcessStats();
-
 class MetricsServer {
  public:
   // Listens on `listen` (PORT, HOST:PORT or [IPV6]:PORT): an error says why not.

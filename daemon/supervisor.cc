@@ -37,9 +37,7 @@ constexpr int kExitLost = 3;  // the drain timed out with batches no trainer too
 class Supervisor {
  public:
   Supervisor(PipelineConfig cfg, SupervisorOptions opt)
-      : cfg_(std::move(cfg)), opt_(std::move(opt)), timer_(io_) {
-    cfg_.source.index_dir = opt_.state_dir;  // manifest indexes live with the cursors
-  }
+      : cfg_(std::move(cfg)), opt_(std::move(opt)), timer_(io_) {}
 
   int Run() {
     // Rings first: their size is known from the stage specs, and running out of memory
@@ -247,10 +245,8 @@ class Supervisor {
     if (pending_)
       return Status::Unavailable("the previous reload is waiting for the epoch boundary");
     if (pipeline_->Finished()) return Status::Closed("the run has ended");
-    Result<PipelineConfig> cfg = LoadConfigFile(file);
-    if (cfg.ok()) cfg->source.index_dir = opt_.state_dir;
+    Result<PipelineConfig> cfg = LoadDaemonConfig(file, opt_);
     if (!cfg.ok()) return cfg.status();
-    MMFEED_RETURN_IF_ERROR(CheckFaultsAllowed(*cfg, opt_.allow_faults));
     ConfigChanges changes = DiffConfigs(cfg_, *cfg);
     const std::string restart = "; restart the daemon with the new config to apply it";
     if (!changes.needs_restart.empty()) return Status::Unsupported(changes.needs_restart + restart);
@@ -529,14 +525,14 @@ class Supervisor {
                        {"seconds_since_take", b.seconds_since_take},
                        {"samples_per_s", rates_[r].per_s}});
     }
-    ProcessStats p = ReadProcessStats();
+    const ProcessSample p = SampleProcess();
     return {{"pipeline", cfg_.name},
             {"config", cfg_.file},
             {"config_hash", config_hash_},
             {"uptime_s",
              std::chrono::duration<double>(std::chrono::steady_clock::now() - started_at_).count()},
             {"process",
-             {{"cpu_seconds", p.cpu_seconds},
+             {{"cpu_seconds", p.cpu_ns / 1e9},
               {"rss_bytes", p.rss_bytes},
               {"read_bytes", p.read_bytes},
               {"storage_read_bytes", p.storage_read_bytes}}},
@@ -859,15 +855,16 @@ class Supervisor {
         t.Sample(rows[k].name, {{"rank", std::to_string(r)}}, values[r][k]);
     }
 
-    ProcessStats p = ReadProcessStats();
+    const ProcessSample p = SampleProcess();
     t.Family("process_cpu_seconds_total", "counter", "User and system CPU time of the daemon.");
-    t.Sample("process_cpu_seconds_total", p.cpu_seconds);
+    t.Sample("process_cpu_seconds_total", p.cpu_ns / 1e9);
     t.Family("process_resident_memory_bytes", "gauge", "Resident memory of the daemon.");
-    t.Sample("process_resident_memory_bytes", p.rss_bytes);
+    t.Sample("process_resident_memory_bytes", static_cast<double>(p.rss_bytes));
     t.Family("mmfeed_read_bytes_total", "counter",
              "Bytes the daemon read: all reads (rchar), and those that reached storage.");
-    t.Sample("mmfeed_read_bytes_total", {{"source", "all"}}, p.read_bytes);
-    t.Sample("mmfeed_read_bytes_total", {{"source", "storage"}}, p.storage_read_bytes);
+    t.Sample("mmfeed_read_bytes_total", {{"source", "all"}}, static_cast<double>(p.read_bytes));
+    t.Sample("mmfeed_read_bytes_total", {{"source", "storage"}},
+             static_cast<double>(p.storage_read_bytes));
     t.Family("mmfeed_reloads_total", "counter", "Config reloads, applied or refused.");
     t.Sample("mmfeed_reloads_total", {{"result", "ok"}}, static_cast<double>(reloads_ok_));
     t.Sample("mmfeed_reloads_total", {{"result", "refused"}}, static_cast<double>(reloads_failed_));
@@ -989,14 +986,8 @@ class UnusedSink : public BatchSink {
 
 // Bytes of memory the daemon may still use: MemAvailable, bounded by the cgroup's limit.
 uint64_t AvailableBytes() {
-  uint64_t avail = UINT64_MAX;
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  uint64_t kb;
-  while (meminfo >> key >> kb) {
-    if (key == "MemAvailable:") avail = kb * 1024;
-    meminfo.ignore(256, '\n');
-  }
+  uint64_t avail = MemAvailableBytes();
+  if (avail == 0) avail = UINT64_MAX;  // unknown
   std::ifstream max("/sys/fs/cgroup/memory.max"), cur("/sys/fs/cgroup/memory.current");
   std::string limit;
   uint64_t used = 0;
@@ -1054,6 +1045,14 @@ Result<std::string> CheckPipeline(const PipelineConfig& cfg) {
   return fmt::format(
       "{} stages, {} consumer rank(s), {} batches per rank per epoch, rings {:.2f} GiB",
       cfg.stages.size(), cfg.consumers, (*p)->batches_per_epoch(), plan.total_bytes / 1073741824.0);
+}
+
+Result<PipelineConfig> LoadDaemonConfig(const std::string& file, const SupervisorOptions& options) {
+  Result<PipelineConfig> cfg = LoadConfigFile(file);
+  if (!cfg.ok()) return cfg;
+  MMFEED_RETURN_IF_ERROR(CheckFaultsAllowed(*cfg, options.allow_faults));
+  cfg->source.index_dir = options.state_dir;  // manifest indexes live with the cursors
+  return cfg;
 }
 
 int RunSupervisor(PipelineConfig cfg, SupervisorOptions options) {

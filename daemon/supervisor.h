@@ -42,6 +42,10 @@ Result<std::string> CheckPipeline(const PipelineConfig& cfg);
 
 // Runs the daemon until it drained or failed; returns its exit status (0 ok, 1 error or
 // on_error: fail, 2 bad config or data, 3 the drain timed out with batches no trainer took).
+// The config file as the daemon runs it (at start and on reload): loaded, its fault injection
+// checked against --allow-faults, its manifest indexes put in --state-dir.
+Result<PipelineConfig> LoadDaemonConfig(const std::string& file, const SupervisorOptions& options);
+// REQUIRES: cfg from LoadDaemonConfig.
 int RunSupervisor(PipelineConfig cfg, SupervisorOptions options);
 
 }  // namespace mmfeed

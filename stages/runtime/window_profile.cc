@@ -96,11 +96,29 @@ std::string MB(double bytes) { return fmt::format("{:.0f} MB", bytes / 1e6); }
 
 }  // namespace
 
-HostSample SampleHost(const std::map<int, std::string>& thread_stages) {
-  HostSample h;
+ProcessSample SampleProcess() {
+  ProcessSample p;
   timespec ts;
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  h.cpu_ns = static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
+  p.cpu_ns = static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
+  std::vector<std::string> f = StatFields(ReadSmallFile("/proc/self/stat"));
+  p.minor_faults = ToU64(f, 7);  // fields 10 and 12 of proc(5)
+  p.major_faults = ToU64(f, 9);
+  std::string status = ReadSmallFile("/proc/self/status");
+  p.rss_bytes = KbField(status, "VmRSS");
+  p.rss_anon_bytes = KbField(status, "RssAnon");
+  std::string io = ReadSmallFile("/proc/self/io");
+  p.read_bytes = IoField(io, "rchar");
+  p.read_syscalls = IoField(io, "syscr");
+  p.storage_read_bytes = IoField(io, "read_bytes");
+  return p;
+}
+
+uint64_t MemAvailableBytes() { return KbField(ReadSmallFile("/proc/meminfo"), "MemAvailable"); }
+
+HostSample SampleHost(const std::map<int, std::string>& thread_stages) {
+  HostSample h;
+  static_cast<ProcessSample&>(h) = SampleProcess();
   if (DIR* d = opendir("/proc/self/task")) {
     while (dirent* e = readdir(d)) {
       if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
@@ -121,19 +139,9 @@ HostSample SampleHost(const std::map<int, std::string>& thread_stages) {
     }
     closedir(d);
   }
-  std::vector<std::string> f = StatFields(ReadSmallFile("/proc/self/stat"));
-  h.minor_faults = ToU64(f, 7);
-  h.major_faults = ToU64(f, 9);
-  std::string status = ReadSmallFile("/proc/self/status");
-  h.rss_bytes = KbField(status, "VmRSS");
-  h.rss_anon_bytes = KbField(status, "RssAnon");
-  std::string io = ReadSmallFile("/proc/self/io");
-  h.read_bytes = IoField(io, "rchar");
-  h.read_syscalls = IoField(io, "syscr");
-  h.storage_read_bytes = IoField(io, "read_bytes");
   h.pressure_us = {PressureSomeTotalUs("cpu"), PressureSomeTotalUs("io"),
                    PressureSomeTotalUs("memory")};
-  h.mem_available_bytes = KbField(ReadSmallFile("/proc/meminfo"), "MemAvailable");
+  h.mem_available_bytes = MemAvailableBytes();
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0) h.cpus = std::max(1, CPU_COUNT(&set));
   // "cpu  user nice system idle iowait ..." in clock ticks, all CPUs together.

@@ -24,12 +24,21 @@ struct ThreadSample {
   uint64_t cpu_ns = 0, minor_faults = 0, major_faults = 0;
 };
 
-struct HostSample {
-  std::vector<ThreadSample> threads;  // this process's, from /proc/self/task
-  uint64_t cpu_ns = 0;                // the process's CPU time, exited threads included
+// This process's counters, from /proc/self (zeros where unreadable).
+struct ProcessSample {
+  uint64_t cpu_ns = 0;  // user + system, exited threads included
   uint64_t rss_bytes = 0, rss_anon_bytes = 0;
   uint64_t minor_faults = 0, major_faults = 0;
-  uint64_t read_bytes = 0, read_syscalls = 0, storage_read_bytes = 0;  // /proc/self/io
+  uint64_t read_bytes = 0, read_syscalls = 0;  // every read(2) and friends (rchar, syscr)
+  uint64_t storage_read_bytes = 0;             // what reached the block layer (read_bytes)
+};
+ProcessSample SampleProcess();
+
+// /proc/meminfo's MemAvailable (0 where unreadable).
+uint64_t MemAvailableBytes();
+
+struct HostSample : ProcessSample {
+  std::vector<ThreadSample> threads;  // this process's, from /proc/self/task
   // /proc/pressure/{cpu,io,memory}: "some" total stall time in microseconds; -1 if absent.
   std::array<double, 3> pressure_us{-1, -1, -1};
   uint64_t mem_available_bytes = 0;
