@@ -158,9 +158,9 @@ Result<std::unique_ptr<Stage>> MakeTextStage(const StageArgs& a) {
 
 MMFEED_REGISTER_STAGE((StageSchema{
     "text",
-    "tokenize text into int32 ids padded to max_len: one token per UTF-8 byte, or byte-level BPE "
-    "from a "
-    "Hugging Face tokenizer.json. Outputs: <name> [max_len], <name>_lengths []",
+    "tokenize text into ids padded to max_len: one token per UTF-8 byte, or byte-level BPE "
+    "from a Hugging Face tokenizer.json. Outputs: <name> [max_len] int32 (dtype: uint8, the "
+    "bytes tokenizer's bytes), <name>_lengths [] int32",
     StageKind::kField,
     /*field_is_path=*/false,
     {

@@ -481,20 +481,21 @@ struct VideoSampler::Run {
     return frames + slot * FrameBytes() + c * vs.PlaneBytes();
   }
 
+  // Frame `slot` as FrameParts() contiguous runs of PartBytes(): the frame itself, or in CTHW
+  // its three channel planes.
+  int FrameParts() const { return o.layout == VideoLayout::kCTHW ? 3 : 1; }
+  size_t PartBytes() const { return FrameBytes() / FrameParts(); }
+  uint8_t* FramePart(int slot, int part) const {
+    return o.layout == VideoLayout::kCTHW ? Plane(slot, part) : frames + slot * FrameBytes();
+  }
+
   void CopyFrame(int to, int from) const {
-    if (o.layout != VideoLayout::kCTHW) {
-      std::memcpy(frames + to * FrameBytes(), frames + from * FrameBytes(), FrameBytes());
-      return;
-    }
-    for (int c = 0; c < 3; ++c) std::memcpy(Plane(to, c), Plane(from, c), vs.PlaneBytes());
+    for (int p = 0; p < FrameParts(); ++p)
+      std::memcpy(FramePart(to, p), FramePart(from, p), PartBytes());
   }
 
   void ZeroFrame(int slot) const {
-    if (o.layout != VideoLayout::kCTHW) {
-      std::memset(frames + slot * FrameBytes(), 0, FrameBytes());
-      return;
-    }
-    for (int c = 0; c < 3; ++c) std::memset(Plane(slot, c), 0, vs.PlaneBytes());
+    for (int p = 0; p < FrameParts(); ++p) std::memset(FramePart(slot, p), 0, PartBytes());
   }
 
   // resize: cover reads the largest centered region with the output's aspect ratio, its left
