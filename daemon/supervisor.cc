@@ -478,10 +478,11 @@ class Supervisor {
   void SaveState() {
     if (opt_.state_dir.empty()) return;
     const Pipeline::Origin origin = pipeline_->origin();
-    nlohmann::json j = {{"pipeline", cfg_.name},
-                        {"fingerprint", pipeline_->fingerprint()},
-                        {"origin", {{"epoch", origin.epoch}, {"seq", origin.seq}}},
-                        {"ranks", nlohmann::json::array()}};
+    nlohmann::json j = {
+        {"pipeline", cfg_.name},
+        {"fingerprint", pipeline_->fingerprint()},
+        {"origin", CursorToJson({origin.epoch, 0, origin.seq})},  // an epoch's start
+        {"ranks", nlohmann::json::array()}};
     for (int r = 0; r < cfg_.consumers; ++r) {
       StreamCursor acked = sinks_[r]->ring().acked();
       // A trainer still draining the ring a reload replaced acknowledges there.

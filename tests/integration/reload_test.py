@@ -214,7 +214,7 @@ class ReloadTest(ReloadCase):
         d.proc.send_signal(signal.SIGKILL)
         d.proc.wait()
         saved = json.loads((state / "cursors.json").read_text())
-        self.assertEqual(saved["origin"], {"epoch": 1, "seq": per_a}, saved)
+        self.assertEqual(saved["origin"], {"epoch": 1, "batch": 0, "seq": per_a}, saved)
         (self.dir / "p.yaml").write_text(b)
         d2 = Daemon(self.dir, b, extra=("--state-dir", str(state)))
         for c in cs:
