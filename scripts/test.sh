@@ -22,6 +22,8 @@ if [ "${MMFEED_SKIP_FUZZ:-0}" != 1 ]; then
   cp tests/data/photos/photo0[0-3]*.jpg tests/data/photos/*.png "$seeds/image/"
   printf '{"id": "a", "image": "x.jpg", "text": "t"}\n' > "$seeds/source/manifest.jsonl"
   printf '{"id": "a", "image": "x.jpg", "text": "t"}\r\n\n  \n{"image": "y.jpg", "text": "u"}' > "$seeds/source/blank-lines.jsonl"
+  (cd "$seeds" && printf 'a caption' > k.txt && printf '{}' > k.json && tar -cf source/shard.tar k.txt k.json \
+     && rm k.txt k.json)
   head -c 4000 tests/data/tokenizer/corpus.txt > "$seeds/tokenizer/corpus-head.txt"
   cp tests/data/tokenizer/tiny-tokenizer.json "$seeds/tokenizer_json/"
   printf '{"cmd": "attach", "rank": 1, "resume": {"seq": 7, "epoch": 0, "batch": 7}}' > "$seeds/control_protocol/attach"

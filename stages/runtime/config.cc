@@ -172,8 +172,6 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir) {
     s.index = Str(n["index"], "source.index");
     if (s.index != "auto" && s.index != "on" && s.index != "off")
       Fail(n["index"], fmt::format("source.index must be auto, on or off, not '{}'", s.index));
-    if (s.type != "manifest")
-      Fail(n["index"], "source.index applies to manifests (tar shards are read by their headers)");
   }
   s.node_rank = EnvInt("NODE_RANK", 0);
   s.num_nodes = EnvInt("NUM_NODES", 1);

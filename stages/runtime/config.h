@@ -36,11 +36,12 @@ struct SourceConfig {
   int num_nodes = 1;
   // webdataset: logical field name -> member extensions that provide it
   std::map<std::string, std::vector<std::string>> fields;
-  // manifest: "on" keeps only each line's offset (stages/source/manifest_index.h) and parses
-  // lines as they are dealt; "off" parses every line at start; "auto": on from
-  // kIndexAutoBytes of manifest.
+  // "on" keeps only each manifest line's offset (stages/source/manifest_index.h), or each tar
+  // shard's member list in an index file per shard (stages/source/shard_index.h), and reads a
+  // sample's entry when it is dealt; "off" parses every line or tar header at start; "auto": on
+  // from kIndexAutoBytes of manifest or shards.
   std::string index = "auto";
-  // Where indexes are kept (the daemon's --state-dir; not a YAML key). Empty: beside the manifest.
+  // Where indexes are kept (the daemon's --state-dir; not a YAML key). Empty: beside the data.
   std::string index_dir;
   ConfigMark path_mark;
 };

@@ -282,8 +282,8 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
   uint64_t h = HashString(fmt::format(
       "order 2|{}|{}|{}|{}|{}|{}|{}|{}", cfg.source.seed, cfg.source.shuffle, cfg.source.node_rank,
       cfg.source.num_nodes, cfg.consumers, cfg.batch_size, cfg.drop_last, cfg.source.epochs));
-  if (p->catalog_->index)  // an indexed manifest: its contents (size, mtime, inode, ends)
-    h = HashString(fmt::format("index {:016x}", p->catalog_->index->fingerprint()), h);
+  if (p->catalog_->indexed())  // an indexed source: its contents (size, mtime, inode, ends)
+    h = HashString(fmt::format("index {:016x}", p->catalog_->index_fingerprint()), h);
   for (const CatalogEntry& e : p->catalog_->entries) h = HashString(e.id, HashString("\n", h));
   p->order_fingerprint_ = fmt::format("{:016x}", h);
   for (const StageConfig& s : cfg.stages)
@@ -422,7 +422,7 @@ void Pipeline::Dispatch(const std::shared_ptr<const Provisional>& batch, int row
   const uint64_t key = next_key_++;
   std::shared_ptr<const CatalogEntry> sample;
   Status read;
-  if (catalog_->index) {
+  if (catalog_->indexed()) {
     auto e = std::make_shared<CatalogEntry>();
     read = catalog_->Read(entry, e.get());
     sample = std::move(e);

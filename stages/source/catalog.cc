@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -66,137 +67,64 @@ std::string ParseManifestLine(const std::string& line, const std::string& dir,
   return "";
 }
 
-uint64_t ParseOctal(const char* p, size_t n, bool* ok) {
-  uint64_t v = 0;
-  size_t i = 0;
-  while (i < n && (p[i] == ' ' || p[i] == 0)) ++i;
-  if (i == n) {
-    *ok = false;
-    return 0;
+// What `fields` maps each tar member extension to, for the fields the stages read.
+std::map<std::string, std::string> ExtToField(const SourceConfig& source,
+                                              const std::set<std::string>& needed) {
+  std::map<std::string, std::string> out;
+  for (const auto& [field, exts] : source.fields)
+    if (needed.count(field))
+      for (const auto& e : exts) out[e] = field;
+  return out;
+}
+
+// A tar sample's entry: its members that hold needed fields, read in place. Returns the
+// reason when a needed field has no member.
+std::string TarEntry(const std::string& shard, const std::string& key,
+                     const std::vector<TarMember>& members,
+                     const std::map<std::string, std::string>& ext_to_field,
+                     const std::set<std::string>& needed, CatalogEntry* e) {
+  e->id = key;
+  e->origin = shard + ":" + key;
+  e->fields.clear();
+  for (const TarMember& m : members) {
+    auto f = ext_to_field.find(m.ext);
+    if (f == ext_to_field.end()) continue;
+    FieldValue v;
+    v.kind = FieldValue::Kind::kFileRange;
+    v.data = shard;
+    v.offset = m.offset;
+    v.size = m.size;
+    e->fields.emplace_back(f->second, std::move(v));
   }
-  for (; i < n && p[i] >= '0' && p[i] <= '7'; ++i) v = v * 8 + (p[i] - '0');
-  for (; i < n; ++i)
-    if (p[i] != ' ' && p[i] != 0) *ok = false;
-  return v;
+  for (const std::string& n : needed)
+    if (std::none_of(e->fields.begin(), e->fields.end(),
+                     [&](const auto& kv) { return kv.first == n; }))
+      return fmt::format("sample has no member for field '{}'", n);
+  return "";
 }
 
 // Reads the headers of one tar shard and appends its samples. Stops at the first damaged or
 // truncated member: the members before it are kept, the damage is recorded.
-void ScanShard(const std::string& shard, const SourceConfig& source,
+void ScanShard(const std::string& shard, const std::map<std::string, std::string>& ext_to_field,
                const std::set<std::string>& needed, Catalog* out) {
   int fd = ::open(shard.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     out->errors.push_back({shard, std::string("cannot open: ") + std::strerror(errno)});
     return;
   }
-  struct stat st;
-  fstat(fd, &st);
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
-  std::map<std::string, std::string> ext_to_field;
-  for (const auto& [field, exts] : source.fields)
-    if (needed.count(field))
-      for (const auto& e : exts) ext_to_field[e] = field;
-
-  CatalogEntry current;
-  std::string current_key;
-  auto flush = [&]() {
-    if (current_key.empty()) return;
-    std::string missing;
-    for (const std::string& f : needed) {
-      bool found = false;
-      for (const auto& kv : current.fields) found |= kv.first == f;
-      if (!found) missing = f;
-    }
-    if (!missing.empty())
-      out->errors.push_back(
-          {current.origin, fmt::format("sample has no member for field '{}'", missing)});
-    else
-      out->entries.push_back(std::move(current));
-    current = CatalogEntry();
-    current_key.clear();
-  };
-
-  uint64_t off = 0;
-  std::string long_name;
-  char h[512];
-  while (true) {
-    if (off + 512 > file_size) {
-      if (off != file_size || off == 0)
-        out->errors.push_back(
-            {shard, fmt::format("tar truncated at offset {} (no end-of-archive marker)", off)});
-      break;
-    }
-    if (::pread(fd, h, 512, static_cast<off_t>(off)) != 512) {
-      out->errors.push_back({shard, fmt::format("read failed at offset {}", off)});
-      break;
-    }
-    bool zero = std::all_of(h, h + 512, [](char c) { return c == 0; });
-    if (zero) break;  // end of archive
-    bool ok = true;
-    uint64_t checksum = ParseOctal(h + 148, 8, &ok);
-    uint64_t sum = 0;
-    for (int i = 0; i < 512; ++i)
-      sum += (i >= 148 && i < 156) ? ' ' : static_cast<unsigned char>(h[i]);
-    uint64_t size = ParseOctal(h + 124, 12, &ok);
-    if (!ok || sum != checksum) {
-      out->errors.push_back({shard, fmt::format("damaged tar header at offset {}", off)});
-      break;
-    }
-    uint64_t data_off = off + 512;
-    uint64_t next = data_off + (size + 511) / 512 * 512;
-    char type = h[156];
-    std::string name;
-    if (!long_name.empty()) {
-      name = long_name;
-      long_name.clear();
-    } else {
-      name.assign(h, strnlen(h, 100));
-      if (std::memcmp(h + 257, "ustar", 5) == 0 && h[345])
-        name = std::string(h + 345, strnlen(h + 345, 155)) + "/" + name;
-    }
-    if (data_off + size > file_size) {
-      out->errors.push_back(
-          {shard + ":" + name,
-           fmt::format("tar truncated: member needs {} bytes at offset {}, file ends at {}", size,
-                       data_off, file_size)});
-      break;
-    }
-    if (type == 'L') {  // GNU long name: the name is the member's data
-      long_name.resize(size);
-      if (::pread(fd, long_name.data(), size, static_cast<off_t>(data_off)) !=
-          static_cast<ssize_t>(size))
-        break;
-      long_name.resize(strnlen(long_name.c_str(), size));
-    } else if (type == '0' || type == 0) {
-      size_t slash = name.rfind('/');
-      size_t dot = name.find('.', slash == std::string::npos ? 0 : slash + 1);
-      std::string key = dot == std::string::npos ? name : name.substr(0, dot);
-      std::string ext = dot == std::string::npos ? "" : name.substr(dot + 1);
-      if (key != current_key) {
-        flush();
-        if (key.size() > kMaxIdBytes) {
-          out->errors.push_back({shard + ":" + key.substr(0, 64) + "...",
-                                 fmt::format("sample key is longer than {} bytes", kMaxIdBytes)});
-          off = next;
-          continue;
-        }
-        current_key = key;
-        current.id = key;
-        current.origin = shard + ":" + key;
-      }
-      auto f = ext_to_field.find(ext);
-      if (f != ext_to_field.end()) {
-        FieldValue v;
-        v.kind = FieldValue::Kind::kFileRange;
-        v.data = shard;
-        v.offset = data_off;
-        v.size = size;
-        current.fields.emplace_back(f->second, std::move(v));
-      }
-    }
-    off = next;
-  }
-  flush();
+  WalkTarSamples(
+      fd, shard, kMaxIdBytes,
+      [&](const std::string& key, const std::vector<TarMember>& members) {
+        CatalogEntry e;
+        std::string reason = TarEntry(shard, key, members, ext_to_field, needed, &e);
+        if (reason.empty())
+          out->entries.push_back(std::move(e));
+        else
+          out->errors.push_back({e.origin, reason});
+      },
+      [&](const std::string& origin, const std::string& reason) {
+        out->errors.push_back({origin, reason});
+      });
   ::close(fd);
 }
 
@@ -228,11 +156,42 @@ Result<Catalog> LoadWebDataset(const SourceConfig& source, const std::set<std::s
   Result<std::vector<std::string>> shards = ExpandBraces(source.path);
   if (!shards.ok()) return shards.status();
   Catalog cat;
-  for (const std::string& s : *shards) ScanShard(s, source, needed, &cat);
+  cat.needed = needed;
+  cat.ext_to_field = ExtToField(source, needed);
+  bool indexed = source.index == "on";
+  if (source.index == "auto") {
+    uint64_t bytes = 0;
+    for (const std::string& s : *shards) {
+      std::error_code ec;
+      const uintmax_t n = std::filesystem::file_size(s, ec);
+      bytes += ec ? 0 : n;
+    }
+    indexed = bytes >= kIndexAutoBytes;
+  }
+  if (!indexed) {
+    for (const std::string& s : *shards) ScanShard(s, cat.ext_to_field, needed, &cat);
+    return cat;
+  }
+  std::vector<ShardIndex::Damage> damage;
+  Result<std::unique_ptr<ShardIndex>> index =
+      ShardIndex::Open(*shards, source.index_dir, kMaxIdBytes, &damage);
+  if (!index.ok()) return index.status();
+  cat.shards = std::move(index.value());
+  for (ShardIndex::Damage& d : damage)
+    cat.errors.push_back({std::move(d.origin), std::move(d.reason)});
   return cat;
 }
 
 Status Catalog::Read(size_t i, CatalogEntry* e) const {
+  if (shards) {
+    const std::string* shard = nullptr;
+    std::string key;
+    std::vector<TarMember> members;
+    Status st = shards->Sample(i, &shard, &key, &members);
+    std::string reason = TarEntry(*shard, key, members, ext_to_field, needed, e);
+    if (!st.ok()) return st;
+    return reason.empty() ? Status::Ok() : Status::Corrupt(reason);
+  }
   std::string line;
   uint64_t line_no = 0;
   Status st = index->Line(i, &line, &line_no);

@@ -19,6 +19,7 @@
 #include "stages/runtime/stage.h"
 #include "stages/source/manifest_index.h"
 #include "stages/source/permutation.h"
+#include "stages/source/shard_index.h"
 
 namespace mmfeed {
 
@@ -44,14 +45,22 @@ constexpr uint64_t kIndexAutoBytes = 64ull << 20;
 struct Catalog {
   std::vector<CatalogEntry> entries;  // parsed at start
   std::vector<LoadError> errors;
-  // Or an indexed manifest, whose lines Read parses.
+  // Or an indexed manifest, whose lines Read parses,
   std::shared_ptr<const ManifestIndex> index;
   std::string manifest_path, manifest_dir, manifest_name;
   std::set<std::string> needed, path_fields;
+  // or indexed tar shards, whose records Read looks up.
+  std::shared_ptr<const ShardIndex> shards;
+  std::map<std::string, std::string> ext_to_field;
 
-  size_t size() const { return index ? index->size() : entries.size(); }
-  // An indexed manifest's entry i, its line read and parsed (REQUIRES: index, i < size()).
-  // On failure `*e` still has the sample's id and origin ("manifest.jsonl:12").
+  bool indexed() const { return index || shards; }
+  size_t size() const { return index ? index->size() : shards ? shards->size() : entries.size(); }
+  // Names the indexed source's contents. REQUIRES: indexed().
+  uint64_t index_fingerprint() const {
+    return index ? index->fingerprint() : shards->fingerprint();
+  }
+  // An indexed source's entry i, read and parsed (REQUIRES: indexed(), i < size()). On failure
+  // `*e` still has the sample's id and origin ("manifest.jsonl:12", "shard-00003.tar:key").
   Status Read(size_t i, CatalogEntry* e) const;
 };
 

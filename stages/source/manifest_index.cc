@@ -3,8 +3,6 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,16 +13,16 @@
 #include <functional>
 #include <vector>
 
-#include "stages/runtime/rng.h"
+#include "stages/source/index_file.h"
 
 namespace mmfeed {
 
+using index_file::FullPread;
+using index_file::FullWrite;
+
 struct ManifestIndex::Header {
   char magic[8];
-  uint64_t manifest_size;
-  int64_t mtime_ns;
-  uint64_t inode;
-  uint64_t ends_hash;
+  index_file::Stamp manifest;
   uint64_t count;
   uint64_t marks;
   uint64_t reserved;
@@ -33,63 +31,15 @@ struct ManifestIndex::Header {
 namespace {
 
 constexpr char kMagic[8] = {'M', 'M', 'F', 'I', 'D', 'X', '1', '\0'};
-constexpr size_t kEndBytes = 64 << 10;        // hashed at each end of the manifest
 constexpr uint64_t kMaxLineBytes = 16 << 20;  // a longer line is a failed sample
 
-bool FullPread(int fd, void* buf, size_t n, uint64_t off) {
-  auto* p = static_cast<char*>(buf);
-  while (n > 0) {
-    ssize_t r = ::pread(fd, p, n, static_cast<off_t>(off));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-    off += static_cast<uint64_t>(r);
-  }
-  return true;
-}
-
-bool FullWrite(int fd, const void* buf, size_t n) {
-  auto* p = static_cast<const char*>(buf);
-  while (n > 0) {
-    ssize_t r = ::write(fd, p, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
-// What the index must match: the manifest's size, mtime, inode and the hash of its ends.
-Result<ManifestIndex::Header> Describe(int fd, const std::string& manifest) {
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-    return Status::Invalid(fmt::format("{}: the manifest is not a regular file", manifest));
-  ManifestIndex::Header h{};
-  std::memcpy(h.magic, kMagic, sizeof kMagic);
-  h.manifest_size = static_cast<uint64_t>(st.st_size);
-  h.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-  h.inode = static_cast<uint64_t>(st.st_ino);
-  std::string ends(std::min<uint64_t>(h.manifest_size, 2 * kEndBytes), '\0');
-  const size_t head = std::min<uint64_t>(h.manifest_size, kEndBytes);
-  if (!FullPread(fd, ends.data(), head, 0) || !FullPread(fd, ends.data() + head, ends.size() - head,
-                                                         h.manifest_size - (ends.size() - head)))
-    return Status::Io(fmt::format("{}: read failed: {}", manifest, std::strerror(errno)));
-  h.ends_hash = HashString(ends, HashString(std::to_string(h.manifest_size)));
-  return h;
-}
-
 // Why an index file does not describe the manifest (empty: it does).
-std::string Stale(const ManifestIndex::Header& have, const ManifestIndex::Header& want,
+std::string Stale(const ManifestIndex::Header& have, const index_file::Stamp& want,
                   uint64_t file_bytes) {
-  if (std::memcmp(have.magic, kMagic, sizeof kMagic) != 0) return "not an index of this version";
-  if (have.manifest_size != want.manifest_size)
-    return fmt::format("the manifest's size changed ({} -> {} bytes)", have.manifest_size,
-                       want.manifest_size);
-  if (have.mtime_ns != want.mtime_ns) return "the manifest was modified since";
-  if (have.inode != want.inode) return "the manifest was replaced since";
-  if (have.ends_hash != want.ends_hash) return "the manifest's contents changed";
+  if (file_bytes < sizeof have || std::memcmp(have.magic, kMagic, sizeof kMagic) != 0)
+    return "not an index of this version";
+  if (std::string why = index_file::Differs(have.manifest, want); !why.empty())
+    return "the manifest changed: " + why;
   if (file_bytes != sizeof(ManifestIndex::Header) + (have.count + 1) * 8 +
                         have.marks * sizeof(ManifestIndex::Mark))
     return "the index file is truncated or damaged";
@@ -171,7 +121,7 @@ class ChunkWriter {
 // renamed into place. A manifest that cannot be read is the returned error; an index that
 // cannot be written (no folder, read-only, disk full) leaves no file behind and says why in
 // *write_error.
-Status WriteIndex(int manifest_fd, const std::string& manifest, const ManifestIndex::Header& want,
+Status WriteIndex(int manifest_fd, const std::string& manifest, const index_file::Stamp& want,
                   const std::string& path, std::string* write_error) {
   using Mark = ManifestIndex::Mark;
   std::error_code ec;
@@ -188,13 +138,14 @@ Status WriteIndex(int manifest_fd, const std::string& manifest, const ManifestIn
   ChunkWriter<Mark> marks(marks_out);
   Status st = Status::Ok();
   if (error == 0) {
-    if (::lseek(out, sizeof want, SEEK_SET) != static_cast<off_t>(sizeof want)) error = errno;
+    constexpr off_t kHeader = sizeof(ManifestIndex::Header);
+    if (::lseek(out, kHeader, SEEK_SET) != kHeader) error = errno;
     st = Scan(
-        manifest_fd, manifest, want.manifest_size, [&](uint64_t off) { offsets.Add(off); },
+        manifest_fd, manifest, want.size, [&](uint64_t off) { offsets.Add(off); },
         [&](const Mark& m) { marks.Add(m); });
     if (!st.ok()) error = EIO;  // not a write error: reported as st, *write_error unset
     const uint64_t count = offsets.count();
-    offsets.Add(want.manifest_size);
+    offsets.Add(want.size);
     if (error == 0 && !offsets.Flush()) error = offsets.error();
     if (error == 0 && !marks.Flush()) error = marks.error();
     if (error == 0 && ::lseek(marks_out, 0, SEEK_SET) != 0) error = errno;
@@ -207,7 +158,9 @@ Status WriteIndex(int manifest_fd, const std::string& manifest, const ManifestIn
       for (const Mark& m : chunk) marks_after.Add(m);
     }
     if (error == 0 && !marks_after.Flush()) error = marks_after.error();
-    ManifestIndex::Header h = want;
+    ManifestIndex::Header h{};
+    std::memcpy(h.magic, kMagic, sizeof kMagic);
+    h.manifest = want;
     h.count = count;
     h.marks = marks.count();
     if (error == 0 &&
@@ -225,18 +178,9 @@ Status WriteIndex(int manifest_fd, const std::string& manifest, const ManifestIn
   return st;
 }
 
-std::string IndexPath(const std::string& manifest, const std::string& index_dir) {
-  if (index_dir.empty()) return manifest + ".mmfidx";
-  std::error_code ec;
-  const std::string abs = std::filesystem::absolute(manifest, ec).lexically_normal().string();
-  const std::string name = std::filesystem::path(manifest).filename().string();
-  return fmt::format("{}/index/{}-{:016x}.mmfidx", index_dir, name, HashString(abs));
-}
-
 }  // namespace
 
 ManifestIndex::~ManifestIndex() {
-  if (map_) ::munmap(map_, map_bytes_);
   if (fd_ >= 0) ::close(fd_);
 }
 
@@ -248,38 +192,26 @@ Result<std::unique_ptr<ManifestIndex>> ManifestIndex::Open(const std::string& ma
   if (idx->fd_ < 0)
     return Status::NotFound(
         fmt::format("{}: cannot open manifest: {}", manifest, std::strerror(errno)));
-  Result<Header> want = Describe(idx->fd_, manifest);
+  Result<index_file::Stamp> want = index_file::Describe(idx->fd_, manifest);
   if (!want.ok()) return want.status();
-  idx->manifest_size_ = want->manifest_size;
-  idx->fingerprint_ = HashString(fmt::format("{}|{}|{}|{}", want->manifest_size, want->mtime_ns,
-                                             want->inode, want->ends_hash));
-  const std::string path = IndexPath(manifest, index_dir);
+  idx->manifest_size_ = want->size;
+  idx->fingerprint_ = index_file::Hash(*want);
+  const std::string path = index_file::IndexPath(manifest, index_dir);
 
   // An index that describes the manifest: map it.
   std::string why = "none yet";
-  if (int ifd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC); ifd >= 0) {
+  if (idx->map_.Map(path)) {
     Header have{};
-    struct stat st;
-    if (::fstat(ifd, &st) == 0 && FullPread(ifd, &have, sizeof have, 0))
-      why = Stale(have, *want, static_cast<uint64_t>(st.st_size));
-    else
-      why = "the index file is truncated or damaged";
+    if (idx->map_.size() >= sizeof have) std::memcpy(&have, idx->map_.data(), sizeof have);
+    why = Stale(have, *want, idx->map_.size());
     if (why.empty()) {
-      void* m = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, ifd, 0);
-      ::close(ifd);
-      if (m == MAP_FAILED)
-        return Status::Io(fmt::format("cannot map {}: {}", path, std::strerror(errno)));
-      idx->map_ = m;
-      idx->map_bytes_ = static_cast<size_t>(st.st_size);
       idx->path_ = path;
       idx->count_ = have.count;
       idx->mark_count_ = have.marks;
-      idx->offsets_ =
-          reinterpret_cast<const uint64_t*>(static_cast<const char*>(m) + sizeof(Header));
+      idx->offsets_ = reinterpret_cast<const uint64_t*>(idx->map_.data() + sizeof(Header));
       idx->marks_ = reinterpret_cast<const Mark*>(idx->offsets_ + have.count + 1);
       return idx;
     }
-    ::close(ifd);
   }
 
   // Build it: into the index file, or, when that cannot be written, in memory.
@@ -292,19 +224,18 @@ Result<std::unique_ptr<ManifestIndex>> ManifestIndex::Open(const std::string& ma
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     spdlog::info("{}: indexed {} samples in {:.1f} s ({:.0f} MB/s) into {} (previous index: {})",
-                 manifest, (*again)->size(), secs, want->manifest_size / 1e6 / std::max(secs, 1e-9),
-                 path, why);
+                 manifest, (*again)->size(), secs, want->size / 1e6 / std::max(secs, 1e-9), path,
+                 why);
     (*again)->built_ = true;
     return again;
   }
   spdlog::warn("{}: cannot write its index at {} ({}): keeping it in memory, 8 bytes per sample",
                manifest, path, write_error);
   MMFEED_RETURN_IF_ERROR(Scan(
-      idx->fd_, manifest, want->manifest_size,
-      [&](uint64_t off) { idx->heap_offsets_.push_back(off); },
+      idx->fd_, manifest, want->size, [&](uint64_t off) { idx->heap_offsets_.push_back(off); },
       [&](const Mark& m) { idx->heap_marks_.push_back(m); }));
   idx->count_ = idx->heap_offsets_.size();
-  idx->heap_offsets_.push_back(want->manifest_size);
+  idx->heap_offsets_.push_back(want->size);
   idx->mark_count_ = idx->heap_marks_.size();
   idx->offsets_ = idx->heap_offsets_.data();
   idx->marks_ = idx->heap_marks_.data();

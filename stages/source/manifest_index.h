@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "stages/source/index_file.h"
 
 namespace mmfeed {
 
@@ -62,8 +63,7 @@ class ManifestIndex {
   const uint64_t* offsets_ = nullptr;
   const Mark* marks_ = nullptr;
   uint64_t mark_count_ = 0;
-  void* map_ = nullptr;  // the index file, mapped
-  size_t map_bytes_ = 0;
+  index_file::MappedFile map_;          // the index file
   std::vector<uint64_t> heap_offsets_;  // or the index in memory
   std::vector<Mark> heap_marks_;
 };

@@ -1,5 +1,6 @@
 // libFuzzer target: a manifest or a tar shard with arbitrary contents loads into a catalog
-// plus per-sample errors, never crashes; so does an indexed manifest, read entry by entry.
+// plus per-sample errors, never crashes; so do an indexed manifest and an indexed shard, read
+// entry by entry.
 #include <unistd.h>
 
 #include <cstdio>
@@ -30,6 +31,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   s.path = path;
   s.fields = {{"image", {"jpg"}}, {"text", {"txt"}}};
   mmfeed::LoadWebDataset(s, {"image", "text"});
+  s.index = "on";  // the shard's index: built from the headers, then read back twice
+  for (int pass = 0; pass < 2; ++pass) {
+    auto shards = mmfeed::LoadWebDataset(s, {"image", "text"});
+    if (!shards.ok()) continue;
+    mmfeed::CatalogEntry e;
+    for (size_t i = 0; i < shards->size() && i < 1000; ++i) (void)shards->Read(i, &e);
+  }
   unlink((path + ".mmfidx").c_str());
   return 0;
 }

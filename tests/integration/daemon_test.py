@@ -346,8 +346,9 @@ output: {{ring_slots: {slots}}}
 
 
 class IndexedManifestTest(DaemonCase):
-    """source.index: on: the manifest is indexed once (into --state-dir), its lines parsed as
-    they are dealt; a malformed line is a failed sample, counted with its line and refilled."""
+    """source.index: on: the manifest (or each tar shard) is indexed once (into --state-dir), its
+    lines parsed as they are dealt; a malformed line is a failed sample, counted with its line
+    and refilled."""
 
     CONFIG = """pipeline: indexed
 source: {type: manifest, path: manifest.jsonl, shuffle: true, seed: 5, index: on}
@@ -397,6 +398,43 @@ output: {ring_slots: 4}
         (state / "cursors.json").unlink()
         results2, ids2, log2 = self.run_once(state)
         self.assertNotIn("indexed 2100 samples", log2)
+        self.assertEqual(ids2, ids)
+
+    def test_indexed_shards_deliver_every_good_sample_and_count_the_rest(self):
+        """The same for tar shards: an index file per shard, its records read when dealt; a
+        sample without a text member is a failed sample, a cut shard keeps the samples before
+        the cut and the damage is reported."""
+        good = set()
+        for s in range(3):
+            with tarfile.open(self.dir / f"shard-{s:03d}.tar", "w", format=tarfile.USTAR_FORMAT) as t:
+                for i in range(400):
+                    if s == 2 and i == 300:
+                        cut = t.offset + 100  # inside sample 300's first header
+                    key = f"s{s}_{i}"
+                    members = [("json", b"{}")]
+                    if i % 50 != 7:
+                        members.append(("txt", f"caption {key[1:]}".encode()))
+                        if s < 2 or i < 300:
+                            good.add(key)
+                    for ext, data in members:
+                        info = tarfile.TarInfo(f"{key}.{ext}")
+                        info.size = len(data)
+                        t.addfile(info, io.BytesIO(data))
+        os.truncate(self.dir / "shard-002.tar", cut)
+        self.CONFIG = self.CONFIG.replace(
+            "{type: manifest, path: manifest.jsonl,", '{type: webdataset, path: "shard-{000..002}.tar",')
+        state = self.dir / "state"
+        results, ids, log = self.run_once(state)
+        self.assertEqual([r["samples"] for r in results], [550, 550])  # 1100 indexed samples
+        self.assertIn("indexed 3 of 3 shards (1100 samples in all)", log)
+        self.assertEqual(len(list((state / "index").glob("shard-00*.tar-*.mmfidx"))), 3)
+        self.assertTrue(set(ids) <= good, "no sample without text delivered")
+        self.assertGreater(len(set(ids)), 1000)
+        self.assertIn("shard-000.tar:s0_7 (source): sample has no member for field 'text'", log)
+        self.assertIn(f"shard-002.tar (source): tar truncated at offset {cut - 100}", log)
+        (state / "cursors.json").unlink()
+        results2, ids2, log2 = self.run_once(state)
+        self.assertNotIn("indexed 3", log2)
         self.assertEqual(ids2, ids)
 
 

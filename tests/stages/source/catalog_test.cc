@@ -33,7 +33,7 @@ TEST(BraceTest, ExpandsRangesWithPaddingAndLists) {
 }
 
 // A minimal ustar writer for the tests.
-std::string TarMember(const std::string& name, const std::string& data) {
+std::string TarRecord(const std::string& name, const std::string& data) {
   char h[512] = {};
   std::strncpy(h, name.c_str(), 99);
   std::snprintf(h + 100, 8, "%07o", 0644);
@@ -69,8 +69,8 @@ TEST(WebDatasetTest, GroupsMembersByKeyWithoutUnpacking) {
     std::string tar;
     for (int i = 0; i < 3; ++i) {
       std::string key = "sub/s" + std::to_string(s) + "_" + std::to_string(i);
-      tar += TarMember(key + ".jpg", jpg) + TarMember(key + ".txt", "caption " + key) +
-             TarMember(key + ".json", "{}");
+      tar += TarRecord(key + ".jpg", jpg) + TarRecord(key + ".txt", "caption " + key) +
+             TarRecord(key + ".json", "{}");
     }
     tar += std::string(1024, '\0');
     WriteFile(dir / ("shard-0" + std::to_string(s) + ".tar"), tar);
@@ -97,8 +97,8 @@ TEST(WebDatasetTest, TarCutInTheMiddleKeepsTheSamplesBeforeAndReportsTheRest) {
   TempDir dir;
   std::string tar;
   for (int i = 0; i < 4; ++i)
-    tar += TarMember("k" + std::to_string(i) + ".jpg", std::string(3000, 'x')) +
-           TarMember("k" + std::to_string(i) + ".txt", "t");
+    tar += TarRecord("k" + std::to_string(i) + ".jpg", std::string(3000, 'x')) +
+           TarRecord("k" + std::to_string(i) + ".txt", "t");
   WriteFile(dir / "cut.tar", tar.substr(0, 3 * 4096 + 700));  // inside k3.jpg's data
   Result<Catalog> cat = LoadWebDataset(WebDataset(dir / "cut.tar"), {"image", "text"});
   ASSERT_TRUE(cat.ok());
@@ -109,6 +109,111 @@ TEST(WebDatasetTest, TarCutInTheMiddleKeepsTheSamplesBeforeAndReportsTheRest) {
   for (auto& e : cat->errors) truncated |= e.reason.find("tar truncated") != std::string::npos;
   EXPECT_TRUE(truncated);
   EXPECT_NE(cat->errors.back().origin.find("cut.tar"), std::string::npos);
+}
+
+// index: on reads the same samples from per-shard index files: good samples equal the scanned
+// catalog's, a sample without a needed member is a failed read instead of a start-up error,
+// damage and unopenable shards are reported at every start.
+TEST(ShardIndexTest, IndexedShardsGiveTheScannedCatalogsSamples) {
+  TempDir dir;
+  std::string a, b;
+  for (int i = 0; i < 5; ++i) {
+    const std::string key = "a/" + std::to_string(i);
+    a += TarRecord(key + ".jpg", std::string(700 + i, 'j'));
+    if (i != 2) a += TarRecord(key + ".txt", "caption " + key);  // a/2 has no text
+    a += TarRecord(key + ".json", "{}");
+  }
+  WriteFile(dir / "shard-0.tar", a + std::string(1024, '\0'));
+  for (int i = 0; i < 4; ++i)
+    b += TarRecord("b" + std::to_string(i) + ".png", std::string(3000, 'p')) +
+         TarRecord("b" + std::to_string(i) + ".txt", "t");
+  WriteFile(dir / "shard-1.tar", b.substr(0, 3 * 4096 + 700));  // cut in b2.txt's header
+  // shard-2.tar does not exist.
+  SourceConfig s = WebDataset(dir / "shard-{0..2}.tar");
+  s.index = "off";
+  Result<Catalog> scanned = LoadWebDataset(s, {"image", "text"});
+  ASSERT_TRUE(scanned.ok());
+  ASSERT_EQ(scanned->entries.size(), 6u);  // a/0 a/1 a/3 a/4 b0 b1
+  s.index = "on";
+  Result<Catalog> cat = LoadWebDataset(s, {"image", "text"});
+  ASSERT_TRUE(cat.ok()) << cat.status().message();
+  ASSERT_TRUE(cat->indexed());
+  EXPECT_EQ(cat->shards->built(), 2u);
+  EXPECT_TRUE(std::filesystem::exists(dir / "shard-0.tar.mmfidx"));
+  ASSERT_EQ(cat->size(), 8u);  // a/2 and b2 (its .png whole, its .txt cut) are in the index
+  std::vector<std::string> good;
+  std::vector<std::string> failed;
+  CatalogEntry e;
+  for (size_t i = 0; i < cat->size(); ++i) {
+    Status st = cat->Read(i, &e);
+    if (!st.ok()) {
+      EXPECT_EQ(st.code(), Status::Code::kCorrupt);
+      failed.push_back(e.origin + " " + st.message());
+      continue;
+    }
+    good.push_back(e.id);
+    const CatalogEntry& want = scanned->entries[good.size() - 1];
+    EXPECT_EQ(e.id, want.id);
+    EXPECT_EQ(e.origin, want.origin);
+    ASSERT_EQ(e.fields.size(), want.fields.size());
+    for (size_t f = 0; f < e.fields.size(); ++f) {
+      EXPECT_EQ(e.fields[f].first, want.fields[f].first);
+      EXPECT_EQ(e.fields[f].second.data, want.fields[f].second.data);
+      EXPECT_EQ(e.fields[f].second.offset, want.fields[f].second.offset);
+      EXPECT_EQ(e.fields[f].second.size, want.fields[f].second.size);
+    }
+  }
+  EXPECT_EQ(good.size(), 6u);
+  EXPECT_EQ(failed, (std::vector<std::string>{
+                        dir / "shard-0.tar:a/2 sample has no member for field 'text'",
+                        dir / "shard-1.tar:b2 sample has no member for field 'text'"}));
+  auto reasons = [](const Catalog& c) {
+    std::vector<std::string> v;
+    for (const LoadError& l : c.errors) v.push_back(l.origin + " " + l.reason.substr(0, 20));
+    return v;
+  };
+  const std::vector<std::string> damage = {dir / "shard-1.tar tar truncated at off",
+                                           dir / "shard-2.tar cannot open: No such"};
+  EXPECT_EQ(reasons(*cat), damage);
+
+  // The next start maps the files, reports the same damage; a changed shard is indexed again.
+  Result<Catalog> again = LoadWebDataset(s, {"image", "text"});
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->shards->built(), 0u);
+  EXPECT_EQ(again->size(), 8u);
+  EXPECT_EQ(reasons(*again), damage);
+  EXPECT_EQ(again->index_fingerprint(), cat->index_fingerprint());
+  WriteFile(dir / "shard-1.tar", b + std::string(1024, '\0'));
+  Result<Catalog> changed = LoadWebDataset(s, {"image", "text"});
+  ASSERT_TRUE(changed.ok());
+  EXPECT_EQ(changed->shards->built(), 1u);
+  EXPECT_EQ(changed->size(), 9u);
+  EXPECT_NE(changed->index_fingerprint(), cat->index_fingerprint());
+  ASSERT_TRUE(changed->Read(8, &e).ok());
+  EXPECT_EQ(e.id, "b3");
+
+  // A damaged index file is rebuilt; with a state dir the files go there; where nothing can be
+  // written, they stay in memory.
+  WriteFile(dir / "shard-0.tar.mmfidx", "garbage");
+  Result<Catalog> mended = LoadWebDataset(s, {"image", "text"});
+  ASSERT_TRUE(mended.ok());
+  EXPECT_EQ(mended->shards->built(), 1u);
+  ASSERT_TRUE(mended->Read(4, &e).ok());
+  EXPECT_EQ(e.id, "a/4");
+  s.index_dir = dir / "state";
+  Result<Catalog> kept = LoadWebDataset(s, {"image", "text"});
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(kept->shards->built(), 2u);
+  EXPECT_EQ(kept->shards->in_memory(), 0u);
+  EXPECT_FALSE(std::filesystem::is_empty(dir / "state/index"));
+  WriteFile(dir / "not-a-dir", "x");
+  s.index_dir = dir / "not-a-dir";
+  Result<Catalog> memory = LoadWebDataset(s, {"image", "text"});
+  ASSERT_TRUE(memory.ok());
+  EXPECT_EQ(memory->shards->in_memory(), 2u);
+  EXPECT_EQ(memory->size(), 9u);
+  ASSERT_TRUE(memory->Read(8, &e).ok());
+  EXPECT_EQ(e.id, "b3");
 }
 
 TEST(ManifestTest, MalformedLinesAreReportedWithLineNumbers) {

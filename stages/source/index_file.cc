@@ -1,0 +1,134 @@
+#include "stages/source/index_file.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "stages/runtime/rng.h"
+
+namespace mmfeed::index_file {
+
+constexpr size_t kEndBytes = 64 << 10;  // hashed at each end of the file
+
+bool FullPread(int fd, void* buf, size_t n, uint64_t off) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    ssize_t r = ::pread(fd, p, n, static_cast<off_t>(off));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+    off += static_cast<uint64_t>(r);
+  }
+  return true;
+}
+
+bool FullWrite(int fd, const void* buf, size_t n) {
+  auto* p = static_cast<const char*>(buf);
+  while (n > 0) {
+    ssize_t r = ::write(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+Result<Stamp> Describe(int fd, const std::string& path) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    return Status::Invalid(fmt::format("{}: not a regular file", path));
+  Stamp s{};
+  s.size = static_cast<uint64_t>(st.st_size);
+  s.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  s.inode = static_cast<uint64_t>(st.st_ino);
+  std::string ends(std::min<uint64_t>(s.size, 2 * kEndBytes), '\0');
+  const size_t head = std::min<uint64_t>(s.size, kEndBytes);
+  if (!FullPread(fd, ends.data(), head, 0) ||
+      !FullPread(fd, ends.data() + head, ends.size() - head, s.size - (ends.size() - head)))
+    return Status::Io(fmt::format("{}: read failed: {}", path, std::strerror(errno)));
+  s.ends_hash = HashString(ends, HashString(std::to_string(s.size)));
+  return s;
+}
+
+std::string Differs(const Stamp& have, const Stamp& want) {
+  if (have.size != want.size)
+    return fmt::format("the size changed ({} -> {} bytes)", have.size, want.size);
+  if (have.mtime_ns != want.mtime_ns) return "it was modified since";
+  if (have.inode != want.inode) return "it was replaced since";
+  if (have.ends_hash != want.ends_hash) return "its contents changed";
+  return "";
+}
+
+uint64_t Hash(const Stamp& s) {
+  return HashString(fmt::format("{}|{}|{}|{}", s.size, s.mtime_ns, s.inode, s.ends_hash));
+}
+
+std::string IndexPath(const std::string& path, const std::string& index_dir) {
+  if (index_dir.empty()) return path + ".mmfidx";
+  std::error_code ec;
+  const std::string abs = std::filesystem::absolute(path, ec).lexically_normal().string();
+  const std::string name = std::filesystem::path(path).filename().string();
+  return fmt::format("{}/index/{}-{:016x}.mmfidx", index_dir, name, HashString(abs));
+}
+
+bool WriteAtomically(const std::string& path, const std::string& bytes) {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  bool ok = FullWrite(fd, bytes.data(), bytes.size()) && ::fsync(fd) == 0;
+  int err = ok ? 0 : errno;
+  if (::close(fd) != 0 && ok) {
+    ok = false;
+    err = errno;
+  }
+  if (ok && std::rename(tmp.c_str(), path.c_str()) != 0) {
+    ok = false;
+    err = errno;
+  }
+  if (!ok) {
+    ::unlink(tmp.c_str());
+    errno = err ? err : EIO;
+  }
+  return ok;
+}
+
+MappedFile::~MappedFile() { Unmap(); }
+
+void MappedFile::Unmap() {
+  if (map_) ::munmap(map_, bytes_);
+  map_ = nullptr;
+  bytes_ = 0;
+}
+
+bool MappedFile::Map(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st;
+  bool ok = ::fstat(fd, &st) == 0;
+  if (ok && st.st_size > 0) {
+    void* m = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+    ok = m != MAP_FAILED;
+    if (ok) {
+      Unmap();
+      map_ = m;
+      bytes_ = static_cast<size_t>(st.st_size);
+    }
+  }
+  const int err = errno;
+  ::close(fd);
+  errno = err;
+  return ok;
+}
+
+}  // namespace mmfeed::index_file

@@ -1,0 +1,317 @@
+#include "stages/source/shard_index.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "stages/runtime/rng.h"
+
+namespace mmfeed {
+
+using index_file::FullPread;
+
+struct ShardIndex::Header {
+  char magic[8];
+  index_file::Stamp shard;
+  uint64_t count;
+  uint64_t records_bytes;
+  uint64_t damage_bytes;
+  uint64_t reserved;
+};
+
+namespace {
+
+constexpr char kMagic[8] = {'M', 'M', 'F', 'T', 'A', 'R', '1', '\0'};
+
+uint64_t ParseOctal(const char* p, size_t n, bool* ok) {
+  uint64_t v = 0;
+  size_t i = 0;
+  while (i < n && (p[i] == ' ' || p[i] == 0)) ++i;
+  if (i == n) {
+    *ok = false;
+    return 0;
+  }
+  for (; i < n && p[i] >= '0' && p[i] <= '7'; ++i) v = v * 8 + (p[i] - '0');
+  for (; i < n; ++i)
+    if (p[i] != ' ' && p[i] != 0) *ok = false;
+  return v;
+}
+
+template <typename T>
+void Put(std::string* out, T v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+template <typename T>
+T Get(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// The index file's bytes for one shard: header, offsets, records, damage.
+std::string Encode(const index_file::Stamp& stamp, int fd, const std::string& shard,
+                   size_t max_key) {
+  std::vector<uint64_t> offsets;
+  std::string records, damage;
+  WalkTarSamples(
+      fd, shard, max_key,
+      [&](const std::string& key, const std::vector<TarMember>& members) {
+        offsets.push_back(records.size());
+        Put<uint8_t>(&records, static_cast<uint8_t>(key.size()));
+        records += key;
+        const size_t n = std::min<size_t>(members.size(), UINT16_MAX);
+        Put<uint16_t>(&records, static_cast<uint16_t>(n));
+        for (size_t m = 0; m < n; ++m) {
+          const size_t ext = std::min<size_t>(members[m].ext.size(), UINT8_MAX);
+          Put<uint8_t>(&records, static_cast<uint8_t>(ext));
+          records.append(members[m].ext, 0, ext);
+          Put<uint64_t>(&records, members[m].offset);
+          Put<uint64_t>(&records, members[m].size);
+        }
+      },
+      [&](const std::string& origin, const std::string& reason) {
+        damage += origin + '\t' + reason + '\n';
+      });
+  ShardIndex::Header h{};
+  std::memcpy(h.magic, kMagic, sizeof kMagic);
+  h.shard = stamp;
+  h.count = offsets.size();
+  h.records_bytes = records.size();
+  h.damage_bytes = damage.size();
+  offsets.push_back(records.size());
+  std::string out;
+  out.reserve(sizeof h + offsets.size() * 8 + records.size() + damage.size());
+  Put(&out, h);
+  out.append(reinterpret_cast<const char*>(offsets.data()), offsets.size() * 8);
+  return out + records + damage;
+}
+
+// Why `bytes` is not an index of the shard stamped `want` ("" when it is).
+std::string Stale(const char* bytes, size_t n, const index_file::Stamp& want) {
+  ShardIndex::Header h{};
+  if (n < sizeof h) return "not an index of this version";
+  std::memcpy(&h, bytes, sizeof h);
+  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return "not an index of this version";
+  if (std::string why = index_file::Differs(h.shard, want); !why.empty())
+    return "the shard changed: " + why;
+  if (h.count > n / 8 || n != sizeof h + (h.count + 1) * 8 + h.records_bytes + h.damage_bytes)
+    return "the index file is truncated or damaged";
+  return "";
+}
+
+}  // namespace
+
+void WalkTarSamples(
+    int fd, const std::string& shard, size_t max_key,
+    const std::function<void(const std::string& key, const std::vector<TarMember>&)>& sample,
+    const std::function<void(const std::string& origin, const std::string& reason)>& damage) {
+  struct stat st;
+  const uint64_t file_size = ::fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  std::string key, skipped_key;
+  std::vector<TarMember> members;
+  auto flush = [&] {
+    if (!key.empty()) sample(key, members);
+    key.clear();
+    members.clear();
+  };
+  uint64_t off = 0;
+  std::string long_name;
+  char h[512];
+  while (true) {
+    if (off + 512 > file_size) {
+      if (off != file_size || off == 0)
+        damage(shard, fmt::format("tar truncated at offset {} (no end-of-archive marker)", off));
+      break;
+    }
+    if (!FullPread(fd, h, 512, off)) {
+      damage(shard, fmt::format("read failed at offset {}", off));
+      break;
+    }
+    if (std::all_of(h, h + 512, [](char c) { return c == 0; })) break;  // end of archive
+    bool ok = true;
+    const uint64_t checksum = ParseOctal(h + 148, 8, &ok);
+    uint64_t sum = 0;
+    for (int i = 0; i < 512; ++i)
+      sum += (i >= 148 && i < 156) ? ' ' : static_cast<unsigned char>(h[i]);
+    const uint64_t size = ParseOctal(h + 124, 12, &ok);
+    if (!ok || sum != checksum) {
+      damage(shard, fmt::format("damaged tar header at offset {}", off));
+      break;
+    }
+    const uint64_t data_off = off + 512;
+    const uint64_t next = data_off + (size + 511) / 512 * 512;
+    const char type = h[156];
+    std::string name;
+    if (!long_name.empty()) {
+      name = std::move(long_name);
+      long_name.clear();
+    } else {
+      name.assign(h, strnlen(h, 100));
+      if (std::memcmp(h + 257, "ustar", 5) == 0 && h[345])
+        name = std::string(h + 345, strnlen(h + 345, 155)) + "/" + name;
+    }
+    if (data_off + size > file_size) {
+      damage(shard + ":" + name,
+             fmt::format("tar truncated: member needs {} bytes at offset {}, file ends at {}", size,
+                         data_off, file_size));
+      break;
+    }
+    if (type == 'L') {  // GNU long name: the name is the member's data
+      long_name.resize(size);
+      if (!FullPread(fd, long_name.data(), size, data_off)) {
+        damage(shard, fmt::format("read failed at offset {}", data_off));
+        break;
+      }
+      long_name.resize(strnlen(long_name.c_str(), size));
+    } else if (type == '0' || type == 0) {
+      const size_t slash = name.rfind('/');
+      const size_t dot = name.find('.', slash == std::string::npos ? 0 : slash + 1);
+      std::string k = dot == std::string::npos ? name : name.substr(0, dot);
+      if (k != key) {
+        flush();
+        if (k.size() > max_key) {
+          if (k != skipped_key)
+            damage(shard + ":" + k.substr(0, 64) + "...",
+                   fmt::format("sample key is longer than {} bytes", max_key));
+          skipped_key = std::move(k);
+          off = next;
+          continue;
+        }
+        key = std::move(k);
+      }
+      members.push_back({dot == std::string::npos ? "" : name.substr(dot + 1), data_off, size});
+    }
+    off = next;
+  }
+  flush();
+}
+
+ShardIndex::~ShardIndex() = default;
+
+Result<std::unique_ptr<ShardIndex>> ShardIndex::Open(const std::vector<std::string>& shards,
+                                                     const std::string& index_dir, size_t max_key,
+                                                     std::vector<Damage>* damage) {
+  std::unique_ptr<ShardIndex> idx(new ShardIndex());
+  const auto t0 = std::chrono::steady_clock::now();
+  uint64_t h = HashString("shards");
+  for (const std::string& path : shards) {
+    auto s = std::make_unique<Shard>();
+    s->path = path;
+    s->first = idx->total_;
+    uint64_t stamp = 0;
+    MMFEED_RETURN_IF_ERROR(idx->OpenShard(s.get(), index_dir, max_key, damage, &stamp));
+    h = HashString(fmt::format("{}|{:016x}", s->count, stamp), h);
+    idx->total_ += s->count;
+    idx->shards_.push_back(std::move(s));
+  }
+  idx->fingerprint_ = h;
+  if (idx->built_ > 0)
+    spdlog::info("indexed {} of {} shards ({} samples in all) in {:.1f} s{}", idx->built_,
+                 shards.size(), idx->total_,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                 idx->in_memory_ ? fmt::format("; {} kept in memory", idx->in_memory_) : "");
+  return idx;
+}
+
+Status ShardIndex::OpenShard(Shard* s, const std::string& index_dir, size_t max_key,
+                             std::vector<Damage>* damage, uint64_t* stamp_hash) {
+  const int fd = ::open(s->path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    damage->push_back({s->path, std::string("cannot open: ") + std::strerror(errno)});
+    return Status::Ok();
+  }
+  Result<index_file::Stamp> want = index_file::Describe(fd, s->path);
+  if (!want.ok()) {
+    ::close(fd);
+    damage->push_back({s->path, want.status().message()});
+    return Status::Ok();
+  }
+  *stamp_hash = index_file::Hash(*want);
+  const std::string path = index_file::IndexPath(s->path, index_dir);
+  std::string why = "none yet";
+  const char* bytes = nullptr;
+  if (s->map.Map(path)) {
+    why = Stale(s->map.data(), s->map.size(), *want);
+    if (why.empty()) bytes = s->map.data();
+  }
+  if (!bytes) {
+    std::string encoded = Encode(*want, fd, s->path, max_key);
+    ++built_;
+    spdlog::debug("{}: indexing (previous index: {})", s->path, why);
+    if (index_file::WriteAtomically(path, encoded) && s->map.Map(path) &&
+        Stale(s->map.data(), s->map.size(), *want).empty()) {
+      bytes = s->map.data();
+    } else {
+      s->map.Unmap();
+      if (in_memory_++ == 0)
+        spdlog::warn("{}: cannot write its index at {} ({}): keeping it in memory", s->path, path,
+                     std::strerror(errno));
+      s->memory = std::move(encoded);
+      bytes = s->memory.data();
+    }
+  }
+  ::close(fd);
+  Header h;
+  std::memcpy(&h, bytes, sizeof h);
+  s->count = h.count;
+  s->offsets = reinterpret_cast<const uint64_t*>(bytes + sizeof h);
+  s->records = bytes + sizeof h + (h.count + 1) * 8;
+  s->records_bytes = h.records_bytes;
+  std::string_view report(s->records + h.records_bytes, h.damage_bytes);
+  for (size_t at = 0; at < report.size();) {
+    size_t tab = report.find('\t', at), nl = report.find('\n', at);
+    if (tab == std::string_view::npos || nl == std::string_view::npos || tab > nl) break;
+    damage->push_back({std::string(report.substr(at, tab - at)),
+                       std::string(report.substr(tab + 1, nl - tab - 1))});
+    at = nl + 1;
+  }
+  return Status::Ok();
+}
+
+Status ShardIndex::Sample(size_t i, const std::string** shard, std::string* key,
+                          std::vector<TarMember>* members) const {
+  auto it =
+      std::upper_bound(shards_.begin(), shards_.end(), static_cast<uint64_t>(i),
+                       [](uint64_t v, const std::unique_ptr<Shard>& s) { return v < s->first; });
+  const Shard& s = **(it - 1);
+  const uint64_t j = i - s.first;
+  *shard = &s.path;
+  members->clear();
+  const uint64_t begin = s.offsets[j], end = s.offsets[j + 1];
+  auto damaged = [&] {
+    return Status::Corrupt(fmt::format("the index of {} is damaged at sample {}", s.path, j));
+  };
+  if (begin > end || end > s.records_bytes) return damaged();
+  const char* p = s.records + begin;
+  const char* e = s.records + end;
+  if (e - p < 3) return damaged();
+  const uint8_t key_len = static_cast<uint8_t>(p[0]);
+  if (e - p < 1 + key_len + 2) return damaged();
+  key->assign(p + 1, key_len);
+  p += 1 + key_len;
+  const uint16_t count = Get<uint16_t>(p);
+  p += 2;
+  for (uint16_t m = 0; m < count; ++m) {
+    if (e - p < 1) return damaged();
+    const uint8_t ext_len = static_cast<uint8_t>(p[0]);
+    if (e - p < 1 + ext_len + 16) return damaged();
+    TarMember t;
+    t.ext.assign(p + 1, ext_len);
+    p += 1 + ext_len;
+    t.offset = Get<uint64_t>(p);
+    t.size = Get<uint64_t>(p + 8);
+    p += 16;
+    members->push_back(std::move(t));
+  }
+  return Status::Ok();
+}
+
+}  // namespace mmfeed

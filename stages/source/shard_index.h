@@ -1,0 +1,92 @@
+// ShardIndex: the samples of a set of WebDataset tar shards, from one index file per shard that
+// lists each sample's key and members (extension, offset, size). A shard is indexed once by
+// reading its tar headers; later starts map the file after checking the shard's stamp
+// (index_file.h), so a start over any number of samples costs a header check per shard, and
+// the catalog costs 8 bytes per sample (the record's offset, in the page cache) plus the
+// records, which are read when a sample is dealt.
+//
+// File (little-endian; the host's byte order, checked by the magic):
+//   Header                     magic "MMFTAR1\0", the shard's stamp, the sample count, the
+//                              sizes of the records and of the damage report
+//   uint64 offsets[count + 1]  sample i's record is records[offsets[i], offsets[i + 1])
+//   records                    per sample: uint8 key length, the key, uint16 member count, then
+//                              per member: uint8 extension length, the extension, uint64
+//                              offset, uint64 size (unaligned)
+//   damage                     "origin\treason\n" lines: what the scan could not index (a
+//                              damaged or truncated tar, an over-long key), reported at each start
+// Where: index_file::IndexPath (the --state-dir, else beside the shard, else in memory).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "stages/source/index_file.h"
+
+namespace mmfeed {
+
+struct TarMember {
+  std::string ext;  // the member name's part after the key's first dot ("jpg", "seg.png")
+  uint64_t offset = 0, size = 0;
+};
+
+// Reads the headers of the tar file `fd` (named `shard`) and calls `sample` for each run of
+// members sharing a key, in order; regular files only, GNU long names and ustar prefixes
+// understood. Stops at the first damaged or truncated member, calling `damage` with an origin
+// and reason; a sample whose key is longer than max_key bytes is reported and skipped.
+void WalkTarSamples(
+    int fd, const std::string& shard, size_t max_key,
+    const std::function<void(const std::string& key, const std::vector<TarMember>&)>& sample,
+    const std::function<void(const std::string& origin, const std::string& reason)>& damage);
+
+class ShardIndex {
+ public:
+  ~ShardIndex();
+  ShardIndex(const ShardIndex&) = delete;
+  ShardIndex& operator=(const ShardIndex&) = delete;
+
+  struct Damage {
+    std::string origin, reason;
+  };
+  // Indexes or maps every shard. A shard that cannot be opened is reported in `damage` and
+  // holds no samples, like a damaged one.
+  static Result<std::unique_ptr<ShardIndex>> Open(const std::vector<std::string>& shards,
+                                                  const std::string& index_dir, size_t max_key,
+                                                  std::vector<Damage>* damage);
+
+  size_t size() const { return total_; }
+  // Sample i's shard, key and members. REQUIRES: i < size().
+  Status Sample(size_t i, const std::string** shard, std::string* key,
+                std::vector<TarMember>* members) const;
+  // Names the shards' contents (each one's stamp, in order).
+  uint64_t fingerprint() const { return fingerprint_; }
+  // How many shards this Open indexed (the others were mapped) and where the files went.
+  size_t built() const { return built_; }
+  size_t in_memory() const { return in_memory_; }
+
+  struct Header;
+
+ private:
+  struct Shard {
+    std::string path;
+    uint64_t first = 0, count = 0;  // its samples' catalog positions
+    const uint64_t* offsets = nullptr;
+    const char* records = nullptr;
+    uint64_t records_bytes = 0;
+    index_file::MappedFile map;  // the index file
+    std::string memory;          // or its bytes, where it could not be written
+  };
+  ShardIndex() = default;
+  // Maps or builds shard `s`'s index; adds what its scan could not index to `damage`.
+  Status OpenShard(Shard* s, const std::string& index_dir, size_t max_key,
+                   std::vector<Damage>* damage, uint64_t* stamp_hash);
+
+  std::vector<std::unique_ptr<Shard>> shards_;
+  uint64_t total_ = 0, fingerprint_ = 0;
+  size_t built_ = 0, in_memory_ = 0;
+};
+
+}  // namespace mmfeed
