@@ -13,15 +13,22 @@ deleted after; the eager loader and the Python reference are run up to --eager-m
 cache, file-backed and reclaimable) as samples are dealt, up to the index file's size per
 sample, which is reported too.
 
+With --shards, the same for WebDataset tar shards of 10,000 samples (one short .txt member
+each): index: on (first start builds one index file per shard, later starts map them) against
+index: off (every shard's tar headers read at start) and a Python reference (tarfile listing
+every shard's members into a list), each from a cold page cache (caches dropped before every
+start; needs root, else warm).
+
 usage: catalog_bench.py [--build BUILD] [--out DIR] [--sizes 1000000,10000000,100000000]
+       catalog_bench.py --shards [--sizes 100000,1000000]
 """
-import argparse, json, os, pathlib, resource, shutil, socket, subprocess, sys, time
+import argparse, io, json, os, pathlib, resource, shutil, socket, subprocess, sys, tarfile, time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PY = "/usr/bin/python3"
 
 CONFIG = """pipeline: catalog-bench
-source: {{type: manifest, path: {path}, shuffle: true, seed: 1, index: {index}}}
+source: {{type: {type}, path: "{path}", shuffle: true, seed: 1, index: {index}}}
 consumers: 1
 stages:
   - {{name: text, type: text, field: text, workers: 1, params: {{max_len: 16}}}}
@@ -47,9 +54,33 @@ def rss_kb(pid):
     return out
 
 
-def start_daemon(build, work, manifest, index, state):
+def write_shards(folder, n, per_shard=10000):
+    """n samples in shards of per_shard, "shard-{00000..N}.tar"; returns the path pattern."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shards = (n + per_shard - 1) // per_shard
+    for s in range(shards):
+        with tarfile.open(folder / f"shard-{s:05d}.tar", "w", format=tarfile.USTAR_FORMAT) as t:
+            for i in range(s * per_shard, min(n, (s + 1) * per_shard)):
+                data = f"a short caption number {i}".encode()
+                info = tarfile.TarInfo(f"s{i:09d}.txt")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+    return f"{folder}/shard-{{00000..{shards - 1:05d}}}.tar"
+
+
+def drop_caches():
+    """Cold page cache for the next start; False where not allowed (not root)."""
+    try:
+        os.sync()
+        pathlib.Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def start_daemon(build, work, manifest, index, state, type="manifest"):
     cfg = work / "bench.yaml"
-    cfg.write_text(CONFIG.format(path=manifest, index=index))
+    cfg.write_text(CONFIG.format(type=type, path=manifest, index=index))
     sock = str(work / "bench.sock")
     if os.path.exists(sock):
         os.unlink(sock)
@@ -80,16 +111,74 @@ def python_reference(manifest):
     return json.loads(subprocess.run([PY, "-c", code, str(manifest)], capture_output=True, text=True, check=True).stdout)
 
 
+def python_shard_reference(folder):
+    code = ("import glob,json,sys,tarfile,time,resource\nt=time.perf_counter()\n"
+            "rows=[(p,m.name,m.offset_data,m.size) for p in sorted(glob.glob(sys.argv[1]+'/shard-*.tar')) for m in tarfile.open(p).getmembers()]\n"
+            "print(json.dumps({'seconds': time.perf_counter()-t, 'rss_kb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, 'n': len(rows)}))")
+    return json.loads(subprocess.run([PY, "-c", code, str(folder)], capture_output=True, text=True, check=True).stdout)
+
+
+def shards_main(a, work):
+    tiny = write_shards(work / "tiny", 8)
+    base = {mode: start_daemon(a.build, work, tiny, mode, work / f"state-tiny-{mode}", "webdataset")[1]["VmRSS"]
+            for mode in ("on", "off")}
+    cold = drop_caches()
+    results = {"cores": os.cpu_count(), "cold_cache": cold, "baseline_rss_kb": base, "sizes": {}}
+    for n in map(int, a.sizes.split(",")):
+        folder = work / f"shards-{n}"
+        t0 = time.perf_counter()
+        pattern = write_shards(folder, n)
+        r = {"shards": len(list(folder.glob("*.tar"))), "bytes": sum(p.stat().st_size for p in folder.glob("*.tar")),
+             "write_seconds": time.perf_counter() - t0}
+        state = work / f"state-{n}"
+        drop_caches()
+        build_s, _ = start_daemon(a.build, work, pattern, "on", state, "webdataset")
+        drop_caches()
+        mapped_s, mapped_rss = start_daemon(a.build, work, pattern, "on", state, "webdataset")
+        index_bytes = sum(p.stat().st_size for p in (state / "index").glob("*.mmfidx"))
+        r["index_build_start_seconds"] = build_s
+        r["index_on"] = {"start_seconds": mapped_s, "rss_kb": mapped_rss,
+                         "bytes_per_sample": (mapped_rss["VmRSS"] - base["on"]) * 1024 / n,
+                         "index_bytes_per_sample": index_bytes / n}
+        drop_caches()
+        eager_s, eager_rss = start_daemon(a.build, work, pattern, "off", state, "webdataset")
+        r["index_off"] = {"start_seconds": eager_s, "rss_kb": eager_rss,
+                          "bytes_per_sample": (eager_rss["VmRSS"] - base["off"]) * 1024 / n}
+        drop_caches()
+        py = python_shard_reference(folder)
+        r["python_tarfile_list"] = {"start_seconds": py["seconds"], "rss_kb": py["rss_kb"],
+                                    "bytes_per_sample": py["rss_kb"] * 1024 / n}
+        results["sizes"][n] = r
+        shutil.rmtree(folder)
+        shutil.rmtree(state)
+        print(json.dumps({n: r}), flush=True)
+    print(json.dumps(results, indent=2))
+    print(f"\n{'cold' if cold else 'warm'} page cache\n| samples | shards | index: on, first start (builds) | index: on, start | "
+          "RSS/sample at start | index files/sample | index: off, start | RSS/sample | Python tarfile list | RSS/sample |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for n, r in results["sizes"].items():
+        on, off, py = r["index_on"], r["index_off"], r["python_tarfile_list"]
+        print(f"| {n:,} | {r['shards']} | {r['index_build_start_seconds']:.1f} s | {on['start_seconds']:.2f} s | "
+              f"{max(0.0, on['bytes_per_sample']):.1f} B | {on['index_bytes_per_sample']:.1f} B | {off['start_seconds']:.1f} s | "
+              f"{off['bytes_per_sample']:.0f} B | {py['start_seconds']:.1f} s | {py['bytes_per_sample']:.0f} B |")
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=str(ROOT / "build"))
     ap.add_argument("--out", default="/tmp/mmfeed-catalog-bench")
     ap.add_argument("--sizes", default="1000000,10000000,100000000")
     ap.add_argument("--eager-max", type=int, default=10000000)
+    ap.add_argument("--shards", action="store_true", help="tar shards instead of manifests")
     a = ap.parse_args()
     work = pathlib.Path(a.out)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    if a.shards:
+        if a.sizes == ap.get_default("sizes"):
+            a.sizes = "100000,1000000"
+        return shards_main(a, work)
     tiny = work / "tiny.jsonl"
     write_manifest(tiny, 8)
     base = {mode: start_daemon(a.build, work, tiny, mode, work / f"state-tiny-{mode}")[1]["VmRSS"] for mode in ("on", "off")}

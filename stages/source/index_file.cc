@@ -114,21 +114,23 @@ void MappedFile::Unmap() {
 bool MappedFile::Map(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
-  struct stat st;
-  bool ok = ::fstat(fd, &st) == 0;
-  if (ok && st.st_size > 0) {
-    void* m = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
-    ok = m != MAP_FAILED;
-    if (ok) {
-      Unmap();
-      map_ = m;
-      bytes_ = static_cast<size_t>(st.st_size);
-    }
-  }
+  const bool ok = Map(fd);
   const int err = errno;
   ::close(fd);
   errno = err;
   return ok;
+}
+
+bool MappedFile::Map(int fd) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return false;
+  Unmap();
+  if (st.st_size == 0) return true;
+  void* m = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) return false;
+  map_ = m;
+  bytes_ = static_cast<size_t>(st.st_size);
+  return true;
 }
 
 }  // namespace mmfeed::index_file

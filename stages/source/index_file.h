@@ -39,6 +39,7 @@ class MappedFile {
   MappedFile& operator=(const MappedFile&) = delete;
   // False, with errno set, when `path` cannot be opened or mapped.
   bool Map(const std::string& path);
+  bool Map(int fd);  // the whole of an open file
   void Unmap();
   const char* data() const { return static_cast<const char*>(map_); }
   size_t size() const { return bytes_; }

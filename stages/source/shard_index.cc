@@ -94,17 +94,27 @@ std::string Encode(const index_file::Stamp& stamp, int fd, const std::string& sh
   return out + records + damage;
 }
 
-// Why `bytes` is not an index of the shard stamped `want` ("" when it is).
-std::string Stale(const char* bytes, size_t n, const index_file::Stamp& want) {
-  ShardIndex::Header h{};
-  if (n < sizeof h) return "not an index of this version";
-  std::memcpy(&h, bytes, sizeof h);
-  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return "not an index of this version";
+// Why an index file of `n` bytes with header `h` is not an index of the shard stamped `want`
+// ("" when it is).
+std::string Stale(const ShardIndex::Header& h, uint64_t n, const index_file::Stamp& want) {
+  if (n < sizeof h || std::memcmp(h.magic, kMagic, sizeof kMagic) != 0)
+    return "not an index of this version";
   if (std::string why = index_file::Differs(h.shard, want); !why.empty())
     return "the shard changed: " + why;
   if (h.count > n / 8 || n != sizeof h + (h.count + 1) * 8 + h.records_bytes + h.damage_bytes)
     return "the index file is truncated or damaged";
   return "";
+}
+
+// The "origin\treason\n" lines of a damage report.
+void ParseDamage(std::string_view report, std::vector<ShardIndex::Damage>* damage) {
+  for (size_t at = 0; at < report.size();) {
+    size_t tab = report.find('\t', at), nl = report.find('\n', at);
+    if (tab == std::string_view::npos || nl == std::string_view::npos || tab > nl) break;
+    damage->push_back({std::string(report.substr(at, tab - at)),
+                       std::string(report.substr(tab + 1, nl - tab - 1))});
+    at = nl + 1;
+  }
 }
 
 }  // namespace
@@ -236,43 +246,52 @@ Status ShardIndex::OpenShard(Shard* s, const std::string& index_dir, size_t max_
   }
   *stamp_hash = index_file::Hash(*want);
   const std::string path = index_file::IndexPath(s->path, index_dir);
-  std::string why = "none yet";
+  // Maps the index file if it describes the shard. Its header and damage report are read, not
+  // touched through the mapping, so that a start maps no page of it: records become resident
+  // as samples are dealt.
+  Header h{};
+  std::string report;
+  auto map = [&]() -> std::string {
+    const int ifd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (ifd < 0) return "none yet";
+    struct stat st;
+    std::string why = "the index file is truncated or damaged";
+    if (::fstat(ifd, &st) == 0 && FullPread(ifd, &h, sizeof h, 0))
+      why = Stale(h, static_cast<uint64_t>(st.st_size), *want);
+    if (why.empty()) {
+      report.resize(h.damage_bytes);
+      if (!FullPread(ifd, report.data(), report.size(), st.st_size - h.damage_bytes) ||
+          !s->map.Map(ifd))
+        why = fmt::format("cannot read it: {}", std::strerror(errno));
+    }
+    ::close(ifd);
+    return why;
+  };
   const char* bytes = nullptr;
-  if (s->map.Map(path)) {
-    why = Stale(s->map.data(), s->map.size(), *want);
-    if (why.empty()) bytes = s->map.data();
-  }
-  if (!bytes) {
+  if (std::string why = map(); why.empty()) {
+    bytes = s->map.data();
+  } else {
     std::string encoded = Encode(*want, fd, s->path, max_key);
     ++built_;
     spdlog::debug("{}: indexing (previous index: {})", s->path, why);
-    if (index_file::WriteAtomically(path, encoded) && s->map.Map(path) &&
-        Stale(s->map.data(), s->map.size(), *want).empty()) {
+    if (index_file::WriteAtomically(path, encoded) && map().empty()) {
       bytes = s->map.data();
     } else {
-      s->map.Unmap();
       if (in_memory_++ == 0)
         spdlog::warn("{}: cannot write its index at {} ({}): keeping it in memory", s->path, path,
                      std::strerror(errno));
       s->memory = std::move(encoded);
       bytes = s->memory.data();
+      std::memcpy(&h, bytes, sizeof h);
+      report = s->memory.substr(s->memory.size() - h.damage_bytes);
     }
   }
   ::close(fd);
-  Header h;
-  std::memcpy(&h, bytes, sizeof h);
   s->count = h.count;
   s->offsets = reinterpret_cast<const uint64_t*>(bytes + sizeof h);
   s->records = bytes + sizeof h + (h.count + 1) * 8;
   s->records_bytes = h.records_bytes;
-  std::string_view report(s->records + h.records_bytes, h.damage_bytes);
-  for (size_t at = 0; at < report.size();) {
-    size_t tab = report.find('\t', at), nl = report.find('\n', at);
-    if (tab == std::string_view::npos || nl == std::string_view::npos || tab > nl) break;
-    damage->push_back({std::string(report.substr(at, tab - at)),
-                       std::string(report.substr(tab + 1, nl - tab - 1))});
-    at = nl + 1;
-  }
+  ParseDamage(report, damage);
   return Status::Ok();
 }
 
