@@ -12,6 +12,8 @@ size_t DTypeSize(DType t) {
       return 4;
     case DType::kInt64:
       return 8;
+    case DType::kBFloat16:
+      return 2;
   }
   return 0;
 }
@@ -26,6 +28,8 @@ const char* DTypeName(DType t) {
       return "float32";
     case DType::kInt64:
       return "int64";
+    case DType::kBFloat16:
+      return "bfloat16";
   }
   return "unknown";
 }
@@ -40,12 +44,14 @@ const char* DTypeNumpyDescr(DType t) {
       return "<f4";
     case DType::kInt64:
       return "<i8";
+    case DType::kBFloat16:
+      return "<u2";  // its bits: numpy has no bfloat16
   }
   return "";
 }
 
 bool ParseDType(const std::string& name, DType* out) {
-  for (DType t : {DType::kUInt8, DType::kInt32, DType::kFloat32, DType::kInt64}) {
+  for (DType t : {DType::kUInt8, DType::kInt32, DType::kFloat32, DType::kInt64, DType::kBFloat16}) {
     if (name == DTypeName(t)) {
       *out = t;
       return true;

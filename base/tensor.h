@@ -4,17 +4,30 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
 namespace mmfeed {
 
-enum class DType : uint32_t { kUInt8 = 1, kInt32 = 2, kFloat32 = 3, kInt64 = 4 };
+// kBFloat16: the upper half of a float32 (1 sign, 8 exponent, 7 mantissa bits), what trainers
+// compute in; numpy has no such type, so the Python client and dumps give its bits as uint16.
+enum class DType : uint32_t { kUInt8 = 1, kInt32 = 2, kFloat32 = 3, kInt64 = 4, kBFloat16 = 5 };
+constexpr DType kLastDType = DType::kBFloat16;
 
 size_t DTypeSize(DType t);
 const char* DTypeName(DType t);        // "uint8", "int32", ...
 const char* DTypeNumpyDescr(DType t);  // "|u1", "<i4", ...
 bool ParseDType(const std::string& name, DType* out);
+
+// float32 -> bfloat16 bits, rounded to the nearest even as torch's .to(torch.bfloat16) does;
+// a NaN stays a (quiet) NaN.
+inline uint16_t ToBFloat16(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((b >> 16) | 0x40);
+  return static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1)) >> 16);
+}
 
 // Shape and dtype of one per-sample output; the batch adds a leading batch dimension.
 struct TensorSpec {

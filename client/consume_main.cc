@@ -61,8 +61,10 @@ Status Dump(const std::string& dir, uint64_t index, const Batch& b) {
   nlohmann::json meta = {{"seq", b.seq()},
                          {"epoch", b.epoch()},
                          {"cursor", CursorToJson(b.cursor())},
-                         {"ids", nlohmann::json::array()}};
+                         {"ids", nlohmann::json::array()},
+                         {"dtypes", nlohmann::json::object()}};  // bfloat16's .npy holds its bits
   for (auto id : b.ids()) meta["ids"].push_back(std::string(id));
+  for (const auto& t : b.tensors()) meta["dtypes"][t.name] = DTypeName(static_cast<DType>(t.dtype));
   std::ofstream(d + "/meta.json") << meta.dump() << "\n";
   return Status::Ok();
 }

@@ -527,7 +527,7 @@ Status RingReader::ParseSlot(int i, BatchView* batch) const {
     if (td.ndim > kMaxDims || !inside(td.offset, td.nbytes))
       return Status::Corrupt(fmt::format("slot {}: tensor {} out of bounds", i, k));
     if (td.dtype < static_cast<uint32_t>(DType::kUInt8) ||
-        td.dtype > static_cast<uint32_t>(DType::kInt64))
+        td.dtype > static_cast<uint32_t>(kLastDType))
       return Status::Corrupt(
           fmt::format("slot {}: tensor {} has unknown dtype {}", i, k, td.dtype));
     __uint128_t bytes = DTypeSize(static_cast<DType>(td.dtype));

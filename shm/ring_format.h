@@ -93,7 +93,7 @@ struct SlotControl {
 
 struct TensorDesc {
   char name[kTensorNameBytes];
-  uint32_t dtype;  // mmfeed::DType value: 1 uint8, 2 int32, 3 float32, 4 int64
+  uint32_t dtype;  // mmfeed::DType value: 1 uint8, 2 int32, 3 float32, 4 int64, 5 bfloat16
   uint32_t ndim;
   int64_t shape[kMaxDims];
   uint64_t offset;  // from the slot's start; multiple of kPageBytes

@@ -56,6 +56,8 @@ py::dtype DType(uint32_t d) {
       return py::dtype::of<float>();
     case mmfeed::DType::kInt64:
       return py::dtype::of<int64_t>();
+    case mmfeed::DType::kBFloat16:  // its bits: numpy has no bfloat16 (Batch.torch() views them)
+      return py::dtype::of<uint16_t>();
   }
   throw std::runtime_error("unknown dtype " + std::to_string(d));
 }
@@ -104,6 +106,13 @@ class PyBatch {
   py::dict Tensors() const {
     py::dict d;
     for (const auto& t : get().tensors()) d[py::str(t.name)] = Array(t);
+    return d;
+  }
+
+  py::dict DTypes() const {
+    py::dict d;
+    for (const auto& t : get().tensors())
+      d[py::str(t.name)] = mmfeed::DTypeName(static_cast<mmfeed::DType>(t.dtype));
     return d;
   }
 
@@ -235,7 +244,11 @@ PYBIND11_MODULE(_mmfeed, m) {
           "cursor", [](const PyBatch& b) { return CursorDict(b.get().cursor()); },
           "The rank's cursor after this batch: resume=cursor continues after it.")
       .def_property_readonly("tensors", &PyBatch::Tensors,
-                             "Tensor name -> read-only zero-copy numpy array.")
+                             "Tensor name -> read-only zero-copy numpy array (a bfloat16 "
+                             "tensor's bits as uint16).")
+      .def_property_readonly("dtypes", &PyBatch::DTypes,
+                             "Tensor name -> the daemon's dtype name (uint8, int32, float32, "
+                             "int64, bfloat16).")
       .def("keys", &PyBatch::Keys)
       .def("__getitem__", &PyBatch::Get, "A read-only zero-copy numpy view of one tensor.")
       .def("__contains__",

@@ -1,6 +1,6 @@
 // The `image` stage: decode (libjpeg-turbo for JPEG, OpenCV for the rest), crop, resize, flip,
-// normalize, and lay out as uint8 HWC/CHW or float32 CHW/HWC. Random choices are drawn from
-// Rng(seed, epoch, sample id, stage name): the same config gives the same bytes whatever the
+// normalize, and lay out as uint8 HWC/CHW or float32/bfloat16 CHW/HWC. Random choices are drawn
+// from Rng(seed, epoch, sample id, stage name): the same config gives the same bytes whatever the
 // worker count.
 #include <fmt/format.h>
 
@@ -171,7 +171,7 @@ class ImageWorker : public StageWorker {
     }
     ResampleOutput o;
     o.flip = p_.flip > 0 && rng.Uniform() < p_.flip;
-    o.float32 = p_.dtype == DType::kFloat32;
+    o.dtype = p_.dtype;
     o.chw = p_.chw;
     o.mul = p_.mul;
     o.add = p_.add;
@@ -290,7 +290,7 @@ Result<std::unique_ptr<Stage>> MakeImageStage(const StageArgs& a) {
   p.chw = prm.GetString("layout") == "CHW";
   for (int c = 0; c < 3; ++c) {
     if (stdv[c] <= 0) return Status::Invalid("std values must be positive");
-    if (p.dtype == DType::kFloat32) {
+    if (p.dtype != DType::kUInt8) {
       p.mul[c] = static_cast<float>(1.0 / (255.0 * stdv[c]));
       p.add[c] = static_cast<float>(-mean[c] / stdv[c]);
     }
@@ -334,8 +334,9 @@ MMFEED_REGISTER_STAGE((StageSchema{
         {"dtype",
          ParamType::kString,
          std::string("uint8"),
-         "uint8 (raw pixels) | float32 (pixel/255, normalized)",
-         {"uint8", "float32"}},
+         "uint8 (raw pixels) | float32 (pixel/255, normalized) | bfloat16 (the same, rounded to "
+         "the nearest bfloat16)",
+         {"uint8", "float32", "bfloat16"}},
         {"layout", ParamType::kString, std::string("HWC"), "HWC | CHW", {"HWC", "CHW"}},
         {"max_pixels", ParamType::kInt, int64_t{89478485},
          "refuse images with more pixels (checked before decoding)"},

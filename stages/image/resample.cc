@@ -135,6 +135,12 @@ MMFEED_SIMD void Normalize(const float* __restrict v, int n, float mul, float ad
   for (int i = 0; i < n; ++i) out[i * out_step] = static_cast<float>(Round8(v[i])) * mul + add;
 }
 
+MMFEED_SIMD void NormalizeBf16(const float* __restrict v, int n, float mul, float add,
+                               uint16_t* __restrict out, int out_step) {
+  for (int i = 0; i < n; ++i)
+    out[i * out_step] = ToBFloat16(static_cast<float>(Round8(v[i])) * mul + add);
+}
+
 MMFEED_SIMD void ToUint8(const float* __restrict v, int n, uint8_t* __restrict out, int out_step) {
   for (int i = 0; i < n; ++i) out[i * out_step] = static_cast<uint8_t>(Round8(v[i]));
 }
@@ -179,9 +185,12 @@ bool Resampler::Run(RowSource& src, const ResampleOutput& o, uint8_t* out) {
       const size_t at = o.chw ? ch * plane + static_cast<size_t>(oy) * out_w
                               : static_cast<size_t>(oy) * out_w * 3 + ch;
       const int step = o.chw ? 1 : 3;
-      if (o.float32)
+      if (o.dtype == DType::kFloat32)
         Normalize(planes[ch], out_w, o.mul[ch], o.add[ch], reinterpret_cast<float*>(out) + at,
                   step);
+      else if (o.dtype == DType::kBFloat16)
+        NormalizeBf16(planes[ch], out_w, o.mul[ch], o.add[ch],
+                      reinterpret_cast<uint16_t*>(out) + at, step);
       else
         ToUint8(planes[ch], out_w, out + at, step);
     }

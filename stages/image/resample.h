@@ -15,6 +15,8 @@
 #include <opencv2/core.hpp>
 #include <vector>
 
+#include "base/tensor.h"
+
 namespace mmfeed {
 
 // One axis of a resize, in source pixel coordinates: output pixel i (of the whole resize) is
@@ -28,10 +30,10 @@ struct AxisMap {
 };
 
 struct ResampleOutput {
-  bool flip = false;           // mirror left-right
-  bool float32 = false;        // else uint8
-  bool chw = false;            // else HWC
-  const float* mul = nullptr;  // float32: out = round(pixel) * mul[c] + add[c]
+  bool flip = false;            // mirror left-right
+  DType dtype = DType::kUInt8;  // uint8, float32 or bfloat16
+  bool chw = false;             // else HWC
+  const float* mul = nullptr;   // float32, bfloat16: out = round(pixel) * mul[c] + add[c]
   const float* add = nullptr;
 };
 

@@ -556,17 +556,27 @@ struct VideoSampler::Run {
       }
       return Status::Ok();
     }
+    if (o.dtype == DType::kFloat32)
+      Normalize<float>(rgb, plane, slot, [](float v, float* out) { *out = v; });
+    else
+      Normalize<uint16_t>(rgb, plane, slot, [](float v, uint16_t* out) { *out = ToBFloat16(v); });
+    return Status::Ok();
+  }
+
+  // pixel * mul + add of each RGB24 pixel into frame `slot`, stored by `store` (float32 or
+  // bfloat16), interleaved (THWC) or planar.
+  template <typename T, typename Store>
+  void Normalize(const uint8_t* rgb, size_t plane, int slot, Store store) const {
     if (o.layout == VideoLayout::kTHWC) {
-      float* out = reinterpret_cast<float*>(base);
+      T* out = reinterpret_cast<T*>(frames + slot * FrameBytes());
       for (size_t i = 0; i < plane; ++i)
-        for (int c = 0; c < 3; ++c) out[3 * i + c] = rgb[3 * i + c] * o.mul[c] + o.add[c];
-      return Status::Ok();
+        for (int c = 0; c < 3; ++c) store(rgb[3 * i + c] * o.mul[c] + o.add[c], &out[3 * i + c]);
+      return;
     }
     for (int c = 0; c < 3; ++c) {
-      float* out = reinterpret_cast<float*>(Plane(slot, c));
-      for (size_t i = 0; i < plane; ++i) out[i] = rgb[3 * i + c] * o.mul[c] + o.add[c];
+      T* out = reinterpret_cast<T*>(Plane(slot, c));
+      for (size_t i = 0; i < plane; ++i) store(rgb[3 * i + c] * o.mul[c] + o.add[c], &out[i]);
     }
-    return Status::Ok();
   }
 
   Status Resolve(const Target& target, const AVFrame* f, int64_t p, bool damaged) {
@@ -807,7 +817,7 @@ VideoSampler::VideoSampler(const VideoOptions& options, KeyframeIndexCache* cach
 VideoSampler::~VideoSampler() { sws_freeContext(sws_); }
 
 size_t VideoSampler::FrameBytes() const {
-  return static_cast<size_t>(o_.out_h) * o_.out_w * 3 * (o_.dtype == DType::kFloat32 ? 4 : 1);
+  return static_cast<size_t>(o_.out_h) * o_.out_w * 3 * DTypeSize(o_.dtype);
 }
 
 Status VideoSampler::Sample(const FieldValue& in, Rng* rng, uint8_t* frames, float* pts,

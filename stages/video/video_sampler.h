@@ -54,7 +54,7 @@ struct VideoOptions {
   VideoLayout layout = VideoLayout::kTCHW;
   VideoResize resize = VideoResize::kStretch;
   DType dtype = DType::kUInt8;
-  float mul[3] = {1, 1, 1}, add[3] = {0, 0, 0};  // float32: out = pixel * mul + add
+  float mul[3] = {1, 1, 1}, add[3] = {0, 0, 0};  // float32, bfloat16: out = pixel * mul + add
   VideoPad pad = VideoPad::kRepeatLast;
   int sws_flags = 2;                   // SWS_BILINEAR
   int threads = 1;                     // decoder threads per worker
@@ -139,7 +139,7 @@ class VideoSampler {
   KeyframeIndexCache* cache_;
   VideoStats stats_;
   SwsContext* sws_ = nullptr;
-  std::vector<uint8_t> rgb_;  // float32 output: swscale writes RGB24 here first
+  std::vector<uint8_t> rgb_;  // planar or float output: swscale writes RGB24 here first
 };
 
 }  // namespace mmfeed

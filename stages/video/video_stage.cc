@@ -1,5 +1,5 @@
 // The `video` stage: sample T frames per video with FFmpeg (see video_sampler.h for which
-// frames and how), resized with swscale to `size`, as uint8 or normalized float32.
+// frames and how), resized with swscale to `size`, as uint8 or normalized float32/bfloat16.
 // Outputs: <name> [T,3,H,W] (TCHW), [T,H,W,3] (THWC) or [3,T,H,W] (CTHW); <name>_pts float32 [T],
 // seconds from the video's start; <name>_mask uint8 [T], 0 where the video ended before the target
 // (padding). The audio track of a video goes to an `audio` stage reading the same field.
@@ -57,7 +57,7 @@ Result<VideoOptions> VideoOptionsFromParams(const Params& prm) {
              : layout == "CTHW" ? VideoLayout::kCTHW
                                 : VideoLayout::kTCHW;
   o.resize = prm.GetString("resize") == "cover" ? VideoResize::kCover : VideoResize::kStretch;
-  o.dtype = prm.GetString("dtype") == "float32" ? DType::kFloat32 : DType::kUInt8;
+  ParseDType(prm.GetString("dtype"), &o.dtype);
   const auto& mean = prm.GetFloatList("mean");
   const auto& stdv = prm.GetFloatList("std");
   for (int c = 0; c < 3; ++c) {
@@ -186,8 +186,9 @@ MMFEED_REGISTER_STAGE((StageSchema{
         {"dtype",
          ParamType::kString,
          std::string("uint8"),
-         "uint8 (raw RGB) | float32 (pixel/255, normalized)",
-         {"uint8", "float32"}},
+         "uint8 (raw RGB) | float32 (pixel/255, normalized) | bfloat16 (the same, rounded to the "
+         "nearest bfloat16)",
+         {"uint8", "float32", "bfloat16"}},
         PixelMeanParam(),
         PixelStdParam(),
         {"pad",

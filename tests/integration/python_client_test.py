@@ -310,7 +310,9 @@ class PythonClientTest(dt.DaemonCase):
         del ds2
         self.assertEqual(d.wait(), 0, d.log())
 
-    def test_uint8_images_normalized_by_the_client_equal_the_float_path(self):
+    def test_uint8_and_bfloat16_images_equal_the_float_path(self):
+        """uint8 images normalized by the client equal the float32 path; bfloat16 ones are
+        torch.bfloat16 tensors equal to torch's rounding of the float32 ones."""
         import torch
         import mmfeed.torch as mt
 
@@ -318,11 +320,21 @@ class PythonClientTest(dt.DaemonCase):
         float_cfg = dt.CONFIG.format(source_type="manifest", path="manifest.jsonl", seed=1, epochs=1, consumers=1,
                                      workers=2, batch=16, placement="")
         images = {}
-        for dtype in ("float32", "uint8"):
+        for dtype in ("float32", "uint8", "bfloat16"):
             d = dt.Daemon(self.dir, float_cfg.replace("dtype: float32", f"dtype: {dtype}"))
-            images[dtype] = [b.torch()["image"].clone() for b in mmfeed.Client(socket=d.socket, rank=0)]
+            images[dtype] = []
+            for b in mmfeed.Client(socket=d.socket, rank=0):
+                self.assertEqual(b.dtypes["image"], dtype)
+                self.assertEqual(b.dtypes["text"], "int32")
+                if dtype == "bfloat16":
+                    self.assertEqual(b.tensors["image"].dtype, np.uint16)  # its bits
+                images[dtype].append(b.torch()["image"].clone())
+                b.release()  # else the loop variable holds the last batch: no drain, no exit
             self.assertEqual(d.wait(), 0, d.log())
         self.assertEqual(images["uint8"][0].dtype, torch.uint8)
+        self.assertEqual(images["bfloat16"][0].dtype, torch.bfloat16)
+        for bf16, f32 in zip(images["bfloat16"], images["float32"], strict=True):
+            self.assertTrue(torch.equal(bf16, f32.to(torch.bfloat16)))
         mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
         for u8, f32 in zip(images["uint8"], images["float32"], strict=True):
             self.assertTrue(torch.allclose(mt.normalize(u8, mean, std), f32, atol=1e-5))

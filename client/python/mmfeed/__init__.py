@@ -47,15 +47,23 @@ class Client(_Client):
 
 
 def _torch(self):
-    """The batch's tensors as CPU torch tensors, without a copy (they keep the lease alive).
-    The memory is read-only: use out-of-place operations (x.float(), x.to(device))."""
+    """The batch's tensors as CPU torch tensors, without a copy (they keep the lease alive);
+    bfloat16 tensors are torch.bfloat16. The memory is read-only: use out-of-place operations
+    (x.float(), x.to(device))."""
     import warnings
 
     import torch
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # torch notes the memory is not writable
-        return {name: torch.from_numpy(array) for name, array in self.tensors.items()}
+        dtypes = self.dtypes
+        out = {}
+        for name, array in self.tensors.items():
+            if dtypes[name] == "bfloat16":  # its bits (torch takes no uint16 array): int16 view
+                out[name] = torch.from_numpy(array.view("int16")).view(torch.bfloat16)
+            else:
+                out[name] = torch.from_numpy(array)
+        return out
 
 
 Batch.torch = _torch

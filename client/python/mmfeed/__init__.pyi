@@ -19,6 +19,7 @@ class Batch:
     ids: List[str]
     cursor: Cursor
     tensors: Dict[str, np.ndarray]
+    dtypes: Dict[str, str]
     released: bool
     ring: Ring
     def keys(self) -> List[str]: ...

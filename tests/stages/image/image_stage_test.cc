@@ -98,6 +98,47 @@ TEST(ImageStageTest, FlipMirrorsAndFloatNormalizeMatchesPixels) {
       }
 }
 
+TEST(BFloat16Test, RoundsToTheNearestEvenLikeTorch) {
+  auto bits = [](uint32_t b) {
+    float f;
+    std::memcpy(&f, &b, sizeof f);
+    return ToBFloat16(f);
+  };
+  EXPECT_EQ(ToBFloat16(1.0f), 0x3f80);
+  EXPECT_EQ(ToBFloat16(-2.0f), 0xc000);
+  EXPECT_EQ(bits(0x3f808000), 0x3f80);           // a tie rounds to the even neighbour: down
+  EXPECT_EQ(bits(0x3f818000), 0x3f82);           // and up
+  EXPECT_EQ(bits(0x3f808001), 0x3f81);           // above the tie: up
+  EXPECT_EQ(bits(0x7f7fffff), 0x7f80);           // the largest float rounds to infinity
+  EXPECT_EQ(bits(0x7f800000), 0x7f80);           // infinity stays
+  EXPECT_EQ(bits(0x7f800001) & 0x7fc0, 0x7fc0);  // a NaN stays a quiet NaN
+}
+
+// dtype: bfloat16 is the float32 output rounded, in every layout.
+TEST(ImageStageTest, BFloat16IsTheFloat32OutputRounded) {
+  for (const char* layout : {"CHW", "HWC"}) {
+    std::map<std::string, ParamValue> p = {{"crop", std::string("center")},
+                                           {"size", std::vector<int64_t>{40, 60}},
+                                           {"layout", std::string(layout)},
+                                           {"mean", std::vector<double>{0.5, 0.5, 0.5}},
+                                           {"std", std::vector<double>{0.5, 0.5, 0.5}},
+                                           {"dtype", std::string("float32")}};
+    auto f32 = MakeStage("image", "image", p);
+    p["dtype"] = std::string("bfloat16");
+    auto bf16 = MakeStage("image", "image", p);
+    FieldValue f = PathField(TestData("photos/photo07.jpg"));
+    Result<Output> a = RunImage(*f32, f), b = RunImage(*bf16, f);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(b->spec.dtype, DType::kBFloat16);
+    EXPECT_EQ(b->spec.shape, a->spec.shape);
+    ASSERT_EQ(b->data.size() * 2, a->data.size());
+    const float* x = a->As<float>();
+    const uint16_t* y = b->As<uint16_t>();
+    for (size_t i = 0; i < 40 * 60 * 3; ++i)
+      ASSERT_EQ(y[i], ToBFloat16(x[i])) << layout << " " << i;
+  }
+}
+
 TEST(ImageStageTest, GrayscaleProgressiveAndPngDecode) {
   auto stage = MakeStage("image", "image",
                          {{"crop", std::string("center")}, {"size", std::vector<int64_t>{50, 50}}});

@@ -36,8 +36,10 @@ class VideoTest : public ::testing::Test {
     // 20 s with a keyframe every second: a late clip must not decode the first 15 s.
     ffmpeg(src + "-t 20 -c:v libx264 -g 25 -preset ultrafast -pix_fmt yuv420p " + Path("long.mp4"));
     // 2 s of I B b B P (x264 always 3 B-frames, the middle one a reference: b-pyramid).
-    ffmpeg(src + "-t 2 -c:v libx264 -g 250 -x264-params bframes=3:b-adapt=0:b-pyramid=strict:scenecut=0 " +
-           "-pix_fmt yuv420p " + Path("pyramid.mp4"));
+    ffmpeg(
+        src +
+        "-t 2 -c:v libx264 -g 250 -x264-params bframes=3:b-adapt=0:b-pyramid=strict:scenecut=0 " +
+        "-pix_fmt yuv420p " + Path("pyramid.mp4"));
     ffmpeg("-f lavfi -i sine=d=1 " + Path("audio.m4a"));
     // A video track whose edit list starts after its last frame: nothing to show.
     ffmpeg("-ss 100 -i " + Path("good.mp4") + " -c copy " + Path("no_frames.mp4"));
@@ -53,8 +55,8 @@ class VideoTest : public ::testing::Test {
     auto patch_size = [&](int w, int h, const std::string& name) {
       std::string d = fast;
       const size_t at = d.find("avc1", d.find("stsd")) + 4 + 24;
-      d[at] = static_cast<char>(w >> 8), d[at + 1] = static_cast<char>(w), d[at + 2] = static_cast<char>(h >> 8),
-      d[at + 3] = static_cast<char>(h);
+      d[at] = static_cast<char>(w >> 8), d[at + 1] = static_cast<char>(w),
+      d[at + 2] = static_cast<char>(h >> 8), d[at + 3] = static_cast<char>(h);
       WriteFile(Path(name), d);
     };
     patch_size(65535, 65535, "huge.mp4");
@@ -102,7 +104,8 @@ class VideoTest : public ::testing::Test {
 TempDir* VideoTest::dir_ = nullptr;
 
 TEST_F(VideoTest, StageDeclaresItsTensors) {
-  auto stage = MakeStage("video", "video", {{"frames", int64_t{16}}, {"size", std::vector<int64_t>{224, 224}}});
+  auto stage = MakeStage("video", "video",
+                         {{"frames", int64_t{16}}, {"size", std::vector<int64_t>{224, 224}}});
   ASSERT_NE(stage, nullptr);
   auto specs = stage->OutputSpecs();
   ASSERT_EQ(specs.size(), 3u);
@@ -113,7 +116,9 @@ TEST_F(VideoTest, StageDeclaresItsTensors) {
   EXPECT_EQ(specs[1].shape, (std::vector<int64_t>{16}));
   EXPECT_EQ(specs[2].name, "video_mask");
   auto thwc = MakeStage("video", "clip",
-                        {{"size", std::vector<int64_t>{8, 10}}, {"layout", std::string("THWC")}, {"dtype", std::string("float32")}});
+                        {{"size", std::vector<int64_t>{8, 10}},
+                         {"layout", std::string("THWC")},
+                         {"dtype", std::string("float32")}});
   EXPECT_EQ(thwc->OutputSpecs()[0].shape, (std::vector<int64_t>{16, 8, 10, 3}));
   EXPECT_EQ(thwc->OutputSpecs()[0].dtype, DType::kFloat32);
 }
@@ -130,7 +135,8 @@ TEST_F(VideoTest, RejectsBadParams) {
     return schema->factory(a).status();
   };
   EXPECT_TRUE(build({}).ok());
-  EXPECT_NE(build({{"sampling", std::string("timestamps")}}).message().find("timestamps"), std::string::npos);
+  EXPECT_NE(build({{"sampling", std::string("timestamps")}}).message().find("timestamps"),
+            std::string::npos);
   EXPECT_FALSE(build({{"clip_start", std::string("soon")}}).ok());
   EXPECT_FALSE(build({{"frames", int64_t{0}}}).ok());
   EXPECT_FALSE(build({{"fps", 0.0}}).ok());
@@ -201,7 +207,8 @@ TEST_F(VideoTest, SeeksToTheKeyframeInsteadOfDecodingEverything) {
   VideoSampler ks(k, &cache_);
   ASSERT_TRUE(Sample(k, PathField(Path("long.mp4")), 1, 0, &ks).ok());
   EXPECT_EQ(ks.stats().decoded, 5);
-  for (int i = 0; i < 5; ++i) EXPECT_NEAR(pts_[i], 2 + 4 * i, 1e-3) << i;  // keyframes 2, 6, 10, 14, 18 of 20
+  for (int i = 0; i < 5; ++i)
+    EXPECT_NEAR(pts_[i], 2 + 4 * i, 1e-3) << i;  // keyframes 2, 6, 10, 14, 18 of 20
 }
 
 TEST_F(VideoTest, DecodesOnlyReferenceFramesAndPicks) {
@@ -274,6 +281,30 @@ TEST_F(VideoTest, Float32IsNormalizedUint8) {
   for (size_t i = 0; i < bytes.size(); i += 97) {
     const size_t plane = 32 * 48, c = (i % (3 * plane)) / plane;
     EXPECT_NEAR(out[i], (bytes[i] / 255.0f - mean[c]) / stdv[c], 1e-4) << i;
+  }
+}
+
+// bfloat16 is the float32 output rounded, in every layout.
+TEST_F(VideoTest, BFloat16IsTheFloat32OutputRounded) {
+  for (VideoLayout layout : {VideoLayout::kTCHW, VideoLayout::kTHWC, VideoLayout::kCTHW}) {
+    VideoOptions f = Options(VideoSampling::kUniform, 3);
+    f.layout = layout;
+    f.dtype = DType::kFloat32;
+    for (int c = 0; c < 3; ++c) {
+      f.mul[c] = 1.0f / (255.0f * 0.5f);
+      f.add[c] = -1.0f;
+    }
+    ASSERT_TRUE(Sample(f, PathField(Path("good.mp4"))).ok());
+    const std::vector<uint8_t> f32 = frames_;
+    VideoOptions b = f;
+    b.dtype = DType::kBFloat16;
+    EXPECT_EQ(VideoOutputSpecs("video", b)[0].dtype, DType::kBFloat16);
+    ASSERT_TRUE(Sample(b, PathField(Path("good.mp4"))).ok());
+    ASSERT_EQ(frames_.size() * 2, f32.size());
+    const float* x = reinterpret_cast<const float*>(f32.data());
+    const uint16_t* y = reinterpret_cast<const uint16_t*>(frames_.data());
+    for (size_t i = 0; i < frames_.size() / 2; ++i)
+      ASSERT_EQ(y[i], ToBFloat16(x[i])) << static_cast<int>(layout) << " " << i;
   }
 }
 
