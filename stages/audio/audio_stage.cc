@@ -25,7 +25,12 @@ struct AudioParams {
   int n_mels = 80, n_fft = 400, hop = 160;
   int64_t window = 0;  // samples: max_seconds * sample_rate
   bool random_crop = false;
+  DType dtype = DType::kFloat32;  // or bfloat16
   AudioLimits limits;
+
+  std::vector<int64_t> FeatureShape() const {
+    return log_mel ? std::vector<int64_t>{n_mels, window / hop} : std::vector<int64_t>{window};
+  }
 };
 
 class AudioWorker : public StageWorker {
@@ -48,14 +53,23 @@ class AudioWorker : public StageWorker {
     const int64_t valid = std::min(n - start, p_.window);
     window_.assign(samples_.begin() + start, samples_.begin() + start + valid);
     window_.resize(p_.window, 0.0f);
+    // float32 features go straight to the output; bfloat16 ones are rounded from float32.
+    const bool f32 = p_.dtype == DType::kFloat32;
+    const std::vector<int64_t> shape = p_.FeatureShape();
+    const size_t count = static_cast<size_t>(shape.size() == 2 ? shape[0] * shape[1] : shape[0]);
+    if (!f32) features_.resize(count);
+    float* features = f32 ? out.As<float>(0) : features_.data();
     if (p_.log_mel) {
-      mel_->Compute(window_.data(), window_.size(), out.As<float>(0), static_cast<size_t>(valid));
+      mel_->Compute(window_.data(), window_.size(), features, static_cast<size_t>(valid));
       int64_t frames = static_cast<int64_t>(mel_->Frames(window_.size()));
-      *out.As<int32_t>(1) = static_cast<int32_t>(std::min<int64_t>(frames, (valid + p_.hop - 1) / p_.hop));
+      *out.As<int32_t>(1) =
+          static_cast<int32_t>(std::min<int64_t>(frames, (valid + p_.hop - 1) / p_.hop));
     } else {
-      std::memcpy(out[0], window_.data(), window_.size() * sizeof(float));
+      std::memcpy(features, window_.data(), count * sizeof(float));
       *out.As<int32_t>(1) = static_cast<int32_t>(valid);
     }
+    if (!f32)
+      for (size_t i = 0; i < count; ++i) out.As<uint16_t>(0)[i] = ToBFloat16(features[i]);
     return Status::Ok();
   }
 
@@ -63,19 +77,18 @@ class AudioWorker : public StageWorker {
   const AudioParams& p_;
   std::unique_ptr<LogMel> mel_;
   std::string file_;
-  std::vector<float> samples_, window_;
+  std::vector<float> samples_, window_, features_;
 };
 
 class AudioStage : public Stage {
  public:
   explicit AudioStage(AudioParams p) : p_(std::move(p)) {}
   std::vector<TensorSpec> OutputSpecs() const override {
-    TensorSpec features{p_.name, DType::kFloat32, {}};
-    if (p_.log_mel) features.shape = {p_.n_mels, p_.window / p_.hop};
-    else features.shape = {p_.window};
-    return {features, {p_.name + "_lengths", DType::kInt32, {}}};
+    return {{p_.name, p_.dtype, p_.FeatureShape()}, {p_.name + "_lengths", DType::kInt32, {}}};
   }
-  std::unique_ptr<StageWorker> NewWorker() const override { return std::make_unique<AudioWorker>(p_); }
+  std::unique_ptr<StageWorker> NewWorker() const override {
+    return std::make_unique<AudioWorker>(p_);
+  }
 
  private:
   AudioParams p_;
@@ -87,18 +100,22 @@ Result<std::unique_ptr<Stage>> MakeAudioStage(const StageArgs& a) {
   AudioParams p;
   p.name = a.name;
   p.sample_rate = static_cast<int>(prm.GetInt("sample_rate"));
-  if (p.sample_rate < 1000 || p.sample_rate > 192000) return Status::Invalid("sample_rate must be in 1000..192000");
+  if (p.sample_rate < 1000 || p.sample_rate > 192000)
+    return Status::Invalid("sample_rate must be in 1000..192000");
   p.log_mel = prm.GetString("features") == "log_mel";
   p.n_mels = static_cast<int>(prm.GetInt("n_mels"));
   p.n_fft = static_cast<int>(prm.GetInt("n_fft"));
   p.hop = static_cast<int>(prm.GetInt("hop_length"));
   if (p.n_mels < 1 || p.n_mels > 512) return Status::Invalid("n_mels must be in 1..512");
-  if (p.n_fft < 16 || p.n_fft > 65536 || p.hop < 1 || p.hop > p.n_fft) return Status::Invalid("need 16 <= n_fft <= 65536 and 1 <= hop_length <= n_fft");
+  if (p.n_fft < 16 || p.n_fft > 65536 || p.hop < 1 || p.hop > p.n_fft)
+    return Status::Invalid("need 16 <= n_fft <= 65536 and 1 <= hop_length <= n_fft");
   double seconds = prm.GetFloat("max_seconds");
   if (!(seconds > 0) || seconds > 3600) return Status::Invalid("max_seconds must be in (0, 3600]");
   p.window = static_cast<int64_t>(std::llround(seconds * p.sample_rate));
-  if (p.log_mel && p.window <= p.n_fft / 2) return Status::Invalid("max_seconds is shorter than half an FFT window");
+  if (p.log_mel && p.window <= p.n_fft / 2)
+    return Status::Invalid("max_seconds is shorter than half an FFT window");
   p.random_crop = prm.GetString("crop") == "random";
+  ParseDType(prm.GetString("dtype"), &p.dtype);
   p.limits.max_channels = static_cast<int>(prm.GetInt("max_channels"));
   p.limits.max_sample_rate = static_cast<int>(prm.GetInt("max_sample_rate"));
   p.limits.max_seconds = prm.GetFloat("max_file_seconds");
@@ -107,21 +124,39 @@ Result<std::unique_ptr<Stage>> MakeAudioStage(const StageArgs& a) {
 
 MMFEED_REGISTER_STAGE((StageSchema{
     "audio",
-    "decode audio with FFmpeg, resample to mono, cut/pad to max_seconds, output the waveform or Whisper's "
-    "log-mel. Outputs: <name> float32 [n_mels, frames] or [samples], <name>_lengths int32",
+    "decode audio with FFmpeg, resample to mono, cut/pad to max_seconds, output the waveform or "
+    "Whisper's "
+    "log-mel. Outputs: <name> float32 (or bfloat16) [n_mels, frames] or [samples], <name>_lengths "
+    "int32",
     StageKind::kField,
     /*field_is_path=*/true,
     {
         {"sample_rate", ParamType::kInt, int64_t{16000}, "output sample rate (Hz), mono"},
-        {"features", ParamType::kString, std::string("log_mel"), "log_mel | waveform", {"log_mel", "waveform"}},
+        {"features",
+         ParamType::kString,
+         std::string("log_mel"),
+         "log_mel | waveform",
+         {"log_mel", "waveform"}},
         {"n_mels", ParamType::kInt, int64_t{80}, "mel bands (Whisper: 80, or 128 for large-v3)"},
         {"n_fft", ParamType::kInt, int64_t{400}, "FFT size (Hann window of the same length)"},
         {"hop_length", ParamType::kInt, int64_t{160}, "samples between frames"},
-        {"max_seconds", ParamType::kFloat, 30.0, "window: longer audio is cut, shorter is zero-padded"},
-        {"crop", ParamType::kString, std::string("head"), "head | random: where a longer clip is cut (random: seeded per sample)", {"head", "random"}},
+        {"max_seconds", ParamType::kFloat, 30.0,
+         "window: longer audio is cut, shorter is zero-padded"},
+        {"crop",
+         ParamType::kString,
+         std::string("head"),
+         "head | random: where a longer clip is cut (random: seeded per sample)",
+         {"head", "random"}},
+        {"dtype",
+         ParamType::kString,
+         std::string("float32"),
+         "float32 | bfloat16 (rounded to the nearest)",
+         {"float32", "bfloat16"}},
         {"max_channels", ParamType::kInt, int64_t{64}, "refuse files with more channels"},
-        {"max_sample_rate", ParamType::kInt, int64_t{384000}, "refuse files with a higher sample rate"},
-        {"max_file_seconds", ParamType::kFloat, 3600.0, "refuse files that decode to more than this"},
+        {"max_sample_rate", ParamType::kInt, int64_t{384000},
+         "refuse files with a higher sample rate"},
+        {"max_file_seconds", ParamType::kFloat, 3600.0,
+         "refuse files that decode to more than this"},
     },
     MakeAudioStage}));
 

@@ -97,6 +97,27 @@ TEST(AudioStageTest, PaddedWindowWith128MelsMatchesReference) {
   EXPECT_EQ(*(*out)[1].As<int32_t>(), 300) << "valid frames exclude the padding";
 }
 
+// dtype: bfloat16 is the float32 output rounded, for log-mel features and waveforms.
+TEST(AudioStageTest, BFloat16IsTheFloat32OutputRounded) {
+  for (const char* features : {"log_mel", "waveform"}) {
+    std::map<std::string, ParamValue> p = {{"max_seconds", 4.0},
+                                           {"features", std::string(features)}};
+    auto f32 = MakeStage("audio", "audio", p);
+    p["dtype"] = std::string("bfloat16");
+    auto bf16 = MakeStage("audio", "audio", p);
+    Result<std::vector<Output>> a = RunAudio(*f32, PathField(TestData("audio/tone.wav")));
+    Result<std::vector<Output>> b = RunAudio(*bf16, PathField(TestData("audio/tone.wav")));
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ((*b)[0].spec.dtype, DType::kBFloat16);
+    EXPECT_EQ((*b)[0].spec.shape, (*a)[0].spec.shape);
+    EXPECT_EQ(*(*b)[1].As<int32_t>(), *(*a)[1].As<int32_t>());
+    const size_t n = (*a)[0].data.size() / 4;
+    ASSERT_EQ((*b)[0].data.size(), n * 2);
+    for (size_t i = 0; i < n; ++i)
+      ASSERT_EQ((*b)[0].As<uint16_t>()[i], ToBFloat16((*a)[0].As<float>()[i])) << features << i;
+  }
+}
+
 class AudioFormatsTest : public ::testing::Test {
  protected:
   void SetUp() override {
