@@ -331,12 +331,7 @@ MMFEED_REGISTER_STAGE((StageSchema{
         {"flip", ParamType::kFloat, 0.0, "probability of a horizontal flip"},
         PixelMeanParam(),
         PixelStdParam(),
-        {"dtype",
-         ParamType::kString,
-         std::string("uint8"),
-         "uint8 (raw pixels) | float32 (pixel/255, normalized) | bfloat16 (the same, rounded to "
-         "the nearest bfloat16)",
-         {"uint8", "float32", "bfloat16"}},
+        PixelDTypeParam(),
         {"layout", ParamType::kString, std::string("HWC"), "HWC | CHW", {"HWC", "CHW"}},
         {"max_pixels", ParamType::kInt, int64_t{89478485},
          "refuse images with more pixels (checked before decoding)"},

@@ -33,12 +33,21 @@ struct ParamSpec {
   int list_size = 0;                 // for lists: the required length, 0 = any
 };
 
-// `mean` and `std` of the stages that output pixels: float32 = (pixel/255 - mean) / std.
+// `dtype`, `mean` and `std` of the stages that output pixels: uint8 as decoded, or float32 =
+// (pixel/255 - mean) / std, or that rounded to bfloat16.
+inline ParamSpec PixelDTypeParam() {
+  return {"dtype",
+          ParamType::kString,
+          std::string("uint8"),
+          "uint8 (raw RGB) | float32 (pixel/255, normalized) | bfloat16 (the same, rounded to the "
+          "nearest bfloat16)",
+          {"uint8", "float32", "bfloat16"}};
+}
 inline ParamSpec PixelMeanParam() {
   return {"mean",
           ParamType::kFloatList,
           std::vector<double>{0, 0, 0},
-          "float32: per-channel mean (of pixel/255)",
+          "float32, bfloat16: per-channel mean (of pixel/255)",
           {},
           3};
 }
@@ -46,7 +55,7 @@ inline ParamSpec PixelStdParam() {
   return {"std",
           ParamType::kFloatList,
           std::vector<double>{1, 1, 1},
-          "float32: per-channel std (of pixel/255)",
+          "float32, bfloat16: per-channel std (of pixel/255)",
           {},
           3};
 }

@@ -183,12 +183,7 @@ MMFEED_REGISTER_STAGE((StageSchema{
          std::string("stretch"),
          "stretch: the whole frame to size | cover: keep the aspect ratio, cover size, center crop",
          {"stretch", "cover"}},
-        {"dtype",
-         ParamType::kString,
-         std::string("uint8"),
-         "uint8 (raw RGB) | float32 (pixel/255, normalized) | bfloat16 (the same, rounded to the "
-         "nearest bfloat16)",
-         {"uint8", "float32", "bfloat16"}},
+        PixelDTypeParam(),
         PixelMeanParam(),
         PixelStdParam(),
         {"pad",
