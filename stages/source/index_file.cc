@@ -15,8 +15,6 @@
 
 namespace mmfeed::index_file {
 
-constexpr size_t kEndBytes = 64 << 10;  // hashed at each end of the file
-
 bool FullPread(int fd, void* buf, size_t n, uint64_t off) {
   auto* p = static_cast<char*>(buf);
   while (n > 0) {
@@ -42,7 +40,7 @@ bool FullWrite(int fd, const void* buf, size_t n) {
   return true;
 }
 
-Result<Stamp> Describe(int fd, const std::string& path) {
+Result<Stamp> Describe(int fd, const std::string& path, size_t end_bytes) {
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
     return Status::Invalid(fmt::format("{}: not a regular file", path));
@@ -50,8 +48,8 @@ Result<Stamp> Describe(int fd, const std::string& path) {
   s.size = static_cast<uint64_t>(st.st_size);
   s.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
   s.inode = static_cast<uint64_t>(st.st_ino);
-  std::string ends(std::min<uint64_t>(s.size, 2 * kEndBytes), '\0');
-  const size_t head = std::min<uint64_t>(s.size, kEndBytes);
+  std::string ends(std::min<uint64_t>(s.size, 2 * end_bytes), '\0');
+  const size_t head = std::min<uint64_t>(s.size, end_bytes);
   if (!FullPread(fd, ends.data(), head, 0) ||
       !FullPread(fd, ends.data() + head, ends.size() - head, s.size - (ends.size() - head)))
     return Status::Io(fmt::format("{}: read failed: {}", path, std::strerror(errno)));

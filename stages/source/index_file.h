@@ -9,7 +9,7 @@
 
 namespace mmfeed::index_file {
 
-// The indexed file's size, mtime, inode and a hash of its first and last 64 KiB: an index
+// The indexed file's size, mtime, inode and a hash of its first and last `end_bytes`: an index
 // whose stamp differs from the file's describes another file (or an older version of it).
 struct Stamp {
   uint64_t size;
@@ -17,7 +17,7 @@ struct Stamp {
   uint64_t inode;
   uint64_t ends_hash;
 };
-Result<Stamp> Describe(int fd, const std::string& path);
+Result<Stamp> Describe(int fd, const std::string& path, size_t end_bytes);
 // Why an index stamped `have` does not describe the file stamped `want` ("" when it does).
 std::string Differs(const Stamp& have, const Stamp& want);
 uint64_t Hash(const Stamp& s);

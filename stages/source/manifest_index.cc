@@ -32,6 +32,7 @@ namespace {
 
 constexpr char kMagic[8] = {'M', 'M', 'F', 'I', 'D', 'X', '1', '\0'};
 constexpr uint64_t kMaxLineBytes = 16 << 20;  // a longer line is a failed sample
+constexpr size_t kEndBytes = 64 << 10;        // hashed at each end of the manifest
 
 // Why an index file does not describe the manifest (empty: it does).
 std::string Stale(const ManifestIndex::Header& have, const index_file::Stamp& want,
@@ -192,7 +193,7 @@ Result<std::unique_ptr<ManifestIndex>> ManifestIndex::Open(const std::string& ma
   if (idx->fd_ < 0)
     return Status::NotFound(
         fmt::format("{}: cannot open manifest: {}", manifest, std::strerror(errno)));
-  Result<index_file::Stamp> want = index_file::Describe(idx->fd_, manifest);
+  Result<index_file::Stamp> want = index_file::Describe(idx->fd_, manifest, kEndBytes);
   if (!want.ok()) return want.status();
   idx->manifest_size_ = want->size;
   idx->fingerprint_ = index_file::Hash(*want);

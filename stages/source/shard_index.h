@@ -1,9 +1,9 @@
 // ShardIndex: the samples of a set of WebDataset tar shards, from one index file per shard that
 // lists each sample's key and members (extension, offset, size). A shard is indexed once by
 // reading its tar headers; later starts map the file after checking the shard's stamp
-// (index_file.h), so a start over any number of samples costs a header check per shard, and
-// the catalog costs 8 bytes per sample (the record's offset, in the page cache) plus the
-// records, which are read when a sample is dealt.
+// (index_file.h: size, mtime, inode, a hash of its first and last 4 KiB), so a start over any
+// number of samples costs a header check per shard, and the catalog costs 8 bytes per sample (the
+// record's offset, in the page cache) plus the records, which are read when a sample is dealt.
 //
 // File (little-endian; the host's byte order, checked by the magic):
 //   Header                     magic "MMFTAR1\0", the shard's stamp, the sample count, the
@@ -81,8 +81,8 @@ class ShardIndex {
   };
   ShardIndex() = default;
   // Maps or builds shard `s`'s index; adds what its scan could not index to `damage`.
-  Status OpenShard(Shard* s, const std::string& index_dir, size_t max_key,
-                   std::vector<Damage>* damage, uint64_t* stamp_hash);
+  void OpenShard(Shard* s, const std::string& index_dir, size_t max_key,
+                 std::vector<Damage>* damage, uint64_t* stamp_hash);
 
   std::vector<std::unique_ptr<Shard>> shards_;
   uint64_t total_ = 0, fingerprint_ = 0;
