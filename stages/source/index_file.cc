@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 
@@ -78,10 +79,31 @@ std::string IndexPath(const std::string& path, const std::string& index_dir) {
   return fmt::format("{}/index/{}-{:016x}.mmfidx", index_dir, name, HashString(abs));
 }
 
+std::string TempPath(const std::string& path, const char* what) {
+  return fmt::format("{}.{}.{}", path, ::getpid(), what);
+}
+
+void RemoveStaleTemps(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto old = fs::file_time_type::clock::now() - std::chrono::hours(1);
+  for (fs::directory_iterator it(dir.empty() ? "." : dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const size_t at = name.rfind(".mmfidx.");
+    if (at == std::string::npos || name.size() < 4 || name.compare(name.size() - 4, 4, ".tmp"))
+      continue;
+    const size_t pid_end = name.find('.', at + 8);
+    if (pid_end == at + 8 || name.find_first_not_of("0123456789", at + 8) != pid_end) continue;
+    std::error_code e;
+    if (fs::last_write_time(it->path(), e) < old && !e) fs::remove(it->path(), e);
+  }
+}
+
 bool WriteAtomically(const std::string& path, const std::string& bytes) {
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = TempPath(path);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return false;
   bool ok = FullWrite(fd, bytes.data(), bytes.size()) && ::fsync(fd) == 0;

@@ -26,8 +26,16 @@ uint64_t Hash(const Stamp& s);
 // `<path>.mmfidx` beside the data.
 std::string IndexPath(const std::string& path, const std::string& index_dir);
 
-// Write `bytes` to `path` through a temporary file renamed over it (fsync'd first), creating
-// its folder; false with errno set when it cannot, leaving nothing behind.
+// The temporary file this process writes index `path` through: daemons on several nodes may
+// index the same data on a shared file system at once, and each writes its own (sharing one
+// would let a late opener truncate what an early one already renamed into place).
+std::string TempPath(const std::string& path, const char* what = "tmp");
+// Removes the temporary index files in `dir` that were last written over an hour ago: those a
+// daemon killed while indexing left (a live build writes as it goes).
+void RemoveStaleTemps(const std::string& dir);
+
+// Write `bytes` to `path` through TempPath renamed over it (fsync'd first), creating its
+// folder; false with errno set when it cannot, leaving nothing behind.
 bool WriteAtomically(const std::string& path, const std::string& bytes);
 
 // A whole file mapped read-only; unmapped when destroyed.

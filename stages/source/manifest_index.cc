@@ -127,7 +127,9 @@ Status WriteIndex(int manifest_fd, const std::string& manifest, const index_file
   using Mark = ManifestIndex::Mark;
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  const std::string tmp = path + ".tmp", marks_tmp = path + ".marks.tmp";
+  index_file::RemoveStaleTemps(std::filesystem::path(path).parent_path().string());
+  const std::string tmp = index_file::TempPath(path),
+                    marks_tmp = index_file::TempPath(path, "marks.tmp");
   const int out = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (out < 0) {
     *write_error = std::strerror(errno);

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 
 #include "stages/runtime/rng.h"
 
@@ -277,6 +278,8 @@ void ShardIndex::OpenShard(Shard* s, const std::string& index_dir, size_t max_ke
   } else {
     std::string encoded = Encode(*want, fd, s->path, max_key);
     ++built_;
+    const std::string folder = std::filesystem::path(path).parent_path().string();
+    if (swept_.insert(folder).second) index_file::RemoveStaleTemps(folder);
     spdlog::debug("{}: indexing (previous index: {})", s->path, why);
     if (index_file::WriteAtomically(path, encoded) && map().empty()) {
       bytes = s->map.data();

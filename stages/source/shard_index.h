@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,7 @@ class ShardIndex {
   std::vector<std::unique_ptr<Shard>> shards_;
   uint64_t total_ = 0, fingerprint_ = 0;
   size_t built_ = 0, in_memory_ = 0;
+  std::set<std::string> swept_;  // folders whose stale temporary index files were removed
 };
 
 }  // namespace mmfeed

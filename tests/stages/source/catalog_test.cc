@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
@@ -338,6 +341,53 @@ TEST(ManifestIndexTest, AWriteFailureWhileIndexingKeepsTheIndexInMemory) {
   ASSERT_TRUE(cat->Read(19999, &e).ok());
   EXPECT_EQ(e.id, "s19999");
   EXPECT_EQ(e.origin, dir / "m.jsonl:22857");  // the 20000th entry, after 2857 blank lines
+}
+
+// Daemons on several nodes may index one manifest on a shared file system at once: each builds
+// through its own temporary file and every one gets the whole index; one index file is left,
+// and no temporary beside it. A temporary file left an hour ago (a daemon killed while
+// indexing) is removed by the next build; a recent one (a live build) is not.
+TEST(ManifestIndexTest, ProcessesIndexingOneManifestAtOnceAllSucceed) {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 200000; ++i)
+    text += "{\"id\": \"s" + std::to_string(i) + "\", \"text\": \"caption\"}\n";
+  WriteFile(dir / "m.jsonl", text);
+  WriteFile(dir / "m.jsonl.mmfidx.4242.tmp", "left by a killed daemon");
+  WriteFile(dir / "m.jsonl.mmfidx.4343.marks.tmp", "and its marks");
+  WriteFile(dir / "m.jsonl.mmfidx.4444.tmp", "a live build elsewhere");
+  const auto hours_ago = std::filesystem::file_time_type::clock::now() - std::chrono::hours(2);
+  std::filesystem::last_write_time(dir / "m.jsonl.mmfidx.4242.tmp", hours_ago);
+  std::filesystem::last_write_time(dir / "m.jsonl.mmfidx.4343.marks.tmp", hours_ago);
+  SourceConfig s;
+  s.type = "manifest";
+  s.path = dir / "m.jsonl";
+  s.index = "on";
+  std::vector<pid_t> children;
+  for (int c = 0; c < 4; ++c) {
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      Result<Catalog> cat = LoadCatalog(s, {"text"}, {});
+      CatalogEntry e;
+      const bool ok =
+          cat.ok() && cat->size() == 200000 && cat->Read(199999, &e).ok() && e.id == "s199999";
+      ::_exit(ok ? 0 : 1);
+    }
+    children.push_back(pid);
+  }
+  for (pid_t pid : children) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  }
+  std::set<std::string> files;
+  for (const auto& f : std::filesystem::directory_iterator(dir.path()))
+    files.insert(f.path().filename());
+  EXPECT_EQ(files, (std::set<std::string>{"m.jsonl", "m.jsonl.mmfidx", "m.jsonl.mmfidx.4444.tmp"}));
+  Result<Catalog> after = LoadCatalog(s, {"text"}, {});
+  ASSERT_TRUE(after.ok());
+  EXPECT_FALSE(after->index->built());
 }
 
 // A manifest below kIndexAutoBytes is parsed at start with index: auto; index: off always.
