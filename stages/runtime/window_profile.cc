@@ -377,14 +377,13 @@ nlohmann::json Diagnose(const nlohmann::json& r) {
 
   // The trainers: are they attached, do they wait for data, do they hold batches?
   int attached = 0;
-  double wait = 0, held = 0, ready = 0, slots = 0;
+  double wait = 0, held = 0, ready = 0;
   for (const auto& c : r["consumers"]) {
     if (!c["attached"].get<bool>()) continue;
     ++attached;
     wait = std::max(wait, num(c, "wait_share"));
     held += num(c, "held_batches");
     ready += num(c, "ready_not_taken");
-    slots += num(c, "slots");
   }
   double rings_full = 0;
   const nlohmann::json* busiest = nullptr;
