@@ -57,7 +57,8 @@ std::string FloatWav(const std::vector<float>& x, int rate, int channels = 1) {
   return out + data;
 }
 
-Result<std::vector<Output>> RunAudio(const Stage& stage, const FieldValue& f, const std::string& id = "a") {
+Result<std::vector<Output>> RunAudio(const Stage& stage, const FieldValue& f,
+                                     const std::string& id = "a") {
   return testing::RunStage(stage, {7, 0, id, "test"}, f);
 }
 
@@ -68,7 +69,8 @@ FieldValue Bytes(std::string data) {
   return f;
 }
 
-void ExpectClose(const std::vector<float>& ref, const float* got, float tol, const std::string& what) {
+void ExpectClose(const std::vector<float>& ref, const float* got, float tol,
+                 const std::string& what) {
   float worst = 0;
   for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::fabs(ref[i] - got[i]));
   EXPECT_LT(worst, tol) << what << ": max |diff| " << worst;
@@ -121,7 +123,8 @@ TEST(AudioStageTest, BFloat16IsTheFloat32OutputRounded) {
 class AudioFormatsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_EQ(std::system("command -v ffmpeg > /dev/null"), 0) << "ffmpeg is needed to make the test media";
+    ASSERT_EQ(std::system("command -v ffmpeg > /dev/null"), 0)
+        << "ffmpeg is needed to make the test media";
   }
   // Encodes tone.wav with the given ffmpeg arguments into dir/name.
   std::string Encode(const std::string& name, const std::string& args) {
@@ -143,12 +146,15 @@ TEST_F(AudioFormatsTest, EveryCommonFormatDecodesToTheSameSignal) {
     float max_mean_diff;
   } cases[] = {
       {"t.flac", Tone() + " -sample_fmt s32 -c:a flac", 0.002f},
-      {"t44k.flac", Tone() + " -ar 44100 -sample_fmt s32 -c:a flac", 0.03f},  // resampled back to 16 kHz
+      {"t44k.flac", Tone() + " -ar 44100 -sample_fmt s32 -c:a flac",
+       0.03f},  // resampled back to 16 kHz
       {"t.mp3", Tone() + " -c:a libmp3lame -b:a 192k", 0.08f},
       {"t.ogg", Tone() + " -ar 48000 -c:a libopus -b:a 96k", 0.08f},
       {"t.m4a", Tone() + " -c:a aac -b:a 192k", 0.08f},
-      {"t.mp4", "-f lavfi -i testsrc=size=64x64:rate=10:duration=3 " + Tone() +
-                    " -c:v libx264 -pix_fmt yuv420p -c:a aac -b:a 192k -shortest", 0.08f},  // audio track of a video
+      {"t.mp4",
+       "-f lavfi -i testsrc=size=64x64:rate=10:duration=3 " + Tone() +
+           " -c:v libx264 -pix_fmt yuv420p -c:a aac -b:a 192k -shortest",
+       0.08f},  // audio track of a video
   };
   for (const Case& c : cases) {
     Result<std::vector<Output>> out = RunAudio(*stage, PathField(Encode(c.file, c.args)));
@@ -165,16 +171,22 @@ TEST_F(AudioFormatsTest, WaveformAndSeededRandomCrop) {
   std::vector<float> wav(48000);
   std::string bytes = testing::ReadFile(TestData("audio/tone.wav"));
   std::memcpy(wav.data(), bytes.data() + 44, wav.size() * 4);
-  auto whole = MakeStage("audio", "audio", {{"features", std::string("waveform")}, {"max_seconds", 3.5}});
+  auto whole =
+      MakeStage("audio", "audio", {{"features", std::string("waveform")}, {"max_seconds", 3.5}});
   Result<std::vector<Output>> out = RunAudio(*whole, Bytes(bytes));
   ASSERT_TRUE(out.ok()) << out.status().message();
   EXPECT_EQ((*out)[0].spec.shape, std::vector<int64_t>{56000});
-  EXPECT_EQ(std::memcmp((*out)[0].data.data(), wav.data(), 48000 * 4), 0) << "a 16 kHz float WAV passes through exactly";
+  EXPECT_EQ(std::memcmp((*out)[0].data.data(), wav.data(), 48000 * 4), 0)
+      << "a 16 kHz float WAV passes through exactly";
   EXPECT_EQ((*out)[0].As<float>()[50000], 0.0f) << "padding is zeros";
   EXPECT_EQ(*(*out)[1].As<int32_t>(), 48000);
 
-  auto crop = MakeStage("audio", "audio", {{"features", std::string("waveform")}, {"max_seconds", 1.0}, {"crop", std::string("random")}});
-  auto a = RunAudio(*crop, Bytes(bytes), "x"), b = RunAudio(*crop, Bytes(bytes), "x"), c = RunAudio(*crop, Bytes(bytes), "y");
+  auto crop = MakeStage("audio", "audio",
+                        {{"features", std::string("waveform")},
+                         {"max_seconds", 1.0},
+                         {"crop", std::string("random")}});
+  auto a = RunAudio(*crop, Bytes(bytes), "x"), b = RunAudio(*crop, Bytes(bytes), "x"),
+       c = RunAudio(*crop, Bytes(bytes), "y");
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   EXPECT_EQ((*a)[0].data, (*b)[0].data);
   EXPECT_NE((*a)[0].data, (*c)[0].data);
@@ -188,28 +200,37 @@ TEST_F(AudioFormatsTest, WaveformAndSeededRandomCrop) {
 TEST(AudioBadInputTest, EachIsAClearError) {
   AudioLimits limits;
   std::vector<float> out;
-  auto error = [&](const std::string& bytes) { return DecodeAudio(bytes, 16000, limits, &out).message(); };
+  auto error = [&](const std::string& bytes) {
+    return DecodeAudio(bytes, 16000, limits, &out).message();
+  };
   std::string wav = testing::ReadFile(TestData("audio/tone.wav"));
   EXPECT_NE(error("this is text, not audio").find("not a readable audio file"), std::string::npos);
   EXPECT_NE(error("").find("empty file"), std::string::npos);
-  EXPECT_NE(error(wav.substr(0, wav.size() / 2)).find("truncated: WAV declares 192000 bytes of samples, file has 95978"),
+  EXPECT_NE(error(wav.substr(0, wav.size() / 2))
+                .find("truncated: WAV declares 192000 bytes of samples, file has 95978"),
             std::string::npos)
       << error(wav.substr(0, wav.size() / 2));
-  EXPECT_NE(error(FloatWav({}, 16000)).find("no audio samples"), std::string::npos) << error(FloatWav({}, 16000));
+  EXPECT_NE(error(FloatWav({}, 16000)).find("no audio samples"), std::string::npos)
+      << error(FloatWav({}, 16000));
   // A FLAC cut in the middle of a frame.
   testing::TempDir dir;
-  std::string cmd = "ffmpeg -loglevel error -y -i " + TestData("audio/tone.wav") + " -sample_fmt s16 " + dir / "t.flac";
+  std::string cmd = "ffmpeg -loglevel error -y -i " + TestData("audio/tone.wav") +
+                    " -sample_fmt s16 " + dir / "t.flac";
   ASSERT_EQ(std::system(cmd.c_str()), 0);
   std::string flac = testing::ReadFile(dir / "t.flac");
   std::string cut_flac = error(flac.substr(0, flac.size() * 2 / 3));
-  EXPECT_TRUE(cut_flac.find("truncated") != std::string::npos || cut_flac.find("undecodable") != std::string::npos) << cut_flac;
+  EXPECT_TRUE(cut_flac.find("truncated") != std::string::npos ||
+              cut_flac.find("undecodable") != std::string::npos)
+      << cut_flac;
   std::vector<float> nan(1600, 0.1f);
   nan[800] = std::nanf("");
-  EXPECT_NE(error(FloatWav(nan, 16000)).find("NaN"), std::string::npos) << error(FloatWav(nan, 16000));
+  EXPECT_NE(error(FloatWav(nan, 16000)).find("NaN"), std::string::npos)
+      << error(FloatWav(nan, 16000));
   std::string many = FloatWav(std::vector<float>(200 * 100, 0.0f), 16000, 200);
   EXPECT_NE(error(many).find("200 channels (limit 64)"), std::string::npos) << error(many);
   std::string fast = FloatWav(std::vector<float>(1000, 0.0f), 2000000);
-  EXPECT_NE(error(fast).find("sample rate 2000000 Hz (limit 384000)"), std::string::npos) << error(fast);
+  EXPECT_NE(error(fast).find("sample rate 2000000 Hz (limit 384000)"), std::string::npos)
+      << error(fast);
   limits.max_seconds = 1;
   EXPECT_NE(error(wav).find("longer than max_file_seconds"), std::string::npos);
 }

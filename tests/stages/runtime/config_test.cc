@@ -206,7 +206,8 @@ TEST_F(ConfigTest, IllTypedParametersAreRejected) {
   e = Error(Replace(kCanonical, "max_len: 128", "max_len: long"));
   EXPECT_NE(e.find("text.max_len must be an integer, got 'long'"), std::string::npos) << e;
   e = Error(Replace(kCanonical, "dtype: float32", "dtype: float64"));
-  EXPECT_NE(e.find("image.dtype must be one of uint8, float32, bfloat16, got 'float64'"), std::string::npos)
+  EXPECT_NE(e.find("image.dtype must be one of uint8, float32, bfloat16, got 'float64'"),
+            std::string::npos)
       << e;
   e = Error(Replace(kCanonical, "workers: 2", "workers: 0"));
   EXPECT_NE(e.find("workers must be at least 1"), std::string::npos) << e;
