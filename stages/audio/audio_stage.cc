@@ -68,8 +68,10 @@ class AudioWorker : public StageWorker {
       std::memcpy(features, window_.data(), count * sizeof(float));
       *out.As<int32_t>(1) = static_cast<int32_t>(valid);
     }
-    if (!f32)
-      for (size_t i = 0; i < count; ++i) out.As<uint16_t>(0)[i] = ToBFloat16(features[i]);
+    if (!f32) {
+      uint16_t* bf16 = out.As<uint16_t>(0);
+      for (size_t i = 0; i < count; ++i) bf16[i] = ToBFloat16(features[i]);
+    }
     return Status::Ok();
   }
 
@@ -125,9 +127,8 @@ Result<std::unique_ptr<Stage>> MakeAudioStage(const StageArgs& a) {
 MMFEED_REGISTER_STAGE((StageSchema{
     "audio",
     "decode audio with FFmpeg, resample to mono, cut/pad to max_seconds, output the waveform or "
-    "Whisper's "
-    "log-mel. Outputs: <name> float32 (or bfloat16) [n_mels, frames] or [samples], <name>_lengths "
-    "int32",
+    "Whisper's log-mel. Outputs: <name> float32 (or bfloat16) [n_mels, frames] or [samples], "
+    "<name>_lengths int32",
     StageKind::kField,
     /*field_is_path=*/true,
     {
