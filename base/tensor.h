@@ -30,10 +30,17 @@ inline uint16_t ToBFloat16(float f) {
 }
 
 // Shape and dtype of one per-sample output; the batch adds a leading batch dimension.
+//
+// A ragged output (`rows_from` set) has a number of rows that differs from sample to sample:
+// shape[0] is the most rows one sample may have, and a sample's own count is the product of
+// the int32 values of its output named `rows_from` (e.g. the patches of an image, from its
+// [t, h, w] grid). A batch holds the samples' rows one after another, in row order: its tensor
+// is [the samples' rows together, shape[1:]...] instead of [batch rows, shape...].
 struct TensorSpec {
   std::string name;
   DType dtype = DType::kUInt8;
   std::vector<int64_t> shape;
+  std::string rows_from;
   size_t NumBytes() const;
 };
 

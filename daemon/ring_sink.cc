@@ -41,13 +41,13 @@ void RingSink::Commit(const BatchMemory& memory, const BatchInfo& info) {
   view.epoch = info.epoch;
   view.next = info.next;
   for (const std::string& id : info.ids) view.ids.emplace_back(id);
-  for (const TensorSpec& s : specs_) {
+  for (size_t k = 0; k < specs_.size(); ++k) {
+    const TensorSpec c = CommittedTensor(specs_[k], info, k);
     shm::TensorView t;
-    t.name = s.name;
-    t.dtype = static_cast<uint32_t>(s.dtype);
-    t.shape = s.shape;
-    t.shape.insert(t.shape.begin(), static_cast<int64_t>(info.rows));
-    t.nbytes = s.NumBytes() * info.rows;
+    t.name = c.name;
+    t.dtype = static_cast<uint32_t>(c.dtype);
+    t.shape = c.shape;
+    t.nbytes = c.NumBytes();
     view.tensors.push_back(std::move(t));
   }
   Status st = ring_->Commit(memory.handle, view);

@@ -6,11 +6,9 @@
 
 #include <cmath>
 #include <cstring>
-#include <opencv2/imgcodecs.hpp>
-#include <opencv2/imgproc.hpp>
+#include <opencv2/core.hpp>
 
-#include "stages/image/jpeg_decoder.h"
-#include "stages/image/resample.h"
+#include "stages/image/image_decoder.h"
 #include "stages/runtime/registry.h"
 #include "stages/runtime/rng.h"
 
@@ -33,19 +31,6 @@ struct ImageParams {
   bool dct_scaling = true;  // decode JPEGs at 1/2, 1/4, 1/8 size when the output is that small
   bool output_box = false;  // also output <name>_box: the source box shown, and the flip
 };
-
-// PNG keeps its size at a fixed place; read it so a huge PNG is refused before decoding.
-bool PngSize(std::string_view d, int64_t* w, int64_t* h) {
-  static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', 0x0D, 0x0A, 0x1A, 0x0A};
-  if (d.size() < 24 || std::memcmp(d.data(), sig, 8) != 0) return false;
-  auto be32 = [&](size_t o) {
-    const auto* p = reinterpret_cast<const unsigned char*>(d.data() + o);
-    return (int64_t{p[0]} << 24) | (p[1] << 16) | (p[2] << 8) | p[3];
-  };
-  *w = be32(16);
-  *h = be32(20);
-  return true;
-}
 
 // Python's round(): halves to even, as torchvision's arithmetic rounds.
 int RoundHalfEven(double v) { return static_cast<int>(std::nearbyint(v)); }
@@ -131,57 +116,20 @@ class ImageWorker : public StageWorker {
   Status Process(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) override {
     Result<std::string_view> bytes = FieldBytes(in, &file_);
     if (!bytes.ok()) return bytes.status();
-    std::string_view data = *bytes;
-    if (data.empty()) return Status::Corrupt("empty file (0 bytes)");
+    int w = 0, h = 0;
+    MMFEED_RETURN_IF_ERROR(decoder_.Open(*bytes, p_.max_pixels, &w, &h));
     Rng rng(ctx.seed, ctx.epoch, ctx.id, p_.name);
     AxisMap x, y;
     cv::Rect box;
-    bool decoding = false;  // jpeg_ gives the rows
-    if (LooksLikeJpeg(data)) {
-      int w = 0, h = 0;
-      MMFEED_RETURN_IF_ERROR(jpeg_.ReadSize(data, &w, &h));
-      MMFEED_RETURN_IF_ERROR(CheckPixels(w, h));
-      MapAxes(w, h, p_, rng, &x, &y, &box);
-      // The smallest DCT scale that leaves the source at least as large as the output. Only
-      // 1/8, 2/8, 4/8 and 8/8: libjpeg-turbo has SIMD IDCTs for those, while the other scales
-      // run plain C (perf showed jpeg_idct_6x6, _10x10, _12x12 ... at the top).
-      int n = p_.dct_scaling ? 1 : 8;
-      while (n < 8 && (x.scale * n < 8 || y.scale * n < 8)) n *= 2;
-      AxisMap sx = x, sy = y;
-      if (n < 8) {
-        sx = x.Scaled(n / 8.0, JpegDecoder::ScaledSize(w, n));
-        sy = y.Scaled(n / 8.0, JpegDecoder::ScaledSize(h, n));
-      }
-      cv::Rect need = resampler_.Plan(sx, sy);
-      Status st = jpeg_.Start(data, n, need, resampler_.window_rows());
-      if (st.ok()) {
-        decoding = true;
-      } else if (st.code() != Status::Code::kUnsupported) {
-        return st;
-      }
-    }
-    if (!decoding) {  // PNG and the rest, and JPEGs libjpeg-turbo will not give us as RGB
-      int64_t pw, ph;
-      if (PngSize(data, &pw, &ph)) MMFEED_RETURN_IF_ERROR(CheckPixels(pw, ph));
-      MMFEED_RETURN_IF_ERROR(DecodeWithOpenCv(data, &decoded_));
-      MMFEED_RETURN_IF_ERROR(CheckPixels(decoded_.cols, decoded_.rows));
-      rng = Rng(ctx.seed, ctx.epoch, ctx.id, p_.name);  // the same draws whichever decoder ran
-      MapAxes(decoded_.cols, decoded_.rows, p_, rng, &x, &y, &box);
-      resampler_.Plan(x, y);
-    }
+    MapAxes(w, h, p_, rng, &x, &y, &box);
     ResampleOutput o;
     o.flip = p_.flip > 0 && rng.Uniform() < p_.flip;
     o.dtype = p_.dtype;
     o.chw = p_.chw;
     o.mul = p_.mul;
     o.add = p_.add;
-    if (decoding) {
-      const bool ok = resampler_.Run(jpeg_, o, out[0]);
-      jpeg_.End();
-      if (!ok) return jpeg_.status();
-    } else {
-      resampler_.Run(decoded_, {0, 0}, o, out[0]);
-    }
+    MMFEED_RETURN_IF_ERROR(
+        decoder_.Resample(x, y, Filter::kBilinear, p_.dct_scaling, o, &resampler_, out[0]));
     if (p_.output_box) {
       const int32_t b[5] = {box.x, box.y, box.width, box.height, o.flip ? 1 : 0};
       std::memcpy(out[1], b, sizeof(b));
@@ -204,32 +152,10 @@ class ImageWorker : public StageWorker {
   }
 
  private:
-  Status CheckPixels(int64_t w, int64_t h) const {
-    if (w <= 0 || h <= 0) return Status::Corrupt("image has no pixels");
-    if (w * h > p_.max_pixels)
-      return Status::TooLarge(fmt::format("image is {}x{} = {} pixels, above max_pixels {}", w, h,
-                                          w * h, p_.max_pixels));
-    return Status::Ok();
-  }
-
-  Status DecodeWithOpenCv(std::string_view data, cv::Mat* out) {
-    cv::Mat buf(1, static_cast<int>(data.size()), CV_8UC1, const_cast<char*>(data.data()));
-    cv::Mat bgr;
-    try {
-      bgr = cv::imdecode(buf, cv::IMREAD_COLOR);
-    } catch (const cv::Exception& e) {
-      return Status::Corrupt(std::string("image decode: ") + e.what());
-    }
-    if (bgr.empty()) return Status::Corrupt("not a decodable image (unknown or damaged format)");
-    cv::cvtColor(bgr, *out, cv::COLOR_BGR2RGB);
-    return Status::Ok();
-  }
-
   const ImageParams& p_;
-  JpegDecoder jpeg_;
+  ImageDecoder decoder_;
   Resampler resampler_;
   std::string file_;
-  cv::Mat decoded_;
 };
 
 class ImageStage : public Stage {

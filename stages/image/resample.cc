@@ -15,11 +15,26 @@ AxisMap AxisMap::Scaled(double factor, int size) const {
   return s;
 }
 
-// torchvision's (PIL's, torch's) antialiased bilinear taps: a triangle filter of support
-// max(scale, 1), sampled at the source pixel centres, clipped to [lo, hi) and normalized.
-// Positions are relative to lo, as in the cropped image those libraries resize.
-void Resampler::Compute(const AxisMap& a, Taps* t) {
-  const double support = std::max(a.scale, 1.0), inv = 1.0 / support;
+namespace {
+
+// PIL's filters: the triangle (support 1) and Keys' cubic with a = -0.5 (support 2).
+double Kernel(Filter f, double x) {
+  x = std::abs(x);
+  if (f == Filter::kBilinear) return std::max(0.0, 1.0 - x);
+  constexpr double a = -0.5;
+  if (x < 1) return ((a + 2) * x - (a + 3)) * x * x + 1;
+  if (x < 2) return (((x - 5) * x + 8) * x - 4) * a;
+  return 0;
+}
+
+}  // namespace
+
+// PIL's (torchvision's, torch's) antialiased taps: the filter widened by max(scale, 1), sampled
+// at the source pixel centres, clipped to [lo, hi) and normalized. Positions are relative to
+// lo, as in the cropped image those libraries resize.
+void Resampler::Compute(const AxisMap& a, Filter filter, Taps* t) {
+  const double widen = std::max(a.scale, 1.0), inv = 1.0 / widen;
+  const double support = (filter == Filter::kBicubic ? 2.0 : 1.0) * widen;
   t->stride = static_cast<int>(std::ceil(2 * support)) + 1;
   t->first.resize(a.count);
   t->count.resize(a.count);
@@ -36,11 +51,11 @@ void Resampler::Compute(const AxisMap& a, Taps* t) {
     float* w = &t->weights[static_cast<size_t>(i) * t->stride];
     double total = 0;
     for (int j = xmin; j < xmax; ++j) {
-      double v = std::max(0.0, 1.0 - std::abs((j - center + 0.5) * inv));
+      double v = Kernel(filter, (j - center + 0.5) * inv);
       w[j - xmin] = static_cast<float>(v);
       total += v;
     }
-    if (total > 0) {
+    if (total != 0) {
       for (int j = 0; j < xmax - xmin; ++j) w[j] = static_cast<float>(w[j] / total);
     } else {  // cannot happen for a window inside the source; nearest pixel
       w[0] = 1;
@@ -54,9 +69,9 @@ void Resampler::Compute(const AxisMap& a, Taps* t) {
   for (int& f : t->first) f -= t->lo;
 }
 
-cv::Rect Resampler::Plan(const AxisMap& x, const AxisMap& y) {
-  Compute(x, &x_);
-  Compute(y, &y_);
+cv::Rect Resampler::Plan(const AxisMap& x, const AxisMap& y, Filter filter) {
+  Compute(x, filter, &x_);
+  Compute(y, filter, &y_);
   return {x_.lo, y_.lo, x_.hi - x_.lo, y_.hi - y_.lo};
 }
 

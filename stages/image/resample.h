@@ -1,6 +1,7 @@
-// Resampler: antialiased bilinear resizing exactly as torchvision computes it (PIL's
-// ImagingResample and torch's _upsample_bilinear2d_aa share the arithmetic): each output pixel
-// is a normalized triangle filter over the source, widened by the scale when shrinking.
+// Resampler: antialiased resizing as PIL's ImagingResample computes it (torch's
+// _upsample_bilinear2d_aa and torchvision share the arithmetic): each output pixel is a
+// normalized filter over the source (bilinear's triangle, or bicubic's a = -0.5 kernel, as
+// Hugging Face image processors resize), widened by the scale when shrinking.
 //
 // It computes a window of a virtual resize: "resize the source's [lo, hi) to N pixels, keep
 // outputs [start, start + count)". torchvision's Resize(256) + CenterCrop(224) is one window
@@ -50,10 +51,12 @@ class RowSource {
   virtual int x0() const = 0;
 };
 
+enum class Filter { kBilinear, kBicubic };
+
 class Resampler {
  public:
   // Computes the filter taps of both axes; returns the source rectangle they read.
-  cv::Rect Plan(const AxisMap& x, const AxisMap& y);
+  cv::Rect Plan(const AxisMap& x, const AxisMap& y, Filter filter = Filter::kBilinear);
   // The rows a RowSource must keep for Run (the vertical filter's taps).
   int window_rows() const { return y_.stride; }
   // Writes count_y x count_x pixels of 3 channels to `out` as `o` says, reading Plan's rectangle
@@ -71,7 +74,7 @@ class Resampler {
     int stride = 0;
     int lo = 0, hi = 0;  // source pixels read
   };
-  static void Compute(const AxisMap& a, Taps* t);
+  static void Compute(const AxisMap& a, Filter filter, Taps* t);
   Taps x_, y_;
   std::vector<float> column_, row_;  // one output row after the vertical, horizontal pass
 };

@@ -212,6 +212,17 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
     p->branches_.push_back(std::move(b));
   }
   p->specs_ = BatchSpecs(p->cfg_);
+  for (const TensorSpec& t : p->specs_) {  // ragged tensors: where their row counts are
+    int from = -1;
+    for (size_t k = 0; k < p->specs_.size() && !t.rows_from.empty(); ++k)
+      if (p->specs_[k].name == t.rows_from && p->specs_[k].dtype == DType::kInt32) from = int(k);
+    if (!t.rows_from.empty() && (from < 0 || t.shape.empty()))
+      return Status::Invalid(
+          fmt::format("output '{}' takes its rows from '{}', which is not "
+                      "an int32 output of the pipeline",
+                      t.name, t.rows_from));
+    p->rows_from_.push_back(from);
+  }
   // Sample files: the source's folder and data_roots, by real path.
   FilePolicy files;
   files.max_bytes = cfg.source.max_bytes;
@@ -810,6 +821,7 @@ class Pipeline::Collator {
     info.rows = static_cast<uint32_t>(f.batch->rows);
     info.ids = std::move(f.ids);
     info.next = p_->CursorAfter(info.seq);
+    info.ragged_rows = p_->PackRagged(f.batch->memory, info.rows);
     uint64_t t0 = NowNs();
     p_->sinks_[rank_]->Commit(f.batch->memory, info);
     p_->batch_counters_.blocked_ns.fetch_add(NowNs() - t0, std::memory_order_relaxed);
@@ -825,6 +837,43 @@ class Pipeline::Collator {
   uint64_t next_commit_;
   std::vector<bool>* known_bad_;  // by catalog index, shared by the batch thread's collators
 };
+
+TensorSpec CommittedTensor(const TensorSpec& s, const BatchInfo& info, size_t k) {
+  TensorSpec t = s;
+  if (!s.rows_from.empty() && k < info.ragged_rows.size())
+    t.shape[0] = info.ragged_rows[k];
+  else
+    t.shape.insert(t.shape.begin(), static_cast<int64_t>(info.rows));
+  return t;
+}
+
+// Each row of a ragged tensor was written at row * (its most rows); the rows it used move down
+// to follow the previous row's (towards lower addresses: memmove is safe).
+std::vector<int64_t> Pipeline::PackRagged(const BatchMemory& memory, uint32_t rows) const {
+  std::vector<int64_t> out;
+  for (size_t t = 0; t < specs_.size(); ++t) {
+    if (rows_from_[t] < 0) continue;
+    if (out.empty()) out.assign(specs_.size(), rows);
+    const TensorSpec& s = specs_[t];
+    const TensorSpec& counts = specs_[rows_from_[t]];
+    const size_t per_row = s.NumBytes(), row_bytes = per_row / s.shape[0];
+    const size_t values = counts.NumBytes() / sizeof(int32_t);
+    int64_t total = 0;
+    for (uint32_t i = 0; i < rows; ++i) {
+      int64_t n = 1;
+      for (size_t v = 0; v < values; ++v) {
+        int32_t c;
+        std::memcpy(&c, memory.base[rows_from_[t]] + i * counts.NumBytes() + v * sizeof c,
+                    sizeof c);
+        n = std::min<int64_t>(n * std::max(c, 0), s.shape[0]);  // a stage's bug stays in bounds
+      }
+      std::memmove(memory.base[t] + total * row_bytes, memory.base[t] + i * per_row, n * row_bytes);
+      total += n;
+    }
+    out[t] = total;
+  }
+  return out;
+}
 
 void Pipeline::SampleFailed(const CatalogEntry& e, const std::string& stage, const Status& st) {
   batch_counters_.errors.fetch_add(1, std::memory_order_relaxed);

@@ -51,7 +51,14 @@ struct BatchInfo {
   uint32_t rows = 0;             // rows [0, rows) are valid
   std::vector<std::string> ids;  // the samples in them: one per row, except for packed text
   StreamCursor next;             // the rank's cursor after this batch
+  // Per tensor, when the batch has ragged ones (TensorSpec::rows_from): the rows a ragged
+  // tensor holds, packed at the start of its memory; the others' entries are `rows`.
+  std::vector<int64_t> ragged_rows;
 };
+
+// Tensor `k` (of spec `s`) of a committed batch: [info.rows, s.shape...], or for a ragged
+// tensor [its rows in the batch, s.shape[1:]...].
+TensorSpec CommittedTensor(const TensorSpec& s, const BatchInfo& info, size_t k);
 
 enum class Reservation { kReserved, kFull, kClosed };
 
@@ -193,6 +200,7 @@ class Pipeline {
   void BatchLoop();
   void Fail(const Status& st);
   void SampleFailed(const CatalogEntry& e, const std::string& stage, const Status& st);
+  std::vector<int64_t> PackRagged(const BatchMemory& memory, uint32_t rows) const;
   std::vector<StageInfo> StageInfos() const;
   class ThreadTag;
 
@@ -200,6 +208,7 @@ class Pipeline {
   std::vector<BatchSink*> sinks_;
   std::vector<TensorSpec> specs_;     // every tensor of a batch, in order
   std::vector<size_t> first_tensor_;  // per branch: index of its first tensor in specs_
+  std::vector<int> rows_from_;        // per tensor: its rows_from tensor's index, or -1
   std::vector<int> control_cpus_;  // where the source and batch threads run (top-level placement)
   std::shared_ptr<const Catalog> catalog_;
   uint64_t per_rank_ = 0;  // samples in a rank's share of an epoch

@@ -59,10 +59,9 @@ class MemorySink : public BatchSink {
     b->epoch = info.epoch;
     b->ids = info.ids;
     for (size_t k = 0; k < specs_.size(); ++k) {
-      testing::Output t{specs_[k], {}};
+      testing::Output t{CommittedTensor(specs_[k], info, k), {}};
       EXPECT_EQ(info.rows, info.ids.size());
-      t.spec.shape.insert(t.spec.shape.begin(), static_cast<int64_t>(info.rows));
-      t.data.assign(m.base[k], m.base[k] + specs_[k].NumBytes() * info.rows);
+      t.data.assign(m.base[k], m.base[k] + t.spec.NumBytes());
       b->tensors.push_back(std::move(t));
     }
     batches.push_back(std::move(b));

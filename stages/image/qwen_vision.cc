@@ -1,0 +1,247 @@
+// The `qwen_vision` stage: an image as the Qwen2-VL / Qwen3-VL / Qwen3.5 vision encoders take
+// it, computed as Hugging Face's Qwen2VLImageProcessor does: resized with PIL's antialiased
+// bicubic to the size smart_resize gives (sides multiples of patch_size * merge_size, pixels
+// within [min_pixels, max_pixels], aspect ratio kept), rescaled to [0, 1], normalized, repeated
+// to temporal_patch_size frames and cut into patches, each merge window's patches together.
+//
+// Outputs: <name>, float32 or bfloat16 [patches, 3 * temporal_patch_size * patch_size^2], a
+// ragged tensor (a batch holds every image's patches one after another: [total patches, 1536]
+// for Qwen3.5), and <grid> int32 [3]: the image's (t, h, w) in patches.
+#include "stages/image/qwen_vision.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "stages/image/image_decoder.h"
+#include "stages/runtime/registry.h"
+
+namespace mmfeed {
+
+Result<QwenSize> QwenSmartResize(int64_t height, int64_t width, int64_t factor, int64_t min_pixels,
+                                 int64_t max_pixels) {
+  if (height <= 0 || width <= 0) return Status::Corrupt("image has no pixels");
+  const double ratio =
+      static_cast<double>(std::max(height, width)) / static_cast<double>(std::min(height, width));
+  if (ratio > 200)
+    return Status::Invalid(fmt::format(
+        "image is {}x{}: its aspect ratio {:.0f} is above 200, which Qwen's smart_resize refuses",
+        width, height, ratio));
+  const double f = static_cast<double>(factor);
+  // Python's round() (halves to even), math.floor and math.ceil, as smart_resize uses them.
+  auto round_by = [&](double v) { return static_cast<int64_t>(std::nearbyint(v / f)) * factor; };
+  auto floor_by = [&](double v) { return static_cast<int64_t>(std::floor(v / f)) * factor; };
+  auto ceil_by = [&](double v) { return static_cast<int64_t>(std::ceil(v / f)) * factor; };
+  const double h = static_cast<double>(height), w = static_cast<double>(width);
+  int64_t hb = round_by(h), wb = round_by(w);
+  if (hb * wb > max_pixels) {
+    const double beta = std::sqrt(h * w / static_cast<double>(max_pixels));
+    hb = std::max(factor, floor_by(h / beta));
+    wb = std::max(factor, floor_by(w / beta));
+  } else if (hb * wb < min_pixels) {
+    const double beta = std::sqrt(static_cast<double>(min_pixels) / (h * w));
+    hb = ceil_by(h * beta);
+    wb = ceil_by(w * beta);
+  }
+  return QwenSize{hb, wb};
+}
+
+void QwenPatchify(const uint8_t* chw, int height, int width, const QwenPatching& p,
+                  const float* const lut[3], DType dtype, uint8_t* out) {
+  const int ps = p.patch_size, ms = p.merge_size, tps = p.temporal_patch_size;
+  const size_t plane = static_cast<size_t>(height) * width;
+  const size_t row_len = static_cast<size_t>(3) * tps * ps * ps;
+  auto* f32 = reinterpret_cast<float*>(out);
+  auto* b16 = reinterpret_cast<uint16_t*>(out);
+  std::vector<float> line(ps);
+  size_t row = 0;
+  // The reference's order: merge windows in raster order, the patches of a window in raster
+  // order; within a patch, channel, then time, then the patch's rows and columns.
+  for (int by = 0; by < height / (ps * ms); ++by)
+    for (int bx = 0; bx < width / (ps * ms); ++bx)
+      for (int my = 0; my < ms; ++my)
+        for (int mx = 0; mx < ms; ++mx, ++row) {
+          const int y0 = (by * ms + my) * ps, x0 = (bx * ms + mx) * ps;
+          size_t at = row * row_len;
+          for (int c = 0; c < 3; ++c) {
+            const size_t frame = static_cast<size_t>(ps) * ps;
+            for (int py = 0; py < ps; ++py) {
+              const uint8_t* src = chw + c * plane + static_cast<size_t>(y0 + py) * width + x0;
+              for (int px = 0; px < ps; ++px) line[px] = lut[c][src[px]];
+              for (int t = 0; t < tps; ++t) {  // a still image is its frame repeated
+                const size_t d = at + t * frame + static_cast<size_t>(py) * ps;
+                if (dtype == DType::kBFloat16)
+                  for (int px = 0; px < ps; ++px) b16[d + px] = ToBFloat16(line[px]);
+                else
+                  std::memcpy(f32 + d, line.data(), ps * sizeof(float));
+              }
+            }
+            at += tps * frame;
+          }
+        }
+}
+
+namespace {
+
+struct QwenParams {
+  std::string name, grid_name;
+  QwenPatching patching;
+  int64_t min_pixels = 0, max_pixels = 0, max_source_pixels = 0;
+  int64_t max_patches = 0;  // per image: max_pixels / patch_size^2
+  DType dtype = DType::kFloat32;
+  bool dct_scaling = true;
+  float lut[3][256];  // normalized value of each 8-bit level, per channel
+};
+
+class QwenVisionWorker : public StageWorker {
+ public:
+  explicit QwenVisionWorker(const QwenParams& p) : p_(p) {}
+
+  Status Process(const SampleContext&, const FieldValue& in, const OutputRow& out) override {
+    Result<std::string_view> bytes = FieldBytes(in, &file_);
+    if (!bytes.ok()) return bytes.status();
+    int w = 0, h = 0;
+    MMFEED_RETURN_IF_ERROR(decoder_.Open(*bytes, p_.max_source_pixels, &w, &h));
+    const QwenPatching& q = p_.patching;
+    Result<QwenSize> size =
+        QwenSmartResize(h, w, q.patch_size * q.merge_size, p_.min_pixels, p_.max_pixels);
+    if (!size.ok()) return size.status();
+    const int64_t patches = size->height * size->width / (q.patch_size * q.patch_size);
+    if (patches > p_.max_patches)  // smart_resize's floor of one factor per side, at ratio ~200
+      return Status::TooLarge(
+          fmt::format("image is {}x{}: resized to {}x{} it has {} patches, "
+                      "above the {} max_pixels allows",
+                      w, h, size->width, size->height, patches, p_.max_patches));
+    const int oh = static_cast<int>(size->height), ow = static_cast<int>(size->width);
+    const AxisMap x{0, static_cast<double>(w) / ow, 0, w, 0, ow};
+    const AxisMap y{0, static_cast<double>(h) / oh, 0, h, 0, oh};
+    ResampleOutput o;
+    o.chw = true;  // uint8, rounded as PIL's resize returns it
+    resized_.resize(static_cast<size_t>(3) * oh * ow);
+    MMFEED_RETURN_IF_ERROR(
+        decoder_.Resample(x, y, Filter::kBicubic, p_.dct_scaling, o, &resampler_, resized_.data()));
+    const float* lut[3] = {p_.lut[0], p_.lut[1], p_.lut[2]};
+    QwenPatchify(resized_.data(), oh, ow, q, lut, p_.dtype, out[0]);
+    const int32_t grid[3] = {1, oh / q.patch_size, ow / q.patch_size};
+    std::memcpy(out[1], grid, sizeof(grid));
+    return Status::Ok();
+  }
+
+ private:
+  const QwenParams& p_;
+  ImageDecoder decoder_;
+  Resampler resampler_;
+  std::string file_;
+  std::vector<uint8_t> resized_;
+};
+
+class QwenVisionStage : public Stage {
+ public:
+  explicit QwenVisionStage(QwenParams p) : p_(std::move(p)) {}
+  std::vector<TensorSpec> OutputSpecs() const override {
+    const QwenPatching& q = p_.patching;
+    TensorSpec patches{p_.name, p_.dtype, {p_.max_patches, q.PatchValues()}, p_.grid_name};
+    return {patches, {p_.grid_name, DType::kInt32, {3}}};
+  }
+  std::unique_ptr<StageWorker> NewWorker() const override {
+    return std::make_unique<QwenVisionWorker>(p_);
+  }
+
+ private:
+  QwenParams p_;
+};
+
+Result<std::unique_ptr<Stage>> MakeQwenVisionStage(const StageArgs& a) {
+  const Params& prm = a.params;
+  QwenParams p;
+  p.name = a.name;
+  p.grid_name = prm.GetString("grid");
+  if (p.grid_name.empty() || p.grid_name == p.name)
+    return Status::Invalid("grid must name an output other than the stage's own");
+  QwenPatching& q = p.patching;
+  q.patch_size = static_cast<int>(prm.GetInt("patch_size"));
+  q.temporal_patch_size = static_cast<int>(prm.GetInt("temporal_patch_size"));
+  q.merge_size = static_cast<int>(prm.GetInt("merge_size"));
+  if (q.patch_size < 1 || q.patch_size > 64 || q.merge_size < 1 || q.merge_size > 8 ||
+      q.temporal_patch_size < 1 || q.temporal_patch_size > 8)
+    return Status::Invalid(
+        "patch_size must be in 1..64, merge_size and temporal_patch_size in 1..8");
+  const int64_t factor = q.patch_size * q.merge_size;
+  p.min_pixels = prm.GetInt("min_pixels");
+  p.max_pixels = prm.GetInt("max_pixels");
+  if (p.max_pixels < factor * factor || p.max_pixels > (int64_t{1} << 30))
+    return Status::Invalid(
+        fmt::format("max_pixels must be in {}..{} (at least one {}x{} merge window)",
+                    factor * factor, int64_t{1} << 30, factor, factor));
+  if (p.min_pixels < 0 || p.min_pixels > p.max_pixels)
+    return Status::Invalid(fmt::format("min_pixels must be in 0..max_pixels ({})", p.max_pixels));
+  p.max_patches = p.max_pixels / (q.patch_size * q.patch_size);
+  p.max_source_pixels = prm.GetInt("max_source_pixels");
+  if (p.max_source_pixels < 1) return Status::Invalid("max_source_pixels must be positive");
+  p.dct_scaling = prm.GetString("dct_scaling") == "on";
+  ParseDType(prm.GetString("dtype"), &p.dtype);
+  const auto& mean = prm.GetFloatList("mean");
+  const auto& stdv = prm.GetFloatList("std");
+  for (int c = 0; c < 3; ++c) {
+    if (stdv[c] <= 0) return Status::Invalid("std values must be positive");
+    // As the reference computes it: v * (1/255), then (x - mean) / std, in float32.
+    const float mean_c = static_cast<float>(mean[c]), std_c = static_cast<float>(stdv[c]);
+    for (int v = 0; v < 256; ++v)
+      p.lut[c][v] = (static_cast<float>(v * (1.0 / 255)) - mean_c) / std_c;
+  }
+  return std::unique_ptr<Stage>(new QwenVisionStage(std::move(p)));
+}
+
+MMFEED_REGISTER_STAGE((StageSchema{
+    "qwen_vision",
+    "an image as Qwen2-VL/Qwen3-VL/Qwen3.5 vision encoders take it (Hugging Face's "
+    "Qwen2VLImageProcessor): smart_resize, PIL's antialiased bicubic, normalize, patches in the "
+    "reference's order. Outputs: <name> [patches, 3 * temporal_patch_size * patch_size^2] "
+    "(ragged: a batch holds all its images' patches, [total_patches, ...]), <grid> int32 [3] "
+    "(t, h, w in patches)",
+    StageKind::kField,
+    /*field_is_path=*/true,
+    {
+        {"patch_size", ParamType::kInt, int64_t{16}, "side of a patch, in pixels"},
+        {"temporal_patch_size", ParamType::kInt, int64_t{2},
+         "frames per patch (an image is its frame repeated)"},
+        {"merge_size", ParamType::kInt, int64_t{2},
+         "patches per side of a merge window: sides are multiples of patch_size * merge_size"},
+        {"min_pixels", ParamType::kInt, int64_t{65536}, "smart_resize: smaller images grow"},
+        {"max_pixels", ParamType::kInt, int64_t{16777216},
+         "smart_resize: larger images shrink; also sizes the ring (max_pixels / patch_size^2 "
+         "patches per image)"},
+        {"mean",
+         ParamType::kFloatList,
+         std::vector<double>{0.5, 0.5, 0.5},
+         "per-channel mean (of pixel/255)",
+         {},
+         3},
+        {"std",
+         ParamType::kFloatList,
+         std::vector<double>{0.5, 0.5, 0.5},
+         "per-channel std (of pixel/255)",
+         {},
+         3},
+        {"dtype",
+         ParamType::kString,
+         std::string("float32"),
+         "float32 | bfloat16 (the float32 value rounded to the nearest bfloat16)",
+         {"float32", "bfloat16"}},
+        {"dct_scaling",
+         ParamType::kString,
+         std::string("on"),
+         "on: decode JPEGs at 1/2, 1/4 or 1/8 size when the resized image is at least that much "
+         "smaller (faster; pixels differ slightly from a full decode) | off: always full size",
+         {"on", "off"}},
+        {"max_source_pixels", ParamType::kInt, int64_t{89478485},
+         "refuse source images with more pixels (checked before decoding)"},
+        {"grid", ParamType::kString, std::string("image_grid_thw"),
+         "name of the grid output ([t, h, w] per image)"},
+    },
+    MakeQwenVisionStage}));
+
+}  // namespace
+}  // namespace mmfeed

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""The qwen_vision stage against the numpy + PIL reference of Qwen's image preprocessing
+(tests/reference/qwen_vision_reference.py, written from Hugging Face's Qwen2VLImageProcessor):
+the real mmfeedd processes photos of many sizes and aspect ratios (ImageNet-sized, large ones
+that shrink, tiny ones that grow, panoramas, PNG, grayscale, progressive), and per image the
+grid must be the reference's exactly and the patch values within a stated tolerance.
+
+usage: qwen_fidelity_test.py --bin BUILD/bin
+"""
+import json, pathlib, sys
+
+import numpy as np
+
+import daemon_test
+from daemon_test import Daemon, DaemonCase, dumped_batches, finish
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests" / "reference"))
+import make_photos  # noqa: E402
+import qwen_vision_reference as ref  # noqa: E402
+
+MIN_PIXELS, MAX_PIXELS = 65536, 262144
+CONFIG = """pipeline: qwen-fidelity
+source: {{type: manifest, path: manifest.jsonl, shuffle: false, epochs: 1}}
+consumers: 1
+stages:
+  - {{name: pixel_values, type: qwen_vision, field: image, workers: 2,
+     params: {{min_pixels: {min}, max_pixels: {max}, {params}}}}}
+  - {{name: batch, type: batch, inputs: [pixel_values], params: {{batch_size: 4}}}}
+on_error: skip
+"""
+# Tolerances, in levels of the 0-255 input (the outputs are (v/255 - 0.5)/0.5: one level is
+# 2/255). PIL rounds to 8 bits between its horizontal and vertical passes, clipping bicubic's
+# overshoot; the stage keeps the intermediate in float and rounds once.
+EXACT_DECODE = {"mean": 0.35, "p99": 2.0}
+DCT_SCALED = {"mean": 1.0, "p99": 4.0}  # photos decoded at 1/2-1/8 size before the bicubic
+
+
+class QwenFidelityTest(DaemonCase):
+    @classmethod
+    def setUpClass(cls):
+        global Image
+        from PIL import Image
+
+    def setUp(self):
+        super().setUp()
+        photos = make_photos.make(self.dir, 24, 240, 620, seed=3)
+        photos += make_photos.make(self.dir, 8, 900, 1700, seed=4, prefix="big")
+        names = [p["name"] for p in photos]
+        src = Image.open(self.dir / names[0]).convert("RGB")
+        extra = {  # name: (width, height)
+            "tiny.jpg": (20, 12), "small.png": (90, 70), "panorama.jpg": (2400, 24),
+            "tower.png": (40, 1900), "odd.jpg": (333, 777),
+        }
+        for name, size in extra.items():
+            src.resize(size, Image.BICUBIC).save(self.dir / name, quality=90)
+            names.append(name)
+        src.resize((2600, 12)).save(self.dir / "refused.jpg")  # aspect ratio 217: refused
+        self.names = names
+        with open(self.dir / "manifest.jsonl", "w") as m:
+            for name in names + ["refused.jpg"]:
+                m.write(json.dumps({"id": name, "image": name}) + "\n")
+
+    def run_daemon(self, params, tag):
+        d = Daemon(self.dir, CONFIG.format(min=MIN_PIXELS, max=MAX_PIXELS, params=params))
+        finish(d.consume(0, "--json", "--dump", str(self.dir / tag)))
+        self.assertEqual(d.wait(), 0, d.log())
+        out = {}
+        for meta, path in dumped_batches(self.dir / tag):
+            values, grids = np.load(path / "pixel_values.npy"), np.load(path / "image_grid_thw.npy")
+            self.assertEqual(values.shape[0], int(np.prod(grids, axis=1).sum()), "ragged rows")
+            at = 0
+            for sid, grid in zip(meta["ids"], grids):
+                n = int(np.prod(grid))
+                out[sid] = (values[at:at + n], tuple(int(g) for g in grid))
+                at += n
+        self.assertEqual(set(out), set(self.names), "every image but the refused one")
+        self.assertIn("aspect ratio 217 is above 200", d.log(), "the refused image is named")
+        return out
+
+    def check(self, got, tolerance, what):
+        means, p99s = [], []
+        for name in self.names:
+            rows, grid = got[name]
+            want, want_grid = ref.preprocess_image(self.dir / name, MIN_PIXELS, MAX_PIXELS)
+            self.assertEqual(grid, want_grid, name)
+            self.assertEqual(rows.shape, want.shape, name)
+            diff = np.abs(rows.astype(np.float64) - want) * 127.5  # in input levels
+            mean, p99 = diff.mean(), np.percentile(diff, 99)
+            means.append(mean)
+            p99s.append(p99)
+            self.assertLessEqual(mean, tolerance["mean"], f"{name}: mean |difference| {mean:.3f} levels")
+            self.assertLessEqual(p99, tolerance["p99"], f"{name}: 99th percentile {p99:.3f} levels")
+        print(f"{what}: mean |difference| {np.mean(means):.3f} levels (worst {max(means):.3f}), "
+              f"99th percentile worst {max(p99s):.2f} levels, {len(means)} images", file=sys.stderr)
+
+    def test_patches_and_grids_equal_the_reference(self):
+        exact = self.run_daemon("dct_scaling: off", "off")
+        self.check(exact, EXACT_DECODE, "dct_scaling off")
+        scaled = self.run_daemon("dct_scaling: on", "on")
+        self.check(scaled, DCT_SCALED, "dct_scaling on (default)")
+        bf16 = self.run_daemon("dct_scaling: off, dtype: bfloat16", "bf16")
+        for name in self.names:
+            rows = exact[name][0]
+            bits = rows.view(np.uint32)
+            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+            self.assertTrue(np.array_equal(bf16[name][0], rounded), f"{name}: bfloat16 is the rounded float32")
+
+
+if __name__ == "__main__":
+    daemon_test.main()

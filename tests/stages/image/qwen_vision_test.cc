@@ -1,0 +1,143 @@
+#include "stages/image/qwen_vision.h"
+
+#include <gtest/gtest.h>
+
+#include <opencv2/imgcodecs.hpp>
+
+#include "tests/stage_util.h"
+#include "tests/test_util.h"
+
+namespace mmfeed {
+namespace {
+
+using testing::MakeStage;
+using testing::Output;
+using testing::PathField;
+
+TEST(QwenVisionTest, SmartResizeIsTheReferences) {
+  // (height, width, min_pixels, max_pixels) -> the reference's (tests/reference/
+  // qwen_vision_reference.py) size: halves round to even (48 -> 64, 80 -> 64), small images grow
+  // by ceil, large ones shrink by floor, a side never below one factor.
+  struct Case {
+    int64_t h, w, min, max, want_h, want_w;
+  } cases[] = {
+      {480, 640, 65536, 16777216, 480, 640},
+      {48, 80, 0, 16777216, 64, 64},
+      {80, 48, 0, 16777216, 64, 64},
+      {12, 20, 65536, 16777216, 224, 352},
+      {1080, 1920, 65536, 262144, 384, 672},
+      {4000, 3000, 65536, 16777216, 4000, 3008},
+      {24, 2400, 65536, 262144, 32, 2400},
+      {1900, 40, 65536, 262144, 1792, 64},
+      {9000, 9000, 65536, 16777216, 4096, 4096},
+      {10, 1999, 65536, 1048576, 32, 3648},
+      {777, 333, 65536, 262144, 768, 320},
+  };
+  for (const Case& c : cases) {
+    Result<QwenSize> s = QwenSmartResize(c.h, c.w, 32, c.min, c.max);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    EXPECT_EQ(s->height, c.want_h) << c.h << "x" << c.w;
+    EXPECT_EQ(s->width, c.want_w) << c.h << "x" << c.w;
+  }
+  Result<QwenSize> wide = QwenSmartResize(10, 2010, 32, 65536, 16777216);
+  EXPECT_FALSE(wide.ok());
+  EXPECT_NE(wide.status().message().find("aspect ratio 201"), std::string::npos);
+  EXPECT_TRUE(QwenSmartResize(10, 2000, 32, 65536, 16777216).ok()) << "200 itself is allowed";
+}
+
+TEST(QwenVisionTest, PatchesAreInTheReferencesOrder) {
+  // The reference reshapes [T, C, H, W] to (t, tp, c, h/m, m, p, w/m, m, p), permutes to
+  // (t, h/m, w/m, m, m, c, tp, p, p) and flattens. Each value here names its own (c, y, x), so
+  // every row and column can be checked against that definition.
+  const int h = 64, w = 96;
+  QwenPatching q;  // 16, 2, 2
+  std::vector<uint8_t> chw(3 * h * w);
+  float lut[3][256];
+  for (int c = 0; c < 3; ++c)
+    for (int v = 0; v < 256; ++v) lut[c][v] = static_cast<float>(c * 1000 + v);
+  for (int c = 0; c < 3; ++c)
+    for (int y = 0; y < h; ++y)
+      for (int x = 0; x < w; ++x) chw[(c * h + y) * w + x] = static_cast<uint8_t>(y * 3 + x);
+  const int gh = h / 16, gw = w / 16;
+  std::vector<float> out(static_cast<size_t>(gh) * gw * 1536);
+  const float* l[3] = {lut[0], lut[1], lut[2]};
+  QwenPatchify(chw.data(), h, w, q, l, DType::kFloat32, reinterpret_cast<uint8_t*>(out.data()));
+  for (int r = 0; r < gh * gw; ++r) {
+    const int bw_count = gw / 2;
+    const int window = r / 4, in_window = r % 4;
+    const int by = window / bw_count, bx = window % bw_count, my = in_window / 2,
+              mx = in_window % 2;
+    for (int col = 0; col < 1536; ++col) {
+      const int c = col / 512, t = (col / 256) % 2, py = (col / 16) % 16, px = col % 16;
+      (void)t;  // both frames are the image
+      const int y = (by * 2 + my) * 16 + py, x = (bx * 2 + mx) * 16 + px;
+      ASSERT_EQ(out[static_cast<size_t>(r) * 1536 + col],
+                static_cast<float>(c * 1000 + static_cast<uint8_t>(y * 3 + x)))
+          << "row " << r << " column " << col;
+    }
+  }
+}
+
+TEST(QwenVisionTest, AStageOutputsPatchesAndGridOfTheSmartResizedImage) {
+  testing::TempDir dir;
+  // A flat colour: the bicubic of a constant is the constant, so every value is exact.
+  cv::Mat flat(300, 500, CV_8UC3, cv::Scalar(200, 100, 51));  // BGR
+  ASSERT_TRUE(cv::imwrite(dir / "flat.png", flat));
+  auto stage = MakeStage("qwen_vision", "pixel_values", {{"max_pixels", int64_t{262144}}});
+  ASSERT_TRUE(stage);
+  std::vector<TensorSpec> specs = stage->OutputSpecs();
+  ASSERT_EQ(specs.size(), 2u);
+  EXPECT_EQ(specs[0].shape, (std::vector<int64_t>{1024, 1536})) << "max_pixels / 16^2 rows";
+  EXPECT_EQ(specs[0].rows_from, "image_grid_thw");
+  EXPECT_EQ(specs[1].name, "image_grid_thw");
+  Result<std::vector<Output>> out =
+      testing::RunStage(*stage, {1, 0, "x", "test"}, PathField(dir / "flat.png"));
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  const int32_t* grid = (*out)[1].As<int32_t>();
+  EXPECT_EQ(grid[0], 1);
+  EXPECT_EQ(grid[1], 288 / 16);  // smart_resize(300, 500) = (288, 512)
+  EXPECT_EQ(grid[2], 512 / 16);
+  const float* v = (*out)[0].As<float>();
+  const float want[3] = {51 / 127.5f - 1, 100 / 127.5f - 1, 200 / 127.5f - 1};  // RGB
+  for (int r = 0; r < 18 * 32; ++r)
+    for (int col = 0; col < 1536; ++col)
+      ASSERT_NEAR(v[r * 1536 + col], want[col / 512], 1e-6) << r << " " << col;
+
+  auto bf16 = MakeStage("qwen_vision", "pixel_values",
+                        {{"max_pixels", int64_t{262144}}, {"dtype", std::string("bfloat16")}});
+  Result<std::vector<Output>> b =
+      testing::RunStage(*bf16, {1, 0, "x", "test"}, PathField(dir / "flat.png"));
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ((*b)[0].spec.dtype, DType::kBFloat16);
+  EXPECT_EQ((*b)[0].As<uint16_t>()[0], ToBFloat16(want[0]));
+}
+
+TEST(QwenVisionTest, BadImagesAndParametersAreClearErrors) {
+  testing::TempDir dir;
+  cv::Mat strip(10, 2100, CV_8UC3, cv::Scalar(1, 2, 3));
+  ASSERT_TRUE(cv::imwrite(dir / "strip.png", strip));
+  testing::WriteFile(dir / "junk.jpg", "\xff\xd8\xff not a jpeg");
+  auto stage = MakeStage("qwen_vision", "pixel_values", {{"max_pixels", int64_t{262144}}});
+  Result<std::vector<Output>> wide =
+      testing::RunStage(*stage, {1, 0, "x", "test"}, PathField(dir / "strip.png"));
+  ASSERT_FALSE(wide.ok());
+  EXPECT_NE(wide.status().message().find("aspect ratio 210 is above 200"), std::string::npos);
+  EXPECT_FALSE(testing::RunStage(*stage, {1, 0, "x", "test"}, PathField(dir / "junk.jpg")).ok());
+
+  const StageSchema* schema = Registry::Get().Find("qwen_vision");
+  auto make = [&](const std::string& key, ParamValue v) {
+    StageArgs args;
+    args.name = "pixel_values";
+    for (const ParamSpec& p : schema->params) args.params.Set(p.name, *p.default_value);
+    args.params.Set(key, std::move(v));
+    return schema->factory(args).status();
+  };
+  EXPECT_NE(make("max_pixels", int64_t{100}).message().find("max_pixels must be in 1024.."),
+            std::string::npos);
+  EXPECT_NE(make("min_pixels", int64_t{1} << 25).message().find("min_pixels"), std::string::npos);
+  EXPECT_NE(make("grid", std::string("pixel_values")).message().find("grid"), std::string::npos);
+  EXPECT_FALSE(make("patch_size", int64_t{0}).ok());
+}
+
+}  // namespace
+}  // namespace mmfeed
