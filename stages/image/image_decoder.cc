@@ -22,27 +22,30 @@ bool PngSize(std::string_view d, int64_t* w, int64_t* h) {
   return true;
 }
 
-Status CheckPixels(int64_t w, int64_t h, int64_t max_pixels) {
+Status CheckPixels(int64_t w, int64_t h, int64_t max_pixels, const char* limit_name) {
   if (w <= 0 || h <= 0) return Status::Corrupt("image has no pixels");
   if (w * h > max_pixels)
-    return Status::TooLarge(
-        fmt::format("image is {}x{} = {} pixels, above max_pixels {}", w, h, w * h, max_pixels));
+    return Status::TooLarge(fmt::format("image is {}x{} = {} pixels, above {} {}", w, h, w * h,
+                                        limit_name, max_pixels));
   return Status::Ok();
 }
 
 }  // namespace
 
-Status ImageDecoder::Open(std::string_view data, int64_t max_pixels, int* width, int* height) {
+Status ImageDecoder::Open(std::string_view data, int64_t max_pixels, const char* limit_name,
+                          int* width, int* height) {
   data_ = data;
   max_pixels_ = max_pixels;
+  limit_name_ = limit_name;
   whole_ = false;
   if (data.empty()) return Status::Corrupt("empty file (0 bytes)");
   if (LooksLikeJpeg(data)) {
     MMFEED_RETURN_IF_ERROR(jpeg_.ReadSize(data, &width_, &height_));
-    MMFEED_RETURN_IF_ERROR(CheckPixels(width_, height_, max_pixels));
+    MMFEED_RETURN_IF_ERROR(CheckPixels(width_, height_, max_pixels, limit_name));
   } else {
     int64_t pw, ph;
-    if (PngSize(data, &pw, &ph)) MMFEED_RETURN_IF_ERROR(CheckPixels(pw, ph, max_pixels));
+    if (PngSize(data, &pw, &ph))
+      MMFEED_RETURN_IF_ERROR(CheckPixels(pw, ph, max_pixels, limit_name));
     MMFEED_RETURN_IF_ERROR(DecodeWhole());
   }
   *width = width_;
@@ -59,7 +62,7 @@ Status ImageDecoder::DecodeWhole() {
     return Status::Corrupt(std::string("image decode: ") + e.what());
   }
   if (bgr.empty()) return Status::Corrupt("not a decodable image (unknown or damaged format)");
-  MMFEED_RETURN_IF_ERROR(CheckPixels(bgr.cols, bgr.rows, max_pixels_));
+  MMFEED_RETURN_IF_ERROR(CheckPixels(bgr.cols, bgr.rows, max_pixels_, limit_name_));
   cv::cvtColor(bgr, decoded_, cv::COLOR_BGR2RGB);
   width_ = decoded_.cols;
   height_ = decoded_.rows;

@@ -18,8 +18,10 @@ class ImageDecoder {
  public:
   // Reads the image's size: from a JPEG's header, else by decoding it (a PNG's header is read
   // first, so that a huge PNG is refused before it is decoded). An image of more than
-  // `max_pixels` is kTooLarge; an empty or undecodable one kCorrupt.
-  Status Open(std::string_view data, int64_t max_pixels, int* width, int* height);
+  // `max_pixels` is kTooLarge (the message names the stage's parameter `limit_name`); an
+  // empty or undecodable one kCorrupt.
+  Status Open(std::string_view data, int64_t max_pixels, const char* limit_name, int* width,
+              int* height);
 
   // Resizes the opened image as `x` and `y` say (in full-size pixels) into `out`. With
   // `dct_scaling`, a JPEG is decoded at the smallest of 1/8, 1/4, 1/2 of its size that leaves
@@ -35,6 +37,7 @@ class ImageDecoder {
   int width_ = 0, height_ = 0;
   bool whole_ = false;  // decoded_ holds the image (not a JPEG, or one libjpeg will not give)
   int64_t max_pixels_ = 0;
+  const char* limit_name_ = "";
   JpegDecoder jpeg_;
   cv::Mat decoded_;
 };

@@ -117,7 +117,7 @@ class ImageWorker : public StageWorker {
     Result<std::string_view> bytes = FieldBytes(in, &file_);
     if (!bytes.ok()) return bytes.status();
     int w = 0, h = 0;
-    MMFEED_RETURN_IF_ERROR(decoder_.Open(*bytes, p_.max_pixels, &w, &h));
+    MMFEED_RETURN_IF_ERROR(decoder_.Open(*bytes, p_.max_pixels, "max_pixels", &w, &h));
     Rng rng(ctx.seed, ctx.epoch, ctx.id, p_.name);
     AxisMap x, y;
     cv::Rect box;

@@ -103,7 +103,8 @@ class QwenVisionWorker : public StageWorker {
     Result<std::string_view> bytes = FieldBytes(in, &file_);
     if (!bytes.ok()) return bytes.status();
     int w = 0, h = 0;
-    MMFEED_RETURN_IF_ERROR(decoder_.Open(*bytes, p_.max_source_pixels, &w, &h));
+    MMFEED_RETURN_IF_ERROR(
+        decoder_.Open(*bytes, p_.max_source_pixels, "max_source_pixels", &w, &h));
     const QwenPatching& q = p_.patching;
     Result<QwenSize> size =
         QwenSmartResize(h, w, q.patch_size * q.merge_size, p_.min_pixels, p_.max_pixels);

@@ -64,12 +64,23 @@ struct Pipeline::WorkItem {
   // The sample's entry, shared by its branches (parsed once when the catalog is indexed).
   std::shared_ptr<const CatalogEntry> sample;
   bool source_failed = false;  // its manifest line could not be read or parsed: no stage runs
-  int branch = -1;
+  int branch = -1;      // its branch (one skipped because a stage it reads failed: that stage's)
   bool refill = false;  // drawn to fill the row of a failed sample
   std::shared_ptr<const Provisional> batch;
   int row = 0;
   std::array<uint8_t*, kMaxOutputs> out{};
   Status status;
+  // Set when some stage reads another's outputs (Stage::ExtraInputs): the sample's items of
+  // the reading stages wait in it until the stages they read have finished the sample.
+  std::shared_ptr<Readers> readers;
+};
+
+struct Pipeline::Readers {
+  std::atomic<int> producers{0};  // read stages still working on the sample
+  std::mutex mu;
+  Status failed;  // the first failure of a read stage (guarded by mu)
+  int failed_branch = -1;
+  std::vector<std::unique_ptr<WorkItem>> items;
 };
 
 // A row to refill, asked of the source by the batch thread.
@@ -123,6 +134,12 @@ struct Pipeline::Branch {
   std::mutex park_mu;
   std::condition_variable park_cv;
   FilePolicy files;  // what its samples may open
+  // Stage::ExtraInputs: the sample's fields and the batch's tensors (indices into specs_) its
+  // workers read; the branches it reads from (it runs after them) and those that read it.
+  std::vector<std::string> read_fields;
+  std::vector<size_t> read_tensors;
+  bool reads_others = false;
+  bool read_by_others = false;
   // faults.leak_bytes_per_item: memory kept per item until the pipeline ends.
   int64_t leak_bytes_per_item = 0;
   std::mutex leak_mu;
@@ -204,6 +221,8 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
     b->cpus = *cpus;
     needed.insert(it->field);
     if (it->schema->field_is_path) path_fields.insert(it->field);
+    b->read_fields = it->stage->ExtraInputs().fields;
+    needed.insert(b->read_fields.begin(), b->read_fields.end());
     if (b->specs.size() > static_cast<size_t>(kMaxOutputs))
       return Status::Invalid(fmt::format("stage '{}' declares {} outputs, at most {}", it->name,
                                          b->specs.size(), kMaxOutputs));
@@ -222,6 +241,34 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
                       "an int32 output of the pipeline",
                       t.name, t.rows_from));
     p->rows_from_.push_back(from);
+  }
+  // Stages that read other stages' outputs run after them; one level (a stage that reads others
+  // is read by none), so that a sample's branches still finish in two steps.
+  for (size_t b = 0; b < p->branches_.size(); ++b) {
+    Branch& br = *p->branches_[b];
+    for (const std::string& name : br.cfg->stage->ExtraInputs().tensors) {
+      size_t t = 0;
+      while (t < p->specs_.size() && p->specs_[t].name != name) ++t;
+      if (t == p->specs_.size())
+        return Status::Invalid(
+            fmt::format("stage '{}' reads '{}', which no input of the batch stage outputs",
+                        br.cfg->name, name));
+      size_t from = 0;
+      while (from + 1 < p->branches_.size() && p->first_tensor_[from + 1] <= t) ++from;
+      if (from == b)
+        return Status::Invalid(
+            fmt::format("stage '{}' reads its own output '{}'", br.cfg->name, name));
+      br.read_tensors.push_back(t);
+      br.reads_others = true;
+      p->branches_[from]->read_by_others = true;
+    }
+  }
+  for (const auto& b : p->branches_) {
+    if (b->reads_others && b->read_by_others)
+      return Status::Invalid(fmt::format(
+          "stage '{}' reads another stage's outputs and is read by another: one level only",
+          b->cfg->name));
+    p->read_stages_ += b->read_by_others ? 1 : 0;
   }
   // Sample files: the source's folder and data_roots, by real path.
   FilePolicy files;
@@ -440,6 +487,12 @@ void Pipeline::Dispatch(const std::shared_ptr<const Provisional>& batch, int row
   } else {  // shares the catalog's entry (aliasing: keeps the catalog alive, copies nothing)
     sample = std::shared_ptr<const CatalogEntry>(catalog_, &catalog_->entries[entry]);
   }
+  std::shared_ptr<Readers> readers;
+  if (read_stages_ > 0 && read.ok()) {
+    readers = std::make_shared<Readers>();
+    readers->producers.store(read_stages_, std::memory_order_relaxed);
+  }
+  std::vector<std::unique_ptr<WorkItem>> items;
   for (size_t b = 0; b < branches_.size(); ++b) {
     auto item = std::make_unique<WorkItem>();
     item->key = key;
@@ -455,8 +508,16 @@ void Pipeline::Dispatch(const std::shared_ptr<const Provisional>& batch, int row
       size_t t = first_tensor_[b] + k;
       item->out[k] = batch->memory.base[t] + row * specs_[t].NumBytes();
     }
+    item->readers = readers;
+    items.push_back(std::move(item));
+  }
+  // The readers' items wait before any stage they read can finish the sample.
+  for (size_t b = 0; b < branches_.size(); ++b)
+    if (readers && branches_[b]->reads_others) readers->items.push_back(std::move(items[b]));
+  for (size_t b = 0; b < branches_.size(); ++b) {
+    if (!items[b]) continue;
     trace::WaitSpan wait("source", "wait: output");
-    branches_[b]->inbox.Push(std::move(item), &source_counters_.blocked_ns);
+    branches_[b]->inbox.Push(std::move(items[b]), &source_counters_.blocked_ns);
   }
   if (!refill) {
     dealt_.fetch_add(1, std::memory_order_relaxed);
@@ -571,6 +632,8 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
   ThreadTag tag(this, b->cfg->name);
   std::unique_ptr<StageWorker> impl = b->cfg->stage->NewWorker();
   ScopedFilePolicy files(&b->files);
+  std::vector<const FieldValue*> read_fields;  // the sample's, for SampleContext
+  std::vector<const uint8_t*> read_tensors;
   const std::string& name = b->cfg->name;
   while (true) {
     if (worker >= b->active.load(std::memory_order_acquire) &&
@@ -605,8 +668,21 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
     for (const auto& kv : e.fields)
       if (kv.first == b->cfg->field) field = &kv.second;
     SampleContext ctx{cfg_.source.seed, item->batch->epoch, e.id, e.origin};
-    if (!field) {
-      item->status = Status::NotFound(fmt::format("sample has no field '{}'", b->cfg->field));
+    std::string missing = field ? "" : b->cfg->field;
+    read_fields.clear();
+    for (const std::string& name : b->read_fields) {
+      auto kv = std::find_if(e.fields.begin(), e.fields.end(),
+                             [&](const auto& f) { return f.first == name; });
+      if (kv == e.fields.end()) missing = name;
+      read_fields.push_back(kv == e.fields.end() ? nullptr : &kv->second);
+    }
+    read_tensors.clear();
+    for (size_t t : b->read_tensors)
+      read_tensors.push_back(item->batch->memory.base[t] + item->row * specs_[t].NumBytes());
+    ctx.fields = read_fields.data();
+    ctx.tensors = read_tensors.data();
+    if (!missing.empty()) {
+      item->status = Status::NotFound(fmt::format("sample has no field '{}'", missing));
     } else {
       // A stage's library may throw (OpenCV does): the sample fails, the worker goes on. A
       // sample that outlives sample_timeout_s is given up, whatever the stage made of it.
@@ -650,8 +726,18 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
     b->counters.items.fetch_add(1, std::memory_order_relaxed);
     if (!item->status.ok()) b->counters.errors.fetch_add(1, std::memory_order_relaxed);
     const bool failed = !item->status.ok();
+    std::shared_ptr<Readers> readers = b->read_by_others ? item->readers : nullptr;
+    if (readers && failed) {
+      std::lock_guard<std::mutex> lock(readers->mu);
+      if (readers->failed.ok()) {
+        readers->failed = item->status;
+        readers->failed_branch = item->branch;
+      }
+    }
     trace::WaitSpan wait(name, "wait: output");
     join_->Push(std::move(item), failed, &b->counters.blocked_ns);
+    if (readers && readers->producers.fetch_sub(1, std::memory_order_acq_rel) == 1)
+      ReleaseReaders(readers.get(), &b->counters.blocked_ns);
   }
   if (live_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1)
     join_->Close();  // the last worker of all
@@ -873,6 +959,23 @@ std::vector<int64_t> Pipeline::PackRagged(const BatchMemory& memory, uint32_t ro
     out[t] = total;
   }
   return out;
+}
+
+// The stages a sample's readers read have all finished it: the readers run on it, or, when one
+// of those stages failed, are reported failed with that stage's error without running.
+void Pipeline::ReleaseReaders(Readers* r, std::atomic<uint64_t>* blocked_ns) {
+  std::lock_guard<std::mutex> lock(r->mu);
+  for (std::unique_ptr<WorkItem>& item : r->items) {
+    if (r->failed.ok()) {
+      Branch& reader = *branches_[item->branch];
+      reader.inbox.Push(std::move(item), blocked_ns);
+    } else {
+      item->status = r->failed;
+      item->branch = r->failed_branch;
+      join_->Push(std::move(item), true, blocked_ns);
+    }
+  }
+  r->items.clear();
 }
 
 void Pipeline::SampleFailed(const CatalogEntry& e, const std::string& stage, const Status& st) {

@@ -188,6 +188,7 @@ class Pipeline {
 
  private:
   struct Branch;
+  struct Readers;
   struct Provisional;
   struct Refill;
   class Collator;
@@ -200,6 +201,7 @@ class Pipeline {
   void BatchLoop();
   void Fail(const Status& st);
   void SampleFailed(const CatalogEntry& e, const std::string& stage, const Status& st);
+  void ReleaseReaders(Readers* readers, std::atomic<uint64_t>* blocked_ns);
   std::vector<int64_t> PackRagged(const BatchMemory& memory, uint32_t rows) const;
   std::vector<StageInfo> StageInfos() const;
   class ThreadTag;
@@ -209,6 +211,7 @@ class Pipeline {
   std::vector<TensorSpec> specs_;     // every tensor of a batch, in order
   std::vector<size_t> first_tensor_;  // per branch: index of its first tensor in specs_
   std::vector<int> rows_from_;        // per tensor: its rows_from tensor's index, or -1
+  int read_stages_ = 0;               // stages whose outputs other stages read
   std::vector<int> control_cpus_;  // where the source and batch threads run (top-level placement)
   std::shared_ptr<const Catalog> catalog_;
   uint64_t per_rank_ = 0;  // samples in a rank's share of an epoch

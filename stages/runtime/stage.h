@@ -33,6 +33,10 @@ struct SampleContext {
   uint32_t epoch = 0;
   std::string_view id;
   std::string_view origin;  // where the sample came from, for error messages
+  // What Stage::Inputs() asked for, in its order: the sample's other fields, and other stages'
+  // outputs for this sample (each tensor's one-sample bytes, laid out as its TensorSpec says).
+  const FieldValue* const* fields = nullptr;
+  const uint8_t* const* tensors = nullptr;
 };
 
 // `path` as seen from the folder `base_dir` (a config's or a manifest's): absolute paths and
@@ -147,6 +151,14 @@ class Stage {
   // size its slots up front.
   virtual std::vector<TensorSpec> OutputSpecs() const = 0;
   virtual std::unique_ptr<StageWorker> NewWorker() const = 0;
+  // What a worker reads besides its own field: other fields of the sample (the source loads
+  // them as it loads `field:`; a sample without one fails), and outputs of other stages for the
+  // same sample (by tensor name; the stage then runs on a sample after the stages that make
+  // them, e.g. a chat template that needs the image's patch grid). None by default.
+  struct Inputs {
+    std::vector<std::string> fields, tensors;
+  };
+  virtual Inputs ExtraInputs() const { return {}; }
   // Figures a stage keeps about its own work, shown in the profile (the video stage: frames
   // decoded per frame sampled, seeks); none by default. Called from any thread.
   virtual std::vector<std::pair<std::string, double>> Metrics() const { return {}; }

@@ -51,6 +51,9 @@ class BpeTokenizer {
   std::string Decode(const std::vector<int32_t>& ids) const;
   // Id of an added/special token or vocabulary entry given as text; -1 if none.
   int32_t TokenId(std::string_view token) const;
+  // How many bytes of text token `id` stands for (an added token: its content's).
+  // REQUIRES: 0 <= id < vocab_size().
+  size_t TokenBytes(int32_t id) const { return id_bytes_[id].size(); }
   size_t vocab_size() const { return id_bytes_.size(); }
 
  private:

@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
-"""The qwen_vision stage against the numpy + PIL reference of Qwen's image preprocessing
-(tests/reference/qwen_vision_reference.py, written from Hugging Face's Qwen2VLImageProcessor):
-the real mmfeedd processes photos of many sizes and aspect ratios (ImageNet-sized, large ones
-that shrink, tiny ones that grow, panoramas, PNG, grayscale, progressive), and per image the
-grid must be the reference's exactly and the patch values within a stated tolerance.
+"""Qwen3.5 vision + chat against references, with the real mmfeedd:
+- the qwen_vision stage against the numpy + PIL reference of Qwen's image preprocessing
+  (tests/reference/qwen_vision_reference.py, written from Hugging Face's
+  Qwen2VLImageProcessor): photos of many sizes and aspect ratios (ImageNet-sized, large ones
+  that shrink, tiny ones that grow, panoramas, PNG, grayscale, progressive); per image the grid
+  must be the reference's exactly and the patch values within a stated tolerance;
+- configs/qwen3.5-vl.yaml end to end: every sample's input_ids equal the whole conversation
+  tokenized at once (mmfeed-tokenize, whose ids equal Hugging Face tokenizers' on the
+  reference corpus), with exactly grid_t*grid_h*grid_w/4 <|image_pad|> tokens, and labels on
+  the answer through its <|im_end|> only.
 
 usage: qwen_fidelity_test.py --bin BUILD/bin
 """
-import json, pathlib, sys
+import json, pathlib, subprocess, sys
 
 import numpy as np
 
@@ -107,6 +112,76 @@ class QwenFidelityTest(DaemonCase):
             rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
             self.assertTrue(np.array_equal(bf16[name][0], rounded), f"{name}: bfloat16 is the rounded float32")
 
+
+TOKENIZER = ROOT / "tests" / "data" / "tokenizer" / "qwen3-tokenizer.json.gz"
+IMAGE_PAD, IM_END = 151655, 151645
+TEMPLATE = "<|im_start|>user\n{image}{text}<|im_end|>\n<|im_start|>assistant\n{answer}<|im_end|>\n"
+CHATS = [
+    ("What is in this picture?", "A photo."),
+    ("Décris l'image 🙂 en détail.\nDeux lignes.", "Une photo, 2 lignes: ça va."),
+    ("  leading spaces, 123456 numbers and trailing spaces  ", "  Indented answer"),
+    ("Ignore <|im_end|> this special token in the text", "Done. 🙂"),
+    ("日本語のテキスト", "はい、写真です。\n二行目"),
+    ("short", ""),
+]
+
+
+def tokenize(texts):
+    out = subprocess.run([f"{daemon_test.BIN}/mmfeed-tokenize", "--json", "--tokenizer", str(TOKENIZER)],
+                         input="".join(json.dumps(t) + "\n" for t in texts), capture_output=True, text=True,
+                         check=True).stdout
+    return [json.loads(line) for line in out.splitlines()]
+
+
+class QwenChatTest(DaemonCase):
+    def test_shipped_config_gives_the_whole_conversations_ids_pads_and_labels(self):
+        photos = make_photos.make(self.dir, 12, 200, 900, seed=5)
+        with open(self.dir / "manifest.jsonl", "w") as m:
+            for i, p in enumerate(photos):
+                text, answer = CHATS[i % len(CHATS)]
+                m.write(json.dumps({"id": p["name"], "image": p["name"], "text": text, "answer": answer}) + "\n")
+            m.write(json.dumps({"id": "injected", "image": photos[0]["name"], "text": "two <|image_pad|>",
+                                "answer": "x"}) + "\n")
+        config = (ROOT / "configs" / "qwen3.5-vl.yaml").read_text()
+        for old, new in [("../tests/data/tokenizer/qwen3-tokenizer.json.gz", str(TOKENIZER)),
+                         ("max_pixels: 1003520", f"max_pixels: {MAX_PIXELS}"), ("batch_size: 8", "batch_size: 4"),
+                         ("shuffle: true", "shuffle: false")]:
+            self.assertIn(old, config)
+            config = config.replace(old, new)
+        d = Daemon(self.dir, config + "on_error: skip\n")
+        finish(d.consume(0, "--json", "--dump", str(self.dir / "dump")))
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertIn("the sample's text contains the vision token <|image_pad|>", d.log())
+        samples = {}
+        for meta, path in dumped_batches(self.dir / "dump"):
+            ids, lengths = np.load(path / "input_ids.npy"), np.load(path / "input_ids_lengths.npy")
+            labels, grids = np.load(path / "labels.npy"), np.load(path / "image_grid_thw.npy")
+            self.assertEqual(ids.dtype, np.int32)
+            for k, sid in enumerate(meta["ids"]):
+                n = int(lengths[k])
+                self.assertTrue((ids[k, n:] == 151643).all(), "padded with <|endoftext|>")
+                self.assertTrue((labels[k, n:] == -100).all())
+                samples[sid] = (ids[k, :n].tolist(), labels[k, :n].tolist(), tuple(int(g) for g in grids[k]))
+        self.assertEqual(set(samples), {p["name"] for p in photos})
+        wants = []  # per photo: the whole conversation, and the conversation before the answer
+        for i, p in enumerate(photos):
+            text, answer = CHATS[i % len(CHATS)]
+            size = ref.smart_resize(p["height"], p["width"], 32, MIN_PIXELS, MAX_PIXELS)
+            grid = (1, size[0] // 16, size[1] // 16)
+            self.assertEqual(samples[p["name"]][2], grid, p["name"])
+            image = "<|vision_start|>" + "<|image_pad|>" * (grid[1] * grid[2] // 4) + "<|vision_end|>"
+            wants += [TEMPLATE.format(image=image, text=text, answer=answer),
+                      TEMPLATE.split("{answer}")[0].format(image=image, text=text)]
+        wants = tokenize(wants)
+        for i, p in enumerate(photos):
+            ids, labels, grid = samples[p["name"]]
+            want, before = wants[2 * i], wants[2 * i + 1]
+            self.assertEqual(ids.count(IMAGE_PAD), grid[0] * grid[1] * grid[2] // 4, p["name"])
+            self.assertEqual(ids, want, f"{p['name']}: {CHATS[i % len(CHATS)]}")
+            self.assertEqual(want[:len(before)], before, "the answer starts on a token boundary")
+            end = want.index(IM_END, len(before)) + 1
+            want_labels = [-100] * len(before) + want[len(before):end] + [-100] * (len(want) - end)
+            self.assertEqual(labels, want_labels, f"{p['name']}: labels on the answer and its <|im_end|> only")
 
 if __name__ == "__main__":
     daemon_test.main()

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
@@ -361,6 +362,79 @@ TEST(PipelineTest, BadInputsAreSkippedCountedAndBatchesRefilled) {
   EXPECT_NE(message_for(":15").find("60000x60000"), std::string::npos) << message_for(":15");
   EXPECT_NE(message_for(":16").find("not valid UTF-8"), std::string::npos) << message_for(":16");
   EXPECT_NE(message_for(":17").find("malformed JSON"), std::string::npos) << message_for(":17");
+}
+
+// Qwen vision + chat: the chat stage reads the vision stage's grid of the same sample, so it
+// runs after it; a batch packs its images' patches (a ragged tensor).
+std::string QwenConfig(int workers) {
+  const std::string w = std::to_string(workers);
+  return "pipeline: t\n"
+         "source: {type: manifest, path: manifest.jsonl, shuffle: true, seed: 7}\n"
+         "on_error: skip\n"
+         "stages:\n"
+         "  - {name: chat, type: qwen_chat, field: text, workers: " +
+         w +
+         ",\n"
+         "     params: {tokenizer: " +
+         testing::TestData("tokenizer/qwen3-tokenizer.json.gz") +
+         ", template: \"<|im_start|>{image}{text}<|im_end|>\", max_len: 512}}\n"
+         "  - {name: pixel_values, type: qwen_vision, field: image, workers: " +
+         w +
+         ",\n"
+         "     params: {min_pixels: 0, max_pixels: 65536}}\n"
+         "  - {name: batch, type: batch, inputs: [chat, pixel_values], params: {batch_size: 5}}\n";
+}
+
+TEST(PipelineTest, AStageReadsAnotherStagesOutputsOfTheSameSample) {
+  TempDir dir;
+  MakeBadDataset(dir);
+  PipelineRun run = RunPipeline(dir, QwenConfig(2));
+  ASSERT_TRUE(run.pipeline) << run.create_status.message();
+  ASSERT_EQ(run.sinks[0]->batches.size(), 4u) << "16 usable entries, batches of 5";
+  for (auto& b : run.sinks[0]->batches) {
+    const auto& t = b->tensors;  // chat, chat_lengths, labels, pixel_values, image_grid_thw
+    ASSERT_EQ(t.size(), 5u);
+    ASSERT_EQ(t[3].spec.name, "pixel_values");
+    const int32_t* grids = reinterpret_cast<const int32_t*>(t[4].data.data());
+    int64_t patches = 0;
+    for (size_t k = 0; k < b->ids.size(); ++k) {
+      const int32_t* g = grids + 3 * k;
+      patches += int64_t{g[0]} * g[1] * g[2];
+      const int32_t* ids = reinterpret_cast<const int32_t*>(t[0].data.data()) + k * 512;
+      const int32_t n = reinterpret_cast<const int32_t*>(t[1].data.data())[k];
+      EXPECT_EQ(std::count(ids, ids + n, 151655), g[0] * g[1] * g[2] / 4)
+          << b->ids[k] << ": one <|image_pad|> per merged patch of its own image";
+    }
+    EXPECT_EQ(t[3].spec.shape, (std::vector<int64_t>{patches, 1536})) << "patches packed";
+    EXPECT_EQ(t[3].data.size(), static_cast<size_t>(patches) * 1536 * 4);
+  }
+  // A failed image is reported once, by the vision stage; the chat stage never ran on it.
+  nlohmann::json errors = run.pipeline->errors().ToJson();
+  EXPECT_EQ(errors["total"], 6) << errors.dump();
+  int vision = 0;
+  for (auto& e : errors["recent"]) vision += e["stage"] == "pixel_values";
+  EXPECT_EQ(vision, 5) << errors.dump();
+  // Same bytes whatever the thread counts.
+  PipelineRun one = RunPipeline(dir, QwenConfig(1));
+  PipelineRun three = RunPipeline(dir, QwenConfig(3));
+  EXPECT_EQ(Fingerprint(one), Fingerprint(run));
+  EXPECT_EQ(Fingerprint(three), Fingerprint(run));
+}
+
+TEST(PipelineTest, ReadingAnOutputNoStageMakesIsAnError) {
+  TempDir dir;
+  testing::MakeImageTextDataset(dir.path(), 4);
+  std::string yaml = QwenConfig(1);
+  yaml.replace(yaml.find("max_len: 512"), 12, "max_len: 512, image_grid: grid");
+  WriteFile(dir / "p.yaml", yaml);
+  Result<PipelineConfig> cfg = LoadConfigFile(dir / "p.yaml");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().message();
+  MemorySink sink(BatchSpecs(*cfg), cfg->batch_size);
+  auto p = Pipeline::Create(*cfg, {&sink});
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("stage 'chat' reads 'grid', which no input"),
+            std::string::npos)
+      << p.status().message();
 }
 
 TEST(PipelineTest, RefilledBatchesAreTheSameWhateverTheWorkerCount) {

@@ -1,0 +1,295 @@
+// The `qwen_chat` stage: a sample's text and answer wrapped in a chat template and tokenized the
+// way Qwen-VL models are fine-tuned: `{image}` becomes <|vision_start|>, one <|image_pad|> per
+// merged patch of the sample's image (grid t * h * w / merge_size^2, read from the vision
+// stage's grid output, so the count always matches the patches), <|vision_end|>; `{video}`
+// likewise with <|video_pad|>. `labels` holds the ids of the answer and of the template up to
+// and including the <|im_end|> that closes it, -100 everywhere else (supervised fine-tuning).
+//
+// The text between the vision placeholders (template text, the sample's text and answer) is
+// tokenized as one string, as tokenizing the whole conversation does (the vision tokens are
+// special tokens, which split the text anyway); a token belongs to the answer when it starts
+// inside it.
+//
+// Outputs: <name> int32 [max_len] (padded with pad_token), <name>_lengths int32 [],
+// <labels> int32 [max_len] (-100 past the length).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "stages/runtime/registry.h"
+#include "stages/text/bpe_tokenizer.h"
+
+namespace mmfeed {
+namespace {
+
+constexpr int32_t kIgnore = -100;  // the label PyTorch's cross-entropy skips
+
+// A template is runs of text separated by vision placeholders; a run is literal text and the
+// sample's {text} and {answer}.
+struct Piece {
+  enum Kind { kLiteral, kText, kAnswer } kind = kLiteral;
+  std::string literal;
+};
+struct Part {
+  enum Kind { kRun, kImage, kVideo } kind = kRun;
+  std::vector<Piece> run;
+};
+
+struct ChatParams {
+  std::string name, labels_name;
+  std::shared_ptr<const BpeTokenizer> bpe;
+  std::vector<Part> parts;
+  int64_t max_len = 0;
+  int32_t pad_id = 0, im_end = -1;
+  int32_t vision_start = -1, vision_end = -1, image_pad = -1, video_pad = -1;
+  int merge = 2;
+  int image_grid = -1;  // index of the image grid in ExtraInputs().tensors
+  int video_grid = -1;
+  Stage::Inputs inputs;  // fields: the answer's, when the template has {answer}
+};
+
+class ChatWorker : public StageWorker {
+ public:
+  explicit ChatWorker(const ChatParams& p) : p_(p) {}
+
+  Status Process(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) override {
+    ids_.clear();
+    labels_.clear();
+    bool answered = false;  // past the answer: labelled up to and including the next <|im_end|>
+    for (const Part& part : p_.parts) {
+      if (part.kind == Part::kRun) {
+        MMFEED_RETURN_IF_ERROR(Run(part.run, ctx, in, &answered));
+        continue;
+      }
+      const bool image = part.kind == Part::kImage;
+      int32_t grid[3];
+      std::memcpy(grid, ctx.tensors[image ? p_.image_grid : p_.video_grid], sizeof grid);
+      const int64_t patches = int64_t{grid[0]} * grid[1] * grid[2];
+      if (grid[0] < 1 || grid[1] < 1 || grid[2] < 1 || patches % (p_.merge * p_.merge))
+        return Status::Invalid(fmt::format("{} grid [{}, {}, {}] is not whole merge windows",
+                                           image ? "image" : "video", grid[0], grid[1], grid[2]));
+      const int64_t pads = patches / (p_.merge * p_.merge);
+      if (pads > p_.max_len) return TooLong(pads);
+      ids_.push_back(p_.vision_start);
+      ids_.insert(ids_.end(), pads, image ? p_.image_pad : p_.video_pad);
+      ids_.push_back(p_.vision_end);
+      labels_.insert(labels_.end(), pads + 2, answered ? 0 : kIgnore);
+      if (answered)  // an answer that holds the image: its tokens are labels too
+        std::copy(ids_.end() - (pads + 2), ids_.end(), labels_.end() - (pads + 2));
+    }
+    if (static_cast<int64_t>(ids_.size()) > p_.max_len) return TooLong(ids_.size());
+    int32_t* ids = out.As<int32_t>(0);
+    int32_t* labels = out.As<int32_t>(2);
+    std::copy(ids_.begin(), ids_.end(), ids);
+    std::fill(ids + ids_.size(), ids + p_.max_len, p_.pad_id);
+    std::copy(labels_.begin(), labels_.end(), labels);
+    std::fill(labels + labels_.size(), labels + p_.max_len, kIgnore);
+    *out.As<int32_t>(1) = static_cast<int32_t>(ids_.size());
+    return Status::Ok();
+  }
+
+ private:
+  // Tokenizes one run as a single string and labels the tokens that start in the answer, and
+  // those after it up to and including the next <|im_end|>.
+  Status Run(const std::vector<Piece>& run, const SampleContext& ctx, const FieldValue& in,
+             bool* answered) {
+    text_.clear();
+    size_t answer_begin = std::string::npos, answer_end = std::string::npos;
+    for (const Piece& piece : run) {
+      if (piece.kind == Piece::kLiteral) {
+        text_ += piece.literal;
+        continue;
+      }
+      const bool answer = piece.kind == Piece::kAnswer;
+      Result<std::string_view> t = FieldBytes(answer ? *ctx.fields[0] : in, &file_);
+      if (!t.ok()) return t.status();
+      if (answer) answer_begin = text_.size();
+      text_.append(t->data(), t->size());
+      if (answer) answer_end = text_.size();
+    }
+    const size_t at = ids_.size();
+    p_.bpe->Encode(text_, &cache_, &ids_);
+    size_t offset = 0;
+    bool begun = false;
+    for (size_t i = at; i < ids_.size(); ++i) {
+      const int32_t id = ids_[i];
+      // The template has no vision tokens outside its placeholders: these came from the
+      // sample, and would break the pad count the model checks.
+      if (id == p_.image_pad || id == p_.video_pad || id == p_.vision_start || id == p_.vision_end)
+        return Status::Corrupt(
+            fmt::format("the sample's text contains the vision token {}", p_.bpe->Decode({id})));
+      if (!begun && offset >= answer_begin) *answered = begun = true;  // npos: no answer here
+      labels_.push_back(*answered ? id : kIgnore);
+      if (*answered && offset >= answer_end && id == p_.im_end) *answered = false;
+      offset += p_.bpe->TokenBytes(id);
+    }
+    return Status::Ok();
+  }
+
+  Status TooLong(size_t n) const {
+    return Status::TooLarge(
+        fmt::format("{} tokens with the image pads, above max_len {}", n, p_.max_len));
+  }
+
+  const ChatParams& p_;
+  std::string file_, text_;
+  std::vector<int32_t> ids_, labels_;
+  BpeCache cache_;
+};
+
+class ChatStage : public Stage {
+ public:
+  explicit ChatStage(ChatParams p) : p_(std::move(p)) {}
+  std::vector<TensorSpec> OutputSpecs() const override {
+    return {{p_.name, DType::kInt32, {p_.max_len}},
+            {p_.name + "_lengths", DType::kInt32, {}},
+            {p_.labels_name, DType::kInt32, {p_.max_len}}};
+  }
+  std::unique_ptr<StageWorker> NewWorker() const override {
+    return std::make_unique<ChatWorker>(p_);
+  }
+  Inputs ExtraInputs() const override { return p_.inputs; }
+
+ private:
+  ChatParams p_;
+};
+
+Result<int32_t> SpecialId(const BpeTokenizer& bpe, const std::string& token) {
+  int32_t id = bpe.TokenId(token);
+  if (id < 0) return Status::Invalid(fmt::format("the tokenizer has no token {}", token));
+  return id;
+}
+
+Result<std::unique_ptr<Stage>> MakeChatStage(const StageArgs& a) {
+  const Params& prm = a.params;
+  ChatParams p;
+  p.name = a.name;
+  p.labels_name = prm.GetString("labels");
+  if (p.labels_name.empty() || p.labels_name == p.name || p.labels_name == p.name + "_lengths")
+    return Status::Invalid("labels must name an output other than the stage's own");
+  Result<std::shared_ptr<const BpeTokenizer>> bpe =
+      BpeTokenizer::Load(ResolvePath(a.base_dir, prm.GetString("tokenizer")));
+  if (!bpe.ok()) return bpe.status();
+  p.bpe = *bpe;
+  const BpeTokenizer& t = *p.bpe;
+  p.max_len = prm.GetInt("max_len");
+  if (p.max_len < 1 || p.max_len > (1 << 24))
+    return Status::Invalid("max_len must be in 1..16777216");
+  p.merge = static_cast<int>(prm.GetInt("merge_size"));
+  if (p.merge < 1 || p.merge > 8) return Status::Invalid("merge_size must be in 1..8");
+  Result<int32_t> pad = SpecialId(t, prm.GetString("pad_token"));
+  Result<int32_t> end = SpecialId(t, "<|im_end|>");
+  Result<int32_t> vs = SpecialId(t, "<|vision_start|>");
+  Result<int32_t> ve = SpecialId(t, "<|vision_end|>");
+  Result<int32_t> ip = SpecialId(t, "<|image_pad|>");
+  Result<int32_t> vp = SpecialId(t, "<|video_pad|>");
+  for (const auto* r : {&pad, &end, &vs, &ve, &ip, &vp})
+    if (!r->ok()) return r->status();
+  p.pad_id = *pad;
+  p.im_end = *end;
+  p.vision_start = *vs;
+  p.vision_end = *ve;
+  p.image_pad = *ip;
+  p.video_pad = *vp;
+
+  // The template: runs of text between the vision placeholders.
+  const std::string& tmpl = prm.GetString("template");
+  static const std::pair<const char*, int> kPlaceholders[] = {
+      {"{text}", 0}, {"{answer}", 1}, {"{image}", 2}, {"{video}", 3}};
+  int count[4] = {};
+  p.parts.push_back({});
+  size_t literal = 0;
+  auto add_literal = [&](size_t end) {
+    if (end > literal)
+      p.parts.back().run.push_back({Piece::kLiteral, tmpl.substr(literal, end - literal)});
+  };
+  for (size_t i = 0; i < tmpl.size(); ++i) {
+    for (const auto& [text, k] : kPlaceholders) {
+      const size_t len = std::strlen(text);
+      if (tmpl.compare(i, len, text) != 0) continue;
+      add_literal(i);
+      ++count[k];
+      if (k < 2) {
+        p.parts.back().run.push_back({k == 0 ? Piece::kText : Piece::kAnswer, ""});
+      } else {
+        p.parts.push_back({k == 2 ? Part::kImage : Part::kVideo, {}});
+        p.parts.push_back({});
+      }
+      literal = i + len;
+      i += len - 1;
+      break;
+    }
+  }
+  add_literal(tmpl.size());
+  for (const char* token : {"<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"})
+    if (tmpl.find(token) != std::string::npos)
+      return Status::Invalid(fmt::format(
+          "template holds {}: write {{image}} or {{video}}, which expand to the right count",
+          token));
+  if (count[0] != 1) return Status::Invalid("template must hold {text} once");
+  if (count[1] > 1 || count[2] > 1 || count[3] > 1)
+    return Status::Invalid(
+        "template holds {answer}, {image} and {video} at most once each (one image or video "
+        "per sample)");
+  const std::string& answer_field = prm.GetString("answer_field");
+  if (count[1]) {
+    if (answer_field.empty())
+      return Status::Invalid("template has {answer}: answer_field is empty");
+    p.inputs.fields.push_back(answer_field);
+  }
+  auto grid = [&](int k, const char* key, const char* placeholder, int* index) {
+    const std::string& tensor = prm.GetString(key);
+    if (count[k] && tensor.empty())
+      return Status::Invalid(
+          fmt::format("template has {}: {} must name the grid output of the "
+                      "vision stage",
+                      placeholder, key));
+    if (!count[k] && !tensor.empty())
+      return Status::Invalid(
+          fmt::format("{} is set but the template has no {} (set it to \"\")", key, placeholder));
+    if (count[k]) {
+      *index = static_cast<int>(p.inputs.tensors.size());
+      p.inputs.tensors.push_back(tensor);
+    }
+    return Status::Ok();
+  };
+  MMFEED_RETURN_IF_ERROR(grid(2, "image_grid", "{image}", &p.image_grid));
+  MMFEED_RETURN_IF_ERROR(grid(3, "video_grid", "{video}", &p.video_grid));
+  return std::unique_ptr<Stage>(new ChatStage(std::move(p)));
+}
+
+MMFEED_REGISTER_STAGE((StageSchema{
+    "qwen_chat",
+    "wrap the sample's text (and answer) in a chat template and tokenize it (byte-level BPE "
+    "tokenizer.json): {image}/{video} become <|vision_start|>, one <|image_pad|>/<|video_pad|> "
+    "per merged patch of the sample's grid (read from the vision stage), <|vision_end|>. "
+    "Outputs: <name> int32 [max_len], <name>_lengths int32 [], <labels> int32 [max_len] (the "
+    "answer's ids through its <|im_end|>, -100 elsewhere)",
+    StageKind::kField,
+    /*field_is_path=*/false,
+    {
+        {"tokenizer", ParamType::kString, std::nullopt, "a Qwen tokenizer.json / .json.gz path"},
+        {"template", ParamType::kString,
+         std::string("<|im_start|>user\n{image}{text}<|im_end|>\n<|im_start|>assistant\n{answer}"
+                     "<|im_end|>\n"),
+         "the conversation: {text} (the field) once; {answer} (answer_field), {image} and {video} "
+         "at most once each; special tokens recognised"},
+        {"answer_field", ParamType::kString, std::string("answer"),
+         "the sample's field that fills {answer}"},
+        {"image_grid", ParamType::kString, std::string("image_grid_thw"),
+         "the grid output ([t, h, w]) of the image's qwen_vision stage; \"\" without {image}"},
+        {"video_grid", ParamType::kString, std::string(""),
+         "the grid output of the video's vision stage; \"\" without {video}"},
+        {"merge_size", ParamType::kInt, int64_t{2},
+         "the vision stage's merge_size: one pad token per merge_size^2 patches"},
+        {"max_len", ParamType::kInt, int64_t{2048},
+         "tokens per sample; a longer sample is refused (cutting would break the pad count)"},
+        {"pad_token", ParamType::kString, std::string("<|endoftext|>"),
+         "the token written past a sample's end"},
+        {"labels", ParamType::kString, std::string("labels"), "name of the labels output"},
+    },
+    MakeChatStage}));
+
+}  // namespace
+}  // namespace mmfeed
