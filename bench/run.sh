@@ -13,3 +13,4 @@ bash scripts/build.sh
 /usr/bin/python3 bench/video_bench.py
 /usr/bin/python3 bench/profile_bench.py
 /usr/bin/python3 bench/autotune_bench.py
+/usr/bin/python3 bench/qwen_bench.py

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Qwen3.5 image + chat benchmark: mmfeed running configs/qwen3.5-vl.yaml (patches, grids,
+chat ids with image pads, labels; one consumer rank) against the Python pipeline a user would
+write (PIL open + the reference smart_resize, bicubic and patchify in numpy,
+tests/reference/qwen_vision_reference.py, in DataLoader(num_workers=2) batches of 8 with the
+patches concatenated), on the same photos in one run. The baseline does not tokenize: Hugging
+Face tokenizers cannot be installed offline here, and tokenizing would only add to its time, so
+the ratio is a lower bound. Steady state: each side runs a short and a long pass and
+throughput is (long - short samples) / (long - short seconds); the sides take turns for
+--rounds rounds and the ratio is the median of the rounds'.
+
+usage: qwen_bench.py --build BUILD --out DIR [--short N] [--long N] [--rounds R] [--sets imagenet,large]
+"""
+import argparse, json, os, pathlib, random, statistics, subprocess, sys, time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PY = "/usr/bin/python3"
+sys.path.insert(0, str(ROOT / "scripts"))
+import make_photos  # noqa: E402
+
+TOKENIZER = ROOT / "tests" / "data" / "tokenizer" / "qwen3-tokenizer.json.gz"
+SETS = {"imagenet": (240, 620), "large": (1000, 2000)}  # photo widths
+BASELINE = r'''
+import json, sys, time
+sys.path.insert(0, sys.argv[3])
+import numpy as np, torch
+from torch.utils.data import DataLoader, Dataset
+import qwen_vision_reference as ref
+
+class Chat(Dataset):
+    def __init__(self, manifest, limit):
+        self.rows = [json.loads(l) for l in open(manifest)][:limit]
+        self.dir = manifest.rsplit("/", 1)[0]
+    def __len__(self):
+        return len(self.rows)
+    def __getitem__(self, i):
+        patches, grid = ref.preprocess_image(self.dir + "/" + self.rows[i]["image"], max_pixels=1003520)
+        return torch.from_numpy(patches), torch.tensor(grid, dtype=torch.int32)
+
+def collate(items):
+    return torch.cat([p for p, _ in items]), torch.stack([g for _, g in items])
+
+t0 = time.perf_counter()
+n = 0
+for patches, grids in DataLoader(Chat(sys.argv[1], int(sys.argv[2])), batch_size=8, shuffle=True, num_workers=2,
+                                 collate_fn=collate):
+    n += len(grids)
+print(json.dumps({"samples": n, "seconds": time.perf_counter() - t0}))
+'''
+
+
+def make_set(data, name, count):
+    lo, hi = SETS[name]
+    d = data / name
+    photos = make_photos.make(d, count, lo, hi, seed=11)
+    rng = random.Random(0)
+    words = ("what", "is", "in", "the", "photo", "a", "red", "house", "dog", "park", "describe", "it")
+    with open(d / "manifest.jsonl", "w") as m:
+        for p in photos:
+            m.write(json.dumps({"id": p["name"], "image": p["name"],
+                                "text": " ".join(rng.choice(words) for _ in range(12)) + "?",
+                                "answer": " ".join(rng.choice(words) for _ in range(30)) + "."}) + "\n")
+    return d
+
+
+def manifest(d, samples):
+    """The set's samples repeated to `samples` lines."""
+    lines = (d / "manifest.jsonl").read_text().splitlines()
+    path = d / f"manifest-{samples}.jsonl"
+    path.write_text("".join(json.dumps(dict(json.loads(lines[i % len(lines)]), id=f"s{i}")) + "\n"
+                            for i in range(samples)))
+    return path
+
+
+def run_mmfeed(build, d, samples):
+    cfg = (ROOT / "configs" / "qwen3.5-vl.yaml").read_text()
+    cfg = cfg.replace("path: manifest.jsonl", f"path: manifest-{samples}.jsonl")
+    cfg = cfg.replace("../tests/data/tokenizer/qwen3-tokenizer.json.gz", str(TOKENIZER))
+    (d / "bench.yaml").write_text(cfg)
+    sock = str(d / "bench.sock")
+    if os.path.exists(sock):
+        os.unlink(sock)
+    with open(d / "daemon.log", "w") as log:
+        daemon = subprocess.Popen([f"{build}/bin/mmfeedd", "--config", str(d / "bench.yaml"), "--socket", sock],
+                                  stderr=log)
+        while not os.path.exists(sock):
+            if daemon.poll() is not None:
+                raise SystemExit(f"mmfeedd exited: {(d / 'daemon.log').read_text()}")
+            time.sleep(0.01)
+        t0 = time.perf_counter()
+        out = subprocess.run([f"{build}/bin/mmfeed-consume", "--socket", sock, "--rank", "0", "--json"],
+                             capture_output=True, text=True, check=True).stdout
+        seconds = time.perf_counter() - t0
+        daemon.wait()
+    return {"samples": json.loads(out)["samples"], "seconds": seconds}
+
+
+def run_python(d, samples):
+    out = subprocess.run([PY, "-c", BASELINE, str(manifest(d, samples)), str(samples), str(ROOT / "tests" / "reference")],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def steady(short, long):
+    return (long["samples"] - short["samples"]) / (long["seconds"] - short["seconds"])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=str(ROOT / "build"))
+    ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "qwen"))
+    ap.add_argument("--short", type=int, default=48)
+    ap.add_argument("--long", type=int, default=240)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sets", default="imagenet,large")
+    a = ap.parse_args()
+    out = pathlib.Path(a.out)
+    results = {}
+    for name in a.sets.split(","):
+        d = make_set(out, name, 120)
+        for n in (a.short, a.long):
+            manifest(d, n)
+        rounds = []
+        for _ in range(a.rounds):
+            ours = steady(run_mmfeed(a.build, d, a.short), run_mmfeed(a.build, d, a.long))
+            py = steady(run_python(d, a.short), run_python(d, a.long))
+            rounds.append({"mmfeed": ours, "python": py, "ratio": ours / py})
+            print(f"{name}: mmfeed {ours:.1f}/s, Python reference {py:.1f}/s, {ours / py:.2f}x", file=sys.stderr)
+        results[name] = {"rounds": rounds, "ratio": statistics.median(r["ratio"] for r in rounds),
+                         "mmfeed": statistics.median(r["mmfeed"] for r in rounds),
+                         "python": statistics.median(r["python"] for r in rounds)}
+    print(json.dumps(results, indent=2))
+    print("\n| photos | mmfeed qwen3.5-vl samples/s | Python reference, DataLoader(num_workers=2) | ratio |\n|---|---|---|---|")
+    for name, r in results.items():
+        lo, hi = SETS[name]
+        print(f"| {name} ({lo}-{hi} px wide) | {r['mmfeed']:.1f} | {r['python']:.1f} | {r['ratio']:.2f}x |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
