@@ -4,9 +4,11 @@
 // within [min_pixels, max_pixels], aspect ratio kept), rescaled to [0, 1], normalized, repeated
 // to temporal_patch_size frames and cut into patches, each merge window's patches together.
 //
-// Outputs: <name>, float32 or bfloat16 [patches, 3 * temporal_patch_size * patch_size^2], a
-// ragged tensor (a batch holds every image's patches one after another: [total patches, 1536]
-// for Qwen3.5), and <grid> int32 [3]: the image's (t, h, w) in patches.
+// The field is one image, or a list of up to max_images (a manifest's "images": [...]).
+// Outputs, all ragged (a batch holds its samples' rows one after another): <name>, float32 or
+// bfloat16 [patches, 3 * temporal_patch_size * patch_size^2] (every image's patches in order:
+// [total patches, 1536] for Qwen3.5), <grid> int32 [images, 3] (each image's (t, h, w) in
+// patches) and <grid>_count int32 [] (the sample's images).
 #include "stages/image/qwen_vision.h"
 
 #include <fmt/format.h>
@@ -90,6 +92,7 @@ struct QwenParams {
   QwenPatching patching;
   int64_t min_pixels = 0, max_pixels = 0, max_source_pixels = 0;
   int64_t max_patches = 0;  // per image: max_pixels / patch_size^2
+  int max_images = 1;
   DType dtype = DType::kFloat32;
   bool dct_scaling = true;
   float lut[3][256];  // normalized value of each 8-bit level, per channel
@@ -100,6 +103,26 @@ class QwenVisionWorker : public StageWorker {
   explicit QwenVisionWorker(const QwenParams& p) : p_(p) {}
 
   Status Process(const SampleContext&, const FieldValue& in, const OutputRow& out) override {
+    const bool list = in.kind == FieldValue::Kind::kList;
+    const size_t n = list ? in.items.size() : 1;
+    if (n > static_cast<size_t>(p_.max_images))
+      return Status::TooLarge(fmt::format("{} images, above max_images {}", n, p_.max_images));
+    auto* grids = out.As<int32_t>(1);
+    std::memset(grids, 0, sizeof(int32_t) * 3 * p_.max_images);  // rows past the last image
+    *out.As<int32_t>(2) = static_cast<int32_t>(n);
+    const size_t row_bytes = static_cast<size_t>(p_.patching.PatchValues()) * DTypeSize(p_.dtype);
+    uint8_t* rows = out[0];
+    for (size_t i = 0; i < n; ++i) {
+      Status st = Image(list ? in.items[i] : in, rows, grids + 3 * i);
+      if (!st.ok()) return list ? st.WithContext(fmt::format("image {} of {}", i + 1, n)) : st;
+      rows += static_cast<size_t>(grids[3 * i + 1]) * grids[3 * i + 2] * row_bytes;
+    }
+    return Status::Ok();
+  }
+
+ private:
+  // One image's patches at `rows` and its grid.
+  Status Image(const FieldValue& in, uint8_t* rows, int32_t* grid) {
     Result<std::string_view> bytes = FieldBytes(in, &file_);
     if (!bytes.ok()) return bytes.status();
     int w = 0, h = 0;
@@ -124,13 +147,13 @@ class QwenVisionWorker : public StageWorker {
     MMFEED_RETURN_IF_ERROR(
         decoder_.Resample(x, y, Filter::kBicubic, p_.dct_scaling, o, &resampler_, resized_.data()));
     const float* lut[3] = {p_.lut[0], p_.lut[1], p_.lut[2]};
-    QwenPatchify(resized_.data(), oh, ow, q, lut, p_.dtype, out[0]);
-    const int32_t grid[3] = {1, oh / q.patch_size, ow / q.patch_size};
-    std::memcpy(out[1], grid, sizeof(grid));
+    QwenPatchify(resized_.data(), oh, ow, q, lut, p_.dtype, rows);
+    grid[0] = 1;
+    grid[1] = oh / q.patch_size;
+    grid[2] = ow / q.patch_size;
     return Status::Ok();
   }
 
- private:
   const QwenParams& p_;
   ImageDecoder decoder_;
   Resampler resampler_;
@@ -143,8 +166,10 @@ class QwenVisionStage : public Stage {
   explicit QwenVisionStage(QwenParams p) : p_(std::move(p)) {}
   std::vector<TensorSpec> OutputSpecs() const override {
     const QwenPatching& q = p_.patching;
-    TensorSpec patches{p_.name, p_.dtype, {p_.max_patches, q.PatchValues()}, p_.grid_name};
-    return {patches, {p_.grid_name, DType::kInt32, {3}}};
+    const std::string count = p_.grid_name + "_count";
+    return {{p_.name, p_.dtype, {p_.max_images * p_.max_patches, q.PatchValues()}, p_.grid_name},
+            {p_.grid_name, DType::kInt32, {p_.max_images, 3}, count},
+            {count, DType::kInt32, {}}};
   }
   std::unique_ptr<StageWorker> NewWorker() const override {
     return std::make_unique<QwenVisionWorker>(p_);
@@ -179,6 +204,10 @@ Result<std::unique_ptr<Stage>> MakeQwenVisionStage(const StageArgs& a) {
   if (p.min_pixels < 0 || p.min_pixels > p.max_pixels)
     return Status::Invalid(fmt::format("min_pixels must be in 0..max_pixels ({})", p.max_pixels));
   p.max_patches = p.max_pixels / (q.patch_size * q.patch_size);
+  const int64_t max_images = prm.GetInt("max_images");
+  if (max_images < 1 || max_images > static_cast<int64_t>(kMaxListItems))
+    return Status::Invalid(fmt::format("max_images must be in 1..{}", kMaxListItems));
+  p.max_images = static_cast<int>(max_images);
   p.max_source_pixels = prm.GetInt("max_source_pixels");
   if (p.max_source_pixels < 1) return Status::Invalid("max_source_pixels must be positive");
   p.dct_scaling = prm.GetString("dct_scaling") == "on";
@@ -199,9 +228,10 @@ MMFEED_REGISTER_STAGE((StageSchema{
     "qwen_vision",
     "an image as Qwen2-VL/Qwen3-VL/Qwen3.5 vision encoders take it (Hugging Face's "
     "Qwen2VLImageProcessor): smart_resize, PIL's antialiased bicubic, normalize, patches in the "
-    "reference's order. Outputs: <name> [patches, 3 * temporal_patch_size * patch_size^2] "
-    "(ragged: a batch holds all its images' patches, [total_patches, ...]), <grid> int32 [3] "
-    "(t, h, w in patches)",
+    "reference's order; one image or a list. Outputs (ragged: a batch holds its samples' rows "
+    "one after another): <name> [patches, 3 * temporal_patch_size * patch_size^2] "
+    "([total_patches, 1536]), <grid> int32 [images, 3] (t, h, w in patches), <grid>_count "
+    "int32 [] (images per sample)",
     StageKind::kField,
     /*field_is_path=*/true,
     {
@@ -240,7 +270,10 @@ MMFEED_REGISTER_STAGE((StageSchema{
         {"max_source_pixels", ParamType::kInt, int64_t{89478485},
          "refuse source images with more pixels (checked before decoding)"},
         {"grid", ParamType::kString, std::string("image_grid_thw"),
-         "name of the grid output ([t, h, w] per image)"},
+         "name of the grid output ([t, h, w] per image; <grid>_count: the sample's images)"},
+        {"max_images", ParamType::kInt, int64_t{1},
+         "the most images a sample's field may list (\"images\": [...]); the ring reserves "
+         "max_images * max_pixels / patch_size^2 patches per sample"},
     },
     MakeQwenVisionStage}));
 

@@ -634,6 +634,8 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
   ScopedFilePolicy files(&b->files);
   std::vector<const FieldValue*> read_fields;  // the sample's, for SampleContext
   std::vector<const uint8_t*> read_tensors;
+  std::vector<const TensorSpec*> read_specs;
+  for (size_t t : b->read_tensors) read_specs.push_back(&specs_[t]);
   const std::string& name = b->cfg->name;
   while (true) {
     if (worker >= b->active.load(std::memory_order_acquire) &&
@@ -681,6 +683,7 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
       read_tensors.push_back(item->batch->memory.base[t] + item->row * specs_[t].NumBytes());
     ctx.fields = read_fields.data();
     ctx.tensors = read_tensors.data();
+    ctx.tensor_specs = read_specs.data();
     if (!missing.empty()) {
       item->status = Status::NotFound(fmt::format("sample has no field '{}'", missing));
     } else {
@@ -933,28 +936,48 @@ TensorSpec CommittedTensor(const TensorSpec& s, const BatchInfo& info, size_t k)
   return t;
 }
 
+// A sample's rows of a ragged tensor: the sum, over its rows_from tensor's last-axis vectors
+// (one for a scalar or a vector), of each vector's product: an image's [t, h, w] grid gives
+// t*h*w patches, several images' [n, 3] grids the sum of theirs, a count the count. Bounded by
+// the tensor's most rows (a stage's bug stays in bounds).
+static int64_t RaggedRows(const TensorSpec& s, const TensorSpec& from, const uint8_t* counts) {
+  const size_t values = from.NumBytes() / sizeof(int32_t);
+  const size_t width = from.shape.empty() ? 1 : static_cast<size_t>(from.shape.back());
+  int64_t total = 0;
+  for (size_t v = 0; v + width <= values; v += width) {
+    int64_t n = 1;
+    for (size_t k = 0; k < width; ++k) {
+      int32_t c;
+      std::memcpy(&c, counts + (v + k) * sizeof c, sizeof c);
+      n = std::min<int64_t>(n * std::max(c, 0), s.shape[0]);
+    }
+    total = std::min<int64_t>(total + n, s.shape[0]);
+  }
+  return total;
+}
+
 // Each row of a ragged tensor was written at row * (its most rows); the rows it used move down
-// to follow the previous row's (towards lower addresses: memmove is safe).
+// to follow the previous row's (towards lower addresses: memmove is safe). Every count is
+// taken before anything moves: one ragged tensor may count another's rows (images' grids).
 std::vector<int64_t> Pipeline::PackRagged(const BatchMemory& memory, uint32_t rows) const {
+  std::vector<std::vector<int64_t>> used(specs_.size());
+  for (size_t t = 0; t < specs_.size(); ++t) {
+    if (rows_from_[t] < 0) continue;
+    const TensorSpec& from = specs_[rows_from_[t]];
+    for (uint32_t i = 0; i < rows; ++i)
+      used[t].push_back(
+          RaggedRows(specs_[t], from, memory.base[rows_from_[t]] + i * from.NumBytes()));
+  }
   std::vector<int64_t> out;
   for (size_t t = 0; t < specs_.size(); ++t) {
     if (rows_from_[t] < 0) continue;
     if (out.empty()) out.assign(specs_.size(), rows);
-    const TensorSpec& s = specs_[t];
-    const TensorSpec& counts = specs_[rows_from_[t]];
-    const size_t per_row = s.NumBytes(), row_bytes = per_row / s.shape[0];
-    const size_t values = counts.NumBytes() / sizeof(int32_t);
+    const size_t per_row = specs_[t].NumBytes(), row_bytes = per_row / specs_[t].shape[0];
     int64_t total = 0;
     for (uint32_t i = 0; i < rows; ++i) {
-      int64_t n = 1;
-      for (size_t v = 0; v < values; ++v) {
-        int32_t c;
-        std::memcpy(&c, memory.base[rows_from_[t]] + i * counts.NumBytes() + v * sizeof c,
-                    sizeof c);
-        n = std::min<int64_t>(n * std::max(c, 0), s.shape[0]);  // a stage's bug stays in bounds
-      }
-      std::memmove(memory.base[t] + total * row_bytes, memory.base[t] + i * per_row, n * row_bytes);
-      total += n;
+      std::memmove(memory.base[t] + total * row_bytes, memory.base[t] + i * per_row,
+                   used[t][i] * row_bytes);
+      total += used[t][i];
     }
     out[t] = total;
   }

@@ -58,6 +58,9 @@ Result<FieldFile> FieldFile::Open(const FieldValue& field, uint64_t max_bytes) {
   const FilePolicy& policy = t_file_policy ? *t_file_policy : kDefaultFilePolicy;
   if (policy.read_delay_ms > 0)  // an injected fault (faults.read_delay_ms): slow storage
     std::this_thread::sleep_for(std::chrono::milliseconds(policy.read_delay_ms));
+  if (field.kind == FieldValue::Kind::kList)
+    return Status::Invalid(
+        fmt::format("the field is a list of {} values; this stage takes one", field.items.size()));
   FieldFile f;
   // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
   f.fd_ = ::open(field.data.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);

@@ -16,14 +16,20 @@
 
 namespace mmfeed {
 
+// The most values a field's list may hold (a manifest's "images": [...]).
+constexpr size_t kMaxListItems = 256;
+
 // One field of a sample as the source found it.
 struct FieldValue {
-  enum class Kind { kText, kPath, kBytes, kFileRange };
+  enum class Kind { kText, kPath, kBytes, kFileRange, kList };
   Kind kind = Kind::kText;
   std::string data;  // the text itself, a file path, or the bytes
   // kFileRange: `size` bytes at `offset` of the file `data` (a tar member, read in place)
   uint64_t offset = 0;
   uint64_t size = 0;
+  // kList (a manifest's JSON array, e.g. "images": [...]): the values, none of them a list.
+  // Only stages that take several values read one; FieldFile::Open and FieldBytes refuse it.
+  std::vector<FieldValue> items;
 };
 
 // What a worker may know about the sample it processes. Random choices must be drawn from
@@ -37,6 +43,7 @@ struct SampleContext {
   // outputs for this sample (each tensor's one-sample bytes, laid out as its TensorSpec says).
   const FieldValue* const* fields = nullptr;
   const uint8_t* const* tensors = nullptr;
+  const TensorSpec* const* tensor_specs = nullptr;  // the tensors' shapes
 };
 
 // `path` as seen from the folder `base_dir` (a config's or a manifest's): absolute paths and

@@ -45,22 +45,40 @@ std::string ParseManifestLine(const std::string& line, const std::string& dir,
     if (entry->id.size() > kMaxIdBytes)
       return fmt::format("'id' is longer than {} bytes", kMaxIdBytes);
   }
+  // A string or {"path": ...}: the value; a path is resolved against the manifest's folder.
+  auto value = [&](const std::string& name, const nlohmann::json& v, FieldValue* f) {
+    if (v.is_string()) {
+      f->data = v.get<std::string>();
+      f->kind = path_fields.count(name) ? FieldValue::Kind::kPath : FieldValue::Kind::kText;
+    } else if (v.is_object() && v.contains("path") && v["path"].is_string()) {
+      f->data = v["path"].get<std::string>();
+      f->kind = FieldValue::Kind::kPath;
+    } else {
+      return fmt::format("field '{}' must be a string, {{\"path\": ...}} or a list of those", name);
+    }
+    if (f->kind == FieldValue::Kind::kPath) {
+      if (f->data.empty()) return fmt::format("field '{}' has an empty path", name);
+      f->data = ResolvePath(dir, f->data);
+    }
+    return std::string();
+  };
   for (const std::string& name : needed) {
     if (!j.contains(name)) return fmt::format("missing field '{}'", name);
     const auto& v = j[name];
     FieldValue f;
-    if (v.is_string()) {
-      f.data = v.get<std::string>();
-      f.kind = path_fields.count(name) ? FieldValue::Kind::kPath : FieldValue::Kind::kText;
-    } else if (v.is_object() && v.contains("path") && v["path"].is_string()) {
-      f.data = v["path"].get<std::string>();
-      f.kind = FieldValue::Kind::kPath;
+    if (v.is_array()) {  // several values, e.g. "images": ["a.jpg", "b.jpg"]
+      if (v.empty() || v.size() > kMaxListItems)
+        return fmt::format("field '{}' is a list of {} values: 1 to {} are allowed", name, v.size(),
+                           kMaxListItems);
+      f.kind = FieldValue::Kind::kList;
+      f.items.resize(v.size());
+      for (size_t i = 0; i < v.size(); ++i) {
+        std::string reason = value(name, v[i], &f.items[i]);
+        if (!reason.empty()) return reason;
+      }
     } else {
-      return fmt::format("field '{}' must be a string or {{\"path\": ...}}", name);
-    }
-    if (f.kind == FieldValue::Kind::kPath) {
-      if (f.data.empty()) return fmt::format("field '{}' has an empty path", name);
-      f.data = ResolvePath(dir, f.data);
+      std::string reason = value(name, v, &f);
+      if (!reason.empty()) return reason;
     }
     entry->fields.emplace_back(name, std::move(f));
   }

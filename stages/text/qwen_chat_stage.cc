@@ -1,9 +1,10 @@
 // The `qwen_chat` stage: a sample's text and answer wrapped in a chat template and tokenized the
-// way Qwen-VL models are fine-tuned: `{image}` becomes <|vision_start|>, one <|image_pad|> per
-// merged patch of the sample's image (grid t * h * w / merge_size^2, read from the vision
-// stage's grid output, so the count always matches the patches), <|vision_end|>; `{video}`
-// likewise with <|video_pad|>. `labels` holds the ids of the answer and of the template up to
-// and including the <|im_end|> that closes it, -100 everywhere else (supervised fine-tuning).
+// way Qwen-VL models are fine-tuned: `{image}` becomes, for each of the sample's images in
+// order, <|vision_start|>, one <|image_pad|> per merged patch of that image (grid t * h * w /
+// merge_size^2, read from the vision stage's grid output, so the count always matches the
+// patches), <|vision_end|>; `{video}` likewise with <|video_pad|>. `labels` holds the ids of the
+// answer and of the template up to and including the <|im_end|> that closes it, -100 everywhere
+// else (supervised fine-tuning).
 //
 // The text between the vision placeholders (template text, the sample's text and answer) is
 // tokenized as one string, as tokenizing the whole conversation does (the vision tokens are
@@ -63,20 +64,25 @@ class ChatWorker : public StageWorker {
         continue;
       }
       const bool image = part.kind == Part::kImage;
-      int32_t grid[3];
-      std::memcpy(grid, ctx.tensors[image ? p_.image_grid : p_.video_grid], sizeof grid);
-      const int64_t patches = int64_t{grid[0]} * grid[1] * grid[2];
-      if (grid[0] < 1 || grid[1] < 1 || grid[2] < 1 || patches % (p_.merge * p_.merge))
-        return Status::Invalid(fmt::format("{} grid [{}, {}, {}] is not whole merge windows",
-                                           image ? "image" : "video", grid[0], grid[1], grid[2]));
-      const int64_t pads = patches / (p_.merge * p_.merge);
-      if (pads > p_.max_len) return TooLong(pads);
-      ids_.push_back(p_.vision_start);
-      ids_.insert(ids_.end(), pads, image ? p_.image_pad : p_.video_pad);
-      ids_.push_back(p_.vision_end);
-      labels_.insert(labels_.end(), pads + 2, answered ? 0 : kIgnore);
-      if (answered)  // an answer that holds the image: its tokens are labels too
-        std::copy(ids_.end() - (pads + 2), ids_.end(), labels_.end() - (pads + 2));
+      const int input = image ? p_.image_grid : p_.video_grid;
+      const size_t grids = ctx.tensor_specs[input]->NumBytes() / (3 * sizeof(int32_t));
+      for (size_t g = 0; g < grids; ++g) {  // every image of the sample, in order
+        int32_t grid[3];
+        std::memcpy(grid, ctx.tensors[input] + g * sizeof grid, sizeof grid);
+        if (g > 0 && grid[0] == 0 && grid[1] == 0 && grid[2] == 0) break;  // past the last
+        const int64_t patches = int64_t{grid[0]} * grid[1] * grid[2];
+        if (grid[0] < 1 || grid[1] < 1 || grid[2] < 1 || patches % (p_.merge * p_.merge))
+          return Status::Invalid(fmt::format("{} grid [{}, {}, {}] is not whole merge windows",
+                                             image ? "image" : "video", grid[0], grid[1], grid[2]));
+        const int64_t pads = patches / (p_.merge * p_.merge);
+        if (pads > p_.max_len) return TooLong(pads);
+        ids_.push_back(p_.vision_start);
+        ids_.insert(ids_.end(), pads, image ? p_.image_pad : p_.video_pad);
+        ids_.push_back(p_.vision_end);
+        labels_.insert(labels_.end(), pads + 2, kIgnore);
+        if (answered)  // an answer that holds the image: its tokens are labels too
+          std::copy(ids_.end() - (pads + 2), ids_.end(), labels_.end() - (pads + 2));
+      }
     }
     if (static_cast<int64_t>(ids_.size()) > p_.max_len) return TooLong(ids_.size());
     int32_t* ids = out.As<int32_t>(0);
@@ -230,8 +236,8 @@ Result<std::unique_ptr<Stage>> MakeChatStage(const StageArgs& a) {
   if (count[0] != 1) return Status::Invalid("template must hold {text} once");
   if (count[1] > 1 || count[2] > 1 || count[3] > 1)
     return Status::Invalid(
-        "template holds {answer}, {image} and {video} at most once each (one image or video "
-        "per sample)");
+        "template holds {answer}, {image} and {video} at most once each ({image} expands to "
+        "every image of the sample, in order)");
   const std::string& answer_field = prm.GetString("answer_field");
   if (count[1]) {
     if (answer_field.empty())

@@ -9,6 +9,8 @@
   tokenized at once (mmfeed-tokenize, whose ids equal Hugging Face tokenizers' on the
   reference corpus), with exactly grid_t*grid_h*grid_w/4 <|image_pad|> tokens, and labels on
   the answer through its <|im_end|> only.
+- several images per sample ("images": [...]): each image's patches and grid in order, one
+  vision block per image in the ids, and a sample over max_images refused.
 
 usage: qwen_fidelity_test.py --bin BUILD/bin
 """
@@ -182,6 +184,57 @@ class QwenChatTest(DaemonCase):
             end = want.index(IM_END, len(before)) + 1
             want_labels = [-100] * len(before) + want[len(before):end] + [-100] * (len(want) - end)
             self.assertEqual(labels, want_labels, f"{p['name']}: labels on the answer and its <|im_end|> only")
+
+    def test_several_images_per_sample_in_order(self):
+        photos = make_photos.make(self.dir, 6, 200, 700, seed=6)
+        names = [p["name"] for p in photos]
+        lists = [names[0:1], names[1:3], names[3:6], names[2:3]]  # 1, 2, 3 and 1 images
+        with open(self.dir / "manifest.jsonl", "w") as m:
+            for i, images in enumerate(lists):
+                m.write(json.dumps({"id": f"s{i}", "images": images, "text": f"Compare {len(images)}.",
+                                    "answer": "Same."}) + "\n")
+            m.write(json.dumps({"id": "four", "images": names[0:4], "text": "x", "answer": "y"}) + "\n")
+        config = (ROOT / "configs" / "qwen3.5-vl.yaml").read_text()
+        for old, new in [("../tests/data/tokenizer/qwen3-tokenizer.json.gz", str(TOKENIZER)),
+                         ("max_pixels: 1003520", f"max_pixels: {MAX_PIXELS}, max_images: 3"),
+                         ("field: image,", "field: images,"), ("batch_size: 8", "batch_size: 2"),
+                         ("shuffle: true", "shuffle: false")]:
+            self.assertIn(old, config)
+            config = config.replace(old, new)
+        d = Daemon(self.dir, config + "on_error: skip\n")
+        finish(d.consume(0, "--json", "--dump", str(self.dir / "dump")))
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertIn("4 images, above max_images 3", d.log())
+        samples = {}
+        for meta, path in dumped_batches(self.dir / "dump"):
+            values, grids = np.load(path / "pixel_values.npy"), np.load(path / "image_grid_thw.npy")
+            counts = np.load(path / "image_grid_thw_count.npy")
+            ids, lengths = np.load(path / "input_ids.npy"), np.load(path / "input_ids_lengths.npy")
+            self.assertEqual(grids.shape, (int(counts.sum()), 3), "one grid row per image of the batch")
+            self.assertEqual(values.shape[0], int(np.prod(grids, axis=1).sum()))
+            g = at = 0
+            for k, sid in enumerate(meta["ids"]):
+                images = []
+                for grid in grids[g:g + counts[k]]:
+                    n = int(np.prod(grid))
+                    images.append((values[at:at + n], tuple(int(v) for v in grid)))
+                    at += n
+                g += counts[k]
+                samples[sid] = (images, ids[k, :lengths[k]].tolist())
+        self.assertEqual(set(samples), {f"s{i}" for i in range(len(lists))})
+        wants = []
+        for i, images in enumerate(lists):
+            got, _ = samples[f"s{i}"]
+            self.assertEqual(len(got), len(images))
+            blocks = ""
+            for (rows, grid), name in zip(got, images):
+                want, want_grid = ref.preprocess_image(self.dir / name, MIN_PIXELS, MAX_PIXELS)
+                self.assertEqual(grid, want_grid, name)
+                self.assertLessEqual(np.abs(rows.astype(np.float64) - want).mean() * 127.5, DCT_SCALED["mean"], name)
+                blocks += "<|vision_start|>" + "<|image_pad|>" * (grid[1] * grid[2] // 4) + "<|vision_end|>"
+            wants.append(TEMPLATE.format(image=blocks, text=f"Compare {len(images)}.", answer="Same."))
+        for i, want in enumerate(tokenize(wants)):
+            self.assertEqual(samples[f"s{i}"][1], want, f"s{i}: every image's block, in order")
 
 if __name__ == "__main__":
     daemon_test.main()

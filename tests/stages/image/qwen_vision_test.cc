@@ -86,10 +86,13 @@ TEST(QwenVisionTest, AStageOutputsPatchesAndGridOfTheSmartResizedImage) {
   auto stage = MakeStage("qwen_vision", "pixel_values", {{"max_pixels", int64_t{262144}}});
   ASSERT_TRUE(stage);
   std::vector<TensorSpec> specs = stage->OutputSpecs();
-  ASSERT_EQ(specs.size(), 2u);
+  ASSERT_EQ(specs.size(), 3u);
   EXPECT_EQ(specs[0].shape, (std::vector<int64_t>{1024, 1536})) << "max_pixels / 16^2 rows";
   EXPECT_EQ(specs[0].rows_from, "image_grid_thw");
   EXPECT_EQ(specs[1].name, "image_grid_thw");
+  EXPECT_EQ(specs[1].shape, (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(specs[1].rows_from, "image_grid_thw_count");
+  EXPECT_EQ(specs[2].name, "image_grid_thw_count");
   Result<std::vector<Output>> out =
       testing::RunStage(*stage, {1, 0, "x", "test"}, PathField(dir / "flat.png"));
   ASSERT_TRUE(out.ok()) << out.status().message();
@@ -137,6 +140,49 @@ TEST(QwenVisionTest, BadImagesAndParametersAreClearErrors) {
   EXPECT_NE(make("min_pixels", int64_t{1} << 25).message().find("min_pixels"), std::string::npos);
   EXPECT_NE(make("grid", std::string("pixel_values")).message().find("grid"), std::string::npos);
   EXPECT_FALSE(make("patch_size", int64_t{0}).ok());
+}
+
+TEST(QwenVisionTest, ASampleWithSeveralImagesHasEachOnesPatchesInOrder) {
+  testing::TempDir dir;
+  cv::imwrite(dir / "a.png", cv::Mat(300, 500, CV_8UC3, cv::Scalar(10, 20, 30)));
+  cv::imwrite(dir / "b.png", cv::Mat(700, 200, CV_8UC3, cv::Scalar(40, 50, 60)));
+  auto stage = MakeStage("qwen_vision", "pixel_values",
+                         {{"max_pixels", int64_t{262144}}, {"max_images", int64_t{3}}});
+  ASSERT_TRUE(stage);
+  EXPECT_EQ(stage->OutputSpecs()[0].shape, (std::vector<int64_t>{3 * 1024, 1536}));
+  EXPECT_EQ(stage->OutputSpecs()[1].shape, (std::vector<int64_t>{3, 3}));
+  FieldValue list;
+  list.kind = FieldValue::Kind::kList;
+  list.items = {PathField(dir / "a.png"), PathField(dir / "b.png")};
+  Result<std::vector<Output>> out = testing::RunStage(*stage, {1, 0, "x", "test"}, list);
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  const int32_t* g = (*out)[1].As<int32_t>();
+  // smart_resize(300, 500) = (288, 512); smart_resize(700, 200) = (704, 192)
+  EXPECT_EQ(std::vector<int32_t>(g, g + 9), (std::vector<int32_t>{1, 18, 32, 1, 44, 12, 0, 0, 0}))
+      << "rows past the last image are zero";
+  EXPECT_EQ(*(*out)[2].As<int32_t>(), 2);
+  const float* v = (*out)[0].As<float>();
+  EXPECT_FLOAT_EQ(v[0], 30 / 127.5f - 1) << "the first image's red";
+  EXPECT_FLOAT_EQ(v[(18 * 32 - 1) * 1536], 30 / 127.5f - 1) << "its last patch";
+  EXPECT_FLOAT_EQ(v[18 * 32 * 1536], 60 / 127.5f - 1) << "the second image follows at once";
+  EXPECT_FLOAT_EQ(v[(18 * 32 + 44 * 12 - 1) * 1536 + 1535], 40 / 127.5f - 1);
+
+  list.items.push_back(PathField(dir / "a.png"));
+  list.items.push_back(PathField(dir / "b.png"));
+  Result<std::vector<Output>> many = testing::RunStage(*stage, {1, 0, "x", "test"}, list);
+  ASSERT_FALSE(many.ok());
+  EXPECT_NE(many.status().message().find("4 images, above max_images 3"), std::string::npos);
+  list.items = {PathField(dir / "a.png"), PathField(dir / "missing.png")};
+  Result<std::vector<Output>> missing = testing::RunStage(*stage, {1, 0, "x", "test"}, list);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("image 2 of 2"), std::string::npos)
+      << missing.status().message();
+  // Other stages take one value: a list is a clear per-sample error.
+  auto image = MakeStage("image", "image", {{"size", std::vector<int64_t>{8, 8}}});
+  Result<std::vector<Output>> one = testing::RunStage(*image, {1, 0, "x", "test"}, list);
+  ASSERT_FALSE(one.ok());
+  EXPECT_NE(one.status().message().find("a list of 2 values; this stage takes one"),
+            std::string::npos);
 }
 
 }  // namespace

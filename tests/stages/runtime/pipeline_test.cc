@@ -392,8 +392,10 @@ TEST(PipelineTest, AStageReadsAnotherStagesOutputsOfTheSameSample) {
   ASSERT_TRUE(run.pipeline) << run.create_status.message();
   ASSERT_EQ(run.sinks[0]->batches.size(), 4u) << "16 usable entries, batches of 5";
   for (auto& b : run.sinks[0]->batches) {
-    const auto& t = b->tensors;  // chat, chat_lengths, labels, pixel_values, image_grid_thw
-    ASSERT_EQ(t.size(), 5u);
+    // chat, chat_lengths, labels, pixel_values, image_grid_thw, image_grid_thw_count
+    const auto& t = b->tensors;
+    ASSERT_EQ(t.size(), 6u);
+    EXPECT_EQ(t[4].spec.shape, (std::vector<int64_t>{static_cast<int64_t>(b->ids.size()), 3}));
     ASSERT_EQ(t[3].spec.name, "pixel_values");
     const int32_t* grids = reinterpret_cast<const int32_t*>(t[4].data.data());
     int64_t patches = 0;

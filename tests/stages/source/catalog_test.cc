@@ -245,6 +245,43 @@ TEST(ManifestTest, MalformedLinesAreReportedWithLineNumbers) {
   EXPECT_EQ(cat->errors[3].origin, dir / "m.jsonl:7");
 }
 
+TEST(ManifestTest, AFieldMayListSeveralValues) {
+  TempDir dir;
+  std::string many = "[";
+  for (int i = 0; i < 257; ++i) many += std::string(i ? "," : "") + "\"x.jpg\"";
+  many += "]";
+  WriteFile(
+      dir / "m.jsonl",
+      "{\"id\": \"a\", \"images\": [\"x.jpg\", {\"path\": \"/abs/y.jpg\"}], \"text\": \"hi\"}\n"
+      "{\"id\": \"b\", \"images\": [], \"text\": \"hi\"}\n"
+      "{\"id\": \"c\", \"images\": [\"x.jpg\", [\"nested.jpg\"]], \"text\": \"hi\"}\n"
+      "{\"id\": \"d\", \"images\": [\"\"], \"text\": \"hi\"}\n"
+      "{\"id\": \"e\", \"images\": " +
+          many +
+          ", \"text\": \"hi\"}\n"
+          "{\"id\": \"f\", \"images\": \"z.jpg\", \"text\": [\"one\", \"two\"]}\n");
+  Result<Catalog> cat = LoadManifest(dir / "m.jsonl", {"images", "text"}, {"images"});
+  ASSERT_TRUE(cat.ok());
+  ASSERT_EQ(cat->entries.size(), 2u);
+  const FieldValue& a = cat->entries[0].fields[0].second;
+  ASSERT_EQ(a.kind, FieldValue::Kind::kList);
+  ASSERT_EQ(a.items.size(), 2u);
+  EXPECT_EQ(a.items[0].kind, FieldValue::Kind::kPath);
+  EXPECT_EQ(a.items[0].data, dir / "x.jpg") << "resolved against the manifest's folder";
+  EXPECT_EQ(a.items[1].data, "/abs/y.jpg");
+  EXPECT_EQ(cat->entries[1].fields[0].second.kind, FieldValue::Kind::kPath) << "one value";
+  const FieldValue& texts = cat->entries[1].fields[1].second;
+  ASSERT_EQ(texts.kind, FieldValue::Kind::kList);
+  EXPECT_EQ(texts.items[1].kind, FieldValue::Kind::kText);
+  EXPECT_EQ(texts.items[1].data, "two");
+  ASSERT_EQ(cat->errors.size(), 4u);
+  EXPECT_EQ(cat->errors[0].reason, "field 'images' is a list of 0 values: 1 to 256 are allowed");
+  EXPECT_NE(cat->errors[1].reason.find("must be a string, {\"path\": ...} or a list"),
+            std::string::npos);
+  EXPECT_EQ(cat->errors[2].reason, "field 'images' has an empty path");
+  EXPECT_EQ(cat->errors[3].reason, "field 'images' is a list of 257 values: 1 to 256 are allowed");
+}
+
 // The same manifest through its index: entries are located at start and parsed when read;
 // blank lines keep the line numbers right, a malformed line is a failed read naming its line.
 TEST(ManifestIndexTest, LocatesLinesAndParsesThemWhenRead) {
