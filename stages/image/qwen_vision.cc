@@ -47,7 +47,8 @@ Result<QwenSize> QwenSmartResize(int64_t height, int64_t width, int64_t factor, 
     hb = ceil_by(h * beta);
     wb = ceil_by(w * beta);
   }
-  return QwenSize{hb, wb};
+  // A side the reference would round to 0 (under half a factor, with min_pixels 0): one factor.
+  return QwenSize{std::max(hb, factor), std::max(wb, factor)};
 }
 
 void QwenPatchify(const uint8_t* chw, int height, int width, const QwenPatching& p,

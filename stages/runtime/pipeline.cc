@@ -234,7 +234,8 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
   for (const TensorSpec& t : p->specs_) {  // ragged tensors: where their row counts are
     int from = -1;
     for (size_t k = 0; k < p->specs_.size() && !t.rows_from.empty(); ++k)
-      if (p->specs_[k].name == t.rows_from && p->specs_[k].dtype == DType::kInt32) from = int(k);
+      if (p->specs_[k].name == t.rows_from && p->specs_[k].dtype == DType::kInt32)
+        from = static_cast<int>(k);
     if (!t.rows_from.empty() && (from < 0 || t.shape.empty()))
       return Status::Invalid(
           fmt::format("output '{}' takes its rows from '{}', which is not "

@@ -65,7 +65,11 @@ class ChatWorker : public StageWorker {
       }
       const bool image = part.kind == Part::kImage;
       const int input = image ? p_.image_grid : p_.video_grid;
-      const size_t grids = ctx.tensor_specs[input]->NumBytes() / (3 * sizeof(int32_t));
+      const TensorSpec& spec = *ctx.tensor_specs[input];
+      if (spec.dtype != DType::kInt32 || spec.shape.empty() || spec.shape.back() != 3)
+        return Status::Invalid(
+            fmt::format("'{}' is not a grid output (int32 [images, 3])", spec.name));
+      const size_t grids = spec.NumBytes() / (3 * sizeof(int32_t));
       for (size_t g = 0; g < grids; ++g) {  // every image of the sample, in order
         int32_t grid[3];
         std::memcpy(grid, ctx.tensors[input] + g * sizeof grid, sizeof grid);

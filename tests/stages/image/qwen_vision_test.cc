@@ -32,6 +32,7 @@ TEST(QwenVisionTest, SmartResizeIsTheReferences) {
       {9000, 9000, 65536, 16777216, 4096, 4096},
       {10, 1999, 65536, 1048576, 32, 3648},
       {777, 333, 65536, 262144, 768, 320},
+      {12, 300, 0, 262144, 32, 288},  // the reference's 0 for the short side: one factor
   };
   for (const Case& c : cases) {
     Result<QwenSize> s = QwenSmartResize(c.h, c.w, 32, c.min, c.max);
