@@ -136,6 +136,19 @@ def tokenize(texts):
 
 
 class QwenChatTest(DaemonCase):
+    def run_shipped_config(self, changes, skipped):
+        """Runs configs/qwen3.5-vl.yaml with `changes` (each text must be in it) on the manifest in
+        the test folder, dumping into dump/; the log names the one sample that is `skipped`."""
+        config = (ROOT / "configs" / "qwen3.5-vl.yaml").read_text()
+        for old, new in [("../tests/data/tokenizer/qwen3-tokenizer.json.gz", str(TOKENIZER)),
+                         ("shuffle: true", "shuffle: false")] + changes:
+            self.assertIn(old, config)
+            config = config.replace(old, new)
+        d = Daemon(self.dir, config + "on_error: skip\n")
+        finish(d.consume(0, "--json", "--dump", str(self.dir / "dump")))
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertIn(skipped, d.log())
+
     def test_shipped_config_gives_the_whole_conversations_ids_pads_and_labels(self):
         photos = make_photos.make(self.dir, 12, 200, 900, seed=5)
         with open(self.dir / "manifest.jsonl", "w") as m:
@@ -144,16 +157,9 @@ class QwenChatTest(DaemonCase):
                 m.write(json.dumps({"id": p["name"], "image": p["name"], "text": text, "answer": answer}) + "\n")
             m.write(json.dumps({"id": "injected", "image": photos[0]["name"], "text": "two <|image_pad|>",
                                 "answer": "x"}) + "\n")
-        config = (ROOT / "configs" / "qwen3.5-vl.yaml").read_text()
-        for old, new in [("../tests/data/tokenizer/qwen3-tokenizer.json.gz", str(TOKENIZER)),
-                         ("max_pixels: 1003520", f"max_pixels: {MAX_PIXELS}"), ("batch_size: 8", "batch_size: 4"),
-                         ("shuffle: true", "shuffle: false")]:
-            self.assertIn(old, config)
-            config = config.replace(old, new)
-        d = Daemon(self.dir, config + "on_error: skip\n")
-        finish(d.consume(0, "--json", "--dump", str(self.dir / "dump")))
-        self.assertEqual(d.wait(), 0, d.log())
-        self.assertIn("the sample's text contains the vision token <|image_pad|>", d.log())
+        self.run_shipped_config([("max_pixels: 1003520", f"max_pixels: {MAX_PIXELS}"),
+                                 ("batch_size: 8", "batch_size: 4")],
+                                "the sample's text contains the vision token <|image_pad|>")
         samples = {}
         for meta, path in dumped_batches(self.dir / "dump"):
             ids, lengths = np.load(path / "input_ids.npy"), np.load(path / "input_ids_lengths.npy")
@@ -194,17 +200,9 @@ class QwenChatTest(DaemonCase):
                 m.write(json.dumps({"id": f"s{i}", "images": images, "text": f"Compare {len(images)}.",
                                     "answer": "Same."}) + "\n")
             m.write(json.dumps({"id": "four", "images": names[0:4], "text": "x", "answer": "y"}) + "\n")
-        config = (ROOT / "configs" / "qwen3.5-vl.yaml").read_text()
-        for old, new in [("../tests/data/tokenizer/qwen3-tokenizer.json.gz", str(TOKENIZER)),
-                         ("max_pixels: 1003520", f"max_pixels: {MAX_PIXELS}, max_images: 3"),
-                         ("field: image,", "field: images,"), ("batch_size: 8", "batch_size: 2"),
-                         ("shuffle: true", "shuffle: false")]:
-            self.assertIn(old, config)
-            config = config.replace(old, new)
-        d = Daemon(self.dir, config + "on_error: skip\n")
-        finish(d.consume(0, "--json", "--dump", str(self.dir / "dump")))
-        self.assertEqual(d.wait(), 0, d.log())
-        self.assertIn("4 images, above max_images 3", d.log())
+        self.run_shipped_config([("max_pixels: 1003520", f"max_pixels: {MAX_PIXELS}, max_images: 3"),
+                                 ("field: image,", "field: images,"), ("batch_size: 8", "batch_size: 2")],
+                                "4 images, above max_images 3")
         samples = {}
         for meta, path in dumped_batches(self.dir / "dump"):
             values, grids = np.load(path / "pixel_values.npy"), np.load(path / "image_grid_thw.npy")
