@@ -21,6 +21,7 @@ if [ "${MMFEED_SKIP_FUZZ:-0}" != 1 ]; then
   cp configs/*.yaml "$seeds/config/"
   cp tests/data/photos/photo0[0-3]*.jpg tests/data/photos/*.png "$seeds/image/"
   printf '{"id": "a", "image": "x.jpg", "text": "t"}\n' > "$seeds/source/manifest.jsonl"
+  printf '{"id": "a", "image": ["x.jpg", {"path": "y.jpg"}], "text": ["t", "u"]}\n' > "$seeds/source/lists.jsonl"
   printf '{"id": "a", "image": "x.jpg", "text": "t"}\r\n\n  \n{"image": "y.jpg", "text": "u"}' > "$seeds/source/blank-lines.jsonl"
   (cd "$seeds" && printf 'a caption' > k.txt && printf '{}' > k.json && tar -cf source/shard.tar k.txt k.json \
      && rm k.txt k.json)
