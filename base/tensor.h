@@ -35,12 +35,19 @@ inline uint16_t ToBFloat16(float f) {
 // shape[0] is the most rows one sample may have, and a sample's own count is the product of
 // the int32 values of its output named `rows_from` (e.g. the patches of an image, from its
 // [t, h, w] grid). A batch holds the samples' rows one after another, in row order: its tensor
-// is [the samples' rows together, shape[1:]...] instead of [batch rows, shape...].
+// is [the samples' rows together, shape[1:]...] instead of [batch rows, shape...]; a ragged
+// tensor of one axis (a token sequence) is one packed row: [1, the samples' tokens together].
+//
+// A starts tensor (`starts_of` set: int32, shape [2] per sample) is filled when the batch is
+// committed with where each sample's rows begin in the ragged tensor `starts_of`, then their
+// total: [batch rows + 1], the `cu_seqlens` of variable-length attention (two values per sample
+// reserve room for the one more).
 struct TensorSpec {
   std::string name;
   DType dtype = DType::kUInt8;
   std::vector<int64_t> shape;
   std::string rows_from;
+  std::string starts_of;
   size_t NumBytes() const;
 };
 

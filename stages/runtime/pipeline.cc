@@ -243,6 +243,18 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
                       t.name, t.rows_from));
     p->rows_from_.push_back(from);
   }
+  for (const TensorSpec& t : p->specs_) {  // starts tensors: of which ragged tensor
+    int of = -1;
+    for (size_t k = 0; k < p->specs_.size() && !t.starts_of.empty(); ++k)
+      if (p->specs_[k].name == t.starts_of && p->rows_from_[k] >= 0) of = static_cast<int>(k);
+    if (!t.starts_of.empty() &&
+        (of < 0 || t.dtype != DType::kInt32 || t.shape != std::vector<int64_t>{2}))
+      return Status::Invalid(fmt::format(
+          "output '{}' holds the row starts of '{}', which is not a ragged output of the "
+          "pipeline (or it is not int32 [2])",
+          t.name, t.starts_of));
+    p->starts_of_.push_back(of);
+  }
   // Stages that read other stages' outputs run after them; one level (a stage that reads others
   // is read by none), so that a sample's branches still finish in two steps.
   for (size_t b = 0; b < p->branches_.size(); ++b) {
@@ -930,7 +942,12 @@ class Pipeline::Collator {
 
 TensorSpec CommittedTensor(const TensorSpec& s, const BatchInfo& info, size_t k) {
   TensorSpec t = s;
-  if (!s.rows_from.empty() && k < info.ragged_rows.size())
+  const bool packed = k < info.ragged_rows.size();
+  if (!s.starts_of.empty() && packed)
+    t.shape = {info.ragged_rows[k]};
+  else if (!s.rows_from.empty() && packed && s.shape.size() == 1)
+    t.shape = {1, info.ragged_rows[k]};
+  else if (!s.rows_from.empty() && packed)
     t.shape[0] = info.ragged_rows[k];
   else
     t.shape.insert(t.shape.begin(), static_cast<int64_t>(info.rows));
@@ -981,6 +998,15 @@ std::vector<int64_t> Pipeline::PackRagged(const BatchMemory& memory, uint32_t ro
       total += used[t][i];
     }
     out[t] = total;
+  }
+  for (size_t t = 0; t < specs_.size(); ++t) {  // starts: [rows + 1] in [rows][2] of memory
+    if (starts_of_[t] < 0) continue;
+    int32_t start = 0;
+    for (uint32_t i = 0; i <= rows; ++i) {
+      std::memcpy(memory.base[t] + i * sizeof start, &start, sizeof start);
+      if (i < rows) start += static_cast<int32_t>(used[starts_of_[t]][i]);
+    }
+    out[t] = rows + 1;
   }
   return out;
 }

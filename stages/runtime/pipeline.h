@@ -52,7 +52,8 @@ struct BatchInfo {
   std::vector<std::string> ids;  // the samples in them: one per row, except for packed text
   StreamCursor next;             // the rank's cursor after this batch
   // Per tensor, when the batch has ragged ones (TensorSpec::rows_from): the rows a ragged
-  // tensor holds, packed at the start of its memory; the others' entries are `rows`.
+  // tensor holds, packed at the start of its memory (a starts tensor: rows + 1); the others'
+  // entries are `rows`.
   std::vector<int64_t> ragged_rows;
 };
 
@@ -211,6 +212,7 @@ class Pipeline {
   std::vector<TensorSpec> specs_;     // every tensor of a batch, in order
   std::vector<size_t> first_tensor_;  // per branch: index of its first tensor in specs_
   std::vector<int> rows_from_;        // per tensor: its rows_from tensor's index, or -1
+  std::vector<int> starts_of_;        // per tensor: the ragged tensor it holds starts of, or -1
   int read_stages_ = 0;               // stages whose outputs other stages read
   std::vector<int> control_cpus_;  // where the source and batch threads run (top-level placement)
   std::shared_ptr<const Catalog> catalog_;

@@ -12,7 +12,9 @@
 // inside it.
 //
 // Outputs: <name> int32 [max_len] (padded with pad_token), <name>_lengths int32 [],
-// <labels> int32 [max_len] (-100 past the length).
+// <labels> int32 [max_len] (-100 past the length). With pack: true, <name> and <labels> are
+// ragged by the lengths (a batch holds one packed row [1, total tokens]) and <cu_seqlens> int32
+// [batch rows + 1] gives where each sample starts, then the total.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -38,7 +40,7 @@ struct Part {
 };
 
 struct ChatParams {
-  std::string name, labels_name;
+  std::string name, labels_name, cu_seqlens_name;  // cu_seqlens_name: pack: true
   std::shared_ptr<const BpeTokenizer> bpe;
   std::vector<Part> parts;
   int64_t max_len = 0;
@@ -152,9 +154,13 @@ class ChatStage : public Stage {
  public:
   explicit ChatStage(ChatParams p) : p_(std::move(p)) {}
   std::vector<TensorSpec> OutputSpecs() const override {
-    return {{p_.name, DType::kInt32, {p_.max_len}},
-            {p_.name + "_lengths", DType::kInt32, {}},
-            {p_.labels_name, DType::kInt32, {p_.max_len}}};
+    const std::string lengths = p_.name + "_lengths";
+    const std::string packed = p_.cu_seqlens_name.empty() ? "" : lengths;
+    std::vector<TensorSpec> specs = {{p_.name, DType::kInt32, {p_.max_len}, packed},
+                                     {lengths, DType::kInt32, {}},
+                                     {p_.labels_name, DType::kInt32, {p_.max_len}, packed}};
+    if (!packed.empty()) specs.push_back({p_.cu_seqlens_name, DType::kInt32, {2}, "", p_.name});
+    return specs;
   }
   std::unique_ptr<StageWorker> NewWorker() const override {
     return std::make_unique<ChatWorker>(p_);
@@ -178,6 +184,12 @@ Result<std::unique_ptr<Stage>> MakeChatStage(const StageArgs& a) {
   p.labels_name = prm.GetString("labels");
   if (p.labels_name.empty() || p.labels_name == p.name || p.labels_name == p.name + "_lengths")
     return Status::Invalid("labels must name an output other than the stage's own");
+  if (prm.GetBool("pack")) {
+    p.cu_seqlens_name = prm.GetString("cu_seqlens");
+    if (p.cu_seqlens_name.empty() || p.cu_seqlens_name == p.name ||
+        p.cu_seqlens_name == p.name + "_lengths" || p.cu_seqlens_name == p.labels_name)
+      return Status::Invalid("cu_seqlens must name an output other than the stage's others");
+  }
   Result<std::shared_ptr<const BpeTokenizer>> bpe =
       BpeTokenizer::Load(ResolvePath(a.base_dir, prm.GetString("tokenizer")));
   if (!bpe.ok()) return bpe.status();
@@ -275,7 +287,8 @@ MMFEED_REGISTER_STAGE((StageSchema{
     "tokenizer.json): {image}/{video} become <|vision_start|>, one <|image_pad|>/<|video_pad|> "
     "per merged patch of the sample's grid (read from the vision stage), <|vision_end|>. "
     "Outputs: <name> int32 [max_len], <name>_lengths int32 [], <labels> int32 [max_len] (the "
-    "answer's ids through its <|im_end|>, -100 elsewhere)",
+    "answer's ids through its <|im_end|>, -100 elsewhere); pack: true: <name> and <labels> "
+    "[1, total tokens] per batch, <cu_seqlens> int32 [rows + 1]",
     StageKind::kField,
     /*field_is_path=*/false,
     {
@@ -298,6 +311,11 @@ MMFEED_REGISTER_STAGE((StageSchema{
         {"pad_token", ParamType::kString, std::string("<|endoftext|>"),
          "the token written past a sample's end"},
         {"labels", ParamType::kString, std::string("labels"), "name of the labels output"},
+        {"pack", ParamType::kBool, false,
+         "a batch's samples as one packed row: <name> and <labels> [1, total tokens], with "
+         "<cu_seqlens> [rows + 1] (varlen attention) and <name>_lengths"},
+        {"cu_seqlens", ParamType::kString, std::string("cu_seqlens"),
+         "pack: true: name of the sequence starts output"},
     },
     MakeChatStage}));
 

@@ -366,7 +366,7 @@ TEST(PipelineTest, BadInputsAreSkippedCountedAndBatchesRefilled) {
 
 // Qwen vision + chat: the chat stage reads the vision stage's grid of the same sample, so it
 // runs after it; a batch packs its images' patches (a ragged tensor).
-std::string QwenConfig(int workers) {
+std::string QwenConfig(int workers, bool pack = false) {
   const std::string w = std::to_string(workers);
   return "pipeline: t\n"
          "source: {type: manifest, path: manifest.jsonl, shuffle: true, seed: 7}\n"
@@ -377,7 +377,8 @@ std::string QwenConfig(int workers) {
          ",\n"
          "     params: {tokenizer: " +
          testing::TestData("tokenizer/qwen3-tokenizer.json.gz") +
-         ", template: \"<|im_start|>{image}{text}<|im_end|>\", max_len: 512}}\n"
+         ", template: \"<|im_start|>{image}{text}<|im_end|>\", max_len: 512, pack: " +
+         (pack ? "true" : "false") + "}}\n"
          "  - {name: pixel_values, type: qwen_vision, field: image, workers: " +
          w +
          ",\n"
@@ -421,6 +422,45 @@ TEST(PipelineTest, AStageReadsAnotherStagesOutputsOfTheSameSample) {
   PipelineRun three = RunPipeline(dir, QwenConfig(3));
   EXPECT_EQ(Fingerprint(one), Fingerprint(run));
   EXPECT_EQ(Fingerprint(three), Fingerprint(run));
+}
+
+TEST(PipelineTest, PackedChatIsOneRowPerBatchWithCuSeqlens) {
+  TempDir dir;
+  testing::MakeImageTextDataset(dir.path(), 12);
+  PipelineRun padded = RunPipeline(dir, QwenConfig(2));
+  PipelineRun packed = RunPipeline(dir, QwenConfig(2, true));
+  ASSERT_TRUE(padded.pipeline && packed.pipeline);
+  ASSERT_EQ(packed.sinks[0]->batches.size(), padded.sinks[0]->batches.size());
+  for (size_t i = 0; i < packed.sinks[0]->batches.size(); ++i) {
+    const MemBatch& a = *padded.sinks[0]->batches[i];
+    const MemBatch& b = *packed.sinks[0]->batches[i];
+    ASSERT_EQ(a.ids, b.ids);
+    // chat, chat_lengths, labels, cu_seqlens, then the vision stage's three
+    ASSERT_EQ(b.tensors.size(), 7u);
+    ASSERT_EQ(b.tensors[3].spec.name, "cu_seqlens");
+    const int32_t* lengths = reinterpret_cast<const int32_t*>(a.tensors[1].data.data());
+    std::vector<int32_t> want_ids, want_labels, want_cu = {0};
+    for (size_t k = 0; k < a.ids.size(); ++k) {
+      const auto* ids = reinterpret_cast<const int32_t*>(a.tensors[0].data.data()) + k * 512;
+      const auto* labels = reinterpret_cast<const int32_t*>(a.tensors[2].data.data()) + k * 512;
+      want_ids.insert(want_ids.end(), ids, ids + lengths[k]);
+      want_labels.insert(want_labels.end(), labels, labels + lengths[k]);
+      want_cu.push_back(want_cu.back() + lengths[k]);
+    }
+    const int64_t n = static_cast<int64_t>(want_ids.size());
+    EXPECT_EQ(b.tensors[0].spec.shape, (std::vector<int64_t>{1, n}));
+    EXPECT_EQ(b.tensors[2].spec.shape, (std::vector<int64_t>{1, n}));
+    EXPECT_EQ(b.tensors[3].spec.shape,
+              (std::vector<int64_t>{static_cast<int64_t>(a.ids.size()) + 1}));
+    auto as_ints = [](const testing::Output& t) {
+      const auto* p = reinterpret_cast<const int32_t*>(t.data.data());
+      return std::vector<int32_t>(p, p + t.data.size() / 4);
+    };
+    EXPECT_EQ(as_ints(b.tensors[0]), want_ids) << "the samples' tokens, one after another";
+    EXPECT_EQ(as_ints(b.tensors[2]), want_labels);
+    EXPECT_EQ(as_ints(b.tensors[3]), want_cu);
+    EXPECT_EQ(b.tensors[4].data, a.tensors[3].data) << "the same patches";
+  }
 }
 
 TEST(PipelineTest, ReadingAnOutputNoStageMakesIsAnError) {
