@@ -378,7 +378,8 @@ std::string QwenConfig(int workers, bool pack = false) {
          "     params: {tokenizer: " +
          testing::TestData("tokenizer/qwen3-tokenizer.json.gz") +
          ", template: \"<|im_start|>{image}{text}<|im_end|>\", max_len: 512, pack: " +
-         (pack ? "true" : "false") + "}}\n"
+         (pack ? "true" : "false") +
+         "}}\n"
          "  - {name: pixel_values, type: qwen_vision, field: image, workers: " +
          w +
          ",\n"
