@@ -231,11 +231,15 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
     p->branches_.push_back(std::move(b));
   }
   p->specs_ = BatchSpecs(p->cfg_);
+  // The batch tensor named `name`: its index, or -1.
+  auto tensor = [&](const std::string& name) {
+    for (size_t k = 0; k < p->specs_.size(); ++k)
+      if (p->specs_[k].name == name) return static_cast<int>(k);
+    return -1;
+  };
   for (const TensorSpec& t : p->specs_) {  // ragged tensors: where their row counts are
-    int from = -1;
-    for (size_t k = 0; k < p->specs_.size() && !t.rows_from.empty(); ++k)
-      if (p->specs_[k].name == t.rows_from && p->specs_[k].dtype == DType::kInt32)
-        from = static_cast<int>(k);
+    int from = t.rows_from.empty() ? -1 : tensor(t.rows_from);
+    if (from >= 0 && p->specs_[from].dtype != DType::kInt32) from = -1;
     if (!t.rows_from.empty() && (from < 0 || t.shape.empty()))
       return Status::Invalid(
           fmt::format("output '{}' takes its rows from '{}', which is not "
@@ -244,9 +248,8 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
     p->rows_from_.push_back(from);
   }
   for (const TensorSpec& t : p->specs_) {  // starts tensors: of which ragged tensor
-    int of = -1;
-    for (size_t k = 0; k < p->specs_.size() && !t.starts_of.empty(); ++k)
-      if (p->specs_[k].name == t.starts_of && p->rows_from_[k] >= 0) of = static_cast<int>(k);
+    int of = t.starts_of.empty() ? -1 : tensor(t.starts_of);
+    if (of >= 0 && p->rows_from_[of] < 0) of = -1;
     if (!t.starts_of.empty() &&
         (of < 0 || t.dtype != DType::kInt32 || t.shape != std::vector<int64_t>{2}))
       return Status::Invalid(fmt::format(
@@ -260,14 +263,14 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
   for (size_t b = 0; b < p->branches_.size(); ++b) {
     Branch& br = *p->branches_[b];
     for (const std::string& name : br.cfg->stage->ExtraInputs().tensors) {
-      size_t t = 0;
-      while (t < p->specs_.size() && p->specs_[t].name != name) ++t;
-      if (t == p->specs_.size())
+      const int t = tensor(name);
+      if (t < 0)
         return Status::Invalid(
             fmt::format("stage '{}' reads '{}', which no input of the batch stage outputs",
                         br.cfg->name, name));
       size_t from = 0;
-      while (from + 1 < p->branches_.size() && p->first_tensor_[from + 1] <= t) ++from;
+      while (from + 1 < p->branches_.size() && p->first_tensor_[from + 1] <= static_cast<size_t>(t))
+        ++from;
       if (from == b)
         return Status::Invalid(
             fmt::format("stage '{}' reads its own output '{}'", br.cfg->name, name));
@@ -679,18 +682,18 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
     b->counters.fill_samples.fetch_add(1, std::memory_order_relaxed);
     WorkTimer timer;
     const CatalogEntry& e = *item->sample;
-    const FieldValue* field = nullptr;
-    for (const auto& kv : e.fields)
-      if (kv.first == b->cfg->field) field = &kv.second;
+    // The sample's field `name`, or nullptr (then `missing` names it).
+    std::string missing;
+    auto find = [&](const std::string& name) -> const FieldValue* {
+      for (const auto& kv : e.fields)
+        if (kv.first == name) return &kv.second;
+      missing = name;
+      return nullptr;
+    };
+    const FieldValue* field = find(b->cfg->field);
     SampleContext ctx{cfg_.source.seed, item->batch->epoch, e.id, e.origin};
-    std::string missing = field ? "" : b->cfg->field;
     read_fields.clear();
-    for (const std::string& name : b->read_fields) {
-      auto kv = std::find_if(e.fields.begin(), e.fields.end(),
-                             [&](const auto& f) { return f.first == name; });
-      if (kv == e.fields.end()) missing = name;
-      read_fields.push_back(kv == e.fields.end() ? nullptr : &kv->second);
-    }
+    for (const std::string& name : b->read_fields) read_fields.push_back(find(name));
     read_tensors.clear();
     for (size_t t : b->read_tensors)
       read_tensors.push_back(item->batch->memory.base[t] + item->row * specs_[t].NumBytes());
