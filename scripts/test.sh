@@ -35,8 +35,9 @@ if [ "${MMFEED_SKIP_FUZZ:-0}" != 1 ]; then
     > "$seeds/config/service.yaml"
   { sed 's/workers: 2/workers: auto/' configs/demo.yaml; printf 'cpu_budget: 4\nfaults: {stage: image, read_delay_ms: 1}\n'; } \
     > "$seeds/config/tuned.yaml"
-  # Video seeds: a mode byte (0 uniform, 1 clip, 2 keyframes) then a tiny video per container.
-  for v in "0 mp4 libx264" "1 mkv libx264" "2 webm libvpx-vp9"; do
+  # Video seeds: a mode byte (0 uniform, 1 clip, 2 keyframes, 3 qwen_video) then a tiny video
+  # per container.
+  for v in "0 mp4 libx264" "1 mkv libx264" "2 webm libvpx-vp9" "3 mov libx264"; do
     read -r mode ext codec <<< "$v"
     ffmpeg -v error -y -f lavfi -i testsrc2=size=32x24:rate=10:duration=1 -c:v "$codec" -g 4 "$seeds/video/v.$ext"
     { printf "\\x0$mode"; cat "$seeds/video/v.$ext"; } > "$seeds/video/seed-$ext" && rm "$seeds/video/v.$ext"

@@ -51,14 +51,64 @@ Result<QwenSize> QwenSmartResize(int64_t height, int64_t width, int64_t factor, 
   return QwenSize{std::max(hb, factor), std::max(wb, factor)};
 }
 
-void QwenPatchify(const uint8_t* chw, int height, int width, const QwenPatching& p,
+Result<QwenSize> QwenVideoSmartResize(int64_t frames, int64_t height, int64_t width,
+                                      int64_t temporal_factor, int64_t factor, int64_t min_pixels,
+                                      int64_t max_pixels) {
+  if (frames < temporal_factor)
+    return Status::Invalid(fmt::format(
+        "{} frame(s) sampled: Qwen's video processor needs at least temporal_patch_size ({})",
+        frames, temporal_factor));
+  if (height <= 0 || width <= 0) return Status::Corrupt("video has no pixels");
+  double h = static_cast<double>(height), w = static_cast<double>(width);
+  const double f = static_cast<double>(factor);
+  if (height < factor || width < factor) {  // grown to one factor, truncated as int() does
+    const double scale = std::max(f / h, f / w);
+    h = std::trunc(h * scale);
+    w = std::trunc(w * scale);
+  }
+  const double ratio = std::max(h, w) / std::min(h, w);
+  if (ratio > 200)
+    return Status::Invalid(fmt::format(
+        "video is {}x{}: its aspect ratio {:.0f} is above 200, which Qwen's smart_resize refuses",
+        width, height, ratio));
+  auto round_by = [](double v, double by) { return std::nearbyint(v / by) * by; };
+  const double n = static_cast<double>(frames);
+  double hb = round_by(h, f), wb = round_by(w, f);
+  const double tb = round_by(n, static_cast<double>(temporal_factor));
+  if (tb * hb * wb > static_cast<double>(max_pixels)) {
+    const double beta = std::sqrt(n * h * w / static_cast<double>(max_pixels));
+    hb = std::max(f, std::floor(h / beta / f) * f);
+    wb = std::max(f, std::floor(w / beta / f) * f);
+  } else if (tb * hb * wb < static_cast<double>(min_pixels)) {
+    const double beta = std::sqrt(static_cast<double>(min_pixels) / (n * h * w));
+    hb = std::ceil(h * beta / f) * f;
+    wb = std::ceil(w * beta / f) * f;
+  }
+  return QwenSize{static_cast<int64_t>(hb), static_cast<int64_t>(wb)};
+}
+
+std::vector<int64_t> QwenVideoFrameIndices(int64_t total, double source_fps, double fps,
+                                           int64_t min_frames, int64_t max_frames) {
+  if (total < 1) return {};
+  // int() of a positive float truncates
+  int64_t n = static_cast<int64_t>(static_cast<double>(total) / source_fps * fps);
+  n = std::min({std::max(n, min_frames), max_frames, total});
+  std::vector<int64_t> indices(n);
+  // numpy's linspace: i * step, the last exactly the end; then round half to even.
+  const double step = n > 1 ? static_cast<double>(total - 1) / static_cast<double>(n - 1) : 0.0;
+  for (int64_t i = 0; i < n; ++i)
+    indices[i] = static_cast<int64_t>(std::nearbyint(static_cast<double>(i) * step));
+  if (n > 1) indices[n - 1] = total - 1;
+  return indices;
+}
+
+void QwenPatchify(const uint8_t* const* frames, int height, int width, const QwenPatching& p,
                   const float* const lut[3], DType dtype, uint8_t* out) {
   const int ps = p.patch_size, ms = p.merge_size, tps = p.temporal_patch_size;
   const size_t plane = static_cast<size_t>(height) * width;
   const size_t row_len = static_cast<size_t>(3) * tps * ps * ps;
   auto* f32 = reinterpret_cast<float*>(out);
   auto* b16 = reinterpret_cast<uint16_t*>(out);
-  std::vector<float> line(ps);
   size_t row = 0;
   // The reference's order: merge windows in raster order, the patches of a window in raster
   // order; within a patch, channel, then time, then the patch's rows and columns.
@@ -70,17 +120,16 @@ void QwenPatchify(const uint8_t* chw, int height, int width, const QwenPatching&
           size_t at = row * row_len;
           for (int c = 0; c < 3; ++c) {
             const size_t frame = static_cast<size_t>(ps) * ps;
-            for (int py = 0; py < ps; ++py) {
-              const uint8_t* src = chw + c * plane + static_cast<size_t>(y0 + py) * width + x0;
-              for (int px = 0; px < ps; ++px) line[px] = lut[c][src[px]];
-              for (int t = 0; t < tps; ++t) {  // a still image is its frame repeated
+            for (int t = 0; t < tps; ++t)
+              for (int py = 0; py < ps; ++py) {
+                const uint8_t* src =
+                    frames[t] + c * plane + static_cast<size_t>(y0 + py) * width + x0;
                 const size_t d = at + t * frame + static_cast<size_t>(py) * ps;
                 if (dtype == DType::kBFloat16)
-                  for (int px = 0; px < ps; ++px) b16[d + px] = ToBFloat16(line[px]);
+                  for (int px = 0; px < ps; ++px) b16[d + px] = ToBFloat16(lut[c][src[px]]);
                 else
-                  std::memcpy(f32 + d, line.data(), ps * sizeof(float));
+                  for (int px = 0; px < ps; ++px) f32[d + px] = lut[c][src[px]];
               }
-            }
             at += tps * frame;
           }
         }
@@ -148,7 +197,8 @@ class QwenVisionWorker : public StageWorker {
     MMFEED_RETURN_IF_ERROR(
         decoder_.Resample(x, y, Filter::kBicubic, p_.dct_scaling, o, &resampler_, resized_.data()));
     const float* lut[3] = {p_.lut[0], p_.lut[1], p_.lut[2]};
-    QwenPatchify(resized_.data(), oh, ow, q, lut, p_.dtype, rows);
+    const std::vector<const uint8_t*> frames(q.temporal_patch_size, resized_.data());
+    QwenPatchify(frames.data(), oh, ow, q, lut, p_.dtype, rows);
     grid[0] = 1;
     grid[1] = oh / q.patch_size;
     grid[2] = ow / q.patch_size;

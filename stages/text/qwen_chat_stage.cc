@@ -2,7 +2,9 @@
 // way Qwen-VL models are fine-tuned: `{image}` becomes, for each of the sample's images in
 // order, <|vision_start|>, one <|image_pad|> per merged patch of that image (grid t * h * w /
 // merge_size^2, read from the vision stage's grid output, so the count always matches the
-// patches), <|vision_end|>; `{video}` likewise with <|video_pad|>. `labels` holds the ids of the
+// patches), <|vision_end|>; `{video}` likewise with <|video_pad|>, or, with video_seconds (Qwen3-VL
+// and Qwen3.5), per temporal patch t: "<t seconds>", <|vision_start|>, h * w / merge_size^2
+// <|video_pad|>, <|vision_end|>. `labels` holds the ids of the
 // answer and of the template up to and including the <|im_end|> that closes it, -100 everywhere
 // else (supervised fine-tuning).
 //
@@ -49,7 +51,8 @@ struct ChatParams {
   int merge = 2;
   int image_grid = -1;  // index of the image grid in ExtraInputs().tensors
   int video_grid = -1;
-  Stage::Inputs inputs;  // fields: the answer's, when the template has {answer}
+  int video_seconds = -1;  // Qwen3-VL's timestamps: "<t seconds>" before each temporal patch
+  Stage::Inputs inputs;    // fields: the answer's, when the template has {answer}
 };
 
 class ChatWorker : public StageWorker {
@@ -60,9 +63,15 @@ class ChatWorker : public StageWorker {
     ids_.clear();
     labels_.clear();
     bool answered = false;  // past the answer: labelled up to and including the next <|im_end|>
-    for (const Part& part : p_.parts) {
+    for (size_t i = 0; i < p_.parts.size(); ++i) {
+      const Part& part = p_.parts[i];
       if (part.kind == Part::kRun) {
-        MMFEED_RETURN_IF_ERROR(Run(part.run, ctx, in, &answered));
+        // The first timestamp is text after this run's, with no special token between.
+        const bool timed = i + 1 < p_.parts.size() && p_.parts[i + 1].kind == Part::kVideo &&
+                           p_.video_seconds >= 0;
+        std::string stamp;
+        if (timed) MMFEED_RETURN_IF_ERROR(Timestamp(ctx, 0, &stamp));
+        MMFEED_RETURN_IF_ERROR(Run(part.run, ctx, in, &answered, stamp));
         continue;
       }
       const bool image = part.kind == Part::kImage;
@@ -82,12 +91,21 @@ class ChatWorker : public StageWorker {
                                              image ? "image" : "video", grid[0], grid[1], grid[2]));
         const int64_t pads = patches / (p_.merge * p_.merge);
         if (pads > p_.max_len) return TooLong(pads);
-        ids_.push_back(p_.vision_start);
-        ids_.insert(ids_.end(), pads, image ? p_.image_pad : p_.video_pad);
-        ids_.push_back(p_.vision_end);
-        labels_.insert(labels_.end(), pads + 2, kIgnore);
-        if (answered)  // an answer that holds the image: its tokens are labels too
-          std::copy(ids_.end() - (pads + 2), ids_.end(), labels_.end() - (pads + 2));
+        if (image || p_.video_seconds < 0) {
+          Block(pads, image ? p_.image_pad : p_.video_pad, answered);
+          continue;
+        }
+        // Qwen3-VL: each temporal patch is "<t seconds>" then its own block.
+        if (g > 0) return Status::Invalid("video_seconds holds the times of one video per sample");
+        for (int32_t t = 0; t < grid[0]; ++t) {
+          if (t > 0) {
+            std::string stamp;
+            MMFEED_RETURN_IF_ERROR(Timestamp(ctx, t, &stamp));
+            MMFEED_RETURN_IF_ERROR(Run({}, ctx, in, &answered, stamp));
+          }
+          Block(pads / grid[0], p_.video_pad, answered);
+        }
+        if (static_cast<int64_t>(ids_.size()) > p_.max_len) return TooLong(ids_.size());
       }
     }
     if (static_cast<int64_t>(ids_.size()) > p_.max_len) return TooLong(ids_.size());
@@ -102,10 +120,33 @@ class ChatWorker : public StageWorker {
   }
 
  private:
-  // Tokenizes one run as a single string and labels the tokens that start in the answer, and
-  // those after it up to and including the next <|im_end|>.
+  // <|vision_start|>, `pads` times `pad`, <|vision_end|>; labels only inside the answer.
+  void Block(int64_t pads, int32_t pad, bool answered) {
+    ids_.push_back(p_.vision_start);
+    ids_.insert(ids_.end(), pads, pad);
+    ids_.push_back(p_.vision_end);
+    labels_.insert(labels_.end(), pads + 2, kIgnore);
+    if (answered)  // an answer that holds the image: its tokens are labels too
+      std::copy(ids_.end() - (pads + 2), ids_.end(), labels_.end() - (pads + 2));
+  }
+
+  // "<1.5 seconds>": temporal patch t's time, as Qwen3-VL's processor writes it.
+  Status Timestamp(const SampleContext& ctx, int32_t t, std::string* out) const {
+    const TensorSpec& spec = *ctx.tensor_specs[p_.video_seconds];
+    if (spec.dtype != DType::kFloat32 || spec.NumBytes() / sizeof(float) <= static_cast<size_t>(t))
+      return Status::Invalid(fmt::format(
+          "'{}' is not the float32 times of the video's temporal patches (one per patch)",
+          spec.name));
+    float seconds;
+    std::memcpy(&seconds, ctx.tensors[p_.video_seconds] + t * sizeof seconds, sizeof seconds);
+    *out = fmt::format("<{:.1f} seconds>", seconds);
+    return Status::Ok();
+  }
+
+  // Tokenizes one run and then `suffix` (template text) as a single string, and labels the
+  // tokens that start in the answer, and those after it up to and including the next <|im_end|>.
   Status Run(const std::vector<Piece>& run, const SampleContext& ctx, const FieldValue& in,
-             bool* answered) {
+             bool* answered, const std::string& suffix) {
     text_.clear();
     size_t answer_begin = std::string::npos, answer_end = std::string::npos;
     for (const Piece& piece : run) {
@@ -120,6 +161,7 @@ class ChatWorker : public StageWorker {
       text_.append(t->data(), t->size());
       if (answer) answer_end = text_.size();
     }
+    text_ += suffix;
     const size_t at = ids_.size();
     p_.bpe->Encode(text_, &cache_, &ids_);
     size_t offset = 0;
@@ -278,6 +320,12 @@ Result<std::unique_ptr<Stage>> MakeChatStage(const StageArgs& a) {
   };
   MMFEED_RETURN_IF_ERROR(grid(2, "image_grid", "{image}", &p.image_grid));
   MMFEED_RETURN_IF_ERROR(grid(3, "video_grid", "{video}", &p.video_grid));
+  const std::string& seconds = prm.GetString("video_seconds");
+  if (!seconds.empty()) {
+    if (!count[3]) return Status::Invalid("video_seconds is set but the template has no {video}");
+    p.video_seconds = static_cast<int>(p.inputs.tensors.size());
+    p.inputs.tensors.push_back(seconds);
+  }
   return std::unique_ptr<Stage>(new ChatStage(std::move(p)));
 }
 
@@ -304,6 +352,10 @@ MMFEED_REGISTER_STAGE((StageSchema{
          "the grid output ([t, h, w]) of the image's qwen_vision stage; \"\" without {image}"},
         {"video_grid", ParamType::kString, std::string(""),
          "the grid output of the video's vision stage; \"\" without {video}"},
+        {"video_seconds", ParamType::kString, std::string(""),
+         "Qwen3-VL / Qwen3.5 video text: the qwen_video stage's <grid>_seconds; {video} becomes, "
+         "per temporal patch, \"<t seconds>\" then its own <|vision_start|> pads "
+         "<|vision_end|>. \"\": one block of t * h * w / merge_size^2 pads (Qwen2-VL)"},
         {"merge_size", ParamType::kInt, int64_t{2},
          "the vision stage's merge_size: one pad token per merge_size^2 patches"},
         {"max_len", ParamType::kInt, int64_t{2048},

@@ -27,6 +27,8 @@ constexpr int64_t kNothing = std::numeric_limits<int64_t>::min();
 constexpr size_t kLookahead = 16;
 // Seek only when it skips at least this many frames; below, decoding forward is as cheap.
 constexpr int64_t kSeekMinFrames = 2;
+// The most frames a FramePlan may choose.
+constexpr int kMaxPlannedFrames = 4096;
 
 struct Target {
   int64_t ts;  // stream units
@@ -123,6 +125,10 @@ struct VideoSampler::Run {
   uint8_t* frames;
   float* pts_out;
   uint8_t* mask;
+  int T;                            // output slots
+  const FrameSink* sink = nullptr;  // SampleFrames: picked frames go here, not to `frames`
+  std::vector<float> sink_pts;      // SampleFrames: pts_out
+  int rgb_w = 0, rgb_h = 0;         // SampleFrames: the frame in vs.rgb_
 
   AvInput input;
   AVFormatContext* fmt = nullptr;
@@ -167,7 +173,7 @@ struct VideoSampler::Run {
   double first_damaged = 0;
 
   Run(VideoSampler& v, uint8_t* f, float* p, uint8_t* m)
-      : vs(v), o(v.o_), frames(f), pts_out(p), mask(m) {}
+      : vs(v), o(v.o_), frames(f), pts_out(p), mask(m), T(v.o_.frames) {}
   ~Run() {
     for (AVPacket* p : window) av_packet_free(&p);
     av_frame_free(&prev);
@@ -377,10 +383,9 @@ struct VideoSampler::Run {
     return av_seek_frame(fmt, -1, 0, AVSEEK_FLAG_BYTE) >= 0 && at_start();
   }
 
-  // Target times of the uniform, clip and timestamps modes; a target past the end is padding.
+  // Target times of the uniform, clip and timestamps modes.
   Status MakeTargets(Rng* rng) {
     const double duration = Seconds(end_ts);
-    const int T = o.frames;
     std::vector<double> t(T);
     switch (o.sampling) {
       case VideoSampling::kUniform:
@@ -403,6 +408,12 @@ struct VideoSampler::Run {
       case VideoSampling::kKeyframes:
         break;
     }
+    return SetTargets(t);
+  }
+
+  // One target per slot, at `t` seconds; a target past the end is padding.
+  Status SetTargets(const std::vector<double>& t) {
+    const double duration = Seconds(end_ts);
     for (int i = 0; i < T; ++i)
       if (t[i] < duration) targets.push_back({start_ts + SecondsToTs(t[i], tb), i});
     std::stable_sort(targets.begin(), targets.end(),
@@ -477,7 +488,7 @@ struct VideoSampler::Run {
   // Channel c of frame `slot` in a planar layout (TCHW, CTHW).
   uint8_t* Plane(int slot, int c) const {
     if (o.layout == VideoLayout::kCTHW)
-      return frames + (static_cast<size_t>(c) * o.frames + slot) * vs.PlaneBytes();
+      return frames + (static_cast<size_t>(c) * T + slot) * vs.PlaneBytes();
     return frames + slot * FrameBytes() + c * vs.PlaneBytes();
   }
 
@@ -527,10 +538,10 @@ struct VideoSampler::Run {
     if (static_cast<int64_t>(f->width) * f->height > o.max_pixels)
       return Status::TooLarge(
           fmt::format("frame size {}x{} is over max_pixels {}", f->width, f->height, o.max_pixels));
-    const int W = o.out_w, H = o.out_h;
+    const int W = sink ? f->width : o.out_w, H = sink ? f->height : o.out_h;
     const uint8_t* src[4] = {f->data[0], f->data[1], f->data[2], f->data[3]};
     int sw = f->width, sh = f->height;
-    if (o.resize == VideoResize::kCover) CoverCrop(f, W, H, src, &sw, &sh);
+    if (o.resize == VideoResize::kCover && !sink) CoverCrop(f, W, H, src, &sw, &sh);
     // Always RGB24: swscale's planar-RGB output rounds chroma differently, and RGB24 is what
     // PyAV's to_ndarray(format='rgb24') and OpenCV give, so the pixels match them exactly.
     vs.sws_ = sws_getCachedContext(vs.sws_, sw, sh, static_cast<AVPixelFormat>(f->format), W, H,
@@ -539,14 +550,19 @@ struct VideoSampler::Run {
       return Status::Unsupported(
           fmt::format("cannot convert pixel format {}",
                       av_get_pix_fmt_name(static_cast<AVPixelFormat>(f->format))));
-    uint8_t* base = frames + slot * FrameBytes();
+    uint8_t* base = sink ? nullptr : frames + slot * FrameBytes();
     // THWC uint8: straight into the output.
-    const bool direct = o.dtype == DType::kUInt8 && o.layout == VideoLayout::kTHWC;
+    const bool direct = !sink && o.dtype == DType::kUInt8 && o.layout == VideoLayout::kTHWC;
     const size_t plane = static_cast<size_t>(H) * W;
     if (!direct) vs.rgb_.resize(plane * 3);
     uint8_t* dst[4] = {direct ? base : vs.rgb_.data()};
     int strides[4] = {3 * W};
     sws_scale(vs.sws_, src, f->linesize, 0, sh, dst, strides);
+    if (sink) {
+      rgb_w = W;
+      rgb_h = H;
+      return (*sink)(slot, vs.rgb_.data(), W, H);
+    }
     if (direct) return Status::Ok();
     const uint8_t* rgb = vs.rgb_.data();
     if (o.dtype == DType::kUInt8) {  // planar
@@ -586,6 +602,7 @@ struct VideoSampler::Run {
     ++vs.stats_.sampled;
     if (damaged && damaged_picks++ == 0) first_damaged = Seconds(p);
     if (written_slot >= 0 && written_pts == p) {
+      if (sink) return (*sink)(slot, vs.rgb_.data(), rgb_w, rgb_h);
       CopyFrame(slot, written_slot);
       return Status::Ok();
     }
@@ -728,7 +745,6 @@ struct VideoSampler::Run {
   Status DecodeKeyframes() {
     const int K = static_cast<int>(index->key_ts.size());
     if (K == 0) return Status::Corrupt("no keyframes");
-    const int T = o.frames;
     for (int i = 0; i < std::min(K, T); ++i) {
       const int k = K >= T ? static_cast<int>((i + 0.5) * K / T) : i;
       if (i > 0 || k > 0) {  // the first keyframe is where Timeline() left the demuxer
@@ -773,9 +789,9 @@ struct VideoSampler::Run {
   // Slots left at mask 0 get the last frame in time (repeat_last) or zeros.
   void Pad() {
     int last = -1;
-    for (int i = 0; i < o.frames; ++i)
+    for (int i = 0; i < T; ++i)
       if (mask[i] && (last < 0 || pts_out[i] > pts_out[last])) last = i;
-    for (int i = 0; i < o.frames; ++i) {
+    for (int i = 0; i < T; ++i) {
       if (mask[i]) continue;
       if (o.pad == VideoPad::kRepeatLast && last >= 0) {
         CopyFrame(i, last);
@@ -787,23 +803,49 @@ struct VideoSampler::Run {
     }
   }
 
-  Status Go(const FieldValue& in, Rng* rng) {
-    std::memset(mask, 0, o.frames);
+  VideoFacts Facts() const {
+    VideoFacts f;
+    f.width = st->codecpar->width;
+    f.height = st->codecpar->height;
+    const AVRational rate = st->avg_frame_rate.num > 0 ? st->avg_frame_rate : st->r_frame_rate;
+    f.fps = rate.num > 0 && rate.den > 0 ? av_q2d(rate) : 0.0;
+    f.duration = Seconds(end_ts);
+    f.frames = st->nb_frames > 0 ? st->nb_frames : std::llround(f.duration * f.fps);
+    return f;
+  }
+
+  // Sample: the sampling mode's frames into `frames`, padded. SampleFrames: `plan`'s frames to
+  // the sink, not padded.
+  Status Go(const FieldValue& in, Rng* rng, const FramePlan* plan = nullptr) {
+    if (!plan) std::memset(mask, 0, T);
     MMFEED_RETURN_IF_ERROR(Open(in));
     MMFEED_RETURN_IF_ERROR(Timeline());
-    if (o.sampling == VideoSampling::kKeyframes) {
+    if (o.sampling == VideoSampling::kKeyframes && !plan) {
       MMFEED_RETURN_IF_ERROR(DecodeKeyframes());
     } else {
       if (end_ts == kNoPts || end_ts <= start_ts)
         return Status::Corrupt("zero-length video (duration 0)");
-      MMFEED_RETURN_IF_ERROR(MakeTargets(rng));
+      if (plan) {
+        Result<std::vector<double>> times = (*plan)(Facts());
+        if (!times.ok()) return times.status();
+        if (times->empty() || times->size() > kMaxPlannedFrames)
+          return Status::Invalid(
+              fmt::format("{} frames planned, outside 1..{}", times->size(), kMaxPlannedFrames));
+        T = static_cast<int>(times->size());
+        sink_pts.assign(T, 0.0f);
+        pts_out = sink_pts.data();
+        std::memset(mask, 0, T);
+        MMFEED_RETURN_IF_ERROR(SetTargets(*times));
+      } else {
+        MMFEED_RETURN_IF_ERROR(MakeTargets(rng));
+      }
       MMFEED_RETURN_IF_ERROR(DecodeTargets());
     }
     if (damaged_picks)
       return Status::Corrupt(fmt::format("{} sampled frame(s) damaged, first at {:.2f}s{}",
                                          damaged_picks, first_damaged,
                                          bad ? ": " + first_bad : ""));
-    Pad();
+    if (!plan) Pad();
     ++vs.stats_.videos;
     return Status::Ok();
   }
@@ -824,6 +866,16 @@ Status VideoSampler::Sample(const FieldValue& in, Rng* rng, uint8_t* frames, flo
                             uint8_t* mask) {
   Run run(*this, frames, pts, mask);
   return run.Go(in, rng);
+}
+
+Status VideoSampler::SampleFrames(const FieldValue& in, const FramePlan& plan,
+                                  const FrameSink& sink, std::vector<uint8_t>* mask) {
+  mask->assign(kMaxPlannedFrames, 0);
+  Run run(*this, nullptr, nullptr, mask->data());
+  run.sink = &sink;
+  Status s = run.Go(in, nullptr, &plan);
+  mask->resize(run.T);
+  return s;
 }
 
 std::vector<TensorSpec> VideoOutputSpecs(const std::string& name, const VideoOptions& o) {

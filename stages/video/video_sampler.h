@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -114,6 +115,19 @@ class KeyframeIndexCache {
   std::unordered_map<std::string, std::list<Entry>::iterator> map_;
 };
 
+// What a video stream declares about itself, for callers that choose frames once it is open.
+struct VideoFacts {
+  int width = 0, height = 0;
+  double fps = 0;       // average frame rate (else the base rate); 0: unknown
+  int64_t frames = 0;   // frame count: the stream's, else duration * fps rounded; 0: unknown
+  double duration = 0;  // seconds
+};
+
+// Chooses the target times (seconds from the stream's start, one per output slot).
+using FramePlan = std::function<Result<std::vector<double>>(const VideoFacts&)>;
+// Takes a picked frame as RGB24 at the video's own size (width * 3 bytes a row).
+using FrameSink = std::function<Status(int slot, const uint8_t* rgb, int width, int height)>;
+
 // One per worker thread.
 class VideoSampler {
  public:
@@ -126,6 +140,12 @@ class VideoSampler {
   // start. Errors are per sample: unreadable container, no video stream, frame size over
   // max_pixels, no frames, damaged sampled frames, truncation.
   Status Sample(const FieldValue& in, Rng* rng, uint8_t* frames, float* pts, uint8_t* mask);
+
+  // Samples the frames `plan` chooses (the same picking rule, seeks and skips as Sample) and
+  // hands each to `sink`, in decoding order; a slot whose time is past the end of the stream is
+  // not handed over. `mask` gets 1 for each slot handed over.
+  Status SampleFrames(const FieldValue& in, const FramePlan& plan, const FrameSink& sink,
+                      std::vector<uint8_t>* mask);
 
   const VideoStats& stats() const { return stats_; }
 

@@ -11,6 +11,12 @@
   the answer through its <|im_end|> only.
 - several images per sample ("images": [...]): each image's patches and grid in order, one
   vision block per image in the ids, and a sample over max_images refused.
+- configs/qwen3.5-vl-video.yaml: the qwen_video stage against the PyAV + numpy + PIL
+  reference of Qwen3VLVideoProcessor (frame count and indices, smart_resize over all frames,
+  the last frame repeated to a whole temporal patch) on videos of several sizes, rates and
+  lengths: grids and timestamps exact, patch values within the image tolerance of an exact
+  decode; the ids equal the whole conversation with Qwen3VLProcessor's "<t seconds>" blocks
+  tokenized at once, labels on the answer only; a one-frame video refused.
 
 usage: qwen_fidelity_test.py --bin BUILD/bin
 """
@@ -233,6 +239,85 @@ class QwenChatTest(DaemonCase):
             wants.append(TEMPLATE.format(image=blocks, text=f"Compare {len(images)}.", answer="Same."))
         for i, want in enumerate(tokenize(wants)):
             self.assertEqual(samples[f"s{i}"][1], want, f"s{i}: every image's block, in order")
+
+VIDEO_PAD = 151656
+VIDEO_TEMPLATE = TEMPLATE.replace("{image}", "{video}")
+VIDEOS = {  # name: ffmpeg's input and encoding
+    "vga.mp4": "testsrc2=size=320x240:rate=25 -t 6 -c:v libx264 -g 25 -bf 3",
+    "ntsc720p.mp4": "testsrc2=size=1280x720:rate=30000/1001 -t 5 -c:v libx264 -preset ultrafast -g 30",
+    "portrait.mp4": "testsrc2=size=240x426:rate=24 -t 2.2 -c:v libx264",
+    "three.mp4": "testsrc2=size=200x150:rate=25 -frames:v 3 -c:v libx264",
+    "sixty.mp4": "testsrc2=size=352x288:rate=60 -t 2 -c:v libx264 -bf 2",
+    "long.mp4": "testsrc2=size=192x108:rate=10 -t 40 -c:v libx264 -g 20",
+    "banner.mp4": "testsrc2=size=640x160:rate=25 -t 3 -c:v mpeg4 -q:v 3",
+    "one.mp4": "testsrc2=size=320x240:rate=25 -frames:v 1 -c:v libx264",  # refused
+}
+
+
+class QwenVideoTest(DaemonCase):
+    def test_shipped_video_config_gives_the_references_patches_times_and_ids(self):
+        for name, spec in VIDEOS.items():
+            subprocess.run(f"ffmpeg -v error -y -f lavfi -i {spec} -pix_fmt yuv420p {self.dir / name}",
+                           shell=True, check=True)
+        names = [n for n in VIDEOS if n != "one.mp4"]
+        with open(self.dir / "manifest.jsonl", "w") as m:
+            for i, name in enumerate(VIDEOS):
+                text, answer = CHATS[i % len(CHATS)]
+                m.write(json.dumps({"id": name, "video": name, "text": text, "answer": answer}) + "\n")
+        config = (ROOT / "configs" / "qwen3.5-vl-video.yaml").read_text()
+        for old, new in [("../tests/data/tokenizer/qwen3-tokenizer.json.gz", str(TOKENIZER)),
+                         ("shuffle: true", "shuffle: false"), ("batch_size: 4", "batch_size: 3")]:
+            self.assertIn(old, config)
+            config = config.replace(old, new)
+        d = Daemon(self.dir, config + "on_error: skip\n")
+        finish(d.consume(0, "--json", "--dump", str(self.dir / "dump")), timeout=240)
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertIn("1 frame(s) sampled", d.log(), "the one-frame video is refused, by name")
+        samples = {}
+        for meta, path in dumped_batches(self.dir / "dump"):
+            values, grids = np.load(path / "pixel_values_videos.npy"), np.load(path / "video_grid_thw.npy")
+            seconds = np.load(path / "video_grid_thw_seconds.npy")
+            ids, lengths = np.load(path / "input_ids.npy"), np.load(path / "input_ids_lengths.npy")
+            labels = np.load(path / "labels.npy")
+            self.assertEqual(grids.shape, (len(meta["ids"]), 3))
+            self.assertEqual(values.shape[0], int(np.prod(grids, axis=1).sum()), "ragged rows")
+            at = 0
+            for k, sid in enumerate(meta["ids"]):
+                n, grid = int(np.prod(grids[k])), tuple(int(g) for g in grids[k])
+                samples[sid] = (values[at:at + n], grid, seconds[k, :grid[0]].tolist(),
+                                ids[k, :lengths[k]].tolist(), labels[k, :lengths[k]].tolist())
+                at += n
+        self.assertEqual(set(samples), set(names))
+        means, p99s, convs = [], [], []
+        for i, name in enumerate(VIDEOS):
+            if name not in samples:
+                continue
+            rows, grid, seconds, _, _ = samples[name]
+            want, want_grid, want_seconds = ref.preprocess_video(self.dir / name)
+            self.assertEqual(grid, want_grid, name)
+            self.assertEqual([f"{t:.1f}" for t in seconds], [f"{t:.1f}" for t in want_seconds], name)
+            diff = np.abs(rows.astype(np.float64) - want) * 127.5
+            means.append(diff.mean())
+            p99s.append(np.percentile(diff, 99))
+            self.assertLessEqual(means[-1], EXACT_DECODE["mean"], f"{name}: mean |difference| {means[-1]:.3f}")
+            self.assertLessEqual(p99s[-1], EXACT_DECODE["p99"], f"{name}: 99th percentile {p99s[-1]:.3f}")
+            # Qwen3VLProcessor's expansion of <|vision_start|><|video_pad|><|vision_end|>
+            block = "<|video_pad|>" * (grid[1] * grid[2] // 4)
+            video = "".join(f"<{t:.1f} seconds><|vision_start|>{block}<|vision_end|>" for t in want_seconds)
+            text, answer = CHATS[i % len(CHATS)]
+            convs += [VIDEO_TEMPLATE.format(video=video, text=text, answer=answer),
+                      VIDEO_TEMPLATE.split("{answer}")[0].format(video=video, text=text)]
+        print(f"qwen_video: mean |difference| {np.mean(means):.3f} levels (worst {max(means):.3f}), "
+              f"99th percentile worst {max(p99s):.2f} levels, {len(means)} videos", file=sys.stderr)
+        convs = tokenize(convs)
+        for k, name in enumerate(n for n in VIDEOS if n in samples):
+            _, grid, _, ids, labels = samples[name]
+            want, before = convs[2 * k], convs[2 * k + 1]
+            self.assertEqual(ids.count(VIDEO_PAD), grid[0] * grid[1] * grid[2] // 4, name)
+            self.assertEqual(ids, want, name)
+            end = want.index(IM_END, len(before)) + 1
+            self.assertEqual(labels, [-100] * len(before) + want[len(before):end] + [-100] * (len(want) - end), name)
+
 
 if __name__ == "__main__":
     daemon_test.main()

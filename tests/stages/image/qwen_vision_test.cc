@@ -48,21 +48,24 @@ TEST(QwenVisionTest, SmartResizeIsTheReferences) {
 
 TEST(QwenVisionTest, PatchesAreInTheReferencesOrder) {
   // The reference reshapes [T, C, H, W] to (t, tp, c, h/m, m, p, w/m, m, p), permutes to
-  // (t, h/m, w/m, m, m, c, tp, p, p) and flattens. Each value here names its own (c, y, x), so
-  // every row and column can be checked against that definition.
+  // (t, h/m, w/m, m, m, c, tp, p, p) and flattens. Each value here names its own (c, tp, y, x),
+  // so every row and column can be checked against that definition.
   const int h = 64, w = 96;
   QwenPatching q;  // 16, 2, 2
-  std::vector<uint8_t> chw(3 * h * w);
+  std::vector<uint8_t> chw[2] = {std::vector<uint8_t>(3 * h * w), std::vector<uint8_t>(3 * h * w)};
   float lut[3][256];
   for (int c = 0; c < 3; ++c)
     for (int v = 0; v < 256; ++v) lut[c][v] = static_cast<float>(c * 1000 + v);
-  for (int c = 0; c < 3; ++c)
-    for (int y = 0; y < h; ++y)
-      for (int x = 0; x < w; ++x) chw[(c * h + y) * w + x] = static_cast<uint8_t>(y * 3 + x);
+  for (int t = 0; t < 2; ++t)
+    for (int c = 0; c < 3; ++c)
+      for (int y = 0; y < h; ++y)
+        for (int x = 0; x < w; ++x)
+          chw[t][(c * h + y) * w + x] = static_cast<uint8_t>(y * 3 + x + t * 101);
   const int gh = h / 16, gw = w / 16;
   std::vector<float> out(static_cast<size_t>(gh) * gw * 1536);
   const float* l[3] = {lut[0], lut[1], lut[2]};
-  QwenPatchify(chw.data(), h, w, q, l, DType::kFloat32, reinterpret_cast<uint8_t*>(out.data()));
+  const uint8_t* frames[2] = {chw[0].data(), chw[1].data()};
+  QwenPatchify(frames, h, w, q, l, DType::kFloat32, reinterpret_cast<uint8_t*>(out.data()));
   for (int r = 0; r < gh * gw; ++r) {
     const int bw_count = gw / 2;
     const int window = r / 4, in_window = r % 4;
@@ -70,10 +73,9 @@ TEST(QwenVisionTest, PatchesAreInTheReferencesOrder) {
               mx = in_window % 2;
     for (int col = 0; col < 1536; ++col) {
       const int c = col / 512, t = (col / 256) % 2, py = (col / 16) % 16, px = col % 16;
-      (void)t;  // both frames are the image
       const int y = (by * 2 + my) * 16 + py, x = (bx * 2 + mx) * 16 + px;
       ASSERT_EQ(out[static_cast<size_t>(r) * 1536 + col],
-                static_cast<float>(c * 1000 + static_cast<uint8_t>(y * 3 + x)))
+                static_cast<float>(c * 1000 + static_cast<uint8_t>(y * 3 + x + t * 101)))
           << "row " << r << " column " << col;
     }
   }

@@ -1,0 +1,277 @@
+// The `qwen_video` stage: a video as the Qwen3-VL / Qwen3.5 vision encoders take it, computed as
+// Hugging Face's Qwen3VLVideoProcessor does: int(total frames / source fps * fps) frames,
+// clamped to [min_frames, max_frames] and to the video's frame count, at the indices
+// linspace(0, total - 1, n) rounds to; resized with PIL's antialiased bicubic to the size the
+// video smart_resize gives for n frames (sides multiples of patch_size * merge_size, n * h * w
+// within [min_pixels, max_pixels]); rescaled, normalized; the last frame repeated up to a
+// multiple of temporal_patch_size; cut into patches in the reference's order, temporal patch by
+// temporal patch.
+//
+// The frames come from the seek-based sampler (video_sampler.h): the reference's frame k (its
+// k-th decoded frame) is taken as the frame on screen at (k + 0.5) / source fps, which is frame k
+// of a constant-frame-rate video. Frame count and rate are the stream's (nb_frames and
+// avg_frame_rate, as PyAV reports them; a stream without a count: duration * rate).
+//
+// Outputs, ragged like qwen_vision's: <name> float32 or bfloat16 [patches, 3 * temporal_patch_size
+// * patch_size^2], <grid> int32 [1, 3] (t, h, w in patches), <grid>_count int32 [] (1), and
+// <grid>_seconds float32 [ceil(max_frames / temporal_patch_size)]: each temporal patch's time,
+// the mean of its first and last frame's index / source fps, to a tenth of a second as
+// Qwen3-VL's chat text writes it ("<1.5 seconds>"; qwen_chat's video_seconds), 0 past t.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "stages/ffmpeg/av_input.h"
+#include "stages/image/qwen_vision.h"
+#include "stages/image/resample.h"
+#include "stages/runtime/registry.h"
+#include "stages/video/video_sampler.h"
+
+namespace mmfeed {
+namespace {
+
+struct QwenVideoParams {
+  std::string name, grid_name;
+  QwenPatching patching;
+  double fps = 2;
+  int64_t min_frames = 4, max_frames = 768;
+  int64_t min_pixels = 0, max_pixels = 0;
+  int64_t max_patches = 0;  // per video: max_pixels / patch_size^2
+  int64_t max_groups = 0;   // temporal patches per video: ceil(max_frames / temporal_patch_size)
+  DType dtype = DType::kFloat32;
+  float lut[3][256];
+  VideoOptions video;  // the sampler's: source size limit, decoder threads, index cache
+};
+
+// A time as Python's f"{t:.1f}" writes it, back as a number.
+float Tenths(double seconds) {
+  return static_cast<float>(std::strtod(fmt::format("{:.1f}", seconds).c_str(), nullptr));
+}
+
+class QwenVideoWorker : public StageWorker {
+ public:
+  QwenVideoWorker(const QwenVideoParams& p, KeyframeIndexCache* cache)
+      : p_(p), sampler_(p.video, cache) {}
+
+  Status Process(const SampleContext&, const FieldValue& in, const OutputRow& out) override {
+    const QwenPatching& q = p_.patching;
+    const int tps = q.temporal_patch_size;
+    std::vector<int64_t> indices;
+    double source_fps = 0;
+    int oh = 0, ow = 0, src_w = 0, src_h = 0;
+    size_t frame_bytes = 0;
+    FramePlan plan = [&](const VideoFacts& f) -> Result<std::vector<double>> {
+      source_fps = f.fps > 0 ? f.fps : 24;  // the reference's default for an unknown rate
+      if (f.frames < 1) return Status::Corrupt("the video stream declares no frame count");
+      indices = QwenVideoFrameIndices(f.frames, source_fps, p_.fps, p_.min_frames, p_.max_frames);
+      Result<QwenSize> size =
+          QwenVideoSmartResize(static_cast<int64_t>(indices.size()), f.height, f.width, tps,
+                               q.patch_size * q.merge_size, p_.min_pixels, p_.max_pixels);
+      if (!size.ok()) return size.status();
+      oh = static_cast<int>(size->height);
+      ow = static_cast<int>(size->width);
+      const int64_t groups = (static_cast<int64_t>(indices.size()) + tps - 1) / tps;
+      const int64_t patches = groups * (oh / q.patch_size) * (ow / q.patch_size);
+      if (patches > p_.max_patches)
+        return Status::TooLarge(
+            fmt::format("video is {}x{}, {} frames sampled: resized to {}x{} it has {} patches, "
+                        "above the {} max_pixels allows",
+                        f.width, f.height, indices.size(), ow, oh, patches, p_.max_patches));
+      src_w = f.width;
+      src_h = f.height;
+      resampler_.Plan({0, static_cast<double>(src_w) / ow, 0, src_w, 0, ow},
+                      {0, static_cast<double>(src_h) / oh, 0, src_h, 0, oh}, Filter::kBicubic);
+      frame_bytes = static_cast<size_t>(3) * oh * ow;
+      frames_.resize(static_cast<size_t>(groups) * tps * frame_bytes);
+      std::vector<double> times(indices.size());
+      for (size_t i = 0; i < indices.size(); ++i)
+        times[i] = (static_cast<double>(indices[i]) + 0.5) / source_fps;
+      return times;
+    };
+    ResampleOutput chw;
+    chw.chw = true;  // uint8, rounded as PIL's resize returns it
+    FrameSink sink = [&](int slot, const uint8_t* rgb, int w, int h) -> Status {
+      if (w != src_w || h != src_h)
+        return Status::Corrupt(
+            fmt::format("frame size changes mid-stream ({}x{}, then {}x{})", src_w, src_h, w, h));
+      const cv::Mat src(h, w, CV_8UC3, const_cast<uint8_t*>(rgb), static_cast<size_t>(w) * 3);
+      resampler_.Run(src, {0, 0}, chw, frames_.data() + slot * frame_bytes);
+      return Status::Ok();
+    };
+    MMFEED_RETURN_IF_ERROR(sampler_.SampleFrames(in, plan, sink, &mask_));
+
+    // Frames past the stream's end (a container longer than its video), then up to a whole
+    // temporal patch: the last frame again, as the reference pads.
+    const int n = static_cast<int>(indices.size());
+    const int groups = (n + tps - 1) / tps;
+    int last = 0;
+    for (int i = 0; i < groups * tps; ++i) {
+      if (i < n && mask_[i]) {
+        last = i;
+        continue;
+      }
+      if (i != last)
+        std::memcpy(frames_.data() + i * frame_bytes, frames_.data() + last * frame_bytes,
+                    frame_bytes);
+    }
+    const float* lut[3] = {p_.lut[0], p_.lut[1], p_.lut[2]};
+    const size_t group_bytes = static_cast<size_t>(oh / q.patch_size) * (ow / q.patch_size) *
+                               q.PatchValues() * DTypeSize(p_.dtype);
+    std::vector<const uint8_t*> group(tps);
+    float* seconds = out.As<float>(3);
+    std::fill(seconds, seconds + p_.max_groups, 0.0f);
+    for (int g = 0; g < groups; ++g) {
+      for (int t = 0; t < tps; ++t) group[t] = frames_.data() + (g * tps + t) * frame_bytes;
+      QwenPatchify(group.data(), oh, ow, q, lut, p_.dtype, out[0] + g * group_bytes);
+      const int64_t first = indices[g * tps], end = indices[std::min(g * tps + tps, n) - 1];
+      seconds[g] = Tenths((first / source_fps + end / source_fps) / 2);
+    }
+    int32_t* grid = out.As<int32_t>(1);
+    grid[0] = groups;
+    grid[1] = oh / q.patch_size;
+    grid[2] = ow / q.patch_size;
+    *out.As<int32_t>(2) = 1;
+    return Status::Ok();
+  }
+
+ private:
+  const QwenVideoParams& p_;
+  VideoSampler sampler_;
+  Resampler resampler_;
+  std::vector<uint8_t> frames_;  // the resized frames, 8-bit CHW, one after another
+  std::vector<uint8_t> mask_;
+};
+
+class QwenVideoStage : public Stage {
+ public:
+  explicit QwenVideoStage(QwenVideoParams p) : p_(std::move(p)), cache_(p_.video.index_cache) {}
+  std::vector<TensorSpec> OutputSpecs() const override {
+    const std::string count = p_.grid_name + "_count";
+    return {{p_.name, p_.dtype, {p_.max_patches, p_.patching.PatchValues()}, p_.grid_name},
+            {p_.grid_name, DType::kInt32, {1, 3}, count},
+            {count, DType::kInt32, {}},
+            {p_.grid_name + "_seconds", DType::kFloat32, {p_.max_groups}}};
+  }
+  std::unique_ptr<StageWorker> NewWorker() const override {
+    return std::make_unique<QwenVideoWorker>(p_, &cache_);
+  }
+
+ private:
+  QwenVideoParams p_;
+  mutable KeyframeIndexCache cache_;  // shared by the workers, internally synchronized
+};
+
+Result<std::unique_ptr<Stage>> MakeQwenVideoStage(const StageArgs& a) {
+  RouteFfmpegLogs();
+  const Params& prm = a.params;
+  QwenVideoParams p;
+  p.name = a.name;
+  p.grid_name = prm.GetString("grid");
+  if (p.grid_name.empty() || p.grid_name == p.name)
+    return Status::Invalid("grid must name an output other than the stage's own");
+  QwenPatching& q = p.patching;
+  q.patch_size = static_cast<int>(prm.GetInt("patch_size"));
+  q.temporal_patch_size = static_cast<int>(prm.GetInt("temporal_patch_size"));
+  q.merge_size = static_cast<int>(prm.GetInt("merge_size"));
+  if (q.patch_size < 1 || q.patch_size > 64 || q.merge_size < 1 || q.merge_size > 8 ||
+      q.temporal_patch_size < 1 || q.temporal_patch_size > 8)
+    return Status::Invalid(
+        "patch_size must be in 1..64, merge_size and temporal_patch_size in 1..8");
+  p.fps = prm.GetFloat("fps");
+  if (!(p.fps > 0) || p.fps > 1000) return Status::Invalid("fps must be in (0, 1000]");
+  p.min_frames = prm.GetInt("min_frames");
+  p.max_frames = prm.GetInt("max_frames");
+  if (p.max_frames < q.temporal_patch_size || p.max_frames > 4096)
+    return Status::Invalid(fmt::format(
+        "max_frames must be in {}..4096 (at least temporal_patch_size)", q.temporal_patch_size));
+  if (p.min_frames < 1 || p.min_frames > p.max_frames)
+    return Status::Invalid("min_frames must be in 1..max_frames");
+  p.max_groups = (p.max_frames + q.temporal_patch_size - 1) / q.temporal_patch_size;
+  const int64_t factor = q.patch_size * q.merge_size;
+  p.min_pixels = prm.GetInt("min_pixels");
+  p.max_pixels = prm.GetInt("max_pixels");
+  if (p.max_pixels < factor * factor * q.temporal_patch_size || p.max_pixels > (int64_t{1} << 30))
+    return Status::Invalid(fmt::format(
+        "max_pixels must be in {}..{} (frames * height * width: at least one {}x{} merge window "
+        "per temporal patch)",
+        factor * factor * q.temporal_patch_size, int64_t{1} << 30, factor, factor));
+  if (p.min_pixels < 0 || p.min_pixels > p.max_pixels)
+    return Status::Invalid(fmt::format("min_pixels must be in 0..max_pixels ({})", p.max_pixels));
+  p.max_patches = p.max_pixels / (q.patch_size * q.patch_size);
+  ParseDType(prm.GetString("dtype"), &p.dtype);
+  const auto& mean = prm.GetFloatList("mean");
+  const auto& stdv = prm.GetFloatList("std");
+  for (int c = 0; c < 3; ++c) {
+    if (stdv[c] <= 0) return Status::Invalid("std values must be positive");
+    const float mean_c = static_cast<float>(mean[c]), std_c = static_cast<float>(stdv[c]);
+    for (int v = 0; v < 256; ++v)
+      p.lut[c][v] = (static_cast<float>(v * (1.0 / 255)) - mean_c) / std_c;
+  }
+  p.video.max_pixels = prm.GetInt("max_source_pixels");
+  if (p.video.max_pixels < 1) return Status::Invalid("max_source_pixels must be positive");
+  p.video.threads = static_cast<int>(prm.GetInt("threads"));
+  if (p.video.threads < 0 || p.video.threads > 64)
+    return Status::Invalid("threads must be in 0..64 (0: FFmpeg picks)");
+  const int64_t cache = prm.GetInt("index_cache");
+  if (cache < 0) return Status::Invalid("index_cache must be >= 0");
+  p.video.index_cache = static_cast<size_t>(cache);
+  return std::unique_ptr<Stage>(new QwenVideoStage(std::move(p)));
+}
+
+MMFEED_REGISTER_STAGE((StageSchema{
+    "qwen_video",
+    "a video as Qwen3-VL/Qwen3.5 vision encoders take it (Hugging Face's Qwen3VLVideoProcessor): "
+    "frames at fps, smart_resize over all frames, PIL's antialiased bicubic, normalize, patches "
+    "in the reference's order. Outputs (ragged): <name> [patches, 3 * temporal_patch_size * "
+    "patch_size^2], <grid> int32 [1, 3] (t, h, w in patches), <grid>_count int32 [], "
+    "<grid>_seconds float32 [ceil(max_frames / temporal_patch_size)] (each temporal patch's "
+    "time, to 0.1 s)",
+    StageKind::kField,
+    /*field_is_path=*/true,
+    {
+        {"fps", ParamType::kFloat, 2.0,
+         "frames sampled per second of video: int(frames / source fps * fps)"},
+        {"min_frames", ParamType::kInt, int64_t{4},
+         "fewest frames sampled (if the video has them)"},
+        {"max_frames", ParamType::kInt, int64_t{768}, "most frames sampled"},
+        {"patch_size", ParamType::kInt, int64_t{16}, "side of a patch, in pixels"},
+        {"temporal_patch_size", ParamType::kInt, int64_t{2},
+         "frames per patch (the last frame repeats to fill the last one)"},
+        {"merge_size", ParamType::kInt, int64_t{2},
+         "patches per side of a merge window: sides are multiples of patch_size * merge_size"},
+        {"min_pixels", ParamType::kInt, int64_t{131072},
+         "smart_resize: frames * height * width below this grow (128 * 32 * 32)"},
+        {"max_pixels", ParamType::kInt, int64_t{786432},
+         "smart_resize: frames * height * width above this shrink (768 * 32 * 32); also sizes "
+         "the ring (max_pixels / patch_size^2 patches per video)"},
+        {"mean",
+         ParamType::kFloatList,
+         std::vector<double>{0.5, 0.5, 0.5},
+         "per-channel mean (of pixel/255)",
+         {},
+         3},
+        {"std",
+         ParamType::kFloatList,
+         std::vector<double>{0.5, 0.5, 0.5},
+         "per-channel std (of pixel/255)",
+         {},
+         3},
+        {"dtype",
+         ParamType::kString,
+         std::string("float32"),
+         "float32 | bfloat16 (the float32 value rounded to the nearest bfloat16)",
+         {"float32", "bfloat16"}},
+        {"grid", ParamType::kString, std::string("video_grid_thw"),
+         "name of the grid output ([t, h, w]; <grid>_count, <grid>_seconds)"},
+        {"max_source_pixels", ParamType::kInt, int64_t{7680} * 4320,
+         "refuse videos with larger frames, before allocating"},
+        {"threads", ParamType::kInt, int64_t{1},
+         "decoder threads per worker (workers are the main parallelism)"},
+        {"index_cache", ParamType::kInt, int64_t{4096}, "files whose keyframe index is kept (LRU)"},
+    },
+    MakeQwenVideoStage}));
+
+}  // namespace
+}  // namespace mmfeed
