@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
-"""Qwen3.5 image + chat benchmark: mmfeed running configs/qwen3.5-vl.yaml (patches, grids,
+"""Qwen3.5 image/video + chat benchmark: mmfeed running configs/qwen3.5-vl.yaml (patches, grids,
 chat ids with image pads, labels; one consumer rank) against the Python pipeline a user would
 write (PIL open + the reference smart_resize, bicubic and patchify in numpy,
 tests/reference/qwen_vision_reference.py, in DataLoader(num_workers=2) batches of 8 with the
-patches concatenated), on the same photos in one run. The baseline does not tokenize: Hugging
+patches concatenated), on the same photos in one run; the video set runs
+configs/qwen3.5-vl-video.yaml against the reference's preprocess_video (PyAV decoding up to the
+last sampled frame, as transformers' PyAV loader does, then PIL and numpy) likewise, on 640x360
+30 fps clips of 6-14 s. The baseline does not tokenize: Hugging
 Face tokenizers cannot be installed offline here, and tokenizing would only add to its time, so
 the ratio is a lower bound. Steady state: each side runs a short and a long pass and
 throughput is (long - short samples) / (long - short seconds); the sides take turns for
 --rounds rounds and the ratio is the median of the rounds'.
 
-usage: qwen_bench.py --build BUILD --out DIR [--short N] [--long N] [--rounds R] [--sets imagenet,large]
+usage: qwen_bench.py --build BUILD --out DIR [--short N] [--long N] [--rounds R]
+                     [--sets imagenet,large,video]
 """
 import argparse, json, os, pathlib, random, statistics, subprocess, sys, time
 
@@ -19,7 +23,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import make_photos  # noqa: E402
 
 TOKENIZER = ROOT / "tests" / "data" / "tokenizer" / "qwen3-tokenizer.json.gz"
-SETS = {"imagenet": (240, 620), "large": (1000, 2000)}  # photo widths
+SETS = {"imagenet": (240, 620), "large": (1000, 2000), "video": None}  # photo widths
+VIDEO_SHARE = 4  # the video set runs a quarter of --short and --long samples
 BASELINE = r'''
 import json, sys, time
 sys.path.insert(0, sys.argv[3])
@@ -34,7 +39,11 @@ class Chat(Dataset):
     def __len__(self):
         return len(self.rows)
     def __getitem__(self, i):
-        patches, grid = ref.preprocess_image(self.dir + "/" + self.rows[i]["image"], max_pixels=1003520)
+        row = self.rows[i]
+        if "video" in row:
+            patches, grid, _ = ref.preprocess_video(self.dir + "/" + row["video"])
+        else:
+            patches, grid = ref.preprocess_image(self.dir + "/" + row["image"], max_pixels=1003520)
         return torch.from_numpy(patches), torch.tensor(grid, dtype=torch.int32)
 
 def collate(items):
@@ -50,14 +59,25 @@ print(json.dumps({"samples": n, "seconds": time.perf_counter() - t0}))
 
 
 def make_set(data, name, count):
-    lo, hi = SETS[name]
     d = data / name
-    photos = make_photos.make(d, count, lo, hi, seed=11)
+    if name == "video":
+        d.mkdir(parents=True, exist_ok=True)
+        media = []
+        for i in range(count // 10):
+            clip = f"clip{i}.mp4"
+            if not (d / clip).exists():
+                subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i",
+                                f"testsrc2=size=640x360:rate=30:duration={6 + i % 9}", "-c:v", "libx264",
+                                "-g", "60", "-pix_fmt", "yuv420p", str(d / clip)], check=True)
+            media.append(("video", clip))
+    else:
+        lo, hi = SETS[name]
+        media = [("image", p["name"]) for p in make_photos.make(d, count, lo, hi, seed=11)]
     rng = random.Random(0)
     words = ("what", "is", "in", "the", "photo", "a", "red", "house", "dog", "park", "describe", "it")
     with open(d / "manifest.jsonl", "w") as m:
-        for p in photos:
-            m.write(json.dumps({"id": p["name"], "image": p["name"],
+        for kind, path in media:
+            m.write(json.dumps({"id": path, kind: path,
                                 "text": " ".join(rng.choice(words) for _ in range(12)) + "?",
                                 "answer": " ".join(rng.choice(words) for _ in range(30)) + "."}) + "\n")
     return d
@@ -73,7 +93,8 @@ def manifest(d, samples):
 
 
 def run_mmfeed(build, d, samples):
-    cfg = (ROOT / "configs" / "qwen3.5-vl.yaml").read_text()
+    config = "qwen3.5-vl-video.yaml" if d.name == "video" else "qwen3.5-vl.yaml"
+    cfg = (ROOT / "configs" / config).read_text()
     cfg = cfg.replace("path: manifest.jsonl", f"path: manifest-{samples}.jsonl")
     cfg = cfg.replace("../tests/data/tokenizer/qwen3-tokenizer.json.gz", str(TOKENIZER))
     (d / "bench.yaml").write_text(cfg)
@@ -118,22 +139,23 @@ def main():
     results = {}
     for name in a.sets.split(","):
         d = make_set(out, name, 120)
-        for n in (a.short, a.long):
+        short, long = (a.short, a.long) if name != "video" else (a.short // VIDEO_SHARE, a.long // VIDEO_SHARE)
+        for n in (short, long):
             manifest(d, n)
         rounds = []
         for _ in range(a.rounds):
-            ours = steady(run_mmfeed(a.build, d, a.short), run_mmfeed(a.build, d, a.long))
-            py = steady(run_python(d, a.short), run_python(d, a.long))
+            ours = steady(run_mmfeed(a.build, d, short), run_mmfeed(a.build, d, long))
+            py = steady(run_python(d, short), run_python(d, long))
             rounds.append({"mmfeed": ours, "python": py, "ratio": ours / py})
             print(f"{name}: mmfeed {ours:.1f}/s, Python reference {py:.1f}/s, {ours / py:.2f}x", file=sys.stderr)
         results[name] = {"rounds": rounds, "ratio": statistics.median(r["ratio"] for r in rounds),
                          "mmfeed": statistics.median(r["mmfeed"] for r in rounds),
                          "python": statistics.median(r["python"] for r in rounds)}
     print(json.dumps(results, indent=2))
-    print("\n| photos | mmfeed qwen3.5-vl samples/s | Python reference, DataLoader(num_workers=2) | ratio |\n|---|---|---|---|")
+    print("\n| set | mmfeed samples/s | Python reference, DataLoader(num_workers=2) | ratio |\n|---|---|---|---|")
     for name, r in results.items():
-        lo, hi = SETS[name]
-        print(f"| {name} ({lo}-{hi} px wide) | {r['mmfeed']:.1f} | {r['python']:.1f} | {r['ratio']:.2f}x |")
+        what = f"{SETS[name][0]}-{SETS[name][1]} px wide photos" if SETS[name] else "640x360 30 fps clips, 6-14 s"
+        print(f"| {name} ({what}) | {r['mmfeed']:.1f} | {r['python']:.1f} | {r['ratio']:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -981,6 +981,7 @@ static int64_t RaggedRows(const TensorSpec& s, const TensorSpec& from, const uin
 // to follow the previous row's (towards lower addresses: memmove is safe). Every count is
 // taken before anything moves: one ragged tensor may count another's rows (images' grids).
 std::vector<int64_t> Pipeline::PackRagged(const BatchMemory& memory, uint32_t rows) const {
+  if (std::all_of(rows_from_.begin(), rows_from_.end(), [](int f) { return f < 0; })) return {};
   std::vector<std::vector<int64_t>> used(specs_.size());
   for (size_t t = 0; t < specs_.size(); ++t) {
     if (rows_from_[t] < 0) continue;
