@@ -52,8 +52,8 @@ float Tenths(double seconds) {
 
 class QwenVideoWorker : public StageWorker {
  public:
-  QwenVideoWorker(const QwenVideoParams& p, KeyframeIndexCache* cache)
-      : p_(p), sampler_(p.video, cache) {}
+  QwenVideoWorker(const QwenVideoParams& p, KeyframeIndexCache* cache, VideoStatsSum* shared)
+      : p_(p), sampler_(p.video, cache), shared_(shared) {}
 
   Status Process(const SampleContext&, const FieldValue& in, const OutputRow& out) override {
     const QwenPatching& q = p_.patching;
@@ -100,7 +100,9 @@ class QwenVideoWorker : public StageWorker {
       resampler_.Run(src, {0, 0}, chw, frames_.data() + slot * frame_bytes);
       return Status::Ok();
     };
-    MMFEED_RETURN_IF_ERROR(sampler_.SampleFrames(in, plan, sink, &mask_));
+    Status sampled = sampler_.SampleFrames(in, plan, sink, &mask_);
+    shared_->Add(sampler_.stats(), &seen_);
+    MMFEED_RETURN_IF_ERROR(sampled);
 
     // Frames past the stream's end (a container longer than its video), then up to a whole
     // temporal patch: the last frame again, as the reference pads.
@@ -139,6 +141,8 @@ class QwenVideoWorker : public StageWorker {
  private:
   const QwenVideoParams& p_;
   VideoSampler sampler_;
+  VideoStatsSum* shared_;
+  VideoStats seen_;  // what was already added to shared_
   Resampler resampler_;
   std::vector<uint8_t> frames_;  // the resized frames, 8-bit CHW, one after another
   std::vector<uint8_t> mask_;
@@ -155,12 +159,15 @@ class QwenVideoStage : public Stage {
             {p_.grid_name + "_seconds", DType::kFloat32, {p_.max_groups}}};
   }
   std::unique_ptr<StageWorker> NewWorker() const override {
-    return std::make_unique<QwenVideoWorker>(p_, &cache_);
+    return std::make_unique<QwenVideoWorker>(p_, &cache_, &shared_);
   }
+  std::vector<std::pair<std::string, double>> Metrics() const override { return shared_.Metrics(); }
 
  private:
   QwenVideoParams p_;
-  mutable KeyframeIndexCache cache_;  // shared by the workers, internally synchronized
+  // Shared by the workers, internally synchronized.
+  mutable KeyframeIndexCache cache_;
+  mutable VideoStatsSum shared_;
 };
 
 Result<std::unique_ptr<Stage>> MakeQwenVideoStage(const StageArgs& a) {

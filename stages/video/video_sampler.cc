@@ -85,6 +85,26 @@ VideoStats VideoStats::operator-(const VideoStats& o) const {
   return d;
 }
 
+void VideoStatsSum::Add(const VideoStats& stats, VideoStats* seen) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    sum_ += stats - *seen;
+  }
+  *seen = stats;
+}
+
+std::vector<std::pair<std::string, double>> VideoStatsSum::Metrics() const {
+  VideoStats sum;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    sum = sum_;
+  }
+  return {{"decoded_per_sampled", sum.DecodedPerSampled()},
+          {"seeks_per_video", sum.SeeksPerVideo()},
+          {"index_hits", static_cast<double>(sum.index_hits)},
+          {"index_misses", static_cast<double>(sum.index_misses)}};
+}
+
 // ---- KeyframeIndexCache ----
 
 std::shared_ptr<const KeyframeIndex> KeyframeIndexCache::Find(const std::string& key) {

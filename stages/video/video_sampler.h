@@ -87,6 +87,19 @@ struct VideoStats {
   double SeeksPerVideo() const { return videos ? static_cast<double>(seeks) / videos : 0.0; }
 };
 
+// The VideoStats of a stage's workers summed, for the profile; thread-safe.
+class VideoStatsSum {
+ public:
+  // Adds what `stats` counted since the last call with `*seen`, and remembers it there.
+  void Add(const VideoStats& stats, VideoStats* seen);
+  // decoded_per_sampled, seeks_per_video, index_hits, index_misses.
+  std::vector<std::pair<std::string, double>> Metrics() const;
+
+ private:
+  mutable std::mutex mu_;
+  VideoStats sum_;
+};
+
 // Keyframe positions of one file.
 struct KeyframeIndex {
   std::vector<int64_t>

@@ -6,7 +6,6 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
-#include <mutex>
 
 extern "C" {
 #include <libswscale/swscale.h>
@@ -84,33 +83,23 @@ Result<VideoOptions> VideoOptionsFromParams(const Params& prm) {
 
 namespace {
 
-// The stage's workers' VideoStats summed, for the profile.
-struct SharedStats {
-  std::mutex mu;
-  VideoStats sum;
-};
-
 class VideoWorker : public StageWorker {
  public:
   VideoWorker(const std::string& name, const VideoOptions& o, KeyframeIndexCache* cache,
-              SharedStats* shared)
+              VideoStatsSum* shared)
       : name_(name), sampler_(o, cache), shared_(shared) {}
 
   Status Process(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) override {
     Rng rng(ctx.seed, ctx.epoch, ctx.id, name_);
     Status s = sampler_.Sample(in, &rng, out[0], out.As<float>(1), out[2]);
-    {
-      std::lock_guard<std::mutex> lock(shared_->mu);
-      shared_->sum += sampler_.stats() - seen_;
-    }
-    seen_ = sampler_.stats();
+    shared_->Add(sampler_.stats(), &seen_);
     return s;
   }
 
  private:
   const std::string& name_;
   VideoSampler sampler_;
-  SharedStats* shared_;
+  VideoStatsSum* shared_;
   VideoStats seen_;  // what was already added to shared_
 };
 
@@ -122,17 +111,7 @@ class VideoStage : public Stage {
   std::unique_ptr<StageWorker> NewWorker() const override {
     return std::make_unique<VideoWorker>(name_, o_, &cache_, &shared_);
   }
-  std::vector<std::pair<std::string, double>> Metrics() const override {
-    VideoStats sum;
-    {
-      std::lock_guard<std::mutex> lock(shared_.mu);
-      sum = shared_.sum;
-    }
-    return {{"decoded_per_sampled", sum.DecodedPerSampled()},
-            {"seeks_per_video", sum.SeeksPerVideo()},
-            {"index_hits", static_cast<double>(sum.index_hits)},
-            {"index_misses", static_cast<double>(sum.index_misses)}};
-  }
+  std::vector<std::pair<std::string, double>> Metrics() const override { return shared_.Metrics(); }
 
  private:
   std::string name_;
@@ -140,7 +119,7 @@ class VideoStage : public Stage {
   // Shared by the workers, internally synchronized; mutable because workers are made by a
   // const stage.
   mutable KeyframeIndexCache cache_;
-  mutable SharedStats shared_;
+  mutable VideoStatsSum shared_;
 };
 
 Result<std::unique_ptr<Stage>> MakeVideoStage(const StageArgs& a) {

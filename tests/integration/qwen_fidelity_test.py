@@ -273,6 +273,9 @@ class QwenVideoTest(DaemonCase):
         finish(d.consume(0, "--json", "--dump", str(self.dir / "dump")), timeout=240)
         self.assertEqual(d.wait(), 0, d.log())
         self.assertIn("1 frame(s) sampled", d.log(), "the one-frame video is refused, by name")
+        # The profile's line for the stage: the sampler's counters (each video indexed once).
+        self.assertRegex(d.log(), r"pixel_values_videos: decoded_per_sampled [0-9.]+, index_hits [0-9]+, "
+                                  r"index_misses 8, seeks_per_video")
         samples = {}
         for meta, path in dumped_batches(self.dir / "dump"):
             values, grids = np.load(path / "pixel_values_videos.npy"), np.load(path / "video_grid_thw.npy")

@@ -81,6 +81,18 @@ class QwenVideoStageTest : public ::testing::Test {
            Path("three.mp4"));
     ffmpeg("-f lavfi -i testsrc2=size=320x240:rate=25 -frames:v 1 -c:v libx264 -pix_fmt yuv420p " +
            Path("one.mp4"));
+    // 4 s with its index first, then cut at 60%; and with its middle overwritten.
+    ffmpeg(
+        "-f lavfi -i testsrc2=size=320x240:rate=25 -t 4 -c:v libx264 -g 25 -pix_fmt yuv420p "
+        "-movflags +faststart " +
+        Path("good.mp4"));
+    const std::string good = testing::ReadFile(Path("good.mp4"));
+    testing::WriteFile(Path("cut.mp4"), good.substr(0, good.size() * 6 / 10));
+    std::string corrupt = good;
+    const size_t mdat = good.find("mdat"), mid = mdat + (good.size() - mdat) / 2;
+    for (size_t k = mid; k < mid + 2000; ++k) corrupt[k] = static_cast<char>(k * 7919);
+    testing::WriteFile(Path("corrupt.mp4"), corrupt);
+    testing::WriteFile(Path("text.mp4"), std::string(500, 'x'));
   }
   static void TearDownTestSuite() {
     delete dir_;
@@ -155,6 +167,26 @@ TEST_F(QwenVideoStageTest, AnOddFrameCountRepeatsTheLastFrame) {
   EXPECT_NE(one.status().message().find("1 frame(s) sampled"), std::string::npos)
       << one.status().message();
   EXPECT_FALSE(testing::RunStage(*stage, {1, 0, "x", "test"}, PathField(Path("missing.mp4"))).ok());
+}
+
+TEST_F(QwenVideoStageTest, DamagedVideosAreClearPerSampleErrors) {
+  auto stage = MakeStage("qwen_video", "pixel_values_videos", {});
+  ASSERT_TRUE(testing::RunStage(*stage, {1, 0, "x", "test"}, PathField(Path("good.mp4"))).ok());
+  struct Case {
+    const char* file;
+    const char* says;
+  } cases[] = {
+      {"cut.mp4", "truncated"},
+      {"corrupt.mp4", "damaged"},
+      {"text.mp4", "not a readable video"},
+  };
+  for (const Case& c : cases) {
+    Result<std::vector<Output>> out =
+        testing::RunStage(*stage, {1, 0, "x", "test"}, PathField(Path(c.file)));
+    ASSERT_FALSE(out.ok()) << c.file;
+    EXPECT_NE(out.status().message().find(c.says), std::string::npos)
+        << c.file << ": " << out.status().message();
+  }
 }
 
 TEST_F(QwenVideoStageTest, BadParametersAreClearErrors) {
