@@ -66,10 +66,12 @@ std::string ParseManifestLine(const std::string& line, const std::string& dir,
     if (!j.contains(name)) return fmt::format("missing field '{}'", name);
     const auto& v = j[name];
     FieldValue f;
-    if (v.is_array()) {  // several values, e.g. "images": ["a.jpg", "b.jpg"]
-      if (v.empty() || v.size() > kMaxListItems)
-        return fmt::format("field '{}' is a list of {} values: 1 to {} are allowed", name, v.size(),
-                           kMaxListItems);
+    // Several values, e.g. "images": ["a.jpg", "b.jpg"], or none ("images": [] in a dataset
+    // that mixes text-only samples with others).
+    if (v.is_array()) {
+      if (v.size() > kMaxListItems)
+        return fmt::format("field '{}' is a list of {} values: at most {} are allowed", name,
+                           v.size(), kMaxListItems);
       f.kind = FieldValue::Kind::kList;
       f.items.resize(v.size());
       for (size_t i = 0; i < v.size(); ++i) {

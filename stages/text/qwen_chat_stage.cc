@@ -70,7 +70,8 @@ class ChatWorker : public StageWorker {
         const bool timed = i + 1 < p_.parts.size() && p_.parts[i + 1].kind == Part::kVideo &&
                            p_.video_seconds >= 0;
         std::string stamp;
-        if (timed) MMFEED_RETURN_IF_ERROR(Timestamp(ctx, 0, &stamp));
+        if (timed && !NoVision(ctx, p_.video_grid))
+          MMFEED_RETURN_IF_ERROR(Timestamp(ctx, 0, 0, &stamp));
         MMFEED_RETURN_IF_ERROR(Run(part.run, ctx, in, &answered, stamp));
         continue;
       }
@@ -84,7 +85,8 @@ class ChatWorker : public StageWorker {
       for (size_t g = 0; g < grids; ++g) {  // every image of the sample, in order
         int32_t grid[3];
         std::memcpy(grid, ctx.tensors[input] + g * sizeof grid, sizeof grid);
-        if (g > 0 && grid[0] == 0 && grid[1] == 0 && grid[2] == 0) break;  // past the last
+        // Past the last image (none at all: an optional field the sample lacks).
+        if (grid[0] == 0 && grid[1] == 0 && grid[2] == 0) break;
         const int64_t patches = int64_t{grid[0]} * grid[1] * grid[2];
         if (grid[0] < 1 || grid[1] < 1 || grid[2] < 1 || patches % (p_.merge * p_.merge))
           return Status::Invalid(fmt::format("{} grid [{}, {}, {}] is not whole merge windows",
@@ -95,12 +97,12 @@ class ChatWorker : public StageWorker {
           Block(pads, image ? p_.image_pad : p_.video_pad, answered);
           continue;
         }
-        // Qwen3-VL: each temporal patch is "<t seconds>" then its own block.
-        if (g > 0) return Status::Invalid("video_seconds holds the times of one video per sample");
+        // Qwen3-VL: each temporal patch is "<t seconds>" then its own block (the first
+        // video's first time went with the text before it).
         for (int32_t t = 0; t < grid[0]; ++t) {
-          if (t > 0) {
+          if (t > 0 || g > 0) {
             std::string stamp;
-            MMFEED_RETURN_IF_ERROR(Timestamp(ctx, t, &stamp));
+            MMFEED_RETURN_IF_ERROR(Timestamp(ctx, g, t, &stamp));
             MMFEED_RETURN_IF_ERROR(Run({}, ctx, in, &answered, stamp));
           }
           Block(pads / grid[0], p_.video_pad, answered);
@@ -130,15 +132,26 @@ class ChatWorker : public StageWorker {
       std::copy(ids_.end() - (pads + 2), ids_.end(), labels_.end() - (pads + 2));
   }
 
-  // "<1.5 seconds>": temporal patch t's time, as Qwen3-VL's processor writes it.
-  Status Timestamp(const SampleContext& ctx, int32_t t, std::string* out) const {
+  // True when the sample has no image or no video (a first grid row of zeros).
+  static bool NoVision(const SampleContext& ctx, int input) {
+    int32_t grid[3];
+    std::memcpy(grid, ctx.tensors[input], sizeof grid);
+    return grid[0] == 0 && grid[1] == 0 && grid[2] == 0;
+  }
+
+  // "<1.5 seconds>": video v's temporal patch t's time, as Qwen3-VL's processor writes it.
+  Status Timestamp(const SampleContext& ctx, size_t v, int32_t t, std::string* out) const {
     const TensorSpec& spec = *ctx.tensor_specs[p_.video_seconds];
-    if (spec.dtype != DType::kFloat32 || spec.NumBytes() / sizeof(float) <= static_cast<size_t>(t))
-      return Status::Invalid(fmt::format(
-          "'{}' is not the float32 times of the video's temporal patches (one per patch)",
-          spec.name));
+    const size_t per_video = spec.shape.empty() ? 1 : static_cast<size_t>(spec.shape.back());
+    const size_t at = v * per_video + static_cast<size_t>(t);
+    if (spec.dtype != DType::kFloat32 || static_cast<size_t>(t) >= per_video ||
+        at >= spec.NumBytes() / sizeof(float))
+      return Status::Invalid(
+          fmt::format("'{}' is not the float32 times of the videos' temporal patches ([videos, "
+                      "patches])",
+                      spec.name));
     float seconds;
-    std::memcpy(&seconds, ctx.tensors[p_.video_seconds] + t * sizeof seconds, sizeof seconds);
+    std::memcpy(&seconds, ctx.tensors[p_.video_seconds] + at * sizeof seconds, sizeof seconds);
     *out = fmt::format("<{:.1f} seconds>", seconds);
     return Status::Ok();
   }

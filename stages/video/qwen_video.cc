@@ -12,11 +12,13 @@
 // of a constant-frame-rate video. Frame count and rate are the stream's (nb_frames and
 // avg_frame_rate, as PyAV reports them; a stream without a count: duration * rate).
 //
-// Outputs, ragged like qwen_vision's: <name> float32 or bfloat16 [patches, 3 * temporal_patch_size
-// * patch_size^2], <grid> int32 [1, 3] (t, h, w in patches), <grid>_count int32 [] (1), and
-// <grid>_seconds float32 [ceil(max_frames / temporal_patch_size)]: each temporal patch's time,
-// the mean of its first and last frame's index / source fps, to a tenth of a second as
-// Qwen3-VL's chat text writes it ("<1.5 seconds>"; qwen_chat's video_seconds), 0 past t.
+// The field is one video, or a list of up to max_videos. Outputs, ragged like qwen_vision's:
+// <name> float32 or bfloat16 [patches, 3 * temporal_patch_size * patch_size^2] (every video's
+// patches in order), <grid> int32 [videos, 3] (t, h, w in patches), <grid>_count int32 [] (the
+// sample's videos), and <grid>_seconds float32 [max_videos, ceil(max_frames /
+// temporal_patch_size)]: each temporal patch's time, the mean of its first and last frame's
+// index / source fps, to a tenth of a second as Qwen3-VL's chat text writes it ("<1.5
+// seconds>"; qwen_chat's video_seconds), 0 past t.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -40,6 +42,7 @@ struct QwenVideoParams {
   int64_t min_pixels = 0, max_pixels = 0;
   int64_t max_patches = 0;  // per video: max_pixels / patch_size^2
   int64_t max_groups = 0;   // temporal patches per video: ceil(max_frames / temporal_patch_size)
+  int max_videos = 1;
   DType dtype = DType::kFloat32;
   float lut[3][256];
   VideoOptions video;  // the sampler's: source size limit, decoder threads, index cache
@@ -56,6 +59,29 @@ class QwenVideoWorker : public StageWorker {
       : p_(p), sampler_(p.video, cache), shared_(shared) {}
 
   Status Process(const SampleContext&, const FieldValue& in, const OutputRow& out) override {
+    const bool list = in.kind == FieldValue::Kind::kList;
+    const size_t n = list ? in.items.size() : 1;
+    if (n > static_cast<size_t>(p_.max_videos))
+      return Status::TooLarge(fmt::format("{} videos, above max_videos {}", n, p_.max_videos));
+    auto* grids = out.As<int32_t>(1);
+    std::memset(grids, 0, sizeof(int32_t) * 3 * p_.max_videos);  // rows past the last video
+    *out.As<int32_t>(2) = static_cast<int32_t>(n);
+    float* seconds = out.As<float>(3);
+    std::fill(seconds, seconds + p_.max_videos * p_.max_groups, 0.0f);
+    const size_t row_bytes = static_cast<size_t>(p_.patching.PatchValues()) * DTypeSize(p_.dtype);
+    uint8_t* rows = out[0];
+    for (size_t i = 0; i < n; ++i) {
+      int32_t* grid = grids + 3 * i;
+      Status st = Video(list ? in.items[i] : in, rows, grid, seconds + i * p_.max_groups);
+      if (!st.ok()) return list ? st.WithContext(fmt::format("video {} of {}", i + 1, n)) : st;
+      rows += static_cast<size_t>(grid[0]) * grid[1] * grid[2] * row_bytes;
+    }
+    return Status::Ok();
+  }
+
+ private:
+  // One video's patches at `rows`, its grid and its temporal patches' times.
+  Status Video(const FieldValue& in, uint8_t* rows, int32_t* grid, float* seconds) {
     const QwenPatching& q = p_.patching;
     const int tps = q.temporal_patch_size;
     std::vector<int64_t> indices;
@@ -122,23 +148,18 @@ class QwenVideoWorker : public StageWorker {
     const size_t group_bytes = static_cast<size_t>(oh / q.patch_size) * (ow / q.patch_size) *
                                q.PatchValues() * DTypeSize(p_.dtype);
     std::vector<const uint8_t*> group(tps);
-    float* seconds = out.As<float>(3);
-    std::fill(seconds, seconds + p_.max_groups, 0.0f);
     for (int g = 0; g < groups; ++g) {
       for (int t = 0; t < tps; ++t) group[t] = frames_.data() + (g * tps + t) * frame_bytes;
-      QwenPatchify(group.data(), oh, ow, q, lut, p_.dtype, out[0] + g * group_bytes);
+      QwenPatchify(group.data(), oh, ow, q, lut, p_.dtype, rows + g * group_bytes);
       const int64_t first = indices[g * tps], end = indices[std::min(g * tps + tps, n) - 1];
       seconds[g] = Tenths((first / source_fps + end / source_fps) / 2);
     }
-    int32_t* grid = out.As<int32_t>(1);
     grid[0] = groups;
     grid[1] = oh / q.patch_size;
     grid[2] = ow / q.patch_size;
-    *out.As<int32_t>(2) = 1;
     return Status::Ok();
   }
 
- private:
   const QwenVideoParams& p_;
   VideoSampler sampler_;
   VideoStatsSum* shared_;
@@ -153,10 +174,13 @@ class QwenVideoStage : public Stage {
   explicit QwenVideoStage(QwenVideoParams p) : p_(std::move(p)), cache_(p_.video.index_cache) {}
   std::vector<TensorSpec> OutputSpecs() const override {
     const std::string count = p_.grid_name + "_count";
-    return {{p_.name, p_.dtype, {p_.max_patches, p_.patching.PatchValues()}, p_.grid_name},
-            {p_.grid_name, DType::kInt32, {1, 3}, count},
+    return {{p_.name,
+             p_.dtype,
+             {p_.max_videos * p_.max_patches, p_.patching.PatchValues()},
+             p_.grid_name},
+            {p_.grid_name, DType::kInt32, {p_.max_videos, 3}, count},
             {count, DType::kInt32, {}},
-            {p_.grid_name + "_seconds", DType::kFloat32, {p_.max_groups}}};
+            {p_.grid_name + "_seconds", DType::kFloat32, {p_.max_videos, p_.max_groups}}};
   }
   std::unique_ptr<StageWorker> NewWorker() const override {
     return std::make_unique<QwenVideoWorker>(p_, &cache_, &shared_);
@@ -207,6 +231,10 @@ Result<std::unique_ptr<Stage>> MakeQwenVideoStage(const StageArgs& a) {
   if (p.min_pixels < 0 || p.min_pixels > p.max_pixels)
     return Status::Invalid(fmt::format("min_pixels must be in 0..max_pixels ({})", p.max_pixels));
   p.max_patches = p.max_pixels / (q.patch_size * q.patch_size);
+  const int64_t max_videos = prm.GetInt("max_videos");
+  if (max_videos < 1 || max_videos > static_cast<int64_t>(kMaxListItems))
+    return Status::Invalid(fmt::format("max_videos must be in 1..{}", kMaxListItems));
+  p.max_videos = static_cast<int>(max_videos);
   ParseDType(prm.GetString("dtype"), &p.dtype);
   const auto& mean = prm.GetFloatList("mean");
   const auto& stdv = prm.GetFloatList("std");
@@ -231,10 +259,10 @@ MMFEED_REGISTER_STAGE((StageSchema{
     "qwen_video",
     "a video as Qwen3-VL/Qwen3.5 vision encoders take it (Hugging Face's Qwen3VLVideoProcessor): "
     "frames at fps, smart_resize over all frames, PIL's antialiased bicubic, normalize, patches "
-    "in the reference's order. Outputs (ragged): <name> [patches, 3 * temporal_patch_size * "
-    "patch_size^2], <grid> int32 [1, 3] (t, h, w in patches), <grid>_count int32 [], "
-    "<grid>_seconds float32 [ceil(max_frames / temporal_patch_size)] (each temporal patch's "
-    "time, to 0.1 s)",
+    "in the reference's order; one video or a list. Outputs (ragged): <name> [patches, 3 * "
+    "temporal_patch_size * patch_size^2], <grid> int32 [videos, 3] (t, h, w in patches), "
+    "<grid>_count int32 [], <grid>_seconds float32 [max_videos, ceil(max_frames / "
+    "temporal_patch_size)] (each temporal patch's time, to 0.1 s)",
     StageKind::kField,
     /*field_is_path=*/true,
     {
@@ -277,6 +305,9 @@ MMFEED_REGISTER_STAGE((StageSchema{
         {"threads", ParamType::kInt, int64_t{1},
          "decoder threads per worker (workers are the main parallelism)"},
         {"index_cache", ParamType::kInt, int64_t{4096}, "files whose keyframe index is kept (LRU)"},
+        {"max_videos", ParamType::kInt, int64_t{1},
+         "the most videos a sample's field may list (\"videos\": [...]); the ring reserves "
+         "max_videos * max_pixels / patch_size^2 patches per sample"},
     },
     MakeQwenVideoStage}));
 

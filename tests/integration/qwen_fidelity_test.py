@@ -10,13 +10,15 @@
   reference corpus), with exactly grid_t*grid_h*grid_w/4 <|image_pad|> tokens, and labels on
   the answer through its <|im_end|> only.
 - several images per sample ("images": [...]): each image's patches and grid in order, one
-  vision block per image in the ids, and a sample over max_images refused.
+  vision block per image in the ids, and a sample over max_images refused; text-only samples
+  ("images": []) with no patches and no vision tokens, alone in a batch too.
 - configs/qwen3.5-vl-video.yaml: the qwen_video stage against the PyAV + numpy + PIL
   reference of Qwen3VLVideoProcessor (frame count and indices, smart_resize over all frames,
   the last frame repeated to a whole temporal patch) on videos of several sizes, rates and
   lengths: grids and timestamps exact, patch values within the image tolerance of an exact
   decode; the ids equal the whole conversation with Qwen3VLProcessor's "<t seconds>" blocks
-  tokenized at once, labels on the answer only; a one-frame video refused.
+  tokenized at once, labels on the answer only; two videos in one sample and none
+  ("videos": []); a one-frame video refused.
 
 usage: qwen_fidelity_test.py --bin BUILD/bin
 """
@@ -200,7 +202,8 @@ class QwenChatTest(DaemonCase):
     def test_several_images_per_sample_in_order(self):
         photos = make_photos.make(self.dir, 6, 200, 700, seed=6)
         names = [p["name"] for p in photos]
-        lists = [names[0:1], names[1:3], names[3:6], names[2:3]]  # 1, 2, 3 and 1 images
+        # 1, 2, 3 and 1 images, then two text-only samples ("images": []): a batch of no images
+        lists = [names[0:1], names[1:3], names[3:6], names[2:3], [], []]
         with open(self.dir / "manifest.jsonl", "w") as m:
             for i, images in enumerate(lists):
                 m.write(json.dumps({"id": f"s{i}", "images": images, "text": f"Compare {len(images)}.",
@@ -259,67 +262,76 @@ class QwenVideoTest(DaemonCase):
         for name, spec in VIDEOS.items():
             subprocess.run(f"ffmpeg -v error -y -f lavfi -i {spec} -pix_fmt yuv420p {self.dir / name}",
                            shell=True, check=True)
-        names = [n for n in VIDEOS if n != "one.mp4"]
+        # Each video alone, two videos in one sample, and a sample without video ("videos": []).
+        lists = {name: [name] for name in VIDEOS}
+        lists.update({"pair": ["sixty.mp4", "vga.mp4"], "none": []})
         with open(self.dir / "manifest.jsonl", "w") as m:
-            for i, name in enumerate(VIDEOS):
+            for i, (sid, videos) in enumerate(lists.items()):
                 text, answer = CHATS[i % len(CHATS)]
-                m.write(json.dumps({"id": name, "video": name, "text": text, "answer": answer}) + "\n")
+                m.write(json.dumps({"id": sid, "videos": videos, "text": text, "answer": answer}) + "\n")
         config = (ROOT / "configs" / "qwen3.5-vl-video.yaml").read_text()
         for old, new in [("../tests/data/tokenizer/qwen3-tokenizer.json.gz", str(TOKENIZER)),
-                         ("shuffle: true", "shuffle: false"), ("batch_size: 4", "batch_size: 3")]:
+                         ("shuffle: true", "shuffle: false"), ("batch_size: 4", "batch_size: 3"),
+                         ("field: video,", "field: videos,"), ("max_frames: 768,", "max_frames: 768, max_videos: 2,")]:
             self.assertIn(old, config)
             config = config.replace(old, new)
         d = Daemon(self.dir, config + "on_error: skip\n")
         finish(d.consume(0, "--json", "--dump", str(self.dir / "dump")), timeout=240)
         self.assertEqual(d.wait(), 0, d.log())
         self.assertIn("1 frame(s) sampled", d.log(), "the one-frame video is refused, by name")
-        # The profile's line for the stage: the sampler's counters (each video indexed once).
+        # The profile's line for the stage: the sampler's counters (each file indexed once).
         self.assertRegex(d.log(), r"pixel_values_videos: decoded_per_sampled [0-9.]+, index_hits [0-9]+, "
                                   r"index_misses 8, seeks_per_video")
         samples = {}
         for meta, path in dumped_batches(self.dir / "dump"):
             values, grids = np.load(path / "pixel_values_videos.npy"), np.load(path / "video_grid_thw.npy")
-            seconds = np.load(path / "video_grid_thw_seconds.npy")
+            counts, seconds = np.load(path / "video_grid_thw_count.npy"), np.load(path / "video_grid_thw_seconds.npy")
             ids, lengths = np.load(path / "input_ids.npy"), np.load(path / "input_ids_lengths.npy")
             labels = np.load(path / "labels.npy")
-            self.assertEqual(grids.shape, (len(meta["ids"]), 3))
+            self.assertEqual(grids.shape, (int(counts.sum()), 3), "a grid row per video of the batch")
             self.assertEqual(values.shape[0], int(np.prod(grids, axis=1).sum()), "ragged rows")
-            at = 0
+            at = g = 0
             for k, sid in enumerate(meta["ids"]):
-                n, grid = int(np.prod(grids[k])), tuple(int(g) for g in grids[k])
-                samples[sid] = (values[at:at + n], grid, seconds[k, :grid[0]].tolist(),
-                                ids[k, :lengths[k]].tolist(), labels[k, :lengths[k]].tolist())
-                at += n
-        self.assertEqual(set(samples), set(names))
+                videos = []
+                for v in range(counts[k]):
+                    n, grid = int(np.prod(grids[g])), tuple(int(x) for x in grids[g])
+                    videos.append((values[at:at + n], grid, seconds[k, v, :grid[0]].tolist()))
+                    at += n
+                    g += 1
+                samples[sid] = (videos, ids[k, :lengths[k]].tolist(), labels[k, :lengths[k]].tolist())
+        self.assertEqual(set(samples), set(lists) - {"one.mp4"})
         means, p99s, convs = [], [], []
-        for i, name in enumerate(VIDEOS):
-            if name not in samples:
+        for i, (sid, names) in enumerate(lists.items()):
+            if sid not in samples:
                 continue
-            rows, grid, seconds, _, _ = samples[name]
-            want, want_grid, want_seconds = ref.preprocess_video(self.dir / name)
-            self.assertEqual(grid, want_grid, name)
-            self.assertEqual([f"{t:.1f}" for t in seconds], [f"{t:.1f}" for t in want_seconds], name)
-            diff = np.abs(rows.astype(np.float64) - want) * 127.5
-            means.append(diff.mean())
-            p99s.append(np.percentile(diff, 99))
-            self.assertLessEqual(means[-1], EXACT_DECODE["mean"], f"{name}: mean |difference| {means[-1]:.3f}")
-            self.assertLessEqual(p99s[-1], EXACT_DECODE["p99"], f"{name}: 99th percentile {p99s[-1]:.3f}")
-            # Qwen3VLProcessor's expansion of <|vision_start|><|video_pad|><|vision_end|>
-            block = "<|video_pad|>" * (grid[1] * grid[2] // 4)
-            video = "".join(f"<{t:.1f} seconds><|vision_start|>{block}<|vision_end|>" for t in want_seconds)
-            text, answer = CHATS[i % len(CHATS)]
-            convs += [VIDEO_TEMPLATE.format(video=video, text=text, answer=answer),
-                      VIDEO_TEMPLATE.split("{answer}")[0].format(video=video, text=text)]
+            videos, _, _ = samples[sid]
+            self.assertEqual(len(videos), len(names), sid)
+            text = ""
+            for (rows, grid, seconds), name in zip(videos, names):
+                want, want_grid, want_seconds = ref.preprocess_video(self.dir / name)
+                self.assertEqual(grid, want_grid, name)
+                self.assertEqual([f"{t:.1f}" for t in seconds], [f"{t:.1f}" for t in want_seconds], name)
+                diff = np.abs(rows.astype(np.float64) - want) * 127.5
+                means.append(diff.mean())
+                p99s.append(np.percentile(diff, 99))
+                self.assertLessEqual(means[-1], EXACT_DECODE["mean"], f"{name}: mean |difference| {means[-1]:.3f}")
+                self.assertLessEqual(p99s[-1], EXACT_DECODE["p99"], f"{name}: 99th percentile {p99s[-1]:.3f}")
+                # Qwen3VLProcessor's expansion of <|vision_start|><|video_pad|><|vision_end|>
+                block = "<|video_pad|>" * (grid[1] * grid[2] // 4)
+                text += "".join(f"<{t:.1f} seconds><|vision_start|>{block}<|vision_end|>" for t in want_seconds)
+            question, answer = CHATS[i % len(CHATS)]
+            convs += [VIDEO_TEMPLATE.format(video=text, text=question, answer=answer),
+                      VIDEO_TEMPLATE.split("{answer}")[0].format(video=text, text=question)]
         print(f"qwen_video: mean |difference| {np.mean(means):.3f} levels (worst {max(means):.3f}), "
               f"99th percentile worst {max(p99s):.2f} levels, {len(means)} videos", file=sys.stderr)
         convs = tokenize(convs)
-        for k, name in enumerate(n for n in VIDEOS if n in samples):
-            _, grid, _, ids, labels = samples[name]
+        for k, sid in enumerate(s for s in lists if s in samples):
+            videos, ids, labels = samples[sid]
             want, before = convs[2 * k], convs[2 * k + 1]
-            self.assertEqual(ids.count(VIDEO_PAD), grid[0] * grid[1] * grid[2] // 4, name)
-            self.assertEqual(ids, want, name)
+            self.assertEqual(ids.count(VIDEO_PAD), sum(g[0] * g[1] * g[2] // 4 for _, g, _ in videos), sid)
+            self.assertEqual(ids, want, sid)
             end = want.index(IM_END, len(before)) + 1
-            self.assertEqual(labels, [-100] * len(before) + want[len(before):end] + [-100] * (len(want) - end), name)
+            self.assertEqual(labels, [-100] * len(before) + want[len(before):end] + [-100] * (len(want) - end), sid)
 
 
 if __name__ == "__main__":

@@ -464,6 +464,67 @@ TEST(PipelineTest, PackedChatIsOneRowPerBatchWithCuSeqlens) {
   }
 }
 
+// A dataset that mixes text-only samples ("images": []) with samples of one or two images:
+// the text-only ones have no patches, no grid rows and no vision tokens, and a batch of text
+// only holds zero-row patch and grid tensors.
+TEST(PipelineTest, TextOnlySamplesOfAMixedDatasetHaveNoPatchesAndNoVisionTokens) {
+  TempDir dir;
+  testing::MakeImageTextDataset(dir.path(), 1);
+  const std::string photo = testing::PhotoNames()[0];
+  WriteFile(dir / "manifest.jsonl",
+            "{\"id\": \"t0\", \"images\": [], \"text\": \"only text\"}\n"
+            "{\"id\": \"t1\", \"images\": [], \"text\": \"more text\"}\n"
+            "{\"id\": \"i1\", \"images\": [\"" +
+                photo +
+                "\"], \"text\": \"one\"}\n"
+                "{\"id\": \"i2\", \"images\": [\"" +
+                photo + "\", \"" + photo +
+                "\"], \"text\": \"two\"}\n"
+                "{\"id\": \"t2\", \"images\": [], \"text\": \"last\"}\n");
+  std::string yaml = QwenConfig(2);
+  for (auto [from, to] : {std::pair<std::string, std::string>{"shuffle: true", "shuffle: false"},
+                          {"field: image", "field: images"},
+                          {"max_pixels: 65536}", "max_pixels: 65536, max_images: 2}"},
+                          {"batch_size: 5", "batch_size: 2"}}) {
+    ASSERT_NE(yaml.find(from), std::string::npos) << from;
+    yaml.replace(yaml.find(from), from.size(), to);
+  }
+  PipelineRun run = RunPipeline(dir, yaml);
+  ASSERT_TRUE(run.pipeline) << run.create_status.message();
+  EXPECT_EQ(run.pipeline->errors().ToJson()["total"], 0) << run.pipeline->errors().ToJson().dump();
+  const auto& batches = run.sinks[0]->batches;
+  ASSERT_EQ(batches.size(), 3u);
+  auto ints = [](const testing::Output& t) {
+    const auto* p = reinterpret_cast<const int32_t*>(t.data.data());
+    return std::vector<int32_t>(p, p + t.data.size() / 4);
+  };
+  // chat, chat_lengths, labels, pixel_values, image_grid_thw, image_grid_thw_count
+  const MemBatch& text = *batches[0];
+  EXPECT_EQ(text.ids, (std::vector<std::string>{"t0", "t1"}));
+  EXPECT_EQ(text.tensors[3].spec.shape, (std::vector<int64_t>{0, 1536})) << "no patches at all";
+  EXPECT_EQ(text.tensors[4].spec.shape, (std::vector<int64_t>{0, 3}));
+  EXPECT_EQ(ints(text.tensors[5]), (std::vector<int32_t>{0, 0}));
+  const MemBatch& mixed = *batches[1];
+  EXPECT_EQ(mixed.ids, (std::vector<std::string>{"i1", "i2"}));
+  EXPECT_EQ(ints(mixed.tensors[5]), (std::vector<int32_t>{1, 2}));
+  const std::vector<int32_t> grids = ints(mixed.tensors[4]);
+  ASSERT_EQ(grids.size(), 9u) << "three images' grids";
+  const int32_t pads = grids[0] * grids[1] * grids[2] / 4;
+  EXPECT_EQ(mixed.tensors[3].spec.shape, (std::vector<int64_t>{12 * pads, 1536}));
+  for (const MemBatch* b : {&text, &mixed}) {
+    const std::vector<int32_t> ids = ints(b->tensors[0]), lengths = ints(b->tensors[1]);
+    for (size_t k = 0; k < b->ids.size(); ++k) {
+      const auto row = ids.begin() + k * 512;
+      const int64_t vision_starts = std::count(row, row + lengths[k], 151652);
+      const int64_t image_pads = std::count(row, row + lengths[k], 151655);
+      const int images = ints(b->tensors[5])[k];
+      EXPECT_EQ(vision_starts, images) << b->ids[k];
+      EXPECT_EQ(image_pads, images * pads) << b->ids[k];
+    }
+  }
+  EXPECT_EQ(batches[2]->tensors[3].spec.shape, (std::vector<int64_t>{0, 1536}));
+}
+
 TEST(PipelineTest, ReadingAnOutputNoStageMakesIsAnError) {
   TempDir dir;
   testing::MakeImageTextDataset(dir.path(), 4);

@@ -262,24 +262,27 @@ TEST(ManifestTest, AFieldMayListSeveralValues) {
           "{\"id\": \"f\", \"images\": \"z.jpg\", \"text\": [\"one\", \"two\"]}\n");
   Result<Catalog> cat = LoadManifest(dir / "m.jsonl", {"images", "text"}, {"images"});
   ASSERT_TRUE(cat.ok());
-  ASSERT_EQ(cat->entries.size(), 2u);
+  ASSERT_EQ(cat->entries.size(), 3u);
   const FieldValue& a = cat->entries[0].fields[0].second;
   ASSERT_EQ(a.kind, FieldValue::Kind::kList);
   ASSERT_EQ(a.items.size(), 2u);
   EXPECT_EQ(a.items[0].kind, FieldValue::Kind::kPath);
   EXPECT_EQ(a.items[0].data, dir / "x.jpg") << "resolved against the manifest's folder";
   EXPECT_EQ(a.items[1].data, "/abs/y.jpg");
-  EXPECT_EQ(cat->entries[1].fields[0].second.kind, FieldValue::Kind::kPath) << "one value";
-  const FieldValue& texts = cat->entries[1].fields[1].second;
+  const FieldValue& none = cat->entries[1].fields[0].second;
+  EXPECT_EQ(none.kind, FieldValue::Kind::kList) << "an empty list: no images";
+  EXPECT_TRUE(none.items.empty());
+  EXPECT_EQ(cat->entries[2].fields[0].second.kind, FieldValue::Kind::kPath) << "one value";
+  const FieldValue& texts = cat->entries[2].fields[1].second;
   ASSERT_EQ(texts.kind, FieldValue::Kind::kList);
   EXPECT_EQ(texts.items[1].kind, FieldValue::Kind::kText);
   EXPECT_EQ(texts.items[1].data, "two");
-  ASSERT_EQ(cat->errors.size(), 4u);
-  EXPECT_EQ(cat->errors[0].reason, "field 'images' is a list of 0 values: 1 to 256 are allowed");
-  EXPECT_NE(cat->errors[1].reason.find("must be a string, {\"path\": ...} or a list"),
+  ASSERT_EQ(cat->errors.size(), 3u);
+  EXPECT_NE(cat->errors[0].reason.find("must be a string, {\"path\": ...} or a list"),
             std::string::npos);
-  EXPECT_EQ(cat->errors[2].reason, "field 'images' has an empty path");
-  EXPECT_EQ(cat->errors[3].reason, "field 'images' is a list of 257 values: 1 to 256 are allowed");
+  EXPECT_EQ(cat->errors[1].reason, "field 'images' has an empty path");
+  EXPECT_EQ(cat->errors[2].reason,
+            "field 'images' is a list of 257 values: at most 256 are allowed");
 }
 
 // The same manifest through its index: entries are located at start and parsed when read;

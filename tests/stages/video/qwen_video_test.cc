@@ -113,7 +113,7 @@ TEST_F(QwenVideoStageTest, OutputsPatchesGridAndTimesOfTheSampledFrames) {
   EXPECT_EQ(specs[1].name, "video_grid_thw");
   EXPECT_EQ(specs[1].rows_from, "video_grid_thw_count");
   EXPECT_EQ(specs[3].name, "video_grid_thw_seconds");
-  EXPECT_EQ(specs[3].shape, (std::vector<int64_t>{384}));
+  EXPECT_EQ(specs[3].shape, (std::vector<int64_t>{1, 384}));
 
   // 100 frames at 25 fps, 2 fps: 8 frames, [0, 14, 28, 42, 57, 71, 85, 99]; smart_resize(8,
   // 240, 320) = (256, 320): grid (4, 16, 20).
@@ -167,6 +167,43 @@ TEST_F(QwenVideoStageTest, AnOddFrameCountRepeatsTheLastFrame) {
   EXPECT_NE(one.status().message().find("1 frame(s) sampled"), std::string::npos)
       << one.status().message();
   EXPECT_FALSE(testing::RunStage(*stage, {1, 0, "x", "test"}, PathField(Path("missing.mp4"))).ok());
+}
+
+TEST_F(QwenVideoStageTest, ASampleMayListSeveralVideosOrNone) {
+  auto stage = MakeStage("qwen_video", "pixel_values_videos", {{"max_videos", int64_t{2}}});
+  ASSERT_TRUE(stage);
+  EXPECT_EQ(stage->OutputSpecs()[0].shape, (std::vector<int64_t>{2 * 3072, 1536}));
+  EXPECT_EQ(stage->OutputSpecs()[3].shape, (std::vector<int64_t>{2, 384}));
+  FieldValue list;
+  list.kind = FieldValue::Kind::kList;
+  list.items = {PathField(Path("three.mp4")), PathField(Path("flat.mp4"))};
+  Result<std::vector<Output>> out = testing::RunStage(*stage, {1, 0, "x", "test"}, list);
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  const int32_t* grid = (*out)[1].As<int32_t>();
+  EXPECT_EQ(std::vector<int32_t>(grid, grid + 6), (std::vector<int32_t>{2, 16, 20, 4, 16, 20}));
+  EXPECT_EQ(*(*out)[2].As<int32_t>(), 2);
+  const float* seconds = (*out)[3].As<float>();
+  EXPECT_EQ(seconds[1], 0.1f) << "the first video's";
+  EXPECT_EQ(seconds[384 + 3], 3.7f) << "the second video's, on its own row";
+  const float* v = (*out)[0].As<float>();
+  EXPECT_EQ(v[2 * 320 * 1536], v[2 * 320 * 1536 + 1535 - 1024]) << "the flat video follows at once";
+
+  list.items.clear();  // "videos": [] (a sample without video)
+  Result<std::vector<Output>> none = testing::RunStage(*stage, {1, 0, "x", "test"}, list);
+  ASSERT_TRUE(none.ok()) << none.status().message();
+  EXPECT_EQ(*(*none)[2].As<int32_t>(), 0);
+  grid = (*none)[1].As<int32_t>();
+  EXPECT_EQ(std::vector<int32_t>(grid, grid + 6), std::vector<int32_t>(6, 0));
+
+  list.items = {PathField(Path("flat.mp4")), PathField(Path("flat.mp4")), PathField(Path("x.mp4"))};
+  Result<std::vector<Output>> many = testing::RunStage(*stage, {1, 0, "x", "test"}, list);
+  ASSERT_FALSE(many.ok());
+  EXPECT_NE(many.status().message().find("3 videos, above max_videos 2"), std::string::npos);
+  list.items = {PathField(Path("flat.mp4")), PathField(Path("one.mp4"))};
+  Result<std::vector<Output>> bad = testing::RunStage(*stage, {1, 0, "x", "test"}, list);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("video 2 of 2"), std::string::npos)
+      << bad.status().message();
 }
 
 TEST_F(QwenVideoStageTest, DamagedVideosAreClearPerSampleErrors) {
