@@ -135,17 +135,110 @@ void QwenPatchify(const uint8_t* const* frames, int height, int width, const Qwe
         }
 }
 
+std::vector<ParamSpec> QwenParamSpecs() {
+  return {
+      {"patch_size", ParamType::kInt, int64_t{16}, "side of a patch, in pixels"},
+      {"temporal_patch_size", ParamType::kInt, int64_t{2},
+       "frames per patch (an image is its frame repeated; a video's last frame repeats to fill "
+       "its last patch)"},
+      {"merge_size", ParamType::kInt, int64_t{2},
+       "patches per side of a merge window: sides are multiples of patch_size * merge_size"},
+      {"mean",
+       ParamType::kFloatList,
+       std::vector<double>{0.5, 0.5, 0.5},
+       "per-channel mean (of pixel/255)",
+       {},
+       3},
+      {"std",
+       ParamType::kFloatList,
+       std::vector<double>{0.5, 0.5, 0.5},
+       "per-channel std (of pixel/255)",
+       {},
+       3},
+      {"dtype",
+       ParamType::kString,
+       std::string("float32"),
+       "float32 | bfloat16 (the float32 value rounded to the nearest bfloat16)",
+       {"float32", "bfloat16"}},
+  };
+}
+
+Status ParseQwenParams(const StageArgs& a, const char* list_key, int64_t min_windows,
+                       QwenStageParams* p) {
+  const Params& prm = a.params;
+  p->name = a.name;
+  p->grid_name = prm.GetString("grid");
+  if (p->grid_name.empty() || p->grid_name == p->name)
+    return Status::Invalid("grid must name an output other than the stage's own");
+  QwenPatching& q = p->patching;
+  q.patch_size = static_cast<int>(prm.GetInt("patch_size"));
+  q.temporal_patch_size = static_cast<int>(prm.GetInt("temporal_patch_size"));
+  q.merge_size = static_cast<int>(prm.GetInt("merge_size"));
+  if (q.patch_size < 1 || q.patch_size > 64 || q.merge_size < 1 || q.merge_size > 8 ||
+      q.temporal_patch_size < 1 || q.temporal_patch_size > 8)
+    return Status::Invalid(
+        "patch_size must be in 1..64, merge_size and temporal_patch_size in 1..8");
+  const int64_t factor = q.patch_size * q.merge_size;
+  p->min_pixels = prm.GetInt("min_pixels");
+  p->max_pixels = prm.GetInt("max_pixels");
+  const int64_t least = factor * factor * min_windows;
+  if (p->max_pixels < least || p->max_pixels > (int64_t{1} << 30))
+    return Status::Invalid(
+        fmt::format("max_pixels must be in {}..{} (at least {} {}x{} merge window(s))", least,
+                    int64_t{1} << 30, min_windows, factor, factor));
+  if (p->min_pixels < 0 || p->min_pixels > p->max_pixels)
+    return Status::Invalid(fmt::format("min_pixels must be in 0..max_pixels ({})", p->max_pixels));
+  p->max_patches = p->max_pixels / (q.patch_size * q.patch_size);
+  const int64_t items = prm.GetInt(list_key);
+  if (items < 1 || items > static_cast<int64_t>(kMaxListItems))
+    return Status::Invalid(fmt::format("{} must be in 1..{}", list_key, kMaxListItems));
+  p->max_items = static_cast<int>(items);
+  ParseDType(prm.GetString("dtype"), &p->dtype);
+  const auto& mean = prm.GetFloatList("mean");
+  const auto& stdv = prm.GetFloatList("std");
+  for (int c = 0; c < 3; ++c) {
+    if (stdv[c] <= 0) return Status::Invalid("std values must be positive");
+    // As the reference computes it: v * (1/255), then (x - mean) / std, in float32.
+    const float mean_c = static_cast<float>(mean[c]), std_c = static_cast<float>(stdv[c]);
+    for (int v = 0; v < 256; ++v)
+      p->lut[c][v] = (static_cast<float>(v * (1.0 / 255)) - mean_c) / std_c;
+  }
+  return Status::Ok();
+}
+
+std::vector<TensorSpec> QwenOutputSpecs(const QwenStageParams& p) {
+  const std::string count = p.grid_name + "_count";
+  return {{p.name, p.dtype, {p.max_items * p.max_patches, p.patching.PatchValues()}, p.grid_name},
+          {p.grid_name, DType::kInt32, {p.max_items, 3}, count},
+          {count, DType::kInt32, {}}};
+}
+
+Status QwenEachItem(const QwenStageParams& p, const char* noun, const FieldValue& in,
+                    const OutputRow& out, const QwenItemFn& one) {
+  const bool list = in.kind == FieldValue::Kind::kList;
+  const size_t n = list ? in.items.size() : 1;
+  if (n > static_cast<size_t>(p.max_items))
+    return Status::TooLarge(fmt::format("{} {}s, above max_{}s {}", n, noun, noun, p.max_items));
+  auto* grids = out.As<int32_t>(1);
+  std::memset(grids, 0, sizeof(int32_t) * 3 * p.max_items);  // rows past the last value
+  *out.As<int32_t>(2) = static_cast<int32_t>(n);
+  const size_t row_bytes = static_cast<size_t>(p.patching.PatchValues()) * DTypeSize(p.dtype);
+  uint8_t* rows = out[0];
+  for (size_t i = 0; i < n; ++i) {
+    int32_t* grid = grids + 3 * i;
+    Status st = one(list ? in.items[i] : in, i, rows, grid);
+    if (!st.ok()) return list ? st.WithContext(fmt::format("{} {} of {}", noun, i + 1, n)) : st;
+    rows += static_cast<size_t>(grid[0]) * grid[1] * grid[2] * row_bytes;
+  }
+  return Status::Ok();
+}
+
 namespace {
 
 struct QwenParams {
-  std::string name, grid_name;
-  QwenPatching patching;
-  int64_t min_pixels = 0, max_pixels = 0, max_source_pixels = 0;
-  int64_t max_patches = 0;  // per image: max_pixels / patch_size^2
-  int max_images = 1;
-  DType dtype = DType::kFloat32;
+  QwenStageParams q;
+  int64_t max_source_pixels = 0;
   bool dct_scaling = true;
-  float lut[3][256];  // normalized value of each 8-bit level, per channel
 };
 
 class QwenVisionWorker : public StageWorker {
@@ -153,21 +246,10 @@ class QwenVisionWorker : public StageWorker {
   explicit QwenVisionWorker(const QwenParams& p) : p_(p) {}
 
   Status Process(const SampleContext&, const FieldValue& in, const OutputRow& out) override {
-    const bool list = in.kind == FieldValue::Kind::kList;
-    const size_t n = list ? in.items.size() : 1;
-    if (n > static_cast<size_t>(p_.max_images))
-      return Status::TooLarge(fmt::format("{} images, above max_images {}", n, p_.max_images));
-    auto* grids = out.As<int32_t>(1);
-    std::memset(grids, 0, sizeof(int32_t) * 3 * p_.max_images);  // rows past the last image
-    *out.As<int32_t>(2) = static_cast<int32_t>(n);
-    const size_t row_bytes = static_cast<size_t>(p_.patching.PatchValues()) * DTypeSize(p_.dtype);
-    uint8_t* rows = out[0];
-    for (size_t i = 0; i < n; ++i) {
-      Status st = Image(list ? in.items[i] : in, rows, grids + 3 * i);
-      if (!st.ok()) return list ? st.WithContext(fmt::format("image {} of {}", i + 1, n)) : st;
-      rows += static_cast<size_t>(grids[3 * i + 1]) * grids[3 * i + 2] * row_bytes;
-    }
-    return Status::Ok();
+    return QwenEachItem(p_.q, "image", in, out,
+                        [this](const FieldValue& one, size_t, uint8_t* rows, int32_t* grid) {
+                          return Image(one, rows, grid);
+                        });
   }
 
  private:
@@ -178,16 +260,16 @@ class QwenVisionWorker : public StageWorker {
     int w = 0, h = 0;
     MMFEED_RETURN_IF_ERROR(
         decoder_.Open(*bytes, p_.max_source_pixels, "max_source_pixels", &w, &h));
-    const QwenPatching& q = p_.patching;
+    const QwenPatching& q = p_.q.patching;
     Result<QwenSize> size =
-        QwenSmartResize(h, w, q.patch_size * q.merge_size, p_.min_pixels, p_.max_pixels);
+        QwenSmartResize(h, w, q.patch_size * q.merge_size, p_.q.min_pixels, p_.q.max_pixels);
     if (!size.ok()) return size.status();
     const int64_t patches = size->height * size->width / (q.patch_size * q.patch_size);
-    if (patches > p_.max_patches)  // smart_resize's floor of one factor per side, at ratio ~200
+    if (patches > p_.q.max_patches)  // smart_resize's floor of one factor per side, at ratio ~200
       return Status::TooLarge(
           fmt::format("image is {}x{}: resized to {}x{} it has {} patches, "
                       "above the {} max_pixels allows",
-                      w, h, size->width, size->height, patches, p_.max_patches));
+                      w, h, size->width, size->height, patches, p_.q.max_patches));
     const int oh = static_cast<int>(size->height), ow = static_cast<int>(size->width);
     const AxisMap x{0, static_cast<double>(w) / ow, 0, w, 0, ow};
     const AxisMap y{0, static_cast<double>(h) / oh, 0, h, 0, oh};
@@ -196,9 +278,9 @@ class QwenVisionWorker : public StageWorker {
     resized_.resize(static_cast<size_t>(3) * oh * ow);
     MMFEED_RETURN_IF_ERROR(
         decoder_.Resample(x, y, Filter::kBicubic, p_.dct_scaling, o, &resampler_, resized_.data()));
-    const float* lut[3] = {p_.lut[0], p_.lut[1], p_.lut[2]};
+    const float* lut[3] = {p_.q.lut[0], p_.q.lut[1], p_.q.lut[2]};
     const std::vector<const uint8_t*> frames(q.temporal_patch_size, resized_.data());
-    QwenPatchify(frames.data(), oh, ow, q, lut, p_.dtype, rows);
+    QwenPatchify(frames.data(), oh, ow, q, lut, p_.q.dtype, rows);
     grid[0] = 1;
     grid[1] = oh / q.patch_size;
     grid[2] = ow / q.patch_size;
@@ -215,13 +297,7 @@ class QwenVisionWorker : public StageWorker {
 class QwenVisionStage : public Stage {
  public:
   explicit QwenVisionStage(QwenParams p) : p_(std::move(p)) {}
-  std::vector<TensorSpec> OutputSpecs() const override {
-    const QwenPatching& q = p_.patching;
-    const std::string count = p_.grid_name + "_count";
-    return {{p_.name, p_.dtype, {p_.max_images * p_.max_patches, q.PatchValues()}, p_.grid_name},
-            {p_.grid_name, DType::kInt32, {p_.max_images, 3}, count},
-            {count, DType::kInt32, {}}};
-  }
+  std::vector<TensorSpec> OutputSpecs() const override { return QwenOutputSpecs(p_.q); }
   std::unique_ptr<StageWorker> NewWorker() const override {
     return std::make_unique<QwenVisionWorker>(p_);
   }
@@ -231,48 +307,39 @@ class QwenVisionStage : public Stage {
 };
 
 Result<std::unique_ptr<Stage>> MakeQwenVisionStage(const StageArgs& a) {
-  const Params& prm = a.params;
   QwenParams p;
-  p.name = a.name;
-  p.grid_name = prm.GetString("grid");
-  if (p.grid_name.empty() || p.grid_name == p.name)
-    return Status::Invalid("grid must name an output other than the stage's own");
-  QwenPatching& q = p.patching;
-  q.patch_size = static_cast<int>(prm.GetInt("patch_size"));
-  q.temporal_patch_size = static_cast<int>(prm.GetInt("temporal_patch_size"));
-  q.merge_size = static_cast<int>(prm.GetInt("merge_size"));
-  if (q.patch_size < 1 || q.patch_size > 64 || q.merge_size < 1 || q.merge_size > 8 ||
-      q.temporal_patch_size < 1 || q.temporal_patch_size > 8)
-    return Status::Invalid(
-        "patch_size must be in 1..64, merge_size and temporal_patch_size in 1..8");
-  const int64_t factor = q.patch_size * q.merge_size;
-  p.min_pixels = prm.GetInt("min_pixels");
-  p.max_pixels = prm.GetInt("max_pixels");
-  if (p.max_pixels < factor * factor || p.max_pixels > (int64_t{1} << 30))
-    return Status::Invalid(
-        fmt::format("max_pixels must be in {}..{} (at least one {}x{} merge window)",
-                    factor * factor, int64_t{1} << 30, factor, factor));
-  if (p.min_pixels < 0 || p.min_pixels > p.max_pixels)
-    return Status::Invalid(fmt::format("min_pixels must be in 0..max_pixels ({})", p.max_pixels));
-  p.max_patches = p.max_pixels / (q.patch_size * q.patch_size);
-  const int64_t max_images = prm.GetInt("max_images");
-  if (max_images < 1 || max_images > static_cast<int64_t>(kMaxListItems))
-    return Status::Invalid(fmt::format("max_images must be in 1..{}", kMaxListItems));
-  p.max_images = static_cast<int>(max_images);
-  p.max_source_pixels = prm.GetInt("max_source_pixels");
+  MMFEED_RETURN_IF_ERROR(ParseQwenParams(a, "max_images", 1, &p.q));
+  p.max_source_pixels = a.params.GetInt("max_source_pixels");
   if (p.max_source_pixels < 1) return Status::Invalid("max_source_pixels must be positive");
-  p.dct_scaling = prm.GetString("dct_scaling") == "on";
-  ParseDType(prm.GetString("dtype"), &p.dtype);
-  const auto& mean = prm.GetFloatList("mean");
-  const auto& stdv = prm.GetFloatList("std");
-  for (int c = 0; c < 3; ++c) {
-    if (stdv[c] <= 0) return Status::Invalid("std values must be positive");
-    // As the reference computes it: v * (1/255), then (x - mean) / std, in float32.
-    const float mean_c = static_cast<float>(mean[c]), std_c = static_cast<float>(stdv[c]);
-    for (int v = 0; v < 256; ++v)
-      p.lut[c][v] = (static_cast<float>(v * (1.0 / 255)) - mean_c) / std_c;
-  }
+  p.dct_scaling = a.params.GetString("dct_scaling") == "on";
   return std::unique_ptr<Stage>(new QwenVisionStage(std::move(p)));
+}
+
+std::vector<ParamSpec> QwenVisionParamSpecs() {
+  std::vector<ParamSpec> specs = QwenParamSpecs();
+  specs.insert(
+      specs.end(),
+      {
+          {"min_pixels", ParamType::kInt, int64_t{65536}, "smart_resize: smaller images grow"},
+          {"max_pixels", ParamType::kInt, int64_t{16777216},
+           "smart_resize: larger images shrink; also sizes the ring (max_pixels / patch_size^2 "
+           "patches per image)"},
+          {"dct_scaling",
+           ParamType::kString,
+           std::string("on"),
+           "on: decode JPEGs at 1/2, 1/4 or 1/8 size when the resized image is at least that "
+           "much smaller (faster; pixels differ slightly from a full decode) | off: always full "
+           "size",
+           {"on", "off"}},
+          {"max_source_pixels", ParamType::kInt, int64_t{89478485},
+           "refuse source images with more pixels (checked before decoding)"},
+          {"grid", ParamType::kString, std::string("image_grid_thw"),
+           "name of the grid output ([t, h, w] per image; <grid>_count: the sample's images)"},
+          {"max_images", ParamType::kInt, int64_t{1},
+           "the most images a sample's field may list (\"images\": [...]); the ring reserves "
+           "max_images * max_pixels / patch_size^2 patches per sample"},
+      });
+  return specs;
 }
 
 MMFEED_REGISTER_STAGE((StageSchema{
@@ -284,49 +351,7 @@ MMFEED_REGISTER_STAGE((StageSchema{
     "([total_patches, 1536]), <grid> int32 [images, 3] (t, h, w in patches), <grid>_count "
     "int32 [] (images per sample)",
     StageKind::kField,
-    /*field_is_path=*/true,
-    {
-        {"patch_size", ParamType::kInt, int64_t{16}, "side of a patch, in pixels"},
-        {"temporal_patch_size", ParamType::kInt, int64_t{2},
-         "frames per patch (an image is its frame repeated)"},
-        {"merge_size", ParamType::kInt, int64_t{2},
-         "patches per side of a merge window: sides are multiples of patch_size * merge_size"},
-        {"min_pixels", ParamType::kInt, int64_t{65536}, "smart_resize: smaller images grow"},
-        {"max_pixels", ParamType::kInt, int64_t{16777216},
-         "smart_resize: larger images shrink; also sizes the ring (max_pixels / patch_size^2 "
-         "patches per image)"},
-        {"mean",
-         ParamType::kFloatList,
-         std::vector<double>{0.5, 0.5, 0.5},
-         "per-channel mean (of pixel/255)",
-         {},
-         3},
-        {"std",
-         ParamType::kFloatList,
-         std::vector<double>{0.5, 0.5, 0.5},
-         "per-channel std (of pixel/255)",
-         {},
-         3},
-        {"dtype",
-         ParamType::kString,
-         std::string("float32"),
-         "float32 | bfloat16 (the float32 value rounded to the nearest bfloat16)",
-         {"float32", "bfloat16"}},
-        {"dct_scaling",
-         ParamType::kString,
-         std::string("on"),
-         "on: decode JPEGs at 1/2, 1/4 or 1/8 size when the resized image is at least that much "
-         "smaller (faster; pixels differ slightly from a full decode) | off: always full size",
-         {"on", "off"}},
-        {"max_source_pixels", ParamType::kInt, int64_t{89478485},
-         "refuse source images with more pixels (checked before decoding)"},
-        {"grid", ParamType::kString, std::string("image_grid_thw"),
-         "name of the grid output ([t, h, w] per image; <grid>_count: the sample's images)"},
-        {"max_images", ParamType::kInt, int64_t{1},
-         "the most images a sample's field may list (\"images\": [...]); the ring reserves "
-         "max_images * max_pixels / patch_size^2 patches per sample"},
-    },
-    MakeQwenVisionStage}));
+    /*field_is_path=*/true, QwenVisionParamSpecs(), MakeQwenVisionStage}));
 
 }  // namespace
 }  // namespace mmfeed

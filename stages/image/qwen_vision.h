@@ -3,10 +3,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "base/status.h"
 #include "base/tensor.h"
+#include "stages/runtime/registry.h"
 
 namespace mmfeed {
 
@@ -43,5 +46,38 @@ struct QwenPatching {
 // of channel c written as lut[c][v], as float32 or bfloat16.
 void QwenPatchify(const uint8_t* const* frames, int height, int width, const QwenPatching& p,
                   const float* const lut[3], DType dtype, uint8_t* out);
+
+// What the qwen_vision and qwen_video stages share: their outputs, the patching, the pixel
+// budget, how many values a sample may list, and the normalization.
+struct QwenStageParams {
+  std::string name, grid_name;
+  QwenPatching patching;
+  int64_t min_pixels = 0, max_pixels = 0;
+  int64_t max_patches = 0;  // per image or video: max_pixels / patch_size^2
+  int max_items = 1;        // max_images, max_videos
+  DType dtype = DType::kFloat32;
+  float lut[3][256];  // normalized value of each 8-bit level, per channel
+};
+
+// Their shared schema entries: patch_size, temporal_patch_size, merge_size, mean, std, dtype.
+std::vector<ParamSpec> QwenParamSpecs();
+
+// Reads the shared entries and grid, min_pixels, max_pixels and `list_key` (max_images,
+// max_videos). max_pixels must hold `min_windows` merge windows (a video: one per frame of a
+// temporal patch).
+Status ParseQwenParams(const StageArgs& a, const char* list_key, int64_t min_windows,
+                       QwenStageParams* p);
+
+// <name> [max_items * max_patches, PatchValues()] (ragged by the grid), <grid> int32
+// [max_items, 3] (ragged by the count), <grid>_count int32 [].
+std::vector<TensorSpec> QwenOutputSpecs(const QwenStageParams& p);
+
+// Runs `one` on each value of the field (one, or a list of up to max_items; an empty list is
+// a sample without any): value i writes its patches at `rows`, right after value i - 1's, and
+// its [t, h, w] at `grid`. Fills the grid and count outputs; `noun` names a value in errors.
+using QwenItemFn =
+    std::function<Status(const FieldValue& in, size_t i, uint8_t* rows, int32_t* grid)>;
+Status QwenEachItem(const QwenStageParams& p, const char* noun, const FieldValue& in,
+                    const OutputRow& out, const QwenItemFn& one);
 
 }  // namespace mmfeed

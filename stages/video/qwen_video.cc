@@ -35,17 +35,11 @@ namespace mmfeed {
 namespace {
 
 struct QwenVideoParams {
-  std::string name, grid_name;
-  QwenPatching patching;
+  QwenStageParams q;
   double fps = 2;
   int64_t min_frames = 4, max_frames = 768;
-  int64_t min_pixels = 0, max_pixels = 0;
-  int64_t max_patches = 0;  // per video: max_pixels / patch_size^2
-  int64_t max_groups = 0;   // temporal patches per video: ceil(max_frames / temporal_patch_size)
-  int max_videos = 1;
-  DType dtype = DType::kFloat32;
-  float lut[3][256];
-  VideoOptions video;  // the sampler's: source size limit, decoder threads, index cache
+  int64_t max_groups = 0;  // temporal patches per video: ceil(max_frames / temporal_patch_size)
+  VideoOptions video;      // the sampler's: source size limit, decoder threads, index cache
 };
 
 // A time as Python's f"{t:.1f}" writes it, back as a number.
@@ -59,30 +53,18 @@ class QwenVideoWorker : public StageWorker {
       : p_(p), sampler_(p.video, cache), shared_(shared) {}
 
   Status Process(const SampleContext&, const FieldValue& in, const OutputRow& out) override {
-    const bool list = in.kind == FieldValue::Kind::kList;
-    const size_t n = list ? in.items.size() : 1;
-    if (n > static_cast<size_t>(p_.max_videos))
-      return Status::TooLarge(fmt::format("{} videos, above max_videos {}", n, p_.max_videos));
-    auto* grids = out.As<int32_t>(1);
-    std::memset(grids, 0, sizeof(int32_t) * 3 * p_.max_videos);  // rows past the last video
-    *out.As<int32_t>(2) = static_cast<int32_t>(n);
     float* seconds = out.As<float>(3);
-    std::fill(seconds, seconds + p_.max_videos * p_.max_groups, 0.0f);
-    const size_t row_bytes = static_cast<size_t>(p_.patching.PatchValues()) * DTypeSize(p_.dtype);
-    uint8_t* rows = out[0];
-    for (size_t i = 0; i < n; ++i) {
-      int32_t* grid = grids + 3 * i;
-      Status st = Video(list ? in.items[i] : in, rows, grid, seconds + i * p_.max_groups);
-      if (!st.ok()) return list ? st.WithContext(fmt::format("video {} of {}", i + 1, n)) : st;
-      rows += static_cast<size_t>(grid[0]) * grid[1] * grid[2] * row_bytes;
-    }
-    return Status::Ok();
+    std::fill(seconds, seconds + p_.q.max_items * p_.max_groups, 0.0f);
+    return QwenEachItem(p_.q, "video", in, out,
+                        [&](const FieldValue& one, size_t i, uint8_t* rows, int32_t* grid) {
+                          return Video(one, rows, grid, seconds + i * p_.max_groups);
+                        });
   }
 
  private:
   // One video's patches at `rows`, its grid and its temporal patches' times.
   Status Video(const FieldValue& in, uint8_t* rows, int32_t* grid, float* seconds) {
-    const QwenPatching& q = p_.patching;
+    const QwenPatching& q = p_.q.patching;
     const int tps = q.temporal_patch_size;
     std::vector<int64_t> indices;
     double source_fps = 0;
@@ -94,17 +76,17 @@ class QwenVideoWorker : public StageWorker {
       indices = QwenVideoFrameIndices(f.frames, source_fps, p_.fps, p_.min_frames, p_.max_frames);
       Result<QwenSize> size =
           QwenVideoSmartResize(static_cast<int64_t>(indices.size()), f.height, f.width, tps,
-                               q.patch_size * q.merge_size, p_.min_pixels, p_.max_pixels);
+                               q.patch_size * q.merge_size, p_.q.min_pixels, p_.q.max_pixels);
       if (!size.ok()) return size.status();
       oh = static_cast<int>(size->height);
       ow = static_cast<int>(size->width);
       const int64_t groups = (static_cast<int64_t>(indices.size()) + tps - 1) / tps;
       const int64_t patches = groups * (oh / q.patch_size) * (ow / q.patch_size);
-      if (patches > p_.max_patches)
+      if (patches > p_.q.max_patches)
         return Status::TooLarge(
             fmt::format("video is {}x{}, {} frames sampled: resized to {}x{} it has {} patches, "
                         "above the {} max_pixels allows",
-                        f.width, f.height, indices.size(), ow, oh, patches, p_.max_patches));
+                        f.width, f.height, indices.size(), ow, oh, patches, p_.q.max_patches));
       src_w = f.width;
       src_h = f.height;
       resampler_.Plan({0, static_cast<double>(src_w) / ow, 0, src_w, 0, ow},
@@ -144,13 +126,13 @@ class QwenVideoWorker : public StageWorker {
         std::memcpy(frames_.data() + i * frame_bytes, frames_.data() + last * frame_bytes,
                     frame_bytes);
     }
-    const float* lut[3] = {p_.lut[0], p_.lut[1], p_.lut[2]};
+    const float* lut[3] = {p_.q.lut[0], p_.q.lut[1], p_.q.lut[2]};
     const size_t group_bytes = static_cast<size_t>(oh / q.patch_size) * (ow / q.patch_size) *
-                               q.PatchValues() * DTypeSize(p_.dtype);
+                               q.PatchValues() * DTypeSize(p_.q.dtype);
     std::vector<const uint8_t*> group(tps);
     for (int g = 0; g < groups; ++g) {
       for (int t = 0; t < tps; ++t) group[t] = frames_.data() + (g * tps + t) * frame_bytes;
-      QwenPatchify(group.data(), oh, ow, q, lut, p_.dtype, rows + g * group_bytes);
+      QwenPatchify(group.data(), oh, ow, q, lut, p_.q.dtype, rows + g * group_bytes);
       const int64_t first = indices[g * tps], end = indices[std::min(g * tps + tps, n) - 1];
       seconds[g] = Tenths((first / source_fps + end / source_fps) / 2);
     }
@@ -173,14 +155,10 @@ class QwenVideoStage : public Stage {
  public:
   explicit QwenVideoStage(QwenVideoParams p) : p_(std::move(p)), cache_(p_.video.index_cache) {}
   std::vector<TensorSpec> OutputSpecs() const override {
-    const std::string count = p_.grid_name + "_count";
-    return {{p_.name,
-             p_.dtype,
-             {p_.max_videos * p_.max_patches, p_.patching.PatchValues()},
-             p_.grid_name},
-            {p_.grid_name, DType::kInt32, {p_.max_videos, 3}, count},
-            {count, DType::kInt32, {}},
-            {p_.grid_name + "_seconds", DType::kFloat32, {p_.max_videos, p_.max_groups}}};
+    std::vector<TensorSpec> specs = QwenOutputSpecs(p_.q);
+    specs.push_back(
+        {p_.q.grid_name + "_seconds", DType::kFloat32, {p_.q.max_items, p_.max_groups}});
+    return specs;
   }
   std::unique_ptr<StageWorker> NewWorker() const override {
     return std::make_unique<QwenVideoWorker>(p_, &cache_, &shared_);
@@ -198,52 +176,18 @@ Result<std::unique_ptr<Stage>> MakeQwenVideoStage(const StageArgs& a) {
   RouteFfmpegLogs();
   const Params& prm = a.params;
   QwenVideoParams p;
-  p.name = a.name;
-  p.grid_name = prm.GetString("grid");
-  if (p.grid_name.empty() || p.grid_name == p.name)
-    return Status::Invalid("grid must name an output other than the stage's own");
-  QwenPatching& q = p.patching;
-  q.patch_size = static_cast<int>(prm.GetInt("patch_size"));
-  q.temporal_patch_size = static_cast<int>(prm.GetInt("temporal_patch_size"));
-  q.merge_size = static_cast<int>(prm.GetInt("merge_size"));
-  if (q.patch_size < 1 || q.patch_size > 64 || q.merge_size < 1 || q.merge_size > 8 ||
-      q.temporal_patch_size < 1 || q.temporal_patch_size > 8)
-    return Status::Invalid(
-        "patch_size must be in 1..64, merge_size and temporal_patch_size in 1..8");
+  const int64_t tps = prm.GetInt("temporal_patch_size");
+  MMFEED_RETURN_IF_ERROR(ParseQwenParams(a, "max_videos", tps, &p.q));
   p.fps = prm.GetFloat("fps");
   if (!(p.fps > 0) || p.fps > 1000) return Status::Invalid("fps must be in (0, 1000]");
   p.min_frames = prm.GetInt("min_frames");
   p.max_frames = prm.GetInt("max_frames");
-  if (p.max_frames < q.temporal_patch_size || p.max_frames > 4096)
-    return Status::Invalid(fmt::format(
-        "max_frames must be in {}..4096 (at least temporal_patch_size)", q.temporal_patch_size));
+  if (p.max_frames < tps || p.max_frames > 4096)
+    return Status::Invalid(
+        fmt::format("max_frames must be in {}..4096 (at least temporal_patch_size)", tps));
   if (p.min_frames < 1 || p.min_frames > p.max_frames)
     return Status::Invalid("min_frames must be in 1..max_frames");
-  p.max_groups = (p.max_frames + q.temporal_patch_size - 1) / q.temporal_patch_size;
-  const int64_t factor = q.patch_size * q.merge_size;
-  p.min_pixels = prm.GetInt("min_pixels");
-  p.max_pixels = prm.GetInt("max_pixels");
-  if (p.max_pixels < factor * factor * q.temporal_patch_size || p.max_pixels > (int64_t{1} << 30))
-    return Status::Invalid(fmt::format(
-        "max_pixels must be in {}..{} (frames * height * width: at least one {}x{} merge window "
-        "per temporal patch)",
-        factor * factor * q.temporal_patch_size, int64_t{1} << 30, factor, factor));
-  if (p.min_pixels < 0 || p.min_pixels > p.max_pixels)
-    return Status::Invalid(fmt::format("min_pixels must be in 0..max_pixels ({})", p.max_pixels));
-  p.max_patches = p.max_pixels / (q.patch_size * q.patch_size);
-  const int64_t max_videos = prm.GetInt("max_videos");
-  if (max_videos < 1 || max_videos > static_cast<int64_t>(kMaxListItems))
-    return Status::Invalid(fmt::format("max_videos must be in 1..{}", kMaxListItems));
-  p.max_videos = static_cast<int>(max_videos);
-  ParseDType(prm.GetString("dtype"), &p.dtype);
-  const auto& mean = prm.GetFloatList("mean");
-  const auto& stdv = prm.GetFloatList("std");
-  for (int c = 0; c < 3; ++c) {
-    if (stdv[c] <= 0) return Status::Invalid("std values must be positive");
-    const float mean_c = static_cast<float>(mean[c]), std_c = static_cast<float>(stdv[c]);
-    for (int v = 0; v < 256; ++v)
-      p.lut[c][v] = (static_cast<float>(v * (1.0 / 255)) - mean_c) / std_c;
-  }
+  p.max_groups = (p.max_frames + tps - 1) / tps;
   p.video.max_pixels = prm.GetInt("max_source_pixels");
   if (p.video.max_pixels < 1) return Status::Invalid("max_source_pixels must be positive");
   p.video.threads = static_cast<int>(prm.GetInt("threads"));
@@ -255,6 +199,36 @@ Result<std::unique_ptr<Stage>> MakeQwenVideoStage(const StageArgs& a) {
   return std::unique_ptr<Stage>(new QwenVideoStage(std::move(p)));
 }
 
+std::vector<ParamSpec> QwenVideoParamSpecs() {
+  std::vector<ParamSpec> specs = QwenParamSpecs();
+  specs.insert(
+      specs.end(),
+      {
+          {"fps", ParamType::kFloat, 2.0,
+           "frames sampled per second of video: int(frames / source fps * fps)"},
+          {"min_frames", ParamType::kInt, int64_t{4},
+           "fewest frames sampled (if the video has them)"},
+          {"max_frames", ParamType::kInt, int64_t{768}, "most frames sampled"},
+          {"min_pixels", ParamType::kInt, int64_t{131072},
+           "smart_resize: frames * height * width below this grow (128 * 32 * 32)"},
+          {"max_pixels", ParamType::kInt, int64_t{786432},
+           "smart_resize: frames * height * width above this shrink (768 * 32 * 32); also "
+           "sizes the ring (max_pixels / patch_size^2 patches per video)"},
+          {"grid", ParamType::kString, std::string("video_grid_thw"),
+           "name of the grid output ([t, h, w]; <grid>_count, <grid>_seconds)"},
+          {"max_videos", ParamType::kInt, int64_t{1},
+           "the most videos a sample's field may list (\"videos\": [...]); the ring reserves "
+           "max_videos * max_pixels / patch_size^2 patches per sample"},
+          {"max_source_pixels", ParamType::kInt, int64_t{7680} * 4320,
+           "refuse videos with larger frames, before allocating"},
+          {"threads", ParamType::kInt, int64_t{1},
+           "decoder threads per worker (workers are the main parallelism)"},
+          {"index_cache", ParamType::kInt, int64_t{4096},
+           "files whose keyframe index is kept (LRU)"},
+      });
+  return specs;
+}
+
 MMFEED_REGISTER_STAGE((StageSchema{
     "qwen_video",
     "a video as Qwen3-VL/Qwen3.5 vision encoders take it (Hugging Face's Qwen3VLVideoProcessor): "
@@ -264,52 +238,7 @@ MMFEED_REGISTER_STAGE((StageSchema{
     "<grid>_count int32 [], <grid>_seconds float32 [max_videos, ceil(max_frames / "
     "temporal_patch_size)] (each temporal patch's time, to 0.1 s)",
     StageKind::kField,
-    /*field_is_path=*/true,
-    {
-        {"fps", ParamType::kFloat, 2.0,
-         "frames sampled per second of video: int(frames / source fps * fps)"},
-        {"min_frames", ParamType::kInt, int64_t{4},
-         "fewest frames sampled (if the video has them)"},
-        {"max_frames", ParamType::kInt, int64_t{768}, "most frames sampled"},
-        {"patch_size", ParamType::kInt, int64_t{16}, "side of a patch, in pixels"},
-        {"temporal_patch_size", ParamType::kInt, int64_t{2},
-         "frames per patch (the last frame repeats to fill the last one)"},
-        {"merge_size", ParamType::kInt, int64_t{2},
-         "patches per side of a merge window: sides are multiples of patch_size * merge_size"},
-        {"min_pixels", ParamType::kInt, int64_t{131072},
-         "smart_resize: frames * height * width below this grow (128 * 32 * 32)"},
-        {"max_pixels", ParamType::kInt, int64_t{786432},
-         "smart_resize: frames * height * width above this shrink (768 * 32 * 32); also sizes "
-         "the ring (max_pixels / patch_size^2 patches per video)"},
-        {"mean",
-         ParamType::kFloatList,
-         std::vector<double>{0.5, 0.5, 0.5},
-         "per-channel mean (of pixel/255)",
-         {},
-         3},
-        {"std",
-         ParamType::kFloatList,
-         std::vector<double>{0.5, 0.5, 0.5},
-         "per-channel std (of pixel/255)",
-         {},
-         3},
-        {"dtype",
-         ParamType::kString,
-         std::string("float32"),
-         "float32 | bfloat16 (the float32 value rounded to the nearest bfloat16)",
-         {"float32", "bfloat16"}},
-        {"grid", ParamType::kString, std::string("video_grid_thw"),
-         "name of the grid output ([t, h, w]; <grid>_count, <grid>_seconds)"},
-        {"max_source_pixels", ParamType::kInt, int64_t{7680} * 4320,
-         "refuse videos with larger frames, before allocating"},
-        {"threads", ParamType::kInt, int64_t{1},
-         "decoder threads per worker (workers are the main parallelism)"},
-        {"index_cache", ParamType::kInt, int64_t{4096}, "files whose keyframe index is kept (LRU)"},
-        {"max_videos", ParamType::kInt, int64_t{1},
-         "the most videos a sample's field may list (\"videos\": [...]); the ring reserves "
-         "max_videos * max_pixels / patch_size^2 patches per sample"},
-    },
-    MakeQwenVideoStage}));
+    /*field_is_path=*/true, QwenVideoParamSpecs(), MakeQwenVideoStage}));
 
 }  // namespace
 }  // namespace mmfeed

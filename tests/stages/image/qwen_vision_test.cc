@@ -130,13 +130,8 @@ TEST(QwenVisionTest, BadImagesAndParametersAreClearErrors) {
   EXPECT_NE(wide.status().message().find("aspect ratio 210 is above 200"), std::string::npos);
   EXPECT_FALSE(testing::RunStage(*stage, {1, 0, "x", "test"}, PathField(dir / "junk.jpg")).ok());
 
-  const StageSchema* schema = Registry::Get().Find("qwen_vision");
   auto make = [&](const std::string& key, ParamValue v) {
-    StageArgs args;
-    args.name = "pixel_values";
-    for (const ParamSpec& p : schema->params) args.params.Set(p.name, *p.default_value);
-    args.params.Set(key, std::move(v));
-    return schema->factory(args).status();
+    return testing::BuildStage("qwen_vision", "pixel_values", {{key, std::move(v)}}).status();
   };
   EXPECT_NE(make("max_pixels", int64_t{100}).message().find("max_pixels must be in 1024.."),
             std::string::npos);

@@ -53,14 +53,8 @@ TEST(TextStageTest, Uint8HoldsTheBytesWithTheirLength) {
             (std::vector<uint8_t>{0xc3, 0xa9, 'a', 'b', 0xe2, 0x82, 0xac, 0}));
   EXPECT_EQ(*out[1].As<int32_t>(), 7);
   auto args = [](std::map<std::string, ParamValue> over) {
-    const StageSchema* schema = Registry::Get().Find("text");
-    StageArgs a;
-    a.name = "t";
-    for (const ParamSpec& p : schema->params)
-      if (p.default_value) a.params.Set(p.name, *p.default_value);
-    a.params.Set("dtype", std::string("uint8"));
-    for (const auto& [k, v] : over) a.params.Set(k, v);
-    return schema->factory(a).status();
+    over.emplace("dtype", std::string("uint8"));
+    return testing::BuildStage("text", "t", over).status();
   };
   EXPECT_NE(args({{"pad_id", int64_t{256}}}).message().find("pad_id 256 is not a byte"),
             std::string::npos);

@@ -227,14 +227,8 @@ TEST_F(QwenVideoStageTest, DamagedVideosAreClearPerSampleErrors) {
 }
 
 TEST_F(QwenVideoStageTest, BadParametersAreClearErrors) {
-  const StageSchema* schema = Registry::Get().Find("qwen_video");
-  ASSERT_TRUE(schema);
   auto make = [&](const std::string& key, ParamValue v) {
-    StageArgs args;
-    args.name = "pixel_values_videos";
-    for (const ParamSpec& p : schema->params) args.params.Set(p.name, *p.default_value);
-    args.params.Set(key, std::move(v));
-    return schema->factory(args).status();
+    return testing::BuildStage("qwen_video", "pixel_values_videos", {{key, std::move(v)}}).status();
   };
   EXPECT_NE(make("max_frames", int64_t{1}).message().find("max_frames must be in 2..4096"),
             std::string::npos);
@@ -246,14 +240,11 @@ TEST_F(QwenVideoStageTest, BadParametersAreClearErrors) {
             std::string::npos);
 
   // The chat stage's timestamps need a {video} to stand before.
-  const StageSchema* chat = Registry::Get().Find("qwen_chat");
-  StageArgs args;
-  args.name = "input_ids";
-  for (const ParamSpec& p : chat->params)
-    if (p.default_value) args.params.Set(p.name, *p.default_value);
-  args.params.Set("tokenizer", testing::TestData("tokenizer/qwen3-tokenizer.json.gz"));
-  args.params.Set("video_seconds", std::string("video_grid_thw_seconds"));
-  Status s = chat->factory(args).status();
+  Status s =
+      testing::BuildStage("qwen_chat", "input_ids",
+                          {{"tokenizer", testing::TestData("tokenizer/qwen3-tokenizer.json.gz")},
+                           {"video_seconds", std::string("video_grid_thw_seconds")}})
+          .status();
   EXPECT_NE(s.message().find("video_seconds is set but the template has no {video}"),
             std::string::npos)
       << s.message();

@@ -124,15 +124,9 @@ TEST_F(VideoTest, StageDeclaresItsTensors) {
 }
 
 TEST_F(VideoTest, RejectsBadParams) {
-  const StageSchema* schema = Registry::Get().Find("video");
-  auto build = [&](const std::map<std::string, ParamValue>& over) {
-    StageArgs a;
-    a.name = "video";
-    for (const ParamSpec& p : schema->params)
-      if (p.default_value) a.params.Set(p.name, *p.default_value);
-    a.params.Set("size", std::vector<int64_t>{32, 32});
-    for (const auto& [k, v] : over) a.params.Set(k, v);
-    return schema->factory(a).status();
+  auto build = [](std::map<std::string, ParamValue> over) {
+    over.emplace("size", std::vector<int64_t>{32, 32});
+    return testing::BuildStage("video", "video", over).status();
   };
   EXPECT_TRUE(build({}).ok());
   EXPECT_NE(build({{"sampling", std::string("timestamps")}}).message().find("timestamps"),
