@@ -90,8 +90,10 @@ Result<QwenSize> QwenVideoSmartResize(int64_t frames, int64_t height, int64_t wi
 std::vector<int64_t> QwenVideoFrameIndices(int64_t total, double source_fps, double fps,
                                            int64_t min_frames, int64_t max_frames) {
   if (total < 1) return {};
-  // int() of a positive float truncates
-  int64_t n = static_cast<int64_t>(static_cast<double>(total) / source_fps * fps);
+  // int() of a positive float truncates; above max_frames (a tiny declared rate) it is clamped
+  // anyway, so it is clamped before the conversion.
+  const double want = static_cast<double>(total) / source_fps * fps;
+  int64_t n = want < static_cast<double>(max_frames) ? static_cast<int64_t>(want) : max_frames;
   n = std::min({std::max(n, min_frames), max_frames, total});
   std::vector<int64_t> indices(n);
   // numpy's linspace: i * step, the last exactly the end; then round half to even.

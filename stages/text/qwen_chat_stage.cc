@@ -2,11 +2,11 @@
 // way Qwen-VL models are fine-tuned: `{image}` becomes, for each of the sample's images in
 // order, <|vision_start|>, one <|image_pad|> per merged patch of that image (grid t * h * w /
 // merge_size^2, read from the vision stage's grid output, so the count always matches the
-// patches), <|vision_end|>; `{video}` likewise with <|video_pad|>, or, with video_seconds (Qwen3-VL
-// and Qwen3.5), per temporal patch t: "<t seconds>", <|vision_start|>, h * w / merge_size^2
-// <|video_pad|>, <|vision_end|>. `labels` holds the ids of the
-// answer and of the template up to and including the <|im_end|> that closes it, -100 everywhere
-// else (supervised fine-tuning).
+// patches), <|vision_end|>; `{video}` likewise with <|video_pad|>, or, with video_seconds
+// (Qwen3-VL and Qwen3.5), per temporal patch t: "<t seconds>", <|vision_start|>, h * w /
+// merge_size^2 <|video_pad|>, <|vision_end|>. A sample with none (an empty list) gets no vision
+// tokens. `labels` holds the ids of the answer and of the template up to and including the
+// <|im_end|> that closes it, -100 everywhere else (supervised fine-tuning).
 //
 // The text between the vision placeholders (template text, the sample's text and answer) is
 // tokenized as one string, as tokenizing the whole conversation does (the vision tokens are
@@ -85,7 +85,7 @@ class ChatWorker : public StageWorker {
       for (size_t g = 0; g < grids; ++g) {  // every image of the sample, in order
         int32_t grid[3];
         std::memcpy(grid, ctx.tensors[input] + g * sizeof grid, sizeof grid);
-        // Past the last image (none at all: an optional field the sample lacks).
+        // Past the last image (none at all: the sample's list is empty).
         if (grid[0] == 0 && grid[1] == 0 && grid[2] == 0) break;
         const int64_t patches = int64_t{grid[0]} * grid[1] * grid[2];
         if (grid[0] < 1 || grid[1] < 1 || grid[2] < 1 || patches % (p_.merge * p_.merge))
@@ -99,6 +99,11 @@ class ChatWorker : public StageWorker {
         }
         // Qwen3-VL: each temporal patch is "<t seconds>" then its own block (the first
         // video's first time went with the text before it).
+        if ((int64_t{grid[1]} * grid[2]) % (p_.merge * p_.merge))
+          return Status::Invalid(
+              fmt::format("video grid [{}, {}, {}]: a temporal patch is not "
+                          "whole merge windows",
+                          grid[0], grid[1], grid[2]));
         for (int32_t t = 0; t < grid[0]; ++t) {
           if (t > 0 || g > 0) {
             std::string stamp;

@@ -4,7 +4,9 @@
 // reference: tests/integration/qwen_fidelity_test.py.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 #include "stages/image/qwen_vision.h"
 #include "tests/stage_util.h"
@@ -64,6 +66,8 @@ TEST(QwenVideoTest, FrameIndicesAreTheReferences) {
   EXPECT_EQ(many[1], 13);
   EXPECT_EQ(many.back(), 9999);
   EXPECT_TRUE(QwenVideoFrameIndices(0, 25, 2, 4, 768).empty());
+  EXPECT_EQ(QwenVideoFrameIndices(1000, 1e-300, 2, 4, 768).size(), 768u)
+      << "a container declaring an absurd rate: at most max_frames, no overflow";
 }
 
 class QwenVideoStageTest : public ::testing::Test {
@@ -203,6 +207,45 @@ TEST_F(QwenVideoStageTest, ASampleMayListSeveralVideosOrNone) {
   Result<std::vector<Output>> bad = testing::RunStage(*stage, {1, 0, "x", "test"}, list);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("video 2 of 2"), std::string::npos)
+      << bad.status().message();
+}
+
+// The chat stage on grids and times handed to it directly: Qwen3-VL's blocks per temporal
+// patch, and a grid whose temporal patch is not whole merge windows refused.
+TEST(QwenChatVideoTest, TimedBlocksPerTemporalPatchAndBadGridsRefused) {
+  auto chat = MakeStage("qwen_chat", "input_ids",
+                        {{"tokenizer", testing::TestData("tokenizer/qwen3-tokenizer.json.gz")},
+                         {"template", std::string("{video}{text}")},
+                         {"image_grid", std::string("")},
+                         {"video_grid", std::string("video_grid_thw")},
+                         {"video_seconds", std::string("video_grid_thw_seconds")},
+                         {"max_len", int64_t{64}}});
+  ASSERT_TRUE(chat);
+  const TensorSpec grid_spec{"video_grid_thw", DType::kInt32, {1, 3}};
+  const TensorSpec seconds_spec{"video_grid_thw_seconds", DType::kFloat32, {1, 4}};
+  const TensorSpec* specs[2] = {&grid_spec, &seconds_spec};
+  int32_t grid[3] = {2, 2, 4};  // two temporal patches of 2 merged patches each
+  float seconds[4] = {0.5f, 1.5f, 0, 0};
+  const uint8_t* tensors[2] = {reinterpret_cast<uint8_t*>(grid),
+                               reinterpret_cast<uint8_t*>(seconds)};
+  SampleContext ctx{1, 0, "x", "test"};
+  ctx.tensors = tensors;
+  ctx.tensor_specs = specs;
+  FieldValue text;
+  text.kind = FieldValue::Kind::kText;
+  text.data = "hi";
+  Result<std::vector<Output>> out = testing::RunStage(*chat, ctx, text);
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  const int32_t* ids = (*out)[0].As<int32_t>();
+  const std::vector<int32_t> got(ids, ids + *(*out)[1].As<int32_t>());
+  EXPECT_EQ(std::count(got.begin(), got.end(), 151652), 2) << "a <|vision_start|> per patch";
+  EXPECT_EQ(std::count(got.begin(), got.end(), 151656), 4) << "2 pads each";
+  const int32_t wrong[3] = {2, 1, 2};  // t*h*w = 4, but a temporal patch holds 2 patches
+  std::memcpy(grid, wrong, sizeof grid);
+  Result<std::vector<Output>> bad = testing::RunStage(*chat, ctx, text);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("a temporal patch is not whole merge windows"),
+            std::string::npos)
       << bad.status().message();
 }
 
