@@ -109,6 +109,7 @@ void QwenPatchify(const uint8_t* const* frames, int height, int width, const Qwe
   const int ps = p.patch_size, ms = p.merge_size, tps = p.temporal_patch_size;
   const size_t plane = static_cast<size_t>(height) * width;
   const size_t row_len = static_cast<size_t>(3) * tps * ps * ps;
+  const size_t frame = static_cast<size_t>(ps) * ps, value = DTypeSize(dtype);
   auto* f32 = reinterpret_cast<float*>(out);
   auto* b16 = reinterpret_cast<uint16_t*>(out);
   size_t row = 0;
@@ -121,8 +122,12 @@ void QwenPatchify(const uint8_t* const* frames, int height, int width, const Qwe
           const int y0 = (by * ms + my) * ps, x0 = (bx * ms + mx) * ps;
           size_t at = row * row_len;
           for (int c = 0; c < 3; ++c) {
-            const size_t frame = static_cast<size_t>(ps) * ps;
-            for (int t = 0; t < tps; ++t)
+            for (int t = 0; t < tps; ++t) {
+              if (t > 0 && frames[t] == frames[t - 1]) {  // an image: its frame again
+                std::memcpy(out + (at + t * frame) * value, out + (at + (t - 1) * frame) * value,
+                            frame * value);
+                continue;
+              }
               for (int py = 0; py < ps; ++py) {
                 const uint8_t* src =
                     frames[t] + c * plane + static_cast<size_t>(y0 + py) * width + x0;
@@ -132,6 +137,7 @@ void QwenPatchify(const uint8_t* const* frames, int height, int width, const Qwe
                 else
                   for (int px = 0; px < ps; ++px) f32[d + px] = lut[c][src[px]];
               }
+            }
             at += tps * frame;
           }
         }
