@@ -272,10 +272,13 @@ class Supervisor {
     }
     Result<std::unique_ptr<Pipeline>> next = Pipeline::Create(*cfg, sinks);
     if (!next.ok()) return next.status();
-    // Another number of batches per epoch (batch size, drop_last, the source's size): every
-    // rank switches at one epoch boundary, where the new numbering starts.
-    const bool renumber =
-        new_ranks || (*next)->batches_per_epoch() != pipeline_->batches_per_epoch();
+    // Another number of batches per epoch (batch size, drop_last, the source's size; with a
+    // token budget, any change of which samples go where): every rank switches at one epoch
+    // boundary, where the new numbering starts.
+    const bool renumber = new_ranks ||
+                          (*next)->batches_per_epoch() != pipeline_->batches_per_epoch() ||
+                          (((*next)->budgeted() || pipeline_->budgeted()) &&
+                           (*next)->order_fingerprint() != pipeline_->order_fingerprint());
     if (renumber && cfg->packed_stage >= 0)
       return Status::Unsupported("a packed text stream's batch numbering cannot change" + restart);
     const bool at_epoch =
@@ -1044,8 +1047,10 @@ Result<std::string> CheckPipeline(const PipelineConfig& cfg) {
   Result<std::unique_ptr<Pipeline>> p = Pipeline::Create(cfg, sinks);
   if (!p.ok()) return p.status();
   return fmt::format(
-      "{} stages, {} consumer rank(s), {} batches per rank per epoch, rings {:.2f} GiB",
-      cfg.stages.size(), cfg.consumers, (*p)->batches_per_epoch(), plan.total_bytes / 1073741824.0);
+      "{} stages, {} consumer rank(s), {} batches per rank {}, rings {:.2f} GiB", cfg.stages.size(),
+      cfg.consumers, (*p)->batches_per_epoch(),
+      (*p)->budgeted() ? "in epoch 0 (token budget: the count varies by epoch)" : "per epoch",
+      plan.total_bytes / 1073741824.0);
 }
 
 Result<PipelineConfig> LoadDaemonConfig(const std::string& file, const SupervisorOptions& options) {

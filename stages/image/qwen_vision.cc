@@ -236,7 +236,8 @@ Status QwenEachItem(const QwenStageParams& p, const char* noun, const FieldValue
     int32_t* grid = grids + 3 * i;
     Status st = one(list ? in.items[i] : in, i, rows, grid);
     if (!st.ok()) return list ? st.WithContext(fmt::format("{} {} of {}", noun, i + 1, n)) : st;
-    rows += static_cast<size_t>(grid[0]) * grid[1] * grid[2] * row_bytes;
+    if (rows)
+      rows += static_cast<size_t>(grid[0]) * grid[1] * grid[2] * row_bytes;  // Measure: null
   }
   return Status::Ok();
 }
@@ -260,25 +261,42 @@ class QwenVisionWorker : public StageWorker {
                         });
   }
 
+  Status Measure(const SampleContext&, const FieldValue& in, const OutputRow& out) override {
+    return QwenEachItem(p_.q, "image", in, out,
+                        [this](const FieldValue& one, size_t, uint8_t*, int32_t* grid) {
+                          int w, h;
+                          return Open(one, &w, &h, grid);
+                        });
+  }
+
  private:
-  // One image's patches at `rows` and its grid.
-  Status Image(const FieldValue& in, uint8_t* rows, int32_t* grid) {
+  // Opens one image (its header read): its size and its grid, [1, h, w] in patches.
+  Status Open(const FieldValue& in, int* w, int* h, int32_t* grid) {
     Result<std::string_view> bytes = FieldBytes(in, &file_);
     if (!bytes.ok()) return bytes.status();
-    int w = 0, h = 0;
-    MMFEED_RETURN_IF_ERROR(
-        decoder_.Open(*bytes, p_.max_source_pixels, "max_source_pixels", &w, &h));
+    MMFEED_RETURN_IF_ERROR(decoder_.Open(*bytes, p_.max_source_pixels, "max_source_pixels", w, h));
     const QwenPatching& q = p_.q.patching;
     Result<QwenSize> size =
-        QwenSmartResize(h, w, q.patch_size * q.merge_size, p_.q.min_pixels, p_.q.max_pixels);
+        QwenSmartResize(*h, *w, q.patch_size * q.merge_size, p_.q.min_pixels, p_.q.max_pixels);
     if (!size.ok()) return size.status();
     const int64_t patches = size->height * size->width / (q.patch_size * q.patch_size);
     if (patches > p_.q.max_patches)  // smart_resize's floor of one factor per side, at ratio ~200
       return Status::TooLarge(
           fmt::format("image is {}x{}: resized to {}x{} it has {} patches, "
                       "above the {} max_pixels allows",
-                      w, h, size->width, size->height, patches, p_.q.max_patches));
-    const int oh = static_cast<int>(size->height), ow = static_cast<int>(size->width);
+                      *w, *h, size->width, size->height, patches, p_.q.max_patches));
+    grid[0] = 1;
+    grid[1] = static_cast<int32_t>(size->height / q.patch_size);
+    grid[2] = static_cast<int32_t>(size->width / q.patch_size);
+    return Status::Ok();
+  }
+
+  // One image's patches at `rows` and its grid.
+  Status Image(const FieldValue& in, uint8_t* rows, int32_t* grid) {
+    int w = 0, h = 0;
+    MMFEED_RETURN_IF_ERROR(Open(in, &w, &h, grid));
+    const QwenPatching& q = p_.q.patching;
+    const int oh = grid[1] * q.patch_size, ow = grid[2] * q.patch_size;
     const AxisMap x{0, static_cast<double>(w) / ow, 0, w, 0, ow};
     const AxisMap y{0, static_cast<double>(h) / oh, 0, h, 0, oh};
     ResampleOutput o;
@@ -289,9 +307,6 @@ class QwenVisionWorker : public StageWorker {
     const float* lut[3] = {p_.q.lut[0], p_.q.lut[1], p_.q.lut[2]};
     const std::vector<const uint8_t*> frames(q.temporal_patch_size, resized_.data());
     QwenPatchify(frames.data(), oh, ow, q, lut, p_.q.dtype, rows);
-    grid[0] = 1;
-    grid[1] = oh / q.patch_size;
-    grid[2] = ow / q.patch_size;
     return Status::Ok();
   }
 
@@ -309,6 +324,7 @@ class QwenVisionStage : public Stage {
   std::unique_ptr<StageWorker> NewWorker() const override {
     return std::make_unique<QwenVisionWorker>(p_);
   }
+  CostOutputs Costs() const override { return {"", p_.q.name}; }
 
  private:
   QwenParams p_;

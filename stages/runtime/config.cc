@@ -370,6 +370,33 @@ void ValidateGraph(PipelineConfig* cfg, const YAML::Node& stages) {
     cfg->packed_stage = static_cast<int>(i);
   }
   if (cfg->batch_size < 1) Fail(stages[batches[0]], "batch_size must be at least 1");
+  cfg->max_tokens = batch.params.GetInt("max_tokens");
+  cfg->max_patches = batch.params.GetInt("max_patches");
+  if (cfg->max_tokens < 0 || cfg->max_patches < 0 || cfg->max_tokens > UINT32_MAX ||
+      cfg->max_patches > UINT32_MAX)
+    Fail(stages[batches[0]], "max_tokens and max_patches must be in 0..4294967295 (0: none)");
+  if (cfg->budgeted()) {
+    if (cfg->packed_stage >= 0)
+      Fail(stages[batches[0]],
+           "max_tokens/max_patches cannot go with a text stage's pack: true (packing fills "
+           "fixed rows already)");
+    if (cfg->drop_last)
+      Fail(stages[batches[0]], "drop_last has no meaning with max_tokens/max_patches");
+    // Each budget must count something.
+    bool tokens = false, patches = false;
+    for (const std::string& in : batch.inputs) {
+      const Stage::CostOutputs c = cfg->stages[index[in]].stage->Costs();
+      tokens |= !c.tokens.empty();
+      patches |= !c.patches.empty();
+    }
+    if (cfg->max_tokens > 0 && !tokens)
+      Fail(stages[batches[0]]["params"]["max_tokens"],
+           "max_tokens: no input of this batch stage has text tokens (a text or qwen_chat stage)");
+    if (cfg->max_patches > 0 && !patches)
+      Fail(stages[batches[0]]["params"]["max_patches"],
+           "max_patches: no input of this batch stage has vision patches (qwen_vision, "
+           "qwen_video)");
+  }
   // Every tensor name must be unique across stages: they share one tensor table.
   std::set<std::string> tensor_names;
   for (const std::string& in : batch.inputs)

@@ -85,6 +85,9 @@ struct PipelineConfig {
   int batch_stage = -1;
   int64_t batch_size = 0;
   bool drop_last = false;
+  // Token-budget batches (stages/runtime/budget.h); 0: none. Either makes batch_size a limit.
+  int64_t max_tokens = 0, max_patches = 0;
+  bool budgeted() const { return max_tokens > 0 || max_patches > 0; }
   // Set when the batch's only input is a text stage with `pack: true`: its samples are
   // concatenated into fixed-length rows (see stages/text/packing_sink.h).
   int packed_stage = -1;

@@ -53,6 +53,7 @@ struct Pipeline::Provisional {
   uint64_t index = 0;  // within the epoch
   uint64_t seq = 0;    // in the rank's stream
   int rows = 0;
+  int64_t tokens = 0, patches = 0;  // token budget: the planned samples' costs
 };
 
 constexpr int kMaxOutputs = 16;  // tensors per stage (the ring holds 16 per batch anyway)
@@ -341,6 +342,13 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
   p->per_rank_ = p->catalog_->size() / cfg.source.num_nodes / cfg.consumers;
   const uint64_t bs = static_cast<uint64_t>(cfg.batch_size);
   p->batches_per_epoch_ = cfg.drop_last ? p->per_rank_ / bs : (p->per_rank_ + bs - 1) / bs;
+  if (cfg.budgeted()) {
+    p->budget_ = {cfg.batch_size, cfg.max_tokens, cfg.max_patches};
+    MMFEED_RETURN_IF_ERROR(p->MeasureCatalog());
+    std::shared_ptr<const EpochPlan> first = p->PlanOf(0);
+    if (!first->status.ok()) return first->status;
+    p->batches_per_epoch_ = first->batches;
+  }
   if (p->batches_per_epoch_ == 0)
     return Status::Invalid(
         fmt::format("each rank gets {} samples per epoch, fewer than batch_size {} with drop_last",
@@ -358,6 +366,12 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
       cfg.source.num_nodes, cfg.consumers, cfg.batch_size, cfg.drop_last, cfg.source.epochs));
   if (p->catalog_->indexed())  // an indexed source: its contents (size, mtime, inode, ends)
     h = HashString(fmt::format("index {:016x}", p->catalog_->index_fingerprint()), h);
+  if (cfg.budgeted()) {  // the budgets and every sample's cost decide the batches
+    h = HashString(fmt::format("budget {}|{}", cfg.max_tokens, cfg.max_patches), h);
+    h = HashString(std::string_view(reinterpret_cast<const char*>(p->costs_.data()),
+                                    p->costs_.size() * sizeof(SampleCost)),
+                   h);
+  }
   for (const CatalogEntry& e : p->catalog_->entries) h = HashString(e.id, HashString("\n", h));
   p->order_fingerprint_ = fmt::format("{:016x}", h);
   for (const StageConfig& s : cfg.stages)
@@ -373,13 +387,17 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
 Status Pipeline::SetStart(std::vector<StreamCursor> start) {
   if (static_cast<int>(start.size()) != cfg_.consumers)
     return Status::Invalid("one start cursor per consumer rank is required");
-  for (const StreamCursor& c : start)
-    if (c.batch >= batches_per_epoch_ || c.epoch < origin_.epoch || c.seq < origin_.seq ||
+  for (const StreamCursor& c : start) {
+    MMFEED_RETURN_IF_ERROR(Reachable(c.seq));
+    if (c.epoch < origin_.epoch || c.seq < origin_.seq || c.batch >= EpochBatches(c.epoch) ||
         c != CursorAt(c.seq))
       return Status::Invalid(fmt::format(
           "cursor (epoch {}, batch {}, seq {}) does not fit {} batches per epoch from epoch {} "
           "(seq {})",
-          c.epoch, c.batch, c.seq, batches_per_epoch_, origin_.epoch, origin_.seq));
+          c.epoch, c.batch, c.seq,
+          budgeted() ? "this pipeline's" : std::to_string(batches_per_epoch_), origin_.epoch,
+          origin_.seq));
+  }
   start_ = std::move(start);
   for (int r = 0; r < cfg_.consumers; ++r) next_commit_[r] = start_[r].seq;
   return Status::Ok();
@@ -387,6 +405,10 @@ Status Pipeline::SetStart(std::vector<StreamCursor> start) {
 
 void Pipeline::SetOrigin(Origin origin) {
   origin_ = origin;
+  {
+    std::lock_guard<std::mutex> lock(plans_mu_);
+    epoch_starts_.clear();
+  }
   start_.assign(cfg_.consumers, CursorAt(origin.seq));
   for (int r = 0; r < cfg_.consumers; ++r) next_commit_[r] = origin.seq;
 }
@@ -399,9 +421,71 @@ int Pipeline::RowsOf(uint64_t index) const {
 StreamCursor Pipeline::CursorAt(uint64_t seq) const {
   StreamCursor c;
   c.seq = seq;
-  c.epoch = origin_.epoch + static_cast<uint32_t>((seq - origin_.seq) / batches_per_epoch_);
-  c.batch = (seq - origin_.seq) % batches_per_epoch_;
+  if (!budgeted()) {
+    c.epoch = origin_.epoch + static_cast<uint32_t>((seq - origin_.seq) / batches_per_epoch_);
+    c.batch = (seq - origin_.seq) % batches_per_epoch_;
+    return c;
+  }
+  uint64_t first = origin_.seq;
+  Locate(seq, &c.epoch, &first);
+  c.batch = seq - first;
   return c;
+}
+
+std::shared_ptr<const EpochPlan> Pipeline::PlanOf(uint32_t epoch) const {
+  std::lock_guard<std::mutex> lock(plans_mu_);
+  auto it = plans_.find(epoch);
+  if (it != plans_.end()) return it->second;
+  auto plan = std::make_shared<const EpochPlan>(PlanEpoch(
+      costs_, cfg_.source, epoch, cfg_.consumers, per_rank_, budget_, /*with_ranks=*/true));
+  epoch_batches_[epoch] = plan->batches;
+  // Ranks run apart by at most their rings' depth, and rewinds are rare: a few epochs do.
+  if (plans_.size() >= 4)
+    plans_.erase(plans_.begin()->first < epoch ? plans_.begin() : std::prev(plans_.end()));
+  plans_[epoch] = plan;
+  return plan;
+}
+
+uint64_t Pipeline::EpochBatches(uint32_t epoch) const {
+  if (!budgeted()) return batches_per_epoch_;
+  std::lock_guard<std::mutex> lock(plans_mu_);
+  return EpochBatchesLocked(epoch);
+}
+
+uint64_t Pipeline::EpochBatchesLocked(uint32_t epoch) const {
+  auto it = epoch_batches_.find(epoch);
+  if (it != epoch_batches_.end()) return it->second;
+  const uint64_t k = PlanEpoch(costs_, cfg_.source, epoch, cfg_.consumers, per_rank_, budget_,
+                               /*with_ranks=*/false)
+                         .batches;
+  epoch_batches_[epoch] = k;
+  return k;
+}
+
+bool Pipeline::Locate(uint64_t seq, uint32_t* epoch, uint64_t* first) const {
+  std::lock_guard<std::mutex> lock(plans_mu_);
+  if (epoch_starts_.empty()) epoch_starts_.push_back(origin_.seq);
+  while (seq >= epoch_starts_.back()) {
+    const size_t i = epoch_starts_.size() - 1;  // the start of epoch origin + i is known
+    if (i >= kMaxEpochsAhead) return false;
+    epoch_starts_.push_back(epoch_starts_.back() +
+                            EpochBatchesLocked(origin_.epoch + static_cast<uint32_t>(i)));
+  }
+  auto it = std::upper_bound(epoch_starts_.begin(), epoch_starts_.end(), seq);
+  if (it != epoch_starts_.begin()) --it;
+  *epoch = origin_.epoch + static_cast<uint32_t>(it - epoch_starts_.begin());
+  *first = *it;
+  return true;
+}
+
+Status Pipeline::Reachable(uint64_t seq) const {
+  uint32_t epoch;
+  uint64_t first;
+  if (!budgeted() || seq < origin_.seq || Locate(seq, &epoch, &first)) return Status::Ok();
+  return Status::Invalid(fmt::format(
+      "cursor seq {} is more than {} epochs past epoch {}: token-budget batches are numbered "
+      "by planning each epoch, and so far ahead is refused",
+      seq, kMaxEpochsAhead, origin_.epoch));
 }
 
 Status Pipeline::Rewind(uint32_t rank, uint64_t from_seq) {
@@ -416,10 +500,15 @@ Status Pipeline::Rewind(uint32_t rank, uint64_t from_seq) {
         "{}: the earlier batches cannot be made again",
         from_seq, origin_.seq, origin_.epoch));
   const uint64_t epochs = static_cast<uint64_t>(cfg_.source.epochs);
-  const uint64_t total =
-      epochs
-          ? origin_.seq + (epochs - std::min<uint64_t>(epochs, origin_.epoch)) * batches_per_epoch_
-          : UINT64_MAX;
+  uint64_t total = UINT64_MAX;
+  if (epochs && !budgeted()) {
+    total = origin_.seq + (epochs - std::min<uint64_t>(epochs, origin_.epoch)) * batches_per_epoch_;
+  } else if (epochs) {
+    total = origin_.seq;
+    for (uint64_t e = origin_.epoch; e < epochs; ++e)
+      total += EpochBatches(static_cast<uint32_t>(e));
+  }
+  if (from_seq <= total) MMFEED_RETURN_IF_ERROR(Reachable(from_seq));
   if (from_seq > total)
     return Status::Invalid(fmt::format(
         "cursor seq {} is past the end of the data ({} batches per rank)", from_seq, total));
@@ -446,8 +535,13 @@ Pipeline::~Pipeline() {
 
 Status Pipeline::Start() {
   start_ns_ = NowNs();
-  spdlog::info("pipeline '{}': {} samples, {} consumer rank(s), batch {}", cfg_.name,
-               catalog_->size(), cfg_.consumers, cfg_.batch_size);
+  spdlog::info("pipeline '{}': {} samples, {} consumer rank(s), batch {}{}", cfg_.name,
+               catalog_->size(), cfg_.consumers, cfg_.batch_size,
+               budgeted() ? fmt::format(" at most, within max_tokens {} and max_patches {} (0: "
+                                        "none): {} batches per rank in epoch {}",
+                                        cfg_.max_tokens, cfg_.max_patches,
+                                        EpochBatches(origin_.epoch), origin_.epoch)
+                          : "");
   threads_.emplace_back([this] { BatchLoop(); });
   for (auto& b : branches_) live_workers_ += b->threads;
   for (auto& b : branches_) {
@@ -591,6 +685,14 @@ void Pipeline::SourceLoop() {
     for (int i = 0; i < consumers && !stop_.load(std::memory_order_acquire); ++i) {
       const int r = (turn + i) % consumers;
       if (done[r]) continue;
+      std::shared_ptr<const EpochPlan> plan;
+      if (budgeted()) {
+        plan = PlanOf(next[r].epoch);
+        if (!plan->status.ok()) {
+          Fail(plan->status);
+          break;
+        }
+      }
       auto pb = std::make_shared<Provisional>();
       Reservation res = sinks_[r]->Reserve(&pb->memory, 0);
       if (res == Reservation::kClosed) done[r] = true;
@@ -601,11 +703,24 @@ void Pipeline::SourceLoop() {
       pb->epoch = next[r].epoch;
       pb->index = next[r].batch;
       pb->seq = next[r].seq;
-      pb->rows = RowsOf(pb->index);
-      open_batches_.fetch_add(1, std::memory_order_acq_rel);
       const EpochOrder order(catalog_->size(), cfg_.source, pb->epoch, consumers);
-      for (int row = 0; row < pb->rows; ++row)  // the rank's share: positions r, r + consumers, ...
-        Dispatch(pb, row, order[(pb->index * bs + row) * consumers + r], false);
+      // The rank's share of the epoch's order is at positions r, r + consumers, ...; batch
+      // `index` holds shares positions index * bs ..., or (a budget) those its plan says.
+      std::vector<uint32_t> entries;
+      if (plan) {
+        const RankPlan& rp = plan->ranks[r];
+        for (uint32_t k = rp.starts[pb->index]; k < rp.starts[pb->index + 1]; ++k) {
+          entries.push_back(order[static_cast<uint64_t>(rp.positions[k]) * consumers + r]);
+          pb->tokens += costs_[entries.back()].tokens;
+          pb->patches += costs_[entries.back()].patches;
+        }
+      } else {
+        for (int row = 0; row < RowsOf(pb->index); ++row)
+          entries.push_back(order[(pb->index * bs + row) * consumers + r]);
+      }
+      pb->rows = static_cast<int>(entries.size());
+      open_batches_.fetch_add(1, std::memory_order_acq_rel);
+      for (int row = 0; row < pb->rows; ++row) Dispatch(pb, row, entries[row], false);
       next[r] = CursorAfter(next[r].seq);
       done[r] = is_done(r);
       progressed = true;
@@ -794,6 +909,10 @@ class Pipeline::Collator {
       o.holes.push_back(s.row);  // not the sample's fault: never counted (the pipeline stops)
     } else {
       (*known_bad_)[s.entry] = true;
+      if (p_->budgeted()) {  // its cost leaves the batch with it
+        o.tokens -= p_->costs_[s.entry].tokens;
+        o.patches -= p_->costs_[s.entry].patches;
+      }
       if (s.refill) {
         p_->refills_failed_.fetch_add(1, std::memory_order_relaxed);
         ++o.failed_run;
@@ -864,7 +983,14 @@ class Pipeline::Collator {
     int outstanding = 0;     // samples dispatched and not yet resolved
     Rng draws{0};
     uint64_t failed_run = 0;  // refill draws that failed since the last good one
+    // A token budget: the costs of the batch's samples (failed ones left out), refill draws
+    // that did not fit since the last that did, and rows left empty (no draw fitted).
+    int64_t tokens = 0, patches = 0;
+    int misfits = 0;
+    std::vector<int> dropped;
   };
+  // Refill draws in a row that pass the budget before the row is left out of its batch.
+  static constexpr int kMaxMisfits = 64;
 
   Open& Get(const std::shared_ptr<const Provisional>& b) {
     auto it = open_.find({b->gen, b->seq});
@@ -873,6 +999,8 @@ class Pipeline::Collator {
     o.batch = b;
     o.ids.resize(b->rows);
     o.outstanding = b->rows;
+    o.tokens = b->tokens;
+    o.patches = b->patches;
     o.draws = Rng(p_->cfg_.source.seed, b->epoch,
                   fmt::format("{}/{}/{}", p_->cfg_.source.node_rank, rank_, b->index), "refill");
     return o;
@@ -909,6 +1037,21 @@ class Pipeline::Collator {
           o.holes.push_back(row);
           continue;
         }
+        if (p_->budgeted()) {
+          const SampleCost& c = p_->costs_[entry];
+          if (!p_->budget_.Fits(1, o.tokens + c.tokens, o.patches + c.patches)) {
+            if (++o.misfits >= kMaxMisfits) {
+              o.dropped.push_back(row);
+              o.misfits = 0;
+            } else {
+              o.holes.push_back(row);
+            }
+            continue;
+          }
+          o.misfits = 0;
+          o.tokens += c.tokens;
+          o.patches += c.patches;
+        }
         requests.push_back({o.batch, row, entry});
         ++o.outstanding;
       }
@@ -923,7 +1066,8 @@ class Pipeline::Collator {
     info.rank = rank_;
     info.seq = f.batch->seq;
     info.epoch = f.batch->epoch;
-    info.rows = static_cast<uint32_t>(f.batch->rows);
+    if (!f.dropped.empty()) DropRows(f);
+    info.rows = static_cast<uint32_t>(f.batch->rows - f.dropped.size());
     info.ids = std::move(f.ids);
     info.next = p_->CursorAfter(info.seq);
     info.ragged_rows = p_->PackRagged(f.batch->memory, info.rows);
@@ -933,6 +1077,27 @@ class Pipeline::Collator {
     p_->open_batches_.fetch_sub(1, std::memory_order_acq_rel);
     open_.erase(it);
     p_->next_commit_[rank_].store(++next_commit_, std::memory_order_release);
+  }
+
+  // Moves the rows that follow each dropped one down over it, in every tensor (a ragged
+  // tensor's rows too: each row has its own region until PackRagged).
+  void DropRows(Open& f) {
+    std::vector<bool> gone(f.batch->rows);
+    for (int r : f.dropped) gone[r] = true;
+    std::vector<std::string> ids;
+    int to = 0;
+    for (int from = 0; from < f.batch->rows; ++from) {
+      if (gone[from]) continue;
+      if (to != from)
+        for (size_t t = 0; t < p_->specs_.size(); ++t) {
+          const size_t bytes = p_->specs_[t].NumBytes();
+          std::memmove(f.batch->memory.base[t] + to * bytes, f.batch->memory.base[t] + from * bytes,
+                       bytes);
+        }
+      ids.push_back(std::move(f.ids[from]));
+      ++to;
+    }
+    f.ids = std::move(ids);
   }
 
   Pipeline* p_;
@@ -1015,6 +1180,152 @@ std::vector<int64_t> Pipeline::PackRagged(const BatchMemory& memory, uint32_t ro
   return out;
 }
 
+// Token-budget batches: every catalog entry's cost, measured by the stages (an image's header,
+// a video's stream, a text's tokens) on as many threads as the stages have workers. Costs are
+// measured for the whole catalog, not only this node's share: every node plans every rank.
+Status Pipeline::MeasureCatalog() {
+  const uint64_t t0 = NowNs();
+  const size_t n = catalog_->size();
+  costs_.assign(n, {});
+  // Per branch: the tensor its tokens are in, and its patch tensor (null rows when measuring).
+  std::vector<int> token_tensor(branches_.size(), -1), patch_tensor(branches_.size(), -1);
+  for (size_t b = 0; b < branches_.size(); ++b) {
+    const Stage::CostOutputs c = branches_[b]->cfg->stage->Costs();
+    for (size_t k = 0; k < branches_[b]->specs.size(); ++k) {
+      if (branches_[b]->specs[k].name == c.tokens) token_tensor[b] = first_tensor_[b] + k;
+      if (branches_[b]->specs[k].name == c.patches) patch_tensor[b] = first_tensor_[b] + k;
+    }
+  }
+  struct Failure {
+    size_t entry;
+    std::string stage;
+    Status status;
+  };
+  std::mutex failures_mu;
+  std::vector<Failure> failures;
+  std::atomic<size_t> next{0};
+  auto measure = [&] {
+    std::vector<std::unique_ptr<StageWorker>> workers;
+    for (const auto& b : branches_) workers.push_back(b->cfg->stage->NewWorker());
+    std::vector<std::vector<uint8_t>> rows(specs_.size());  // one sample's outputs
+    std::vector<uint8_t*> out(specs_.size());
+    for (size_t t = 0; t < specs_.size(); ++t) {
+      const bool patches = std::find(patch_tensor.begin(), patch_tensor.end(),
+                                     static_cast<int>(t)) != patch_tensor.end();
+      if (!patches) rows[t].resize(specs_[t].NumBytes());
+      out[t] = patches ? nullptr : rows[t].data();
+    }
+    CatalogEntry read;
+    std::vector<const FieldValue*> fields;
+    std::vector<const uint8_t*> tensors;
+    std::vector<const TensorSpec*> tensor_specs;
+    for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
+      const CatalogEntry* e = &read;
+      Status st;
+      if (catalog_->indexed())
+        st = catalog_->Read(i, &read);
+      else
+        e = &catalog_->entries[i];
+      std::string stage = "source";
+      auto find = [&](const std::string& name) -> const FieldValue* {
+        for (const auto& kv : e->fields)
+          if (kv.first == name) return &kv.second;
+        return nullptr;
+      };
+      // The stages others read first, then those that read them.
+      for (int pass = 0; pass < 2 && st.ok(); ++pass) {
+        for (size_t b = 0; b < branches_.size() && st.ok(); ++b) {
+          const Branch& br = *branches_[b];
+          if (br.reads_others != (pass == 1)) continue;
+          stage = br.cfg->name;
+          fields.clear();
+          for (const std::string& f : br.read_fields) fields.push_back(find(f));
+          tensors.clear();
+          tensor_specs.clear();
+          for (size_t t : br.read_tensors) {
+            tensors.push_back(out[t]);
+            tensor_specs.push_back(&specs_[t]);
+          }
+          const FieldValue* field = find(br.cfg->field);
+          if (!field || std::find(fields.begin(), fields.end(), nullptr) != fields.end()) {
+            st = Status::NotFound("sample lacks a field a stage needs");
+            break;
+          }
+          SampleContext ctx{cfg_.source.seed, 0, e->id, e->origin};
+          ctx.fields = fields.data();
+          ctx.tensors = tensors.data();
+          ctx.tensor_specs = tensor_specs.data();
+          ScopedFilePolicy files(&br.files);
+          ScopedSampleDeadline deadline(cfg_.sample_timeout_s);
+          try {
+            st = workers[b]->Measure(ctx, *field,
+                                     OutputRow(out.data() + first_tensor_[b], br.specs.size()));
+          } catch (const std::exception& ex) {
+            st = Status::Corrupt(fmt::format("{} threw: {}", br.cfg->type, ex.what()));
+          }
+        }
+      }
+      SampleCost& c = costs_[i];
+      if (st.ok()) {
+        int64_t tokens = 0, patches = 0;
+        for (size_t b = 0; b < branches_.size(); ++b) {
+          if (token_tensor[b] >= 0) {
+            int32_t len;
+            std::memcpy(&len, out[token_tensor[b]], sizeof len);
+            tokens += std::max(len, 0);
+          }
+          if (patch_tensor[b] >= 0) {
+            const TensorSpec& spec = specs_[patch_tensor[b]];
+            const int from = rows_from_[patch_tensor[b]];
+            patches += RaggedRows(spec, specs_[from], out[from]);
+          }
+        }
+        c.tokens = static_cast<uint32_t>(std::min<int64_t>(tokens, SampleCost::kUnusable - 1));
+        c.patches = static_cast<uint32_t>(std::min<int64_t>(patches, UINT32_MAX));
+        std::string refused = budget_.Refuses(c);
+        if (!refused.empty()) {
+          st = Status::TooLarge("the sample alone has " + refused);
+          stage = cfg_.stages[cfg_.batch_stage].name;
+        }
+      }
+      if (!st.ok()) {
+        c.tokens = SampleCost::kUnusable;
+        if (st.code() == Status::Code::kResourceExhausted) {
+          Fail(st.WithContext("measuring samples: out of resources, not a bad sample"));
+          next.store(n);
+        }
+        std::lock_guard<std::mutex> lock(failures_mu);
+        failures.push_back({i, stage, st});
+      }
+    }
+  };
+  int threads = 0;
+  for (const auto& b : branches_) threads += b->threads;
+  threads = std::clamp<int>(threads, 1, static_cast<int>(std::max<size_t>(n / 64, 1)));
+  spdlog::info("token budget: measuring {} samples on {} thread(s)", n, threads);
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(measure);
+  measure();
+  for (std::thread& t : pool) t.join();
+  MMFEED_RETURN_IF_ERROR(status());
+  std::sort(failures.begin(), failures.end(),
+            [](const Failure& a, const Failure& b) { return a.entry < b.entry; });
+  for (const Failure& f : failures) {
+    CatalogEntry e;
+    if (catalog_->indexed()) {
+      if (!catalog_->Read(f.entry, &e).ok()) e.origin = fmt::format("sample {}", f.entry);
+    } else {
+      e = catalog_->entries[f.entry];
+    }
+    SampleFailed(e, f.stage, f.status);
+    MMFEED_RETURN_IF_ERROR(status());  // on_error: fail
+    failed_.fetch_add(1, std::memory_order_relaxed);
+  }
+  spdlog::info("token budget: {} samples measured in {:.1f}s, {} unusable", n, (NowNs() - t0) / 1e9,
+               failures.size());
+  return Status::Ok();
+}
+
 // The stages a sample's readers read have all finished it: the readers run on it, or, when one
 // of those stages failed, are reported failed with that stage's error without running.
 void Pipeline::ReleaseReaders(Readers* r, std::atomic<uint64_t>* blocked_ns) {
@@ -1053,6 +1364,7 @@ void Pipeline::BatchLoop() {
   };
   std::unordered_map<uint64_t, Pending> pending;  // by key: the branches reported so far
   std::vector<bool> known_bad(catalog_->size());
+  for (size_t i = 0; i < costs_.size(); ++i) known_bad[i] = !costs_[i].usable();
   std::vector<Collator> collators;
   for (int r = 0; r < cfg_.consumers; ++r)
     collators.emplace_back(this, static_cast<uint32_t>(r), start_[r].seq, &known_bad);

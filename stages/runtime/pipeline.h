@@ -27,6 +27,7 @@
 #include "base/cursor.h"
 #include "base/status.h"
 #include "base/tensor.h"
+#include "stages/runtime/budget.h"
 #include "stages/runtime/config.h"
 #include "stages/runtime/profile.h"
 
@@ -163,8 +164,13 @@ class Pipeline {
   nlohmann::json PlacementJson() const;
   const ErrorLog& errors() const { return errors_; }
   // Every rank's epoch has this many batches; batch `index` of an epoch has RowsOf(index) rows.
+  // With a token budget (budgeted()) the count depends on the epoch (EpochBatches) and this is
+  // the origin epoch's.
   uint64_t batches_per_epoch() const { return batches_per_epoch_; }
   int RowsOf(uint64_t index) const;
+  bool budgeted() const { return cfg_.budgeted(); }
+  // Every rank's batches in epoch `epoch` (>= origin().epoch).
+  uint64_t EpochBatches(uint32_t epoch) const;
   // The cursor of batch `seq` of a rank, and the one that follows it. REQUIRES: seq >=
   // origin().seq (Rewind and SetStart check it).
   StreamCursor CursorAt(uint64_t seq) const;
@@ -205,6 +211,14 @@ class Pipeline {
   void ReleaseReaders(Readers* readers, std::atomic<uint64_t>* blocked_ns);
   std::vector<int64_t> PackRagged(const BatchMemory& memory, uint32_t rows) const;
   std::vector<StageInfo> StageInfos() const;
+  Status MeasureCatalog();
+  std::shared_ptr<const EpochPlan> PlanOf(uint32_t epoch) const;
+  uint64_t EpochBatchesLocked(uint32_t epoch) const;
+  // The epoch holding batch `seq` (>= origin().seq) and its first batch's seq; false past
+  // kMaxEpochsAhead epochs.
+  bool Locate(uint64_t seq, uint32_t* epoch, uint64_t* first) const;
+  Status Reachable(uint64_t seq) const;
+  static constexpr size_t kMaxEpochsAhead = 100000;
   class ThreadTag;
 
   PipelineConfig cfg_;
@@ -218,6 +232,14 @@ class Pipeline {
   std::shared_ptr<const Catalog> catalog_;
   uint64_t per_rank_ = 0;  // samples in a rank's share of an epoch
   uint64_t batches_per_epoch_ = 0;
+  // Token-budget batches: every catalog entry's cost, and the epochs' plans (computed when
+  // first asked for; the last few kept) and batch counts (all kept), guarded by plans_mu_.
+  BatchBudget budget_;
+  std::vector<SampleCost> costs_;
+  mutable std::mutex plans_mu_;
+  mutable std::map<uint32_t, std::shared_ptr<const EpochPlan>> plans_;
+  mutable std::map<uint32_t, uint64_t> epoch_batches_;
+  mutable std::vector<uint64_t> epoch_starts_;  // [i]: seq of epoch origin + i's first batch
   std::vector<StreamCursor> start_;
   Origin origin_;
   std::unique_ptr<RefillQueue> refills_;

@@ -149,6 +149,14 @@ class StageWorker {
   // Stage::OutputSpecs(). Errors are per-sample (the pipeline applies its on_error policy);
   // after an error the contents of `out` are undefined.
   virtual Status Process(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) = 0;
+  // For token-budget batches (stages/runtime/budget.h): writes what the outputs will say of
+  // the sample's size without the costly work (an image's grid from its header, a text's
+  // tokens), i.e. every output but the one Stage::Costs().patches names, whose
+  // pointers are null. Its errors are the sample's. Unsupported by default.
+  virtual Status Measure(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) {
+    (void)ctx, (void)in, (void)out;
+    return Status::Unsupported("this stage cannot measure a sample before processing it");
+  }
 };
 
 class Stage {
@@ -169,6 +177,13 @@ class Stage {
   // Figures a stage keeps about its own work, shown in the profile (the video stage: frames
   // decoded per frame sampled, seeks); none by default. Called from any thread.
   virtual std::vector<std::pair<std::string, double>> Metrics() const { return {}; }
+  // What token-budget batches count of this stage's outputs: `tokens`, an int32 [] output
+  // holding the sample's text tokens; `patches`, a ragged output whose rows are vision patches.
+  // Empty names: the stage adds nothing to a budget.
+  struct CostOutputs {
+    std::string tokens, patches;
+  };
+  virtual CostOutputs Costs() const { return {}; }
 };
 
 }  // namespace mmfeed

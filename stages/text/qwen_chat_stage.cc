@@ -59,6 +59,11 @@ class ChatWorker : public StageWorker {
  public:
   explicit ChatWorker(const ChatParams& p) : p_(p) {}
 
+  // Tokenizing is the whole work, and what a budget counts.
+  Status Measure(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) override {
+    return Process(ctx, in, out);
+  }
+
   Status Process(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) override {
     ids_.clear();
     labels_.clear();
@@ -225,6 +230,7 @@ class ChatStage : public Stage {
   std::unique_ptr<StageWorker> NewWorker() const override {
     return std::make_unique<ChatWorker>(p_);
   }
+  CostOutputs Costs() const override { return {p_.name + "_lengths", ""}; }
   Inputs ExtraInputs() const override { return p_.inputs; }
 
  private:

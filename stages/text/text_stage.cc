@@ -59,6 +59,11 @@ class TextWorker : public StageWorker {
  public:
   explicit TextWorker(const TextParams& p) : p_(p) {}
 
+  // Tokenizing is the whole work, and what a budget counts.
+  Status Measure(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) override {
+    return Process(ctx, in, out);
+  }
+
   Status Process(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) override {
     Result<std::string_view> text = FieldBytes(in, &file_);
     if (!text.ok()) return text.status();
@@ -108,6 +113,7 @@ class TextStage : public Stage {
   std::unique_ptr<StageWorker> NewWorker() const override {
     return std::make_unique<TextWorker>(p_);
   }
+  CostOutputs Costs() const override { return {p_.name + "_lengths", ""}; }
 
  private:
   TextParams p_;

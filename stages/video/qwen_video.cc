@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include "stages/ffmpeg/av_input.h"
 #include "stages/image/qwen_vision.h"
@@ -53,49 +54,101 @@ class QwenVideoWorker : public StageWorker {
       : p_(p), sampler_(p.video, cache), shared_(shared) {}
 
   Status Process(const SampleContext&, const FieldValue& in, const OutputRow& out) override {
-    float* seconds = out.As<float>(3);
-    std::fill(seconds, seconds + p_.q.max_items * p_.max_groups, 0.0f);
-    return QwenEachItem(p_.q, "video", in, out,
-                        [&](const FieldValue& one, size_t i, uint8_t* rows, int32_t* grid) {
-                          return Video(one, rows, grid, seconds + i * p_.max_groups);
-                        });
+    return EachVideo(in, out,
+                     [&](const FieldValue& one, uint8_t* rows, int32_t* grid, float* seconds) {
+                       return Video(one, rows, grid, seconds);
+                     });
+  }
+
+  Status Measure(const SampleContext&, const FieldValue& in, const OutputRow& out) override {
+    return EachVideo(in, out,
+                     [&](const FieldValue& one, uint8_t*, int32_t* grid, float* seconds) -> Status {
+                       Result<VideoFacts> facts = sampler_.Probe(one);
+                       if (!facts.ok()) return facts.status();
+                       Result<Pick> pick = Choose(*facts);
+                       if (!pick.ok()) return pick.status();
+                       Describe(*pick, grid, seconds);
+                       return Status::Ok();
+                     });
   }
 
  private:
+  using VideoFn = std::function<Status(const FieldValue&, uint8_t*, int32_t*, float*)>;
+  Status EachVideo(const FieldValue& in, const OutputRow& out, const VideoFn& one) {
+    float* seconds = out.As<float>(3);
+    std::fill(seconds, seconds + p_.q.max_items * p_.max_groups, 0.0f);
+    return QwenEachItem(p_.q, "video", in, out,
+                        [&](const FieldValue& v, size_t i, uint8_t* rows, int32_t* grid) {
+                          return one(v, rows, grid, seconds + i * p_.max_groups);
+                        });
+  }
+
+  // What the reference takes of a video: the frames' indices and the resized size.
+  struct Pick {
+    std::vector<int64_t> indices;
+    double source_fps = 0;
+    int oh = 0, ow = 0;
+    int64_t groups = 0;  // temporal patches
+  };
+  Result<Pick> Choose(const VideoFacts& f) const {
+    const QwenPatching& q = p_.q.patching;
+    const int tps = q.temporal_patch_size;
+    Pick pick;
+    pick.source_fps = f.fps > 0 ? f.fps : 24;  // the reference's default for an unknown rate
+    if (f.frames < 1) return Status::Corrupt("the video stream declares no frame count");
+    pick.indices =
+        QwenVideoFrameIndices(f.frames, pick.source_fps, p_.fps, p_.min_frames, p_.max_frames);
+    Result<QwenSize> size =
+        QwenVideoSmartResize(static_cast<int64_t>(pick.indices.size()), f.height, f.width, tps,
+                             q.patch_size * q.merge_size, p_.q.min_pixels, p_.q.max_pixels);
+    if (!size.ok()) return size.status();
+    pick.oh = static_cast<int>(size->height);
+    pick.ow = static_cast<int>(size->width);
+    pick.groups = (static_cast<int64_t>(pick.indices.size()) + tps - 1) / tps;
+    const int64_t patches = pick.groups * (pick.oh / q.patch_size) * (pick.ow / q.patch_size);
+    if (patches > p_.q.max_patches)
+      return Status::TooLarge(fmt::format(
+          "video is {}x{}, {} frames sampled: resized to {}x{} it has {} patches, "
+          "above the {} max_pixels allows",
+          f.width, f.height, pick.indices.size(), pick.ow, pick.oh, patches, p_.q.max_patches));
+    return pick;
+  }
+
+  // The grid, and each temporal patch's time: the mean of its first and last frame's.
+  void Describe(const Pick& pick, int32_t* grid, float* seconds) const {
+    const QwenPatching& q = p_.q.patching;
+    const int64_t tps = q.temporal_patch_size, n = static_cast<int64_t>(pick.indices.size());
+    for (int64_t g = 0; g < pick.groups; ++g) {
+      const int64_t first = pick.indices[g * tps],
+                    end = pick.indices[std::min(g * tps + tps, n) - 1];
+      seconds[g] = Tenths((first / pick.source_fps + end / pick.source_fps) / 2);
+    }
+    grid[0] = static_cast<int32_t>(pick.groups);
+    grid[1] = pick.oh / q.patch_size;
+    grid[2] = pick.ow / q.patch_size;
+  }
+
   // One video's patches at `rows`, its grid and its temporal patches' times.
   Status Video(const FieldValue& in, uint8_t* rows, int32_t* grid, float* seconds) {
     const QwenPatching& q = p_.q.patching;
     const int tps = q.temporal_patch_size;
-    std::vector<int64_t> indices;
-    double source_fps = 0;
-    int oh = 0, ow = 0, src_w = 0, src_h = 0;
+    Pick pick;
+    int src_w = 0, src_h = 0;
     size_t frame_bytes = 0;
     FramePlan plan = [&](const VideoFacts& f) -> Result<std::vector<double>> {
-      source_fps = f.fps > 0 ? f.fps : 24;  // the reference's default for an unknown rate
-      if (f.frames < 1) return Status::Corrupt("the video stream declares no frame count");
-      indices = QwenVideoFrameIndices(f.frames, source_fps, p_.fps, p_.min_frames, p_.max_frames);
-      Result<QwenSize> size =
-          QwenVideoSmartResize(static_cast<int64_t>(indices.size()), f.height, f.width, tps,
-                               q.patch_size * q.merge_size, p_.q.min_pixels, p_.q.max_pixels);
-      if (!size.ok()) return size.status();
-      oh = static_cast<int>(size->height);
-      ow = static_cast<int>(size->width);
-      const int64_t groups = (static_cast<int64_t>(indices.size()) + tps - 1) / tps;
-      const int64_t patches = groups * (oh / q.patch_size) * (ow / q.patch_size);
-      if (patches > p_.q.max_patches)
-        return Status::TooLarge(
-            fmt::format("video is {}x{}, {} frames sampled: resized to {}x{} it has {} patches, "
-                        "above the {} max_pixels allows",
-                        f.width, f.height, indices.size(), ow, oh, patches, p_.q.max_patches));
+      Result<Pick> chosen = Choose(f);
+      if (!chosen.ok()) return chosen.status();
+      pick = std::move(chosen.value());
       src_w = f.width;
       src_h = f.height;
-      resampler_.Plan({0, static_cast<double>(src_w) / ow, 0, src_w, 0, ow},
-                      {0, static_cast<double>(src_h) / oh, 0, src_h, 0, oh}, Filter::kBicubic);
-      frame_bytes = static_cast<size_t>(3) * oh * ow;
-      frames_.resize(static_cast<size_t>(groups) * tps * frame_bytes);
-      std::vector<double> times(indices.size());
-      for (size_t i = 0; i < indices.size(); ++i)
-        times[i] = (static_cast<double>(indices[i]) + 0.5) / source_fps;
+      resampler_.Plan({0, static_cast<double>(src_w) / pick.ow, 0, src_w, 0, pick.ow},
+                      {0, static_cast<double>(src_h) / pick.oh, 0, src_h, 0, pick.oh},
+                      Filter::kBicubic);
+      frame_bytes = static_cast<size_t>(3) * pick.oh * pick.ow;
+      frames_.resize(static_cast<size_t>(pick.groups) * tps * frame_bytes);
+      std::vector<double> times(pick.indices.size());
+      for (size_t i = 0; i < pick.indices.size(); ++i)
+        times[i] = (static_cast<double>(pick.indices[i]) + 0.5) / pick.source_fps;
       return times;
     };
     ResampleOutput chw;
@@ -114,8 +167,8 @@ class QwenVideoWorker : public StageWorker {
 
     // Frames past the stream's end (a container longer than its video), then up to a whole
     // temporal patch: the last frame again, as the reference pads.
-    const int n = static_cast<int>(indices.size());
-    const int groups = (n + tps - 1) / tps;
+    const int n = static_cast<int>(pick.indices.size());
+    const int groups = static_cast<int>(pick.groups), oh = pick.oh, ow = pick.ow;
     int last = 0;
     for (int i = 0; i < groups * tps; ++i) {
       if (i < n && mask_[i]) {
@@ -133,12 +186,8 @@ class QwenVideoWorker : public StageWorker {
     for (int g = 0; g < groups; ++g) {
       for (int t = 0; t < tps; ++t) group[t] = frames_.data() + (g * tps + t) * frame_bytes;
       QwenPatchify(group.data(), oh, ow, q, lut, p_.q.dtype, rows + g * group_bytes);
-      const int64_t first = indices[g * tps], end = indices[std::min(g * tps + tps, n) - 1];
-      seconds[g] = Tenths((first / source_fps + end / source_fps) / 2);
     }
-    grid[0] = groups;
-    grid[1] = oh / q.patch_size;
-    grid[2] = ow / q.patch_size;
+    Describe(pick, grid, seconds);
     return Status::Ok();
   }
 
@@ -164,6 +213,7 @@ class QwenVideoStage : public Stage {
     return std::make_unique<QwenVideoWorker>(p_, &cache_, &shared_);
   }
   std::vector<std::pair<std::string, double>> Metrics() const override { return shared_.Metrics(); }
+  CostOutputs Costs() const override { return {"", p_.q.name}; }
 
  private:
   QwenVideoParams p_;

@@ -888,6 +888,16 @@ Status VideoSampler::Sample(const FieldValue& in, Rng* rng, uint8_t* frames, flo
   return run.Go(in, rng);
 }
 
+Result<VideoFacts> VideoSampler::Probe(const FieldValue& in) {
+  uint8_t mask = 0;
+  Run run(*this, nullptr, nullptr, &mask);
+  MMFEED_RETURN_IF_ERROR(run.Open(in));
+  MMFEED_RETURN_IF_ERROR(run.Timeline());
+  if (run.end_ts == kNoPts || run.end_ts <= run.start_ts)
+    return Status::Corrupt("zero-length video (duration 0)");
+  return run.Facts();
+}
+
 Status VideoSampler::SampleFrames(const FieldValue& in, const FramePlan& plan,
                                   const FrameSink& sink, std::vector<uint8_t>* mask) {
   mask->assign(kMaxPlannedFrames, 0);

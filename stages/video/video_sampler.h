@@ -159,6 +159,8 @@ class VideoSampler {
   // not handed over. `mask` gets 1 for each slot handed over.
   Status SampleFrames(const FieldValue& in, const FramePlan& plan, const FrameSink& sink,
                       std::vector<uint8_t>* mask);
+  // What SampleFrames' plan would be given, without decoding a frame.
+  Result<VideoFacts> Probe(const FieldValue& in);
 
   const VideoStats& stats() const { return stats_; }
 

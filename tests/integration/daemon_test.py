@@ -668,6 +668,56 @@ class PackedTextTest(DaemonCase):
         self.assertEqual(rows, (len(want) + 63) // 64, "no padding but in the last row")
 
 
+class TokenBudgetTest(DaemonCase):
+    CONFIG = """pipeline: budget
+source: {{type: manifest, path: {manifest}, shuffle: true, seed: 5, epochs: 2, node_rank: {node}, num_nodes: 2}}
+consumers: 2
+stages:
+  - {{name: text, type: text, field: text, workers: 2, params: {{tokenizer: bytes, max_len: 64}}}}
+  - {{name: batch, type: batch, inputs: [text], params: {{batch_size: 16, max_tokens: 200}}}}
+output: {{ring_slots: 4}}
+"""
+
+    def test_every_rank_of_every_node_gets_as_many_batches_within_the_budget(self):
+        """Two nodes (two daemons, node_rank 0 and 1) of two ranks each, no coordinator: in each
+        epoch every rank gets the same number of batches, every batch holds whole samples within
+        200 tokens, and the four ranks together get every usable sample once."""
+        lengths = {f"s{i}": 1 + (i * 37) % 60 for i in range(500)}
+        with open(self.dir / "manifest.jsonl", "w") as m:
+            for sid, n in lengths.items():
+                m.write(json.dumps({"id": sid, "text": "x" * n}) + "\n")
+        (self.dir / "missing").mkdir()
+        with open(self.dir / "manifest.jsonl", "a") as m:  # found when measuring, never dealt
+            for i in range(4):
+                m.write(json.dumps({"id": f"gone{i}", "text": {"path": f"missing/{i}.txt"}}) + "\n")
+        daemons, consumers = [], []
+        for node in range(2):
+            (self.dir / f"n{node}").mkdir()
+            d = Daemon(self.dir / f"n{node}", self.CONFIG.format(manifest=self.dir / "manifest.jsonl", node=node))
+            daemons.append(d)
+            consumers += [d.consume(r, "--json", "--dump", str(self.dir / f"dump{node}{r}")) for r in range(2)]
+        summaries = [finish(c) for c in consumers]
+        for d in daemons:
+            self.assertEqual(d.wait(), 0, d.log())
+            self.assertIn("missing/3.txt: no such file", d.log(), "the unreadable samples are named")
+        epochs = {0: {}, 1: {}}  # epoch -> stream -> batches
+        for node in range(2):
+            for r in range(2):
+                for meta, path in dumped_batches(self.dir / f"dump{node}{r}"):
+                    got = np.load(path / "text_lengths.npy")
+                    self.assertLessEqual(len(meta["ids"]), 16)
+                    self.assertLessEqual(int(got.sum()), 200, f"node {node} rank {r} batch {meta['seq']}")
+                    self.assertEqual(got.tolist(), [lengths[i] for i in meta["ids"]])
+                    epochs[meta["epoch"]].setdefault((node, r), []).append(meta["ids"])
+        for e, streams in epochs.items():
+            counts = {len(b) for b in streams.values()}
+            self.assertEqual(len(streams), 4)
+            self.assertEqual(len(counts), 1, f"epoch {e}: batches per rank {counts}")
+            ids = [i for batches in streams.values() for b in batches for i in b]
+            self.assertEqual(sorted(ids), sorted(lengths), f"epoch {e}: every usable sample once")
+        self.assertEqual(sum(s["samples"] for s in summaries), 1000)
+
+
 def main():
     """Runs the tests of the script being run: --bin BUILD/bin, then unittest's own arguments."""
     global BIN

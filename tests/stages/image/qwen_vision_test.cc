@@ -118,6 +118,31 @@ TEST(QwenVisionTest, AStageOutputsPatchesAndGridOfTheSmartResizedImage) {
   EXPECT_EQ((*b)[0].As<uint16_t>()[0], ToBFloat16(want[0]));
 }
 
+// What token-budget batches count: measuring a sample (headers only) gives the grids and
+// count processing gives, and refuses what processing refuses before decoding.
+TEST(QwenVisionTest, MeasuringGivesTheGridsOfProcessing) {
+  testing::TempDir dir;
+  cv::imwrite(dir / "a.png", cv::Mat(300, 500, CV_8UC3, cv::Scalar(10, 20, 30)));
+  cv::imwrite(dir / "b.jpg", cv::Mat(1700, 900, CV_8UC3, cv::Scalar(40, 50, 60)));
+  cv::imwrite(dir / "strip.png", cv::Mat(10, 2100, CV_8UC3, cv::Scalar(1, 2, 3)));
+  auto stage = MakeStage("qwen_vision", "pixel_values",
+                         {{"max_pixels", int64_t{262144}}, {"max_images", int64_t{3}}});
+  ASSERT_TRUE(stage);
+  EXPECT_EQ(stage->Costs().patches, "pixel_values");
+  FieldValue list;
+  list.kind = FieldValue::Kind::kList;
+  list.items = {PathField(dir / "a.png"), PathField(dir / "b.jpg")};
+  Result<std::vector<Output>> run = testing::RunStage(*stage, {1, 0, "x", "test"}, list);
+  Result<std::vector<Output>> measured = testing::MeasureStage(*stage, {1, 0, "x", "test"}, list);
+  ASSERT_TRUE(run.ok() && measured.ok()) << measured.status().message();
+  EXPECT_EQ((*measured)[1].data, (*run)[1].data);
+  EXPECT_EQ((*measured)[2].data, (*run)[2].data);
+  for (const char* bad : {"strip.png", "missing.png"}) {
+    list.items = {PathField(dir / bad)};
+    EXPECT_FALSE(testing::MeasureStage(*stage, {1, 0, "x", "test"}, list).ok()) << bad;
+  }
+}
+
 TEST(QwenVisionTest, BadImagesAndParametersAreClearErrors) {
   testing::TempDir dir;
   cv::Mat strip(10, 2100, CV_8UC3, cv::Scalar(1, 2, 3));

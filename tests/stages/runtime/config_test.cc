@@ -200,6 +200,27 @@ TEST_F(ConfigTest, WorkersAutoAndTheCpuBudget) {
       std::string::npos);
 }
 
+TEST_F(ConfigTest, TokenBudgetsCountWhatTheirStagesMake) {
+  Result<PipelineConfig> r = ParseConfig(
+      Replace(kCanonical, "batch_size: 32}", "batch_size: 32, max_tokens: 4096}"), dir_ / "p.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_TRUE(r->budgeted());
+  EXPECT_EQ(r->max_tokens, 4096);
+  EXPECT_EQ(r->max_patches, 0);
+  const std::string patches =
+      Error(Replace(kCanonical, "batch_size: 32}", "batch_size: 32, max_patches: 4096}"));
+  EXPECT_NE(patches.find("p.yaml:9:"), std::string::npos) << patches;
+  EXPECT_NE(patches.find("no input of this batch stage has vision patches"), std::string::npos)
+      << patches;
+  EXPECT_NE(Error(Replace(kCanonical, "batch_size: 32}", "batch_size: 32, max_tokens: -1}"))
+                .find("max_tokens and max_patches must be in 0..4294967295"),
+            std::string::npos);
+  EXPECT_NE(Error(Replace(kCanonical, "batch_size: 32}",
+                          "batch_size: 32, max_tokens: 64, drop_last: true}"))
+                .find("drop_last has no meaning"),
+            std::string::npos);
+}
+
 TEST_F(ConfigTest, IllTypedParametersAreRejected) {
   std::string e = Error(Replace(kCanonical, "size: [224, 224]", "size: [224]"));
   EXPECT_NE(e.find("p.yaml:6:48: image.size must have 2 values, got 1"), std::string::npos) << e;

@@ -617,8 +617,9 @@ std::string TextConfig(int workers, int batch, const std::string& source_extra =
 }
 
 // Decodes a text row back to the caption it holds.
-std::string RowText(const MemBatch& b, size_t row) {
-  const int32_t* tokens = reinterpret_cast<const int32_t*>(b.tensors[0].data.data()) + row * 16;
+std::string RowText(const MemBatch& b, size_t row, int max_len = 16) {
+  const int32_t* tokens =
+      reinterpret_cast<const int32_t*>(b.tensors[0].data.data()) + row * max_len;
   int32_t len = reinterpret_cast<const int32_t*>(b.tensors[1].data.data())[row];
   std::string out;
   for (int32_t j = 0; j < len; ++j) out += static_cast<char>(tokens[j]);
@@ -1065,6 +1066,213 @@ TEST(PipelineTest, StartingAtACursorRegeneratesTheSameBatches) {
 
   auto bad = Pipeline::Create(*cfg, {&r0, &r1}, {StreamCursor{0, 25, 25}, StreamCursor{}});
   EXPECT_FALSE(bad.ok());
+}
+
+// Token-budget batches over texts of 1 to 60 bytes (the bytes tokenizer: a token a byte), in
+// files t<i>.txt; sample i's file is missing when i % 50 == 7.
+int BudgetTextLength(int i) { return 1 + static_cast<int>(HashString(std::to_string(i)) % 60); }
+void MakeBudgetTextDataset(const TempDir& dir, int n) {
+  std::ofstream m(dir / "manifest.jsonl");
+  for (int i = 0; i < n; ++i) {
+    m << "{\"id\": \"s" << i << "\", \"text\": {\"path\": \"t" << i << ".txt\"}}\n";
+    if (i % 50 != 7)
+      WriteFile(dir / fmt::format("t{}.txt", i), std::string(BudgetTextLength(i), 'a' + i % 26));
+  }
+}
+std::string BudgetTextConfig(int workers, const std::string& budget = "max_tokens: 200") {
+  std::string yaml = TextConfig(workers, 16, ", shuffle: true, epochs: 2");
+  for (auto [from, to] : {std::pair<std::string, std::string>{"max_len: 16", "max_len: 64"},
+                          {"batch_size: 16", "batch_size: 16, " + budget}}) {
+    EXPECT_NE(yaml.find(from), std::string::npos) << from;
+    yaml.replace(yaml.find(from), from.size(), to);
+  }
+  return yaml;
+}
+
+// Checks a budgeted text run: every rank has the epoch's batch count, each batch is within
+// the budget, each row is its sample's text. Returns the ids delivered per epoch.
+std::vector<std::multiset<std::string>> CheckBudgetedText(const PipelineRun& run, int epochs) {
+  std::vector<std::multiset<std::string>> ids(epochs);
+  for (const auto& sink : run.sinks) {
+    uint64_t seq = 0;
+    for (int e = 0; e < epochs; ++e) {
+      const uint64_t k = run.pipeline->EpochBatches(e);
+      EXPECT_GT(k, 0u);
+      for (uint64_t b = 0; b < k; ++b, ++seq) {
+        if (seq >= sink->batches.size()) {
+          ADD_FAILURE() << "only " << sink->batches.size() << " batches";
+          return ids;
+        }
+        const MemBatch& batch = *sink->batches[seq];
+        EXPECT_EQ(batch.seq, seq);
+        EXPECT_EQ(batch.epoch, static_cast<uint32_t>(e));
+        EXPECT_EQ(run.pipeline->CursorAt(seq), (StreamCursor{static_cast<uint32_t>(e), b, seq}));
+        EXPECT_LE(batch.ids.size(), 16u);
+        int64_t tokens = 0;
+        for (size_t r = 0; r < batch.ids.size(); ++r) {
+          const int i = std::stoi(batch.ids[r].substr(1));
+          const std::string text = RowText(batch, r, 64);
+          EXPECT_EQ(text, std::string(BudgetTextLength(i), 'a' + i % 26))
+              << "row " << r << " holds another sample";
+          tokens += BudgetTextLength(i);
+          ids[e].insert(batch.ids[r]);
+        }
+        EXPECT_LE(tokens, 200) << "epoch " << e << " batch " << b;
+      }
+    }
+    EXPECT_EQ(sink->batches.size(), seq) << "no batch past the last epoch";
+  }
+  return ids;
+}
+
+TEST(PipelineTest, TokenBudgetBatchesHoldWholeSamplesWithEqualCountsPerRank) {
+  TempDir dir;
+  const int n = 600;
+  MakeBudgetTextDataset(dir, n);
+  PipelineRun run = RunPipeline(dir, BudgetTextConfig(2));
+  ASSERT_TRUE(run.pipeline) << run.create_status.message();
+  ASSERT_TRUE(run.pipeline->status().ok()) << run.pipeline->status().message();
+  std::vector<std::multiset<std::string>> ids = CheckBudgetedText(run, 2);
+  std::multiset<std::string> good;
+  for (int i = 0; i < n; ++i)
+    if (i % 50 != 7) good.insert(fmt::format("s{}", i));
+  for (int e = 0; e < 2; ++e) EXPECT_EQ(ids[e], good) << "every usable sample once an epoch";
+  EXPECT_NE(Fingerprint(run), "");
+  // The missing files were found when measuring, once; never dealt.
+  nlohmann::json samples = run.pipeline->Profile()["samples"];
+  EXPECT_EQ(samples["failed"].get<size_t>(), 12u) << samples.dump();
+  EXPECT_EQ(samples["refilled"].get<size_t>(), 0u) << samples.dump();
+  const nlohmann::json errors = run.pipeline->errors().ToJson();
+  EXPECT_EQ(errors["total"], 12) << errors.dump();
+  EXPECT_NE(errors["recent"][0]["origin"].get<std::string>().find("manifest.jsonl:"),
+            std::string::npos)
+      << errors.dump();
+  // Full batches: the greedy cut wastes little of the budget.
+  double tokens = 0;
+  for (int i = 0; i < n; ++i) tokens += i % 50 != 7 ? BudgetTextLength(i) : 0;
+  const double full = tokens / 2 / 200;  // per rank and epoch, were every batch exactly full
+  for (int e = 0; e < 2; ++e) EXPECT_LT(run.pipeline->EpochBatches(e), 1.2 * full + 1) << full;
+
+  // Same bytes whatever the worker count, and from any cursor.
+  EXPECT_EQ(Fingerprint(RunPipeline(dir, BudgetTextConfig(1))), Fingerprint(run));
+  WriteFile(dir / "p.yaml", BudgetTextConfig(2));
+  Result<PipelineConfig> cfg = LoadConfigFile(dir / "p.yaml");
+  ASSERT_TRUE(cfg.ok());
+  MemorySink r0(BatchSpecs(*cfg), 16, 2), r1(BatchSpecs(*cfg), 16, 2);
+  const uint64_t from = run.pipeline->EpochBatches(0) + 3;  // epoch 1, batch 3
+  auto p =
+      Pipeline::Create(*cfg, {&r0, &r1}, {run.pipeline->CursorAt(from), run.pipeline->CursorAt(5)});
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  ASSERT_TRUE((*p)->Start().ok());
+  (*p)->Wait();
+  ASSERT_EQ(r0.batches.size(), run.sinks[0]->batches.size() - from);
+  for (size_t i = 0; i < r0.batches.size(); ++i)
+    EXPECT_EQ(r0.batches[i]->ids, run.sinks[0]->batches[from + i]->ids) << i;
+  ASSERT_EQ(r1.batches.size(), run.sinks[1]->batches.size() - 5);
+  EXPECT_EQ(r1.batches[0]->ids, run.sinks[1]->batches[5]->ids);
+  // A cursor that does not fit the plan's numbering is refused.
+  auto bad = Pipeline::Create(
+      *cfg, {&r0, &r1}, {StreamCursor{0, run.pipeline->EpochBatches(0), from}, StreamCursor{}});
+  EXPECT_FALSE(bad.ok());
+}
+
+// Files that vanish after the samples were measured fail when processed: their rows are
+// refilled with samples that fit what the batch has left, or left out of the batch; the
+// budget and the batch counts hold, and the bytes do not depend on the worker count.
+TEST(PipelineTest, TokenBudgetRefillsStayWithinTheBudget) {
+  TempDir dir;
+  const int n = 600;
+  MakeBudgetTextDataset(dir, n);
+  auto run = [&](int workers) {
+    PipelineRun run;
+    WriteFile(dir / "p.yaml", BudgetTextConfig(workers));
+    Result<PipelineConfig> cfg = LoadConfigFile(dir / "p.yaml");
+    EXPECT_TRUE(cfg.ok());
+    std::vector<BatchSink*> sinks;
+    for (int r = 0; r < 2; ++r) {
+      run.sinks.push_back(std::make_unique<MemorySink>(BatchSpecs(*cfg), 16));
+      sinks.push_back(run.sinks.back().get());
+    }
+    for (int i = 0; i < n; i += 40)  // back for this run's measuring
+      WriteFile(dir / fmt::format("t{}.txt", i + 11),
+                std::string(BudgetTextLength(i + 11), 'a' + (i + 11) % 26));
+    auto p = Pipeline::Create(*cfg, sinks);
+    EXPECT_TRUE(p.ok()) << p.status().message();
+    for (int i = 0; i < n; i += 40) std::filesystem::remove(dir / fmt::format("t{}.txt", i + 11));
+    run.pipeline = std::move(p.value());
+    EXPECT_TRUE(run.pipeline->Start().ok());
+    run.pipeline->Wait();
+    return run;
+  };
+  PipelineRun two = run(2);
+  ASSERT_TRUE(two.pipeline->status().ok()) << two.pipeline->status().message();
+  std::vector<std::multiset<std::string>> ids = CheckBudgetedText(two, 2);
+  for (int e = 0; e < 2; ++e)
+    for (int i = 11; i < n; i += 40) EXPECT_EQ(ids[e].count(fmt::format("s{}", i)), 0u) << i;
+  nlohmann::json samples = two.pipeline->Profile()["samples"];
+  EXPECT_EQ(samples["failed"].get<size_t>(), 12u + 2 * 15) << samples.dump();
+  EXPECT_GT(samples["refilled"].get<size_t>(), 0u) << samples.dump();
+  EXPECT_EQ(Fingerprint(run(1)), Fingerprint(two));
+}
+
+// Patches and tokens: Qwen vision + chat, within max_patches and max_tokens; undecodable
+// images are found by their headers when measuring, a truncated one only when decoded.
+TEST(PipelineTest, PatchAndTokenBudgetsBatchQwenSamples) {
+  TempDir dir;
+  MakeBadDataset(dir);
+  std::string yaml = QwenConfig(2);
+  const std::string from = "batch_size: 5}";
+  yaml.replace(yaml.find(from), from.size(), "batch_size: 5, max_patches: 600, max_tokens: 400}");
+  PipelineRun run = RunPipeline(dir, yaml);
+  ASSERT_TRUE(run.pipeline) << run.create_status.message();
+  ASSERT_TRUE(run.pipeline->status().ok()) << run.pipeline->status().message();
+  const uint64_t k = run.pipeline->EpochBatches(0);
+  ASSERT_EQ(run.sinks[0]->batches.size(), k);
+  std::multiset<std::string> seen;
+  for (auto& b : run.sinks[0]->batches) {
+    // chat, chat_lengths, labels, pixel_values, image_grid_thw, image_grid_thw_count
+    const auto& t = b->tensors;
+    EXPECT_LE(t[3].spec.shape[0], 600) << "patches";
+    const int32_t* lengths = reinterpret_cast<const int32_t*>(t[1].data.data());
+    const int32_t* grids = reinterpret_cast<const int32_t*>(t[4].data.data());
+    int64_t tokens = 0, patches = 0;
+    for (size_t r = 0; r < b->ids.size(); ++r) {
+      tokens += lengths[r];
+      patches += int64_t{grids[3 * r]} * grids[3 * r + 1] * grids[3 * r + 2];
+      seen.insert(b->ids[r]);
+    }
+    EXPECT_LE(tokens, 400);
+    EXPECT_EQ(t[3].spec.shape[0], patches);
+    EXPECT_GE(b->ids.size(), 1u);
+  }
+  EXPECT_GT(seen.size(), 5u);
+  for (const std::string& id : seen)  // bad_text's Latin-1 is replaced, as the reference does
+    EXPECT_TRUE(id.rfind("bad", 0) == std::string::npos || id == "bad_text") << id;
+  // The truncated JPEG's header is whole: it fails only when decoded, and its row is refilled.
+  nlohmann::json samples = run.pipeline->Profile()["samples"];
+  EXPECT_EQ(samples["failed"].get<size_t>(), 5u) << samples.dump();
+  EXPECT_EQ(samples["refilled"].get<size_t>(), 1u) << samples.dump();
+  EXPECT_EQ(Fingerprint(RunPipeline(dir,
+                                    [&] {
+                                      std::string y = yaml;
+                                      y.replace(y.find("workers: 2"), 10, "workers: 1");
+                                      return y;
+                                    }())),
+            Fingerprint(run));
+}
+
+TEST(PipelineTest, ABudgetOnlyCountsWhatItsStagesCanMeasure) {
+  TempDir dir;
+  MakeBudgetTextDataset(dir, 40);
+  // A sample over the budget on its own is left out, with the reason.
+  PipelineRun run = RunPipeline(dir, BudgetTextConfig(1, "max_tokens: 30"));
+  ASSERT_TRUE(run.pipeline) << run.create_status.message();
+  const nlohmann::json errors = run.pipeline->errors().ToJson();
+  int over = 0;
+  for (int i = 0; i < 40; ++i) over += i % 50 != 7 && BudgetTextLength(i) > 30;
+  EXPECT_EQ(errors["total"].get<int>(), over + 1) << errors.dump();
+  EXPECT_NE(errors.dump().find("tokens, above the batch's max_tokens 30"), std::string::npos)
+      << errors.dump();
 }
 
 }  // namespace

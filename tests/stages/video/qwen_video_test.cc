@@ -210,6 +210,27 @@ TEST_F(QwenVideoStageTest, ASampleMayListSeveralVideosOrNone) {
       << bad.status().message();
 }
 
+// What token-budget batches count: measuring a sample (its streams opened, no frame decoded)
+// gives the grids, counts and times that processing it gives, and the same errors.
+TEST_F(QwenVideoStageTest, MeasuringGivesTheGridsAndTimesOfProcessing) {
+  auto stage = MakeStage("qwen_video", "pixel_values_videos", {{"max_videos", int64_t{2}}});
+  ASSERT_TRUE(stage);
+  EXPECT_EQ(stage->Costs().patches, "pixel_values_videos");
+  EXPECT_EQ(stage->Costs().tokens, "");
+  FieldValue list;
+  list.kind = FieldValue::Kind::kList;
+  list.items = {PathField(Path("three.mp4")), PathField(Path("good.mp4"))};
+  Result<std::vector<Output>> run = testing::RunStage(*stage, {1, 0, "x", "test"}, list);
+  Result<std::vector<Output>> measured = testing::MeasureStage(*stage, {1, 0, "x", "test"}, list);
+  ASSERT_TRUE(run.ok() && measured.ok()) << measured.status().message();
+  EXPECT_TRUE((*measured)[0].data.empty());
+  for (size_t k = 1; k < 4; ++k) EXPECT_EQ((*measured)[k].data, (*run)[k].data) << k;
+  for (const char* bad : {"one.mp4", "text.mp4", "missing.mp4"}) {
+    list.items = {PathField(Path(bad))};
+    EXPECT_FALSE(testing::MeasureStage(*stage, {1, 0, "x", "test"}, list).ok()) << bad;
+  }
+}
+
 // The chat stage on grids and times handed to it directly: Qwen3-VL's blocks per temporal
 // patch, and a grid whose temporal patch is not whole merge windows refused.
 TEST(QwenChatVideoTest, TimedBlocksPerTemporalPatchAndBadGridsRefused) {
