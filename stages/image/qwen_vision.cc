@@ -168,6 +168,10 @@ std::vector<ParamSpec> QwenParamSpecs() {
        std::string("float32"),
        "float32 | bfloat16 (the float32 value rounded to the nearest bfloat16)",
        {"float32", "bfloat16"}},
+      {"cu_seqlens", ParamType::kString, std::string(""),
+       "name of an int32 output [sum of t + 1] per batch: where each temporal patch of each "
+       "image/video begins among the batch's patches, then the total (the vision encoder's "
+       "cu_seqlens); \"\": none"},
   };
 }
 
@@ -178,6 +182,11 @@ Status ParseQwenParams(const StageArgs& a, const char* list_key, int64_t min_win
   p->grid_name = prm.GetString("grid");
   if (p->grid_name.empty() || p->grid_name == p->name)
     return Status::Invalid("grid must name an output other than the stage's own");
+  p->cu_seqlens_name = prm.GetString("cu_seqlens");
+  for (const std::string& taken :
+       {p->name, p->grid_name, p->grid_name + "_count", p->grid_name + "_seconds"})
+    if (p->cu_seqlens_name == taken)
+      return Status::Invalid("cu_seqlens must name an output of its own");
   QwenPatching& q = p->patching;
   q.patch_size = static_cast<int>(prm.GetInt("patch_size"));
   q.temporal_patch_size = static_cast<int>(prm.GetInt("temporal_patch_size"));
@@ -219,6 +228,12 @@ std::vector<TensorSpec> QwenOutputSpecs(const QwenStageParams& p) {
   return {{p.name, p.dtype, {p.max_items * p.max_patches, p.patching.PatchValues()}, p.grid_name},
           {p.grid_name, DType::kInt32, {p.max_items, 3}, count},
           {count, DType::kInt32, {}}};
+}
+
+void AddQwenCuSeqlens(const QwenStageParams& p, int64_t per_item, std::vector<TensorSpec>* specs) {
+  if (p.cu_seqlens_name.empty()) return;
+  specs->push_back(
+      {p.cu_seqlens_name, DType::kInt32, {p.max_items * per_item + 1}, "", p.grid_name});
 }
 
 Status QwenEachItem(const QwenStageParams& p, const char* noun, const FieldValue& in,
@@ -320,7 +335,11 @@ class QwenVisionWorker : public StageWorker {
 class QwenVisionStage : public Stage {
  public:
   explicit QwenVisionStage(QwenParams p) : p_(std::move(p)) {}
-  std::vector<TensorSpec> OutputSpecs() const override { return QwenOutputSpecs(p_.q); }
+  std::vector<TensorSpec> OutputSpecs() const override {
+    std::vector<TensorSpec> specs = QwenOutputSpecs(p_.q);
+    AddQwenCuSeqlens(p_.q, 1, &specs);
+    return specs;
+  }
   std::unique_ptr<StageWorker> NewWorker() const override {
     return std::make_unique<QwenVisionWorker>(p_);
   }

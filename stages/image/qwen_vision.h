@@ -51,6 +51,7 @@ void QwenPatchify(const uint8_t* const* frames, int height, int width, const Qwe
 // budget, how many values a sample may list, and the normalization.
 struct QwenStageParams {
   std::string name, grid_name;
+  std::string cu_seqlens_name;  // "": no cu_seqlens output
   QwenPatching patching;
   int64_t min_pixels = 0, max_pixels = 0;
   int64_t max_patches = 0;  // per image or video: max_pixels / patch_size^2
@@ -59,7 +60,8 @@ struct QwenStageParams {
   float lut[3][256];  // normalized value of each 8-bit level, per channel
 };
 
-// Their shared schema entries: patch_size, temporal_patch_size, merge_size, mean, std, dtype.
+// Their shared schema entries: patch_size, temporal_patch_size, merge_size, mean, std, dtype,
+// cu_seqlens.
 std::vector<ParamSpec> QwenParamSpecs();
 
 // Reads the shared entries and grid, min_pixels, max_pixels and `list_key` (max_images,
@@ -71,6 +73,11 @@ Status ParseQwenParams(const StageArgs& a, const char* list_key, int64_t min_win
 // <name> [max_items * max_patches, PatchValues()] (ragged by the grid), <grid> int32
 // [max_items, 3] (ragged by the count), <grid>_count int32 [].
 std::vector<TensorSpec> QwenOutputSpecs(const QwenStageParams& p);
+// With cu_seqlens set, appends <cu_seqlens> int32, filled when a batch is committed: where each
+// temporal patch of each image or video of the batch begins among its patches, then their
+// total ([sum of t + 1]), as Qwen's vision encoder computes from the grids for its
+// variable-length attention. `per_item`: the most temporal patches one value has.
+void AddQwenCuSeqlens(const QwenStageParams& p, int64_t per_item, std::vector<TensorSpec>* specs);
 
 // Runs `one` on each value of the field (one, or a list of up to max_items; an empty list is
 // a sample without any): value i writes its patches at `rows`, right after value i - 1's, and

@@ -56,6 +56,11 @@ struct Pipeline::Provisional {
   int64_t tokens = 0, patches = 0;  // token budget: the planned samples' costs
 };
 
+// A grid: int32 [n, 3], a [t, h, w] per row (Qwen's image_grid_thw, video_grid_thw).
+static bool IsGrid(const TensorSpec& s) {
+  return s.dtype == DType::kInt32 && s.shape.size() == 2 && s.shape[1] == 3;
+}
+
 constexpr int kMaxOutputs = 16;  // tensors per stage (the ring holds 16 per batch anyway)
 
 // One sample's field on its way through one branch, and back to the join.
@@ -251,11 +256,13 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
   for (const TensorSpec& t : p->specs_) {  // starts tensors: of which ragged tensor
     int of = t.starts_of.empty() ? -1 : tensor(t.starts_of);
     if (of >= 0 && p->rows_from_[of] < 0) of = -1;
-    if (!t.starts_of.empty() &&
-        (of < 0 || t.dtype != DType::kInt32 || t.shape != std::vector<int64_t>{2}))
+    // Of a grid: [the most grid rows * the most t + 1]; else two values per sample.
+    const bool fits = of >= 0 && (IsGrid(p->specs_[of]) ? t.shape.size() == 1 && t.shape[0] >= 2
+                                                        : t.shape == std::vector<int64_t>{2});
+    if (!t.starts_of.empty() && (!fits || t.dtype != DType::kInt32))
       return Status::Invalid(fmt::format(
           "output '{}' holds the row starts of '{}', which is not a ragged output of the "
-          "pipeline (or it is not int32 [2])",
+          "pipeline (or it is not int32 [2], or of a grid int32 [n])",
           t.name, t.starts_of));
     p->starts_of_.push_back(of);
   }
@@ -1170,12 +1177,26 @@ std::vector<int64_t> Pipeline::PackRagged(const BatchMemory& memory, uint32_t ro
   }
   for (size_t t = 0; t < specs_.size(); ++t) {  // starts: [rows + 1] in [rows][2] of memory
     if (starts_of_[t] < 0) continue;
-    int32_t start = 0;
-    for (uint32_t i = 0; i <= rows; ++i) {
-      std::memcpy(memory.base[t] + i * sizeof start, &start, sizeof start);
-      if (i < rows) start += static_cast<int32_t>(used[starts_of_[t]][i]);
+    // Block sizes: each sample's rows, or for a grid (packed above) h * w, t times per row.
+    std::vector<int64_t> blocks;
+    const int of = starts_of_[t];
+    if (IsGrid(specs_[of])) {
+      for (int64_t g = 0; g < out[of]; ++g) {
+        int32_t thw[3];
+        std::memcpy(thw, memory.base[of] + g * sizeof thw, sizeof thw);
+        blocks.insert(blocks.end(), std::max(thw[0], 0), int64_t{thw[1]} * thw[2]);
+      }
+    } else {
+      blocks = used[of];
     }
-    out[t] = rows + 1;
+    // Bounded by its memory (a stage's bug stays in bounds).
+    blocks.resize(std::min<size_t>(blocks.size(), rows * specs_[t].NumBytes() / 4 - 1));
+    int32_t start = 0;
+    for (size_t i = 0; i <= blocks.size(); ++i) {
+      std::memcpy(memory.base[t] + i * sizeof start, &start, sizeof start);
+      if (i < blocks.size()) start += static_cast<int32_t>(blocks[i]);
+    }
+    out[t] = static_cast<int64_t>(blocks.size()) + 1;
   }
   return out;
 }

@@ -64,6 +64,7 @@ class QwenVideoWorker : public StageWorker {
     return EachVideo(in, out,
                      [&](const FieldValue& one, uint8_t*, int32_t* grid, float* seconds) -> Status {
                        Result<VideoFacts> facts = sampler_.Probe(one);
+                       shared_->Add(sampler_.stats(), &seen_);  // its keyframe index is built here
                        if (!facts.ok()) return facts.status();
                        Result<Pick> pick = Choose(*facts);
                        if (!pick.ok()) return pick.status();
@@ -207,6 +208,7 @@ class QwenVideoStage : public Stage {
     std::vector<TensorSpec> specs = QwenOutputSpecs(p_.q);
     specs.push_back(
         {p_.q.grid_name + "_seconds", DType::kFloat32, {p_.q.max_items, p_.max_groups}});
+    AddQwenCuSeqlens(p_.q, p_.max_groups, &specs);
     return specs;
   }
   std::unique_ptr<StageWorker> NewWorker() const override {

@@ -85,6 +85,10 @@ class QwenFidelityTest(DaemonCase):
         for meta, path in dumped_batches(self.dir / tag):
             values, grids = np.load(path / "pixel_values.npy"), np.load(path / "image_grid_thw.npy")
             self.assertEqual(values.shape[0], int(np.prod(grids, axis=1).sum()), "ragged rows")
+            cu = np.load(path / "video_cu_seqlens.npy")
+            frames = np.repeat(grids[:, 1] * grids[:, 2], grids[:, 0])  # as the vision encoder computes it
+            self.assertEqual(cu.tolist(), [0] + np.cumsum(frames).tolist(), "each temporal patch's start")
+            self.assertTrue(int(lengths.sum()) <= 16384, "within the token budget")
             at = 0
             for sid, grid in zip(meta["ids"], grids):
                 n = int(np.prod(grid))
@@ -219,6 +223,8 @@ class QwenChatTest(DaemonCase):
             ids, lengths = np.load(path / "input_ids.npy"), np.load(path / "input_ids_lengths.npy")
             self.assertEqual(grids.shape, (int(counts.sum()), 3), "one grid row per image of the batch")
             self.assertEqual(values.shape[0], int(np.prod(grids, axis=1).sum()))
+            cu = np.load(path / "image_cu_seqlens.npy")
+            self.assertEqual(cu.tolist(), [0] + np.cumsum(np.prod(grids, axis=1)).tolist(), "each image's start")
             g = at = 0
             for k, sid in enumerate(meta["ids"]):
                 images = []
@@ -290,6 +296,10 @@ class QwenVideoTest(DaemonCase):
             labels = np.load(path / "labels.npy")
             self.assertEqual(grids.shape, (int(counts.sum()), 3), "a grid row per video of the batch")
             self.assertEqual(values.shape[0], int(np.prod(grids, axis=1).sum()), "ragged rows")
+            cu = np.load(path / "video_cu_seqlens.npy")
+            frames = np.repeat(grids[:, 1] * grids[:, 2], grids[:, 0])  # as the vision encoder computes it
+            self.assertEqual(cu.tolist(), [0] + np.cumsum(frames).tolist(), "each temporal patch's start")
+            self.assertTrue(int(lengths.sum()) <= 16384, "within the token budget")
             at = g = 0
             for k, sid in enumerate(meta["ids"]):
                 videos = []

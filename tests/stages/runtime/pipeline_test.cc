@@ -482,10 +482,11 @@ TEST(PipelineTest, TextOnlySamplesOfAMixedDatasetHaveNoPatchesAndNoVisionTokens)
                 "\"], \"text\": \"two\"}\n"
                 "{\"id\": \"t2\", \"images\": [], \"text\": \"last\"}\n");
   std::string yaml = QwenConfig(2);
-  for (auto [from, to] : {std::pair<std::string, std::string>{"shuffle: true", "shuffle: false"},
-                          {"field: image", "field: images"},
-                          {"max_pixels: 65536}", "max_pixels: 65536, max_images: 2}"},
-                          {"batch_size: 5", "batch_size: 2"}}) {
+  for (auto [from, to] :
+       {std::pair<std::string, std::string>{"shuffle: true", "shuffle: false"},
+        {"field: image", "field: images"},
+        {"max_pixels: 65536}", "max_pixels: 65536, max_images: 2, cu_seqlens: vision_cu_seqlens}"},
+        {"batch_size: 5", "batch_size: 2"}}) {
     ASSERT_NE(yaml.find(from), std::string::npos) << from;
     yaml.replace(yaml.find(from), from.size(), to);
   }
@@ -511,6 +512,10 @@ TEST(PipelineTest, TextOnlySamplesOfAMixedDatasetHaveNoPatchesAndNoVisionTokens)
   ASSERT_EQ(grids.size(), 9u) << "three images' grids";
   const int32_t pads = grids[0] * grids[1] * grids[2] / 4;
   EXPECT_EQ(mixed.tensors[3].spec.shape, (std::vector<int64_t>{12 * pads, 1536}));
+  // The vision encoder's cu_seqlens: where each image's patches start, then the total.
+  ASSERT_EQ(mixed.tensors[6].spec.name, "vision_cu_seqlens");
+  EXPECT_EQ(ints(mixed.tensors[6]), (std::vector<int32_t>{0, 4 * pads, 8 * pads, 12 * pads}));
+  EXPECT_EQ(ints(text.tensors[6]), (std::vector<int32_t>{0})) << "no image: no sequence";
   for (const MemBatch* b : {&text, &mixed}) {
     const std::vector<int32_t> ids = ints(b->tensors[0]), lengths = ints(b->tensors[1]);
     for (size_t k = 0; k < b->ids.size(); ++k) {

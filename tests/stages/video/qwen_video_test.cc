@@ -174,10 +174,15 @@ TEST_F(QwenVideoStageTest, AnOddFrameCountRepeatsTheLastFrame) {
 }
 
 TEST_F(QwenVideoStageTest, ASampleMayListSeveralVideosOrNone) {
-  auto stage = MakeStage("qwen_video", "pixel_values_videos", {{"max_videos", int64_t{2}}});
+  auto stage = MakeStage("qwen_video", "pixel_values_videos",
+                         {{"max_videos", int64_t{2}}, {"cu_seqlens", std::string("video_cu")}});
   ASSERT_TRUE(stage);
   EXPECT_EQ(stage->OutputSpecs()[0].shape, (std::vector<int64_t>{2 * 3072, 1536}));
   EXPECT_EQ(stage->OutputSpecs()[3].shape, (std::vector<int64_t>{2, 384}));
+  // Filled when the batch is committed: a temporal patch of a video is a sequence.
+  EXPECT_EQ(stage->OutputSpecs()[4].name, "video_cu");
+  EXPECT_EQ(stage->OutputSpecs()[4].shape, (std::vector<int64_t>{2 * 384 + 1}));
+  EXPECT_EQ(stage->OutputSpecs()[4].starts_of, "video_grid_thw");
   FieldValue list;
   list.kind = FieldValue::Kind::kList;
   list.items = {PathField(Path("three.mp4")), PathField(Path("flat.mp4"))};
