@@ -1342,7 +1342,7 @@ Status Pipeline::MeasureCatalog() {
     MMFEED_RETURN_IF_ERROR(status());  // on_error: fail
     failed_.fetch_add(1, std::memory_order_relaxed);
   }
-  spdlog::info("token budget: {} samples measured in {:.1f}s, {} unusable", n, (NowNs() - t0) / 1e9,
+  spdlog::info("token budget: {} samples measured in {:.3f}s, {} unusable", n, (NowNs() - t0) / 1e9,
                failures.size());
   return Status::Ok();
 }
