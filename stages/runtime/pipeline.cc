@@ -897,7 +897,7 @@ class Pipeline::Collator {
       : p_(p), rank_(rank), next_commit_(first_seq), known_bad_(known_bad) {}
 
   // Every branch of a sample reported; `status` is the first failure, if any.
-  void Resolve(const WorkItem& s, const Status& status, const std::string& failed_stage) {
+  void Resolve(const WorkItem& s, Status status, std::string failed_stage) {
     TakeRewind();
     Open& o = Get(s.batch);
     --o.outstanding;
@@ -906,6 +906,19 @@ class Pipeline::Collator {
       return;
     }
     const CatalogEntry& e = *s.sample;
+    if (status.ok() && p_->budgeted()) {  // the plan counted what was measured at start
+      const Provisional& b = *s.batch;
+      const SampleCost got =
+          p_->CostOf([&](size_t t) { return b.memory.base[t] + s.row * p_->specs_[t].NumBytes(); });
+      const SampleCost& want = p_->costs_[s.entry];
+      if (got.tokens != want.tokens || got.patches != want.patches) {
+        status = Status::Corrupt(fmt::format(
+            "it changed since it was measured at start: {} tokens and {} patches, measured {} "
+            "and {} (the batch's budget counted those)",
+            got.tokens, got.patches, want.tokens, want.patches));
+        failed_stage = p_->cfg_.stages[p_->cfg_.batch_stage].name;
+      }
+    }
     if (status.ok()) {
       o.ids[s.row] = e.id;
       if (s.refill) {
@@ -1201,6 +1214,23 @@ std::vector<int64_t> Pipeline::PackRagged(const BatchMemory& memory, uint32_t ro
   return out;
 }
 
+SampleCost Pipeline::CostOf(const std::function<const uint8_t*(size_t)>& row) const {
+  int64_t tokens = 0, patches = 0;
+  for (size_t t : token_tensors_) {
+    int32_t len;
+    std::memcpy(&len, row(t), sizeof len);
+    tokens += std::max(len, 0);
+  }
+  for (size_t t : patch_tensors_) {
+    const int from = rows_from_[t];
+    patches += RaggedRows(specs_[t], specs_[from], row(from));
+  }
+  SampleCost c;
+  c.tokens = static_cast<uint32_t>(std::min<int64_t>(tokens, SampleCost::kUnusable - 1));
+  c.patches = static_cast<uint32_t>(std::min<int64_t>(patches, UINT32_MAX));
+  return c;
+}
+
 // Token-budget batches: every catalog entry's cost, measured by the stages (an image's header,
 // a video's stream, a text's tokens) on as many threads as the stages have workers. Costs are
 // measured for the whole catalog, not only this node's share: every node plans every rank.
@@ -1208,13 +1238,12 @@ Status Pipeline::MeasureCatalog() {
   const uint64_t t0 = NowNs();
   const size_t n = catalog_->size();
   costs_.assign(n, {});
-  // Per branch: the tensor its tokens are in, and its patch tensor (null rows when measuring).
-  std::vector<int> token_tensor(branches_.size(), -1), patch_tensor(branches_.size(), -1);
+  // The tensors holding tokens, and the patch tensors (null rows when measuring).
   for (size_t b = 0; b < branches_.size(); ++b) {
     const Stage::CostOutputs c = branches_[b]->cfg->stage->Costs();
     for (size_t k = 0; k < branches_[b]->specs.size(); ++k) {
-      if (branches_[b]->specs[k].name == c.tokens) token_tensor[b] = first_tensor_[b] + k;
-      if (branches_[b]->specs[k].name == c.patches) patch_tensor[b] = first_tensor_[b] + k;
+      if (branches_[b]->specs[k].name == c.tokens) token_tensors_.push_back(first_tensor_[b] + k);
+      if (branches_[b]->specs[k].name == c.patches) patch_tensors_.push_back(first_tensor_[b] + k);
     }
   }
   struct Failure {
@@ -1231,8 +1260,8 @@ Status Pipeline::MeasureCatalog() {
     std::vector<std::vector<uint8_t>> rows(specs_.size());  // one sample's outputs
     std::vector<uint8_t*> out(specs_.size());
     for (size_t t = 0; t < specs_.size(); ++t) {
-      const bool patches = std::find(patch_tensor.begin(), patch_tensor.end(),
-                                     static_cast<int>(t)) != patch_tensor.end();
+      const bool patches =
+          std::find(patch_tensors_.begin(), patch_tensors_.end(), t) != patch_tensors_.end();
       if (!patches) rows[t].resize(specs_[t].NumBytes());
       out[t] = patches ? nullptr : rows[t].data();
     }
@@ -1288,21 +1317,7 @@ Status Pipeline::MeasureCatalog() {
       }
       SampleCost& c = costs_[i];
       if (st.ok()) {
-        int64_t tokens = 0, patches = 0;
-        for (size_t b = 0; b < branches_.size(); ++b) {
-          if (token_tensor[b] >= 0) {
-            int32_t len;
-            std::memcpy(&len, out[token_tensor[b]], sizeof len);
-            tokens += std::max(len, 0);
-          }
-          if (patch_tensor[b] >= 0) {
-            const TensorSpec& spec = specs_[patch_tensor[b]];
-            const int from = rows_from_[patch_tensor[b]];
-            patches += RaggedRows(spec, specs_[from], out[from]);
-          }
-        }
-        c.tokens = static_cast<uint32_t>(std::min<int64_t>(tokens, SampleCost::kUnusable - 1));
-        c.patches = static_cast<uint32_t>(std::min<int64_t>(patches, UINT32_MAX));
+        c = CostOf([&](size_t t) { return out[t]; });
         std::string refused = budget_.Refuses(c);
         if (!refused.empty()) {
           st = Status::TooLarge("the sample alone has " + refused);

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -212,6 +213,8 @@ class Pipeline {
   std::vector<int64_t> PackRagged(const BatchMemory& memory, uint32_t rows) const;
   std::vector<StageInfo> StageInfos() const;
   Status MeasureCatalog();
+  // A sample's cost from its outputs: `row(t)` gives tensor t's bytes for the sample.
+  SampleCost CostOf(const std::function<const uint8_t*(size_t)>& row) const;
   std::shared_ptr<const EpochPlan> PlanOf(uint32_t epoch) const;
   uint64_t EpochBatchesLocked(uint32_t epoch) const;
   // The epoch holding batch `seq` (>= origin().seq) and its first batch's seq; false past
@@ -236,6 +239,7 @@ class Pipeline {
   // first asked for; the last few kept) and batch counts (all kept), guarded by plans_mu_.
   BatchBudget budget_;
   std::vector<SampleCost> costs_;
+  std::vector<size_t> token_tensors_, patch_tensors_;  // what a budget counts (Stage::Costs)
   mutable std::mutex plans_mu_;
   mutable std::map<uint32_t, std::shared_ptr<const EpochPlan>> plans_;
   mutable std::map<uint32_t, uint64_t> epoch_batches_;

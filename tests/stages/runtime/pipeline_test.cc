@@ -1181,8 +1181,9 @@ TEST(PipelineTest, TokenBudgetBatchesHoldWholeSamplesWithEqualCountsPerRank) {
   EXPECT_FALSE(bad.ok());
 }
 
-// Files that vanish after the samples were measured fail when processed: their rows are
-// refilled with samples that fit what the batch has left, or left out of the batch; the
+// Files that vanish, or change, after the samples were measured fail when processed (a
+// changed one because its cost is no longer the one its batch was planned with): their rows
+// are refilled with samples that fit what the batch has left, or left out of the batch; the
 // budget and the batch counts hold, and the bytes do not depend on the worker count.
 TEST(PipelineTest, TokenBudgetRefillsStayWithinTheBudget) {
   TempDir dir;
@@ -1198,12 +1199,19 @@ TEST(PipelineTest, TokenBudgetRefillsStayWithinTheBudget) {
       run.sinks.push_back(std::make_unique<MemorySink>(BatchSpecs(*cfg), 16));
       sinks.push_back(run.sinks.back().get());
     }
-    for (int i = 0; i < n; i += 40)  // back for this run's measuring
-      WriteFile(dir / fmt::format("t{}.txt", i + 11),
-                std::string(BudgetTextLength(i + 11), 'a' + (i + 11) % 26));
+    auto text = [&](int i, int length) {
+      WriteFile(dir / fmt::format("t{}.txt", i), std::string(length, 'a' + i % 26));
+    };
+    for (int i = 0; i < n; i += 40) {  // as they were, for this run's measuring
+      text(i + 11, BudgetTextLength(i + 11));
+      text(i + 31, BudgetTextLength(i + 31));
+    }
     auto p = Pipeline::Create(*cfg, sinks);
     EXPECT_TRUE(p.ok()) << p.status().message();
-    for (int i = 0; i < n; i += 40) std::filesystem::remove(dir / fmt::format("t{}.txt", i + 11));
+    for (int i = 0; i < n; i += 40) {
+      std::filesystem::remove(dir / fmt::format("t{}.txt", i + 11));
+      text(i + 31, BudgetTextLength(i + 31) % 60 + 1);
+    }
     run.pipeline = std::move(p.value());
     EXPECT_TRUE(run.pipeline->Start().ok());
     run.pipeline->Wait();
@@ -1213,9 +1221,11 @@ TEST(PipelineTest, TokenBudgetRefillsStayWithinTheBudget) {
   ASSERT_TRUE(two.pipeline->status().ok()) << two.pipeline->status().message();
   std::vector<std::multiset<std::string>> ids = CheckBudgetedText(two, 2);
   for (int e = 0; e < 2; ++e)
-    for (int i = 11; i < n; i += 40) EXPECT_EQ(ids[e].count(fmt::format("s{}", i)), 0u) << i;
+    for (int i = 11; i < n; i += 20) EXPECT_EQ(ids[e].count(fmt::format("s{}", i)), 0u) << i;
   nlohmann::json samples = two.pipeline->Profile()["samples"];
-  EXPECT_EQ(samples["failed"].get<size_t>(), 12u + 2 * 15) << samples.dump();
+  EXPECT_EQ(samples["failed"].get<size_t>(), 12u + 2 * 15 + 2 * 15) << samples.dump();
+  const std::string errors = two.pipeline->errors().ToJson().dump();
+  EXPECT_NE(errors.find("changed since it was measured at start"), std::string::npos) << errors;
   EXPECT_GT(samples["refilled"].get<size_t>(), 0u) << samples.dump();
   EXPECT_EQ(Fingerprint(run(1)), Fingerprint(two));
 }
