@@ -3,10 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <queue>
 #include <tuple>
 
 #include "stages/source/catalog.h"
+#include "stages/source/index_file.h"
 
 namespace mmfeed {
 
@@ -16,6 +19,87 @@ std::string BatchBudget::Refuses(const SampleCost& c) const {
   if (max_patches > 0 && c.patches > max_patches)
     return fmt::format("{} patches, above the batch's max_patches {}", c.patches, max_patches);
   return "";
+}
+
+namespace {
+
+constexpr char kCostMagic[8] = {'M', 'M', 'F', 'C', 'O', 'S', 'T', '1'};
+
+struct CostHeader {
+  char magic[8];
+  uint64_t key, count, failures;
+};
+
+void Append(std::string* out, const void* p, size_t n) {
+  out->append(static_cast<const char*>(p), n);
+}
+
+}  // namespace
+
+std::string CostIndexPath(const std::string& source_path, const std::string& index_dir) {
+  return index_file::IndexPath(source_path + ".costs", index_dir);
+}
+
+Result<MeasuredCatalog> ReadCostIndex(const std::string& path, uint64_t key, size_t count) {
+  index_file::MappedFile f;
+  if (!f.Map(path)) return Status::NotFound(fmt::format("{}: {}", path, std::strerror(errno)));
+  CostHeader h;
+  const size_t costs_bytes = count * sizeof(SampleCost);
+  if (f.size() < sizeof h + costs_bytes) return Status::Corrupt(path + ": too short");
+  std::memcpy(&h, f.data(), sizeof h);
+  if (std::memcmp(h.magic, kCostMagic, sizeof kCostMagic) != 0)
+    return Status::Corrupt(path + ": not a cost index");
+  if (h.key != key || h.count != count)
+    return Status::Invalid(path + ": measured from another source or other stage parameters");
+  MeasuredCatalog m;
+  m.costs.resize(count);
+  std::memcpy(m.costs.data(), f.data() + sizeof h, costs_bytes);
+  // Failures: entry, code, then the stage's and the message's length and bytes.
+  size_t at = sizeof h + costs_bytes;
+  auto take = [&](void* p, size_t n) {
+    if (f.size() - at < n) return false;
+    std::memcpy(p, f.data() + at, n);
+    at += n;
+    return true;
+  };
+  for (uint64_t i = 0; i < h.failures; ++i) {
+    uint32_t entry, code, stage_n, message_n;
+    if (!take(&entry, 4) || !take(&code, 4) || !take(&stage_n, 4) || entry >= count ||
+        code > static_cast<uint32_t>(Status::Code::kResourceExhausted) || code == 0)
+      return Status::Corrupt(path + ": damaged failure list");
+    std::string stage(stage_n, '\0');
+    if (!take(stage.data(), stage_n) || !take(&message_n, 4))
+      return Status::Corrupt(path + ": cut");
+    std::string message(message_n, '\0');
+    if (!take(message.data(), message_n)) return Status::Corrupt(path + ": cut");
+    m.failures.push_back(
+        {entry, std::move(stage), Status(static_cast<Status::Code>(code), std::move(message))});
+  }
+  if (at != f.size()) return Status::Corrupt(path + ": trailing bytes");
+  return m;
+}
+
+bool WriteCostIndex(const std::string& path, uint64_t key, const MeasuredCatalog& m) {
+  CostHeader h;
+  std::memcpy(h.magic, kCostMagic, sizeof kCostMagic);
+  h.key = key;
+  h.count = m.costs.size();
+  h.failures = m.failures.size();
+  std::string out;
+  Append(&out, &h, sizeof h);
+  Append(&out, m.costs.data(), m.costs.size() * sizeof(SampleCost));
+  for (const MeasuredCatalog::Failure& f : m.failures) {
+    const uint32_t code = static_cast<uint32_t>(f.status.code()),
+                   stage_n = static_cast<uint32_t>(f.stage.size()),
+                   message_n = static_cast<uint32_t>(f.status.message().size());
+    Append(&out, &f.entry, 4);
+    Append(&out, &code, 4);
+    Append(&out, &stage_n, 4);
+    out += f.stage;
+    Append(&out, &message_n, 4);
+    out += f.status.message();
+  }
+  return index_file::WriteAtomically(path, out);
 }
 
 std::vector<uint32_t> PackGreedy(const std::vector<SampleCost>& stream, const BatchBudget& budget) {

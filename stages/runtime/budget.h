@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "base/status.h"
@@ -67,6 +68,27 @@ struct EpochPlan {
 EpochPlan PlanEpoch(const std::vector<SampleCost>& costs, const SourceConfig& source,
                     uint32_t epoch, int consumers, uint64_t per_rank, const BatchBudget& budget,
                     bool with_ranks);
+
+// What measuring a catalog found: every entry's cost (kUnusable where measuring failed) and
+// the failures, by entry. Kept in a file for indexed sources (large ones), so that later starts
+// read it instead of measuring again: `<source>.costs.mmfidx` beside the data, or in the state
+// dir (stages/source/index_file.h). `key` names what the costs were measured from (the source's
+// index stamp, the measuring stages' parameters); a file with another key, count or size is
+// measured again and replaced.
+struct MeasuredCatalog {
+  struct Failure {
+    uint32_t entry = 0;
+    std::string stage;
+    Status status;
+  };
+  std::vector<SampleCost> costs;
+  std::vector<Failure> failures;
+};
+std::string CostIndexPath(const std::string& source_path, const std::string& index_dir);
+// The file's contents if they are for `key` and `count` entries; else why not.
+Result<MeasuredCatalog> ReadCostIndex(const std::string& path, uint64_t key, size_t count);
+// False (errno set) when it cannot be written; nothing is left behind then.
+bool WriteCostIndex(const std::string& path, uint64_t key, const MeasuredCatalog& m);
 
 // The greedy cut of one stream's costs (in order): the batch starts, then the end.
 std::vector<uint32_t> PackGreedy(const std::vector<SampleCost>& stream, const BatchBudget& budget);

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <set>
 #include <thread>
 
@@ -1084,8 +1085,9 @@ void MakeBudgetTextDataset(const TempDir& dir, int n) {
       WriteFile(dir / fmt::format("t{}.txt", i), std::string(BudgetTextLength(i), 'a' + i % 26));
   }
 }
-std::string BudgetTextConfig(int workers, const std::string& budget = "max_tokens: 200") {
-  std::string yaml = TextConfig(workers, 16, ", shuffle: true, epochs: 2");
+std::string BudgetTextConfig(int workers, const std::string& budget = "max_tokens: 200",
+                             const std::string& source = "") {
+  std::string yaml = TextConfig(workers, 16, ", shuffle: true, epochs: 2" + source);
   for (auto [from, to] : {std::pair<std::string, std::string>{"max_len: 16", "max_len: 64"},
                           {"batch_size: 16", "batch_size: 16, " + budget}}) {
     EXPECT_NE(yaml.find(from), std::string::npos) << from;
@@ -1274,6 +1276,68 @@ TEST(PipelineTest, PatchAndTokenBudgetsBatchQwenSamples) {
                                       return y;
                                     }())),
             Fingerprint(run));
+}
+
+// Only the stages a budget counts are measured: an image stage beside a budgeted text stage
+// is neither asked nor opened at start.
+TEST(PipelineTest, AStageTheBudgetDoesNotCountIsNotMeasured) {
+  TempDir dir;
+  testing::MakeImageTextDataset(dir.path(), 40);
+  std::string yaml = Config(2, 2, 8);
+  yaml.replace(yaml.find("batch_size: 8"), 13, "batch_size: 8, max_tokens: 40");
+  PipelineRun run = RunPipeline(dir, yaml);
+  ASSERT_TRUE(run.pipeline) << run.create_status.message();
+  ASSERT_TRUE(run.pipeline->status().ok()) << run.pipeline->status().message();
+  EXPECT_EQ(run.pipeline->errors().ToJson()["total"], 0);
+  std::multiset<std::string> seen;
+  for (const auto& sink : run.sinks) {
+    EXPECT_EQ(sink->batches.size(), run.pipeline->EpochBatches(0));
+    for (const auto& b : sink->batches) {
+      const int32_t* lengths = reinterpret_cast<const int32_t*>(b->tensors[2].data.data());
+      EXPECT_LE(std::accumulate(lengths, lengths + b->ids.size(), 0), 40);
+      seen.insert(b->ids.begin(), b->ids.end());
+    }
+  }
+  EXPECT_EQ(seen.size(), 40u);
+  EXPECT_EQ(std::set<std::string>(seen.begin(), seen.end()).size(), 40u) << "each once";
+}
+
+// An indexed source keeps its costs in a file beside its index: a later start reads them
+// instead of measuring (a text edited in place since is then found changed when processed),
+// and measures again when the stages' parameters change or the file is damaged.
+TEST(PipelineTest, AnIndexedSourceKeepsItsCostsForTheNextStart) {
+  TempDir dir;
+  MakeBudgetTextDataset(dir, 200);
+  const std::string indexed = BudgetTextConfig(2, "max_tokens: 200", ", index: on");
+  const std::string costs = CostIndexPath(dir / "manifest.jsonl", "");
+  PipelineRun first = RunPipeline(dir, indexed);
+  ASSERT_TRUE(first.pipeline && first.pipeline->status().ok());
+  ASSERT_TRUE(std::filesystem::exists(costs));
+  EXPECT_EQ(first.pipeline->errors().ToJson()["total"], 4) << "the 4 missing files";
+
+  // Sample 3's text gets longer: measured again, it would be planned as it is now.
+  WriteFile(dir / "t3.txt", std::string(BudgetTextLength(3) % 60 + 1, 'a' + 3));
+  PipelineRun second = RunPipeline(dir, indexed);
+  ASSERT_TRUE(second.pipeline && second.pipeline->status().ok());
+  std::string errors = second.pipeline->errors().ToJson().dump();
+  EXPECT_NE(errors.find("t7.txt: no such file"), std::string::npos)
+      << "kept failures, reported again";
+  EXPECT_NE(errors.find("changed since it was measured at start"), std::string::npos) << errors;
+  EXPECT_EQ(Fingerprint(RunPipeline(dir, indexed)), Fingerprint(second)) << "the same costs";
+
+  // Another max_len: measured again (so sample 3 is not found changed), and kept.
+  PipelineRun other = RunPipeline(dir, AllReplaced(indexed, "max_len: 64", "max_len: 63"));
+  ASSERT_TRUE(other.pipeline && other.pipeline->status().ok());
+  errors = other.pipeline->errors().ToJson().dump();
+  EXPECT_EQ(errors.find("changed since"), std::string::npos) << errors;
+  // A damaged file: measured again.
+  const std::string bytes = testing::ReadFile(costs);
+  WriteFile(costs, bytes.substr(0, bytes.size() - 3));
+  PipelineRun damaged = RunPipeline(dir, indexed);
+  ASSERT_TRUE(damaged.pipeline && damaged.pipeline->status().ok());
+  errors = damaged.pipeline->errors().ToJson().dump();
+  EXPECT_EQ(errors.find("changed since"), std::string::npos) << errors;
+  EXPECT_EQ(testing::ReadFile(costs).size(), bytes.size()) << "written again";
 }
 
 TEST(PipelineTest, ABudgetOnlyCountsWhatItsStagesCanMeasure) {
