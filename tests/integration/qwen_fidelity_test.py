@@ -85,10 +85,6 @@ class QwenFidelityTest(DaemonCase):
         for meta, path in dumped_batches(self.dir / tag):
             values, grids = np.load(path / "pixel_values.npy"), np.load(path / "image_grid_thw.npy")
             self.assertEqual(values.shape[0], int(np.prod(grids, axis=1).sum()), "ragged rows")
-            cu = np.load(path / "video_cu_seqlens.npy")
-            frames = np.repeat(grids[:, 1] * grids[:, 2], grids[:, 0])  # as the vision encoder computes it
-            self.assertEqual(cu.tolist(), [0] + np.cumsum(frames).tolist(), "each temporal patch's start")
-            self.assertTrue(int(lengths.sum()) <= 16384, "within the token budget")
             at = 0
             for sid, grid in zip(meta["ids"], grids):
                 n = int(np.prod(grid))
