@@ -241,6 +241,33 @@ class ReloadTest(ReloadCase):
         self.assertTrue(reply["rings"].startswith(ranks_note), reply)
         self.assertEqual(reply["changes"]["settings"], ["consumers"])
 
+    def test_a_token_budget_added_by_reload_switches_every_rank_at_one_epoch(self):
+        """Fixed batches of 16, then a token budget of 120 (captions of 9-12 bytes: about 10
+        samples a batch, the count planned per epoch): every rank switches at one boundary, to
+        exactly the batches an uninterrupted budgeted run makes from that epoch on."""
+        a, b = config(epochs=3), config(epochs=3, batch="16, max_tokens: 120")
+        want_a = self.reference(a, "ref_a")
+        self.reference(b, "ref_b")
+        per_a = len(want_a[0]) // 3
+        want_b = [[(m["epoch"], m["ids"]) for m, _ in dumped_batches(self.dir / "ref_b" / f"r{r}")] for r in (0, 1)]
+        d, cs = self.start_slow(a, hold_ms=20)
+        self.wait_batches(3)
+        (self.dir / "b.yaml").write_text(b)
+        r = d.ctl("reload", "--config", str(self.dir / "b.yaml"), "--json")
+        self.assertEqual(r.returncode, 0, r.stderr + d.log())
+        reply = json.loads(r.stdout)
+        self.assertTrue(reply["applied"].startswith("at the next epoch boundary, for every rank at once"), reply)
+        got = self.finish_all(d, cs)
+        for rank in (0, 1):
+            tail = [ids for epoch, ids in want_b[rank] if epoch >= 1]
+            self.assertEqual(len(tail), len([1 for epoch, _ in want_b[1 - rank] if epoch >= 1]),
+                             "both ranks have as many budgeted batches")
+            self.assertEqual([m["ids"] for m, _ in got[rank]], want_a[rank][:per_a] + tail, f"rank {rank}")
+            self.assertEqual([m["seq"] for m, _ in got[rank]], list(range(per_a + len(tail))))
+            for meta, path in got[rank][per_a:]:
+                self.assertLessEqual(int(np.load(path / "text_lengths.npy").sum()), 120, meta)
+            self.check_rows(got[rank], 32)
+
     def test_a_third_consumer_rank_joins_at_the_next_epoch(self):
         a, b = config(epochs=2), config(epochs=2, consumers=3)
         want_a, want_b = self.reference(a, "ref_a"), self.reference(b, "ref_b", ranks=3)
