@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -1372,9 +1373,20 @@ Status Pipeline::MeasureCatalog() {
       threads += measured[b] ? branches_[b]->threads : 0;
     threads = std::clamp<int>(threads, 1, static_cast<int>(std::max<size_t>(n / 64, 1)));
     spdlog::info("token budget: measuring {} samples on {} thread(s)", n, threads);
+    std::atomic<int> running{threads};
     std::vector<std::thread> pool;
-    for (int t = 1; t < threads; ++t) pool.emplace_back(measure);
-    measure();
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&] {
+        measure();
+        running.fetch_sub(1, std::memory_order_release);
+      });
+    // Progress every 10 s: a large catalog takes minutes the first time.
+    for (uint64_t last = NowNs(); running.load(std::memory_order_acquire) > 0;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (NowNs() - last < 10'000'000'000ull) continue;
+      last = NowNs();
+      spdlog::info("token budget: {} of {} samples measured", std::min(next.load(), n), n);
+    }
     for (std::thread& t : pool) t.join();
     MMFEED_RETURN_IF_ERROR(status());
     std::sort(m.failures.begin(), m.failures.end(),
