@@ -16,6 +16,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PY = "/usr/bin/python3"
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_photos  # noqa: E402
+from qwen_bench import start_daemon  # noqa: E402
 
 TOKENIZER = ROOT / "tests" / "data" / "tokenizer" / "qwen3-tokenizer.json.gz"
 READER = r'''
@@ -75,21 +76,12 @@ def cold_measure(build, d, samples, lines):
 
 def run(build, d, budget, samples, lines):
     write_config(d, budget, samples, lines)
-    sock = str(d / "bench.sock")
-    if os.path.exists(sock):
-        os.unlink(sock)
-    with open(d / "daemon.log", "w") as log:
-        t0 = time.perf_counter()
-        daemon = subprocess.Popen([f"{build}/bin/mmfeedd", "--config", str(d / "bench.yaml"), "--socket", sock],
-                                  stderr=log)
-        while not os.path.exists(sock):
-            if daemon.poll() is not None:
-                raise SystemExit(f"mmfeedd exited: {(d / 'daemon.log').read_text()}")
-            time.sleep(0.01)
-        serving = time.perf_counter() - t0
-        out = subprocess.run([PY, "-c", READER, sock], capture_output=True, text=True, check=True,
-                             env=dict(os.environ, PYTHONPATH=f"{build}/python")).stdout
-        daemon.wait()
+    t0 = time.perf_counter()
+    daemon, sock = start_daemon(build, d)
+    serving = time.perf_counter() - t0
+    out = subprocess.run([PY, "-c", READER, sock], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=f"{build}/python")).stdout
+    daemon.wait()
     r = json.loads(out)
     m = re.search(MEASURED, (d / "daemon.log").read_text())
     r["measure_s"] = float(m.group(2)) if m else 0.0

@@ -98,22 +98,28 @@ def run_mmfeed(build, d, samples):
     cfg = cfg.replace("path: manifest.jsonl", f"path: manifest-{samples}.jsonl")
     cfg = cfg.replace("../tests/data/tokenizer/qwen3-tokenizer.json.gz", str(TOKENIZER))
     (d / "bench.yaml").write_text(cfg)
+    daemon, sock = start_daemon(build, d)
+    t0 = time.perf_counter()
+    out = subprocess.run([f"{build}/bin/mmfeed-consume", "--socket", sock, "--rank", "0", "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    seconds = time.perf_counter() - t0
+    daemon.wait()
+    return {"samples": json.loads(out)["samples"], "seconds": seconds}
+
+
+def start_daemon(build, d):
+    """mmfeedd on d/bench.yaml, logging to d/daemon.log, once it serves: (process, socket)."""
     sock = str(d / "bench.sock")
     if os.path.exists(sock):
         os.unlink(sock)
     with open(d / "daemon.log", "w") as log:
         daemon = subprocess.Popen([f"{build}/bin/mmfeedd", "--config", str(d / "bench.yaml"), "--socket", sock],
                                   stderr=log)
-        while not os.path.exists(sock):
-            if daemon.poll() is not None:
-                raise SystemExit(f"mmfeedd exited: {(d / 'daemon.log').read_text()}")
-            time.sleep(0.01)
-        t0 = time.perf_counter()
-        out = subprocess.run([f"{build}/bin/mmfeed-consume", "--socket", sock, "--rank", "0", "--json"],
-                             capture_output=True, text=True, check=True).stdout
-        seconds = time.perf_counter() - t0
-        daemon.wait()
-    return {"samples": json.loads(out)["samples"], "seconds": seconds}
+    while not os.path.exists(sock):
+        if daemon.poll() is not None:
+            raise SystemExit(f"mmfeedd exited: {(d / 'daemon.log').read_text()}")
+        time.sleep(0.01)
+    return daemon, sock
 
 
 def run_python(d, samples):

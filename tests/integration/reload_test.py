@@ -200,11 +200,7 @@ class ReloadTest(ReloadCase):
         cs = [d.consume(r, "--json", "--reconnect", "60", "--hold-ms", str(hold), "--dump", str(self.dir / f"r{r}"))
               for r, hold in ((0, 10), (1, 30))]
         self.wait_batches(3)
-        (self.dir / "b.yaml").write_text(b)
-        r = d.ctl("reload", "--config", str(self.dir / "b.yaml"), "--json")
-        self.assertEqual(r.returncode, 0, r.stderr + d.log())
-        reply = json.loads(r.stdout)
-        self.assertTrue(reply["applied"].startswith("at the next epoch boundary, for every rank at once"), reply)
+        reply = self.reload_at_boundary(d, b)
         self.assertEqual(reply["rings"], "re-made larger; trainers attach to them by themselves")
         # Both ranks well into the new batch size's numbering, then the daemon is killed and
         # restarted on the new config: it goes on from the saved cursors.
@@ -232,12 +228,17 @@ class ReloadTest(ReloadCase):
             self.assertEqual([m["epoch"] for m in metas], [0] * per_a + [1] * per_b + [2] * per_b)
             self.check_rows([by_seq[k] for k in sorted(by_seq)], 32)
 
-    def reload_at_epoch(self, d, text, ranks_note):
+    def reload_at_boundary(self, d, text):
+        """Reloads `text`, which must apply at the next epoch boundary for every rank at once."""
         (self.dir / "b.yaml").write_text(text)
         r = d.ctl("reload", "--config", str(self.dir / "b.yaml"), "--json")
         self.assertEqual(r.returncode, 0, r.stderr + d.log())
         reply = json.loads(r.stdout)
         self.assertTrue(reply["applied"].startswith("at the next epoch boundary, for every rank at once"), reply)
+        return reply
+
+    def reload_at_epoch(self, d, text, ranks_note):
+        reply = self.reload_at_boundary(d, text)
         self.assertTrue(reply["rings"].startswith(ranks_note), reply)
         self.assertEqual(reply["changes"]["settings"], ["consumers"])
 
@@ -252,11 +253,7 @@ class ReloadTest(ReloadCase):
         want_b = [[(m["epoch"], m["ids"]) for m, _ in dumped_batches(self.dir / "ref_b" / f"r{r}")] for r in (0, 1)]
         d, cs = self.start_slow(a, hold_ms=20)
         self.wait_batches(3)
-        (self.dir / "b.yaml").write_text(b)
-        r = d.ctl("reload", "--config", str(self.dir / "b.yaml"), "--json")
-        self.assertEqual(r.returncode, 0, r.stderr + d.log())
-        reply = json.loads(r.stdout)
-        self.assertTrue(reply["applied"].startswith("at the next epoch boundary, for every rank at once"), reply)
+        self.reload_at_boundary(d, b)
         got = self.finish_all(d, cs)
         for rank in (0, 1):
             tail = [ids for epoch, ids in want_b[rank] if epoch >= 1]
