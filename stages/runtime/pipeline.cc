@@ -357,6 +357,14 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
     std::shared_ptr<const EpochPlan> first = p->PlanOf(0);
     if (!first->status.ok()) return first->status;
     p->batches_per_epoch_ = first->batches;
+    // Every epoch has at least this many batches: its fullest share holds at least the
+    // average of the usable samples dealt, at most batch_size a batch.
+    const uint64_t usable = static_cast<uint64_t>(
+        std::count_if(p->costs_.begin(), p->costs_.end(), [](auto& c) { return c.usable(); }));
+    const uint64_t streams = static_cast<uint64_t>(cfg.consumers) * cfg.source.num_nodes,
+                   left_out = p->catalog_->size() - streams * p->per_rank_;
+    p->min_epoch_batches_ =
+        std::max<uint64_t>(1, (usable > left_out ? usable - left_out : 0) / streams / bs);
   }
   if (p->batches_per_epoch_ == 0)
     return Status::Invalid(
@@ -442,17 +450,20 @@ StreamCursor Pipeline::CursorAt(uint64_t seq) const {
 }
 
 std::shared_ptr<const EpochPlan> Pipeline::PlanOf(uint32_t epoch) const {
-  std::lock_guard<std::mutex> lock(plans_mu_);
-  auto it = plans_.find(epoch);
-  if (it != plans_.end()) return it->second;
+  {
+    std::lock_guard<std::mutex> lock(plans_mu_);
+    auto it = plans_.find(epoch);
+    if (it != plans_.end()) return it->second;
+  }
+  // Made outside the lock (O(samples)): cursors are looked up meanwhile.
   auto plan = std::make_shared<const EpochPlan>(PlanEpoch(
       costs_, cfg_.source, epoch, cfg_.consumers, per_rank_, budget_, /*with_ranks=*/true));
+  std::lock_guard<std::mutex> lock(plans_mu_);
   epoch_batches_[epoch] = plan->batches;
   // Ranks run apart by at most their rings' depth, and rewinds are rare: a few epochs do.
-  if (plans_.size() >= 4)
+  if (plans_.size() >= 4 && !plans_.count(epoch))
     plans_.erase(plans_.begin()->first < epoch ? plans_.begin() : std::prev(plans_.end()));
-  plans_[epoch] = plan;
-  return plan;
+  return plans_.emplace(epoch, std::move(plan)).first->second;
 }
 
 uint64_t Pipeline::EpochBatches(uint32_t epoch) const {
@@ -490,7 +501,11 @@ bool Pipeline::Locate(uint64_t seq, uint32_t* epoch, uint64_t* first) const {
 Status Pipeline::Reachable(uint64_t seq) const {
   uint32_t epoch;
   uint64_t first;
-  if (!budgeted() || seq < origin_.seq || Locate(seq, &epoch, &first)) return Status::Ok();
+  if (!budgeted() || seq < origin_.seq) return Status::Ok();
+  // Refused at once, before any epoch is planned, when even the fewest batches an epoch can
+  // have put it too far (a hostile cursor must not keep the control thread planning).
+  if ((seq - origin_.seq) / min_epoch_batches_ < kMaxEpochsAhead && Locate(seq, &epoch, &first))
+    return Status::Ok();
   return Status::Invalid(fmt::format(
       "cursor seq {} is more than {} epochs past epoch {}: token-budget batches are numbered "
       "by planning each epoch, and so far ahead is refused",
@@ -664,6 +679,8 @@ void Pipeline::SourceLoop() {
   std::vector<uint64_t> gen(consumers, 0);
   auto is_done = [&](int r) { return past_end(next[r]) || next[r].epoch >= last_epoch[r]; };
   for (int r = 0; r < consumers; ++r) done[r] = is_done(r);
+  std::thread planner;  // token budgets: the next epoch's plan
+  uint32_t planning = UINT32_MAX;
   for (int turn = 0;; turn = (turn + 1) % consumers) {
     if (!at_epoch_end && stop_at_epoch_end_.load(std::memory_order_acquire)) {
       at_epoch_end = true;
@@ -696,10 +713,20 @@ void Pipeline::SourceLoop() {
       if (done[r]) continue;
       std::shared_ptr<const EpochPlan> plan;
       if (budgeted()) {
-        plan = PlanOf(next[r].epoch);
+        const uint32_t epoch = next[r].epoch;
+        if (planner.joinable() && planning == epoch) planner.join();
+        plan = PlanOf(epoch);
         if (!plan->status.ok()) {
           Fail(plan->status);
           break;
+        }
+        // The next epoch's plan is made ahead, on its own thread: no pause at the boundary
+        // (forward only: a rank rewound to an earlier epoch plans that one itself).
+        if ((planning == UINT32_MAX || epoch + 1 > planning) &&
+            !past_end(StreamCursor{epoch + 1, 0, 0})) {
+          if (planner.joinable()) planner.join();
+          planning = epoch + 1;
+          planner = std::thread([this, epoch] { PlanOf(epoch + 1); });
         }
       }
       auto pb = std::make_shared<Provisional>();
@@ -756,6 +783,7 @@ void Pipeline::SourceLoop() {
           .fetch_add(NowNs() - w0, std::memory_order_relaxed);
     }
   }
+  if (planner.joinable()) planner.join();
   for (auto& b : branches_) {
     {
       std::lock_guard<std::mutex> lock(b->park_mu);

@@ -221,7 +221,7 @@ class Pipeline {
   // kMaxEpochsAhead epochs.
   bool Locate(uint64_t seq, uint32_t* epoch, uint64_t* first) const;
   Status Reachable(uint64_t seq) const;
-  static constexpr size_t kMaxEpochsAhead = 100000;
+  static constexpr size_t kMaxEpochsAhead = 1000;
   class ThreadTag;
 
   PipelineConfig cfg_;
@@ -244,6 +244,7 @@ class Pipeline {
   mutable std::map<uint32_t, std::shared_ptr<const EpochPlan>> plans_;
   mutable std::map<uint32_t, uint64_t> epoch_batches_;
   mutable std::vector<uint64_t> epoch_starts_;  // [i]: seq of epoch origin + i's first batch
+  uint64_t min_epoch_batches_ = 1;              // a lower bound of every epoch's count
   std::vector<StreamCursor> start_;
   Origin origin_;
   std::unique_ptr<RefillQueue> refills_;

@@ -1177,6 +1177,12 @@ TEST(PipelineTest, TokenBudgetBatchesHoldWholeSamplesWithEqualCountsPerRank) {
     EXPECT_EQ(r0.batches[i]->ids, run.sinks[0]->batches[from + i]->ids) << i;
   ASSERT_EQ(r1.batches.size(), run.sinks[1]->batches.size() - 5);
   EXPECT_EQ(r1.batches[0]->ids, run.sinks[1]->batches[5]->ids);
+  // A cursor over 1000 epochs ahead is refused (at once: before planning any epoch).
+  auto far =
+      Pipeline::Create(*cfg, {&r0, &r1}, {StreamCursor{0, 0, uint64_t{1} << 50}, StreamCursor{}});
+  ASSERT_FALSE(far.ok());
+  EXPECT_NE(far.status().message().find("epochs past epoch 0"), std::string::npos)
+      << far.status().message();
   // A cursor that does not fit the plan's numbering is refused.
   auto bad = Pipeline::Create(
       *cfg, {&r0, &r1}, {StreamCursor{0, run.pipeline->EpochBatches(0), from}, StreamCursor{}});
