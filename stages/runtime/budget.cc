@@ -182,8 +182,8 @@ EpochPlan PlanEpoch(const std::vector<SampleCost>& costs, const SourceConfig& so
       stream.push_back(c);
     }
   };
-  uint64_t fewest = UINT64_MAX;  // usable samples of the poorest stream
-  std::vector<std::vector<uint32_t>> own;
+  uint64_t fewest = UINT64_MAX;              // usable samples of the poorest stream
+  std::vector<std::vector<SampleCost>> own;  // this node's streams, by rank, for the splits
   for (int node = 0; node < source.num_nodes; ++node) {
     SourceConfig s = source;
     s.node_rank = node;
@@ -195,6 +195,7 @@ EpochPlan PlanEpoch(const std::vector<SampleCost>& costs, const SourceConfig& so
       fewest = std::min<uint64_t>(fewest, stream.size());
       if (with_ranks && node == source.node_rank) {
         plan.ranks.push_back({positions, std::move(starts)});
+        own.push_back(stream);
       }
     }
   }
@@ -207,14 +208,8 @@ EpochPlan PlanEpoch(const std::vector<SampleCost>& costs, const SourceConfig& so
     plan.ranks.clear();
     return plan;
   }
-  for (RankPlan& r : plan.ranks) {
-    if (r.batches() == plan.batches) continue;
-    stream.clear();
-    const EpochOrder order(costs.size(), source, epoch, consumers);
-    const int rank = static_cast<int>(&r - plan.ranks.data());
-    for (uint32_t k : r.positions) stream.push_back(costs[order[k * consumers + rank]]);
-    SplitFullest(stream, budget, plan.batches, &r.starts);
-  }
+  for (size_t r = 0; r < plan.ranks.size(); ++r)
+    SplitFullest(own[r], budget, plan.batches, &plan.ranks[r].starts);
   return plan;
 }
 

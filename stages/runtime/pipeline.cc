@@ -63,6 +63,24 @@ static bool IsGrid(const TensorSpec& s) {
   return s.dtype == DType::kInt32 && s.shape.size() == 2 && s.shape[1] == 3;
 }
 
+// Calls a stage. Its library may throw (OpenCV does): the sample fails, the worker goes on.
+static Status Guarded(const std::string& type, const std::function<Status()>& call) {
+  try {
+    return call();
+  } catch (const std::exception& e) {
+    return Status::Corrupt(fmt::format("{} threw: {}", type, e.what()));
+  } catch (...) {
+    return Status::Corrupt(fmt::format("{} threw an unknown exception", type));
+  }
+}
+
+// The sample's field `name`, or nullptr.
+static const FieldValue* FieldOf(const CatalogEntry& e, const std::string& name) {
+  for (const auto& kv : e.fields)
+    if (kv.first == name) return &kv.second;
+  return nullptr;
+}
+
 constexpr int kMaxOutputs = 16;  // tensors per stage (the ring holds 16 per batch anyway)
 
 // One sample's field on its way through one branch, and back to the join.
@@ -146,6 +164,7 @@ struct Pipeline::Branch {
   // workers read; the branches it reads from (it runs after them) and those that read it.
   std::vector<std::string> read_fields;
   std::vector<size_t> read_tensors;
+  std::vector<size_t> read_branches;  // the branch making each of read_tensors
   bool reads_others = false;
   bool read_by_others = false;
   // faults.leak_bytes_per_item: memory kept per item until the pipeline ends.
@@ -285,6 +304,7 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
         return Status::Invalid(
             fmt::format("stage '{}' reads its own output '{}'", br.cfg->name, name));
       br.read_tensors.push_back(t);
+      br.read_branches.push_back(from);
       br.reads_others = true;
       p->branches_[from]->read_by_others = true;
     }
@@ -836,11 +856,10 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
     const CatalogEntry& e = *item->sample;
     // The sample's field `name`, or nullptr (then `missing` names it).
     std::string missing;
-    auto find = [&](const std::string& name) -> const FieldValue* {
-      for (const auto& kv : e.fields)
-        if (kv.first == name) return &kv.second;
-      missing = name;
-      return nullptr;
+    auto find = [&](const std::string& name) {
+      const FieldValue* f = FieldOf(e, name);
+      if (!f) missing = name;
+      return f;
     };
     const FieldValue* field = find(b->cfg->field);
     SampleContext ctx{cfg_.source.seed, item->batch->epoch, e.id, e.origin};
@@ -855,18 +874,12 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
     if (!missing.empty()) {
       item->status = Status::NotFound(fmt::format("sample has no field '{}'", missing));
     } else {
-      // A stage's library may throw (OpenCV does): the sample fails, the worker goes on. A
-      // sample that outlives sample_timeout_s is given up, whatever the stage made of it.
+      // A sample that outlives sample_timeout_s is given up, whatever the stage made of it.
       auto process = [&]() -> Status {
         ScopedSampleDeadline deadline(cfg_.sample_timeout_s);
-        Status st;
-        try {
-          st = impl->Process(ctx, *field, OutputRow(item->out.data(), b->specs.size()));
-        } catch (const std::exception& e) {
-          st = Status::Corrupt(fmt::format("{} threw: {}", b->cfg->type, e.what()));
-        } catch (...) {
-          st = Status::Corrupt(fmt::format("{} threw an unknown exception", b->cfg->type));
-        }
+        Status st = Guarded(b->cfg->type, [&] {
+          return impl->Process(ctx, *field, OutputRow(item->out.data(), b->specs.size()));
+        });
         if (SampleDeadlinePassed())
           return Status::Timeout(fmt::format("took longer than sample_timeout_s {}s{}",
                                              cfg_.sample_timeout_s,
@@ -1268,25 +1281,19 @@ SampleCost Pipeline::CostOf(const std::function<const uint8_t*(size_t)>& row) co
 Status Pipeline::MeasureCatalog() {
   const uint64_t t0 = NowNs();
   const size_t n = catalog_->size();
-  // The tensors holding tokens, and the patch tensors (null rows when measuring).
+  // The tensors holding tokens, and the patch tensors (null rows when measuring). The stages
+  // measured: those a budget counts, and the ones they read (an image stage beside a budgeted
+  // text stage is not). What they are, with the source's stamp, keys the cost index.
+  std::vector<bool> measured(branches_.size());
   for (size_t b = 0; b < branches_.size(); ++b) {
     const Stage::CostOutputs c = branches_[b]->cfg->stage->Costs();
     for (size_t k = 0; k < branches_[b]->specs.size(); ++k) {
       if (branches_[b]->specs[k].name == c.tokens) token_tensors_.push_back(first_tensor_[b] + k);
       if (branches_[b]->specs[k].name == c.patches) patch_tensors_.push_back(first_tensor_[b] + k);
     }
-  }
-  // The stages measured: those a budget counts, and the ones they read (an image stage beside
-  // a budgeted text stage is not). What they are, with the source's stamp, keys the cost index.
-  std::vector<bool> measured(branches_.size());
-  for (size_t b = 0; b < branches_.size(); ++b) {
-    const Stage::CostOutputs c = branches_[b]->cfg->stage->Costs();
     if (c.tokens.empty() && c.patches.empty()) continue;
     measured[b] = true;
-    for (size_t t : branches_[b]->read_tensors)
-      for (size_t o = 0; o < branches_.size(); ++o)
-        if (t >= first_tensor_[o] && t < first_tensor_[o] + branches_[o]->specs.size())
-          measured[o] = true;
+    for (size_t o : branches_[b]->read_branches) measured[o] = true;
   }
   uint64_t key = HashString(fmt::format("costs 1|{}|{:016x}|{}", n,
                                         catalog_->indexed() ? catalog_->index_fingerprint() : 0,
@@ -1343,11 +1350,6 @@ Status Pipeline::MeasureCatalog() {
         else
           e = &catalog_->entries[i];
         std::string stage = "source";
-        auto find = [&](const std::string& name) -> const FieldValue* {
-          for (const auto& kv : e->fields)
-            if (kv.first == name) return &kv.second;
-          return nullptr;
-        };
         // The stages others read first, then those that read them.
         for (int pass = 0; pass < 2 && st.ok(); ++pass) {
           for (size_t b = 0; b < branches_.size() && st.ok(); ++b) {
@@ -1355,14 +1357,14 @@ Status Pipeline::MeasureCatalog() {
             if (!measured[b] || br.reads_others != (pass == 1)) continue;
             stage = br.cfg->name;
             fields.clear();
-            for (const std::string& f : br.read_fields) fields.push_back(find(f));
+            for (const std::string& f : br.read_fields) fields.push_back(FieldOf(*e, f));
             tensors.clear();
             tensor_specs.clear();
             for (size_t t : br.read_tensors) {
               tensors.push_back(out[t]);
               tensor_specs.push_back(&specs_[t]);
             }
-            const FieldValue* field = find(br.cfg->field);
+            const FieldValue* field = FieldOf(*e, br.cfg->field);
             if (!field || std::find(fields.begin(), fields.end(), nullptr) != fields.end()) {
               st = Status::NotFound("sample lacks a field a stage needs");
               break;
@@ -1373,14 +1375,10 @@ Status Pipeline::MeasureCatalog() {
             ctx.tensor_specs = tensor_specs.data();
             ScopedFilePolicy files(&br.files);
             ScopedSampleDeadline deadline(cfg_.sample_timeout_s);
-            try {
-              st = workers[b]->Measure(ctx, *field,
-                                       OutputRow(out.data() + first_tensor_[b], br.specs.size()));
-            } catch (const std::exception& ex) {
-              st = Status::Corrupt(fmt::format("{} threw: {}", br.cfg->type, ex.what()));
-            } catch (...) {
-              st = Status::Corrupt(fmt::format("{} threw an unknown exception", br.cfg->type));
-            }
+            st = Guarded(br.cfg->type, [&] {
+              return workers[b]->Measure(ctx, *field,
+                                         OutputRow(out.data() + first_tensor_[b], br.specs.size()));
+            });
           }
         }
         if (st.ok()) {
@@ -1441,7 +1439,8 @@ Status Pipeline::MeasureCatalog() {
   for (const MeasuredCatalog::Failure& f : failures) {
     CatalogEntry e;
     if (catalog_->indexed()) {
-      if (!catalog_->Read(f.entry, &e).ok()) e.origin = fmt::format("sample {}", f.entry);
+      Status read = catalog_->Read(f.entry, &e);  // even unparsed, it has its id and origin
+      (void)read;
     } else {
       e = catalog_->entries[f.entry];
     }
