@@ -153,7 +153,8 @@ int EnvInt(const char* name, int fallback) {
 SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir) {
   CheckKeys(n, "source",
             {"type", "path", "shuffle", "seed", "epochs", "node_rank", "num_nodes", "fields",
-             "max_bytes", "index"});
+             "max_bytes", "index", "shuffle_window", "prefetch_bytes", "fetch_concurrency",
+             "fetch_retries", "fetch_timeout_s", "s3"});
   SourceConfig s;
   if (!n["type"]) Fail(n, "source needs a 'type' (manifest or webdataset)");
   s.type = Str(n["type"], "source.type");
@@ -163,6 +164,49 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir) {
   if (!n["path"]) Fail(n, "source needs a 'path'");
   s.path = ResolvePath(base_dir, Str(n["path"], "source.path"));
   s.path_mark = ToMark(n["path"].Mark());
+  s.remote = IsRemotePath(s.path);
+  if (s.remote && s.type != "webdataset")
+    Fail(n["path"], "a URL path needs type: webdataset (manifests are read from files)");
+  for (const char* key :
+       {"prefetch_bytes", "fetch_concurrency", "fetch_retries", "fetch_timeout_s", "s3"})
+    if (n[key] && !s.remote)
+      Fail(n[key], fmt::format("source.{} applies to http://, https:// and s3:// paths only", key));
+  if (n["prefetch_bytes"])
+    s.fetch.prefetch_bytes =
+        static_cast<uint64_t>(IntAtLeast(n["prefetch_bytes"], "source.prefetch_bytes", 1));
+  if (n["fetch_concurrency"])
+    s.fetch.concurrency =
+        static_cast<int>(IntAtLeast(n["fetch_concurrency"], "source.fetch_concurrency", 1));
+  if (n["fetch_retries"])
+    s.fetch.retries = static_cast<int>(IntAtLeast(n["fetch_retries"], "source.fetch_retries", 0));
+  if (n["fetch_timeout_s"]) {
+    s.fetch.timeout_s = Float(n["fetch_timeout_s"], "source.fetch_timeout_s");
+    if (!(s.fetch.timeout_s >= 0.1))
+      Fail(n["fetch_timeout_s"], "source.fetch_timeout_s must be at least 0.1");
+  }
+  if (const YAML::Node s3 = n["s3"]) {
+    if (!s3.IsMap())
+      Fail(s3, "source.s3 must be a mapping {endpoint, region, credentials_file, profile}");
+    CheckKeys(s3, "source.s3", {"endpoint", "region", "credentials_file", "profile"});
+    if (s.path.rfind("s3://", 0) != 0) Fail(s3, "source.s3 applies to s3:// paths only");
+    if (s3["endpoint"]) s.fetch.s3_endpoint = Str(s3["endpoint"], "source.s3.endpoint");
+    if (s3["region"]) s.fetch.s3_region = Str(s3["region"], "source.s3.region");
+    if (s3["credentials_file"])
+      s.fetch.s3_credentials_file =
+          ResolvePath(base_dir, Str(s3["credentials_file"], "source.s3.credentials_file"));
+    if (s3["profile"]) s.fetch.s3_profile = Str(s3["profile"], "source.s3.profile");
+  }
+  s.shuffle_window = s.remote ? 8 : 0;
+  if (n["shuffle_window"]) {
+    if (s.type != "webdataset")
+      Fail(n["shuffle_window"], "source.shuffle_window applies to webdataset sources only");
+    s.shuffle_window =
+        static_cast<int>(IntAtLeast(n["shuffle_window"], "source.shuffle_window", 0));
+    if (s.remote && s.shuffle_window == 0)
+      Fail(n["shuffle_window"],
+           "remote shards are read whole: source.shuffle_window must be at least 1 (a "
+           "permutation of every sample would fetch a shard for nearly every sample)");
+  }
   if (n["shuffle"]) s.shuffle = Bool(n["shuffle"], "source.shuffle");
   if (n["seed"]) s.seed = static_cast<uint64_t>(IntAtLeast(n["seed"], "source.seed", 0));
   if (n["epochs"]) s.epochs = static_cast<int>(IntAtLeast(n["epochs"], "source.epochs", 0));
@@ -212,9 +256,10 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir) {
   } else {
     Result<std::vector<std::string>> shards = ExpandBraces(s.path);
     if (!shards.ok()) Fail(n["path"], shards.status().message());
-    for (const std::string& shard : *shards)
-      if (!std::filesystem::is_regular_file(shard))
-        Fail(n["path"], fmt::format("shard '{}' not found", shard));
+    if (!s.remote)  // remote shards are looked at when the catalog is read
+      for (const std::string& shard : *shards)
+        if (!std::filesystem::is_regular_file(shard))
+          Fail(n["path"], fmt::format("shard '{}' not found", shard));
   }
   return s;
 }

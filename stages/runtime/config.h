@@ -25,6 +25,20 @@ struct Placement {
   bool strict = false;
 };
 
+// Reading shards from object storage (stages/source/remote_store.h): `source:` keys of a
+// webdataset source whose path is an http://, https:// or s3:// URL.
+struct RemoteConfig {
+  int concurrency = 4;                   // whole shards fetched at once
+  uint64_t prefetch_bytes = 1ull << 30;  // shards held or being fetched, in bytes
+  int retries = 5;                       // per request, with exponential backoff
+  double timeout_s = 30;                 // a connect or a stalled transfer gives up after this
+  // s3:// paths: `s3: {endpoint, region, credentials_file, profile}`; empty values come from
+  // AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, AWS_REGION / AWS_DEFAULT_REGION, the
+  // AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN variables, then
+  // AWS_SHARED_CREDENTIALS_FILE or ~/.aws/credentials and AWS_PROFILE.
+  std::string s3_endpoint, s3_region, s3_credentials_file, s3_profile;
+};
+
 struct SourceConfig {
   std::string type;  // manifest | webdataset
   std::string path;  // resolved against the config's folder
@@ -44,6 +58,13 @@ struct SourceConfig {
   // Where indexes are kept (the daemon's --state-dir; not a YAML key). Empty: beside the data.
   std::string index_dir;
   ConfigMark path_mark;
+  // webdataset: the epoch order takes whole shards in a seeded order and shuffles the samples
+  // of each run of `shuffle_window` consecutive shards among themselves; a node reads one
+  // contiguous part of that order (catalog.h, EpochOrder). 0: a permutation of every sample.
+  // Default: 8 for remote shards (which are read whole), 0 otherwise.
+  int shuffle_window = 0;
+  bool remote = false;  // the path is an http(s):// or s3:// URL
+  RemoteConfig fetch;
 };
 
 enum class ErrorPolicy { kSkip, kFail };

@@ -83,6 +83,16 @@ ConfigChanges DiffConfigs(const PipelineConfig& a, const PipelineConfig& b) {
                         a.source.fields != b.source.fields);
   setting("source.shuffle", a.source.shuffle != b.source.shuffle);
   setting("source.seed", a.source.seed != b.source.seed);
+  setting("source.shuffle_window", a.source.shuffle_window != b.source.shuffle_window);
+  setting("source.fetch",
+          a.source.fetch.concurrency != b.source.fetch.concurrency ||
+              a.source.fetch.prefetch_bytes != b.source.fetch.prefetch_bytes ||
+              a.source.fetch.retries != b.source.fetch.retries ||
+              a.source.fetch.timeout_s != b.source.fetch.timeout_s ||
+              a.source.fetch.s3_endpoint != b.source.fetch.s3_endpoint ||
+              a.source.fetch.s3_region != b.source.fetch.s3_region ||
+              a.source.fetch.s3_credentials_file != b.source.fetch.s3_credentials_file ||
+              a.source.fetch.s3_profile != b.source.fetch.s3_profile);
   setting("source.epochs", a.source.epochs != b.source.epochs);
   setting("source.max_bytes", a.source.max_bytes != b.source.max_bytes);
   setting("source.node_rank", a.source.node_rank != b.source.node_rank);

@@ -321,7 +321,8 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
   files.max_bytes = cfg.source.max_bytes;
   if (!cfg.data_roots_any) {
     std::vector<std::string> roots = cfg.data_roots;
-    roots.push_back(std::filesystem::path(cfg.source.path).parent_path().string());
+    if (!cfg.source.remote)
+      roots.push_back(std::filesystem::path(cfg.source.path).parent_path().string());
     for (const std::string& r : roots) {
       std::error_code ec;
       std::string real = std::filesystem::canonical(r.empty() ? "." : r, ec).string();
@@ -368,9 +369,14 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
     return Status::Invalid(fmt::format("{} samples cannot be dealt to {} node(s) x {} consumer(s)",
                                        cat->size(), cfg.source.num_nodes, cfg.consumers));
   p->catalog_ = std::make_shared<Catalog>(std::move(cat.value()));
+  for (auto& b : p->branches_) b->files.remote = p->catalog_->remote.get();
   p->per_rank_ = p->catalog_->size() / cfg.source.num_nodes / cfg.consumers;
   const uint64_t bs = static_cast<uint64_t>(cfg.batch_size);
   p->batches_per_epoch_ = cfg.drop_last ? p->per_rank_ / bs : (p->per_rank_ + bs - 1) / bs;
+  if (cfg.budgeted() && cfg.source.shuffle_window > 0)
+    return Status::Unsupported(
+        "token budgets (max_tokens, max_patches) need a permutation order: they are not "
+        "available with source.shuffle_window (remote shards) yet");
   if (cfg.budgeted()) {
     p->budget_ = {cfg.batch_size, cfg.max_tokens, cfg.max_patches};
     MMFEED_RETURN_IF_ERROR(p->MeasureCatalog());
@@ -401,6 +407,8 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
   uint64_t h = HashString(fmt::format(
       "order 2|{}|{}|{}|{}|{}|{}|{}|{}", cfg.source.seed, cfg.source.shuffle, cfg.source.node_rank,
       cfg.source.num_nodes, cfg.consumers, cfg.batch_size, cfg.drop_last, cfg.source.epochs));
+  if (cfg.source.shuffle_window > 0)  // window mode: another order
+    h = HashString(fmt::format("windows {}", cfg.source.shuffle_window), h);
   if (p->catalog_->indexed())  // an indexed source: its contents (size, mtime, inode, ends)
     h = HashString(fmt::format("index {:016x}", p->catalog_->index_fingerprint()), h);
   if (cfg.budgeted()) {  // the budgets and every sample's cost decide the batches
@@ -679,6 +687,54 @@ void Pipeline::Dispatch(const std::shared_ptr<const Provisional>& batch, int row
   }
 }
 
+// Remote shards: asks the store for the shards each rank reads from its oldest batch not yet
+// committed (its samples may still be read) through the window of the batch it deals next and
+// kAhead windows after that (the store keeps what fits prefetch_bytes, most urgent first).
+// Only when one of those windows changed.
+void Pipeline::WantShards(const std::vector<StreamCursor>& next, const std::vector<bool>& done,
+                          std::vector<uint32_t>* last) {
+  constexpr int kAhead = 2, kMostWindows = 64;
+  const int consumers = cfg_.consumers;
+  const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size);
+  std::vector<std::vector<uint32_t>> per_rank(consumers);
+  std::vector<uint32_t> key;
+  for (int r = 0; r < consumers; ++r) {
+    if (done[r]) continue;
+    const StreamCursor oldest = CursorAt(std::min(next[r].seq, NextCommit(r)));
+    const EpochOrder from(*catalog_, cfg_.source, oldest.epoch, consumers);
+    const EpochOrder to(*catalog_, cfg_.source, next[r].epoch, consumers);
+    const uint64_t a = oldest.batch * bs * consumers + r, b = next[r].batch * bs * consumers + r;
+    if (!from.windowed() || a >= from.size()) continue;
+    if (oldest.epoch == next[r].epoch) {
+      const int more = static_cast<int>(std::min<uint64_t>(
+          kMostWindows,
+          to.WindowOf(std::min<uint64_t>(b, to.size() - 1)) - from.WindowOf(a) + kAhead));
+      per_rank[r] = from.WindowShards(a, more);
+    } else {  // the rest of the earlier epoch, then the next one's first windows
+      per_rank[r] = from.WindowShards(a, kMostWindows);
+      if (b < to.size())
+        for (uint32_t shard : to.WindowShards(b, kAhead)) per_rank[r].push_back(shard);
+    }
+    key.insert(key.end(), {oldest.epoch, static_cast<uint32_t>(from.WindowOf(a)), next[r].epoch,
+                           static_cast<uint32_t>(b < to.size() ? to.WindowOf(b) : UINT32_MAX)});
+  }
+  if (key == *last) return;
+  *last = key;
+  // Round-robin over the ranks, shard by shard: every rank's oldest window comes first.
+  std::vector<RemoteStore::Want> want;
+  for (size_t k = 0;; ++k) {
+    bool any = false;
+    for (const auto& shards : per_rank) {
+      if (k >= shards.size()) continue;
+      any = true;
+      const ShardIndex::ShardSpan s = catalog_->shards->shard(shards[k]);
+      want.push_back({*s.path, s.bytes});
+    }
+    if (!any) break;
+  }
+  catalog_->remote->SetWanted(want);
+}
+
 // Deals whole batches, each rank from its own cursor, to whichever rank's sink has room, and
 // dispatches the refills the batch thread asks for. After a stop it deals no new batch but
 // keeps serving refills until every dealt batch is committed or discarded.
@@ -701,6 +757,7 @@ void Pipeline::SourceLoop() {
   for (int r = 0; r < consumers; ++r) done[r] = is_done(r);
   std::thread planner;  // token budgets: the next epoch's plan
   uint32_t planning = UINT32_MAX;
+  std::vector<uint32_t> wanted_windows;  // remote shards: what the store was last asked for
   for (int turn = 0;; turn = (turn + 1) % consumers) {
     if (!at_epoch_end && stop_at_epoch_end_.load(std::memory_order_acquire)) {
       at_epoch_end = true;
@@ -723,6 +780,7 @@ void Pipeline::SourceLoop() {
         done[r] = is_done(r);
       }
     }
+    if (catalog_->remote) WantShards(next, done, &wanted_windows);
     bool progressed = false, any_full = false;
     for (Refill& f : refills_->Take()) {
       Dispatch(f.batch, f.row, f.entry, true);
@@ -759,7 +817,7 @@ void Pipeline::SourceLoop() {
       pb->epoch = next[r].epoch;
       pb->index = next[r].batch;
       pb->seq = next[r].seq;
-      const EpochOrder order(catalog_->size(), cfg_.source, pb->epoch, consumers);
+      const EpochOrder order(*catalog_, cfg_.source, pb->epoch, consumers);
       // The rank's share of the epoch's order is at positions r, r + consumers, ...; batch
       // `index` holds shares positions index * bs ..., or (a budget) those its plan says.
       std::vector<uint32_t> entries;
@@ -1071,8 +1129,7 @@ class Pipeline::Collator {
 
   void Refill(Open& o) {
     const uint64_t limit = 4 * p_->per_rank_ + 256;
-    const EpochOrder order(p_->catalog_->size(), p_->cfg_.source, o.batch->epoch,
-                           p_->cfg_.consumers);
+    const EpochOrder order(*p_->catalog_, p_->cfg_.source, o.batch->epoch, p_->cfg_.consumers);
     std::vector<Pipeline::Refill> requests;
     bool give_up = false;
     while (!give_up && o.outstanding == 0 && !o.holes.empty()) {  // one round per pass
@@ -1556,7 +1613,9 @@ uint64_t Pipeline::Progress() const {
 
 std::vector<StageInfo> Pipeline::StageInfos() const {
   std::vector<StageInfo> infos;
-  infos.push_back({"source", cfg_.source.type, 1, 0, &source_counters_});
+  infos.push_back({"source", cfg_.source.type, 1, 0, &source_counters_,
+                   catalog_->remote ? catalog_->remote->Metrics()
+                                    : std::vector<std::pair<std::string, double>>{}});
   for (const auto& b : branches_)
     infos.push_back({b->cfg->name, b->cfg->type, b->active.load(), b->inbox.capacity(),
                      &b->counters, b->cfg->stage->Metrics(), b->inbox.SizeApprox(), b->threads,
@@ -1612,6 +1671,7 @@ nlohmann::json Pipeline::Profile() const {
                   {"refill_failed", refills_failed_.load()}};
   j["errors"] = errors_.ToJson();  // read after failed_: see where failed_ grows
   j["samples_in_catalog"] = catalog_->size();
+  if (catalog_->remote) j["storage"] = catalog_->remote->Stats();
   return j;
 }
 

@@ -202,6 +202,8 @@ class Pipeline {
   class Collator;
   class RefillQueue;
   Pipeline();
+  void WantShards(const std::vector<StreamCursor>& next, const std::vector<bool>& done,
+                  std::vector<uint32_t>* last);
   void SourceLoop();
   void Dispatch(const std::shared_ptr<const Provisional>& batch, int row, uint32_t entry,
                 bool refill);

@@ -15,8 +15,13 @@
 
 namespace mmfeed {
 
+bool IsRemotePath(std::string_view path) {
+  return path.rfind("http://", 0) == 0 || path.rfind("https://", 0) == 0 ||
+         path.rfind("s3://", 0) == 0;
+}
+
 std::string ResolvePath(const std::string& base_dir, const std::string& path) {
-  if (path.empty() || path[0] == '/') return path;
+  if (path.empty() || path[0] == '/' || IsRemotePath(path)) return path;
   return (std::filesystem::path(base_dir) / path).lexically_normal().string();
 }
 
@@ -61,6 +66,18 @@ Result<FieldFile> FieldFile::Open(const FieldValue& field, uint64_t max_bytes) {
   if (field.kind == FieldValue::Kind::kList)
     return Status::Invalid(
         fmt::format("the field is a list of {} values; this stage takes one", field.items.size()));
+  if (IsRemotePath(field.data)) {
+    if (field.kind != FieldValue::Kind::kFileRange)
+      return Status::Invalid(field.data + ": only tar members of remote shards can be read");
+    if (!max_bytes) max_bytes = policy.max_bytes;
+    if (field.size > max_bytes)
+      return Status::TooLarge(
+          fmt::format("{}: member at offset {} is {} bytes, more than "
+                      "max_bytes {}",
+                      field.data, field.offset, field.size, max_bytes));
+    if (!policy.remote) return Status::Invalid(field.data + ": no remote store to read it from");
+    return policy.remote->OpenRange(field.data, field.offset, field.size);
+  }
   FieldFile f;
   // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
   f.fd_ = ::open(field.data.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
@@ -103,6 +120,15 @@ Result<FieldFile> FieldFile::Open(const FieldValue& field, uint64_t max_bytes) {
                                        field.data, f.offset_));
   f.identity_ = fmt::format("{}@{}+{}:{}.{}", field.data, f.offset_, f.size_, st.st_mtim.tv_sec,
                             st.st_mtim.tv_nsec);
+  return f;
+}
+
+FieldFile FieldFile::Adopt(int fd, uint64_t offset, uint64_t size, std::string identity) {
+  FieldFile f;
+  f.fd_ = fd;
+  f.offset_ = offset;
+  f.size_ = size;
+  f.identity_ = std::move(identity);
   return f;
 }
 

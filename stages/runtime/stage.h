@@ -48,17 +48,32 @@ struct SampleContext {
 
 // `path` as seen from the folder `base_dir` (a config's or a manifest's): absolute paths and
 // "" are returned as they are.
+// URLs (IsRemotePath) are returned as they are too.
 std::string ResolvePath(const std::string& base_dir, const std::string& path);
+// Whether `path` is an http://, https:// or s3:// URL (read through stages/source/remote_store.h).
+bool IsRemotePath(std::string_view path);
 
 // What a sample may open. A sample's paths come from a dataset that may be hostile: only
 // regular files (a FIFO, device, socket or directory is refused without blocking), at most
 // `max_bytes` (checked with fstat before reading), and, when `roots` is not empty, only files
 // whose real path (symlinks resolved, from the open descriptor) lies inside one of the roots.
+class FieldFile;
+
+// Where URL fields (IsRemotePath: tar members of shards in object storage) are read: the
+// pipeline's RemoteStore (stages/source/remote_store.h). Called from worker threads.
+class RemoteReader {
+ public:
+  virtual ~RemoteReader() = default;
+  // `size` bytes at `offset` of the object at `url`, as an open file.
+  virtual Result<FieldFile> OpenRange(const std::string& url, uint64_t offset, uint64_t size) = 0;
+};
+
 struct FilePolicy {
   static constexpr uint64_t kDefaultMaxBytes = 256ull << 20;
   uint64_t max_bytes = kDefaultMaxBytes;
   std::vector<std::string> roots;  // real paths of folders, each ending in '/'; empty: anywhere
   int read_delay_ms = 0;           // an injected fault (config `faults:`): sleeps before each open
+  RemoteReader* remote = nullptr;  // reads URL fields; none: they are refused
 };
 
 // Makes `policy` the calling thread's for FieldFile::Open while it lives (the pipeline's
@@ -104,6 +119,8 @@ class FieldFile {
   // (kTooLarge), outside the data roots, a range past the end of the file; out of file
   // descriptors or memory is kResourceExhausted (a condition of the machine, not of the file).
   static Result<FieldFile> Open(const FieldValue& field, uint64_t max_bytes = 0);
+  // Takes ownership of `fd`, whose bytes [offset, offset + size) are the field's.
+  static FieldFile Adopt(int fd, uint64_t offset, uint64_t size, std::string identity);
 
   int fd() const { return fd_; }
   uint64_t offset() const { return offset_; }

@@ -178,8 +178,13 @@ Result<Catalog> LoadWebDataset(const SourceConfig& source, const std::set<std::s
   Catalog cat;
   cat.needed = needed;
   cat.ext_to_field = ExtToField(source, needed);
-  bool indexed = source.index == "on";
-  if (source.index == "auto") {
+  if (source.remote) {  // always indexed: the index is what spares fetching every shard
+    Result<std::unique_ptr<RemoteStore>> store = RemoteStore::Create(source.fetch, source.path);
+    if (!store.ok()) return store.status();
+    cat.remote = std::move(store.value());
+  }
+  bool indexed = source.index == "on" || source.remote;
+  if (source.index == "auto" && !source.remote) {
     uint64_t bytes = 0;
     for (const std::string& s : *shards) {
       std::error_code ec;
@@ -194,7 +199,7 @@ Result<Catalog> LoadWebDataset(const SourceConfig& source, const std::set<std::s
   }
   std::vector<ShardIndex::Damage> damage;
   Result<std::unique_ptr<ShardIndex>> index =
-      ShardIndex::Open(*shards, source.index_dir, kMaxIdBytes, &damage);
+      ShardIndex::Open(*shards, source.index_dir, kMaxIdBytes, &damage, cat.remote.get());
   if (!index.ok()) return index.status();
   cat.shards = std::move(index.value());
   for (ShardIndex::Damage& d : damage)
@@ -249,5 +254,74 @@ EpochOrder::EpochOrder(size_t n, const SourceConfig& source, uint32_t epoch, int
       node_(static_cast<uint64_t>(source.node_rank)),
       shuffle_(source.shuffle),
       perm_(n, Rng(source.seed, epoch, "", "shuffle").Next()) {}
+
+std::shared_ptr<const ShardWindows> Catalog::WindowsOf(const SourceConfig& source,
+                                                       uint32_t epoch) const {
+  std::lock_guard<std::mutex> lock(window_cache_->mu);
+  auto& cached = window_cache_->epochs[epoch];
+  if (cached) return cached;
+  auto w = std::make_shared<ShardWindows>();
+  const size_t n = shards->shard_count();
+  w->window = static_cast<uint32_t>(std::max(1, source.shuffle_window));
+  w->shards.resize(n);
+  w->starts.assign(1, 0);
+  const Permutation perm(n ? n : 1, Rng(source.seed, epoch, "", "shard order").Next());
+  for (size_t t = 0; t < n; ++t) {
+    w->shards[t] = static_cast<uint32_t>(source.shuffle ? perm(t) : t);
+    w->starts.push_back(w->starts.back() + shards->shard(w->shards[t]).count);
+  }
+  cached = w;
+  while (window_cache_->epochs.size() > 8)  // ranks are an epoch or two apart at most
+    window_cache_->epochs.erase(window_cache_->epochs.begin());
+  return w;
+}
+
+EpochOrder::EpochOrder(const Catalog& cat, const SourceConfig& source, uint32_t epoch,
+                       int consumers)
+    : EpochOrder(cat.size(), source, epoch, consumers) {
+  if (source.shuffle_window <= 0 || !cat.shards) return;
+  windows_ = cat.WindowsOf(source, epoch);
+  shards_ = cat.shards.get();
+  part_ = static_cast<uint64_t>(cat.size()) / nodes_ * node_;
+  window_seed_ = Rng(source.seed, epoch, "", "window shuffle").Next();
+}
+
+uint32_t EpochOrder::Windowed(size_t i) const {
+  const ShardWindows& w = *windows_;
+  const uint64_t g = part_ + i;
+  // The sequence shard holding g, its window [a, b) and the window's samples [lo, hi).
+  const size_t t = std::upper_bound(w.starts.begin(), w.starts.end(), g) - w.starts.begin() - 1;
+  const size_t a = t / w.window * w.window, b = std::min(a + w.window, w.shards.size());
+  const uint64_t lo = w.starts[a], hi = w.starts[b];
+  uint64_t q = g;
+  if (shuffle_) q = lo + Permutation(hi - lo, window_seed_ ^ (a * 0x9E3779B97F4A7C15ull))(g - lo);
+  const size_t u =
+      std::upper_bound(w.starts.begin() + a, w.starts.begin() + b + 1, q) - w.starts.begin() - 1;
+  return static_cast<uint32_t>(shards_->shard(w.shards[u]).first + (q - w.starts[u]));
+}
+
+size_t EpochOrder::WindowOf(size_t i) const {
+  const ShardWindows& w = *windows_;
+  const uint64_t g = part_ + i;
+  return static_cast<size_t>(std::upper_bound(w.starts.begin(), w.starts.end(), g) -
+                             w.starts.begin() - 1) /
+         w.window;
+}
+
+std::vector<uint32_t> EpochOrder::WindowShards(size_t i, int more) const {
+  std::vector<uint32_t> out;
+  if (!windows_ || i >= size_) return out;
+  const ShardWindows& w = *windows_;
+  const uint64_t g = part_ + i, end = part_ + size_;
+  size_t t = std::upper_bound(w.starts.begin(), w.starts.end(), g) - w.starts.begin() - 1;
+  for (size_t a = t / w.window * w.window; a < w.shards.size() && more >= 0;
+       a += w.window, --more) {
+    if (w.starts[a] >= end) break;
+    for (size_t u = a; u < std::min(a + w.window, w.shards.size()); ++u)
+      if (w.starts[u] < end && w.starts[u + 1] > std::max(part_, w.starts[u]))
+        out.push_back(w.shards[u]);
+  }
+  return out;
+}
 
 }  // namespace mmfeed

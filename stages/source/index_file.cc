@@ -74,7 +74,9 @@ uint64_t Hash(const Stamp& s) {
 std::string IndexPath(const std::string& path, const std::string& index_dir) {
   if (index_dir.empty()) return path + ".mmfidx";
   std::error_code ec;
-  const std::string abs = std::filesystem::absolute(path, ec).lexically_normal().string();
+  const bool url = path.find("://") != std::string::npos;  // a remote shard: named by its URL
+  const std::string abs =
+      url ? path : std::filesystem::absolute(path, ec).lexically_normal().string();
   const std::string name = std::filesystem::path(path).filename().string();
   return fmt::format("{}/index/{}-{:016x}.mmfidx", index_dir, name, HashString(abs));
 }

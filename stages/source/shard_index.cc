@@ -13,6 +13,7 @@
 #include <filesystem>
 
 #include "stages/runtime/rng.h"
+#include "stages/source/remote_store.h"
 
 namespace mmfeed {
 
@@ -213,7 +214,8 @@ ShardIndex::~ShardIndex() = default;
 
 Result<std::unique_ptr<ShardIndex>> ShardIndex::Open(const std::vector<std::string>& shards,
                                                      const std::string& index_dir, size_t max_key,
-                                                     std::vector<Damage>* damage) {
+                                                     std::vector<Damage>* damage,
+                                                     RemoteStore* remote) {
   std::unique_ptr<ShardIndex> idx(new ShardIndex());
   const auto t0 = std::chrono::steady_clock::now();
   uint64_t h = HashString("shards");
@@ -222,7 +224,7 @@ Result<std::unique_ptr<ShardIndex>> ShardIndex::Open(const std::vector<std::stri
     s->path = path;
     s->first = idx->total_;
     uint64_t stamp = 0;
-    idx->OpenShard(s.get(), index_dir, max_key, damage, &stamp);
+    idx->OpenShard(s.get(), index_dir, max_key, remote, damage, &stamp);
     h = HashString(fmt::format("{}|{:016x}", s->count, stamp), h);
     idx->total_ += s->count;
     idx->shards_.push_back(std::move(s));
@@ -237,26 +239,55 @@ Result<std::unique_ptr<ShardIndex>> ShardIndex::Open(const std::vector<std::stri
 }
 
 void ShardIndex::OpenShard(Shard* s, const std::string& index_dir, size_t max_key,
-                           std::vector<Damage>* damage, uint64_t* stamp_hash) {
-  const int fd = ::open(s->path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    damage->push_back({s->path, std::string("cannot open: ") + std::strerror(errno)});
-    return;
+                           RemoteStore* remote, std::vector<Damage>* damage, uint64_t* stamp_hash) {
+  // A local shard is stamped from its file; a remote one from its HEAD (size, Last-Modified,
+  // ETag), and fetched whole only when its index has to be built.
+  int fd = -1;
+  index_file::Stamp stamp{};
+  const index_file::Stamp* want = &stamp;
+  if (remote) {
+    Result<RemoteStore::ObjectInfo> info = remote->Head(s->path);
+    if (!info.ok()) {
+      damage->push_back({s->path, info.status().message()});
+      return;
+    }
+    index_file::Stamp st{};
+    st.size = info->size;
+    st.mtime_ns = info->mtime_s * 1000000000;
+    st.ends_hash = HashString(info->etag, HashString(std::to_string(info->size)));
+    stamp = st;
+  } else {
+    fd = ::open(s->path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      damage->push_back({s->path, std::string("cannot open: ") + std::strerror(errno)});
+      return;
+    }
+    Result<index_file::Stamp> described = index_file::Describe(fd, s->path, kEndBytes);
+    if (!described.ok()) {
+      ::close(fd);
+      damage->push_back({s->path, described.status().message()});
+      return;
+    }
+    stamp = *described;
   }
-  Result<index_file::Stamp> want = index_file::Describe(fd, s->path, kEndBytes);
-  if (!want.ok()) {
-    ::close(fd);
-    damage->push_back({s->path, want.status().message()});
-    return;
-  }
+  struct Closer {
+    int* fd;
+    ~Closer() {
+      if (*fd >= 0) ::close(*fd);
+    }
+  } closer{&fd};
   *stamp_hash = index_file::Hash(*want);
-  const std::string path = index_file::IndexPath(s->path, index_dir);
+  s->bytes = want->size;
+  // Remote shards' indexes go to the state dir, or stay in memory.
+  const std::string path =
+      remote && index_dir.empty() ? "" : index_file::IndexPath(s->path, index_dir);
   // Maps the index file if it describes the shard. Its header and damage report are read, not
   // touched through the mapping, so that a start maps no page of it: records become resident
   // as samples are dealt.
   Header h{};
   std::string report;
   auto map = [&]() -> std::string {
+    if (path.empty()) return "none kept";
     const int ifd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (ifd < 0) return "none yet";
     struct stat st;
@@ -276,29 +307,46 @@ void ShardIndex::OpenShard(Shard* s, const std::string& index_dir, size_t max_ke
   if (std::string why = map(); why.empty()) {
     bytes = s->map.data();
   } else {
+    if (remote) {
+      Result<int> got = remote->FetchAll(s->path, want->size);
+      if (!got.ok()) {
+        damage->push_back({s->path, got.status().message()});
+        return;
+      }
+      fd = *got;
+    }
     std::string encoded = Encode(*want, fd, s->path, max_key);
     ++built_;
-    const std::string folder = std::filesystem::path(path).parent_path().string();
-    if (swept_.insert(folder).second) index_file::RemoveStaleTemps(folder);
     spdlog::debug("{}: indexing (previous index: {})", s->path, why);
-    if (index_file::WriteAtomically(path, encoded) && map().empty()) {
-      bytes = s->map.data();
-    } else {
-      if (in_memory_++ == 0)
+    bool written = false;
+    if (!path.empty()) {
+      const std::string folder = std::filesystem::path(path).parent_path().string();
+      if (swept_.insert(folder).second) index_file::RemoveStaleTemps(folder);
+      written = index_file::WriteAtomically(path, encoded) && map().empty();
+      if (!written && in_memory_ == 0)
         spdlog::warn("{}: cannot write its index at {} ({}): keeping it in memory", s->path, path,
                      std::strerror(errno));
+    }
+    if (written) {
+      bytes = s->map.data();
+    } else {
+      ++in_memory_;
       s->memory = std::move(encoded);
       bytes = s->memory.data();
       std::memcpy(&h, bytes, sizeof h);
       report = s->memory.substr(s->memory.size() - h.damage_bytes);
     }
   }
-  ::close(fd);
   s->count = h.count;
   s->offsets = reinterpret_cast<const uint64_t*>(bytes + sizeof h);
   s->records = bytes + sizeof h + (h.count + 1) * 8;
   s->records_bytes = h.records_bytes;
   ParseDamage(report, damage);
+}
+
+ShardIndex::ShardSpan ShardIndex::shard(size_t k) const {
+  const Shard& s = *shards_[k];
+  return {&s.path, s.first, s.count, s.bytes};
 }
 
 Status ShardIndex::Sample(size_t i, const std::string** shard, std::string* key,

@@ -29,6 +29,8 @@
 
 namespace mmfeed {
 
+class RemoteStore;
+
 struct TarMember {
   std::string ext;  // the member name's part after the key's first dot ("jpg", "seg.png")
   uint64_t offset = 0, size = 0;
@@ -54,11 +56,21 @@ class ShardIndex {
   };
   // Indexes or maps every shard. A shard that cannot be opened is reported in `damage` and
   // holds no samples, like a damaged one.
+  // `remote`: the shards are URLs read through it (their index files go to index_dir, or
+  // stay in memory when it is empty).
   static Result<std::unique_ptr<ShardIndex>> Open(const std::vector<std::string>& shards,
                                                   const std::string& index_dir, size_t max_key,
-                                                  std::vector<Damage>* damage);
+                                                  std::vector<Damage>* damage,
+                                                  RemoteStore* remote = nullptr);
 
   size_t size() const { return total_; }
+  // The shards in catalog order: shard k holds catalog positions [first, first + count).
+  struct ShardSpan {
+    const std::string* path;
+    uint64_t first, count, bytes;
+  };
+  size_t shard_count() const { return shards_.size(); }
+  ShardSpan shard(size_t k) const;  // REQUIRES: k < shard_count()
   // Sample i's shard, key and members. REQUIRES: i < size().
   Status Sample(size_t i, const std::string** shard, std::string* key,
                 std::vector<TarMember>* members) const;
@@ -74,6 +86,7 @@ class ShardIndex {
   struct Shard {
     std::string path;
     uint64_t first = 0, count = 0;  // its samples' catalog positions
+    uint64_t bytes = 0;             // the shard's size
     const uint64_t* offsets = nullptr;
     const char* records = nullptr;
     uint64_t records_bytes = 0;
@@ -82,7 +95,7 @@ class ShardIndex {
   };
   ShardIndex() = default;
   // Maps or builds shard `s`'s index; adds what its scan could not index to `damage`.
-  void OpenShard(Shard* s, const std::string& index_dir, size_t max_key,
+  void OpenShard(Shard* s, const std::string& index_dir, size_t max_key, RemoteStore* remote,
                  std::vector<Damage>* damage, uint64_t* stamp_hash);
 
   std::vector<std::unique_ptr<Shard>> shards_;
