@@ -563,6 +563,12 @@ class Supervisor {
     w.pipeline_id = pipeline_id_;
     w.stages = pipeline_->SampleStages();
     w.host = SampleHost(pipeline_->Threads());
+    if (const nlohmann::json st = pipeline_->StorageStats(); !st.is_null()) {
+      w.storage.remote = true;
+      w.storage.bytes = st["bytes"].get<uint64_t>();
+      w.storage.retries = st["retries"].get<uint64_t>();
+      w.storage.wait_s = st["wait_seconds"].get<double>();
+    }
     for (int r = 0; r < ranks(); ++r) {
       shm::RingWriter::Backlog b = sinks_[r]->ring().backlog();
       ConsumerSample c;

@@ -13,7 +13,7 @@ PKGS=(
   libasio-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libconcurrentqueue-dev
   nlohmann-json3-dev libssl-dev
   libopencv-dev libturbojpeg0-dev libjpeg62-turbo-dev libnuma-dev libsystemd-dev libfftw3-dev
-  libicu-dev zlib1g-dev libcivetweb-dev libcurl4-openssl-dev nginx-light
+  libicu-dev zlib1g-dev libcivetweb-dev libcurl4-openssl-dev
   libavformat-dev libavcodec-dev libavutil-dev libswscale-dev libswresample-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev
   python3 python3-dev python3-numpy python3-av ffmpeg pybind11-dev python3-torch
@@ -44,10 +44,10 @@ if [ $cuda = 1 ]; then
 fi
 if [ $bench = 1 ]; then
   PKGS+=(python3-torchaudio python3-opencv espeak-ng)
-  # Debian's nodejs and npm, unless a Node.js with npm is there already (nodesource's nodejs
-  # bundles npm and conflicts with Debian's npm package).
-  if ! command -v npm > /dev/null; then PKGS+=(nodejs npm); fi
 fi
+# Debian's nodejs and npm (the remote-storage tests run s3rver), unless a Node.js with npm is
+# there already (nodesource's nodejs bundles npm and conflicts with Debian's npm package).
+if ! command -v npm > /dev/null; then PKGS+=(nodejs npm); fi
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -57,9 +57,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update
   $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
 fi
-# promtool (tests check the /metrics page with it) comes only with the Prometheus server: it is
-# installed with its service kept from starting (policy-rc.d) and left disabled.
-if ! command -v promtool > /dev/null; then
+# Servers the tests start themselves on loopback: promtool (tests check the /metrics page with
+# it) comes only with the Prometheus server, and nginx-light serves shards to the remote-storage
+# tests. They are installed with their services kept from starting (policy-rc.d) and left
+# disabled.
+services=()
+command -v promtool > /dev/null || services+=(prometheus)
+command -v nginx > /dev/null || services+=(nginx-light)
+if [ ${#services[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   policy=/usr/sbin/policy-rc.d
   if [ ! -e "$policy" ]; then
@@ -68,6 +73,13 @@ if ! command -v promtool > /dev/null; then
     trap '$SUDO rm -f '"$policy" EXIT
   fi
   if [ ${#missing[@]} -eq 0 ]; then $SUDO apt-get update; fi
-  $SUDO apt-get install -y --no-install-recommends prometheus
-  if [ -d /run/systemd/system ]; then $SUDO systemctl disable --now prometheus || true; fi
+  $SUDO apt-get install -y --no-install-recommends "${services[@]}"
+  if [ -d /run/systemd/system ]; then
+    for unit in prometheus nginx; do $SUDO systemctl disable --now "$unit" 2> /dev/null || true; done
+  fi
+fi
+# s3rver (npm): the S3-compatible server the remote-storage tests start on loopback.
+root="$(cd "$(dirname "$0")/.." && pwd)"
+if [ ! -x "$root/build-tools/node_modules/.bin/s3rver" ]; then
+  npm install --prefix "$root/build-tools" --no-audit --no-fund --loglevel=error s3rver@3.7.1
 fi

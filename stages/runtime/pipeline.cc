@@ -1675,4 +1675,8 @@ nlohmann::json Pipeline::Profile() const {
   return j;
 }
 
+nlohmann::json Pipeline::StorageStats() const {
+  return catalog_->remote ? catalog_->remote->Stats() : nlohmann::json();
+}
+
 }  // namespace mmfeed

@@ -147,6 +147,8 @@ class Pipeline {
   // Adds a stage that lives outside the pipeline (a ring sink) to the profile.
   // REQUIRES: before Start().
   void AddProfiledStage(const StageInfo& info) { extra_infos_.push_back(info); }
+  // Remote shards: the store's figures (RemoteStore::Stats); null for local data.
+  nlohmann::json StorageStats() const;
   nlohmann::json Profile() const;
   // workers: auto: how many of the stage's threads take items from now on (1 to the threads it
   // started, SampleStages()' `threads`); the others finish their item and park. The bytes of

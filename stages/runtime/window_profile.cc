@@ -320,6 +320,11 @@ nlohmann::json BuildWindowReport(const WindowSample& a, const WindowSample& b) {
          {"slots", c.slots}});
   }
   report["consumers"] = std::move(consumers);
+  if (a.storage.remote && b.storage.remote && !replaced)
+    report["storage"] = {
+        {"read_bytes_per_s", Delta(b.storage.bytes, a.storage.bytes) / window_s},
+        {"wait_share", std::max(0.0, b.storage.wait_s - a.storage.wait_s) / window_s},
+        {"retries", Delta(b.storage.retries, a.storage.retries)}};
   report["diagnosis"] = Diagnose(report);
   return report;
 }
@@ -334,6 +339,18 @@ nlohmann::json Diagnose(const nlohmann::json& r) {
   };
   const nlohmann::json& host = r["host"];
   const double window_s = r["window_s"].get<double>();
+  // Remote shards: what waiting for object storage took of the window.
+  std::string storage_evidence, storage_advice;
+  if (r.contains("storage") && r["storage"]["wait_share"].get<double>() >= 0.1) {
+    const nlohmann::json& st = r["storage"];
+    storage_evidence = fmt::format(
+        "; worker threads waited {:.1f} s/s for object storage ({}/s fetched, {:.0f} retries)",
+        st["wait_share"].get<double>(), MB(st["read_bytes_per_s"].get<double>()),
+        st["retries"].get<double>());
+    storage_advice =
+        "; the shards come from object storage: raise source.fetch_concurrency and "
+        "prefetch_bytes, or bring the data nearer (a closer bucket, a local copy)";
+  }
   auto num = [](const nlohmann::json& j, const char* key) {
     return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
   };
@@ -465,13 +482,13 @@ nlohmann::json Diagnose(const nlohmann::json& r) {
     return verdict(
         name, "io",
         fmt::format("{} is IO-bound: {} {} busy but {} of it on CPU, {}/s read ({:.0f} read "
-                    "calls/s, {}/s from storage){}{}{}",
+                    "calls/s, {}/s from storage){}{}{}{}",
                     name, workers_text, Pct(busy), Pct(on_cpu), MB(num(host, "read_bytes_per_s")),
                     num(host, "read_syscalls_per_s"), MB(num(host, "storage_read_bytes_per_s")),
-                    io_pressure, downstream, trainers),
+                    io_pressure, storage_evidence, downstream, trainers),
         fmt::format("more {} workers (they wait rather than compute, so they need little CPU) "
-                    "or faster storage (local disk, a warm page cache)",
-                    name));
+                    "or faster storage (local disk, a warm page cache){}",
+                    name, storage_advice));
   }
 
   std::string evidence;
@@ -532,6 +549,10 @@ std::string FormatWindowReport(const nlohmann::json& r) {
       pressure += fmt::format("{}{} {}", pressure.empty() ? "" : ", ", k,
                               Pct(h["pressure"][k].get<double>()));
   s += fmt::format("pressure (some): {}\n", pressure.empty() ? "not available" : pressure);
+  if (r.contains("storage"))
+    s += fmt::format("object storage: {}/s fetched, workers waited {:.2f} s/s, {:.0f} retries\n",
+                     MB(num(r["storage"], "read_bytes_per_s")), num(r["storage"], "wait_share"),
+                     num(r["storage"], "retries"));
   std::string threads;
   int shown = 0;
   for (const auto& t : h["threads"]) {

@@ -58,12 +58,20 @@ struct ConsumerSample {
   uint32_t ready = 0, taken = 0, slots = 0;
 };
 
+// Remote shards (stages/source/remote_store.h): the store's running totals.
+struct StorageSample {
+  bool remote = false;
+  uint64_t bytes = 0, retries = 0;
+  double wait_s = 0;  // worker threads' time waiting for shards or member reads
+};
+
 struct WindowSample {
   uint64_t t_ns = 0;
   uint64_t pipeline_id = 0;  // a reload makes a new pipeline whose stage counters start at 0
   std::vector<StageSample> stages;
   HostSample host;
   std::vector<ConsumerSample> consumers;
+  StorageSample storage;
 };
 
 // The report of the window from `a` to `b`: {"window_s", "stages": [...], "host": {...},

@@ -258,7 +258,7 @@ EpochOrder::EpochOrder(size_t n, const SourceConfig& source, uint32_t epoch, int
 std::shared_ptr<const ShardWindows> Catalog::WindowsOf(const SourceConfig& source,
                                                        uint32_t epoch) const {
   std::lock_guard<std::mutex> lock(window_cache_->mu);
-  auto& cached = window_cache_->epochs[epoch];
+  auto& cached = window_cache_->epochs[{epoch, source.seed, source.shuffle, source.shuffle_window}];
   if (cached) return cached;
   auto w = std::make_shared<ShardWindows>();
   const size_t n = shards->shard_count();
@@ -317,9 +317,9 @@ std::vector<uint32_t> EpochOrder::WindowShards(size_t i, int more) const {
   for (size_t a = t / w.window * w.window; a < w.shards.size() && more >= 0;
        a += w.window, --more) {
     if (w.starts[a] >= end) break;
+    // Every shard of the window, even past this node's part: its positions may draw from them.
     for (size_t u = a; u < std::min(a + w.window, w.shards.size()); ++u)
-      if (w.starts[u] < end && w.starts[u + 1] > std::max(part_, w.starts[u]))
-        out.push_back(w.shards[u]);
+      if (w.starts[u + 1] > w.starts[u]) out.push_back(w.shards[u]);
   }
   return out;
 }

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -80,7 +81,8 @@ struct Catalog {
  private:
   struct WindowCache {
     std::mutex mu;
-    std::map<uint32_t, std::shared_ptr<const ShardWindows>> epochs;
+    // By epoch, seed, shuffle and window (tests ask one catalog for several orders).
+    std::map<std::tuple<uint32_t, uint64_t, bool, int>, std::shared_ptr<const ShardWindows>> epochs;
   };
   std::shared_ptr<WindowCache> window_cache_ = std::make_shared<WindowCache>();
 };

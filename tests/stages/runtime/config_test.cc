@@ -309,6 +309,61 @@ stages:
             std::string::npos);
 }
 
+// Remote shards: a URL path is kept as it is (not resolved against the config's folder), needs
+// no file at parse time, gets window mode by default, and its keys are checked.
+TEST_F(ConfigTest, RemoteShardsAndTheirKeys) {
+  const std::string stages = R"(
+stages:
+  - {name: text, type: text, field: text, params: {tokenizer: bytes, max_len: 8}}
+  - {name: batch, type: batch, inputs: [text], params: {batch_size: 2}}
+)";
+  auto parse = [&](const std::string& source) {
+    return ParseConfig("source: " + source + stages, dir_ / "p.yaml");
+  };
+  Result<PipelineConfig> r = parse(
+      R"({type: webdataset, path: "https://127.0.0.1:9/b/shard-{0..3}.tar", prefetch_bytes: 4096,
+          fetch_concurrency: 2, fetch_retries: 1, fetch_timeout_s: 2.5})");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_TRUE(r->source.remote);
+  EXPECT_EQ(r->source.path, "https://127.0.0.1:9/b/shard-{0..3}.tar");
+  EXPECT_EQ(r->source.shuffle_window, 8);
+  EXPECT_EQ(r->source.fetch.prefetch_bytes, 4096u);
+  EXPECT_EQ(r->source.fetch.concurrency, 2);
+  EXPECT_EQ(r->source.fetch.retries, 1);
+  EXPECT_DOUBLE_EQ(r->source.fetch.timeout_s, 2.5);
+  r = parse(R"({type: webdataset, path: "s3://bucket/p/shard-0.tar", shuffle_window: 2,
+          s3: {endpoint: "http://127.0.0.1:9", region: eu-west-1, credentials_file: creds}})");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->source.shuffle_window, 2);
+  EXPECT_EQ(r->source.fetch.s3_region, "eu-west-1");
+  EXPECT_EQ(r->source.fetch.s3_credentials_file, dir_ / "creds");
+  WriteFile(dir_ / "shard-0.tar", std::string(1024, '\0'));
+  r = parse("{type: webdataset, path: shard-0.tar}");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->source.shuffle_window, 0) << "local shards keep the full permutation";
+  auto error = [&](const std::string& source) {
+    Result<PipelineConfig> e = parse(source);
+    return e.ok() ? std::string() : e.status().message();
+  };
+  EXPECT_NE(error(R"({type: webdataset, path: "http://h/s.tar", shuffle_window: 0})")
+                .find("p.yaml:1:68: remote shards are read whole"),
+            std::string::npos)
+      << error(R"({type: webdataset, path: "http://h/s.tar", shuffle_window: 0})");
+  EXPECT_NE(error("{type: webdataset, path: shard-0.tar, prefetch_bytes: 10}")
+                .find("source.prefetch_bytes applies to http://, https:// and s3:// paths only"),
+            std::string::npos);
+  EXPECT_NE(error(R"({type: webdataset, path: "http://h/s.tar", s3: {region: x}})")
+                .find("source.s3 applies to s3:// paths only"),
+            std::string::npos);
+  EXPECT_NE(error(R"({type: webdataset, path: "s3://b/s.tar", s3: {secret: x}})").find("secret"),
+            std::string::npos);
+  EXPECT_NE(error(R"({type: manifest, path: "http://h/m.jsonl"})").find("needs type: webdataset"),
+            std::string::npos);
+  EXPECT_NE(error(R"({type: webdataset, path: "http://h/s.tar", fetch_timeout_s: 0})")
+                .find("at least 0.1"),
+            std::string::npos);
+}
+
 TEST_F(ConfigTest, NodeRankFromEnvironment) {
   setenv("NODE_RANK", "1", 1);
   setenv("NUM_NODES", "4", 1);

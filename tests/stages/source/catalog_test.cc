@@ -1,10 +1,12 @@
 #include "stages/source/catalog.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -468,6 +470,74 @@ TEST(EpochOrderTest, NodesGetDisjointEqualShares) {
   s.num_nodes = 1;
   s.node_rank = 0;
   EXPECT_EQ(Positions(EpochOrder(5, s, 0, 1)), (std::vector<uint32_t>{0, 1, 2, 3, 4}));
+}
+
+// Window mode: shards in a seeded order, samples permuted within runs of W shards, each node a
+// contiguous part. Shards of uneven sizes (an empty one, primes) over 1-3 nodes and 1-2 ranks:
+// every position of every node is a distinct catalog entry, each node's part is what the
+// contiguous split says, positions stay within one window's shards, and the order is
+// deterministic, seeded and new each epoch.
+TEST(EpochOrderTest, WindowModeDealsEveryShardsSamplesOnceInWindows) {
+  TempDir dir;
+  const std::vector<int> counts = {7, 0, 13, 1, 8, 11, 2, 17, 5};
+  size_t total = 0;
+  for (size_t k = 0; k < counts.size(); ++k) {
+    std::string tar;
+    for (int i = 0; i < counts[k]; ++i) tar += TarRecord(fmt::format("s{}_{}.txt", k, i), "t");
+    WriteFile(dir / fmt::format("shard-{}.tar", k), tar + std::string(1024, '\0'));
+    total += counts[k];
+  }
+  SourceConfig s = WebDataset(dir / "shard-{0..8}.tar");
+  s.index = "on";
+  Result<Catalog> cat = LoadWebDataset(s, {"text"});
+  ASSERT_TRUE(cat.ok()) << cat.status().message();
+  ASSERT_EQ(cat->size(), total);
+  // Which shard holds each catalog entry.
+  std::vector<int> shard_of(total);
+  for (size_t k = 0; k < cat->shards->shard_count(); ++k) {
+    const ShardIndex::ShardSpan sp = cat->shards->shard(k);
+    for (uint64_t i = sp.first; i < sp.first + sp.count; ++i) shard_of[i] = static_cast<int>(k);
+  }
+  for (bool shuffle : {true, false})
+    for (int window : {1, 2, 4, 100})
+      for (int nodes : {1, 2, 3})
+        for (int consumers : {1, 2}) {
+          s.shuffle = shuffle;
+          s.seed = 11;
+          s.shuffle_window = window;
+          s.num_nodes = nodes;
+          std::set<uint32_t> seen;
+          for (int node = 0; node < nodes; ++node) {
+            s.node_rank = node;
+            const EpochOrder order(*cat, s, 0, consumers);
+            ASSERT_TRUE(order.windowed());
+            const size_t per_node = total / nodes;
+            EXPECT_EQ(order.size(), per_node / consumers * consumers);
+            std::vector<uint32_t> got = Positions(order);
+            for (uint32_t i : got) EXPECT_TRUE(seen.insert(i).second) << "twice: " << i;
+            EXPECT_EQ(got, Positions(EpochOrder(*cat, s, 0, consumers))) << "deterministic";
+            // A window's positions come from that window's shards only.
+            for (size_t i = 0; i < got.size(); ++i) {
+              const std::vector<uint32_t> shards = order.WindowShards(i, 0);
+              EXPECT_TRUE(std::count(shards.begin(), shards.end(), shard_of[got[i]]))
+                  << "position " << i << " left its window";
+              EXPECT_LE(shards.size(), static_cast<size_t>(window));
+            }
+            if (shuffle && window > 1 && nodes == 1) {
+              EXPECT_NE(got, Positions(EpochOrder(*cat, s, 1, consumers))) << "new each epoch";
+            }
+            if (!shuffle) {  // the catalog's order, each node a contiguous part
+              for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], node * per_node + i);
+            }
+          }
+          // Everything but the remainders is dealt.
+          EXPECT_EQ(seen.size(), total / nodes / consumers * consumers * nodes);
+        }
+  // A full window with shuffle visits its shards' samples in a shuffled, not the stored, order.
+  s.shuffle = true, s.shuffle_window = 100, s.num_nodes = 1, s.node_rank = 0;
+  std::vector<uint32_t> all = Positions(EpochOrder(*cat, s, 0, 1));
+  EXPECT_EQ(std::set<uint32_t>(all.begin(), all.end()).size(), total);
+  EXPECT_FALSE(std::is_sorted(all.begin(), all.end()));
 }
 
 // Every index exactly once, for sizes that are primes, powers of two (even and odd exponents),

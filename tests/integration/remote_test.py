@@ -1,0 +1,416 @@
+#!/usr/bin/env python3
+"""Shards in object storage (stages/source/remote_store.h), read by the real daemon from real
+servers on loopback that the tests start: nginx (Debian's nginx-light) serving a folder, and
+s3rver (npm, installed by scripts/setup.sh) for the S3 API with signed requests. Faults: a server
+killed mid-shard, 5xx answers, a truncated object, a shard that fails for good. Every sample is
+delivered once per epoch or counted. Two daemons as two nodes of one job deal every sample once.
+
+usage: remote_test.py --bin BUILD/bin --s3rver PATH
+"""
+import argparse, io, json, os, pathlib, re, shutil, signal, socket, subprocess, sys, tarfile, time, unittest
+
+import daemon_test
+from daemon_test import Daemon, DaemonCase, captioned_ids, dumped_batches, finish
+
+PHOTOS = daemon_test.PHOTOS
+S3RVER = None
+SHARDS, PER_SHARD = 6, 20
+
+CONFIG = """pipeline: remote
+source: {type: webdataset, path: "PATH", shuffle: true, seed: 5, epochs: EPOCHS, shuffle_window: 2, SOURCE}
+consumers: CONSUMERS
+stages:
+  - {name: image, type: image, field: image, workers: 2,
+     params: {crop: random_resized_crop, size: [32, 32], flip: 0.5, mean: [0.5, 0.5, 0.5], std: [0.5, 0.5, 0.5],
+              dtype: float32, layout: CHW}}
+  - {name: text, type: text, field: text, params: {tokenizer: bytes, max_len: 32}}
+  - {name: batch, type: batch, inputs: [image, text], params: {batch_size: 10}}
+output: {ring_slots: 4}
+on_error: skip
+"""
+
+
+def config(path, epochs=1, consumers=2, source="fetch_retries: 5"):
+    return (CONFIG.replace("PATH", path).replace("EPOCHS", str(epochs)).replace("CONSUMERS", str(consumers))
+            .replace("SOURCE", source))
+
+
+def make_shards(d):
+    """SHARDS tar shards of PER_SHARD samples (sNNNN: a photo and "caption NNNN"); returns the ids."""
+    d.mkdir(parents=True, exist_ok=True)
+    photos = sorted(PHOTOS.glob("*.jpg"))
+    ids = []
+    for s in range(SHARDS):
+        with tarfile.open(d / f"shard-{s:03d}.tar", "w", format=tarfile.USTAR_FORMAT) as t:
+            for i in range(s * PER_SHARD, (s + 1) * PER_SHARD):
+                ids.append(f"s{i:04d}")
+                for ext, data in (("jpg", photos[i % len(photos)].read_bytes()), ("txt", f"caption {i:04d}".encode())):
+                    info = tarfile.TarInfo(f"{ids[-1]}.{ext}")
+                    info.size = len(data)
+                    t.addfile(info, io.BytesIO(data))
+    return ids
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_listening(port, proc, what, timeout=20):
+    deadline = time.time() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                raise AssertionError(f"{what} did not start on port {port}")
+            time.sleep(0.05)
+
+
+class Nginx:
+    """nginx serving `root` on 127.0.0.1:port, one process (killing it kills the server)."""
+
+    def __init__(self, root, work, port=None, server="", http=""):
+        self.port = port or free_port()
+        self.work = pathlib.Path(work)
+        self.work.mkdir(parents=True, exist_ok=True)
+        temps = "".join(f"  {k}_temp_path {self.work}/{k};\n" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+        conf = self.work / f"nginx-{self.port}.conf"
+        conf.write_text(f"""{'user root;' if os.geteuid() == 0 else ''}
+daemon off;
+master_process off;
+pid {self.work}/nginx-{self.port}.pid;
+error_log {self.work}/nginx-error.log;
+events {{ worker_connections 256; }}
+http {{
+  access_log {self.work}/nginx-access.log;
+{temps}{http}
+  server {{
+    listen 127.0.0.1:{self.port};
+    root {root};
+{server}
+  }}
+}}
+""")
+        self.proc = subprocess.Popen(["nginx", "-p", str(self.work), "-c", str(conf)], stderr=subprocess.DEVNULL)
+        wait_listening(self.port, self.proc, "nginx")
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+
+def storage_figures(log):
+    """The storage_* figures of the daemon's final profile."""
+    m = re.findall(r"^source: (storage_.*)$", log, re.M)
+    assert m, "no storage line in the profile:\n" + log
+    return {k: float(v) for k, v in (p.split(" ") for p in m[-1].split(", "))}
+
+
+class RemoteCase(DaemonCase):
+    def setUp(self):
+        super().setUp()
+        self.data = self.dir / "data"
+        self.ids = make_shards(self.data)
+        self.servers = []
+
+    def tearDown(self):
+        for s in self.servers:
+            s.kill()
+        super().tearDown()
+
+    def nginx(self, **kw):
+        n = Nginx(self.data, self.dir / "nginx", **kw)
+        self.servers.append(n)
+        return n
+
+    def build_index(self, url, state):
+        """Indexes the shards at `url` into `state` (mmfeedd --check reads the catalog), so that a
+        later daemon starts without fetching them."""
+        (self.dir / "c.yaml").write_text(config(url))
+        r = subprocess.run([f"{daemon_test.BIN}/mmfeedd", "--check", str(self.dir / "c.yaml"), "--state-dir",
+                            str(state)], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def run_ranks(self, d, consumers=2, dump="dump"):
+        """Consumes every rank to the end; returns the dump folders."""
+        dumps = [self.dir / f"{dump}{r}" for r in range(consumers)]
+        procs = [d.consume(r, "--json", "--dump", str(dumps[r])) for r in range(consumers)]
+        for p in procs:
+            finish(p, timeout=120)
+        return dumps
+
+    def assertEveryEpochOnce(self, dumps, epochs, ids=None):
+        """Per epoch, the ranks' batches hold every sample exactly once (each with its own text)."""
+        ids = sorted(ids or self.ids)
+        captioned_ids(self, dumps)
+        for e in range(epochs):
+            got = [i for dump in dumps for meta, _ in dumped_batches(dump) if meta["epoch"] == e for i in meta["ids"]]
+            self.assertEqual(sorted(got), ids, f"epoch {e}")
+
+
+class HttpTest(RemoteCase):
+    def test_same_batches_as_local_shards_and_the_index_is_kept(self):
+        n = self.nginx()
+        local = Daemon(self.dir, config(str(self.data / "shard-{000..005}.tar"), epochs=2, source="index: on"))
+        want = self.run_ranks(local, dump="local")
+        self.assertEqual(local.wait(), 0, local.log())
+        state = self.dir / "state"
+        d = Daemon(self.dir, config(n.url + "/shard-{000..005}.tar", epochs=2), extra=("--state-dir", str(state)))
+        got = self.run_ranks(d, dump="remote")
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEveryEpochOnce(got, 2)
+        for w, g in zip(want, got):  # the same batches, byte for byte
+            wb, gb = dumped_batches(w), dumped_batches(g)
+            self.assertEqual([m["ids"] for m, _ in wb], [m["ids"] for m, _ in gb])
+            for (_, wp), (_, gp) in zip(wb, gb):
+                self.assertEqual((wp / "image.npy").read_bytes(), (gp / "image.npy").read_bytes())
+        figures = storage_figures(d.log())
+        self.assertEqual(figures["storage_failed_shards"], 0)
+        self.assertGreaterEqual(figures["storage_shards_fetched"], SHARDS)
+        self.assertIn(f"indexed {SHARDS} of {SHARDS} shards", d.log())
+        self.assertEqual(len(list((state / "index").glob("shard-*.mmfidx"))), SHARDS)
+        # The next start maps those indexes (a HEAD per shard) and deals the same batches.
+        (state / "cursors.json").unlink()
+        d = Daemon(self.dir, config(n.url + "/shard-{000..005}.tar", epochs=2), extra=("--state-dir", str(state)))
+        again = self.run_ranks(d, dump="again")
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertNotIn("indexed", d.log())
+        for g, a in zip(got, again):
+            self.assertEqual([m["ids"] for m, _ in dumped_batches(g)], [m["ids"] for m, _ in dumped_batches(a)])
+
+    def test_a_small_prefetch_budget_reads_members_by_range(self):
+        n = self.nginx()
+        shard_bytes = (self.data / "shard-000.tar").stat().st_size
+        d = Daemon(self.dir, config(n.url + "/shard-{000..005}.tar",
+                                    source=f"prefetch_bytes: {shard_bytes // 2}, fetch_concurrency: 1"))
+        dumps = self.run_ranks(d)
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEveryEpochOnce(dumps, 1)
+        figures = storage_figures(d.log())
+        self.assertEqual(figures["storage_shards_fetched"], SHARDS, "only the index build fetches whole shards")
+        self.assertEqual(figures["storage_range_reads"], 2 * len(self.ids), "a shard over the budget: member reads")
+
+    def test_transient_5xx_are_retried(self):
+        # nginx answers 503 to requests over 5 per second.
+        n = self.nginx(http="  limit_req_zone $binary_remote_addr zone=slow:1m rate=5r/s;\n  limit_req_status 503;",
+                       server="    limit_req zone=slow;")
+        d = Daemon(self.dir, config(n.url + "/shard-{000..005}.tar", source="fetch_retries: 8, prefetch_bytes: 1000"))
+        dumps = self.run_ranks(d)
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEveryEpochOnce(dumps, 1)
+        self.assertGreater(storage_figures(d.log())["storage_retries"], 0)
+        self.assertIn(" 503 ", (self.dir / "nginx" / "nginx-access.log").read_text())
+        self.assertIn("samples skipped: 0", d.log())
+
+    def test_server_killed_mid_shard_then_back(self):
+        state = self.dir / "state"
+        port = free_port()
+        url = f"http://127.0.0.1:{port}/shard-{{000..005}}.tar"
+        n = self.nginx(port=port)
+        self.build_index(url, state)
+        n.kill()
+        # Slow now (the whole data takes ~3 s), killed 1 s into the run, back 1.5 s later.
+        n = self.nginx(port=port, server="    limit_rate 400k;")
+        d = Daemon(self.dir, config(url), extra=("--state-dir", str(state)))
+        procs = [d.consume(r, "--json", "--dump", str(self.dir / f"dump{r}")) for r in range(2)]
+        time.sleep(1.0)
+        n.kill()
+        time.sleep(1.5)
+        self.nginx(port=port)
+        for p in procs:
+            finish(p, timeout=120)
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEveryEpochOnce([self.dir / "dump0", self.dir / "dump1"], 1)
+        self.assertGreater(storage_figures(d.log())["storage_retries"], 0)
+        self.assertIn("samples skipped: 0", d.log())
+
+    def test_a_shard_that_fails_for_good_is_counted_with_its_url(self):
+        # HEAD works (the index is built from a whole GET made before), GETs of shard-002 fail.
+        state = self.dir / "state"
+        port = free_port()
+        url = f"http://127.0.0.1:{port}/shard-{{000..005}}.tar"
+        n = self.nginx(port=port)
+        self.build_index(url, state)
+        n.kill()
+        self.nginx(port=port, server="    location = /shard-002.tar { if ($request_method = GET) { return 503; } }")
+        d = Daemon(self.dir, config(url, source="fetch_retries: 1"), extra=("--state-dir", str(state)))
+        dumps = self.run_ranks(d)
+        self.assertEqual(d.wait(), 0, d.log())
+        bad = {f"s{i:04d}" for i in range(2 * PER_SHARD, 3 * PER_SHARD)}
+        got = {i for dump in dumps for meta, _ in dumped_batches(dump) for i in meta["ids"]}
+        self.assertFalse(got & bad)
+        self.assertEqual(got | bad, set(self.ids), "every other sample delivered")
+        for dump in dumps:  # refilled: every rank still gets its full batches
+            self.assertEqual([len(m["ids"]) for m, _ in dumped_batches(dump)], [10] * 6)
+        shard_url = f"http://127.0.0.1:{port}/shard-002.tar"
+        self.assertIn(f"shard {shard_url} failed: {shard_url}: HTTP 503 (after 2 attempts)", d.log())
+        self.assertIn(f"samples skipped: {PER_SHARD}", d.log())
+        self.assertRegex(d.log(), re.escape(shard_url) + r":s00[45]\d")
+        self.assertEqual(storage_figures(d.log())["storage_failed_shards"], 1)
+
+    def test_truncated_and_missing_objects(self):
+        cut = self.data / "shard-003.tar"
+        cut.write_bytes(cut.read_bytes()[: cut.stat().st_size * 6 // 10])
+        (self.data / "shard-005.tar").unlink()
+        n = self.nginx()
+        d = Daemon(self.dir, config(n.url + "/shard-{000..005}.tar", consumers=1))
+        dumps = self.run_ranks(d, consumers=1)
+        self.assertEqual(d.wait(), 0, d.log())
+        got = {i for meta, _ in dumped_batches(dumps[0]) for i in meta["ids"]}
+        kept_of_cut = {i for i in got if 60 <= int(i[1:]) < 80}
+        self.assertTrue(8 <= len(kept_of_cut) < 20, kept_of_cut)
+        self.assertEqual(got, {f"s{i:04d}" for i in range(60)} | kept_of_cut | {f"s{i:04d}" for i in range(80, 100)})
+        self.assertRegex(d.log(), re.escape(n.url) + r"/shard-003.tar:s00\d\d.*tar truncated")
+        self.assertIn(f"{n.url}/shard-005.tar: HTTP 404, no such object", d.log())
+
+    def test_io_bound_storage_is_named_in_the_profile(self):
+        state = self.dir / "state"
+        port = free_port()
+        url = f"http://127.0.0.1:{port}/shard-{{000..005}}.tar"
+        n = self.nginx(port=port)
+        self.build_index(url, state)
+        n.kill()
+        # 1 MB/s a connection (a shard in ~2 s), one at a time: storage decides the pace.
+        self.nginx(port=port, server="    limit_rate 1m;")
+        shard_bytes = (self.data / "shard-000.tar").stat().st_size
+        d = Daemon(self.dir, config(url, epochs=0, source=f"fetch_concurrency: 1, prefetch_bytes: {shard_bytes * 2}"),
+                   extra=("--state-dir", str(state)))
+        procs = [d.consume(r, "--batches", "1000000") for r in range(2)]
+        try:
+            time.sleep(1.0)
+            r = d.ctl("profile", "--seconds", "4", "--json")
+            self.assertEqual(r.returncode, 0, r.stderr + d.log())
+            report = json.loads(r.stdout)
+        finally:
+            for p in procs:
+                p.kill()
+                p.communicate()
+        dx = report["diagnosis"]
+        print(f"\n{self.id()}: {dx['stage']} ({dx['kind']}): {dx['evidence']}", file=sys.stderr)
+        # The stages reading the shards wait: the busiest of them is named, with storage as the cause.
+        self.assertEqual(dx["kind"], "io", json.dumps(report, indent=1))
+        self.assertIn(dx["stage"], ("image", "text"), json.dumps(report, indent=1))
+        self.assertIn("waited", dx["evidence"])
+        self.assertIn("for object storage", dx["evidence"])
+        self.assertIn("fetch_concurrency", dx["advice"])
+        self.assertGreater(report["storage"]["wait_share"], 0.5, json.dumps(report["storage"]))
+        self.assertGreater(report["storage"]["read_bytes_per_s"], 100e3, json.dumps(report["storage"]))
+
+
+class S3Test(RemoteCase):
+    def setUp(self):
+        super().setUp()
+        if not S3RVER or not os.access(S3RVER, os.X_OK):
+            self.fail(f"s3rver not found at {S3RVER}: scripts/setup.sh installs it from npm")
+        self.port = free_port()
+        self.s3 = subprocess.Popen([S3RVER, "-d", str(self.dir / "s3"), "-a", "127.0.0.1", "-p", str(self.port),
+                                    "--silent"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_listening(self.port, self.s3, "s3rver")
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        # A bucket created by the test, objects uploaded with signed requests (s3rver's own key).
+        self.signed("PUT", "/mmfeed-it")
+        for s in range(SHARDS):
+            self.signed("PUT", f"/mmfeed-it/wds/shard-{s:03d}.tar", self.data / f"shard-{s:03d}.tar")
+
+    def tearDown(self):
+        self.s3.kill()
+        self.s3.wait()
+        super().tearDown()
+
+    def signed(self, method, path, upload=None, key="S3RVER"):
+        cmd = ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--aws-sigv4", "aws:amz:us-east-1:s3",
+               "--user", f"{key}:S3RVER", "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD", "-X", method]
+        if upload:
+            cmd += ["-T", str(upload)]
+        r = subprocess.run(cmd + [self.endpoint + path], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.stdout, "200", f"{method} {path}: {r.stdout} {r.stderr}")
+
+    def start(self, s3, env):
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update({k: v for k, v in env.items() if v is not None})
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+        try:
+            return Daemon(self.dir, config("s3://mmfeed-it/wds/shard-{000..005}.tar",
+                                           source=f"s3: {{endpoint: '{self.endpoint}', {s3}}}"))
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    def test_signed_reads_with_keys_from_the_environment_or_a_credentials_file(self):
+        d = self.start("region: us-east-1", {"AWS_ACCESS_KEY_ID": "S3RVER", "AWS_SECRET_ACCESS_KEY": "S3RVER"})
+        dumps = self.run_ranks(d)
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEveryEpochOnce(dumps, 1)
+        (self.dir / "credentials").write_text("[default]\naws_access_key_id = NOBODY\naws_secret_access_key = x\n"
+                                              "[train]\naws_access_key_id = S3RVER\naws_secret_access_key = S3RVER\n")
+        shutil.rmtree(self.dir / "dump0"), shutil.rmtree(self.dir / "dump1")
+        d = self.start("credentials_file: credentials, profile: train",
+                       {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None})
+        dumps = self.run_ranks(d)
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEveryEpochOnce(dumps, 1)
+
+    def test_unknown_key_is_refused_with_the_reason(self):
+        saved = dict(os.environ)
+        os.environ.update({"AWS_ACCESS_KEY_ID": "NOBODY", "AWS_SECRET_ACCESS_KEY": "x"})
+        (self.dir / "p.yaml").write_text(config("s3://mmfeed-it/wds/shard-{000..005}.tar",
+                                                source=f"s3: {{endpoint: '{self.endpoint}'}}"))
+        try:
+            r = subprocess.run([f"{daemon_test.BIN}/mmfeedd", "--config", str(self.dir / "p.yaml"), "--socket",
+                                str(self.dir / "x.sock")], capture_output=True, text=True, timeout=60)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("s3://mmfeed-it/wds/shard-000.tar: HTTP 403", r.stderr + r.stdout)
+        self.assertIn("no usable samples", r.stderr + r.stdout)
+
+
+class MultiNodeTest(RemoteCase):
+    def test_two_nodes_deal_every_sample_once(self):
+        n = self.nginx()
+        dumps, daemons = [], []
+        for node in range(2):
+            d = self.dir / f"node{node}"
+            d.mkdir()
+            daemons.append(Daemon(d, config(n.url + "/shard-{000..005}.tar", epochs=2,
+                                            source=f"node_rank: {node}, num_nodes: 2")))
+        procs = []
+        for node, d in enumerate(daemons):
+            for r in range(2):
+                dumps.append(self.dir / f"n{node}r{r}")
+                procs.append(d.consume(r, "--json", "--dump", str(dumps[-1])))
+        for p in procs:
+            finish(p, timeout=120)
+        for d in daemons:
+            self.assertEqual(d.wait(), 0, d.log())
+        self.assertEveryEpochOnce(dumps, 2)
+        for dump in dumps:  # 120 samples / 2 nodes / 2 ranks = 3 batches of 10 per epoch
+            self.assertEqual(len(dumped_batches(dump)), 6)
+
+
+def main():
+    global S3RVER
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--s3rver")
+    a, rest = ap.parse_known_args()
+    daemon_test.BIN = os.path.abspath(a.bin)
+    S3RVER = a.s3rver
+    unittest.main(module="__main__", argv=[sys.argv[0], "-v", *rest])
+
+
+if __name__ == "__main__":
+    main()
