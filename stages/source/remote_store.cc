@@ -238,6 +238,9 @@ Status RemoteStore::Perform(Request* req) {
       std::unique_lock<std::mutex> l(mu_);
       if (changed_.wait_for(l, std::chrono::duration<double>(wait), [&] { return stop_; }))
         return Status::Closed(req->url + ": the store is closing");
+      if (!req->head && SampleDeadlinePassed())
+        return Status::Timeout(fmt::format("{}: {}; gave up retrying at the sample's deadline",
+                                           req->url, last_error));
     }
     req->written = 0;
     req->overflow = false;

@@ -130,10 +130,10 @@ class RemoteCase(DaemonCase):
         self.servers.append(n)
         return n
 
-    def build_index(self, url, state):
+    def build_index(self, url, state, source="fetch_retries: 5"):
         """Indexes the shards at `url` into `state` (mmfeedd --check reads the catalog), so that a
         later daemon starts without fetching them."""
-        (self.dir / "c.yaml").write_text(config(url))
+        (self.dir / "c.yaml").write_text(config(url, source=source))
         r = subprocess.run([f"{daemon_test.BIN}/mmfeedd", "--check", str(self.dir / "c.yaml"), "--state-dir",
                             str(state)], capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
@@ -302,6 +302,76 @@ class HttpTest(RemoteCase):
         self.assertIn("fetch_concurrency", dx["advice"])
         self.assertGreater(report["storage"]["wait_share"], 0.5, json.dumps(report["storage"]))
         self.assertGreater(report["storage"]["read_bytes_per_s"], 100e3, json.dumps(report["storage"]))
+
+
+class FaultyServer:
+    """An HTTP server whose first GET of each object in `faults` fails as it says ("reset":
+    headers and half the body, then the connection is closed; "stall": headers and half the
+    body, then nothing); other GETs and every HEAD are served whole."""
+
+    def __init__(self, root, faults):
+        import http.server, threading
+        self.gets = {}
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def headers_for(self, body):
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("ETag", '"v1"')
+                self.end_headers()
+
+            def do_HEAD(self):
+                self.headers_for((root / self.path.lstrip("/")).read_bytes())
+
+            def do_GET(self):
+                body = (root / self.path.lstrip("/")).read_bytes()
+                n = server.gets[self.path] = server.gets.get(self.path, 0) + 1
+                fault = faults.get(self.path)
+                self.headers_for(body)
+                if n > 1 or not fault:
+                    self.wfile.write(body)
+                    return
+                self.wfile.write(body[: len(body) // 2])
+                self.wfile.flush()
+                if fault == "stall":
+                    server.stop.wait(30)
+                self.close_connection = True
+
+        self.stop = threading.Event()
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def kill(self):
+        self.stop.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class FaultyServerTest(RemoteCase):
+    def test_reset_and_stalled_transfers_are_retried(self):
+        faults = {"/shard-000.tar": "reset", "/shard-003.tar": "reset", "/shard-001.tar": "stall"}
+        server = FaultyServer(self.data, faults)
+        self.servers.append(server)
+        state = self.dir / "state"
+        url = server.url + "/shard-{000..005}.tar"
+        # A stall is noticed after fetch_timeout_s of (curl's moving ~5 s average of) no progress.
+        t0 = time.time()
+        self.build_index(url, state, source="fetch_timeout_s: 1")
+        self.assertLess(time.time() - t0, 30)
+        self.assertEqual(server.gets, {f"/shard-{s:03d}.tar": 2 if f"/shard-{s:03d}.tar" in faults else 1
+                                       for s in range(SHARDS)})
+        d = Daemon(self.dir, config(url), extra=("--state-dir", str(state)))
+        dumps = self.run_ranks(d)
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEveryEpochOnce(dumps, 1)
 
 
 class S3Test(RemoteCase):
