@@ -24,6 +24,8 @@ namespace {
 
 // A shard that failed for good is not asked for again for this long: its samples fail at once.
 constexpr int64_t kFailedTtlNs = 60'000'000'000;
+// Stats() lists the most recent failures (every one is logged).
+constexpr size_t kMostFailedListed = 64;
 
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
@@ -239,8 +241,8 @@ Status RemoteStore::Perform(Request* req) {
       if (changed_.wait_for(l, std::chrono::duration<double>(wait), [&] { return stop_; }))
         return Status::Closed(req->url + ": the store is closing");
       if (!req->head && SampleDeadlinePassed())
-        return Status::Timeout(fmt::format("{}: {}; gave up retrying at the sample's deadline",
-                                           req->url, last_error));
+        return Status::Timeout(
+            fmt::format("{}: {}; gave up retrying at the sample's deadline", req->url, last_error));
     }
     req->written = 0;
     req->overflow = false;
@@ -248,9 +250,8 @@ Status RemoteStore::Perform(Request* req) {
     req->info = ObjectInfo{};
     if (req->fd >= 0 && ::ftruncate(req->fd, 0) != 0)
       return Status::Io(fmt::format("{}: {}", req->url, std::strerror(errno)));
-    Transfer t{&req->info,    req->fd,        req->range ? req->size : req->size,
-               &req->written, &req->overflow, curl,
-               &stopping_,    !req->head};
+    Transfer t{&req->info,     req->fd, req->size,  &req->written,
+               &req->overflow, curl,    &stopping_, !req->head};
     curl_easy_reset(curl);
     curl_easy_setopt(curl, CURLOPT_URL, http_url.c_str());
     curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
@@ -491,7 +492,9 @@ void RemoteStore::FetchLoop() {
         done.failed_ns = static_cast<int64_t>(NowNs());
         spdlog::error("shard {} failed: {}; its samples fail for the next {} s", url, done.reason,
                       kFailedTtlNs / 1000000000);
+        if (failed_.size() == kMostFailedListed) failed_.erase(failed_.begin());
         failed_.emplace_back(url, done.reason);
+        ++failed_total_;
       } else {
         done.state = Shard::State::kIdle;
       }
@@ -512,7 +515,8 @@ nlohmann::json RemoteStore::Stats() const {
   std::lock_guard<std::mutex> l(mu_);
   j["held_bytes"] = held_bytes_;
   j["prefetch_bytes"] = cfg_.prefetch_bytes;
-  j["failed_shards"] = nlohmann::json::array();
+  j["failed_shard_fetches"] = failed_total_;
+  j["failed_shards"] = nlohmann::json::array();  // the most recent
   for (const auto& [url, reason] : failed_)
     j["failed_shards"].push_back({{"url", url}, {"reason", reason}});
   return j;
@@ -528,7 +532,7 @@ std::vector<std::pair<std::string, double>> RemoteStore::Metrics() const {
           {"storage_range_reads", static_cast<double>(range_reads_.load())},
           {"storage_retries", static_cast<double>(retries_.load())},
           {"storage_wait_s", wait_ns_.load() / 1e9},
-          {"storage_failed_shards", static_cast<double>(failed_.size())}};
+          {"storage_failed_shards", static_cast<double>(failed_total_)}};
 }
 
 }  // namespace mmfeed

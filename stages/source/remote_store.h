@@ -66,7 +66,7 @@ class RemoteStore : public RemoteReader {
   void SetWanted(const std::vector<Want>& shards);
 
   // bytes, shards fetched, range reads, retries, seconds fetching and readers' seconds waiting,
-  // held bytes, failed shards (url, reason).
+  // held bytes, failed shard fetches and the latest of them (url, reason).
   nlohmann::json Stats() const;
   // For the profile: (name, value) pairs.
   std::vector<std::pair<std::string, double>> Metrics() const;
@@ -101,7 +101,8 @@ class RemoteStore : public RemoteReader {
   std::map<std::string, Shard> shards_;
   std::vector<std::string> order_;                           // wanted, most urgent first
   uint64_t held_bytes_ = 0;                                  // kReady and kFetching shards
-  std::vector<std::pair<std::string, std::string>> failed_;  // every shard that failed for good
+  std::vector<std::pair<std::string, std::string>> failed_;  // the latest that failed for good
+  uint64_t failed_total_ = 0;
   bool stop_ = false;
   std::atomic<bool> stopping_{false};  // stop_, for transfers to check without the lock
   std::vector<std::thread> fetchers_;

@@ -270,6 +270,15 @@ class HttpTest(RemoteCase):
         self.assertRegex(d.log(), re.escape(n.url) + r"/shard-003.tar:s00\d\d.*tar truncated")
         self.assertIn(f"{n.url}/shard-005.tar: HTTP 404, no such object", d.log())
 
+    def test_token_budgets_are_refused_with_window_mode(self):
+        n = self.nginx()
+        (self.dir / "b.yaml").write_text(config(n.url + "/shard-{000..005}.tar").replace(
+            "params: {batch_size: 10}", "params: {batch_size: 10, max_tokens: 200}"))
+        r = subprocess.run([f"{daemon_test.BIN}/mmfeedd", "--check", str(self.dir / "b.yaml")], capture_output=True,
+                           text=True, timeout=60)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("not available with source.shuffle_window", r.stdout + r.stderr)
+
     def test_io_bound_storage_is_named_in_the_profile(self):
         state = self.dir / "state"
         port = free_port()
