@@ -39,13 +39,15 @@ def make_dataset(d, n):
 
 
 class Daemon:
-    def __init__(self, d, config_text, extra=()):
+    def __init__(self, d, config_text, extra=(), wrap=()):
+        """`wrap`: a command that runs the daemon (e.g. ["ip", "netns", "exec", NAME])."""
         self.dir = d
         self.socket = str(d / "mmfeed.sock")
         (d / "p.yaml").write_text(config_text)
         self.stderr = open(d / "daemon.log", "w+")
         DAEMONS.append(self)
-        self.proc = subprocess.Popen([f"{BIN}/mmfeedd", "--config", str(d / "p.yaml"), "--socket", self.socket, *extra],
+        self.proc = subprocess.Popen([*wrap, f"{BIN}/mmfeedd", "--config", str(d / "p.yaml"), "--socket", self.socket,
+                                      *extra],
                                      stderr=self.stderr, stdout=self.stderr)
         deadline = time.time() + 20
         while not self.serving():  # a stale socket of a killed daemon may already be there

@@ -74,7 +74,7 @@ def wait_listening(port, proc, what, timeout=20):
 class Nginx:
     """nginx serving `root` on 127.0.0.1:port, one process (killing it kills the server)."""
 
-    def __init__(self, root, work, port=None, server="", http=""):
+    def __init__(self, root, work, port=None, server="", http="", hosts=("127.0.0.1",), wrap=()):
         self.port = port or free_port()
         self.work = pathlib.Path(work)
         self.work.mkdir(parents=True, exist_ok=True)
@@ -90,15 +90,16 @@ http {{
   access_log {self.work}/nginx-access.log;
 {temps}{http}
   server {{
-    listen 127.0.0.1:{self.port};
-    root {root};
+{"".join(f"    listen {h}:{self.port};" + chr(10) for h in hosts)}    root {root};
 {server}
   }}
 }}
 """)
-        self.proc = subprocess.Popen(["nginx", "-p", str(self.work), "-c", str(conf)], stderr=subprocess.DEVNULL)
-        wait_listening(self.port, self.proc, "nginx")
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([*wrap, "nginx", "-p", str(self.work), "-c", str(conf)],
+                                     stderr=subprocess.DEVNULL)
+        if not wrap:
+            wait_listening(self.port, self.proc, "nginx")
+        self.url = f"http://{hosts[0]}:{self.port}"
 
     def kill(self):
         if self.proc.poll() is None:
@@ -478,6 +479,78 @@ class MultiNodeTest(RemoteCase):
         self.assertEveryEpochOnce(dumps, 2)
         for dump in dumps:  # 120 samples / 2 nodes / 2 ranks = 3 batches of 10 per epoch
             self.assertEqual(len(dumped_batches(dump)), 6)
+
+
+class Namespaces:
+    """A store namespace and one namespace per node, each node joined to the store by a veth
+    pair: node k is 10.213.k.2, the store 10.213.k.1 on that link. Made by the test, removed
+    after it."""
+
+    def __init__(self, nodes):
+        tag = f"mmf{os.getpid() % 100000}"
+        self.store, self.nodes, self.links = f"{tag}s", [f"{tag}n{k}" for k in range(nodes)], []
+        try:
+            for ns in [self.store, *self.nodes]:
+                self.ip("netns", "add", ns)
+            self.ip("-n", self.store, "link", "set", "lo", "up")
+            for k, ns in enumerate(self.nodes):
+                a, b = f"{tag}a{k}", f"{tag}b{k}"
+                self.ip("link", "add", a, "netns", self.store, "type", "veth", "peer", "name", b, "netns", ns)
+                self.ip("-n", self.store, "addr", "add", f"10.213.{k}.1/24", "dev", a)
+                self.ip("-n", ns, "addr", "add", f"10.213.{k}.2/24", "dev", b)
+                for n, dev in ((self.store, a), (ns, b), (ns, "lo")):
+                    self.ip("-n", n, "link", "set", dev, "up")
+        except (OSError, subprocess.CalledProcessError) as e:
+            self.remove()
+            raise unittest.SkipTest(f"cannot make network namespaces here ({e}): the two-node test in one namespace "
+                                    "still runs")
+
+    @staticmethod
+    def ip(*args):
+        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+    def exec(self, ns):
+        return ["ip", "netns", "exec", ns]
+
+    def remove(self):
+        for ns in [self.store, *self.nodes]:  # deleting a namespace deletes its veth ends
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+
+class NetnsTest(RemoteCase):
+    def test_nodes_in_their_own_network_namespaces_deal_every_sample_once(self):
+        if os.geteuid() != 0:
+            self.skipTest("network namespaces need root")
+        ns = Namespaces(2)
+        self.addCleanup(ns.remove)
+        n = Nginx(self.data, self.dir / "nginx", port=8080, hosts=("10.213.0.1", "10.213.1.1"),
+                  wrap=ns.exec(ns.store))
+        self.servers.append(n)
+        for k, node in enumerate(ns.nodes):  # the store answers each node on its own link
+            deadline = time.time() + 20
+            while subprocess.run([*ns.exec(node), "curl", "-sfI", "-o", "/dev/null", f"http://10.213.{k}.1:8080/"
+                                  "shard-000.tar"], timeout=30).returncode != 0:
+                self.assertLess(time.time(), deadline, "nginx did not answer in the store namespace")
+                time.sleep(0.1)
+        # No namespace reaches the others' links, nor the host's loopback.
+        self.assertNotEqual(subprocess.run([*ns.exec(ns.nodes[0]), "curl", "-sf", "-m", "2", "-o", "/dev/null",
+                                            "http://10.213.1.1:8080/shard-000.tar"], timeout=30).returncode, 0)
+        dumps, daemons = [], []
+        for k, node in enumerate(ns.nodes):
+            d = self.dir / f"node{k}"
+            d.mkdir()
+            daemons.append(Daemon(d, config(f"http://10.213.{k}.1:8080/shard-{{000..005}}.tar", epochs=2,
+                                            source=f"node_rank: {k}, num_nodes: 2"), wrap=ns.exec(node)))
+        procs = []
+        for k, d in enumerate(daemons):  # consumers in the host namespace: the socket is a file
+            for r in range(2):
+                dumps.append(self.dir / f"n{k}r{r}")
+                procs.append(d.consume(r, "--json", "--dump", str(dumps[-1])))
+        for p in procs:
+            finish(p, timeout=120)
+        for d in daemons:
+            self.assertEqual(d.wait(), 0, d.log())
+        self.assertEveryEpochOnce(dumps, 2)
 
 
 def main():
