@@ -65,8 +65,6 @@ Status ReadCredentialsFile(const std::string& path, const std::string& profile, 
   return Status::Ok();
 }
 
-int MemFd(const char* name) { return memfd_create(name, MFD_CLOEXEC); }
-
 }  // namespace
 
 struct RemoteStore::Request {
@@ -347,21 +345,28 @@ Result<RemoteStore::ObjectInfo> RemoteStore::Head(const std::string& url) {
   return req.info;
 }
 
-Result<int> RemoteStore::FetchAll(const std::string& url, uint64_t size) {
+Result<int> RemoteStore::Get(const std::string& url, bool range, uint64_t offset, uint64_t size,
+                             std::atomic<uint64_t>* ns) {
   Request req;
   req.url = url;
+  req.range = range;
+  req.offset = offset;
   req.size = size;
-  req.fd = MemFd("mmfeed-shard");
+  req.fd = memfd_create(range ? "mmfeed-member" : "mmfeed-shard", MFD_CLOEXEC);
   if (req.fd < 0) return Status::ResourceExhausted(fmt::format("memfd: {}", std::strerror(errno)));
   const uint64_t t0 = NowNs();
   Status st = Perform(&req);
-  fetch_ns_.fetch_add(NowNs() - t0, std::memory_order_relaxed);
+  ns->fetch_add(NowNs() - t0, std::memory_order_relaxed);
   if (!st.ok()) {
     ::close(req.fd);
     return st;
   }
-  shards_fetched_.fetch_add(1, std::memory_order_relaxed);
+  (range ? range_reads_ : shards_fetched_).fetch_add(1, std::memory_order_relaxed);
   return req.fd;
+}
+
+Result<int> RemoteStore::FetchAll(const std::string& url, uint64_t size) {
+  return Get(url, false, 0, size, &fetch_ns_);
 }
 
 Result<FieldFile> RemoteStore::OpenRange(const std::string& url, uint64_t offset, uint64_t size) {
@@ -394,22 +399,9 @@ Result<FieldFile> RemoteStore::OpenRange(const std::string& url, uint64_t offset
       return Status::Io(it->second.reason);
   }
   // Not held and not coming: just this member.
-  Request req;
-  req.url = url;
-  req.range = true;
-  req.offset = offset;
-  req.size = size;
-  req.fd = MemFd("mmfeed-member");
-  if (req.fd < 0) return Status::ResourceExhausted(fmt::format("memfd: {}", std::strerror(errno)));
-  const uint64_t t0 = NowNs();
-  Status st = Perform(&req);
-  wait_ns_.fetch_add(NowNs() - t0, std::memory_order_relaxed);
-  if (!st.ok()) {
-    ::close(req.fd);
-    return st;
-  }
-  range_reads_.fetch_add(1, std::memory_order_relaxed);
-  return FieldFile::Adopt(req.fd, 0, size, identity);
+  Result<int> fd = Get(url, true, offset, size, &wait_ns_);
+  if (!fd.ok()) return fd.status();
+  return FieldFile::Adopt(*fd, 0, size, identity);
 }
 
 void RemoteStore::SetWanted(const std::vector<Want>& shards) {

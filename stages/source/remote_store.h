@@ -87,6 +87,10 @@ class RemoteStore : public RemoteReader {
   explicit RemoteStore(const RemoteConfig& cfg);
   // The http(s) URL a request for `url` goes to (s3:// mapped to the endpoint).
   std::string HttpUrl(const std::string& url) const;
+  // GETs `size` bytes of `url` (from `offset` when `range`, else the whole object) into a new
+  // memfd, adding the time taken to *ns.
+  Result<int> Get(const std::string& url, bool range, uint64_t offset, uint64_t size,
+                  std::atomic<uint64_t>* ns);
   // Performs `req` with retries; the body goes to `fd` at `fd_offset` (none for HEAD).
   Status Perform(Request* req);
   void FetchLoop();

@@ -11,6 +11,7 @@ import argparse, io, json, os, pathlib, re, shutil, signal, socket, subprocess, 
 
 import daemon_test
 from daemon_test import Daemon, DaemonCase, captioned_ids, dumped_batches, finish
+from service_test import free_port
 
 PHOTOS = daemon_test.PHOTOS
 S3RVER = None
@@ -49,14 +50,6 @@ def make_shards(d):
                     info.size = len(data)
                     t.addfile(info, io.BytesIO(data))
     return ids
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def wait_listening(port, proc, what, timeout=20):
@@ -139,6 +132,18 @@ class RemoteCase(DaemonCase):
                             str(state)], capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
+    def indexed_then(self, **restart):
+        """Indexes the shards from nginx on a fresh port into self.dir/state, then restarts
+        nginx on that port with `restart` (Nginx's arguments); returns (the shards' URL pattern,
+        the state dir, the server)."""
+        state = self.dir / "state"
+        port = free_port()
+        url = f"http://127.0.0.1:{port}/shard-{{000..005}}.tar"
+        n = self.nginx(port=port)
+        self.build_index(url, state)
+        n.kill()
+        return url, state, self.nginx(port=port, **restart)
+
     def run_ranks(self, d, consumers=2, dump="dump"):
         """Consumes every rank to the end; returns the dump folders."""
         dumps = [self.dir / f"{dump}{r}" for r in range(consumers)]
@@ -211,20 +216,14 @@ class HttpTest(RemoteCase):
         self.assertIn("samples skipped: 0", d.log())
 
     def test_server_killed_mid_shard_then_back(self):
-        state = self.dir / "state"
-        port = free_port()
-        url = f"http://127.0.0.1:{port}/shard-{{000..005}}.tar"
-        n = self.nginx(port=port)
-        self.build_index(url, state)
-        n.kill()
-        # Slow now (the whole data takes ~3 s), killed 1 s into the run, back 1.5 s later.
-        n = self.nginx(port=port, server="    limit_rate 400k;")
+        # Slow once indexed (the whole data takes ~3 s), killed 1 s into the run, back 1.5 s later.
+        url, state, n = self.indexed_then(server="    limit_rate 400k;")
         d = Daemon(self.dir, config(url), extra=("--state-dir", str(state)))
         procs = [d.consume(r, "--json", "--dump", str(self.dir / f"dump{r}")) for r in range(2)]
         time.sleep(1.0)
         n.kill()
         time.sleep(1.5)
-        self.nginx(port=port)
+        self.nginx(port=n.port)
         for p in procs:
             finish(p, timeout=120)
         self.assertEqual(d.wait(), 0, d.log())
@@ -234,13 +233,8 @@ class HttpTest(RemoteCase):
 
     def test_a_shard_that_fails_for_good_is_counted_with_its_url(self):
         # HEAD works (the index is built from a whole GET made before), GETs of shard-002 fail.
-        state = self.dir / "state"
-        port = free_port()
-        url = f"http://127.0.0.1:{port}/shard-{{000..005}}.tar"
-        n = self.nginx(port=port)
-        self.build_index(url, state)
-        n.kill()
-        self.nginx(port=port, server="    location = /shard-002.tar { if ($request_method = GET) { return 503; } }")
+        url, state, n = self.indexed_then(
+            server="    location = /shard-002.tar { if ($request_method = GET) { return 503; } }")
         d = Daemon(self.dir, config(url, source="fetch_retries: 1"), extra=("--state-dir", str(state)))
         dumps = self.run_ranks(d)
         self.assertEqual(d.wait(), 0, d.log())
@@ -250,7 +244,7 @@ class HttpTest(RemoteCase):
         self.assertEqual(got | bad, set(self.ids), "every other sample delivered")
         for dump in dumps:  # refilled: every rank still gets its full batches
             self.assertEqual([len(m["ids"]) for m, _ in dumped_batches(dump)], [10] * 6)
-        shard_url = f"http://127.0.0.1:{port}/shard-002.tar"
+        shard_url = f"{n.url}/shard-002.tar"
         self.assertIn(f"shard {shard_url} failed: {shard_url}: HTTP 503 (after 2 attempts)", d.log())
         self.assertIn(f"samples skipped: {PER_SHARD}", d.log())
         self.assertRegex(d.log(), re.escape(shard_url) + r":s00[45]\d")
@@ -281,14 +275,8 @@ class HttpTest(RemoteCase):
         self.assertIn("not available with source.shuffle_window", r.stdout + r.stderr)
 
     def test_io_bound_storage_is_named_in_the_profile(self):
-        state = self.dir / "state"
-        port = free_port()
-        url = f"http://127.0.0.1:{port}/shard-{{000..005}}.tar"
-        n = self.nginx(port=port)
-        self.build_index(url, state)
-        n.kill()
         # 1 MB/s a connection (a shard in ~2 s), one at a time: storage decides the pace.
-        self.nginx(port=port, server="    limit_rate 1m;")
+        url, state, _ = self.indexed_then(server="    limit_rate 1m;")
         shard_bytes = (self.data / "shard-000.tar").stat().st_size
         d = Daemon(self.dir, config(url, epochs=0, source=f"fetch_concurrency: 1, prefetch_bytes: {shard_bytes * 2}"),
                    extra=("--state-dir", str(state)))
