@@ -6,7 +6,7 @@ the same shards as local files, and against the webdataset-style PyTorch baselin
 PIL and transform with torchvision), in one run. Two servers: nginx at full speed, and nginx
 with a per-connection rate limit (`--rate`, as an object store gives each connection a
 bandwidth), where mmfeed runs with fetch_concurrency 1 and 4. mmfeed's prefetch_bytes holds a
-fifth of the data, so that every epoch fetches its shards again. Steady state: each run is made
+third of the data, so that every epoch fetches its shards again. Steady state: each run is made
 for --epochs and 2 x --epochs, and throughput is the difference of samples over the difference
 of seconds, so start-up cancels out.
 
@@ -149,9 +149,9 @@ def main():
     work.mkdir(parents=True)
     make_shards(work, a.shards, a.per_shard)
     shard_bytes = sum(p.stat().st_size for p in (work / "shards").glob("*.tar"))
-    # Room for 6 shards, a fifth of the data: every epoch fetches its shards again, as a data set
-    # much larger than the budget would.
-    budget = f"prefetch_bytes: {shard_bytes * 6 // a.shards}"
+    # Room for 10 shards (two and a half windows of 4), a third of the data: every epoch fetches
+    # its shards again, as a data set much larger than the budget would.
+    budget = f"prefetch_bytes: {shard_bytes * 10 // a.shards}"
     fast = Nginx(work / "shards", work / "nginx")
     slow = Nginx(work / "shards", work / "nginx", server=f"    limit_rate {a.rate};")
     try:

@@ -43,6 +43,7 @@ class RemoteStore : public RemoteReader {
   static Result<std::unique_ptr<RemoteStore>> Create(const RemoteConfig& cfg,
                                                      const std::string& path);
   ~RemoteStore() override;
+  int concurrency() const { return cfg_.concurrency; }
   RemoteStore(const RemoteStore&) = delete;
   RemoteStore& operator=(const RemoteStore&) = delete;
 

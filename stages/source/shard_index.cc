@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "stages/runtime/rng.h"
 #include "stages/source/remote_store.h"
@@ -218,23 +219,39 @@ Result<std::unique_ptr<ShardIndex>> ShardIndex::Open(const std::vector<std::stri
                                                      RemoteStore* remote) {
   std::unique_ptr<ShardIndex> idx(new ShardIndex());
   const auto t0 = std::chrono::steady_clock::now();
+  // Remote shards are looked at (a HEAD each, and a whole fetch where an index is built) by as
+  // many threads as the store fetches with; local ones in order, on this thread.
+  const size_t n = shards.size();
+  std::vector<std::unique_ptr<Shard>> opened(n);
+  std::vector<std::vector<Damage>> damages(n);
+  std::vector<uint64_t> stamps(n);
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < n;) {
+      opened[i] = std::make_unique<Shard>();
+      opened[i]->path = shards[i];
+      idx->OpenShard(opened[i].get(), index_dir, max_key, remote, &damages[i], &stamps[i]);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; remote && t < std::min<size_t>(n, remote->concurrency()); ++t)
+    pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
   uint64_t h = HashString("shards");
-  for (const std::string& path : shards) {
-    auto s = std::make_unique<Shard>();
-    s->path = path;
-    s->first = idx->total_;
-    uint64_t stamp = 0;
-    idx->OpenShard(s.get(), index_dir, max_key, remote, damage, &stamp);
-    h = HashString(fmt::format("{}|{:016x}", s->count, stamp), h);
-    idx->total_ += s->count;
-    idx->shards_.push_back(std::move(s));
+  for (size_t i = 0; i < n; ++i) {
+    opened[i]->first = idx->total_;
+    h = HashString(fmt::format("{}|{:016x}", opened[i]->count, stamps[i]), h);
+    idx->total_ += opened[i]->count;
+    idx->shards_.push_back(std::move(opened[i]));
+    for (Damage& d : damages[i]) damage->push_back(std::move(d));
   }
   idx->fingerprint_ = h;
   if (idx->built_ > 0)
-    spdlog::info("indexed {} of {} shards ({} samples in all) in {:.1f} s{}", idx->built_,
+    spdlog::info("indexed {} of {} shards ({} samples in all) in {:.1f} s{}", idx->built_.load(),
                  shards.size(), idx->total_,
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-                 idx->in_memory_ ? fmt::format("; {} kept in memory", idx->in_memory_) : "");
+                 idx->in_memory_ ? fmt::format("; {} kept in memory", idx->in_memory_.load()) : "");
   return idx;
 }
 
@@ -321,7 +338,12 @@ void ShardIndex::OpenShard(Shard* s, const std::string& index_dir, size_t max_ke
     bool written = false;
     if (!path.empty()) {
       const std::string folder = std::filesystem::path(path).parent_path().string();
-      if (swept_.insert(folder).second) index_file::RemoveStaleTemps(folder);
+      bool sweep;
+      {
+        std::lock_guard<std::mutex> lock(swept_mu_);
+        sweep = swept_.insert(folder).second;
+      }
+      if (sweep) index_file::RemoveStaleTemps(folder);
       written = index_file::WriteAtomically(path, encoded) && map().empty();
       if (!written && in_memory_ == 0)
         spdlog::warn("{}: cannot write its index at {} ({}): keeping it in memory", s->path, path,

@@ -17,9 +17,11 @@
 // Where: index_file::IndexPath (the --state-dir, else beside the shard, else in memory).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -94,13 +96,15 @@ class ShardIndex {
     std::string memory;          // or its bytes, where it could not be written
   };
   ShardIndex() = default;
-  // Maps or builds shard `s`'s index; adds what its scan could not index to `damage`.
+  // Maps or builds shard `s`'s index; adds what its scan could not index to `damage`. Called
+  // for several shards at once.
   void OpenShard(Shard* s, const std::string& index_dir, size_t max_key, RemoteStore* remote,
                  std::vector<Damage>* damage, uint64_t* stamp_hash);
 
   std::vector<std::unique_ptr<Shard>> shards_;
   uint64_t total_ = 0, fingerprint_ = 0;
-  size_t built_ = 0, in_memory_ = 0;
+  std::atomic<size_t> built_{0}, in_memory_{0};  // OpenShard runs on several threads
+  std::mutex swept_mu_;
   std::set<std::string> swept_;  // folders whose stale temporary index files were removed
 };
 
