@@ -398,7 +398,12 @@ Result<FieldFile> RemoteStore::OpenRange(const std::string& url, uint64_t offset
     if (it != shards_.end() && it->second.state == Shard::State::kFailed)
       return Status::Io(it->second.reason);
   }
-  // Not held and not coming: just this member.
+  // Not held and not coming: just this member (an empty one needs no request).
+  if (size == 0) {
+    const int fd = memfd_create("mmfeed-member", MFD_CLOEXEC);
+    if (fd < 0) return Status::ResourceExhausted(fmt::format("memfd: {}", std::strerror(errno)));
+    return FieldFile::Adopt(fd, 0, 0, identity);
+  }
   Result<int> fd = Get(url, true, offset, size, &wait_ns_);
   if (!fd.ok()) return fd.status();
   return FieldFile::Adopt(*fd, 0, size, identity);

@@ -202,6 +202,18 @@ class HttpTest(RemoteCase):
         figures = storage_figures(d.log())
         self.assertEqual(figures["storage_shards_fetched"], SHARDS, "only the index build fetches whole shards")
         self.assertEqual(figures["storage_range_reads"], 2 * len(self.ids), "a shard over the budget: member reads")
+        # An empty member is read without a request (a range of 0 bytes cannot be asked for).
+        with tarfile.open(self.data / "empty.tar", "w", format=tarfile.USTAR_FORMAT) as t:
+            for ext, data in (("jpg", sorted(PHOTOS.glob("*.jpg"))[0].read_bytes()), ("txt", b"")):
+                info = tarfile.TarInfo(f"e0.{ext}")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+        d = Daemon(self.dir, config(n.url + "/empty.tar", consumers=1, source="prefetch_bytes: 1")
+                   .replace("batch_size: 10", "batch_size: 1"))
+        self.assertEqual(finish(d.consume(0, "--json"))["samples"], 1)
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertIn("samples skipped: 0", d.log())
+        self.assertEqual(storage_figures(d.log())["storage_range_reads"], 1, "the image's; none for the empty text")
 
     def test_transient_5xx_are_retried(self):
         # nginx answers 503 to requests over 5 per second.
