@@ -152,6 +152,26 @@ class RemoteCase(DaemonCase):
             finish(p, timeout=120)
         return dumps
 
+    def run_nodes(self, urls, wraps=((), ())):
+        """Node k's daemon (under wraps[k]) reads the shards at urls[k] as node k of len(urls);
+        two ranks each consume 2 epochs. Checks every epoch holds every sample once over all
+        the ranks; returns the dump folders."""
+        daemons, dumps, procs = [], [], []
+        for k, (url, wrap) in enumerate(zip(urls, wraps)):
+            (self.dir / f"node{k}").mkdir()
+            daemons.append(Daemon(self.dir / f"node{k}", config(url + "/shard-{000..005}.tar", epochs=2,
+                                  source=f"node_rank: {k}, num_nodes: {len(urls)}"), wrap=wrap))
+        for k, d in enumerate(daemons):
+            for r in range(2):
+                dumps.append(self.dir / f"n{k}r{r}")
+                procs.append(d.consume(r, "--json", "--dump", str(dumps[-1])))
+        for p in procs:
+            finish(p, timeout=120)
+        for d in daemons:
+            self.assertEqual(d.wait(), 0, d.log())
+        self.assertEveryEpochOnce(dumps, 2)
+        return dumps
+
     def assertEveryEpochOnce(self, dumps, epochs, ids=None):
         """Per epoch, the ranks' batches hold every sample exactly once (each with its own text)."""
         ids = sorted(ids or self.ids)
@@ -461,22 +481,7 @@ class S3Test(RemoteCase):
 class MultiNodeTest(RemoteCase):
     def test_two_nodes_deal_every_sample_once(self):
         n = self.nginx()
-        dumps, daemons = [], []
-        for node in range(2):
-            d = self.dir / f"node{node}"
-            d.mkdir()
-            daemons.append(Daemon(d, config(n.url + "/shard-{000..005}.tar", epochs=2,
-                                            source=f"node_rank: {node}, num_nodes: 2")))
-        procs = []
-        for node, d in enumerate(daemons):
-            for r in range(2):
-                dumps.append(self.dir / f"n{node}r{r}")
-                procs.append(d.consume(r, "--json", "--dump", str(dumps[-1])))
-        for p in procs:
-            finish(p, timeout=120)
-        for d in daemons:
-            self.assertEqual(d.wait(), 0, d.log())
-        self.assertEveryEpochOnce(dumps, 2)
+        dumps = self.run_nodes([n.url] * 2)
         for dump in dumps:  # 120 samples / 2 nodes / 2 ranks = 3 batches of 10 per epoch
             self.assertEqual(len(dumped_batches(dump)), 6)
 
@@ -535,22 +540,8 @@ class NetnsTest(RemoteCase):
         # No namespace reaches the others' links, nor the host's loopback.
         self.assertNotEqual(subprocess.run([*ns.exec(ns.nodes[0]), "curl", "-sf", "-m", "2", "-o", "/dev/null",
                                             "http://10.213.1.1:8080/shard-000.tar"], timeout=30).returncode, 0)
-        dumps, daemons = [], []
-        for k, node in enumerate(ns.nodes):
-            d = self.dir / f"node{k}"
-            d.mkdir()
-            daemons.append(Daemon(d, config(f"http://10.213.{k}.1:8080/shard-{{000..005}}.tar", epochs=2,
-                                            source=f"node_rank: {k}, num_nodes: 2"), wrap=ns.exec(node)))
-        procs = []
-        for k, d in enumerate(daemons):  # consumers in the host namespace: the socket is a file
-            for r in range(2):
-                dumps.append(self.dir / f"n{k}r{r}")
-                procs.append(d.consume(r, "--json", "--dump", str(dumps[-1])))
-        for p in procs:
-            finish(p, timeout=120)
-        for d in daemons:
-            self.assertEqual(d.wait(), 0, d.log())
-        self.assertEveryEpochOnce(dumps, 2)
+        # Consumers attach from the host namespace: the control socket is a file.
+        self.run_nodes([f"http://10.213.{k}.1:8080" for k in range(2)], [ns.exec(node) for node in ns.nodes])
 
 
 def main():
