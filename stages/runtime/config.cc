@@ -427,6 +427,10 @@ void ValidateGraph(PipelineConfig* cfg, const YAML::Node& stages) {
            "fixed rows already)");
     if (cfg->drop_last)
       Fail(stages[batches[0]], "drop_last has no meaning with max_tokens/max_patches");
+    if (cfg->source.shuffle_window > 0)
+      Fail(stages[batches[0]],
+           "token budgets (max_tokens, max_patches) need a permutation order: they are not "
+           "available with source.shuffle_window (remote shards) yet");
     // Each budget must count something.
     bool tokens = false, patches = false;
     for (const std::string& in : batch.inputs) {

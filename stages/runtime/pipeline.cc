@@ -373,10 +373,6 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
   p->per_rank_ = p->catalog_->size() / cfg.source.num_nodes / cfg.consumers;
   const uint64_t bs = static_cast<uint64_t>(cfg.batch_size);
   p->batches_per_epoch_ = cfg.drop_last ? p->per_rank_ / bs : (p->per_rank_ + bs - 1) / bs;
-  if (cfg.budgeted() && cfg.source.shuffle_window > 0)
-    return Status::Unsupported(
-        "token budgets (max_tokens, max_patches) need a permutation order: they are not "
-        "available with source.shuffle_window (remote shards) yet");
   if (cfg.budgeted()) {
     p->budget_ = {cfg.batch_size, cfg.max_tokens, cfg.max_patches};
     MMFEED_RETURN_IF_ERROR(p->MeasureCatalog());
@@ -705,17 +701,17 @@ void Pipeline::WantShards(const std::vector<StreamCursor>& next, const std::vect
     const EpochOrder to(*catalog_, cfg_.source, next[r].epoch, consumers);
     const uint64_t a = oldest.batch * bs * consumers + r, b = next[r].batch * bs * consumers + r;
     if (!from.windowed() || a >= from.size()) continue;
+    const size_t first = from.WindowOf(a);
     if (oldest.epoch == next[r].epoch) {
       const int more = static_cast<int>(std::min<uint64_t>(
-          kMostWindows,
-          to.WindowOf(std::min<uint64_t>(b, to.size() - 1)) - from.WindowOf(a) + kAhead));
+          kMostWindows, to.WindowOf(std::min<uint64_t>(b, to.size() - 1)) - first + kAhead));
       per_rank[r] = from.WindowShards(a, more);
     } else {  // the rest of the earlier epoch, then the next one's first windows
       per_rank[r] = from.WindowShards(a, kMostWindows);
       if (b < to.size())
         for (uint32_t shard : to.WindowShards(b, kAhead)) per_rank[r].push_back(shard);
     }
-    key.insert(key.end(), {oldest.epoch, static_cast<uint32_t>(from.WindowOf(a)), next[r].epoch,
+    key.insert(key.end(), {oldest.epoch, static_cast<uint32_t>(first), next[r].epoch,
                            static_cast<uint32_t>(b < to.size() ? to.WindowOf(b) : UINT32_MAX)});
   }
   if (key == *last) return;
@@ -1671,7 +1667,7 @@ nlohmann::json Pipeline::Profile() const {
                   {"refill_failed", refills_failed_.load()}};
   j["errors"] = errors_.ToJson();  // read after failed_: see where failed_ grows
   j["samples_in_catalog"] = catalog_->size();
-  if (catalog_->remote) j["storage"] = catalog_->remote->Stats();
+  if (catalog_->remote) j["storage"] = StorageStats();
   return j;
 }
 

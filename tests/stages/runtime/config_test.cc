@@ -359,6 +359,19 @@ stages:
             std::string::npos);
   EXPECT_NE(error(R"({type: manifest, path: "http://h/m.jsonl"})").find("needs type: webdataset"),
             std::string::npos);
+  {  // token budgets plan with the full permutation
+    Result<PipelineConfig> e =
+        ParseConfig(std::string("source: {type: webdataset, path: \"http://h/s-{0..1}.tar\"}") +
+                        R"(
+stages:
+  - {name: text, type: text, field: text, params: {tokenizer: bytes, max_len: 8}}
+  - {name: batch, type: batch, inputs: [text], params: {batch_size: 2, max_tokens: 16}}
+)",
+                    dir_ / "p.yaml");
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.status().message().find("p.yaml:4:5: token budgets"), std::string::npos)
+        << e.status().message();
+  }
   EXPECT_NE(error(R"({type: webdataset, path: "http://h/s.tar", fetch_timeout_s: 0})")
                 .find("at least 0.1"),
             std::string::npos);
