@@ -75,7 +75,12 @@ Status JpegDecoder::Start(std::string_view data, int scale_num, const cv::Rect& 
     jpeg_abort_decompress(&cinfo_);
     return Status::Corrupt("the region to decode is outside the image");
   }
-  JDIMENSION xoff = static_cast<JDIMENSION>(r.x), w = static_cast<JDIMENSION>(r.width);
+  // One pixel more on the right where the image goes on: the fancy upsampling of the last
+  // decoded column of a crop has no chroma sample to its right and repeats its own (up to 13
+  // levels off a full decode), so the region must not end on the crop's iMCU boundary.
+  JDIMENSION xoff = static_cast<JDIMENSION>(r.x),
+             w = static_cast<JDIMENSION>(r.width) +
+                 (r.x + r.width < static_cast<int>(cinfo_.output_width) ? 1 : 0);
   if (w < cinfo_.output_width) jpeg_crop_scanline(&cinfo_, &xoff, &w);  // widens to iMCU bounds
   if (r.y > 0) jpeg_skip_scanlines(&cinfo_, static_cast<JDIMENSION>(r.y));
   x0_ = static_cast<int>(xoff);
@@ -83,7 +88,7 @@ Status JpegDecoder::Start(std::string_view data, int scale_num, const cv::Rect& 
   first_ = next_ = r.y;
   end_ = r.y + r.height;
   window_ = std::max(1, window_rows);
-  const size_t bytes = static_cast<size_t>(window_) * width_ * 3;
+  const size_t bytes = static_cast<size_t>(window_) * width_ * 3 + 32;
   if (buffer_.size() < bytes) buffer_.resize(bytes);
   status_ = Status::Ok();
   started_ = true;

@@ -64,8 +64,14 @@ class JpegDecoder : public RowSource {
   };
 
  private:
+  // libjpeg-turbo's SIMD colour conversion writes a row that starts on a 32-byte boundary with
+  // non-temporal stores, which bypass the cache: the resampler's reads of it, right after, then
+  // wait for memory. A row that starts 16 bytes off one is written with ordinary stores.
+  static uint8_t* Unaligned(uint8_t* p) {
+    return p + (16 - reinterpret_cast<uintptr_t>(p) % 32 + 32) % 32;
+  }
   uint8_t* WindowRow(int y) {
-    return buffer_.data() + static_cast<size_t>(y % window_) * width_ * 3;
+    return Unaligned(buffer_.data()) + static_cast<size_t>(y % window_) * width_ * 3;
   }
 
   jpeg_decompress_struct cinfo_;

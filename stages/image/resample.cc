@@ -1,6 +1,9 @@
 #include "stages/image/resample.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -27,137 +30,268 @@ double Kernel(Filter f, double x) {
   return 0;
 }
 
+// Bytes the AVX2 kernels may read or write past the end of the Resampler's own rows.
+constexpr int kPad = 32;
+
+std::atomic<bool> portable_only{false};
+
+bool UseAvx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has && !portable_only.load(std::memory_order_relaxed);
+}
+
+// A fixed-point sum (rounding term included) to 8 bits, clamped as PIL's clip8.
+inline uint8_t Clip8(int32_t sum, int bits) {
+  const int32_t v = sum >> bits;
+  return static_cast<uint8_t>(v < 0 ? 0 : v > 255 ? 255 : v);
+}
+
 }  // namespace
+
+void Resampler::UsePortableKernels(bool portable) { portable_only = portable; }
 
 // PIL's (torchvision's, torch's) antialiased taps: the filter widened by max(scale, 1), sampled
 // at the source pixel centres, clipped to [lo, hi) and normalized. Positions are relative to
-// lo, as in the cropped image those libraries resize.
+// lo, as in the cropped image those libraries resize. The weights are then rounded to fixed
+// point with as many fractional bits as 16-bit integers allow (at most PIL's 22).
 void Resampler::Compute(const AxisMap& a, Filter filter, Taps* t) {
   const double widen = std::max(a.scale, 1.0), inv = 1.0 / widen;
   const double support = (filter == Filter::kBicubic ? 2.0 : 1.0) * widen;
   t->stride = static_cast<int>(std::ceil(2 * support)) + 1;
   t->first.resize(a.count);
   t->count.resize(a.count);
-  t->weights.assign(static_cast<size_t>(a.count) * t->stride, 0.0f);
+  std::vector<double> w(static_cast<size_t>(a.count) * t->stride, 0.0);
   t->lo = a.hi;
   t->hi = a.lo;
   const int size = a.hi - a.lo;
+  double largest = 0;
   for (int i = 0; i < a.count; ++i) {
     const double center = a.origin - a.lo + (a.start + i + 0.5) * a.scale;
     int xmin = std::max(static_cast<int>(std::floor(center - support + 0.5)), 0);
     int xmax = std::min(static_cast<int>(std::floor(center + support + 0.5)), size);
     xmin = std::min(xmin, size - 1);
     xmax = std::min(std::max(xmax, xmin + 1), xmin + t->stride);
-    float* w = &t->weights[static_cast<size_t>(i) * t->stride];
+    double* wi = &w[static_cast<size_t>(i) * t->stride];
     double total = 0;
     for (int j = xmin; j < xmax; ++j) {
-      double v = Kernel(filter, (j - center + 0.5) * inv);
-      w[j - xmin] = static_cast<float>(v);
-      total += v;
+      wi[j - xmin] = Kernel(filter, (j - center + 0.5) * inv);
+      total += wi[j - xmin];
     }
     if (total != 0) {
-      for (int j = 0; j < xmax - xmin; ++j) w[j] = static_cast<float>(w[j] / total);
+      for (int j = 0; j < xmax - xmin; ++j) wi[j] /= total;
     } else {  // cannot happen for a window inside the source; nearest pixel
-      w[0] = 1;
+      wi[0] = 1;
       xmax = xmin + 1;
     }
+    for (int j = 0; j < xmax - xmin; ++j) largest = std::max(largest, std::abs(wi[j]));
     t->first[i] = a.lo + xmin;
     t->count[i] = xmax - xmin;
     t->lo = std::min(t->lo, a.lo + xmin);
     t->hi = std::max(t->hi, a.lo + xmax);
   }
   for (int& f : t->first) f -= t->lo;
+  t->bits = 22;
+  while (t->bits > 1 && std::lround(largest * (1 << t->bits)) > 32767) --t->bits;
+  t->weights.resize(w.size());
+  for (size_t k = 0; k < w.size(); ++k)
+    t->weights[k] = static_cast<int16_t>(std::lround(w[k] * (1 << t->bits)));
 }
 
 cv::Rect Resampler::Plan(const AxisMap& x, const AxisMap& y, Filter filter) {
   Compute(x, filter, &x_);
   Compute(y, filter, &y_);
+  // The AVX2 horizontal kernel: two outputs at a time, four taps per 16-byte load. Per pair and
+  // group of four taps, two 16-lane vectors of weights: lanes 0-7 for the first output, 8-15
+  // for the second, each [w0 w1 w0 w1 w0 w1 0 0] then [w2 w3 w2 w3 w2 w3 0 0].
+  const int out_w = static_cast<int>(x_.first.size());
+  const int groups = (x_.stride + 3) / 4, pairs = (out_w + 1) / 2;
+  x_pairs_.assign(static_cast<size_t>(pairs) * groups * 32, 0);
+  for (int i = 0; i < out_w; ++i)
+    for (int k = 0; k < x_.count[i]; ++k) {
+      const int g = k / 4, half = (k % 4) / 2, odd = k % 2;
+      int16_t* v =
+          &x_pairs_[((static_cast<size_t>(i / 2) * groups + g) * 2 + half) * 16 + (i % 2) * 8];
+      v[odd] = v[2 + odd] = v[4 + odd] = x_.weights[static_cast<size_t>(i) * x_.stride + k];
+    }
+  // The vertical taps in pairs for the AVX2 kernel: tap k + 1's weight in the high half.
+  const int y_pair_stride = (y_.stride + 1) / 2;
+  y_pairs_.assign(y_.first.size() * y_pair_stride, 0);
+  for (size_t i = 0; i < y_.first.size(); ++i)
+    for (int k = 0; k < y_.count[i]; ++k) {
+      const uint32_t w = static_cast<uint16_t>(y_.weights[i * y_.stride + k]);
+      y_pairs_[i * y_pair_stride + k / 2] |= static_cast<int32_t>(w << (16 * (k % 2)));
+    }
+  const int row_bytes = (x_.hi - x_.lo) * 3;
+  x_fast_ = 0;
+  while (x_fast_ < out_w && 3 * x_.first[x_fast_] + 12 * (groups - 1) + 16 <= row_bytes) ++x_fast_;
   return {x_.lo, y_.lo, x_.hi - x_.lo, y_.hi - y_.lo};
 }
 
 namespace {
 
-// The hot loops, compiled for x86-64-v3 (AVX2, FMA) as well and chosen at run time (the
-// build is portable).
-#define MMFEED_SIMD __attribute__((target_clones("arch=x86-64-v3", "default")))
+// The passes. `in` is a source row from the first column Plan reads (RGB), or the rows after
+// the horizontal pass (RGBX); outputs are RGBX, X zero.
 
-// c = w * p (first tap) or c += w * p, over n values.
-MMFEED_SIMD void AddRow(const uint8_t* __restrict p, float w, float* __restrict c, int n,
-                        bool first) {
-  if (first) {
-    for (int i = 0; i < n; ++i) c[i] = w * static_cast<float>(p[i]);
-  } else {
-    for (int i = 0; i < n; ++i) c[i] += w * static_cast<float>(p[i]);
-  }
-}
-
-// Four floats: a pixel's R, G, B and whatever follows (the next pixel's R), which no one reads.
-// The horizontal pass works on whole pixels.
-typedef float Pixel __attribute__((vector_size(16)));
-
-inline Pixel LoadPixel(const float* p) {
-  Pixel v;
-  std::memcpy(&v, p, sizeof(v));  // unaligned
-  return v;
-}
-
-// One output row: every output pixel reads `stride` taps (zero weights past its own) and its
-// channels go to separate planes. Four output pixels at a time: their sums are independent,
-// so the adds overlap instead of waiting for each other.
-MMFEED_SIMD void FilterRow(const float* __restrict c, const int* __restrict first,
-                           const float* __restrict weights, int stride, int out_w, bool flip,
-                           float* __restrict r, float* __restrict g, float* __restrict b) {
-  auto put = [&](int ox, Pixel sum) {
-    const int d = flip ? out_w - 1 - ox : ox;
-    r[d] = sum[0];
-    g[d] = sum[1];
-    b[d] = sum[2];
-  };
-  int ox = 0;
-  for (; ox + 4 <= out_w; ox += 4) {
-    const float *p0 = c + 3 * first[ox], *p1 = c + 3 * first[ox + 1], *p2 = c + 3 * first[ox + 2],
-                *p3 = c + 3 * first[ox + 3];
-    const float* w = weights + ox * stride;
-    Pixel s0 = {0, 0, 0, 0}, s1 = s0, s2 = s0, s3 = s0;
-    for (int k = 0; k < stride; ++k) {
-      s0 += w[k] * LoadPixel(p0 + 3 * k);
-      s1 += w[stride + k] * LoadPixel(p1 + 3 * k);
-      s2 += w[2 * stride + k] * LoadPixel(p2 + 3 * k);
-      s3 += w[3 * stride + k] * LoadPixel(p3 + 3 * k);
+// Horizontal, portable: outputs [from, to).
+void HorizontalPortable(const uint8_t* in, const int* first, const int* count,
+                        const int16_t* weights, int stride, int bits, int from, int to,
+                        uint8_t* out) {
+  for (int i = from; i < to; ++i) {
+    const uint8_t* p = in + 3 * first[i];
+    const int16_t* w = weights + static_cast<size_t>(i) * stride;
+    int32_t r = 1 << (bits - 1), g = r, b = r;
+    for (int k = 0; k < count[i]; ++k) {
+      r += p[3 * k] * w[k];
+      g += p[3 * k + 1] * w[k];
+      b += p[3 * k + 2] * w[k];
     }
-    put(ox, s0);
-    put(ox + 1, s1);
-    put(ox + 2, s2);
-    put(ox + 3, s3);
-  }
-  for (; ox < out_w; ++ox) {
-    const float* p = c + 3 * first[ox];
-    const float* w = weights + ox * stride;
-    Pixel sum = {0, 0, 0, 0};
-    for (int k = 0; k < stride; ++k) sum += w[k] * LoadPixel(p + 3 * k);
-    put(ox, sum);
+    out[4 * i] = Clip8(r, bits);
+    out[4 * i + 1] = Clip8(g, bits);
+    out[4 * i + 2] = Clip8(b, bits);
+    out[4 * i + 3] = 0;
   }
 }
 
-// Rounded to 8 bits as torchvision's resize returns them (clamped to [0, 255]).
-inline int Round8(float v) {
-  const int q = static_cast<int>(v + 0.5f);  // v > -1 rounds to 0 either way
-  return q < 0 ? 0 : q > 255 ? 255 : q;
+// Horizontal, AVX2: outputs [0, fast) two at a time (fast even; their loads stay in the row).
+// Each 128-bit lane holds one output: 16 bytes from its first tap, shuffled into 16-bit pairs
+// of neighbouring taps per channel, multiplied and summed pairwise by vpmaddwd.
+__attribute__((target("avx2"))) void HorizontalAvx2(const uint8_t* in, const int* first,
+                                                    const int16_t* pairs, int groups, int bits,
+                                                    int fast, uint8_t* out) {
+  const __m256i taps01 = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,
+                                          0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+  const __m256i taps23 =
+      _mm256_setr_epi8(6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1, 6, -1, 9, -1, 7,
+                       -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1);
+  const __m256i round = _mm256_set1_epi32(1 << (bits - 1));
+  const __m128i shift = _mm_cvtsi32_si128(bits);
+  for (int i = 0; i < fast; i += 2) {
+    const uint8_t *p0 = in + 3 * first[i], *p1 = in + 3 * first[i + 1];
+    const __m256i* w = reinterpret_cast<const __m256i*>(pairs) + static_cast<size_t>(i) * groups;
+    __m256i sum = round;
+    for (int g = 0; g < groups; ++g) {
+      const __m256i px = _mm256_inserti128_si256(
+          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p0 + 12 * g))),
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(p1 + 12 * g)), 1);
+      sum = _mm256_add_epi32(
+          sum, _mm256_madd_epi16(_mm256_shuffle_epi8(px, taps01), _mm256_loadu_si256(w + 2 * g)));
+      sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_shuffle_epi8(px, taps23),
+                                                    _mm256_loadu_si256(w + 2 * g + 1)));
+    }
+    sum = _mm256_sra_epi32(sum, shift);
+    const __m256i words = _mm256_packs_epi32(sum, sum);
+    const __m256i bytes = _mm256_packus_epi16(words, words);  // lane: the output's RGBX
+    const uint32_t a = static_cast<uint32_t>(_mm256_cvtsi256_si32(bytes));
+    const uint32_t b = static_cast<uint32_t>(_mm256_extract_epi32(bytes, 4));
+    std::memcpy(out + 4 * i, &a, 4);
+    std::memcpy(out + 4 * i + 4, &b, 4);
+  }
 }
 
-MMFEED_SIMD void Normalize(const float* __restrict v, int n, float mul, float add,
-                           float* __restrict out, int out_step) {
-  for (int i = 0; i < n; ++i) out[i * out_step] = static_cast<float>(Round8(v[i])) * mul + add;
+// Vertical: out[j] = sum over taps k of w[k] * rows[k][j], j < n.
+void VerticalPortable(const uint8_t* const* rows, const int16_t* w, int taps, int bits, int n,
+                      uint8_t* out) {
+  for (int j = 0; j < n; ++j) {
+    int32_t s = 1 << (bits - 1);
+    for (int k = 0; k < taps; ++k) s += rows[k][j] * w[k];
+    out[j] = Clip8(s, bits);
+  }
 }
 
-MMFEED_SIMD void NormalizeBf16(const float* __restrict v, int n, float mul, float add,
-                               uint16_t* __restrict out, int out_step) {
-  for (int i = 0; i < n; ++i)
-    out[i * out_step] = ToBFloat16(static_cast<float>(Round8(v[i])) * mul + add);
+// Vertical, AVX2: 16 bytes at a time; two rows' bytes interleaved into 16-bit pairs and
+// multiplied by their two weights (`pair_w`: taps k and k + 1 as the low and high halves) with
+// vpmaddwd. Reads and writes up to 15 bytes past n.
+__attribute__((target("avx2"))) void VerticalAvx2(const uint8_t* const* rows, const int32_t* pair_w,
+                                                  int taps, int bits, int n, uint8_t* out) {
+  const __m256i round = _mm256_set1_epi32(1 << (bits - 1));
+  const __m128i shift = _mm_cvtsi32_si128(bits), zero = _mm_setzero_si128();
+  for (int j = 0; j < n; j += 16) {
+    __m256i lo = round, hi = round;  // bytes j..j+7, j+8..j+15
+    for (int k = 0; k < taps; k += 2) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[k] + j));
+      const __m128i b =
+          k + 1 < taps ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[k + 1] + j)) : zero;
+      lo = _mm256_add_epi32(lo, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b)),
+                                                  _mm256_set1_epi32(pair_w[k / 2])));
+      hi = _mm256_add_epi32(hi, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_unpackhi_epi8(a, b)),
+                                                  _mm256_set1_epi32(pair_w[k / 2])));
+    }
+    lo = _mm256_sra_epi32(lo, shift);
+    hi = _mm256_sra_epi32(hi, shift);
+    // packs works within 128-bit lanes: [lo 0-3, hi 0-3 | lo 4-7, hi 4-7] -> in order.
+    const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8);
+    const __m128i bytes =
+        _mm_packus_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), bytes);
+  }
 }
 
-MMFEED_SIMD void ToUint8(const float* __restrict v, int n, uint8_t* __restrict out, int out_step) {
-  for (int i = 0; i < n; ++i) out[i * out_step] = static_cast<uint8_t>(Round8(v[i]));
+// The output row `oy` from one RGBX row `v` of `w` pixels, mirrored if `flip`: channel c of
+// pixel x goes to out[at(c, x)], as uint8, or as float32 / bfloat16 v * mul[c] + add[c].
+struct Layout {
+  DType dtype;
+  bool chw, flip;
+  const float *mul, *add;
+  size_t plane;  // CHW: elements per channel
+  int w;
+};
+
+template <typename Put>
+inline void EachValue(const uint8_t* v, const Layout& l, int oy, int from, Put put) {
+  for (int c = 0; c < 3; ++c)
+    for (int x = from; x < l.w; ++x) {
+      const size_t at = l.chw ? c * l.plane + static_cast<size_t>(oy) * l.w + x
+                              : (static_cast<size_t>(oy) * l.w + x) * 3 + c;
+      put(at, c, v[4 * (l.flip ? l.w - 1 - x : x) + c]);
+    }
+}
+
+// Outputs from column `from` on, portable.
+void EmitPortable(const uint8_t* v, const Layout& l, int oy, int from, uint8_t* out) {
+  if (l.dtype == DType::kFloat32) {
+    float* f = reinterpret_cast<float*>(out);
+    EachValue(v, l, oy, from, [&](size_t at, int c, uint8_t p) {
+      f[at] = static_cast<float>(p) * l.mul[c] + l.add[c];
+    });
+  } else if (l.dtype == DType::kBFloat16) {
+    uint16_t* h = reinterpret_cast<uint16_t*>(out);
+    EachValue(v, l, oy, from, [&](size_t at, int c, uint8_t p) {
+      h[at] = ToBFloat16(static_cast<float>(p) * l.mul[c] + l.add[c]);
+    });
+  } else {
+    EachValue(v, l, oy, from, [&](size_t at, int, uint8_t p) { out[at] = p; });
+  }
+}
+
+// CHW float32 or uint8, AVX2: eight pixels at a time; returns the columns done.
+__attribute__((target("avx2"))) int EmitChwAvx2(const uint8_t* v, const Layout& l, int oy,
+                                                uint8_t* out) {
+  const int n = l.w / 8 * 8;
+  const __m256i reverse = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0), byte = _mm256_set1_epi32(255);
+  const size_t row = static_cast<size_t>(oy) * l.w;
+  for (int x = 0; x < n; x += 8) {
+    __m256i px =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 4 * (l.flip ? l.w - 8 - x : x)));
+    if (l.flip) px = _mm256_permutevar8x32_epi32(px, reverse);
+    for (int c = 0; c < 3; ++c) {
+      const __m256i ch = _mm256_and_si256(_mm256_srli_epi32(px, 8 * c), byte);
+      const size_t at = c * l.plane + row + x;
+      if (l.dtype == DType::kFloat32) {
+        // Multiply, then add (no FMA): the portable code's rounding.
+        const __m256 f =
+            _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ch), _mm256_set1_ps(l.mul[c])),
+                          _mm256_set1_ps(l.add[c]));
+        _mm256_storeu_ps(reinterpret_cast<float*>(out) + at, f);
+      } else {
+        const __m256i w16 = _mm256_packus_epi32(ch, ch);  // [0-3 0-3 | 4-7 4-7]
+        const __m256i b8 = _mm256_packus_epi16(w16, w16);
+        const uint64_t eight = static_cast<uint32_t>(_mm256_cvtsi256_si32(b8)) |
+                               uint64_t{static_cast<uint32_t>(_mm256_extract_epi32(b8, 4))} << 32;
+        std::memcpy(out + at, &eight, 8);
+      }
+    }
+  }
+  return n;
 }
 
 }  // namespace
@@ -179,36 +313,41 @@ void Resampler::Run(const cv::Mat& src, cv::Point src_origin, const ResampleOutp
 
 bool Resampler::Run(RowSource& src, const ResampleOutput& o, uint8_t* out) {
   const int out_w = static_cast<int>(x_.first.size()), out_h = static_cast<int>(y_.first.size());
-  const int n = (x_.hi - x_.lo) * 3;
-  // Taps past the source's end read zeros with zero weights (and one float more: see Pixel).
-  column_.assign(static_cast<size_t>(n) + 3 * x_.stride + 1, 0.0f);
-  row_.resize(static_cast<size_t>(out_w) * 3);
-  float* planes[3] = {row_.data(), row_.data() + out_w, row_.data() + 2 * out_w};
-  const size_t plane = static_cast<size_t>(out_w) * out_h;
+  const bool avx2 = UseAvx2();
+  const size_t row_bytes = static_cast<size_t>(out_w) * 4 + kPad;
+  rows_.resize(row_bytes * y_.stride);
+  out_row_.resize(row_bytes);
+  const Layout layout{o.dtype, o.chw, o.flip, o.mul, o.add, static_cast<size_t>(out_w) * out_h,
+                      out_w};
+  const int groups = (x_.stride + 3) / 4;
+  const int fast = avx2 ? x_fast_ / 2 * 2 : 0;
+  const int y_pair_stride = (y_.stride + 1) / 2;
+  taps_.resize(y_.stride);
+  int next = 0;  // the next source row to read, counted from y_.lo
   for (int oy = 0; oy < out_h; ++oy) {
-    // Vertical: the source rows this output row reads, over the columns any output reads.
-    const float* wy = &y_.weights[static_cast<size_t>(oy) * y_.stride];
-    for (int k = 0; k < y_.count[oy]; ++k) {
-      const uint8_t* row = src.Row(y_.lo + y_.first[oy] + k);
+    const int first = y_.first[oy], count = y_.count[oy];
+    // Horizontal: every source row up to this output's last tap, once, into a ring of rows.
+    for (; next < first + count; ++next) {
+      const uint8_t* row = src.Row(y_.lo + next);
       if (!row) return false;
-      AddRow(row + (x_.lo - src.x0()) * 3, wy[k], column_.data(), n, k == 0);
+      row += (x_.lo - src.x0()) * 3;
+      uint8_t* h = &rows_[(next % y_.stride) * row_bytes];
+      if (fast > 0) HorizontalAvx2(row, x_.first.data(), x_pairs_.data(), groups, x_.bits, fast, h);
+      HorizontalPortable(row, x_.first.data(), x_.count.data(), x_.weights.data(), x_.stride,
+                         x_.bits, fast, out_w, h);
     }
-    FilterRow(column_.data(), x_.first.data(), x_.weights.data(), x_.stride, out_w, o.flip,
-              planes[0], planes[1], planes[2]);
-    // Rounded to 8 bits as torchvision's resize returns them, then laid out.
-    for (int ch = 0; ch < 3; ++ch) {
-      const size_t at = o.chw ? ch * plane + static_cast<size_t>(oy) * out_w
-                              : static_cast<size_t>(oy) * out_w * 3 + ch;
-      const int step = o.chw ? 1 : 3;
-      if (o.dtype == DType::kFloat32)
-        Normalize(planes[ch], out_w, o.mul[ch], o.add[ch], reinterpret_cast<float*>(out) + at,
-                  step);
-      else if (o.dtype == DType::kBFloat16)
-        NormalizeBf16(planes[ch], out_w, o.mul[ch], o.add[ch],
-                      reinterpret_cast<uint16_t*>(out) + at, step);
-      else
-        ToUint8(planes[ch], out_w, out + at, step);
-    }
+    // Vertical, then the output's layout.
+    for (int k = 0; k < count; ++k) taps_[k] = &rows_[((first + k) % y_.stride) * row_bytes];
+    if (avx2)
+      VerticalAvx2(taps_.data(), &y_pairs_[static_cast<size_t>(oy) * y_pair_stride], count, y_.bits,
+                   out_w * 4, out_row_.data());
+    else
+      VerticalPortable(taps_.data(), &y_.weights[static_cast<size_t>(oy) * y_.stride], count,
+                       y_.bits, out_w * 4, out_row_.data());
+    const int done = avx2 && o.chw && o.dtype != DType::kBFloat16
+                         ? EmitChwAvx2(out_row_.data(), layout, oy, out)
+                         : 0;
+    EmitPortable(out_row_.data(), layout, oy, done, out);
   }
   return true;
 }

@@ -1,15 +1,19 @@
-// Resampler: antialiased resizing as PIL's ImagingResample computes it (torch's
-// _upsample_bilinear2d_aa and torchvision share the arithmetic): each output pixel is a
-// normalized filter over the source (bilinear's triangle, or bicubic's a = -0.5 kernel, as
-// Hugging Face image processors resize), widened by the scale when shrinking.
+// Resampler: antialiased resizing as PIL's ImagingResample computes it (torchvision resizes PIL
+// images with it; torch's _upsample_bilinear2d_aa shares the arithmetic): each output pixel is
+// a normalized filter over the source (bilinear's triangle, or bicubic's a = -0.5 kernel, as
+// Hugging Face image processors resize), widened by the scale when shrinking. As in PIL, the
+// horizontal pass runs first on each source row, its results are rounded to 8 bits, then the
+// vertical pass; both in fixed point (16-bit weights: PIL's are 22-bit, which moves a value by
+// one level where the exact sum falls within a few thousandths of a rounding boundary). The
+// passes are AVX2 kernels where the CPU has AVX2, else portable code with the same integer
+// arithmetic (the same bytes).
 //
 // It computes a window of a virtual resize: "resize the source's [lo, hi) to N pixels, keep
 // outputs [start, start + count)". torchvision's Resize(256) + CenterCrop(224) is one window
 // of the full image's resize, and a crop box resized to the output (RandomResizedCrop) is the
 // whole of a resize of the box; only the source pixels the window needs are read, so the
-// decoder decodes only those. Flip, rounding to uint8 as torchvision's PIL path does,
-// normalization and the output layout are fused into the last pass. Buffers are reused across
-// images; one Resampler per worker thread.
+// decoder decodes only those. Flip, normalization and the output layout are fused into the
+// last pass. Buffers are reused across images; one Resampler per worker thread.
 #pragma once
 
 #include <cstdint>
@@ -39,9 +43,9 @@ struct ResampleOutput {
 };
 
 // The source pixels Resampler::Run reads, row by row, in the coordinates Plan used. Run asks for
-// the rows of each output row's taps in order, and never for a row more than the vertical
-// filter's taps (window_rows()) above the lowest row asked for so far: a decoder can produce
-// rows as they are asked for into a window of that many rows (JpegDecoder does).
+// each row of Plan's rectangle once, top to bottom, and is done with it before it asks for the
+// next (window_rows() is 1): a decoder can produce rows as they are asked for into one row of
+// memory (JpegDecoder does).
 class RowSource {
  public:
   virtual ~RowSource() = default;
@@ -57,8 +61,8 @@ class Resampler {
  public:
   // Computes the filter taps of both axes; returns the source rectangle they read.
   cv::Rect Plan(const AxisMap& x, const AxisMap& y, Filter filter = Filter::kBilinear);
-  // The rows a RowSource must keep for Run (the vertical filter's taps).
-  int window_rows() const { return y_.stride; }
+  // The rows a RowSource must keep for Run.
+  int window_rows() const { return 1; }
   // Writes count_y x count_x pixels of 3 channels to `out` as `o` says, reading Plan's rectangle
   // from `src`. False when `src` failed to give a row.
   bool Run(RowSource& src, const ResampleOutput& o, uint8_t* out);
@@ -66,17 +70,29 @@ class Resampler {
   // `src_origin` on and covers Plan's rectangle.
   void Run(const cv::Mat& src, cv::Point src_origin, const ResampleOutput& o, uint8_t* out);
 
+  // Tests: run the portable kernels even where the CPU has AVX2 (both give the same bytes).
+  static void UsePortableKernels(bool portable);
+
  private:
   struct Taps {
-    std::vector<int> first;      // per output: its first source pixel, counted from `lo`
-    std::vector<int> count;      // per output: taps
-    std::vector<float> weights;  // per output: `stride` weights, normalized
+    std::vector<int> first;        // per output: its first source pixel, counted from `lo`
+    std::vector<int> count;        // per output: taps
+    std::vector<int16_t> weights;  // per output: `stride` weights (zero past `count`), in
+                                   // fixed point: 1.0 is 1 << bits
     int stride = 0;
+    int bits = 0;
     int lo = 0, hi = 0;  // source pixels read
   };
   static void Compute(const AxisMap& a, Filter filter, Taps* t);
   Taps x_, y_;
-  std::vector<float> column_, row_;  // one output row after the vertical, horizontal pass
+  // The horizontal taps laid out for the AVX2 kernel, and the outputs (from the left) whose
+  // 16-byte loads stay inside the source row.
+  std::vector<int16_t> x_pairs_;
+  int x_fast_ = 0;
+  std::vector<int32_t> y_pairs_;  // the vertical taps in pairs for the AVX2 kernel
+  std::vector<const uint8_t*> taps_;
+  std::vector<uint8_t> rows_;     // the last y_.stride source rows after the horizontal pass, RGBX
+  std::vector<uint8_t> out_row_;  // one output row after both passes, RGBX
 };
 
 }  // namespace mmfeed

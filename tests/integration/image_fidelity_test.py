@@ -27,6 +27,11 @@ stages:
 on_error: fail
 """
 LIMIT = 1.0  # mean absolute difference per photo, in levels of 0-255
+# The resampler computes PIL's arithmetic with 16-bit weights where PIL's are 22-bit: a pass
+# moves a value by one level where the exact sum falls within a few thousandths of a rounding
+# boundary, so on the same decoded pixels (a full-size decode) no value is more than two
+# levels off (one per pass) and nearly all are equal.
+EXACT_MEAN = 0.02  # mean over the set
 
 
 class FidelityTest(DaemonCase):
@@ -65,23 +70,31 @@ class FidelityTest(DaemonCase):
     def load(self, name):
         return Image.open(self.dir / name).convert("RGB")
 
-    def check(self, got, reference, what):
-        """Every photo within LIMIT; returns {name: difference}."""
-        diffs = {}
+    def check(self, got, reference, what, exact=False):
+        """Every photo within LIMIT; with `exact`, PIL's arithmetic: no value more than two
+        levels off and EXACT_MEAN over the set. Returns {name: difference}."""
+        diffs, largest = {}, 0
         for name, (img, box) in got.items():
             ref = np.asarray(reference(name, box), dtype=np.int16)
             self.assertEqual(img.shape, ref.shape, name)
-            diffs[name] = float(np.abs(img.astype(np.int16) - ref).mean())
+            d = np.abs(img.astype(np.int16) - ref)
+            diffs[name] = float(d.mean())
+            largest = max(largest, int(d.max()))
+            if exact:
+                self.assertLessEqual(int(d.max()), 2, f"{name} {self.photos[name]}")
         worst = max(diffs, key=diffs.get)
-        print(f"{what}: mean |difference| {np.mean(list(diffs.values())):.3f}, worst {diffs[worst]:.3f} "
-              f"({worst}, {self.photos[worst]})", file=sys.stderr)
+        mean = float(np.mean(list(diffs.values())))
+        print(f"{what}: mean |difference| {mean:.4f}, worst {diffs[worst]:.4f} "
+              f"({worst}, {self.photos[worst]}), largest {largest}", file=sys.stderr)
+        if exact:
+            self.assertLessEqual(mean, EXACT_MEAN, what)
         return diffs
 
     def test_center_crop_is_torchvisions_evaluation_transform(self):
         evaluation = T.Compose([T.Resize(256), T.CenterCrop(224)])
         reference = lambda name, _: evaluation(self.load(name))
         off = self.run_daemon("crop: center, resize: 256, dct_scaling: off", "off")
-        for name, d in self.check(off, reference, "center, dct_scaling off").items():
+        for name, d in self.check(off, reference, "center, dct_scaling off", exact=True).items():
             self.assertLessEqual(d, LIMIT, f"{name} {self.photos[name]}")
         # The default (dct_scaling: auto) keeps the evaluation transform exact.
         auto = self.run_daemon("crop: center, resize: 256", "auto")
@@ -107,7 +120,7 @@ class FidelityTest(DaemonCase):
             flips += flipped
             return F.hflip(img) if flipped else img
 
-        for name, d in self.check(got, reference, "random_resized_crop, dct_scaling off").items():
+        for name, d in self.check(got, reference, "random_resized_crop, dct_scaling off", exact=True).items():
             self.assertLessEqual(d, LIMIT, f"{name} {self.photos[name]}")
         self.assertTrue(0 < flips < len(got), "some flipped, some not")
         # The default decodes small boxes at 1/2, 1/4 or 1/8 size: measured, and bounded.

@@ -260,5 +260,44 @@ TEST(ImageStageTest, AResizeWindowEqualsTheCropOfTheWholeResize) {
       ASSERT_EQ(part[y * 90 + x], all[(y + 11) * 210 + 17 * 3 + x]) << y << "," << x;
 }
 
+// The AVX2 kernels give the portable code's bytes: shrinking and enlarging (few and many taps,
+// bilinear and bicubic), windows, odd widths, flips, every dtype and layout.
+TEST(ImageStageTest, Avx2AndPortableKernelsGiveTheSameBytes) {
+  cv::Mat src(301, 517, CV_8UC3);
+  cv::randu(src, 0, 256);
+  const float mul[3] = {0.017f, 0.0175f, 0.0174f}, add[3] = {-2.1f, -2.03f, -1.8f};
+  struct Case {
+    int out_w, out_h, start_x, count_x;
+    Filter filter;
+  };
+  for (const Case& c :
+       {Case{224, 224, 0, 224, Filter::kBilinear},
+        Case{37, 29, 0, 37, Filter::kBilinear},  // 14x: many taps
+        Case{700, 451, 13, 601, Filter::kBilinear}, Case{333, 97, 0, 333, Filter::kBicubic},
+        Case{1031, 600, 0, 1031, Filter::kBicubic}})
+    for (DType dtype : {DType::kUInt8, DType::kFloat32, DType::kBFloat16})
+      for (bool chw : {false, true})
+        for (bool flip : {false, true}) {
+          AxisMap x{0, 517.0 / c.out_w, 0, 517, c.start_x, c.count_x},
+              y{0, 301.0 / c.out_h, 0, 301, 0, c.out_h};
+          ResampleOutput o;
+          o.dtype = dtype;
+          o.chw = chw;
+          o.flip = flip;
+          o.mul = mul;
+          o.add = add;
+          const size_t bytes = static_cast<size_t>(c.count_x) * c.out_h * 3 * DTypeSize(dtype);
+          std::vector<uint8_t> fast(bytes), portable(bytes);
+          Resampler r;
+          const cv::Rect need = r.Plan(x, y, c.filter);
+          r.Run(src(need).clone(), need.tl(), o, fast.data());
+          Resampler::UsePortableKernels(true);
+          r.Run(src(need).clone(), need.tl(), o, portable.data());
+          Resampler::UsePortableKernels(false);
+          ASSERT_EQ(fast, portable) << c.out_w << "x" << c.out_h << " " << DTypeName(dtype)
+                                    << (chw ? " CHW" : " HWC") << (flip ? " flipped" : "");
+        }
+}
+
 }  // namespace
 }  // namespace mmfeed
