@@ -88,7 +88,7 @@ Status JpegDecoder::Start(std::string_view data, int scale_num, const cv::Rect& 
   first_ = next_ = r.y;
   end_ = r.y + r.height;
   window_ = std::max(1, window_rows);
-  const size_t bytes = static_cast<size_t>(window_) * width_ * 3 + 32;
+  const size_t bytes = static_cast<size_t>(window_) * width_ * 3 + 32 + kSlack;  // + Unaligned
   if (buffer_.size() < bytes) buffer_.resize(bytes);
   status_ = Status::Ok();
   started_ = true;

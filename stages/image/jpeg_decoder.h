@@ -53,6 +53,7 @@ class JpegDecoder : public RowSource {
   // decoded (a damaged or truncated file) or was not asked for that way: status() says why.
   const uint8_t* Row(int y) override;
   int x0() const override { return x0_; }
+  int readable() const override { return width_ * 3 + kSlack; }
   int width() const { return width_; }
   const Status& status() const { return status_; }
   void End();
@@ -67,6 +68,7 @@ class JpegDecoder : public RowSource {
   // libjpeg-turbo's SIMD colour conversion writes a row that starts on a 32-byte boundary with
   // non-temporal stores, which bypass the cache: the resampler's reads of it, right after, then
   // wait for memory. A row that starts 16 bytes off one is written with ordinary stores.
+  static constexpr int kSlack = 16;  // bytes past the last row that may be read
   static uint8_t* Unaligned(uint8_t* p) {
     return p + (16 - reinterpret_cast<uintptr_t>(p) % 32 + 32) % 32;
   }

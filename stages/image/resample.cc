@@ -54,17 +54,19 @@ void Resampler::UsePortableKernels(bool portable) { portable_only = portable; }
 // at the source pixel centres, clipped to [lo, hi) and normalized. Positions are relative to
 // lo, as in the cropped image those libraries resize. The weights are then rounded to fixed
 // point with as many fractional bits as 16-bit integers allow (at most PIL's 22).
-void Resampler::Compute(const AxisMap& a, Filter filter, Taps* t) {
+void Resampler::Compute(const AxisMap& a, Filter filter, Taps* t, std::vector<double>* scratch) {
   const double widen = std::max(a.scale, 1.0), inv = 1.0 / widen;
   const double support = (filter == Filter::kBicubic ? 2.0 : 1.0) * widen;
   t->stride = static_cast<int>(std::ceil(2 * support)) + 1;
   t->first.resize(a.count);
   t->count.resize(a.count);
-  std::vector<double> w(static_cast<size_t>(a.count) * t->stride, 0.0);
+  std::vector<double>& w = *scratch;
+  w.assign(static_cast<size_t>(a.count) * t->stride, 0.0);
   t->lo = a.hi;
   t->hi = a.lo;
   const int size = a.hi - a.lo;
   double largest = 0;
+  t->most = 0;
   for (int i = 0; i < a.count; ++i) {
     const double center = a.origin - a.lo + (a.start + i + 0.5) * a.scale;
     int xmin = std::max(static_cast<int>(std::floor(center - support + 0.5)), 0);
@@ -86,6 +88,7 @@ void Resampler::Compute(const AxisMap& a, Filter filter, Taps* t) {
     for (int j = 0; j < xmax - xmin; ++j) largest = std::max(largest, std::abs(wi[j]));
     t->first[i] = a.lo + xmin;
     t->count[i] = xmax - xmin;
+    t->most = std::max(t->most, xmax - xmin);
     t->lo = std::min(t->lo, a.lo + xmin);
     t->hi = std::max(t->hi, a.lo + xmax);
   }
@@ -93,18 +96,19 @@ void Resampler::Compute(const AxisMap& a, Filter filter, Taps* t) {
   t->bits = 22;
   while (t->bits > 1 && std::lround(largest * (1 << t->bits)) > 32767) --t->bits;
   t->weights.resize(w.size());
-  for (size_t k = 0; k < w.size(); ++k)
-    t->weights[k] = static_cast<int16_t>(std::lround(w[k] * (1 << t->bits)));
+  const double one = 1 << t->bits;
+  for (size_t k = 0; k < w.size(); ++k)  // rounded half away from zero, as PIL does
+    t->weights[k] = static_cast<int16_t>(w[k] < 0 ? w[k] * one - 0.5 : w[k] * one + 0.5);
 }
 
 cv::Rect Resampler::Plan(const AxisMap& x, const AxisMap& y, Filter filter) {
-  Compute(x, filter, &x_);
-  Compute(y, filter, &y_);
+  Compute(x, filter, &x_, &scratch_);
+  Compute(y, filter, &y_, &scratch_);
   // The AVX2 horizontal kernel: two outputs at a time, four taps per 16-byte load. Per pair and
   // group of four taps, two 16-lane vectors of weights: lanes 0-7 for the first output, 8-15
   // for the second, each [w0 w1 w0 w1 w0 w1 0 0] then [w2 w3 w2 w3 w2 w3 0 0].
   const int out_w = static_cast<int>(x_.first.size());
-  const int groups = (x_.stride + 3) / 4, pairs = (out_w + 1) / 2;
+  const int groups = (x_.most + 3) / 4, pairs = (out_w + 1) / 2;
   x_pairs_.assign(static_cast<size_t>(pairs) * groups * 32, 0);
   for (int i = 0; i < out_w; ++i)
     for (int k = 0; k < x_.count[i]; ++k) {
@@ -121,9 +125,6 @@ cv::Rect Resampler::Plan(const AxisMap& x, const AxisMap& y, Filter filter) {
       const uint32_t w = static_cast<uint16_t>(y_.weights[i * y_.stride + k]);
       y_pairs_[i * y_pair_stride + k / 2] |= static_cast<int32_t>(w << (16 * (k % 2)));
     }
-  const int row_bytes = (x_.hi - x_.lo) * 3;
-  x_fast_ = 0;
-  while (x_fast_ < out_w && 3 * x_.first[x_fast_] + 12 * (groups - 1) + 16 <= row_bytes) ++x_fast_;
   return {x_.lo, y_.lo, x_.hi - x_.lo, y_.hi - y_.lo};
 }
 
@@ -152,39 +153,63 @@ void HorizontalPortable(const uint8_t* in, const int* first, const int* count,
   }
 }
 
-// Horizontal, AVX2: outputs [0, fast) two at a time (fast even; their loads stay in the row).
-// Each 128-bit lane holds one output: 16 bytes from its first tap, shuffled into 16-bit pairs
-// of neighbouring taps per channel, multiplied and summed pairwise by vpmaddwd.
-__attribute__((target("avx2"))) void HorizontalAvx2(const uint8_t* in, const int* first,
-                                                    const int16_t* pairs, int groups, int bits,
-                                                    int fast, uint8_t* out) {
+// Horizontal, AVX2: outputs [0, fast) (fast even; their loads stay readable). Each 128-bit
+// lane holds one output: 16 bytes from its first tap, shuffled into 16-bit pairs of
+// neighbouring taps per channel, multiplied and summed pairwise by vpmaddwd; `halves` pairs of
+// taps per output (the last group of four may use only its first pair).
+__attribute__((target("avx2"))) inline __m256i TwoOutputs(const uint8_t* p0, const uint8_t* p1,
+                                                          const __m256i* w, int halves,
+                                                          __m256i round) {
   const __m256i taps01 = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,
                                           0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
   const __m256i taps23 =
       _mm256_setr_epi8(6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1, 6, -1, 9, -1, 7,
                        -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1);
+  __m256i sum = round;
+  for (int h = 0; h < halves; h += 2) {
+    const __m256i px = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p0 + 6 * h))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p1 + 6 * h)), 1);
+    sum = _mm256_add_epi32(
+        sum, _mm256_madd_epi16(_mm256_shuffle_epi8(px, taps01), _mm256_loadu_si256(w + h)));
+    if (h + 1 < halves)
+      sum = _mm256_add_epi32(
+          sum, _mm256_madd_epi16(_mm256_shuffle_epi8(px, taps23), _mm256_loadu_si256(w + h + 1)));
+  }
+  return sum;
+}
+
+__attribute__((target("avx2"))) void HorizontalAvx2(const uint8_t* in, const int* first,
+                                                    const int16_t* pairs, int halves, int bits,
+                                                    int fast, uint8_t* out) {
   const __m256i round = _mm256_set1_epi32(1 << (bits - 1));
   const __m128i shift = _mm_cvtsi32_si128(bits);
-  for (int i = 0; i < fast; i += 2) {
-    const uint8_t *p0 = in + 3 * first[i], *p1 = in + 3 * first[i + 1];
-    const __m256i* w = reinterpret_cast<const __m256i*>(pairs) + static_cast<size_t>(i) * groups;
-    __m256i sum = round;
-    for (int g = 0; g < groups; ++g) {
-      const __m256i px = _mm256_inserti128_si256(
-          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p0 + 12 * g))),
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(p1 + 12 * g)), 1);
-      sum = _mm256_add_epi32(
-          sum, _mm256_madd_epi16(_mm256_shuffle_epi8(px, taps01), _mm256_loadu_si256(w + 2 * g)));
-      sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_shuffle_epi8(px, taps23),
-                                                    _mm256_loadu_si256(w + 2 * g + 1)));
-    }
-    sum = _mm256_sra_epi32(sum, shift);
-    const __m256i words = _mm256_packs_epi32(sum, sum);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const int stride = (halves + 1) / 2 * 2;  // weight vectors per pair
+  const __m256i* w = reinterpret_cast<const __m256i*>(pairs);
+  int i = 0;
+  for (; i + 4 <= fast; i += 4) {  // four outputs, packed together
+    const __m256i a = _mm256_sra_epi32(
+        TwoOutputs(in + 3 * first[i], in + 3 * first[i + 1], w + (i / 2) * stride, halves, round),
+        shift);
+    const __m256i b = _mm256_sra_epi32(TwoOutputs(in + 3 * first[i + 2], in + 3 * first[i + 3],
+                                                  w + (i / 2 + 1) * stride, halves, round),
+                                       shift);
+    // [i, i+2 | i+1, i+3] as words, then bytes; dwords 0, 4, 1, 5 are outputs i..i+3.
+    const __m256i words = _mm256_packs_epi32(a, b);
+    const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(words, words), order);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 4 * i), _mm256_castsi256_si128(bytes));
+  }
+  if (i < fast) {
+    const __m256i a = _mm256_sra_epi32(
+        TwoOutputs(in + 3 * first[i], in + 3 * first[i + 1], w + (i / 2) * stride, halves, round),
+        shift);
+    const __m256i words = _mm256_packs_epi32(a, a);
     const __m256i bytes = _mm256_packus_epi16(words, words);  // lane: the output's RGBX
-    const uint32_t a = static_cast<uint32_t>(_mm256_cvtsi256_si32(bytes));
-    const uint32_t b = static_cast<uint32_t>(_mm256_extract_epi32(bytes, 4));
-    std::memcpy(out + 4 * i, &a, 4);
-    std::memcpy(out + 4 * i + 4, &b, 4);
+    const uint32_t lo = static_cast<uint32_t>(_mm256_cvtsi256_si32(bytes));
+    const uint32_t hi = static_cast<uint32_t>(_mm256_extract_epi32(bytes, 4));
+    std::memcpy(out + 4 * i, &lo, 4);
+    std::memcpy(out + 4 * i + 4, &hi, 4);
   }
 }
 
@@ -198,31 +223,33 @@ void VerticalPortable(const uint8_t* const* rows, const int16_t* w, int taps, in
   }
 }
 
-// Vertical, AVX2: 16 bytes at a time; two rows' bytes interleaved into 16-bit pairs and
+// Vertical, AVX2: 32 bytes at a time; two rows' bytes interleaved into 16-bit pairs and
 // multiplied by their two weights (`pair_w`: taps k and k + 1 as the low and high halves) with
-// vpmaddwd. Reads and writes up to 15 bytes past n.
+// vpmaddwd. Reads and writes up to 31 bytes past n.
 __attribute__((target("avx2"))) void VerticalAvx2(const uint8_t* const* rows, const int32_t* pair_w,
                                                   int taps, int bits, int n, uint8_t* out) {
-  const __m256i round = _mm256_set1_epi32(1 << (bits - 1));
-  const __m128i shift = _mm_cvtsi32_si128(bits), zero = _mm_setzero_si128();
-  for (int j = 0; j < n; j += 16) {
-    __m256i lo = round, hi = round;  // bytes j..j+7, j+8..j+15
+  const __m256i round = _mm256_set1_epi32(1 << (bits - 1)), zero = _mm256_setzero_si256();
+  const __m128i shift = _mm_cvtsi32_si128(bits);
+  for (int j = 0; j < n; j += 32) {
+    // Per 128-bit lane, bytes 0-3, 4-7, 8-11, 12-15 of the lane's 16.
+    __m256i s0 = round, s1 = round, s2 = round, s3 = round;
     for (int k = 0; k < taps; k += 2) {
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[k] + j));
-      const __m128i b =
-          k + 1 < taps ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[k + 1] + j)) : zero;
-      lo = _mm256_add_epi32(lo, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b)),
-                                                  _mm256_set1_epi32(pair_w[k / 2])));
-      hi = _mm256_add_epi32(hi, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_unpackhi_epi8(a, b)),
-                                                  _mm256_set1_epi32(pair_w[k / 2])));
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[k] + j));
+      const __m256i b = k + 1 < taps
+                            ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[k + 1] + j))
+                            : zero;
+      const __m256i w = _mm256_set1_epi32(pair_w[k / 2]);
+      const __m256i lo = _mm256_unpacklo_epi8(a, b), hi = _mm256_unpackhi_epi8(a, b);
+      s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_unpacklo_epi8(lo, zero), w));
+      s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_unpackhi_epi8(lo, zero), w));
+      s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(_mm256_unpacklo_epi8(hi, zero), w));
+      s3 = _mm256_add_epi32(s3, _mm256_madd_epi16(_mm256_unpackhi_epi8(hi, zero), w));
     }
-    lo = _mm256_sra_epi32(lo, shift);
-    hi = _mm256_sra_epi32(hi, shift);
-    // packs works within 128-bit lanes: [lo 0-3, hi 0-3 | lo 4-7, hi 4-7] -> in order.
-    const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8);
-    const __m128i bytes =
-        _mm_packus_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), bytes);
+    const __m256i w01 =
+        _mm256_packs_epi32(_mm256_sra_epi32(s0, shift), _mm256_sra_epi32(s1, shift));
+    const __m256i w23 =
+        _mm256_packs_epi32(_mm256_sra_epi32(s2, shift), _mm256_sra_epi32(s3, shift));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), _mm256_packus_epi16(w01, w23));
   }
 }
 
@@ -303,6 +330,7 @@ void Resampler::Run(const cv::Mat& src, cv::Point src_origin, const ResampleOutp
     MatRows(const cv::Mat& m, cv::Point origin) : m_(m), origin_(origin) {}
     const uint8_t* Row(int y) override { return m_.ptr<uint8_t>(y - origin_.y); }
     int x0() const override { return origin_.x; }
+    int readable() const override { return (m_.cols - origin_.x) * 3; }
 
    private:
     const cv::Mat& m_;
@@ -319,8 +347,12 @@ bool Resampler::Run(RowSource& src, const ResampleOutput& o, uint8_t* out) {
   out_row_.resize(row_bytes);
   const Layout layout{o.dtype, o.chw, o.flip, o.mul, o.add, static_cast<size_t>(out_w) * out_h,
                       out_w};
-  const int groups = (x_.stride + 3) / 4;
-  const int fast = avx2 ? x_fast_ / 2 * 2 : 0;
+  // The AVX2 kernel covers the outputs (from the left) whose 16-byte loads stay readable.
+  const int halves = (x_.most + 1) / 2, groups = (halves + 1) / 2;
+  const int readable = src.readable() - (x_.lo - src.x0()) * 3;
+  int fast = avx2 ? out_w : 0;
+  while (fast > 0 && 3 * x_.first[fast - 1] + 12 * (groups - 1) + 16 > readable) --fast;
+  fast = fast / 2 * 2;
   const int y_pair_stride = (y_.stride + 1) / 2;
   taps_.resize(y_.stride);
   int next = 0;  // the next source row to read, counted from y_.lo
@@ -332,7 +364,7 @@ bool Resampler::Run(RowSource& src, const ResampleOutput& o, uint8_t* out) {
       if (!row) return false;
       row += (x_.lo - src.x0()) * 3;
       uint8_t* h = &rows_[(next % y_.stride) * row_bytes];
-      if (fast > 0) HorizontalAvx2(row, x_.first.data(), x_pairs_.data(), groups, x_.bits, fast, h);
+      if (fast > 0) HorizontalAvx2(row, x_.first.data(), x_pairs_.data(), halves, x_.bits, fast, h);
       HorizontalPortable(row, x_.first.data(), x_.count.data(), x_.weights.data(), x_.stride,
                          x_.bits, fast, out_w, h);
     }

@@ -53,6 +53,9 @@ class RowSource {
   // says why).
   virtual const uint8_t* Row(int y) = 0;
   virtual int x0() const = 0;
+  // The bytes that may be read from a Row() pointer on (at least the rectangle's pixels; a
+  // source with padding past them lets the kernels' wide loads cover every output).
+  virtual int readable() const = 0;
 };
 
 enum class Filter { kBilinear, kBicubic };
@@ -80,15 +83,15 @@ class Resampler {
     std::vector<int16_t> weights;  // per output: `stride` weights (zero past `count`), in
                                    // fixed point: 1.0 is 1 << bits
     int stride = 0;
+    int most = 0;  // the largest count
     int bits = 0;
     int lo = 0, hi = 0;  // source pixels read
   };
-  static void Compute(const AxisMap& a, Filter filter, Taps* t);
+  static void Compute(const AxisMap& a, Filter filter, Taps* t, std::vector<double>* scratch);
   Taps x_, y_;
-  // The horizontal taps laid out for the AVX2 kernel, and the outputs (from the left) whose
-  // 16-byte loads stay inside the source row.
+  std::vector<double> scratch_;
+  // The horizontal taps laid out for the AVX2 kernel.
   std::vector<int16_t> x_pairs_;
-  int x_fast_ = 0;
   std::vector<int32_t> y_pairs_;  // the vertical taps in pairs for the AVX2 kernel
   std::vector<const uint8_t*> taps_;
   std::vector<uint8_t> rows_;     // the last y_.stride source rows after the horizontal pass, RGBX

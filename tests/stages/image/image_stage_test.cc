@@ -261,7 +261,7 @@ TEST(ImageStageTest, AResizeWindowEqualsTheCropOfTheWholeResize) {
 }
 
 // The AVX2 kernels give the portable code's bytes: shrinking and enlarging (few and many taps,
-// bilinear and bicubic), windows, odd widths, flips, every dtype and layout.
+// bilinear and bicubic), windows, odd widths, flips, every dtype and layout, and JPEG rows.
 TEST(ImageStageTest, Avx2AndPortableKernelsGiveTheSameBytes) {
   cv::Mat src(301, 517, CV_8UC3);
   cv::randu(src, 0, 256);
@@ -297,6 +297,23 @@ TEST(ImageStageTest, Avx2AndPortableKernelsGiveTheSameBytes) {
           ASSERT_EQ(fast, portable) << c.out_w << "x" << c.out_h << " " << DTypeName(dtype)
                                     << (chw ? " CHW" : " HWC") << (flip ? " flipped" : "");
         }
+  // Rows straight from the JPEG decoder (its padding lets the wide loads reach the last columns).
+  auto stage = MakeStage("image", "image",
+                         {{"crop", std::string("random_resized_crop")},
+                          {"size", std::vector<int64_t>{224, 224}},
+                          {"flip", 0.5},
+                          {"dtype", std::string("float32")},
+                          {"layout", std::string("CHW")}});
+  for (const char* name : {"photo01.jpg", "photo04.jpg", "photo00_progressive.jpg"})
+    for (const char* id : {"a", "b", "c", "d"}) {
+      FieldValue f = PathField(TestData(std::string("photos/") + name));
+      Result<Output> fast = RunImage(*stage, f, id);
+      Resampler::UsePortableKernels(true);
+      Result<Output> portable = RunImage(*stage, f, id);
+      Resampler::UsePortableKernels(false);
+      ASSERT_TRUE(fast.ok() && portable.ok());
+      ASSERT_EQ(fast->data, portable->data) << name << " " << id;
+    }
 }
 
 }  // namespace
