@@ -156,7 +156,9 @@ void HorizontalPortable(const uint8_t* in, const int* first, const int* count,
 // Horizontal, AVX2: outputs [0, fast) (fast even; their loads stay readable). Each 128-bit
 // lane holds one output: 16 bytes from its first tap, shuffled into 16-bit pairs of
 // neighbouring taps per channel, multiplied and summed pairwise by vpmaddwd; `halves` pairs of
-// taps per output (the last group of four may use only its first pair).
+// taps per output (the last group of four may use only its first pair). kHalves is `halves`
+// when known at compile time (the loop unrolled), 0 otherwise.
+template <int kHalves>
 __attribute__((target("avx2"))) inline __m256i TwoOutputs(const uint8_t* p0, const uint8_t* p1,
                                                           const __m256i* w, int halves,
                                                           __m256i round) {
@@ -165,6 +167,7 @@ __attribute__((target("avx2"))) inline __m256i TwoOutputs(const uint8_t* p0, con
   const __m256i taps23 =
       _mm256_setr_epi8(6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1, 6, -1, 9, -1, 7,
                        -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1);
+  if (kHalves > 0) halves = kHalves;
   __m256i sum = round;
   for (int h = 0; h < halves; h += 2) {
     const __m256i px = _mm256_inserti128_si256(
@@ -179,22 +182,24 @@ __attribute__((target("avx2"))) inline __m256i TwoOutputs(const uint8_t* p0, con
   return sum;
 }
 
+template <int kHalves>
 __attribute__((target("avx2"))) void HorizontalAvx2(const uint8_t* in, const int* first,
                                                     const int16_t* pairs, int halves, int bits,
                                                     int fast, uint8_t* out) {
+  if (kHalves > 0) halves = kHalves;
   const __m256i round = _mm256_set1_epi32(1 << (bits - 1));
   const __m128i shift = _mm_cvtsi32_si128(bits);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  const int stride = (halves + 1) / 2 * 2;  // weight vectors per pair
+  const int stride = (halves + 1) / 2 * 2;  // weight vectors per output pair
   const __m256i* w = reinterpret_cast<const __m256i*>(pairs);
   int i = 0;
-  for (; i + 4 <= fast; i += 4) {  // four outputs, packed together
+  for (; i + 4 <= fast; i += 4, w += 2 * stride) {  // four outputs, packed together
     const __m256i a = _mm256_sra_epi32(
-        TwoOutputs(in + 3 * first[i], in + 3 * first[i + 1], w + (i / 2) * stride, halves, round),
-        shift);
-    const __m256i b = _mm256_sra_epi32(TwoOutputs(in + 3 * first[i + 2], in + 3 * first[i + 3],
-                                                  w + (i / 2 + 1) * stride, halves, round),
-                                       shift);
+        TwoOutputs<kHalves>(in + 3 * first[i], in + 3 * first[i + 1], w, halves, round), shift);
+    const __m256i b =
+        _mm256_sra_epi32(TwoOutputs<kHalves>(in + 3 * first[i + 2], in + 3 * first[i + 3],
+                                             w + stride, halves, round),
+                         shift);
     // [i, i+2 | i+1, i+3] as words, then bytes; dwords 0, 4, 1, 5 are outputs i..i+3.
     const __m256i words = _mm256_packs_epi32(a, b);
     const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(words, words), order);
@@ -202,14 +207,32 @@ __attribute__((target("avx2"))) void HorizontalAvx2(const uint8_t* in, const int
   }
   if (i < fast) {
     const __m256i a = _mm256_sra_epi32(
-        TwoOutputs(in + 3 * first[i], in + 3 * first[i + 1], w + (i / 2) * stride, halves, round),
-        shift);
+        TwoOutputs<kHalves>(in + 3 * first[i], in + 3 * first[i + 1], w, halves, round), shift);
     const __m256i words = _mm256_packs_epi32(a, a);
     const __m256i bytes = _mm256_packus_epi16(words, words);  // lane: the output's RGBX
     const uint32_t lo = static_cast<uint32_t>(_mm256_cvtsi256_si32(bytes));
     const uint32_t hi = static_cast<uint32_t>(_mm256_extract_epi32(bytes, 4));
     std::memcpy(out + 4 * i, &lo, 4);
     std::memcpy(out + 4 * i + 4, &hi, 4);
+  }
+}
+
+using HorizontalKernel = void (*)(const uint8_t*, const int*, const int16_t*, int, int, int,
+                                  uint8_t*);
+
+// Up to 8 taps (a downscale by up to 3.5x, bilinear) unrolled; more in a loop.
+HorizontalKernel PickHorizontal(int halves) {
+  switch (halves) {
+    case 1:
+      return HorizontalAvx2<1>;
+    case 2:
+      return HorizontalAvx2<2>;
+    case 3:
+      return HorizontalAvx2<3>;
+    case 4:
+      return HorizontalAvx2<4>;
+    default:
+      return HorizontalAvx2<0>;
   }
 }
 
@@ -353,6 +376,7 @@ bool Resampler::Run(RowSource& src, const ResampleOutput& o, uint8_t* out) {
   int fast = avx2 ? out_w : 0;
   while (fast > 0 && 3 * x_.first[fast - 1] + 12 * (groups - 1) + 16 > readable) --fast;
   fast = fast / 2 * 2;
+  const HorizontalKernel horizontal = PickHorizontal(halves);
   const int y_pair_stride = (y_.stride + 1) / 2;
   taps_.resize(y_.stride);
   int next = 0;  // the next source row to read, counted from y_.lo
@@ -364,7 +388,7 @@ bool Resampler::Run(RowSource& src, const ResampleOutput& o, uint8_t* out) {
       if (!row) return false;
       row += (x_.lo - src.x0()) * 3;
       uint8_t* h = &rows_[(next % y_.stride) * row_bytes];
-      if (fast > 0) HorizontalAvx2(row, x_.first.data(), x_pairs_.data(), halves, x_.bits, fast, h);
+      if (fast > 0) horizontal(row, x_.first.data(), x_pairs_.data(), halves, x_.bits, fast, h);
       HorizontalPortable(row, x_.first.data(), x_.count.data(), x_.weights.data(), x_.stride,
                          x_.bits, fast, out_w, h);
     }

@@ -270,6 +270,7 @@ TEST(ImageStageTest, Avx2AndPortableKernelsGiveTheSameBytes) {
     int out_w, out_h, start_x, count_x;
     Filter filter;
   };
+  // From one horizontal tap pair per output (upscales, unrolled) to about fifteen (14x, looped).
   for (const Case& c :
        {Case{224, 224, 0, 224, Filter::kBilinear},
         Case{37, 29, 0, 37, Filter::kBilinear},  // 14x: many taps
