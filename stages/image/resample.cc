@@ -313,24 +313,29 @@ void EmitPortable(const uint8_t* v, const Layout& l, int oy, int from, uint8_t* 
   }
 }
 
-// CHW float32 or uint8, AVX2: eight pixels at a time; returns the columns done.
+// CHW float32 or uint8, AVX2: eight pixels at a time; returns the columns done. The factors
+// are held in registers and the branches taken out of the loop (`out` may alias `l.mul`, as
+// far as the compiler knows, so it would reload them per store).
+template <bool kFloat, bool kFlip>
 __attribute__((target("avx2"))) int EmitChwAvx2(const uint8_t* v, const Layout& l, int oy,
                                                 uint8_t* out) {
   const int n = l.w / 8 * 8;
   const __m256i reverse = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0), byte = _mm256_set1_epi32(255);
-  const size_t row = static_cast<size_t>(oy) * l.w;
+  const __m256 mul[3] = {_mm256_set1_ps(l.mul[0]), _mm256_set1_ps(l.mul[1]),
+                         _mm256_set1_ps(l.mul[2])};
+  const __m256 add[3] = {_mm256_set1_ps(l.add[0]), _mm256_set1_ps(l.add[1]),
+                         _mm256_set1_ps(l.add[2])};
+  const size_t row = static_cast<size_t>(oy) * l.w, plane = l.plane;
   for (int x = 0; x < n; x += 8) {
     __m256i px =
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 4 * (l.flip ? l.w - 8 - x : x)));
-    if (l.flip) px = _mm256_permutevar8x32_epi32(px, reverse);
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 4 * (kFlip ? l.w - 8 - x : x)));
+    if (kFlip) px = _mm256_permutevar8x32_epi32(px, reverse);
     for (int c = 0; c < 3; ++c) {
       const __m256i ch = _mm256_and_si256(_mm256_srli_epi32(px, 8 * c), byte);
-      const size_t at = c * l.plane + row + x;
-      if (l.dtype == DType::kFloat32) {
+      const size_t at = c * plane + row + x;
+      if (kFloat) {
         // Multiply, then add (no FMA): the portable code's rounding.
-        const __m256 f =
-            _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ch), _mm256_set1_ps(l.mul[c])),
-                          _mm256_set1_ps(l.add[c]));
+        const __m256 f = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ch), mul[c]), add[c]);
         _mm256_storeu_ps(reinterpret_cast<float*>(out) + at, f);
       } else {
         const __m256i w16 = _mm256_packus_epi32(ch, ch);  // [0-3 0-3 | 4-7 4-7]
@@ -342,6 +347,14 @@ __attribute__((target("avx2"))) int EmitChwAvx2(const uint8_t* v, const Layout& 
     }
   }
   return n;
+}
+
+int EmitChwAvx2(const uint8_t* v, const Layout& l, int oy, uint8_t* out) {
+  if (l.dtype == DType::kFloat32)
+    return l.flip ? EmitChwAvx2<true, true>(v, l, oy, out)
+                  : EmitChwAvx2<true, false>(v, l, oy, out);
+  return l.flip ? EmitChwAvx2<false, true>(v, l, oy, out)
+                : EmitChwAvx2<false, false>(v, l, oy, out);
 }
 
 }  // namespace
