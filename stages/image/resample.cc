@@ -321,10 +321,12 @@ __attribute__((target("avx2"))) int EmitChwAvx2(const uint8_t* v, const Layout& 
                                                 uint8_t* out) {
   const int n = l.w / 8 * 8;
   const __m256i reverse = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0), byte = _mm256_set1_epi32(255);
-  const __m256 mul[3] = {_mm256_set1_ps(l.mul[0]), _mm256_set1_ps(l.mul[1]),
-                         _mm256_set1_ps(l.mul[2])};
-  const __m256 add[3] = {_mm256_set1_ps(l.add[0]), _mm256_set1_ps(l.add[1]),
-                         _mm256_set1_ps(l.add[2])};
+  __m256 mul[3] = {}, add[3] = {};  // uint8 output has no factors (l.mul is null)
+  if (kFloat)
+    for (int c = 0; c < 3; ++c) {
+      mul[c] = _mm256_set1_ps(l.mul[c]);
+      add[c] = _mm256_set1_ps(l.add[c]);
+    }
   const size_t row = static_cast<size_t>(oy) * l.w, plane = l.plane;
   for (int x = 0; x < n; x += 8) {
     __m256i px =
