@@ -285,7 +285,7 @@ TEST(ImageStageTest, Avx2AndPortableKernelsGiveTheSameBytes) {
           o.dtype = dtype;
           o.chw = chw;
           o.flip = flip;
-          if (dtype != DType::kUInt8) {  // as in the stages: uint8 output has no factors
+          if (dtype != DType::kUInt8) {  // as the Qwen stages call it: uint8 output, no factors
             o.mul = mul;
             o.add = add;
           }
