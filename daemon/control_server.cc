@@ -68,7 +68,10 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
       return;
     }
     int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid_, 0));
-    if (pidfd >= 0) pidfd_.assign(pidfd);
+    if (pidfd >= 0)
+      pidfd_.assign(pidfd);
+    else
+      peer_gone_ = errno == ESRCH;  // it died before it was accepted (ENOSYS: no pidfds here)
     Read();
   }
 
@@ -158,6 +161,8 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
     }
     if (attached_rank_ >= 0)
       return Reply({{"ok", false}, {"error", "this connection is already attached"}});
+    // A process that is gone cannot hold a rank (without a pidfd its death could not be seen).
+    if (peer_gone_) return Disconnect();
     Result<AttachGrant> r = server_.handler_.attach(
         req->rank, pid_, pidfd_.is_open() ? pidfd_.native_handle() : -1, req->resume);
     if (!r.ok()) return Reply({{"ok", false}, {"error", r.status().message()}});
@@ -199,15 +204,16 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
         poll(&p, 1, 10);
       } else {
         spdlog::warn("control reply to pid {} failed: {}", pid_, std::strerror(errno));
-        return;
+        return Disconnect();  // an attach it never received is no attach
       }
     }
     auto self = shared_from_this();
     asio::async_write(socket_, asio::buffer(text->data() + sent, text->size() - sent),
                       [this, self, text, then_read](std::error_code ec, size_t) {
-                        if (ec)
+                        if (ec) {
                           spdlog::warn("control reply to pid {} failed: {}", pid_, ec.message());
-                        else if (then_read)
+                          Disconnect();
+                        } else if (then_read)
                           Read();
                       });
   }
@@ -220,6 +226,7 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
   int attached_rank_ = -1;
   uint32_t generation_ = 0;
   bool detached_ = false;
+  bool peer_gone_ = false;  // the peer had exited when its connection was accepted
 };
 
 ControlServer::ControlServer(asio::io_context& io, std::string path, std::string group,

@@ -91,6 +91,13 @@ int MetricsServer::Handle(mg_connection* conn, void* self) {
     std::lock_guard<std::mutex> lock(server->mu_);
     page = server->page_;
   }
+  if (page.empty()) {  // never an empty 200: a scraper would mark every series stale
+    mg_response_header_start(conn, 503);
+    mg_response_header_add(conn, "Retry-After", "1", -1);
+    mg_response_header_add(conn, "Content-Length", "0", -1);
+    mg_response_header_send(conn);
+    return 503;
+  }
   mg_send_http_ok(conn, "text/plain; version=0.0.4; charset=utf-8",
                   static_cast<long long>(page.size()));
   if (std::strcmp(req->request_method, "GET") == 0) mg_write(conn, page.data(), page.size());

@@ -19,6 +19,7 @@
 #include "daemon/metrics.h"
 #include "daemon/ring_sink.h"
 #include "daemon/service_notify.h"
+#include "daemon/stream_state.h"
 #include "stages/runtime/autotune.h"
 #include "stages/runtime/config_diff.h"
 #include "stages/runtime/pipeline.h"
@@ -40,6 +41,35 @@ class Supervisor {
       : cfg_(std::move(cfg)), opt_(std::move(opt)), timer_(io_) {}
 
   int Run() {
+    // --state-dir: the stream the trainers are in. A restart on an edited config continues it
+    // with the config it was made from, then switches as a reload would (`then_reload`).
+    std::optional<StreamState> saved;
+    std::string then_reload;
+    if (!opt_.state_dir.empty()) {
+      Result<std::optional<StreamState>> read = ReadState();
+      if (!read.ok()) {
+        spdlog::error("{}", read.status().message());
+        return kExitConfig;
+      }
+      saved = std::move(read.value());
+      if (saved && !saved->config_text.empty() &&
+          (saved->config_text != cfg_.text || saved->config_file != cfg_.file)) {
+        Result<PipelineConfig> kept = KeptConfig(*saved);
+        if (kept.ok()) {
+          spdlog::info(
+              "{} differs from the config the saved stream in {} was made with: continuing the "
+              "stream with that config, then reloading {} (applied as a reload would: at once or "
+              "at the next epoch boundary)",
+              cfg_.file, StatePath(), cfg_.file);
+          then_reload = cfg_.file;
+          cfg_ = std::move(kept.value());
+        } else {
+          spdlog::warn("{}: the saved stream cannot be continued ({}): starting fresh", StatePath(),
+                       kept.status().message());
+          saved.reset();
+        }
+      }
+    }
     // Rings first: their size is known from the stage specs, and running out of memory
     // must be an error now, not later.
     RingPlan plan = PlanRings(cfg_);
@@ -59,6 +89,7 @@ class Supervisor {
     }
     sinks_ = std::move(rings.value());
     moved_from_.resize(cfg_.consumers);
+    awaiting_reattach_.resize(cfg_.consumers);
     for (int r = 0; r < cfg_.consumers; ++r) {
       sinks.push_back(sinks_[r].get());
       if (packed) {
@@ -78,7 +109,10 @@ class Supervisor {
     pipeline_ = std::move(pipeline.value());
     for (auto& s : sinks_) pipeline_->AddProfiledStage(s->info());
     if (!opt_.state_dir.empty()) {
-      Status st = LoadState();
+      Status st = LoadState(saved);
+      // The state is written once now: a --state-dir that cannot be written is an error at
+      // start, not a stale file found by the next restart.
+      if (st.ok()) st = SaveState();
       if (!st.ok()) {
         spdlog::error("{}", st.message());
         return kExitConfig;
@@ -95,6 +129,7 @@ class Supervisor {
         return 1;
       }
       metrics_ = std::move(m.value());
+      metrics_->Publish(MetricsText());  // before the first scrape can come
       spdlog::info("serving Prometheus metrics on http://{}/metrics", cfg_.metrics_listen);
     }
 
@@ -126,6 +161,7 @@ class Supervisor {
     }
     spdlog::info("serving on {}", opt_.socket);
     notify_.Ready(StatusLine());
+    if (!then_reload.empty()) (void)Reload(then_reload);  // logged either way
     Tick();
     io_.run();
     timer_.cancel();
@@ -133,7 +169,7 @@ class Supervisor {
     server_->Shutdown();
 
     pipeline_->Wait();
-    SaveState();
+    (void)SaveState();  // logged
     return Report();
   }
 
@@ -167,12 +203,20 @@ class Supervisor {
       server_->Disconnect(h.generation);
       Detach(rank, h.pid, h.generation);
     }
-    if (pending_ && pipeline_->Finished()) CompleteReload();
+    if (ReadyToSwap()) CompleteReload();
+    awaiting_reattach_[rank] = false;
     RingSink* sink = sinks_[rank].get();
     if (std::unique_ptr<RingSink>& old = moved_from_[rank]) {
       // A reload replaced the rank's ring. Its batches the trainer has not finished are served
       // from it first (the trainer then attaches again by itself); unless the trainer asks for
       // earlier ones, which the running pipeline makes again.
+      const uint64_t held = old->ring().MinReadySeq();
+      const bool in_old = held != UINT64_MAX && resume && held <= resume->seq &&
+                          resume->seq <= pipeline_->NextCommit(rank);
+      if (resume && !in_old) {
+        Status st = pipeline_->CheckCursor(resume->seq);
+        if (!st.ok()) return st.WithContext(fmt::format("rank {}: resume refused", rank));
+      }
       if (resume) old->ring().DropReady(resume->seq);
       uint64_t first = old->ring().MinReadySeq();
       if (old->ring().unreleased() > 0 && (!resume || resume->seq == first)) {
@@ -197,22 +241,31 @@ class Supervisor {
   }
 
   // The trainer finished the batches before `cursor`: those in the ring are not delivered
-  // again; if the rest starts at the cursor it is reused, else the rank is rewound there.
+  // again; if the rest starts at the cursor it is reused, else the rank is rewound there. A
+  // cursor the rank cannot be served from (forged, past the data, before a reload's boundary
+  // with its batches no longer in the ring) is refused before anything changes.
   Status Resume(int rank, const StreamCursor& c) {
     shm::RingWriter& ring = sinks_[rank]->ring();
+    const uint64_t first = ring.MinReadySeq(), next_commit = pipeline_->NextCommit(rank);
+    const bool reuse =
+        c.seq <= next_commit && (first == UINT64_MAX ? c.seq == next_commit : first <= c.seq);
+    if (!reuse) {
+      Status st = pipeline_->CheckCursor(c.seq);
+      if (!st.ok()) return st.WithContext(fmt::format("rank {}: resume refused", rank));
+    }
     int finished = ring.DropReady(c.seq);
     uint64_t next = ring.MinReadySeq();
     if (next == UINT64_MAX) next = pipeline_->NextCommit(rank);
     if (next != c.seq) {
       Status st = pipeline_->Rewind(rank, c.seq);
-      if (st.code() == Status::Code::kClosed && pending_) {
+      if (st.code() == Status::Code::kClosed && ReadyToSwap()) {
         // The pipeline was handing over at the epoch boundary: its successor serves the rank.
         CompleteReload();
         st = pipeline_->Rewind(rank, c.seq);
       }
       MMFEED_RETURN_IF_ERROR(st);
     }
-    ring.set_acked(pipeline_->CursorAt(c.seq));
+    if (c.seq >= pipeline_->origin().seq) ring.set_acked(pipeline_->CursorAt(c.seq));
     spdlog::info("rank {}: resuming at batch {} ({} finished batch(es) dropped from the ring, {})",
                  rank, c.seq, finished, next == c.seq ? "the rest reused" : "the rank rewound");
     return Status::Ok();
@@ -290,13 +343,14 @@ class Supervisor {
       auto m = MetricsServer::Start(cfg->metrics_listen);
       if (!m.ok()) return m.status();
       metrics = std::move(m.value());
+      metrics->Publish(MetricsText());
     }
     if (new_metrics) metrics_ = std::move(metrics);
     const bool grow = !rings.empty();
     const int consumers = cfg->consumers;
     pending_ = std::make_unique<PendingReload>(
         PendingReload{std::move(next.value()), std::move(cfg.value()), std::move(plan),
-                      std::move(rings), renumber});
+                      std::move(rings), at_epoch});
     nlohmann::json reply = {
         {"config", file},
         {"changes", changes.json},
@@ -311,13 +365,36 @@ class Supervisor {
                                             consumers)
                               : "re-made larger; trainers attach to them by themselves"}};
     if (at_epoch) {
-      pipeline_->QuiesceAtEpochEnd(renumber);
+      // Every rank switches at one boundary, the furthest rank's next: a rank an epoch behind
+      // the others must not make that epoch in another order than they did.
+      pipeline_->QuiesceAtEpochEnd(/*together=*/true);
     } else {
       pipeline_->Quiesce();
       pipeline_->Wait();
       CompleteReload();
     }
     return reply;
+  }
+
+  // Whether the pending reload can take over now. One that changes the order or the numbering
+  // waits, after the running pipeline finished its epoch, until every trainer has released the
+  // batches before the boundary: from the swap on, the saved state names only the new config,
+  // and a restart could not make those batches again.
+  bool ReadyToSwap() {
+    if (!pending_ || !pipeline_->Finished()) return false;
+    if (!pending_->at_epoch || !pipeline_->status().ok() || draining_) return true;
+    for (int r = 0; r < cfg_.consumers; ++r)
+      if (AckedOf(r).seq < pipeline_->NextCommit(r)) return false;
+    return true;
+  }
+
+  // The rank's acknowledged cursor: a trainer still draining the ring a reload replaced
+  // acknowledges there.
+  StreamCursor AckedOf(int r) {
+    StreamCursor acked = sinks_[r]->ring().acked();
+    if (moved_from_[r] && moved_from_[r]->ring().acked().seq > acked.seq)
+      acked = moved_from_[r]->ring().acked();
+    return acked;
   }
 
   // The running pipeline has quiesced: the pending one continues every rank from its next
@@ -331,8 +408,9 @@ class Supervisor {
       for (BatchSink* s : pipeline_sinks_) s->Finish(false);
       return;
     }
-    if (p->renumber) {
-      // Every rank stands at the same epoch boundary: the new numbering starts there.
+    if (p->at_epoch) {
+      // Every rank stands at the same epoch boundary: the new order or numbering starts there,
+      // and cursors before it are refused (the batches before it came from another config).
       StreamCursor at = pipeline_->CursorAt(pipeline_->NextCommit(0));
       bool together = at.batch == 0;
       for (int r = 1; r < cfg_.consumers; ++r) together &= pipeline_->NextCommit(r) == at.seq;
@@ -342,6 +420,8 @@ class Supervisor {
         return;
       }
       p->pipeline->SetOrigin({at.epoch, at.seq});
+    } else {
+      p->pipeline->SetOrigin(pipeline_->origin());  // the same numbering goes on
     }
     // Ranks a smaller consumer count removes: their trainers take what their rings hold, then
     // see the end of their data. Added ranks start where the others are.
@@ -407,10 +487,14 @@ class Supervisor {
       holders_.emplace_back();
       rates_.emplace_back();
       moved_from_.emplace_back();
+      awaiting_reattach_.push_back(false);
       spdlog::info("rank {}: added, starting at batch {}", r, next.seq);
       return;
     }
     std::unique_ptr<RingSink> old = std::move(sinks_[r]);
+    // Its trainer comes back by itself: the daemon does not end before it has (the new ring
+    // may hold nothing but the end of the data).
+    awaiting_reattach_[r] = holders_[r].pid != 0;
     if (holders_[r].pid) {
       // The trainer keeps its connection to the old ring until it attaches again: its later
       // close is then a stale generation and changes nothing.
@@ -427,79 +511,94 @@ class Supervisor {
                  sinks_[r]->ring().layout().slot_bytes / 1048576.0, next.seq);
   }
 
-  // --state-dir: the acknowledged cursors of the last run, used if they are for this stream.
+  // --state-dir: the stream the trainers are in (daemon/stream_state.h).
   std::string StatePath() const { return opt_.state_dir + "/cursors.json"; }
 
-  Status LoadState() {
+  Result<std::optional<StreamState>> ReadState() {
     std::error_code ec;
     std::filesystem::create_directories(opt_.state_dir, ec);
     if (ec) return Status::Io(fmt::format("--state-dir {}: {}", opt_.state_dir, ec.message()));
-    std::ifstream f(StatePath());
-    if (!f) {
+    return ReadStreamState(StatePath());
+  }
+
+  // The config a saved stream was made with, loaded as the daemon loads its file (relative
+  // paths from where that file was).
+  Result<PipelineConfig> KeptConfig(const StreamState& s) const {
+    Result<PipelineConfig> cfg = ParseConfig(s.config_text, s.config_file);
+    if (!cfg.ok()) return cfg;
+    MMFEED_RETURN_IF_ERROR(CheckFaultsAllowed(*cfg, opt_.allow_faults));
+    cfg->source.index_dir = opt_.state_dir;
+    ConfigChanges changes = DiffConfigs(*cfg, cfg_);
+    if (!changes.needs_restart.empty())
+      return Status::Unsupported(
+          fmt::format("the edited config changes what a reload cannot: {}", changes.needs_restart));
+    return cfg;
+  }
+
+  // Starts every rank from its saved cursor when `saved` is this pipeline's stream.
+  Status LoadState(std::optional<StreamState> saved) {
+    if (!saved) {
       spdlog::info("no saved cursors in {}: starting every rank at the beginning", StatePath());
       return Status::Ok();
     }
-    nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
-    std::vector<StreamCursor> start;
-    if (!j.is_discarded() && j.is_object() &&
-        j.value("fingerprint", "") == pipeline_->fingerprint() && j.contains("ranks") &&
-        j["ranks"].is_array() && static_cast<int>(j["ranks"].size()) == cfg_.consumers) {
-      // A reload that changed the batches per epoch numbered this config's batches from there.
-      Result<StreamCursor> origin = CursorFromJson(j.value("origin", CursorToJson({})));
-      if (origin.ok()) pipeline_->SetOrigin({origin->epoch, origin->seq});
-      for (const auto& r : j["ranks"]) {
-        Result<StreamCursor> c = CursorFromJson(r);
-        if (!c.ok() || !origin.ok()) break;
-        if (c->seq < origin->seq) {
-          // The daemon stopped while this rank's trainer still had batches of the config before
-          // that reload to take; this config cannot make them.
-          spdlog::warn(
-              "rank {}: batches {}-{} of the config before the last reload were not "
-              "taken and cannot be made again: the rank starts at batch {} (epoch {})",
-              start.size(), c->seq, origin->seq - 1, origin->seq, origin->epoch);
-          c->seq = origin->seq;
-        }
-        start.push_back(pipeline_->CursorAt(c->seq));
-      }
-    }
-    if (static_cast<int>(start.size()) != cfg_.consumers) {
+    if (saved->fingerprint != pipeline_->fingerprint()) {
       spdlog::warn(
-          "{} is for another stream (fingerprint {}, this config makes {}): starting fresh",
-          StatePath(), j.is_object() ? j.value("fingerprint", "none") : "unreadable",
-          pipeline_->fingerprint());
+          "{} is for another stream (fingerprint {}, this config makes {}: the data or the "
+          "config changed): starting fresh",
+          StatePath(), saved->fingerprint, pipeline_->fingerprint());
       return Status::Ok();
     }
-    MMFEED_RETURN_IF_ERROR(pipeline_->SetStart(start));
-    for (int r = 0; r < cfg_.consumers; ++r) sinks_[r]->ring().set_acked(start[r]);
+    // A reload that changed the order or the numbering started this config's batches there.
+    pipeline_->SetOrigin({saved->origin_epoch, saved->origin_seq});
+    for (size_t r = 0; r < saved->ranks.size(); ++r) {
+      StreamCursor& c = saved->ranks[r];
+      if (c.seq < saved->origin_seq && r < static_cast<size_t>(cfg_.consumers)) {
+        // The daemon stopped while this rank's trainer still had batches of the config before
+        // that reload to take; this config cannot make them.
+        spdlog::warn(
+            "rank {}: batches {}-{} of the config before the last reload were not taken and "
+            "cannot be made again: the rank starts at batch {} (epoch {})",
+            r, c.seq, saved->origin_seq - 1, saved->origin_seq, saved->origin_epoch);
+        c = pipeline_->CursorAt(saved->origin_seq);
+      }
+    }
+    Status valid = ValidateStreamState(*saved, *pipeline_, cfg_.consumers);
+    if (!valid.ok())
+      return valid.WithContext(fmt::format(
+          "{}: the saved cursors do not fit this config (move the file away to start every rank "
+          "at the beginning)",
+          StatePath()));
+    MMFEED_RETURN_IF_ERROR(pipeline_->SetStart(saved->ranks));
+    for (int r = 0; r < cfg_.consumers; ++r) sinks_[r]->ring().set_acked(saved->ranks[r]);
     std::string at;
-    for (const StreamCursor& c : start) at += fmt::format(" {}", c.seq);
+    for (const StreamCursor& c : saved->ranks) at += fmt::format(" {}", c.seq);
     spdlog::info("continuing from the saved cursors in {}: ranks at batch{}", StatePath(), at);
     return Status::Ok();
   }
 
-  // Writes the acknowledged cursors when they changed (temp file, fsync, rename).
-  void SaveState() {
-    if (opt_.state_dir.empty()) return;
+  // Writes the stream's state when it changed (daemon/stream_state.h). A failure is logged
+  // when it first happens and then once a minute with a count, not at every tick.
+  Status SaveState() {
+    if (opt_.state_dir.empty()) return Status::Ok();
     const Pipeline::Origin origin = pipeline_->origin();
-    nlohmann::json j = {
-        {"pipeline", cfg_.name},
-        {"fingerprint", pipeline_->fingerprint()},
-        {"origin", CursorToJson({origin.epoch, 0, origin.seq})},  // an epoch's start
-        {"ranks", nlohmann::json::array()}};
-    for (int r = 0; r < cfg_.consumers; ++r) {
-      StreamCursor acked = sinks_[r]->ring().acked();
-      // A trainer still draining the ring a reload replaced acknowledges there.
-      if (moved_from_[r] && moved_from_[r]->ring().acked().seq > acked.seq)
-        acked = moved_from_[r]->ring().acked();
-      j["ranks"].push_back(CursorToJson(acked));
-    }
-    std::string text = j.dump() + "\n";
-    if (text == saved_state_) return;
+    StreamState state{cfg_.name, pipeline_->fingerprint(), origin.epoch, origin.seq, {}, cfg_.file,
+                      cfg_.text};
+    for (int r = 0; r < cfg_.consumers; ++r) state.ranks.push_back(AckedOf(r));
+    std::string text = StreamStateToJson(state).dump() + "\n";
+    if (text == saved_state_) return Status::Ok();
     Status st = WriteFileAtomically(StatePath(), text);
-    if (!st.ok())
-      spdlog::warn("{}", st.message());
-    else
-      saved_state_ = text;
+    const auto now = std::chrono::steady_clock::now();
+    if (st.ok()) {
+      if (state_failures_)
+        spdlog::info("{} written again after {} failed attempt(s)", StatePath(), state_failures_);
+      state_failures_ = 0;
+      saved_state_ = std::move(text);
+    } else if (state_failures_++ == 0 || now - state_warned_at_ >= std::chrono::minutes(1)) {
+      spdlog::error("{} (the cursors a restart would continue from are {}; {} attempt(s) failed)",
+                    st.message(), state_failures_ > 1 ? "stale" : "not saved", state_failures_);
+      state_warned_at_ = now;
+    }
+    return st;
   }
 
   void Detach(int rank, int pid, uint32_t generation) {
@@ -509,6 +608,13 @@ class Supervisor {
     RingSink* sink = h.sink;
     h = Holder{};
     int n = sink->ring().Detach();
+    // A reader that scribbled over its control area and then died: its slots are taken back
+    // all the same, and the next attach gets a fresh control area.
+    if (std::string why = sink->ring().TakeViolation(); !why.empty())
+      spdlog::warn(
+          "rank {}: pid {} left its control area corrupt ({}); its batches are "
+          "delivered again to the next attach",
+          rank, pid, why);
     spdlog::info("rank {} detached (pid {}); {} unreleased batch(es) will be delivered again", rank,
                  pid, n);
   }
@@ -694,8 +800,8 @@ class Supervisor {
     timer_.expires_after(std::chrono::milliseconds(100));
     timer_.async_wait([this](std::error_code ec) {
       if (ec) return;
-      if (pending_ && pipeline_->Finished()) CompleteReload();
-      SaveState();
+      if (ReadyToSwap()) CompleteReload();
+      (void)SaveState();  // logged
       Heartbeat();
       Tune();
       for (int r = 0; r < ranks(); ++r) {
@@ -709,6 +815,7 @@ class Supervisor {
       }
       bool all_done = pipeline_->Finished();
       for (auto& s : sinks_) all_done = all_done && s->ring().Drained();
+      for (bool awaited : awaiting_reattach_) all_done = all_done && !awaited;
       if (all_done) {
         io_.stop();
         return;
@@ -941,10 +1048,11 @@ class Supervisor {
     PipelineConfig cfg;
     RingPlan plan;
     std::vector<std::unique_ptr<RingSink>> rings;  // empty, or larger rings to move to
-    bool renumber = false;  // the batches per epoch change: all ranks switch at one epoch
+    bool at_epoch = false;  // the order or numbering changes: all ranks switch at one epoch
   };
   // Per rank, the ring a reload replaced, until the rank's next attach.
   std::vector<std::unique_ptr<RingSink>> moved_from_;
+  std::vector<bool> awaiting_reattach_;  // per rank: moved while a trainer was attached
   uint64_t moved_published_ = 0;  // batches published into replaced rings, less those dropped
   std::unique_ptr<PendingReload> pending_;
   uint64_t reloads_ok_ = 0, reloads_failed_ = 0;
@@ -978,8 +1086,10 @@ class Supervisor {
   std::unique_ptr<ControlServer> server_;
   std::vector<Holder> holders_;
   uint32_t last_generation_ = 0;
-  std::string saved_state_;
-  uint64_t ring_bytes_ = 0;  // the last state written to --state-dir
+  std::string saved_state_;      // the last state written to --state-dir
+  uint64_t state_failures_ = 0;  // writes of it that failed in a row
+  std::chrono::steady_clock::time_point state_warned_at_;
+  uint64_t ring_bytes_ = 0;
   bool draining_ = false;
   bool drain_timed_out_ = false;
   std::chrono::steady_clock::time_point drain_deadline_;

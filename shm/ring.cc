@@ -170,6 +170,9 @@ Result<int> RingWriter::Attach(uint32_t generation) {
   std::lock_guard<std::mutex> lock(mu_);
   SyncLocked();  // what the previous reader released before it went is not delivered again
   DetachLocked();
+  // The previous generation is gone with its control area: whatever it scribbled there was
+  // reported when it detached and must not cut off this reader.
+  violation_.clear();
   control_fd_ = fd;
   control_base_ = static_cast<uint8_t*>(p);
   generation_ = generation;

@@ -595,7 +595,9 @@ Result<PipelineConfig> ParseConfig(const std::string& text, const std::string& f
   try {
     YAML::Node root = YAML::Load(text);
     if (!root.IsMap()) throw ConfigError{root.Mark(), "the config must be a YAML mapping"};
-    return ParseRoot(root, file);
+    PipelineConfig cfg = ParseRoot(root, file);
+    cfg.text = text;
+    return cfg;
   } catch (const ConfigError& e) {
     if (e.mark.line < 0) return Status::Invalid(fmt::format("{}: {}", file, e.message));
     return Status::Invalid(

@@ -98,6 +98,7 @@ struct FaultConfig {
 
 struct PipelineConfig {
   std::string file;      // the config file's path
+  std::string text;      // the YAML it was parsed from (--state-dir keeps it with the cursors)
   std::string base_dir;  // its folder
   std::string name;      // `pipeline:`
   SourceConfig source;

@@ -429,9 +429,8 @@ Status Pipeline::SetStart(std::vector<StreamCursor> start) {
   if (static_cast<int>(start.size()) != cfg_.consumers)
     return Status::Invalid("one start cursor per consumer rank is required");
   for (const StreamCursor& c : start) {
-    MMFEED_RETURN_IF_ERROR(Reachable(c.seq));
-    if (c.epoch < origin_.epoch || c.seq < origin_.seq || c.batch >= EpochBatches(c.epoch) ||
-        c != CursorAt(c.seq))
+    MMFEED_RETURN_IF_ERROR(CheckCursor(c.seq));
+    if (c.epoch < origin_.epoch || c.batch >= EpochBatches(c.epoch) || c != CursorAt(c.seq))
       return Status::Invalid(fmt::format(
           "cursor (epoch {}, batch {}, seq {}) does not fit {} batches per epoch from epoch {} "
           "(seq {})",
@@ -536,30 +535,40 @@ Status Pipeline::Reachable(uint64_t seq) const {
       seq, kMaxEpochsAhead, origin_.epoch));
 }
 
+uint64_t Pipeline::TotalBatches() const {
+  const uint64_t epochs = static_cast<uint64_t>(cfg_.source.epochs);
+  if (!epochs) return UINT64_MAX;
+  if (!budgeted())
+    return origin_.seq + (epochs - std::min<uint64_t>(epochs, origin_.epoch)) * batches_per_epoch_;
+  uint64_t total = origin_.seq;
+  for (uint64_t e = origin_.epoch; e < epochs; ++e) total += EpochBatches(static_cast<uint32_t>(e));
+  return total;
+}
+
+Status Pipeline::CheckCursor(uint64_t seq) const {
+  if (seq < origin_.seq)
+    return Status::Invalid(fmt::format(
+        "cursor seq {} is before batch {}, where a reload changed the order or the batch "
+        "numbering at epoch {}: the earlier batches cannot be made again",
+        seq, origin_.seq, origin_.epoch));
+  const uint64_t total = TotalBatches();
+  if (seq > total)
+    return Status::Invalid(
+        fmt::format("cursor seq {} is past the end of the data ({} batches per rank)", seq, total));
+  // An endless run: the epoch a seq falls in must be one a cursor can name (32 bits).
+  if (!budgeted() && (seq - origin_.seq) / batches_per_epoch_ >= UINT32_MAX - origin_.epoch)
+    return Status::Invalid(
+        fmt::format("cursor seq {} is past the last epoch a cursor can name", seq));
+  return Reachable(seq);
+}
+
 Status Pipeline::Rewind(uint32_t rank, uint64_t from_seq) {
   if (cfg_.packed_stage >= 0)
     return Status::Unsupported(
         "a packed text stream cannot be resumed at a cursor (its rows cross batches)");
   if (rank >= static_cast<uint32_t>(cfg_.consumers))
     return Status::Invalid(fmt::format("rank {} out of range", rank));
-  if (from_seq < origin_.seq)
-    return Status::Invalid(fmt::format(
-        "cursor seq {} is before batch {}, where a reload changed the batch numbering at epoch "
-        "{}: the earlier batches cannot be made again",
-        from_seq, origin_.seq, origin_.epoch));
-  const uint64_t epochs = static_cast<uint64_t>(cfg_.source.epochs);
-  uint64_t total = UINT64_MAX;
-  if (epochs && !budgeted()) {
-    total = origin_.seq + (epochs - std::min<uint64_t>(epochs, origin_.epoch)) * batches_per_epoch_;
-  } else if (epochs) {
-    total = origin_.seq;
-    for (uint64_t e = origin_.epoch; e < epochs; ++e)
-      total += EpochBatches(static_cast<uint32_t>(e));
-  }
-  if (from_seq <= total) MMFEED_RETURN_IF_ERROR(Reachable(from_seq));
-  if (from_seq > total)
-    return Status::Invalid(fmt::format(
-        "cursor seq {} is past the end of the data ({} batches per rank)", from_seq, total));
+  MMFEED_RETURN_IF_ERROR(CheckCursor(from_seq));
   std::lock_guard<std::mutex> lock(rewind_mu_);
   if (source_exited_)
     return Status::Closed(fmt::format(

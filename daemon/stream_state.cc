@@ -1,0 +1,98 @@
+#include "daemon/stream_state.h"
+
+#include <fmt/format.h>
+
+#include "base/atomic_file.h"
+#include "stages/runtime/pipeline.h"
+
+namespace mmfeed {
+
+namespace {
+constexpr size_t kMaxStateBytes = 64 << 20;  // a config's text and a cursor per rank
+}
+
+nlohmann::json StreamStateToJson(const StreamState& s) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const StreamCursor& c : s.ranks) ranks.push_back(CursorToJson(c));
+  return {{"version", 2},
+          {"pipeline", s.pipeline},
+          {"fingerprint", s.fingerprint},
+          {"origin", CursorToJson({s.origin_epoch, 0, s.origin_seq})},  // an epoch's start
+          {"ranks", std::move(ranks)},
+          {"config", {{"file", s.config_file}, {"text", s.config_text}}}};
+}
+
+Result<StreamState> StreamStateFromJson(const nlohmann::json& j, const std::string& path) {
+  auto bad = [&](const std::string& what) {
+    return Status::Invalid(fmt::format(
+        "{}: {}; it is not a state file this daemon wrote (move it away to start every rank at "
+        "the beginning)",
+        path, what));
+  };
+  if (!j.is_object()) return bad("not a JSON object");
+  const int version = j.contains("version") && j["version"].is_number_unsigned()
+                          ? j["version"].get<int>()
+                          : (j.contains("version") ? -1 : 1);
+  if (version != 1 && version != 2) return bad("unknown \"version\"");
+  StreamState s;
+  if (!j.contains("fingerprint") || !j["fingerprint"].is_string())
+    return bad("no string \"fingerprint\"");
+  s.fingerprint = j["fingerprint"].get<std::string>();
+  if (j.contains("pipeline") && j["pipeline"].is_string())
+    s.pipeline = j["pipeline"].get<std::string>();
+  if (j.contains("origin")) {
+    Result<StreamCursor> o = CursorFromJson(j["origin"]);
+    if (!o.ok() || o->batch != 0) return bad("\"origin\" is not an epoch's first batch");
+    s.origin_epoch = o->epoch;
+    s.origin_seq = o->seq;
+  }
+  if (!j.contains("ranks") || !j["ranks"].is_array() || j["ranks"].empty())
+    return bad("no \"ranks\" array");
+  for (const auto& r : j["ranks"]) {
+    Result<StreamCursor> c = CursorFromJson(r);
+    if (!c.ok()) return bad(fmt::format("rank {}: {}", s.ranks.size(), c.status().message()));
+    s.ranks.push_back(*c);
+  }
+  if (version == 2) {
+    const auto& c = j.contains("config") ? j["config"] : nlohmann::json();
+    if (!c.is_object() || !c.contains("file") || !c["file"].is_string() || !c.contains("text") ||
+        !c["text"].is_string())
+      return bad("no \"config\" with a \"file\" and a \"text\"");
+    s.config_file = c["file"].get<std::string>();
+    s.config_text = c["text"].get<std::string>();
+  }
+  return s;
+}
+
+Result<std::optional<StreamState>> ReadStreamState(const std::string& path) {
+  Result<std::optional<std::string>> text = ReadSmallFile(path, kMaxStateBytes);
+  if (!text.ok())
+    return text.status().WithContext(
+        "--state-dir (move it away to start every rank at the beginning)");
+  if (!*text) return std::optional<StreamState>();
+  nlohmann::json j = nlohmann::json::parse(**text, nullptr, false);
+  if (j.is_discarded())
+    return Status::Invalid(fmt::format(
+        "{}: not valid JSON (move it away to start every rank at the beginning)", path));
+  Result<StreamState> s = StreamStateFromJson(j, path);
+  if (!s.ok()) return s.status();
+  return std::optional<StreamState>(std::move(s.value()));
+}
+
+Status ValidateStreamState(const StreamState& s, const Pipeline& p, int consumers) {
+  if (static_cast<int>(s.ranks.size()) != consumers)
+    return Status::Invalid(
+        fmt::format("it has {} rank(s), the config {}", s.ranks.size(), consumers));
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    const StreamCursor& c = s.ranks[r];
+    Status st = p.CheckCursor(c.seq);
+    if (st.ok() && c != p.CursorAt(c.seq))
+      st = Status::Invalid(fmt::format(
+          "cursor (epoch {}, batch {}, seq {}) is not where seq {} stands (epoch {}, batch {})",
+          c.epoch, c.batch, c.seq, c.seq, p.CursorAt(c.seq).epoch, p.CursorAt(c.seq).batch));
+    if (!st.ok()) return st.WithContext(fmt::format("rank {}", r));
+  }
+  return Status::Ok();
+}
+
+}  // namespace mmfeed

@@ -1,0 +1,54 @@
+// StreamState: what --state-dir keeps of the stream the trainers are in, in one file
+// (DIR/cursors.json, written atomically by the supervisor's thread every tick it changed):
+//
+//   {"version": 2, "pipeline": NAME, "fingerprint": FP,
+//    "origin": {"epoch": E, "batch": 0, "seq": S},
+//    "ranks": [CURSOR, ...],                      // each rank's acknowledged cursor
+//    "config": {"file": PATH, "text": YAML}}      // the config that makes the batches from S on
+//
+// The config's own text is kept (not its path alone) because the file may be edited before
+// the daemon restarts: a restart on an edited file first continues the stream with the kept
+// config, then switches to the edited one as a reload would (docs/threads.md, "Restarts").
+// Version 1 files (no "version", no "config") are read; they continue only on an unchanged
+// config.
+//
+// Reading validates the structure (types, ranges) and nothing else; whether the cursors fit a
+// pipeline is Validate's business, with the pipeline at hand.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/cursor.h"
+#include "base/status.h"
+
+namespace mmfeed {
+
+class Pipeline;
+
+struct StreamState {
+  std::string pipeline;
+  std::string fingerprint;  // Pipeline::fingerprint() of the pipeline making batches from origin
+  uint32_t origin_epoch = 0;
+  uint64_t origin_seq = 0;
+  std::vector<StreamCursor> ranks;
+  std::string config_file, config_text;  // empty text: a version 1 file
+};
+
+nlohmann::json StreamStateToJson(const StreamState& s);
+// The file's path names the errors.
+Result<StreamState> StreamStateFromJson(const nlohmann::json& j, const std::string& path);
+
+// std::nullopt when there is no file. A symlink, a folder, a FIFO, a file over 64 MiB or
+// malformed JSON is an error naming the path (and how to start fresh).
+Result<std::optional<StreamState>> ReadStreamState(const std::string& path);
+
+// Whether `s` can continue on `p` (same fingerprint checked by the caller): one cursor per
+// rank, each at or after the origin, within the data (a finite run), with the epoch and batch
+// its seq has in p's numbering. The error names the rank and what is wrong.
+// REQUIRES: p's origin set from s.
+Status ValidateStreamState(const StreamState& s, const Pipeline& p, int consumers);
+
+}  // namespace mmfeed

@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""Reliability, round 3: the stream position through reloads, restarts and forged input, one
+test per finding of the hostile round (the randomized sequences are stateful_test.py's). Real
+mmfeedd, mmfeedctl and mmfeed-consume processes on real shared memory.
+
+usage: reliability_test.py --bin BUILD/bin
+"""
+import json, os, pathlib, signal, socket, subprocess, sys, time, urllib.error, urllib.request
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import daemon_test as dt  # noqa: E402
+import contracts_test as ct  # noqa: E402
+import reload_test  # noqa: E402
+from reload_test import ReloadCase, config  # noqa: E402
+
+
+def by_epoch(dumps):
+    """{epoch: [ids]} over the batches of every dump folder, each seq counted once per folder
+    set (a batch delivered again after a kill is the same batch)."""
+    seen, out = {}, {}
+    for dump in dumps:
+        for meta, _ in dt.dumped_batches(dump):
+            key = (dump.name.split("_")[0], meta["seq"])
+            if key in seen:
+                assert seen[key] == meta["ids"], f"{key} delivered twice with different ids"
+                continue
+            seen[key] = meta["ids"]
+            out.setdefault(meta["epoch"], []).extend(meta["ids"])
+    return out
+
+
+class PositionTest(ReloadCase):
+    reload_at_boundary = reload_test.ReloadTest.reload_at_boundary
+
+    def assert_exact_epochs(self, epochs, n_epochs, samples=1200):
+        for e in range(n_epochs):
+            ids = epochs.get(e, [])
+            self.assertEqual(len(ids), len(set(ids)), f"epoch {e}: ids delivered twice")
+            self.assertEqual(len(ids), samples, f"epoch {e}: ids missing")
+
+    def test_a_reload_after_a_renumbering_keeps_the_new_numbering(self):
+        """batch_size 16 -> 24 (the batches per epoch change at epoch 1), then a workers-only
+        reload: the second pipeline numbers from the first one's origin, not from seq 0."""
+        a, b = config(epochs=3), config(epochs=3, batch=24)
+        want_a, want_b = self.reference(a, "ref_a"), self.reference(b, "ref_b")
+        per_a, per_b = len(want_a[0]) // 3, len(want_b[0]) // 3
+        d, cs = self.start_slow(a, hold_ms=15)
+        self.wait_batches(3)
+        self.reload_at_boundary(d, b)
+        for rank in (0, 1):
+            self.wait_batches(per_a + 3, rank, timeout=120)
+        (self.dir / "c.yaml").write_text(config(epochs=3, batch=24, workers=1))
+        r = d.ctl("reload", "--config", str(self.dir / "c.yaml"), "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout)["applied"], "now")
+        got = self.finish_all(d, cs)
+        for rank in (0, 1):
+            self.assertEqual([m["ids"] for m, _ in got[rank]], want_a[rank][:per_a] + want_b[rank][per_b:])
+            self.assertEqual([m["seq"] for m, _ in got[rank]], list(range(per_a + 2 * per_b)))
+
+    def test_a_lagging_rank_switches_order_at_the_same_epoch_as_the_others(self):
+        """Rank 0's trainer is stopped while rank 1 runs into epoch 1; a new seed then applies
+        at the furthest rank's boundary (epoch 2) for both: every epoch is one order."""
+        a, b = config(epochs=3), config(epochs=3, seed=2)
+        want_a, want_b = self.reference(a, "ref_a"), self.reference(b, "ref_b")
+        per = len(want_a[0]) // 3
+        d = dt.Daemon(self.dir, a)
+        cs = [d.consume(0, "--json", "--hold-ms", "5", "--dump", str(self.dir / "r0")),
+              d.consume(1, "--json", "--hold-ms", "20", "--dump", str(self.dir / "r1"))]
+        self.wait_batches(2, 0)
+        cs[0].send_signal(signal.SIGSTOP)
+        self.wait_batches(per + 3, 1, timeout=120)
+        (self.dir / "b.yaml").write_text(b)
+        r = d.ctl("reload", "--config", str(self.dir / "b.yaml"), "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        cs[0].send_signal(signal.SIGCONT)
+        got = self.finish_all(d, cs)
+        self.assertIn("ranks at batch 76 76", d.log())
+        for rank in (0, 1):
+            ids = [m["ids"] for m, _ in got[rank]]
+            self.assertEqual(ids, want_a[rank][:2 * per] + want_b[rank][2 * per:], f"rank {rank}")
+        self.assert_exact_epochs(by_epoch([self.dir / "r0", self.dir / "r1"]), 3)
+
+    def test_a_restart_on_an_edited_config_continues_the_stream_the_trainers_are_in(self):
+        """A new seed is reloaded, the daemon is killed before the epoch boundary and restarted
+        on the edited file: epoch 0 ends in the old order, epochs 1-2 are the new one's."""
+        a, b = config(epochs=3), config(epochs=3, seed=2)
+        want_a, want_b = self.reference(a, "ref_a"), self.reference(b, "ref_b")
+        per = len(want_a[0]) // 3
+        state = self.dir / "state"
+        d = dt.Daemon(self.dir, a, extra=("--state-dir", str(state)))
+        cs = [d.consume(r, "--json", "--reconnect", "60", "--hold-ms", "30", "--cursor", str(self.dir / f"c{r}"),
+                        "--dump", str(self.dir / f"r{r}")) for r in (0, 1)]
+        self.wait_batches(3)
+        (self.dir / "p.yaml").write_text(b)
+        d.proc.send_signal(signal.SIGHUP)
+        deadline = time.time() + 10
+        while "applied at the next epoch boundary" not in d.log():
+            self.assertLess(time.time(), deadline)
+            time.sleep(0.02)
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait()
+        saved = json.loads((state / "cursors.json").read_text())
+        self.assertIn("seed: 1", saved["config"]["text"])
+        d2 = dt.Daemon(self.dir, b, extra=("--state-dir", str(state)))
+        got = self.finish_all(d2, cs)
+        self.assertIn("continuing the stream with that config", d2.log())
+        for rank in (0, 1):
+            by_seq = {}
+            for meta, _ in got[rank]:
+                self.assertEqual(by_seq.setdefault(meta["seq"], meta["ids"]), meta["ids"])
+            self.assertEqual(sorted(by_seq), list(range(3 * per)), f"rank {rank}: no gap")
+            self.assertEqual([by_seq[k] for k in sorted(by_seq)], want_a[rank][:per] + want_b[rank][per:])
+
+
+class StateDirTest(dt.DaemonCase):
+    """--state-dir is input like any other: refused with the reason, never followed or crashed on."""
+
+    def start(self, state, **kw):
+        ct.make_texts(self.dir, 100)
+        (self.dir / "p.yaml").write_text(ct.CONFIG.format(consumers=2, slots=4, epochs=1))
+        return subprocess.run([f"{dt.BIN}/mmfeedd", "--config", str(self.dir / "p.yaml"), "--socket",
+                               str(self.dir / "s.sock"), "--state-dir", str(state)], capture_output=True, text=True,
+                              timeout=60, **kw)
+
+    def saved_state(self):
+        """A real state file: a run stopped after rank 0 took a few batches."""
+        state = self.dir / "state"
+        ct.make_texts(self.dir, 100)
+        d = dt.Daemon(self.dir, ct.CONFIG.format(consumers=2, slots=4, epochs=1), extra=("--state-dir", str(state)))
+        dt.finish(d.consume(0, "--batches", "3"))
+        time.sleep(0.3)  # saved every 100 ms
+        d.proc.kill()
+        d.proc.wait()
+        return state, json.loads((state / "cursors.json").read_text())
+
+    def test_a_folder_named_cursors_json_is_refused_with_exit_2(self):
+        state = self.dir / "state"
+        (state / "cursors.json").mkdir(parents=True)
+        r = self.start(state)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("cursors.json is not a regular file", r.stderr)
+
+    def test_symlinks_in_the_state_dir_are_never_followed(self):
+        state = self.dir / "state"
+        state.mkdir()
+        victim = self.dir / "victim"
+        victim.write_text("precious\n")
+        os.symlink(victim, state / "cursors.json.tmp")  # the temporary file's name until round 3
+        ct.make_texts(self.dir, 100)
+        d = dt.Daemon(self.dir, ct.CONFIG.format(consumers=1, slots=4, epochs=1), extra=("--state-dir", str(state)))
+        dt.finish(d.consume(0))
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEqual(victim.read_text(), "precious\n")
+        self.assertTrue((state / "cursors.json").is_file() and not (state / "cursors.json").is_symlink())
+        # A symlink as the state file itself is refused, not read.
+        (state / "cursors.json").unlink()
+        os.symlink(victim, state / "cursors.json")
+        r = self.start(state)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("is a symbolic link", r.stderr)
+        self.assertEqual(victim.read_text(), "precious\n")
+
+    def test_forged_saved_cursors_are_refused_naming_the_rank(self):
+        state, saved = self.saved_state()
+        for seq, why in ((1_000_000, "past the end of the data"), (2**63, "past the end of the data"),
+                         (2**64 - 1, "past the end of the data")):
+            forged = dict(saved)
+            forged["ranks"] = [dict(saved["ranks"][0]), {"epoch": 0, "batch": 0, "seq": seq}]
+            (state / "cursors.json").write_text(json.dumps(forged))
+            r = self.start(state)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("rank 1: cursor seq", r.stderr)
+            self.assertIn(why, r.stderr)
+        # A cursor whose epoch label disagrees with its seq.
+        forged = dict(saved)
+        forged["ranks"] = [{"epoch": 7, "batch": 0, "seq": saved["ranks"][0]["seq"]}, saved["ranks"][1]]
+        (state / "cursors.json").write_text(json.dumps(forged))
+        r = self.start(state)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("is not where seq", r.stderr)
+        (state / "cursors.json").write_text("{not json")
+        r = self.start(state)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("not valid JSON", r.stderr)
+
+
+class AttachTest(dt.DaemonCase):
+    config = ct.ContractsTest.config
+    uninterrupted = ct.ContractsTest.uninterrupted
+
+    def test_a_forged_resume_is_refused_and_moves_nothing(self):
+        ct.make_texts(self.dir, 400)
+        for epochs in (1, 0):
+            with self.subTest(epochs=epochs):
+                d = dt.Daemon(self.dir, ct.CONFIG.format(consumers=2, slots=4, epochs=epochs))
+                for seq in (2**64 - 1, 2**63, 10**15):
+                    s, reply, fds = ct.raw_attach(d.socket, 0, {"seq": seq})
+                    s.close()
+                    self.assertFalse(reply["ok"], reply)
+                    self.assertIn("resume refused", reply["error"])
+                status = json.loads(d.ctl("status", "--json").stdout)
+                self.assertEqual(status["consumers"][0]["acked"]["seq"], 0, "the rank's position is unchanged")
+                # The honest trainer then gets the rank's stream from its start.
+                c = d.consume(0, "--json", "--batches", "5", "--dump", str(self.dir / f"r{epochs}"))
+                dt.finish(c)
+                self.assertEqual(ct.seqs_of(self.dir / f"r{epochs}"), [0, 1, 2, 3, 4])
+                d.proc.kill()
+                d.proc.wait()
+
+    def test_a_dead_scribblers_garbage_does_not_cut_off_the_next_trainer(self):
+        """A trainer scribbles over its control area and dies at once: the next trainer of the
+        rank resumes from the cursor and gets the rank's exact stream."""
+        ct.make_texts(self.dir, 400)
+        want = self.uninterrupted()
+        d = dt.Daemon(self.dir, ct.CONFIG.format(consumers=2, slots=4, epochs=1))
+        other = d.consume(1, "--dump", str(self.dir / "r1"))
+        cursor = self.dir / "c0"
+        dt.finish(d.consume(0, "--batches", "5", "--cursor", str(cursor), "--dump", str(self.dir / "r0a")))
+        scribbler = f"""
+import json, mmap, os, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect({d.socket!r})
+s.sendall((json.dumps({{"cmd": "attach", "rank": 0, "resume": json.load(open({str(cursor)!r}))}}) + "\\n").encode())
+msg, fds, _, _ = socket.recv_fds(s, 65536, 4)
+assert json.loads(msg.decode().splitlines()[0])["ok"], msg
+ctl = mmap.mmap(fds[1], 4096, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+ctl[:] = b"\\x34" * 4096
+os._exit(9)
+"""
+        p = subprocess.run([sys.executable, "-c", scribbler], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 9, p.stderr)
+        dt.finish(d.consume(0, "--cursor", str(cursor), "--dump", str(self.dir / "r0b")))
+        dt.finish(other)
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEqual(ct.ids_of(self.dir / "r0a") + ct.ids_of(self.dir / "r0b"), want[0])
+        self.assertEqual(ct.ids_of(self.dir / "r1"), want[1])
+        self.assertNotIn("cutting off", d.log())
+
+
+class MetricsTest(dt.DaemonCase):
+    def test_the_metrics_page_is_never_an_empty_200(self):
+        ct.make_texts(self.dir, 100)
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        text = ct.CONFIG.format(consumers=1, slots=4, epochs=0) + f'metrics: {{listen: "127.0.0.1:{port}"}}\n'
+        (self.dir / "p.yaml").write_text(text)
+        log = open(self.dir / "daemon.log", "w")
+        proc = subprocess.Popen([f"{dt.BIN}/mmfeedd", "--config", str(self.dir / "p.yaml"), "--socket",
+                                 str(self.dir / "s.sock")], stdout=log, stderr=log)
+        try:
+            codes = []
+            deadline = time.time() + 20
+            while time.time() < deadline and len(codes) < 200:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                        body = r.read()
+                        self.assertGreater(len(body), 0, "an empty 200")
+                        codes.append(r.status)
+                except urllib.error.HTTPError as e:
+                    self.assertEqual(e.code, 503)
+                    codes.append(503)
+                except urllib.error.URLError:
+                    pass  # not listening yet
+            self.assertIn(200, codes)
+        finally:
+            proc.kill()
+            proc.wait()
+            log.close()
+
+
+if __name__ == "__main__":
+    dt.main()

@@ -1,0 +1,341 @@
+#!/usr/bin/env python3
+"""The stream position under every sequence of events: a randomized stateful test.
+
+Real mmfeedd daemons and real mmfeed-consume trainers are driven through a seeded random
+sequence of operations, in the spirit of FoundationDB's simulation tests and Jepsen's
+checkers:
+
+  reload      one or more reloadable fields changed (seed, batch_size, drop_last, workers,
+              text max_len, a token budget), by mmfeedctl reload or SIGHUP
+  storm       several such reloads in a row, most refused while one waits for its epoch
+  kill-daemon SIGKILL of the daemon, then a restart with --state-dir, sometimes on a config
+              edited meanwhile (a restart on an edited config)
+  kill-rank   SIGKILL of a trainer, then a new one resuming from its --cursor file
+  stop-rank   SIGSTOP of a trainer (its rank lags, an epoch or more behind), SIGCONT later
+  wait        time passes
+
+At the end every trainer is let run to the end of the data, and everything it received, over
+all its lives, is checked against a small model of the stream:
+
+  - per rank, batch seqs 0..K-1 with no gap; a seq received twice (a trainer killed between
+    receiving a batch and saving its cursor) is the same batch; every rank has the same K;
+  - epoch labels never go back, and each seq's epoch is the same whoever made it;
+  - each epoch, over all ranks, is exactly one order's samples: no id twice, and every id of
+    the dataset except the rows drop_last leaves out;
+  - every row's text belongs to its id (no torn batch).
+
+A failing run prints its seed and its operations: `--seed S --ops N` replays the sequence.
+
+usage: stateful_test.py --bin BUILD/bin [--seed S] [--runs R] [--ops N] [--long]
+  CI runs the short mode (4 runs of 60 operations); --long runs 20 runs of 150 operations
+  (several minutes; README, "Reliability").
+"""
+import argparse, json, os, pathlib, random, shutil, signal, socket, subprocess, sys, tempfile, time
+
+import numpy as np
+
+SAMPLES = 480  # 2 ranks x 240
+CONSUMERS = 2
+EPOCHS = 5
+
+
+def config(p):
+    budget = f", max_tokens: {p['max_tokens']}" if p["max_tokens"] else ""
+    return f"""pipeline: stateful
+source: {{type: manifest, path: manifest.jsonl, shuffle: true, seed: {p['seed']}, epochs: {EPOCHS}}}
+consumers: {CONSUMERS}
+stages:
+  - {{name: text, type: text, field: text, workers: {p['workers']}, params: {{tokenizer: bytes, max_len: {p['max_len']}}}}}
+  - {{name: batch, type: batch, inputs: [text], params: {{batch_size: {p['batch']}, drop_last: {str(p['drop_last']).lower()}{budget}}}}}
+output: {{ring_slots: 4}}
+on_error: fail
+"""
+
+
+FIELDS = {
+    "seed": [1, 2, 3],
+    "batch": [8, 12, 16],
+    "drop_last": [False, True],
+    "workers": [1, 2],
+    "max_len": [24, 32],
+    "max_tokens": [0, 0, 120],
+}
+
+
+class World:
+    """The daemon, the trainers and the files of one run."""
+
+    def __init__(self, bin_dir, work, rng, log):
+        self.bin, self.dir, self.rng, self.oplog = bin_dir, work, rng, log
+        self.sock = str(work / "mmfeed.sock")
+        self.params = {k: v[0] for k, v in FIELDS.items()}
+        self.daemon = None
+        self.daemon_logs = []
+        self.lives = {r: 0 for r in range(CONSUMERS)}
+        self.trainers = {}
+        self.stopped = set()
+        with open(work / "manifest.jsonl", "w") as m:
+            for i in range(SAMPLES):
+                m.write(json.dumps({"id": f"s{i:04d}", "text": f"caption {i}"}) + "\n")
+        self.write_config()
+
+    def write_config(self):
+        (self.dir / "p.yaml").write_text(config(self.params))
+
+    def serving(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(self.sock)
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
+    def start_daemon(self):
+        log = open(self.dir / f"daemon{len(self.daemon_logs)}.log", "w+")
+        self.daemon_logs.append(log)
+        self.daemon = subprocess.Popen(
+            [f"{self.bin}/mmfeedd", "--config", str(self.dir / "p.yaml"), "--socket", self.sock, "--state-dir",
+             str(self.dir / "state"), "--drain-timeout", "2"], stdout=log, stderr=log)
+        deadline = time.time() + 60
+        while not self.serving():
+            if self.daemon.poll() is not None or time.time() > deadline:
+                raise Failure("the daemon did not start")
+            time.sleep(0.02)
+
+    def start_trainer(self, rank):
+        life = self.lives[rank]
+        self.lives[rank] += 1
+        hold = self.rng.choice([2, 5, 10])
+        self.trainers[rank] = subprocess.Popen(
+            [f"{self.bin}/mmfeed-consume", "--socket", self.sock, "--rank", str(rank), "--cursor",
+             str(self.dir / f"cursor{rank}.json"), "--reconnect", "120", "--hold-ms", str(hold), "--dump",
+             str(self.dir / f"r{rank}" / f"life{life:03d}")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+
+    def ctl(self, *args):
+        return subprocess.run([f"{self.bin}/mmfeedctl", "--socket", self.sock, "--timeout", "60", *args],
+                              capture_output=True, text=True, timeout=120)
+
+    def daemon_log(self):
+        text = ""
+        for f in self.daemon_logs:
+            f.flush()
+            f.seek(0)
+            text += f"--- {f.name}\n" + f.read()[-6000:]
+        return text
+
+    def close(self):
+        for p in list(self.trainers.values()) + ([self.daemon] if self.daemon else []):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for f in self.daemon_logs:
+            f.close()
+
+
+class Failure(Exception):
+    pass
+
+
+def mutate(w, n_fields):
+    """Changes n random reloadable fields of the config file; returns what changed."""
+    changed = {}
+    for field in w.rng.sample(sorted(FIELDS), n_fields):
+        choices = [v for v in FIELDS[field] if v != w.params[field]]
+        if choices:
+            w.params[field] = w.rng.choice(choices)
+            changed[field] = w.params[field]
+    if w.params["max_tokens"] and w.params["drop_last"]:  # refused together by the config check
+        other = "drop_last" if "max_tokens" in changed else "max_tokens"
+        w.params[other] = FIELDS[other][0]
+        changed[other] = w.params[other]
+    w.write_config()
+    return changed
+
+
+def op_reload(w):
+    changed = mutate(w, w.rng.choice([1, 1, 2]))
+    if w.rng.random() < 0.3:
+        w.daemon.send_signal(signal.SIGHUP)
+        return f"reload by SIGHUP {changed}"
+    r = w.ctl("reload", "--json")
+    what = json.loads(r.stdout)["applied"] if r.returncode == 0 else r.stderr.strip()[-120:]
+    return f"reload {changed}: {what}"
+
+
+def op_storm(w):
+    outcomes = []
+    for _ in range(w.rng.randint(3, 8)):
+        mutate(w, 1)
+        r = w.ctl("reload")
+        outcomes.append("ok" if r.returncode == 0 else "refused")
+    return f"storm of {len(outcomes)} reloads: {' '.join(outcomes)}"
+
+
+def op_kill_daemon(w):
+    w.daemon.send_signal(signal.SIGKILL)
+    w.daemon.wait()
+    edited = ""
+    if w.rng.random() < 0.5:
+        edited = f", restarted on an edited config {mutate(w, 1)}"
+    time.sleep(w.rng.choice([0, 0.05, 0.3]))
+    w.start_daemon()
+    return "kill -9 the daemon" + edited
+
+
+def op_kill_rank(w):
+    rank = w.rng.randrange(CONSUMERS)
+    p = w.trainers[rank]
+    if p.poll() is None:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    w.stopped.discard(rank)
+    w.start_trainer(rank)
+    return f"kill -9 trainer {rank}, resumed from its cursor"
+
+
+def op_stop_rank(w):
+    rank = w.rng.randrange(CONSUMERS)
+    p = w.trainers[rank]
+    if rank in w.stopped:
+        p.send_signal(signal.SIGCONT)
+        w.stopped.discard(rank)
+        return f"SIGCONT trainer {rank}"
+    if p.poll() is None:
+        p.send_signal(signal.SIGSTOP)
+        w.stopped.add(rank)
+    return f"SIGSTOP trainer {rank}"
+
+
+def op_wait(w):
+    t = w.rng.choice([0.05, 0.2, 0.5])
+    time.sleep(t)
+    return f"wait {t}s"
+
+
+OPS = [(op_reload, 5), (op_storm, 1), (op_kill_daemon, 2), (op_kill_rank, 3), (op_stop_rank, 2), (op_wait, 4)]
+
+
+def received(w, rank):
+    """Every batch rank `rank` received over all its trainers' lives: {seq: (epoch, ids)}."""
+    by_seq = {}
+    for life in sorted((w.dir / f"r{rank}").glob("life*")):
+        for b in sorted(life.iterdir()):
+            meta = json.loads((b / "meta.json").read_text())
+            text, lengths = np.load(b / "text.npy"), np.load(b / "text_lengths.npy")
+            for k, sid in enumerate(meta["ids"]):
+                got = bytes(text[k, :lengths[k]].astype(np.uint8)).decode()
+                if got != f"caption {int(sid[1:])}":
+                    raise Failure(f"rank {rank} seq {meta['seq']} row {k}: text {got!r} is not {sid}'s")
+            seen = by_seq.setdefault(meta["seq"], (meta["epoch"], meta["ids"]))
+            if seen != (meta["epoch"], meta["ids"]):
+                raise Failure(f"rank {rank}: seq {meta['seq']} delivered twice with different batches: "
+                              f"{seen} then {(meta['epoch'], meta['ids'])}")
+    return by_seq
+
+
+def check(w):
+    ranks = [received(w, r) for r in range(CONSUMERS)]
+    counts = [len(r) for r in ranks]
+    for rank, by_seq in enumerate(ranks):
+        if sorted(by_seq) != list(range(len(by_seq))):
+            missing = sorted(set(range(max(by_seq) + 1)) - set(by_seq))
+            raise Failure(f"rank {rank}: seqs have a gap: missing {missing[:20]}")
+        epochs = [by_seq[s][0] for s in sorted(by_seq)]
+        if epochs != sorted(epochs):
+            raise Failure(f"rank {rank}: the epoch label goes back: {epochs}")
+    if len(set(counts)) != 1:
+        raise Failure(f"ranks received unequal batch counts: {counts}")
+    labels = [[ranks[r][s][0] for s in sorted(ranks[r])] for r in range(CONSUMERS)]
+    # Ranks number their batches alike: the same seq is in the same epoch on every rank.
+    if any(l != labels[0] for l in labels):
+        raise Failure("ranks disagree on which epoch a seq is in")
+    if sorted(set(labels[0])) != list(range(EPOCHS)):
+        raise Failure(f"epochs received: {sorted(set(labels[0]))}, want 0..{EPOCHS - 1}")
+    ids = [f"s{i:04d}" for i in range(SAMPLES)]
+    per_rank = SAMPLES // CONSUMERS
+    for e in range(EPOCHS):
+        got = [i for r in ranks for s in sorted(r) if r[s][0] == e for i in r[s][1]]
+        dup = len(got) - len(set(got))
+        if dup:
+            raise Failure(f"epoch {e}: {dup} id(s) delivered twice (two orders mixed)")
+        left_out = len(ids) - len(got)
+        # drop_last leaves out each rank's last partial batch (token budgets never drop)
+        allowed = {0} | {CONSUMERS * (per_rank % b) for b in FIELDS["batch"]}
+        if left_out not in allowed or not set(got) <= set(ids):
+            raise Failure(f"epoch {e}: {left_out} id(s) of the dataset missing")
+    return counts[0]
+
+
+def run(bin_dir, seed, n_ops):
+    rng = random.Random(seed)
+    work = pathlib.Path(tempfile.mkdtemp(prefix=f"mmfeed-stateful-{seed}-"))
+    log = []
+    w = World(bin_dir, work, rng, log)
+    try:
+        w.start_daemon()
+        for r in range(CONSUMERS):
+            w.start_trainer(r)
+        ops, weights = zip(*OPS)
+        for i in range(n_ops):
+            op = rng.choices(ops, weights)[0]
+            log.append(f"{i:3d} {op(w)}")
+        for r in sorted(w.stopped):
+            w.trainers[r].send_signal(signal.SIGCONT)
+        w.stopped.clear()
+        log.append("run to the end")
+        for r, p in w.trainers.items():
+            try:
+                out, err = p.communicate(timeout=300)
+            except subprocess.TimeoutExpired:
+                raise Failure(f"trainer {r} did not finish")
+            if p.returncode != 0:
+                raise Failure(f"trainer {r} failed ({p.returncode}): {err.strip()[-400:]}")
+        try:
+            code = w.daemon.wait(10)
+        except subprocess.TimeoutExpired:
+            # A daemon killed within 100 ms of a trainer's last release saved the cursor before
+            # it: restarted, it waits for that batch to be taken again, and nobody comes.
+            w.daemon.send_signal(signal.SIGTERM)
+            code = w.daemon.wait(60)
+            log.append(f"the daemon was stopped with SIGTERM: exit {code}")
+            if code not in (0, 3):
+                raise Failure(f"the daemon exited {code} on SIGTERM")
+        else:
+            if code != 0:
+                raise Failure(f"the daemon exited {code}")
+        batches = check(w)
+        print(f"seed {seed}: {n_ops} operations, {batches} batches per rank, every epoch exact", flush=True)
+        shutil.rmtree(work, ignore_errors=True)
+        return True
+    except Failure as e:
+        print(f"FAILED: seed {seed} ({n_ops} operations; replay: --seed {seed} --ops {n_ops}): {e}")
+        print("operations:\n  " + "\n  ".join(log))
+        print(w.daemon_log())
+        print(f"(files kept in {work})")
+        return False
+    finally:
+        w.close()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--seed", type=int, help="run this seed only")
+    ap.add_argument("--runs", type=int, default=4)
+    ap.add_argument("--ops", type=int, default=60)
+    ap.add_argument("--long", action="store_true", help="20 runs of 150 operations, seeds from the clock")
+    a = ap.parse_args()
+    if a.long:
+        a.runs, a.ops = 20, 150
+    bin_dir = os.path.abspath(a.bin)
+    first = int(time.time()) % 100000 if a.long else 1
+    seeds = [a.seed] if a.seed is not None else [first + k for k in range(a.runs)]
+    ok = all([run(bin_dir, s, a.ops) for s in seeds])
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
