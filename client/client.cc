@@ -147,7 +147,18 @@ Result<std::unique_ptr<Client>> Client::Attach(const std::string& socket_path, i
   c->rank_ = rank;
   c->options_ = options;
   c->pid_ = getpid();
-  MMFEED_RETURN_IF_ERROR(c->Connect(options.resume));
+  // With reconnect_s, a daemon that is restarting (no socket yet, or killed during the
+  // attach) is waited for as Next() waits for one; a refusal is returned at once.
+  const auto until =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(options.reconnect_s * 1000));
+  while (true) {
+    Status st = c->Connect(options.resume);
+    if (st.ok()) break;
+    const bool unreachable =
+        st.code() == Status::Code::kUnavailable || st.code() == Status::Code::kIo;
+    if (!unreachable || Clock::now() >= until) return st;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
   return c;
 }
 

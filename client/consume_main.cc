@@ -2,7 +2,7 @@
 //
 //   mmfeed-consume --socket PATH --rank R [--batches N] [--json] [--dump DIR]
 //                  [--cursor FILE] [--reconnect SECONDS] [--hold-ms MS] [--pause-ms MS]
-//                  [--abort-after N]
+//                  [--abort-after N] [--timeout SECONDS]
 //
 // --json prints one line: {"batches":..,"samples":..,"seconds":..,"samples_per_s":..,
 // "sample_ids_sha256":"..","batch_us_median":..} (the hash is over the sample ids in received
@@ -15,7 +15,9 @@
 // releasing it (how a user checks, before a run, whether the host keeps up with a step time).
 // --pause-ms waits MS ms after releasing each batch instead (a trainer that copies its batch
 // out and releases it at once, then computes). --abort-after exits abruptly after N batches
-// without releasing the last one (tests use it to play a crashed trainer).
+// without releasing the last one (tests use it to play a crashed trainer). --timeout fails
+// (exit 1) when no batch arrives within SECONDS while the daemon lives (a stopped or hung
+// daemon); without it the consumer waits as long as the daemon does.
 // Exit status: 0 at the end of the data (or after --batches), 1 on an error, including a
 // daemon that stopped before the end of the data, 2 on bad arguments.
 #include <fcntl.h>
@@ -46,7 +48,7 @@ namespace {
                "usage: mmfeed-consume --socket PATH --rank R [--batches N] [--json] [--dump DIR]\n"
                "                      [--cursor FILE] [--reconnect SECONDS] [--hold-ms MS] "
                "[--pause-ms MS]\n"
-               "                      [--abort-after N]\n");
+               "                      [--abort-after N] [--timeout SECONDS]\n");
   std::exit(code);
 }
 
@@ -99,6 +101,7 @@ int main(int argc, char** argv) {
   if (const char* s = std::getenv("MMFEED_SOCKET")) socket_path = s;
   int rank = -1;
   int64_t max_batches = -1, abort_after = -1, hold_ms = 0, pause_ms = 0;
+  int timeout_ms = -1;
   bool json = false;
   AttachOptions options;
   for (int i = 1; i < argc; ++i) {
@@ -125,6 +128,8 @@ int main(int argc, char** argv) {
       hold_ms = Flag(ParseInt(a, value(), 0, 86400000));
     else if (a == "--pause-ms")
       pause_ms = Flag(ParseInt(a, value(), 0, 86400000));
+    else if (a == "--timeout")
+      timeout_ms = static_cast<int>(Flag(ParseDouble(a, value(), 0.001, 86400)) * 1000);
     else if (a == "--abort-after")
       abort_after = Flag(ParseInt(a, value(), 0, INT64_MAX));
     else
@@ -147,7 +152,7 @@ int main(int argc, char** argv) {
   using Clock = std::chrono::steady_clock;
   while (max_batches < 0 || static_cast<int64_t>(batches) < max_batches) {
     auto n0 = Clock::now();
-    Result<std::shared_ptr<Batch>> got = (*client)->Next();
+    Result<std::shared_ptr<Batch>> got = (*client)->Next(timeout_ms);
     double next_us = std::chrono::duration<double, std::micro>(Clock::now() - n0).count();
     if (!got.ok()) return Fail(got.status());
     std::shared_ptr<Batch> batch = std::move(got.value());  // the only reference: see reset()

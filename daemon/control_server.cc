@@ -246,6 +246,11 @@ ControlServer::~ControlServer() {
 }
 
 Status ControlServer::Listen() {
+  // sockaddr_un holds 108 bytes, the lock file's name is the path plus ".lock".
+  if (path_.empty() || path_.size() >= sizeof(sockaddr_un::sun_path))
+    return Status::Invalid(
+        fmt::format("--socket {}: a unix socket path has 1 to {} characters, this one has {}",
+                    path_, sizeof(sockaddr_un::sun_path) - 1, path_.size()));
   if (!group_.empty()) {
     group* g = getgrnam(group_.c_str());
     if (!g) return Status::Invalid(fmt::format("--socket-group: no group named '{}'", group_));

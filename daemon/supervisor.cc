@@ -126,7 +126,7 @@ class Supervisor {
       if (!m.ok()) {
         spdlog::error("{}:{}:{}: {}", cfg_.file, cfg_.metrics_mark.line, cfg_.metrics_mark.column,
                       m.status().message());
-        return 1;
+        return kExitConfig;
       }
       metrics_ = std::move(m.value());
       metrics_->Publish(MetricsText());  // before the first scrape can come
@@ -150,7 +150,7 @@ class Supervisor {
     Status st = server_->Listen();
     if (!st.ok()) {
       spdlog::error("{}", st.message());
-      return 1;
+      return st.code() == Status::Code::kInvalid ? kExitConfig : 1;  // a bad --socket
     }
     asio::signal_set signals(io_, SIGINT, SIGTERM, SIGHUP);
     WaitSignal(signals);
@@ -1012,7 +1012,7 @@ class Supervisor {
     Status st = pipeline_->status();
     if (!st.ok()) {
       std::fprintf(stderr, "mmfeedd: stopped on error: %s\n", st.message().c_str());
-      return 1;
+      return pipeline_->stopped_on_unusable_data() ? kExitConfig : 1;
     }
     if (drain_timed_out_ && unreleased > 0) {
       std::fprintf(
@@ -1162,6 +1162,7 @@ Result<std::string> CheckPipeline(const PipelineConfig& cfg) {
   }
   Result<std::unique_ptr<Pipeline>> p = Pipeline::Create(cfg, sinks);
   if (!p.ok()) return p.status();
+  MMFEED_RETURN_IF_ERROR(CheckMemory(plan));
   return fmt::format(
       "{} stages, {} consumer rank(s), {} batches per rank {}, rings {:.2f} GiB", cfg.stages.size(),
       cfg.consumers, (*p)->batches_per_epoch(),

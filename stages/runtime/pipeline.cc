@@ -1144,6 +1144,7 @@ class Pipeline::Collator {
       for (int row : rows) {
         if (!give_up && o.failed_run > limit) {
           give_up = true;
+          p_->unusable_data_.store(true, std::memory_order_relaxed);
           p_->Fail(Status::Corrupt(
               fmt::format("rank {}, epoch {}, batch {}: {} draws in a row from the rank's {} "
                           "samples failed; the data has (almost) "

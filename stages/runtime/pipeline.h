@@ -143,6 +143,9 @@ class Pipeline {
   void Wait();
   // The error that stopped the pipeline under on_error: fail; ok otherwise.
   Status status() const;
+  // Whether it stopped because a rank's data had (almost) no usable sample left: a problem
+  // of the data, like a bad config (the daemon exits 2), not of the run.
+  bool stopped_on_unusable_data() const { return unusable_data_.load(std::memory_order_relaxed); }
 
   // Adds a stage that lives outside the pipeline (a ring sink) to the profile.
   // REQUIRES: before Start().
@@ -292,6 +295,7 @@ class Pipeline {
   std::atomic<bool> stop_at_epoch_end_{false};
   std::atomic<bool> epoch_end_together_{false};
   std::atomic<bool> complete_{false};  // every rank dealt to the end of its data
+  std::atomic<bool> unusable_data_{false};
   uint64_t start_ns_ = 0;
   std::atomic<uint64_t> end_ns_{0};
   mutable std::mutex status_mu_;

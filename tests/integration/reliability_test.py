@@ -238,6 +238,70 @@ os._exit(9)
         self.assertNotIn("cutting off", d.log())
 
 
+class ExitTest(dt.DaemonCase):
+    """What a new user or a script sees when something is wrong: the reason and exit 2."""
+
+    def run_daemon(self, text, *extra, socket_path=None):
+        (self.dir / "p.yaml").write_text(text)
+        return subprocess.run([f"{dt.BIN}/mmfeedd", "--config", str(self.dir / "p.yaml"), "--socket",
+                               socket_path or str(self.dir / "s.sock"), *extra], capture_output=True, text=True,
+                              timeout=120)
+
+    def test_a_socket_path_too_long_is_a_clear_error(self):
+        ct.make_texts(self.dir, 10)
+        long_path = str(self.dir / ("x" * 150))
+        r = self.run_daemon(ct.CONFIG.format(consumers=1, slots=4, epochs=1), socket_path=long_path)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("a unix socket path has 1 to 107 characters", r.stderr)
+
+    def test_data_with_no_usable_sample_exits_2(self):
+        with open(self.dir / "manifest.jsonl", "w") as m:
+            for i in range(100):
+                m.write(json.dumps({"id": f"b{i}", "text": {"path": f"missing/{i}.txt"}}) + "\n")
+        (self.dir / "p.yaml").write_text(ct.CONFIG.format(consumers=1, slots=4, epochs=1))
+        d = dt.Daemon(self.dir, ct.CONFIG.format(consumers=1, slots=4, epochs=1))
+        c = d.consume(0)
+        c.communicate(timeout=120)
+        self.assertEqual(d.wait(120), 2, d.log())
+        self.assertIn("no usable sample", d.log())
+
+    def test_check_refuses_rings_that_cannot_fit(self):
+        ct.make_texts(self.dir, 10)
+        text = ct.CONFIG.format(consumers=8, slots=64, epochs=1).replace("max_len: 24", "max_len: 16000000")
+        (self.dir / "p.yaml").write_text(text)
+        r = subprocess.run([f"{dt.BIN}/mmfeedd", "--check", str(self.dir / "p.yaml")], capture_output=True,
+                           text=True, timeout=120)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("the rings need", r.stderr)
+
+    def test_an_unbindable_metrics_address_exits_2(self):
+        ct.make_texts(self.dir, 10)
+        taken = socket.socket()
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        r = self.run_daemon(ct.CONFIG.format(consumers=1, slots=4, epochs=1) +
+                            f'metrics: {{listen: "127.0.0.1:{port}"}}\n')
+        taken.close()
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("cannot serve /metrics", r.stderr)
+
+    def test_a_consumer_of_a_stopped_daemon_times_out_with_timeout(self):
+        ct.make_texts(self.dir, 400)
+        d = dt.Daemon(self.dir, ct.CONFIG.format(consumers=1, slots=4, epochs=0))
+        cursor = self.dir / "c0"
+        c = d.consume(0, "--timeout", "1", "--cursor", str(cursor))
+        while not cursor.exists():
+            time.sleep(0.01)
+        d.proc.send_signal(signal.SIGSTOP)
+        try:
+            _, err = c.communicate(timeout=60)
+            self.assertEqual(c.returncode, 1, err)
+            self.assertIn("no batch within", err)
+        finally:
+            d.proc.send_signal(signal.SIGCONT)
+
+
 class MetricsTest(dt.DaemonCase):
     def test_the_metrics_page_is_never_an_empty_200(self):
         ct.make_texts(self.dir, 100)
