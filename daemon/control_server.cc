@@ -49,9 +49,13 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
       : socket_(std::move(socket)),
         server_(server),
         buffer_(kMaxRequestBytes),
-        pidfd_(server.io_) {}
+        pidfd_(server.io_),
+        send_deadline_(server.io_) {}
 
-  ~Session() { --server_.connections_; }
+  // Neither attached nor answering a request: it may be closed to make room for a new one.
+  bool idle() const { return attached_rank_ < 0 && !busy_ && socket_.is_open(); }
+
+  ~Session() { Uncount(); }
 
   void Start() {
     ucred cred{};
@@ -78,7 +82,9 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
   // Cut off by the daemon: close the connection; the trainer is detached.
   void Disconnect() {
     Detach();
+    Uncount();  // its place is free now, not when its cancelled handlers have run
     std::error_code ec;
+    send_deadline_.cancel(ec);
     socket_.shutdown(asio::socket_base::shutdown_both, ec);
     socket_.close(ec);
     pidfd_.close(ec);
@@ -133,6 +139,7 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
   }
 
   void Handle(const std::string& line) {
+    busy_ = true;  // until the reply is sent
     Result<ControlRequest> req = ParseControlRequest(line);
     if (!req.ok()) return Reply({{"ok", false}, {"error", req.status().message()}});
     switch (req->cmd) {
@@ -176,52 +183,77 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
   }
 
   // Sends the whole reply (the fds ride with its first bytes), then reads the next request.
+  // Never blocks the control thread: a peer that does not read is waited for asynchronously,
+  // and closed after kSendSeconds.
   void Reply(const nlohmann::json& j, const std::vector<int>& fds = {}, bool then_read = true) {
     if (!socket_.is_open()) return;  // disconnected while a profile window ran
     auto text = std::make_shared<std::string>(j.dump() + "\n");
-    size_t sent = 0;
-    int tries = 0;
-    while (sent == 0) {
-      iovec iov{text->data(), text->size()};
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
-      if (!fds.empty()) {
-        msg.msg_control = control;
-        msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-        cmsghdr* c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-        std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-      }
-      ssize_t n = sendmsg(socket_.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n > 0) {
-        sent = static_cast<size_t>(n);
-      } else if (n < 0 && (errno == EAGAIN || errno == EINTR) && ++tries < 100) {
-        pollfd p{socket_.native_handle(), POLLOUT, 10};
-        poll(&p, 1, 10);
-      } else {
-        spdlog::warn("control reply to pid {} failed: {}", pid_, std::strerror(errno));
-        return Disconnect();  // an attach it never received is no attach
-      }
-    }
+    send_deadline_.expires_after(std::chrono::seconds(kSendSeconds));
     auto self = shared_from_this();
-    asio::async_write(socket_, asio::buffer(text->data() + sent, text->size() - sent),
+    send_deadline_.async_wait([this, self](std::error_code ec) {
+      if (ec) return;  // sent in time (cancelled)
+      spdlog::warn("pid {} did not read its control reply within {}s; closing its connection", pid_,
+                   kSendSeconds);
+      Disconnect();
+    });
+    SendFirst(text, fds, then_read);
+  }
+
+  void SendFirst(std::shared_ptr<std::string> text, std::vector<int> fds, bool then_read) {
+    if (!socket_.is_open()) return;
+    iovec iov{text->data(), text->size()};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+    if (!fds.empty()) {
+      msg.msg_control = control;
+      msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+      std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+    }
+    ssize_t n = sendmsg(socket_.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    auto self = shared_from_this();
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {  // its buffer is full: wait, not block
+      socket_.async_wait(asio::socket_base::wait_write,
+                         [this, self, text, fds, then_read](std::error_code ec) {
+                           if (!ec) SendFirst(text, fds, then_read);
+                         });
+      return;
+    }
+    if (n <= 0) {
+      spdlog::warn("control reply to pid {} failed: {}", pid_, std::strerror(errno));
+      return Disconnect();  // an attach it never received is no attach
+    }
+    asio::async_write(socket_, asio::buffer(text->data() + n, text->size() - n),
                       [this, self, text, then_read](std::error_code ec, size_t) {
+                        send_deadline_.cancel();
+                        busy_ = false;
                         if (ec) {
                           spdlog::warn("control reply to pid {} failed: {}", pid_, ec.message());
                           Disconnect();
-                        } else if (then_read)
+                        } else if (then_read) {
                           Read();
+                        }
                       });
   }
 
+  static constexpr int kSendSeconds = 5;
+
+  void Uncount() {
+    if (counted_) --server_.connections_;
+    counted_ = false;
+  }
   asio::local::stream_protocol::socket socket_;
   ControlServer& server_;
   asio::streambuf buffer_;
   asio::posix::stream_descriptor pidfd_;
+  asio::steady_timer send_deadline_;
+  bool busy_ = false;    // a request is being answered
+  bool counted_ = true;  // in the server's connections_
   int pid_ = 0;
   int attached_rank_ = -1;
   uint32_t generation_ = 0;
@@ -325,14 +357,25 @@ void ControlServer::Accept() {
       return;
     }
     emfile_logged_ = false;
+    sessions_.erase(
+        std::remove_if(sessions_.begin(), sessions_.end(), [](auto& w) { return w.expired(); }),
+        sessions_.end());
+    if (connections_ >= kMaxConnections) {
+      // A reserve for new connections: the oldest idle one (not attached, no request under
+      // way) makes room, so idle clients cannot lock status, attach and stop out.
+      for (auto& w : sessions_) {
+        auto old = w.lock();
+        if (!old || !old->idle()) continue;
+        spdlog::warn("{} control connections: closing the oldest idle one", kMaxConnections);
+        old->Disconnect();
+        break;
+      }
+    }
     if (connections_ >= kMaxConnections) {
       spdlog::warn("more than {} control connections; refusing one", kMaxConnections);
     } else {
       ++connections_;
       auto session = std::make_shared<Session>(std::move(s), *this);
-      sessions_.erase(
-          std::remove_if(sessions_.begin(), sessions_.end(), [](auto& w) { return w.expired(); }),
-          sessions_.end());
       sessions_.push_back(session);
       session->Start();
     }

@@ -302,6 +302,46 @@ class ExitTest(dt.DaemonCase):
             d.proc.send_signal(signal.SIGCONT)
 
 
+class ControlSocketTest(dt.DaemonCase):
+    def test_idle_connections_cannot_lock_out_status_attach_and_stop(self):
+        ct.make_texts(self.dir, 400)
+        d = dt.Daemon(self.dir, ct.CONFIG.format(consumers=1, slots=4, epochs=0), extra=("--drain-timeout", "1"))
+        idle = []
+        for _ in range(300):  # more than the 256 the daemon keeps
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(d.socket)
+            idle.append(s)
+        r = d.ctl("--timeout", "10", "status", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        dt.finish(d.consume(0, "--batches", "3"))
+        self.assertIn("closing the oldest idle one", d.log())
+        for s in idle:
+            s.close()
+        self.assertEqual(d.ctl("stop").returncode, 0)
+        self.assertIn(d.wait(), (0, 3))
+
+    def test_clients_that_never_read_do_not_stall_the_control_thread(self):
+        ct.make_texts(self.dir, 400)
+        d = dt.Daemon(self.dir, ct.CONFIG.format(consumers=1, slots=4, epochs=0))
+        stuck = []
+        for _ in range(20):  # each asks for far more replies than its socket buffer holds
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(d.socket)
+            s.setblocking(False)
+            try:
+                s.send(b'{"cmd": "status"}\n' * 2000)
+            except BlockingIOError:
+                pass
+            stuck.append(s)
+        for _ in range(3):
+            r = d.ctl("--timeout", "10", "status", "--json")
+            self.assertEqual(r.returncode, 0, r.stderr)
+        dt.finish(d.consume(0, "--batches", "3"))
+        for s in stuck:
+            s.close()
+
+
 class MetricsTest(dt.DaemonCase):
     def test_the_metrics_page_is_never_an_empty_200(self):
         ct.make_texts(self.dir, 100)
