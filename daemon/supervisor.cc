@@ -33,7 +33,7 @@ namespace mmfeed {
 namespace {
 
 constexpr int kExitConfig = 2;
-constexpr int kExitLost = 3;  // the drain timed out with batches no trainer took
+constexpr int kExitLost = 3;  // the drain timed out (batches no trainer took are dropped)
 
 class Supervisor {
  public:
@@ -167,6 +167,12 @@ class Supervisor {
     timer_.cancel();
     for (const auto& w : windows_) w->cancel();  // their requests get an error
     server_->Shutdown();
+    if (threads_abandoned_) {  // they cannot be joined: the process ends under them
+      (void)SaveState();       // logged
+      std::fprintf(stderr, "mmfeedd: the drain timed out with pipeline threads stuck\n");
+      std::fflush(nullptr);
+      std::_Exit(kExitLost);
+    }
 
     pipeline_->Wait();
     (void)SaveState();  // logged
@@ -821,12 +827,27 @@ class Supervisor {
         return;
       }
       if (!pipeline_->status().ok() && !draining_) BeginDrain("on_error: fail");
-      if (draining_ && std::chrono::steady_clock::now() > drain_deadline_) {
-        spdlog::warn("drain timed out");
-        drain_timed_out_ = true;
-        for (auto& s : sinks_) s->Abort();
-        pipeline_->RequestStop();
+      const auto now = std::chrono::steady_clock::now();
+      if (draining_ && now > drain_deadline_) {
+        if (!drain_timed_out_) {  // once: the rest of the wait is bounded below
+          spdlog::warn("drain timed out after {:.0f}s: untaken batches are dropped, stages stopped",
+                       opt_.drain_timeout);
+          drain_timed_out_ = true;
+          for (auto& s : sinks_) s->Abort();
+          pipeline_->RequestStop();
+        }
         if (pipeline_->Finished()) {
+          io_.stop();
+          return;
+        }
+        // A stage stuck in a read that never returns (hung storage) or a decode without
+        // sample_timeout_s: the exit is bounded all the same, without its threads.
+        if (now > drain_deadline_ + kStuckGrace) {
+          spdlog::error(
+              "pipeline threads still busy {}s after the drain timed out (a stage stuck in IO or "
+              "a long decode): exiting without them",
+              kStuckGrace.count());
+          threads_abandoned_ = true;
           io_.stop();
           return;
         }
@@ -1023,6 +1044,12 @@ class Supervisor {
                                  : " (the next start regenerates them from the saved cursors)");
       return kExitLost;
     }
+    if (drain_timed_out_) {
+      std::fprintf(stderr,
+                   "mmfeedd: the drain timed out while a stage was still working (every published "
+                   "batch was taken)\n");
+      return kExitLost;
+    }
     return 0;
   }
 
@@ -1092,6 +1119,8 @@ class Supervisor {
   uint64_t ring_bytes_ = 0;
   bool draining_ = false;
   bool drain_timed_out_ = false;
+  bool threads_abandoned_ = false;  // stuck past kStuckGrace after the drain timed out
+  static constexpr std::chrono::seconds kStuckGrace{5};
   std::chrono::steady_clock::time_point drain_deadline_;
 };
 

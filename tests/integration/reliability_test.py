@@ -302,6 +302,27 @@ class ExitTest(dt.DaemonCase):
             d.proc.send_signal(signal.SIGCONT)
 
 
+class DrainTest(dt.DaemonCase):
+    def test_a_stage_stuck_past_the_drain_timeout_does_not_hold_the_exit(self):
+        """Every read takes 60 s and sample_timeout_s is 0: SIGTERM with --drain-timeout 1
+        exits 3 (the drain timed out) within the bound, logging the timeout once."""
+        (self.dir / "t").mkdir()
+        with open(self.dir / "manifest.jsonl", "w") as m:
+            for i in range(100):
+                (self.dir / "t" / f"{i}.txt").write_text(f"caption {i}")
+                m.write(json.dumps({"id": f"s{i}", "text": {"path": f"t/{i}.txt"}}) + "\n")
+        text = ct.CONFIG.format(consumers=1, slots=4, epochs=0) + \
+            "sample_timeout_s: 0\nfaults: {stage: text, read_delay_ms: 60000}\n"
+        d = dt.Daemon(self.dir, text, extra=("--drain-timeout", "1", "--allow-faults"))
+        time.sleep(0.5)  # the workers are inside their reads
+        t0 = time.time()
+        d.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(d.wait(60), 3, d.log())
+        self.assertLess(time.time() - t0, 30)
+        self.assertEqual(d.log().count("drain timed out after"), 1)
+        self.assertIn("exiting without them", d.log())
+
+
 class ControlSocketTest(dt.DaemonCase):
     def test_idle_connections_cannot_lock_out_status_attach_and_stop(self):
         ct.make_texts(self.dir, 400)
