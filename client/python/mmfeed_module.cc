@@ -7,6 +7,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <sstream>
@@ -169,15 +171,22 @@ class PyClient {
     mmfeed::AttachOptions opt;
     opt.reconnect_s = reconnect_s;
     if (!resume.is_none()) {
-      StreamCursor c;
-      if (py::isinstance<py::int_>(resume)) {
-        c.seq = resume.cast<uint64_t>();
-      } else {
+      // A cursor dict ({"seq": S, ...}, a Batch.cursor) or a seq: a non-negative integer that
+      // fits 64 bits; anything else is a ValueError naming what was given.
+      py::object seq = resume;
+      if (py::isinstance<py::dict>(resume)) {
         py::dict d = resume.cast<py::dict>();
-        c.seq = d["seq"].cast<uint64_t>();
-        if (d.contains("epoch")) c.epoch = d["epoch"].cast<uint32_t>();
-        if (d.contains("batch")) c.batch = d["batch"].cast<uint64_t>();
+        if (!d.contains("seq")) throw py::value_error("resume: a cursor dict needs a \"seq\"");
+        seq = d["seq"];
       }
+      if (!py::isinstance<py::int_>(seq) || py::isinstance<py::bool_>(seq) || seq < py::int_(0) ||
+          seq > py::reinterpret_steal<py::object>(PyLong_FromUnsignedLongLong(UINT64_MAX)))
+        throw py::value_error(
+            "resume must be a cursor (a dict with \"seq\") or a seq, a "
+            "non-negative integer below 2**64; got " +
+            py::repr(resume).cast<std::string>());
+      StreamCursor c;
+      c.seq = seq.cast<uint64_t>();  // the daemon derives the epoch and batch from it
       opt.resume = c;
     }
     timeout_ms_ = timeout_s.is_none() ? -1 : static_cast<int>(timeout_s.cast<double>() * 1000);
@@ -189,13 +198,28 @@ class PyClient {
     client_ = std::move(c.value());
   }
 
-  // The next batch, or None at the end of the data.
+  // The next batch, or None at the end of the data. Waits in steps of at most 100 ms, checking
+  // for signals between them (Ctrl-C raises KeyboardInterrupt).
   py::object Next(py::object timeout_s) {
     int ms = timeout_s.is_none() ? timeout_ms_ : static_cast<int>(timeout_s.cast<double>() * 1000);
-    mmfeed::Result<std::shared_ptr<Batch>> b = [&] {
-      py::gil_scoped_release nogil;
-      return client_->Next(ms);
-    }();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    mmfeed::Result<std::shared_ptr<Batch>> b = mmfeed::Status::Timeout("");
+    while (true) {
+      int step = 100;
+      if (ms >= 0)
+        step = static_cast<int>(std::clamp<int64_t>(
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                  std::chrono::steady_clock::now())
+                .count(),
+            0, 100));
+      b = [&] {
+        py::gil_scoped_release nogil;
+        return client_->Next(step);
+      }();
+      if (b.ok() || b.status().code() != mmfeed::Status::Code::kTimeout) break;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      if (ms >= 0 && std::chrono::steady_clock::now() >= deadline) break;
+    }
     if (!b.ok()) Raise(b.status());
     if (!*b) return py::none();
     return py::cast(PyBatch(*b));

@@ -363,6 +363,69 @@ class ControlSocketTest(dt.DaemonCase):
             s.close()
 
 
+class PythonClientTest(dt.DaemonCase):
+    def python(self, code, **kw):
+        env = dict(os.environ, PYTHONPATH=str(pathlib.Path(dt.BIN).parent / "python"))
+        return subprocess.Popen(["/usr/bin/python3", "-c", code], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, **kw)
+
+    def setUp(self):
+        super().setUp()
+        if not (pathlib.Path(dt.BIN).parent / "python" / "mmfeed").is_dir():
+            self.skipTest("the Python module was not built (pybind11 missing)")
+
+    def test_bad_resume_values_are_value_errors_and_a_forged_one_is_refused(self):
+        ct.make_texts(self.dir, 100)
+        d = dt.Daemon(self.dir, ct.CONFIG.format(consumers=1, slots=4, epochs=0))
+        code = f"""
+import mmfeed
+for resume in (-1, 2**64, "7", 1.5, {{"epoch": 0}}):
+    try:
+        mmfeed.Client({d.socket!r}, rank=0, resume=resume)
+        print("accepted", resume)
+    except ValueError as e:
+        print("ValueError", e)
+try:
+    mmfeed.Client({d.socket!r}, rank=0, resume=2**64 - 1)
+    print("accepted forged")
+except RuntimeError as e:
+    print("RuntimeError", e)
+"""
+        p = self.python(code)
+        out, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 0, err)
+        self.assertEqual(out.count("ValueError"), 5, out)
+        self.assertIn("RuntimeError", out)
+        self.assertIn("resume refused", out)
+
+    def test_ctrl_c_interrupts_a_blocking_next(self):
+        ct.make_texts(self.dir, 100)
+        d = dt.Daemon(self.dir, ct.CONFIG.format(consumers=1, slots=4, epochs=0))
+        code = f"""
+import mmfeed, sys
+c = mmfeed.Client({d.socket!r}, rank=0)
+batches = 0
+try:
+    while c.next() is not None:
+        batches += 1
+        print("batch", flush=True)
+    print("end", flush=True)
+except KeyboardInterrupt:
+    print("interrupted after", batches, flush=True)
+"""
+        # Batches flow, then the daemon is stopped: next() waits until Ctrl-C.
+        p = self.python(code)
+        self.assertEqual(p.stdout.readline(), "batch\n")
+        d.proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(1.5)
+            p.send_signal(signal.SIGINT)
+            out, err = p.communicate(timeout=30)
+        finally:
+            d.proc.send_signal(signal.SIGCONT)
+        self.assertIn("interrupted after", out, err)
+
+
 class MetricsTest(dt.DaemonCase):
     def test_the_metrics_page_is_never_an_empty_200(self):
         ct.make_texts(self.dir, 100)
