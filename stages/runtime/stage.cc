@@ -76,7 +76,7 @@ Result<FieldFile> FieldFile::Open(const FieldValue& field, uint64_t max_bytes) {
                       "max_bytes {}",
                       field.data, field.offset, field.size, max_bytes));
     if (!policy.remote) return Status::Invalid(field.data + ": no remote store to read it from");
-    return policy.remote->OpenRange(field.data, field.offset, field.size);
+    return policy.remote->OpenRange(field.data, field.offset, field.size, field.member);
   }
   FieldFile f;
   // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).

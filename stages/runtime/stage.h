@@ -27,6 +27,7 @@ struct FieldValue {
   // kFileRange: `size` bytes at `offset` of the file `data` (a tar member, read in place)
   uint64_t offset = 0;
   uint64_t size = 0;
+  std::string member;  // kFileRange: the tar member's name, when known (remote reads check it)
   // kList (a manifest's JSON array, e.g. "images": [...]): the values, none of them a list.
   // Only stages that take several values read one; FieldFile::Open and FieldBytes refuse it.
   std::vector<FieldValue> items;
@@ -64,8 +65,10 @@ class FieldFile;
 class RemoteReader {
  public:
   virtual ~RemoteReader() = default;
-  // `size` bytes at `offset` of the object at `url`, as an open file.
-  virtual Result<FieldFile> OpenRange(const std::string& url, uint64_t offset, uint64_t size) = 0;
+  // `size` bytes at `offset` of the object at `url`, as an open file. `member`: the tar member
+  // those bytes are (its name; empty when unknown), checked against its header.
+  virtual Result<FieldFile> OpenRange(const std::string& url, uint64_t offset, uint64_t size,
+                                      const std::string& member) = 0;
 };
 
 struct FilePolicy {

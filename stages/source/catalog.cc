@@ -114,6 +114,7 @@ std::string TarEntry(const std::string& shard, const std::string& key,
     v.data = shard;
     v.offset = m.offset;
     v.size = m.size;
+    v.member = key + "." + m.ext;
     e->fields.emplace_back(f->second, std::move(v));
   }
   for (const std::string& n : needed)

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include <set>
 
 #include "base/clock.h"
+#include "stages/source/shard_index.h"
 
 namespace mmfeed {
 namespace {
@@ -118,7 +120,17 @@ size_t OnHeader(char* data, size_t size, size_t n, void* user) {
   std::string line(data, size * n);
   if (line.size() > 5 && strncasecmp(line.c_str(), "etag:", 5) == 0)
     t->info->etag = Trim(line.substr(5));
-  if (line.rfind("HTTP/", 0) == 0) t->info->etag.clear();  // a new response (redirects)
+  if (line.size() > 14 && strncasecmp(line.c_str(), "content-range:", 14) == 0) {
+    unsigned long long first = 0, last = 0;
+    if (std::sscanf(line.c_str() + 14, " bytes %llu-%llu/", &first, &last) == 2 && first <= last) {
+      t->info->range_first = static_cast<int64_t>(first);
+      t->info->range_last = static_cast<int64_t>(last);
+    }
+  }
+  if (line.rfind("HTTP/", 0) == 0) {  // a new response (redirects)
+    t->info->etag.clear();
+    t->info->range_first = t->info->range_last = -1;
+  }
   return size * n;
 }
 
@@ -129,6 +141,25 @@ int OnProgress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
 }
 
 std::once_flag g_curl_init;
+
+constexpr uint64_t kTarBlock = 512;
+
+// The member's tar header, the block at `at` of `fd` just before its data (at `data`): checked
+// when there is a whole block before the data.
+Status CheckHeaderAt(int fd, uint64_t at, uint64_t data, uint64_t size, const std::string& member,
+                     const std::string& url) {
+  if (data - at < kTarBlock) return Status::Ok();
+  char h[kTarBlock];
+  if (::pread(fd, h, kTarBlock, static_cast<off_t>(at)) != static_cast<ssize_t>(kTarBlock))
+    return Status::Io(fmt::format("{}: cannot read the header of member {}", url, member));
+  Status st = CheckMemberHeader(h, size, member);
+  if (!st.ok())
+    return Status::Corrupt(
+        fmt::format("{}: member {} at offset {}: {} (the server answered with "
+                    "other bytes, or the shard changed since it was indexed)",
+                    url, member, data, st.message()));
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -294,6 +325,13 @@ Status RemoteStore::Perform(Request* req) {
           return Status::Unsupported(fmt::format(
               "{}: the server answered a range request with HTTP {} (it must support ranges)",
               req->url, st));
+        if (req->range &&
+            (req->info.range_first != static_cast<int64_t>(req->offset) ||
+             req->info.range_last != static_cast<int64_t>(req->offset + req->size - 1)))
+          return Status::Corrupt(
+              fmt::format("{}: asked for bytes {}-{}, the server answered with Content-Range {}-{}",
+                          req->url, req->offset, req->offset + req->size - 1, req->info.range_first,
+                          req->info.range_last));
         if (req->head) {
           curl_off_t len = -1, mtime = -1;
           curl_easy_getinfo(curl, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &len);
@@ -369,7 +407,8 @@ Result<int> RemoteStore::FetchAll(const std::string& url, uint64_t size) {
   return Get(url, false, 0, size, &fetch_ns_);
 }
 
-Result<FieldFile> RemoteStore::OpenRange(const std::string& url, uint64_t offset, uint64_t size) {
+Result<FieldFile> RemoteStore::OpenRange(const std::string& url, uint64_t offset, uint64_t size,
+                                         const std::string& member) {
   const std::string identity = fmt::format("{}@{}+{}", url, offset, size);
   {
     std::unique_lock<std::mutex> l(mu_);
@@ -393,6 +432,12 @@ Result<FieldFile> RemoteStore::OpenRange(const std::string& url, uint64_t offset
       const int fd = ::fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
       if (fd < 0)
         return Status::ResourceExhausted(fmt::format("{}: {}", url, std::strerror(errno)));
+      Status header = CheckHeaderAt(fd, offset - std::min<uint64_t>(offset, kTarBlock), offset,
+                                    size, member, url);
+      if (!header.ok()) {
+        ::close(fd);
+        return header;
+      }
       return FieldFile::Adopt(fd, offset, size, identity);
     }
     if (it != shards_.end() && it->second.state == Shard::State::kFailed)
@@ -404,9 +449,16 @@ Result<FieldFile> RemoteStore::OpenRange(const std::string& url, uint64_t offset
     if (fd < 0) return Status::ResourceExhausted(fmt::format("memfd: {}", std::strerror(errno)));
     return FieldFile::Adopt(fd, 0, 0, identity);
   }
-  Result<int> fd = Get(url, true, offset, size, &wait_ns_);
+  // With the member's tar header (the block before its data) when there is one.
+  const uint64_t before = std::min<uint64_t>(offset, kTarBlock);
+  Result<int> fd = Get(url, true, offset - before, size + before, &wait_ns_);
   if (!fd.ok()) return fd.status();
-  return FieldFile::Adopt(*fd, 0, size, identity);
+  Status header = CheckHeaderAt(*fd, 0, before, size, member, url);
+  if (!header.ok()) {
+    ::close(*fd);
+    return header;
+  }
+  return FieldFile::Adopt(*fd, before, size, identity);
 }
 
 void RemoteStore::SetWanted(const std::vector<Want>& shards) {

@@ -51,12 +51,18 @@ class RemoteStore : public RemoteReader {
     uint64_t size = 0;
     int64_t mtime_s = -1;  // Last-Modified, -1 when not given
     std::string etag;
+    // A range answer's Content-Range: bytes first-last/total (-1: none or unparsable).
+    int64_t range_first = -1, range_last = -1;
   };
   Result<ObjectInfo> Head(const std::string& url);
   // The whole object, `size` bytes as Head said, in a memfd (the caller closes it).
   Result<int> FetchAll(const std::string& url, uint64_t size);
 
-  Result<FieldFile> OpenRange(const std::string& url, uint64_t offset, uint64_t size) override;
+  // A member read by a range request asks for its tar header too (the 512 bytes before it) and
+  // checks it (CheckMemberHeader), as it checks the answer's Content-Range: a server that
+  // answers with other bytes fails the sample, named, instead of feeding it.
+  Result<FieldFile> OpenRange(const std::string& url, uint64_t offset, uint64_t size,
+                              const std::string& member) override;
 
   struct Want {
     std::string url;

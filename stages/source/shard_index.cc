@@ -126,6 +126,26 @@ void ParseDamage(std::string_view report, std::vector<ShardIndex::Damage>* damag
 
 }  // namespace
 
+Status CheckMemberHeader(const char* h, uint64_t size, const std::string& name) {
+  bool ok = true;
+  const uint64_t checksum = ParseOctal(h + 148, 8, &ok);
+  uint64_t sum = 0;
+  for (int i = 0; i < 512; ++i)
+    sum += (i >= 148 && i < 156) ? ' ' : static_cast<unsigned char>(h[i]);
+  const uint64_t got = ParseOctal(h + 124, 12, &ok);
+  if (!ok || sum != checksum) return Status::Corrupt("no valid tar header before the member");
+  if (got != size)
+    return Status::Corrupt(
+        fmt::format("the tar header before the member says {} bytes, the index {}", got, size));
+  if (name.empty() || name.size() >= 100) return Status::Ok();  // a long name lives elsewhere
+  std::string in(h, strnlen(h, 100));
+  if (std::memcmp(h + 257, "ustar", 5) == 0 && h[345])
+    in = std::string(h + 345, strnlen(h + 345, 155)) + "/" + in;
+  if (in != name)
+    return Status::Corrupt(fmt::format("the tar header names '{}', not '{}'", in, name));
+  return Status::Ok();
+}
+
 void WalkTarSamples(
     int fd, const std::string& shard, size_t max_key,
     const std::function<void(const std::string& key, const std::vector<TarMember>&)>& sample,

@@ -47,6 +47,11 @@ void WalkTarSamples(
     const std::function<void(const std::string& key, const std::vector<TarMember>&)>& sample,
     const std::function<void(const std::string& origin, const std::string& reason)>& damage);
 
+// Whether `h`, the 512 bytes before a member's data, is that member's tar header: a valid
+// checksum, the member's size and (unless `name` is empty, or too long for the header's own name
+// field) its name. What a remote read of a member checks before it trusts the server's bytes.
+Status CheckMemberHeader(const char* h, uint64_t size, const std::string& name);
+
 class ShardIndex {
  public:
   ~ShardIndex();

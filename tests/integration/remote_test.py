@@ -405,6 +405,76 @@ class FaultyServerTest(RemoteCase):
         self.assertEveryEpochOnce(dumps, 1)
 
 
+class LyingServer:
+    """Serves HEADs and whole GETs honestly; range GETs of the shards in `lies` are answered
+    wrongly: "shift" sends the bytes 1024 further on under the asked-for Content-Range (another
+    member's bytes), "range" sends the right bytes' neighbours under their own Content-Range."""
+
+    def __init__(self, root, lies):
+        import http.server, threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_HEAD(self):
+                body = (root / self.path.lstrip("/")).read_bytes()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+
+            def do_GET(self):
+                body = (root / self.path.lstrip("/")).read_bytes()
+                want = self.headers.get("Range")
+                if not want:
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                first, last = (int(x) for x in want.split("=")[1].split("-"))
+                lie = lies.get(self.path)
+                shift = 1024 if lie == "shift" else 0
+                a, b = (first + 1, last + 1) if lie == "range" else (first, last)
+                part = body[a + shift:b + 1 + shift]
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes {a}-{a + len(part) - 1}/{len(body)}")
+                self.send_header("Content-Length", str(len(part)))
+                self.end_headers()
+                self.wfile.write(part)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def kill(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class LyingServerTest(RemoteCase):
+    def test_members_answered_with_other_bytes_are_failed_never_fed(self):
+        lies = {"/shard-002.tar": "shift", "/shard-004.tar": "range"}
+        server = LyingServer(self.data, lies)
+        self.servers.append(server)
+        shard_bytes = (self.data / "shard-000.tar").stat().st_size
+        d = Daemon(self.dir, config(server.url + "/shard-{000..005}.tar",
+                                    source=f"prefetch_bytes: {shard_bytes // 2}, fetch_concurrency: 1"))
+        dumps = self.run_ranks(d)
+        self.assertEqual(d.wait(), 0, d.log())
+        ids = captioned_ids(self, dumps)  # every row's text is its own sample's
+        liars = {f"s{i:04d}" for s in (2, 4) for i in range(s * PER_SHARD, (s + 1) * PER_SHARD)}
+        self.assertFalse(liars & set(ids), "a sample of a lying shard was fed")
+        self.assertEqual(set(ids), set(self.ids) - liars)
+        log = d.log()
+        self.assertRegex(log, r"shard-002\.tar: member s00[45]\d\.(jpg|txt) at offset \d+: .*the server answered "
+                              r"with other bytes")
+        self.assertIn("shard-004.tar: asked for bytes", log)
+
+
 class S3Test(RemoteCase):
     def setUp(self):
         super().setUp()
