@@ -50,7 +50,8 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
         server_(server),
         buffer_(kMaxRequestBytes),
         pidfd_(server.io_),
-        send_deadline_(server.io_) {}
+        send_deadline_(server.io_),
+        hup_timer_(server.io_) {}
 
   // Neither attached nor answering a request: it may be closed to make room for a new one.
   bool idle() const { return attached_rank_ < 0 && !busy_ && socket_.is_open(); }
@@ -85,6 +86,7 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
     Uncount();  // its place is free now, not when its cancelled handlers have run
     std::error_code ec;
     send_deadline_.cancel(ec);
+    hup_timer_.cancel(ec);
     socket_.shutdown(asio::socket_base::shutdown_both, ec);
     socket_.close(ec);
     pidfd_.close(ec);
@@ -105,12 +107,15 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
           // still attached; one that closed the connection (POLLHUP) has let the rank go.
           pollfd p{socket_.native_handle(), POLLRDHUP, 0};
           bool fully_closed = poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR));
-          if (!fully_closed && pidfd_.is_open() && !ProcessGone(pidfd_.native_handle()))
+          if (!fully_closed && pidfd_.is_open() && !ProcessGone(pidfd_.native_handle())) {
             spdlog::info(
-                "rank {}: pid {} closed its connection but lives; it stays attached until it exits",
+                "rank {}: pid {} closed its connection but lives (its writing side only); it "
+                "stays attached until it exits or closes the connection fully",
                 attached_rank_, pid_);
-          else
+            WatchFullClose();
+          } else {
             Detach();
+          }
         }
         return;
       }
@@ -118,6 +123,23 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
                        asio::buffers_begin(buffer_.data()) + n);
       buffer_.consume(n);
       Handle(line);
+    });
+  }
+
+  // A half-closed connection is readable for ever (EOF): whether the peer closes it fully
+  // (POLLHUP) is polled every 250 ms instead.
+  void WatchFullClose() {
+    hup_timer_.expires_after(std::chrono::milliseconds(250));
+    auto self = shared_from_this();
+    hup_timer_.async_wait([this, self](std::error_code ec) {
+      if (ec || detached_ || !socket_.is_open()) return;
+      pollfd p{socket_.native_handle(), POLLRDHUP, 0};
+      if (poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR))) {
+        spdlog::info("rank {}: pid {} closed its connection: the rank is free", attached_rank_,
+                     pid_);
+        return Disconnect();
+      }
+      WatchFullClose();
     });
   }
 
@@ -252,8 +274,9 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
   asio::streambuf buffer_;
   asio::posix::stream_descriptor pidfd_;
   asio::steady_timer send_deadline_;
-  bool busy_ = false;    // a request is being answered
-  bool counted_ = true;  // in the server's connections_
+  asio::steady_timer hup_timer_;  // a half-closed attach: polls for the full close
+  bool busy_ = false;             // a request is being answered
+  bool counted_ = true;           // in the server's connections_
   int pid_ = 0;
   int attached_rank_ = -1;
   uint32_t generation_ = 0;

@@ -208,6 +208,24 @@ class AttachTest(dt.DaemonCase):
                 d.proc.kill()
                 d.proc.wait()
 
+    def test_a_half_closed_then_closed_connection_frees_the_rank(self):
+        """The process lives on (it is this test) but closed its attach connection fully."""
+        ct.make_texts(self.dir, 200)
+        d = dt.Daemon(self.dir, ct.CONFIG.format(consumers=1, slots=4, epochs=1))
+        s, reply, fds = ct.raw_attach(d.socket, 0)
+        self.assertTrue(reply["ok"], reply)
+        s.shutdown(socket.SHUT_WR)
+        time.sleep(0.3)
+        s.close()
+        for fd in fds:
+            os.close(fd)
+        deadline = time.time() + 10
+        while "the rank is free" not in d.log():
+            self.assertLess(time.time(), deadline, d.log())
+            time.sleep(0.05)
+        r = dt.finish(d.consume(0, "--json"))
+        self.assertEqual(r["samples"], 200)
+
     def test_a_dead_scribblers_garbage_does_not_cut_off_the_next_trainer(self):
         """A trainer scribbles over its control area and dies at once: the next trainer of the
         rank resumes from the cursor and gets the rank's exact stream."""
