@@ -171,11 +171,15 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
         Reply({{"ok", true}});
         server_.handler_.stop();
         return;
-      case ControlRequest::Cmd::kReload: {
-        Result<nlohmann::json> r = server_.handler_.reload(req->config);
-        if (!r.ok()) return Reply({{"ok", false}, {"error", r.status().message()}});
-        return Reply({{"ok", true}, {"reload", *r}});
-      }
+      case ControlRequest::Cmd::kReload:
+        // No other request on this connection until the reload's reply is sent.
+        server_.handler_.reload(req->config,
+                                [this, self = shared_from_this()](Result<nlohmann::json> r) {
+                                  if (!r.ok())
+                                    return Reply({{"ok", false}, {"error", r.status().message()}});
+                                  Reply({{"ok", true}, {"reload", std::move(r.value())}});
+                                });
+        return;
       case ControlRequest::Cmd::kProfile:
         // No other request on this connection until the window's report is sent.
         server_.handler_.profile(req->seconds, req->trace,

@@ -41,8 +41,10 @@ class ControlServer {
     std::function<void(int rank, int pid, uint32_t generation)> detach;
     std::function<nlohmann::json()> status;
     std::function<void()> stop;
-    // Reloads `config` (empty: the running config's file): the reply, or why not.
-    std::function<Result<nlohmann::json>(const std::string& config)> reload;
+    // Reloads `config` (empty: the running config's file), then calls `done` with the reply, or
+    // why not, on the io_context's thread. Returns at once.
+    std::function<void(const std::string& config, std::function<void(Result<nlohmann::json>)> done)>
+        reload;
     // Measures a window of `seconds` (and traces it when `trace`), then calls `done` with the
     // report, or why not, on the io_context's thread. Returns at once.
     std::function<void(double seconds, bool trace,

@@ -57,6 +57,12 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& l
       "listening_ports", listen.c_str(),      "num_threads", "2",    "request_timeout_ms",
       "10000",           "enable_keep_alive", "no",          nullptr};
   mg_callbacks callbacks{};
+  // Set before it listens (a handler registered after mg_start2 leaves a window of 404s).
+  callbacks.begin_request = [](mg_connection* conn) -> int {
+    const mg_request_info* req = mg_get_request_info(conn);
+    if (!req->local_uri || std::strcmp(req->local_uri, "/metrics") != 0) return 0;
+    return Handle(conn, mg_get_user_data(mg_get_context(conn)));
+  };
   mg_init_data init{&callbacks, s.get(), options};
   char text[256] = "";
   unsigned code = 0;
@@ -65,7 +71,6 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& l
   if (!s->ctx_)
     return Status::Io(fmt::format("metrics.listen {}: cannot serve /metrics: {}", listen,
                                   text[0] ? text : "civetweb failed to start"));
-  mg_set_request_handler(s->ctx_, "/metrics$", &MetricsServer::Handle, s.get());
   return s;
 }
 

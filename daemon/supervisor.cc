@@ -8,10 +8,12 @@
 
 #include <array>
 #include <asio.hpp>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include "base/atomic_file.h"
 #include "base/clock.h"
@@ -142,7 +144,7 @@ class Supervisor {
             [this](int rank, int pid, uint32_t generation) { Detach(rank, pid, generation); },
             [this] { return StatusJson(); },
             [this] { BeginDrain("stop requested"); },
-            [this](const std::string& file) { return Reload(file); },
+            [this](const std::string& file, ReloadDone done) { Reload(file, std::move(done)); },
             [this](double seconds, bool trace, std::function<void(Result<nlohmann::json>)> done) {
               Profile(seconds, trace, std::move(done));
             },
@@ -161,12 +163,24 @@ class Supervisor {
     }
     spdlog::info("serving on {}", opt_.socket);
     notify_.Ready(StatusLine());
-    if (!then_reload.empty()) (void)Reload(then_reload);  // logged either way
+    if (!then_reload.empty()) Reload(then_reload, [](Result<nlohmann::json>) {});  // logged
     Tick();
     io_.run();
     timer_.cancel();
     for (const auto& w : windows_) w->cancel();  // their requests get an error
     server_->Shutdown();
+    bool reload_stuck = false;
+    if (reload_thread_.joinable()) {
+      if (!reload_built_.load()) {
+        // A reload still building its pipeline (its catalog waiting on storage): not waited for.
+        spdlog::warn("a reload was still building its pipeline: exiting without it");
+        reload_stuck = true;
+      } else {  // built: its completion is refused now (the run has ended)
+        reload_thread_.join();
+        io_.restart();
+        io_.poll();
+      }
+    }
     if (threads_abandoned_) {  // they cannot be joined: the process ends under them
       (void)SaveState();       // logged
       std::fprintf(stderr, "mmfeedd: the drain timed out with pipeline threads stuck\n");
@@ -176,7 +190,12 @@ class Supervisor {
 
     pipeline_->Wait();
     (void)SaveState();  // logged
-    return Report();
+    const int code = Report();
+    if (reload_stuck) {  // its thread cannot be joined: the process ends under it
+      std::fflush(nullptr);
+      std::_Exit(code);
+    }
+    return code;
   }
 
  private:
@@ -279,12 +298,30 @@ class Supervisor {
 
   // SIGHUP, `mmfeedctl reload`: `file` (empty: the running config's) is checked as completely
   // as --check and, if good, a pipeline built from it takes over from each rank's next batch:
-  // at once, or at each rank's next epoch boundary when it changes which samples go where (a
-  // new seed). A bad config, or one the running rings cannot serve, changes nothing.
-  Result<nlohmann::json> Reload(const std::string& file) {
+  // at once, or at every rank's next common epoch boundary when it changes which samples go
+  // where (a new seed). A bad config, or one the running rings cannot serve, changes nothing.
+  // The new pipeline is built on a thread of its own (its catalog may wait on storage): the
+  // control thread goes on serving, and `done` gets the reply on it when the build is over.
+  using ReloadDone = std::function<void(Result<nlohmann::json>)>;
+  void Reload(const std::string& file, ReloadDone done) {
     const std::string path = file.empty() ? cfg_.file : file;
-    notify_.Reloading();
-    Result<nlohmann::json> r = TryReload(path);
+    notify_.Reloading();  // READY=1 ends it, refused or not (EndReload)
+    Result<std::shared_ptr<PreparedReload>> prep = PrepareReload(path);
+    if (!prep.ok()) return EndReload(path, prep.status(), std::move(done));
+    reload_building_ = true;
+    reload_built_.store(false);
+    reload_thread_ = std::thread([this, p = *prep, path, done = std::move(done)]() mutable {
+      p->next = Pipeline::Create(p->cfg, p->sinks);
+      reload_built_.store(true);
+      asio::post(io_, [this, p, path, done = std::move(done)]() mutable {
+        if (reload_thread_.joinable()) reload_thread_.join();
+        reload_building_ = false;
+        EndReload(path, ApplyReload(*p), std::move(done));
+      });
+    });
+  }
+
+  void EndReload(const std::string& path, Result<nlohmann::json> r, ReloadDone done) {
     if (r.ok()) {
       ++reloads_ok_;
       spdlog::info("reload of {}: {}; applied {}", path, (*r)["summary"].get<std::string>(),
@@ -296,71 +333,89 @@ class Supervisor {
     }
     notify_.Ready(r.ok() ? StatusLine() : "reload refused: " + r.status().message());
     if (metrics_) metrics_->Publish(MetricsText());
-    return r;
+    done(std::move(r));
   }
 
-  Result<nlohmann::json> TryReload(const std::string& file) {
+  // What a reload has made before its pipeline is built.
+  struct PreparedReload {
+    PipelineConfig cfg;
+    ConfigChanges changes;
+    RingPlan plan;
+    std::vector<std::unique_ptr<RingSink>> rings;  // empty, or the rings every rank moves to
+    std::vector<BatchSink*> sinks;                 // what the new pipeline feeds
+    Result<std::unique_ptr<Pipeline>> next = Status::Unavailable("not built");
+  };
+
+  // The checks and the rings, on the control thread (quick: no data is read).
+  Result<std::shared_ptr<PreparedReload>> PrepareReload(const std::string& file) {
     if (draining_) return Status::Unavailable("the daemon is draining");
+    if (reload_building_)
+      return Status::Unavailable("the previous reload is still building its pipeline");
     if (pending_)
       return Status::Unavailable("the previous reload is waiting for the epoch boundary");
     if (pipeline_->Finished()) return Status::Closed("the run has ended");
     Result<PipelineConfig> cfg = LoadDaemonConfig(file, opt_);
     if (!cfg.ok()) return cfg.status();
-    ConfigChanges changes = DiffConfigs(cfg_, *cfg);
+    auto p = std::make_shared<PreparedReload>();
+    p->changes = DiffConfigs(cfg_, *cfg);
     const std::string restart = "; restart the daemon with the new config to apply it";
-    if (!changes.needs_restart.empty()) return Status::Unsupported(changes.needs_restart + restart);
-    RingPlan plan = PlanRings(*cfg);
+    if (!p->changes.needs_restart.empty())
+      return Status::Unsupported(p->changes.needs_restart + restart);
+    p->plan = PlanRings(*cfg);
+    p->sinks = pipeline_sinks_;
     // Batches larger than the slots, or another number of ranks: every rank moves to a new
     // ring, made now, and trainers attach to it by themselves (kClosedMoved). The old rings
     // live on until then.
-    std::vector<std::unique_ptr<RingSink>> rings;
-    std::vector<BatchSink*> sinks = pipeline_sinks_;
-    const bool new_ranks = cfg->consumers != cfg_.consumers;
-    if (new_ranks || !sinks_[0]->ring().Fits(plan.layout).ok()) {
+    if (cfg->consumers != cfg_.consumers || !sinks_[0]->ring().Fits(p->plan.layout).ok()) {
       if (cfg->packed_stage >= 0)
         return Status::Unsupported("a packed text stream's rings cannot be re-made" + restart);
-      RingPlan both = plan;
+      RingPlan both = p->plan;
       both.total_bytes += ring_bytes_;
       Status memory = CheckMemory(both);
       if (!memory.ok()) return memory.WithContext("the new rings are made beside the old ones");
-      auto made = MakeRings(*cfg, plan);
+      auto made = MakeRings(*cfg, p->plan);
       if (!made.ok()) return made.status();
-      rings = std::move(made.value());
-      sinks.clear();
-      for (auto& ring : rings) sinks.push_back(ring.get());
+      p->rings = std::move(made.value());
+      p->sinks.clear();
+      for (auto& ring : p->rings) p->sinks.push_back(ring.get());
     }
-    Result<std::unique_ptr<Pipeline>> next = Pipeline::Create(*cfg, sinks);
-    if (!next.ok()) return next.status();
+    p->cfg = std::move(cfg.value());
+    return p;
+  }
+
+  // Back on the control thread with the built pipeline: how it takes over.
+  Result<nlohmann::json> ApplyReload(PreparedReload& p) {
+    if (!p.next.ok()) return p.next.status();
+    if (draining_) return Status::Unavailable("the daemon is draining");
+    if (pipeline_->Finished()) return Status::Closed("the run has ended");
+    std::unique_ptr<Pipeline>& next = p.next.value();
+    const std::string restart = "; restart the daemon with the new config to apply it";
+    const bool new_ranks = p.cfg.consumers != cfg_.consumers;
     // Another number of batches per epoch (batch size, drop_last, the source's size; with a
     // token budget, any change of which samples go where): every rank switches at one epoch
     // boundary, where the new numbering starts.
     const bool renumber = new_ranks ||
-                          (*next)->batches_per_epoch() != pipeline_->batches_per_epoch() ||
-                          (((*next)->budgeted() || pipeline_->budgeted()) &&
-                           (*next)->order_fingerprint() != pipeline_->order_fingerprint());
-    if (renumber && cfg->packed_stage >= 0)
+                          next->batches_per_epoch() != pipeline_->batches_per_epoch() ||
+                          ((next->budgeted() || pipeline_->budgeted()) &&
+                           next->order_fingerprint() != pipeline_->order_fingerprint());
+    if (renumber && p.cfg.packed_stage >= 0)
       return Status::Unsupported("a packed text stream's batch numbering cannot change" + restart);
-    const bool at_epoch =
-        renumber || (*next)->order_fingerprint() != pipeline_->order_fingerprint();
+    const bool at_epoch = renumber || next->order_fingerprint() != pipeline_->order_fingerprint();
     // A new metrics endpoint is listening before anything changes, or the reload is refused.
-    const bool new_metrics = cfg->metrics_listen != cfg_.metrics_listen;
+    const bool new_metrics = p.cfg.metrics_listen != cfg_.metrics_listen;
     std::unique_ptr<MetricsServer> metrics;
-    if (new_metrics && !cfg->metrics_listen.empty()) {
-      auto m = MetricsServer::Start(cfg->metrics_listen);
+    if (new_metrics && !p.cfg.metrics_listen.empty()) {
+      auto m = MetricsServer::Start(p.cfg.metrics_listen);
       if (!m.ok()) return m.status();
       metrics = std::move(m.value());
       metrics->Publish(MetricsText());
     }
     if (new_metrics) metrics_ = std::move(metrics);
-    const bool grow = !rings.empty();
-    const int consumers = cfg->consumers;
-    pending_ = std::make_unique<PendingReload>(
-        PendingReload{std::move(next.value()), std::move(cfg.value()), std::move(plan),
-                      std::move(rings), at_epoch});
+    const bool grow = !p.rings.empty();
     nlohmann::json reply = {
-        {"config", file},
-        {"changes", changes.json},
-        {"summary", changes.Summary()},
+        {"config", p.cfg.file},
+        {"changes", p.changes.json},
+        {"summary", p.changes.Summary()},
         {"applied", !at_epoch  ? "now"
                     : renumber ? "at the next epoch boundary, for every rank at once (the batches "
                                  "per epoch or the ranks change)"
@@ -368,8 +423,10 @@ class Supervisor {
         {"rings", !grow       ? "unchanged"
                   : new_ranks ? fmt::format("re-made for {} consumer rank(s); trainers attach to "
                                             "them by themselves",
-                                            consumers)
+                                            p.cfg.consumers)
                               : "re-made larger; trainers attach to them by themselves"}};
+    pending_ = std::make_unique<PendingReload>(PendingReload{
+        std::move(next), std::move(p.cfg), std::move(p.plan), std::move(p.rings), at_epoch});
     if (at_epoch) {
       // Every rank switches at one boundary, the furthest rank's next: a rank an epoch behind
       // the others must not make that epoch in another order than they did.
@@ -783,7 +840,7 @@ class Supervisor {
     signals.async_wait([this, &signals](std::error_code ec, int sig) {
       if (ec) return;
       if (sig == SIGHUP)
-        (void)Reload("");  // logged either way
+        Reload("", [](Result<nlohmann::json>) {});  // logged either way
       else
         BeginDrain(sig == SIGINT ? "SIGINT" : "SIGTERM");
       WaitSignal(signals);
@@ -1119,6 +1176,10 @@ class Supervisor {
   uint64_t ring_bytes_ = 0;
   bool draining_ = false;
   bool drain_timed_out_ = false;
+  // A reload building its pipeline on reload_thread_ (Reload); reload_built_ once it is built.
+  std::thread reload_thread_;
+  bool reload_building_ = false;
+  std::atomic<bool> reload_built_{false};
   bool threads_abandoned_ = false;  // stuck past kStuckGrace after the drain timed out
   static constexpr std::chrono::seconds kStuckGrace{5};
   std::chrono::steady_clock::time_point drain_deadline_;

@@ -535,31 +535,36 @@ Status Pipeline::Reachable(uint64_t seq) const {
       seq, kMaxEpochsAhead, origin_.epoch));
 }
 
-uint64_t Pipeline::TotalBatches() const {
-  const uint64_t epochs = static_cast<uint64_t>(cfg_.source.epochs);
-  if (!epochs) return UINT64_MAX;
-  if (!budgeted())
-    return origin_.seq + (epochs - std::min<uint64_t>(epochs, origin_.epoch)) * batches_per_epoch_;
-  uint64_t total = origin_.seq;
-  for (uint64_t e = origin_.epoch; e < epochs; ++e) total += EpochBatches(static_cast<uint32_t>(e));
-  return total;
-}
-
 Status Pipeline::CheckCursor(uint64_t seq) const {
   if (seq < origin_.seq)
     return Status::Invalid(fmt::format(
         "cursor seq {} is before batch {}, where a reload changed the order or the batch "
         "numbering at epoch {}: the earlier batches cannot be made again",
         seq, origin_.seq, origin_.epoch));
-  const uint64_t total = TotalBatches();
-  if (seq > total)
-    return Status::Invalid(
-        fmt::format("cursor seq {} is past the end of the data ({} batches per rank)", seq, total));
-  // An endless run: the epoch a seq falls in must be one a cursor can name (32 bits).
-  if (!budgeted() && (seq - origin_.seq) / batches_per_epoch_ >= UINT32_MAX - origin_.epoch)
-    return Status::Invalid(
-        fmt::format("cursor seq {} is past the last epoch a cursor can name", seq));
-  return Reachable(seq);
+  const uint32_t epochs = static_cast<uint32_t>(cfg_.source.epochs);
+  if (!budgeted()) {
+    const uint64_t total =
+        epochs ? origin_.seq + (epochs - std::min(epochs, origin_.epoch)) * batches_per_epoch_
+               : UINT64_MAX;
+    if (seq > total)
+      return Status::Invalid(fmt::format(
+          "cursor seq {} is past the end of the data ({} batches per rank)", seq, total));
+    // An endless run: the epoch a seq falls in must be one a cursor can name (32 bits).
+    if ((seq - origin_.seq) / batches_per_epoch_ >= UINT32_MAX - origin_.epoch)
+      return Status::Invalid(
+          fmt::format("cursor seq {} is past the last epoch a cursor can name", seq));
+    return Status::Ok();
+  }
+  // Token budgets: refused before any epoch is planned when too far (Reachable), then the
+  // seq's epoch is found by planning the epochs up to it (at most kMaxEpochsAhead).
+  MMFEED_RETURN_IF_ERROR(Reachable(seq));
+  uint32_t epoch = 0;
+  uint64_t first = 0;
+  if (epochs && Locate(seq, &epoch, &first) &&
+      (epoch > epochs || (epoch == epochs && seq != first)))
+    return Status::Invalid(fmt::format("cursor seq {} is past the end of the data (epoch {} of {})",
+                                       seq, epoch, epochs));
+  return Status::Ok();
 }
 
 Status Pipeline::Rewind(uint32_t rank, uint64_t from_seq) {

@@ -181,8 +181,6 @@ class Pipeline {
   // origin().seq (Rewind and SetStart check it).
   StreamCursor CursorAt(uint64_t seq) const;
   StreamCursor CursorAfter(uint64_t seq) const { return CursorAt(seq + 1); }
-  // Batches per rank from seq 0 to the end of the data (UINT64_MAX: an endless run).
-  uint64_t TotalBatches() const;
   // Whether this pipeline can serve a rank from batch `seq` on: at or after the origin, at most
   // the end of the data, in an epoch a cursor can name (and, with a token budget, not
   // kMaxEpochsAhead epochs ahead). Every cursor from outside (an attach's resume, a saved state)

@@ -283,8 +283,8 @@ class ContractsTest(dt.DaemonCase):
         huge = self.config(slots=496).replace("max_len: 24", "max_len: 2000000").replace("batch_size: 8", "batch_size: 64")
         (self.dir / "huge.yaml").write_text(huge)
         p = subprocess.run([f"{dt.BIN}/mmfeedd", "--check", str(self.dir / "huge.yaml")], capture_output=True, text=True)
-        self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertIn("rings 473.05 GiB", p.stdout)
+        self.assertEqual(p.returncode, 2, "--check refuses rings the daemon would refuse")
+        self.assertRegex(p.stderr, r"the rings need 473\.05 GiB, \d+\.\d\d GiB available")
         p = subprocess.run([f"{dt.BIN}/mmfeedd", "--config", str(self.dir / "huge.yaml"), "--socket",
                             str(self.dir / "huge.sock")], capture_output=True, text=True, timeout=60)
         self.assertEqual(p.returncode, 1)

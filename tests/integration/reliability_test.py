@@ -341,6 +341,63 @@ class DrainTest(dt.DaemonCase):
         self.assertIn("exiting without them", d.log())
 
 
+class SlowStorageTest(dt.DaemonCase):
+    def test_a_reload_waiting_on_storage_does_not_freeze_the_control_plane(self):
+        """The reloaded config's shards are on a server that accepts and never answers: status,
+        a second reload and stop are answered meanwhile, and stop is not held by the reload."""
+        import threading
+        silent = socket.socket()
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        held = []
+        stop = threading.Event()
+
+        def accept():
+            while not stop.is_set():
+                try:
+                    held.append(silent.accept()[0])
+                except OSError:
+                    return
+        threading.Thread(target=accept, daemon=True).start()
+        ct.make_texts(self.dir, 400)
+        d = dt.Daemon(self.dir, ct.CONFIG.format(consumers=1, slots=4, epochs=1))
+        c = d.consume(0, "--hold-ms", "50")
+        port = silent.getsockname()[1]
+        (self.dir / "remote.yaml").write_text(ct.CONFIG.format(consumers=1, slots=4, epochs=1).replace(
+            "source: {type: manifest, path: manifest.jsonl,",
+            f'source: {{type: webdataset, path: "http://127.0.0.1:{port}/s-{{000..001}}.tar", '
+            "fields: {text: [txt]}, fetch_timeout_s: 60,"))
+        first = subprocess.Popen([f"{dt.BIN}/mmfeedctl", "--socket", d.socket, "--timeout", "600", "reload",
+                                  "--config", str(self.dir / "remote.yaml")], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.time() + 10
+            while not held:
+                self.assertLess(time.time(), deadline, "the reload did not reach the server")
+                time.sleep(0.05)
+            for _ in range(3):
+                r = d.ctl("--timeout", "2", "status", "--json")
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertTrue(all(x["attached"] for x in json.loads(r.stdout)["consumers"]))
+            r = d.ctl("--timeout", "2", "reload")
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("still building its pipeline", r.stderr)
+            t0 = time.time()
+            self.assertEqual(d.ctl("--timeout", "2", "stop").returncode, 0)
+            self.assertEqual(d.wait(60), 0, d.log())
+            self.assertLess(time.time() - t0, 40)
+            self.assertIn("a reload was still building its pipeline: exiting without it", d.log())
+        finally:
+            stop.set()
+            silent.close()
+            first.kill()
+            first.communicate()
+            c.kill()
+            c.communicate()
+            for h in held:
+                h.close()
+
+
 class ControlSocketTest(dt.DaemonCase):
     def test_idle_connections_cannot_lock_out_status_attach_and_stop(self):
         ct.make_texts(self.dir, 400)
