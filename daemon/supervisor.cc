@@ -124,7 +124,7 @@ class Supervisor {
     rates_.resize(cfg_.consumers);
     config_hash_ = HashFile(cfg_.file);
     if (!cfg_.metrics_listen.empty()) {
-      auto m = MetricsServer::Start(cfg_.metrics_listen);
+      auto m = MetricsServer::Start(io_, cfg_.metrics_listen);
       if (!m.ok()) {
         spdlog::error("{}:{}:{}: {}", cfg_.file, cfg_.metrics_mark.line, cfg_.metrics_mark.column,
                       m.status().message());
@@ -405,7 +405,7 @@ class Supervisor {
     const bool new_metrics = p.cfg.metrics_listen != cfg_.metrics_listen;
     std::unique_ptr<MetricsServer> metrics;
     if (new_metrics && !p.cfg.metrics_listen.empty()) {
-      auto m = MetricsServer::Start(p.cfg.metrics_listen);
+      auto m = MetricsServer::Start(io_, p.cfg.metrics_listen);
       if (!m.ok()) return m.status();
       metrics = std::move(m.value());
       metrics->Publish(MetricsText());

@@ -13,7 +13,7 @@ PKGS=(
   libasio-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libconcurrentqueue-dev
   nlohmann-json3-dev libssl-dev
   libopencv-dev libturbojpeg0-dev libjpeg62-turbo-dev libnuma-dev libsystemd-dev libfftw3-dev
-  libicu-dev zlib1g-dev libcivetweb-dev libcurl4-openssl-dev
+  libicu-dev zlib1g-dev libcurl4-openssl-dev
   libavformat-dev libavcodec-dev libavutil-dev libswscale-dev libswresample-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev
   python3 python3-dev python3-numpy python3-av ffmpeg pybind11-dev python3-torch

@@ -531,6 +531,19 @@ class MetricsTest(dt.DaemonCase):
                 except urllib.error.URLError:
                     pass  # not listening yet
             self.assertIn(200, codes)
+            # 100 clients trickling their request headers (slowloris) keep no scrape out.
+            slow = []
+            for _ in range(100):
+                c = socket.create_connection(("127.0.0.1", port))
+                c.send(b"GET /metrics HTTP/1.1\r\nX-a: ")
+                slow.append(c)
+            for _ in range(5):
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as r:
+                    self.assertIn(b"mmfeed_rank_attached", r.read())
+                for c in slow:
+                    c.send(b"a")
+            for c in slow:
+                c.close()
         finally:
             proc.kill()
             proc.wait()
