@@ -124,16 +124,22 @@ void ParseDamage(std::string_view report, std::vector<ShardIndex::Damage>* damag
   }
 }
 
-}  // namespace
-
-Status CheckMemberHeader(const char* h, uint64_t size, const std::string& name) {
+// Whether the 512-byte tar header `h` has a valid checksum; its member's size in `size`.
+bool ParseHeader(const char* h, uint64_t* size) {
   bool ok = true;
   const uint64_t checksum = ParseOctal(h + 148, 8, &ok);
   uint64_t sum = 0;
   for (int i = 0; i < 512; ++i)
     sum += (i >= 148 && i < 156) ? ' ' : static_cast<unsigned char>(h[i]);
-  const uint64_t got = ParseOctal(h + 124, 12, &ok);
-  if (!ok || sum != checksum) return Status::Corrupt("no valid tar header before the member");
+  *size = ParseOctal(h + 124, 12, &ok);
+  return ok && sum == checksum;
+}
+
+}  // namespace
+
+Status CheckMemberHeader(const char* h, uint64_t size, const std::string& name) {
+  uint64_t got = 0;
+  if (!ParseHeader(h, &got)) return Status::Corrupt("no valid tar header before the member");
   if (got != size)
     return Status::Corrupt(
         fmt::format("the tar header before the member says {} bytes, the index {}", got, size));
@@ -173,13 +179,8 @@ void WalkTarSamples(
       break;
     }
     if (std::all_of(h, h + 512, [](char c) { return c == 0; })) break;  // end of archive
-    bool ok = true;
-    const uint64_t checksum = ParseOctal(h + 148, 8, &ok);
-    uint64_t sum = 0;
-    for (int i = 0; i < 512; ++i)
-      sum += (i >= 148 && i < 156) ? ' ' : static_cast<unsigned char>(h[i]);
-    const uint64_t size = ParseOctal(h + 124, 12, &ok);
-    if (!ok || sum != checksum) {
+    uint64_t size = 0;
+    if (!ParseHeader(h, &size)) {
       damage(shard, fmt::format("damaged tar header at offset {}", off));
       break;
     }

@@ -38,6 +38,18 @@ def make_dataset(d, n):
     return ids
 
 
+def serving(path):
+    """Whether a daemon accepts connections on the socket at `path`."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
 class Daemon:
     def __init__(self, d, config_text, extra=(), wrap=()):
         """`wrap`: a command that runs the daemon (e.g. ["ip", "netns", "exec", NAME])."""
@@ -56,14 +68,7 @@ class Daemon:
             time.sleep(0.02)
 
     def serving(self):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            s.connect(self.socket)
-            return True
-        except OSError:
-            return False
-        finally:
-            s.close()
+        return serving(self.socket)
 
     def log(self):
         self.stderr.flush()

@@ -30,9 +30,11 @@ usage: stateful_test.py --bin BUILD/bin [--seed S] [--runs R] [--ops N] [--long]
   CI runs the short mode (4 runs of 60 operations); --long runs 20 runs of 150 operations
   (several minutes; README, "Reliability").
 """
-import argparse, json, os, pathlib, random, shutil, signal, socket, subprocess, sys, tempfile, time
+import argparse, json, os, pathlib, random, shutil, signal, subprocess, sys, tempfile, time
 
 import numpy as np
+
+import daemon_test
 
 SAMPLES = 480  # 2 ranks x 240
 CONSUMERS = 2
@@ -82,16 +84,6 @@ class World:
     def write_config(self):
         (self.dir / "p.yaml").write_text(config(self.params))
 
-    def serving(self):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            s.connect(self.sock)
-            return True
-        except OSError:
-            return False
-        finally:
-            s.close()
-
     def start_daemon(self):
         log = open(self.dir / f"daemon{len(self.daemon_logs)}.log", "w+")
         self.daemon_logs.append(log)
@@ -99,7 +91,7 @@ class World:
             [f"{self.bin}/mmfeedd", "--config", str(self.dir / "p.yaml"), "--socket", self.sock, "--state-dir",
              str(self.dir / "state"), "--drain-timeout", "2"], stdout=log, stderr=log)
         deadline = time.time() + 60
-        while not self.serving():
+        while not daemon_test.serving(self.sock):
             if self.daemon.poll() == 0:
                 return  # restarted at the end of the data: nothing left to serve
             if self.daemon.poll() is not None or time.time() > deadline:
