@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <asio.hpp>
 #include <atomic>
@@ -163,7 +164,10 @@ class Supervisor {
     }
     spdlog::info("serving on {}", opt_.socket);
     notify_.Ready(StatusLine());
-    if (!then_reload.empty()) Reload(then_reload, [](Result<nlohmann::json>) {});  // logged
+    // The edited config is reloaded once every rank's trainer is back: their cursors, possibly
+    // ahead of the saved ones, decide where the epoch boundary of the switch is.
+    then_reload_ = then_reload;
+    back_since_start_.assign(cfg_.consumers, false);
     Tick();
     io_.run();
     timer_.cancel();
@@ -257,6 +261,13 @@ class Supervisor {
     h = {pid, pidfd >= 0 ? fcntl(pidfd, F_DUPFD_CLOEXEC, 0) : -1, last_generation_, sink};
     spdlog::info("rank {} attached (pid {}, generation {}{})", rank, pid, h.generation,
                  sink == sinks_[rank].get() ? "" : ", to the ring a reload replaced");
+    if (!then_reload_.empty() && rank < static_cast<int>(back_since_start_.size())) {
+      back_since_start_[rank] = true;
+      if (std::all_of(back_since_start_.begin(), back_since_start_.end(), [](bool b) { return b; }))
+        asio::post(io_, [this, file = std::exchange(then_reload_, std::string())] {
+          Reload(file, [](Result<nlohmann::json>) {});  // logged
+        });
+    }
     return AttachGrant{{ring.data_fd(), *control},
                        {{"rank", rank},
                         {"generation", h.generation},
@@ -1176,6 +1187,9 @@ class Supervisor {
   uint64_t ring_bytes_ = 0;
   bool draining_ = false;
   bool drain_timed_out_ = false;
+  // A restart on an edited config: the file to reload once every rank has attached again.
+  std::string then_reload_;
+  std::vector<bool> back_since_start_;
   // A reload building its pipeline on reload_thread_ (Reload); reload_built_ once it is built.
   std::thread reload_thread_;
   bool reload_building_ = false;

@@ -787,6 +787,16 @@ void Pipeline::SourceLoop() {
         rewinds_[r].source_pending = false;
         next[r] = rewinds_[r].to;
         gen[r] = rewinds_[r].gen;
+        // A rank resumed past the boundary a QuiesceAtEpochEnd chose (its trainer was ahead of
+        // the position the daemon knew, after a restart) moves the boundary on: for every rank
+        // when they stop together, so that no epoch is made by two configs.
+        if (at_epoch_end) {
+          const uint32_t own = next[r].batch == 0 ? next[r].epoch : next[r].epoch + 1;
+          const bool together = epoch_end_together_.load(std::memory_order_acquire);
+          for (int q = 0; q < consumers; ++q)
+            if ((together || q == r) && own > last_epoch[q]) last_epoch[q] = own;
+          for (int q = 0; q < consumers; ++q) done[q] = is_done(q);
+        }
         done[r] = is_done(r);
       }
     }
