@@ -430,9 +430,9 @@ class ControlSocketTest(dt.DaemonCase):
             except BlockingIOError:
                 pass
             stuck.append(s)
-        self.assertEqual(d.ctl("--timeout", "10", "status").returncode, 0)
-        # Each of those used to stall the control thread up to a second: another client's status
-        # took 2.5 s here; it takes 10 ms when nothing blocks.
+        self.assertEqual(d.ctl("--timeout", "60", "status").returncode, 0)  # their first replies
+        # Each of those used to stall the control thread up to a second once its buffer was full:
+        # another client's status took seconds; it takes milliseconds when nothing blocks.
         for _ in range(5):
             r = d.ctl("--timeout", "1", "status", "--json")
             self.assertEqual(r.returncode, 0, r.stderr)
