@@ -38,6 +38,26 @@ namespace {
 constexpr int kExitConfig = 2;
 constexpr int kExitLost = 3;  // the drain timed out (batches no trainer took are dropped)
 
+// Stands in for the rings when a pipeline is only built (--check): takes nothing.
+class UnusedSink : public BatchSink {
+ public:
+  Reservation Reserve(BatchMemory*, int) override { return Reservation::kClosed; }
+  void Commit(const BatchMemory&, const BatchInfo&) override {}
+  void Discard(const BatchMemory&) override {}
+  void Finish(bool) override {}
+};
+
+// A pipeline of `cfg` built and not started (--check, and a restart's kept config).
+Result<std::unique_ptr<Pipeline>> BuildOnly(const PipelineConfig& cfg,
+                                            std::vector<std::unique_ptr<UnusedSink>>* owned) {
+  std::vector<BatchSink*> sinks;
+  for (int r = 0; r < cfg.consumers; ++r) {
+    owned->push_back(std::make_unique<UnusedSink>());
+    sinks.push_back(owned->back().get());
+  }
+  return Pipeline::Create(cfg, sinks);
+}
+
 class Supervisor {
  public:
   Supervisor(PipelineConfig cfg, SupervisorOptions opt)
@@ -606,6 +626,12 @@ class Supervisor {
     if (!changes.needs_restart.empty())
       return Status::Unsupported(
           fmt::format("the edited config changes what a reload cannot: {}", changes.needs_restart));
+    // It must still make the saved stream (its data may be gone or changed since).
+    std::vector<std::unique_ptr<UnusedSink>> owned;
+    Result<std::unique_ptr<Pipeline>> p = BuildOnly(*cfg, &owned);
+    if (!p.ok()) return p.status().WithContext("the kept config cannot be built");
+    if ((*p)->fingerprint() != s.fingerprint)
+      return Status::Invalid("its data changed since the state was saved");
     return cfg;
   }
 
@@ -1199,15 +1225,6 @@ class Supervisor {
   std::chrono::steady_clock::time_point drain_deadline_;
 };
 
-// Stands in for the rings when a pipeline is only built (--check): takes nothing.
-class UnusedSink : public BatchSink {
- public:
-  Reservation Reserve(BatchMemory*, int) override { return Reservation::kClosed; }
-  void Commit(const BatchMemory&, const BatchInfo&) override {}
-  void Discard(const BatchMemory&) override {}
-  void Finish(bool) override {}
-};
-
 // Bytes of memory the daemon may still use: MemAvailable, bounded by the cgroup's limit.
 uint64_t AvailableBytes() {
   uint64_t avail = MemAvailableBytes();
@@ -1259,12 +1276,7 @@ Status CheckMemory(const RingPlan& plan) {
 Result<std::string> CheckPipeline(const PipelineConfig& cfg) {
   RingPlan plan = PlanRings(cfg);
   std::vector<std::unique_ptr<UnusedSink>> owned;
-  std::vector<BatchSink*> sinks;
-  for (int r = 0; r < cfg.consumers; ++r) {
-    owned.push_back(std::make_unique<UnusedSink>());
-    sinks.push_back(owned.back().get());
-  }
-  Result<std::unique_ptr<Pipeline>> p = Pipeline::Create(cfg, sinks);
+  Result<std::unique_ptr<Pipeline>> p = BuildOnly(cfg, &owned);
   if (!p.ok()) return p.status();
   MMFEED_RETURN_IF_ERROR(CheckMemory(plan));
   return fmt::format(

@@ -113,6 +113,21 @@ class PositionTest(ReloadCase):
             self.assertEqual([by_seq[k] for k in sorted(by_seq)], want_a[rank][:per] + want_b[rank][per:])
 
 
+    def test_a_restart_on_an_edited_config_whose_old_data_is_gone_starts_fresh(self):
+        state = self.dir / "state"
+        d = dt.Daemon(self.dir, config(epochs=1), extra=("--state-dir", str(state)))
+        dt.finish(d.consume(0, "--batches", "3"))
+        time.sleep(0.3)  # saved every 100 ms
+        d.proc.kill()
+        d.proc.wait()
+        os.rename(self.dir / "manifest.jsonl", self.dir / "moved.jsonl")
+        d2 = dt.Daemon(self.dir, config(epochs=1, path="moved.jsonl"), extra=("--state-dir", str(state)))
+        self.assertIn("the saved stream cannot be continued", d2.log())
+        got = [dt.finish(c) for c in [d2.consume(r, "--json") for r in (0, 1)]]
+        self.assertEqual(d2.wait(), 0, d2.log())
+        self.assertEqual(sum(g["samples"] for g in got), 1200)
+
+
 class StateDirTest(dt.DaemonCase):
     """--state-dir is input like any other: refused with the reason, never followed or crashed on."""
 
