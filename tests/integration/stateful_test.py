@@ -38,7 +38,7 @@ import daemon_test
 
 SAMPLES = 480  # 2 ranks x 240
 CONSUMERS = 2
-EPOCHS = 5
+EPOCHS = 5  # set per run from the operations (run): the data must outlast them
 
 
 def config(p):
@@ -101,7 +101,7 @@ class World:
     def start_trainer(self, rank):
         life = self.lives[rank]
         self.lives[rank] += 1
-        hold = self.rng.choice([5, 10, 20])
+        hold = self.rng.choice([10, 20, 40])
         self.trainers[rank] = subprocess.Popen(
             [f"{self.bin}/mmfeed-consume", "--socket", self.sock, "--rank", str(rank), "--cursor",
              str(self.dir / f"cursor{rank}.json"), "--reconnect", "120", "--hold-ms", str(hold), "--dump",
@@ -270,6 +270,8 @@ def check(w):
 
 
 def run(bin_dir, seed, n_ops):
+    global EPOCHS
+    EPOCHS = max(5, n_ops // 4)
     rng = random.Random(seed)
     work = pathlib.Path(tempfile.mkdtemp(prefix=f"mmfeed-stateful-{seed}-"))
     log = []
@@ -279,12 +281,14 @@ def run(bin_dir, seed, n_ops):
         for r in range(CONSUMERS):
             w.start_trainer(r)
         ops, weights = zip(*OPS)
+        done = 0
         for i in range(n_ops):
             if w.daemon.poll() is not None:
                 log.append(f"the daemon exited ({w.daemon.returncode}) before operation {i}: the data ended")
                 break
             op = rng.choices(ops, weights)[0]
             log.append(f"{i:3d} {op(w)}")
+            done += 1
         for r in sorted(w.stopped):
             w.trainers[r].send_signal(signal.SIGCONT)
         w.stopped.clear()
@@ -315,7 +319,8 @@ def run(bin_dir, seed, n_ops):
             if code != 0:
                 raise Failure(f"the daemon exited {code}")
         batches = check(w)
-        print(f"seed {seed}: {n_ops} operations, {batches} batches per rank, every epoch exact", flush=True)
+        print(f"seed {seed}: {done} of {n_ops} operations before the end of the data, {batches} batches per "
+              f"rank in {EPOCHS} epochs, every epoch exact", flush=True)
         shutil.rmtree(work, ignore_errors=True)
         return True
     except Failure as e:
