@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include "base/atomic_file.h"
-#include "stages/runtime/pipeline.h"
 
 namespace mmfeed {
 
@@ -77,22 +76,6 @@ Result<std::optional<StreamState>> ReadStreamState(const std::string& path) {
   Result<StreamState> s = StreamStateFromJson(j, path);
   if (!s.ok()) return s.status();
   return std::optional<StreamState>(std::move(s.value()));
-}
-
-Status ValidateStreamState(const StreamState& s, const Pipeline& p, int consumers) {
-  if (static_cast<int>(s.ranks.size()) != consumers)
-    return Status::Invalid(
-        fmt::format("it has {} rank(s), the config {}", s.ranks.size(), consumers));
-  for (size_t r = 0; r < s.ranks.size(); ++r) {
-    const StreamCursor& c = s.ranks[r];
-    Status st = p.CheckCursor(c.seq);
-    if (st.ok() && c != p.CursorAt(c.seq))
-      st = Status::Invalid(fmt::format(
-          "cursor (epoch {}, batch {}, seq {}) is not where seq {} stands (epoch {}, batch {})",
-          c.epoch, c.batch, c.seq, c.seq, p.CursorAt(c.seq).epoch, p.CursorAt(c.seq).batch));
-    if (!st.ok()) return st.WithContext(fmt::format("rank {}", r));
-  }
-  return Status::Ok();
 }
 
 }  // namespace mmfeed

@@ -13,7 +13,7 @@
 // config.
 //
 // Reading validates the structure (types, ranges) and nothing else; whether the cursors fit a
-// pipeline is Validate's business, with the pipeline at hand.
+// pipeline is Pipeline::SetStart's business.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -25,8 +25,6 @@
 #include "base/status.h"
 
 namespace mmfeed {
-
-class Pipeline;
 
 struct StreamState {
   std::string pipeline;
@@ -44,11 +42,5 @@ Result<StreamState> StreamStateFromJson(const nlohmann::json& j, const std::stri
 // std::nullopt when there is no file. A symlink, a folder, a FIFO, a file over 64 MiB or
 // malformed JSON is an error naming the path (and how to start fresh).
 Result<std::optional<StreamState>> ReadStreamState(const std::string& path);
-
-// Whether `s` can continue on `p` (same fingerprint checked by the caller): one cursor per
-// rank, each at or after the origin, within the data (a finite run), with the epoch and batch
-// its seq has in p's numbering. The error names the rank and what is wrong.
-// REQUIRES: p's origin set from s.
-Status ValidateStreamState(const StreamState& s, const Pipeline& p, int consumers);
 
 }  // namespace mmfeed

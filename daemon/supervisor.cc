@@ -36,6 +36,8 @@ namespace mmfeed {
 namespace {
 
 constexpr int kExitConfig = 2;
+// What a refused reload says when a restart applies the change.
+constexpr char kRestartHint[] = "; restart the daemon with the new config to apply it";
 constexpr int kExitLost = 3;  // the drain timed out (batches no trainer took are dropped)
 
 // Stands in for the rings when a pipeline is only built (--check): takes nothing.
@@ -259,14 +261,10 @@ class Supervisor {
       // A reload replaced the rank's ring. Its batches the trainer has not finished are served
       // from it first (the trainer then attaches again by itself); unless the trainer asks for
       // earlier ones, which the running pipeline makes again.
-      const uint64_t held = old->ring().MinReadySeq();
-      const bool in_old = held != UINT64_MAX && resume && held <= resume->seq &&
-                          resume->seq <= pipeline_->NextCommit(rank);
-      if (resume && !in_old) {
-        Status st = pipeline_->CheckCursor(resume->seq);
-        if (!st.ok()) return st.WithContext(fmt::format("rank {}: resume refused", rank));
+      if (resume) {
+        MMFEED_RETURN_IF_ERROR(CheckResume(rank, old->ring(), resume->seq));
+        old->ring().DropReady(resume->seq);
       }
-      if (resume) old->ring().DropReady(resume->seq);
       uint64_t first = old->ring().MinReadySeq();
       if (old->ring().unreleased() > 0 && (!resume || resume->seq == first)) {
         sink = old.get();
@@ -302,13 +300,7 @@ class Supervisor {
   // with its batches no longer in the ring) is refused before anything changes.
   Status Resume(int rank, const StreamCursor& c) {
     shm::RingWriter& ring = sinks_[rank]->ring();
-    const uint64_t first = ring.MinReadySeq(), next_commit = pipeline_->NextCommit(rank);
-    const bool reuse =
-        c.seq <= next_commit && (first == UINT64_MAX ? c.seq == next_commit : first <= c.seq);
-    if (!reuse) {
-      Status st = pipeline_->CheckCursor(c.seq);
-      if (!st.ok()) return st.WithContext(fmt::format("rank {}: resume refused", rank));
-    }
+    MMFEED_RETURN_IF_ERROR(CheckResume(rank, ring, c.seq));
     int finished = ring.DropReady(c.seq);
     uint64_t next = ring.MinReadySeq();
     if (next == UINT64_MAX) next = pipeline_->NextCommit(rank);
@@ -327,6 +319,16 @@ class Supervisor {
     return Status::Ok();
   }
 
+  // Whether rank `rank` can be served from `seq` on, `ring` holding its published batches:
+  // a seq from the ring's oldest batch to the pipeline's next one is served from the ring;
+  // any other must be one the pipeline can make (Pipeline::CheckCursor).
+  Status CheckResume(int rank, shm::RingWriter& ring, uint64_t seq) {
+    const uint64_t first = ring.MinReadySeq(), next = pipeline_->NextCommit(rank);
+    if (seq <= next && (first == UINT64_MAX ? seq == next : first <= seq)) return Status::Ok();
+    Status st = pipeline_->CheckCursor(seq);
+    return st.ok() ? st : st.WithContext(fmt::format("rank {}: resume refused", rank));
+  }
+
   // SIGHUP, `mmfeedctl reload`: `file` (empty: the running config's) is checked as completely
   // as --check and, if good, a pipeline built from it takes over from each rank's next batch:
   // at once, or at every rank's next common epoch boundary when it changes which samples go
@@ -339,14 +341,12 @@ class Supervisor {
     notify_.Reloading();  // READY=1 ends it, refused or not (EndReload)
     Result<std::shared_ptr<PreparedReload>> prep = PrepareReload(path);
     if (!prep.ok()) return EndReload(path, prep.status(), std::move(done));
-    reload_building_ = true;
     reload_built_.store(false);
     reload_thread_ = std::thread([this, p = *prep, path, done = std::move(done)]() mutable {
       p->next = Pipeline::Create(p->cfg, p->sinks);
       reload_built_.store(true);
       asio::post(io_, [this, p, path, done = std::move(done)]() mutable {
         if (reload_thread_.joinable()) reload_thread_.join();
-        reload_building_ = false;
         EndReload(path, ApplyReload(*p), std::move(done));
       });
     });
@@ -380,7 +380,7 @@ class Supervisor {
   // The checks and the rings, on the control thread (quick: no data is read).
   Result<std::shared_ptr<PreparedReload>> PrepareReload(const std::string& file) {
     if (draining_) return Status::Unavailable("the daemon is draining");
-    if (reload_building_)
+    if (reload_thread_.joinable())
       return Status::Unavailable("the previous reload is still building its pipeline");
     if (pending_)
       return Status::Unavailable("the previous reload is waiting for the epoch boundary");
@@ -389,9 +389,8 @@ class Supervisor {
     if (!cfg.ok()) return cfg.status();
     auto p = std::make_shared<PreparedReload>();
     p->changes = DiffConfigs(cfg_, *cfg);
-    const std::string restart = "; restart the daemon with the new config to apply it";
     if (!p->changes.needs_restart.empty())
-      return Status::Unsupported(p->changes.needs_restart + restart);
+      return Status::Unsupported(p->changes.needs_restart + kRestartHint);
     p->plan = PlanRings(*cfg);
     p->sinks = pipeline_sinks_;
     // Batches larger than the slots, or another number of ranks: every rank moves to a new
@@ -399,7 +398,8 @@ class Supervisor {
     // live on until then.
     if (cfg->consumers != cfg_.consumers || !sinks_[0]->ring().Fits(p->plan.layout).ok()) {
       if (cfg->packed_stage >= 0)
-        return Status::Unsupported("a packed text stream's rings cannot be re-made" + restart);
+        return Status::Unsupported(std::string("a packed text stream's rings cannot be re-made") +
+                                   kRestartHint);
       RingPlan both = p->plan;
       both.total_bytes += ring_bytes_;
       Status memory = CheckMemory(both);
@@ -420,7 +420,6 @@ class Supervisor {
     if (draining_) return Status::Unavailable("the daemon is draining");
     if (pipeline_->Finished()) return Status::Closed("the run has ended");
     std::unique_ptr<Pipeline>& next = p.next.value();
-    const std::string restart = "; restart the daemon with the new config to apply it";
     const bool new_ranks = p.cfg.consumers != cfg_.consumers;
     // Another number of batches per epoch (batch size, drop_last, the source's size; with a
     // token budget, any change of which samples go where): every rank switches at one epoch
@@ -430,7 +429,8 @@ class Supervisor {
                           ((next->budgeted() || pipeline_->budgeted()) &&
                            next->order_fingerprint() != pipeline_->order_fingerprint());
     if (renumber && p.cfg.packed_stage >= 0)
-      return Status::Unsupported("a packed text stream's batch numbering cannot change" + restart);
+      return Status::Unsupported(
+          std::string("a packed text stream's batch numbering cannot change") + kRestartHint);
     const bool at_epoch = renumber || next->order_fingerprint() != pipeline_->order_fingerprint();
     // A new metrics endpoint is listening before anything changes, or the reload is refused.
     const bool new_metrics = p.cfg.metrics_listen != cfg_.metrics_listen;
@@ -652,7 +652,7 @@ class Supervisor {
     pipeline_->SetOrigin({saved->origin_epoch, saved->origin_seq});
     for (size_t r = 0; r < saved->ranks.size(); ++r) {
       StreamCursor& c = saved->ranks[r];
-      if (c.seq < saved->origin_seq && r < static_cast<size_t>(cfg_.consumers)) {
+      if (c.seq < saved->origin_seq) {
         // The daemon stopped while this rank's trainer still had batches of the config before
         // that reload to take; this config cannot make them.
         spdlog::warn(
@@ -662,13 +662,12 @@ class Supervisor {
         c = pipeline_->CursorAt(saved->origin_seq);
       }
     }
-    Status valid = ValidateStreamState(*saved, *pipeline_, cfg_.consumers);
+    Status valid = pipeline_->SetStart(saved->ranks);
     if (!valid.ok())
       return valid.WithContext(fmt::format(
           "{}: the saved cursors do not fit this config (move the file away to start every rank "
           "at the beginning)",
           StatePath()));
-    MMFEED_RETURN_IF_ERROR(pipeline_->SetStart(saved->ranks));
     for (int r = 0; r < cfg_.consumers; ++r) sinks_[r]->ring().set_acked(saved->ranks[r]);
     std::string at;
     for (const StreamCursor& c : saved->ranks) at += fmt::format(" {}", c.seq);
@@ -1216,9 +1215,9 @@ class Supervisor {
   // A restart on an edited config: the file to reload once every rank has attached again.
   std::string then_reload_;
   std::vector<bool> back_since_start_;
-  // A reload building its pipeline on reload_thread_ (Reload); reload_built_ once it is built.
+  // A reload building its pipeline (Reload): joinable until its completion ran on the control
+  // thread; reload_built_ once the pipeline is built.
   std::thread reload_thread_;
-  bool reload_building_ = false;
   std::atomic<bool> reload_built_{false};
   bool threads_abandoned_ = false;  // stuck past kStuckGrace after the drain timed out
   static constexpr std::chrono::seconds kStuckGrace{5};

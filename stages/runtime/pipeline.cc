@@ -427,16 +427,20 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
 
 Status Pipeline::SetStart(std::vector<StreamCursor> start) {
   if (static_cast<int>(start.size()) != cfg_.consumers)
-    return Status::Invalid("one start cursor per consumer rank is required");
-  for (const StreamCursor& c : start) {
-    MMFEED_RETURN_IF_ERROR(CheckCursor(c.seq));
-    if (c.epoch < origin_.epoch || c.batch >= EpochBatches(c.epoch) || c != CursorAt(c.seq))
-      return Status::Invalid(fmt::format(
-          "cursor (epoch {}, batch {}, seq {}) does not fit {} batches per epoch from epoch {} "
-          "(seq {})",
-          c.epoch, c.batch, c.seq,
+    return Status::Invalid(
+        fmt::format("{} start cursor(s) for {} consumer rank(s)", start.size(), cfg_.consumers));
+  for (size_t r = 0; r < start.size(); ++r) {
+    const StreamCursor& c = start[r];
+    Status st = CheckCursor(c.seq);
+    if (st.ok() &&
+        (c.epoch < origin_.epoch || c.batch >= EpochBatches(c.epoch) || c != CursorAt(c.seq)))
+      st = Status::Invalid(fmt::format(
+          "cursor (epoch {}, batch {}, seq {}) is not where seq {} stands (epoch {}, batch {}; "
+          "{} batches per epoch from epoch {}, seq {})",
+          c.epoch, c.batch, c.seq, c.seq, CursorAt(c.seq).epoch, CursorAt(c.seq).batch,
           budgeted() ? "this pipeline's" : std::to_string(batches_per_epoch_), origin_.epoch,
           origin_.seq));
+    if (!st.ok()) return st.WithContext(fmt::format("rank {}", r));
   }
   start_ = std::move(start);
   for (int r = 0; r < cfg_.consumers; ++r) next_commit_[r] = start_[r].seq;

@@ -109,8 +109,9 @@ class Pipeline {
                                                   std::vector<StreamCursor> start = {});
   ~Pipeline();
 
-  // Where each rank's stream begins (one cursor per rank), instead of Create's `start`.
-  // REQUIRES: before Start().
+  // Where each rank's stream begins (one cursor per rank), instead of Create's `start`. Each
+  // cursor is checked (CheckCursor, and its epoch and batch against its seq); the error names
+  // the rank. REQUIRES: before Start().
   Status SetStart(std::vector<StreamCursor> start);
   // Where this pipeline's batch numbering starts: batch `index` of epoch `e` (e >= epoch) is
   // seq `seq + (e - epoch) * batches_per_epoch() + index`. {0, 0} unless a reload changed the
