@@ -3,7 +3,9 @@
 
 1. Per-batch overhead: a ring of 64 slots is filled with 64 ready batches (image-text, 4
    tensors), then drained by mmfeed-consume and by a Python loop (next(), wrap every tensor as
-   a numpy view, release). Median microseconds per batch.
+   a numpy view, release). Median microseconds per batch. Then the cost of torch()'s writable
+   copy-on-write view: the same batches read whole (sum of every tensor) through read-only
+   torch views, through b.torch(), and through b.torch() after an in-place add_ on the image.
 2. Throughput: configs/demo.yaml's image-text pipeline (two ranks) consumed by two
    mmfeed-consume processes, then by two Python processes (`for b in mmfeed.Client(): b.torch()`),
    then the PyTorch DataLoader(num_workers=2) baseline over the same files
@@ -40,8 +42,17 @@ s = time.perf_counter() - t0
 print(json.dumps({"samples": n, "seconds": s}))
 """
 
+# Modes: "numpy" wraps every tensor as a read-only numpy view; the torch modes also read every
+# byte (sum): "torch_readonly" over torch.from_numpy of those read-only views (what torch() was
+# before it became writable), "torch" over b.torch() (the ring's copy-on-write view), and
+# "torch_write" adds 1 to the image tensor in place first (its pages become private copies,
+# dropped at the release).
 PY_OVERHEAD = """
-import json, statistics, sys, time, mmfeed
+import json, statistics, sys, time, warnings, mmfeed
+mode = sys.argv[2]
+if mode != "numpy":
+    import torch
+    warnings.simplefilter("ignore", UserWarning)
 c = mmfeed.Client(socket=sys.argv[1], rank=0)
 us = []
 while True:
@@ -49,7 +60,17 @@ while True:
     b = c.next()
     if b is None:
         break
-    views = b.tensors
+    if mode == "numpy":
+        views = b.tensors
+    elif mode == "torch_readonly":
+        views = {k: torch.from_numpy(v) for k, v in b.tensors.items()}
+    else:
+        views = b.torch()
+        if mode == "torch_write":
+            views["image"].add_(1)
+    if mode != "numpy":
+        for v in views.values():
+            v.sum()
     del views
     b.release()
     us.append((time.perf_counter() - t0) * 1e6)
@@ -76,7 +97,7 @@ def published(build, sock):
     return json.loads(out)["consumers"][0]["published"] if out else 0
 
 
-def overhead(build, data, manifest, python):
+def overhead(build, data, manifest, python, mode="numpy"):
     cfg = (ROOT / "configs" / "demo.yaml").read_text().replace("path: manifest.jsonl", f"path: {manifest}")
     cfg = cfg.replace("consumers: 2", "consumers: 1").replace("ring_slots: 8", "ring_slots: 64")
     if "ring_slots: 64" not in cfg:
@@ -85,7 +106,7 @@ def overhead(build, data, manifest, python):
     while published(build, sock) < 64:  # every slot holds a ready batch
         time.sleep(0.1)
     if python:
-        out = subprocess.run([PY, "-c", PY_OVERHEAD, sock], capture_output=True, text=True,
+        out = subprocess.run([PY, "-c", PY_OVERHEAD, sock, mode], capture_output=True, text=True,
                              env=dict(os.environ, PYTHONPATH=f"{build}/python"))
     else:
         out = subprocess.run([f"{build}/bin/mmfeed-consume", "--socket", sock, "--rank", "0", "--json"],
@@ -150,6 +171,11 @@ def main():
     cpp_us = [overhead(a.build, data, f"manifest-{a.long}.jsonl", False) for _ in range(3)]
     py_us = [overhead(a.build, data, f"manifest-{a.long}.jsonl", True) for _ in range(3)]
     res["batch_overhead_us"] = {"cpp": statistics.median(cpp_us), "python": statistics.median(py_us)}
+    # What the writable torch() costs: the same ready batches read whole through each way.
+    for mode in ("torch_readonly", "torch", "torch_write"):
+        res["batch_overhead_us"][mode] = statistics.median(
+            [overhead(a.build, data, f"manifest-{a.long}.jsonl", True, mode) for _ in range(3)])
+    res["torch_vs_readonly"] = round(res["batch_overhead_us"]["torch"] / res["batch_overhead_us"]["torch_readonly"], 3)
     cpps, pys = [], []
     for _ in range(a.trials):
         cpps.append(steady(lambda n: throughput(a.build, data, f"manifest-{n}.jsonl", False), a.short, a.long))

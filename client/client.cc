@@ -132,7 +132,15 @@ Batch::~Batch() {
   if (conn_->owner_pid == getpid()) (void)conn_->ring->Release(slot_);
 }
 
-Batch::Mapping Batch::mapping() const { return {conn_->ring->data(), conn_->ring->size(), conn_}; }
+Batch::Mapping Batch::mapping() const {
+  return {conn_->ring->data(), conn_->ring->size(), conn_, conn_->ring.get()};
+}
+
+Result<Batch::Mapping> Batch::copy_on_write_mapping() const {
+  Result<uint8_t*> cow = conn_->ring->CopyOnWriteView();
+  if (!cow.ok()) return cow.status();
+  return Mapping{*cow, conn_->ring->size(), conn_, conn_->ring.get()};
+}
 
 const shm::TensorView* Batch::tensor(std::string_view name) const {
   for (const auto& t : view_.tensors)

@@ -52,8 +52,13 @@ class Batch {
     const void* base = nullptr;
     uint64_t size = 0;
     std::shared_ptr<const void> owner;
+    shm::RingReader* ring = nullptr;  // the ring's reader, alive while owner is held
   };
   Mapping mapping() const;
+  // The same ring mapped copy-on-write (shm::RingReader::CopyOnWriteView), at the same offsets:
+  // for handing tensors to code that may write into them. A write stays in this process and is
+  // dropped when the batch is released.
+  Result<Mapping> copy_on_write_mapping() const;
 
  private:
   friend class Client;

@@ -487,10 +487,93 @@ Result<std::unique_ptr<RingReader>> RingReader::Map(int data_fd, int control_fd)
 }
 
 RingReader::~RingReader() {
+  if (uint8_t* cow = cow_.load()) munmap(cow, size_);
+  if (pagemap_fd_ >= 0) ::close(pagemap_fd_);
   if (control_base_) munmap(control_base_, kPageBytes);
   if (base_) munmap(const_cast<uint8_t*>(base_), size_);
   if (fd_ >= 0) ::close(fd_);
   if (control_fd_ >= 0) ::close(control_fd_);
+}
+
+Result<uint8_t*> RingReader::CopyOnWriteView() {
+  std::lock_guard<std::mutex> lock(cow_mu_);
+  if (uint8_t* cow = cow_.load()) return cow;
+  int pagemap = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (pagemap < 0)
+    return Status::Io(fmt::format("open /proc/self/pagemap: {}", std::strerror(errno)));
+  // MAP_NORESERVE: only the pages a caller writes take memory, so the view is not charged
+  // against the commit limit at the ring's full size.
+  void* p = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, fd_, 0);
+  if (p == MAP_FAILED) {
+    ::close(pagemap);
+    return Status::Io(fmt::format("mmap copy-on-write view of the ring: {}", std::strerror(errno)));
+  }
+  pagemap_fd_ = pagemap;
+  cow_.store(static_cast<uint8_t*>(p));
+  return static_cast<uint8_t*>(p);
+}
+
+namespace {
+
+// /proc/self/pagemap: one 64-bit entry per page. A written page of a private file mapping is an
+// anonymous copy: present without the file bit, or swapped out.
+constexpr uint64_t kPagePresent = 1ull << 63, kPageSwapped = 1ull << 62, kPageFile = 1ull << 61;
+
+bool PrivateCopy(uint64_t entry) {
+  return (entry & kPageSwapped) || ((entry & kPagePresent) && !(entry & kPageFile));
+}
+
+// Calls f(first_page, page_count) for each run of privately copied pages among the `pages`
+// pages from `addr` (page aligned). False if the pagemap could not be read.
+template <typename F>
+bool ForEachPrivateRun(int pagemap, uintptr_t addr, uint64_t pages, F f) {
+  uint64_t entries[512];
+  uint64_t run_start = 0, run = 0;
+  for (uint64_t done = 0; done < pages;) {
+    uint64_t n = std::min<uint64_t>(pages - done, 512);
+    off_t at = static_cast<off_t>((addr / kPageBytes + done) * sizeof(uint64_t));
+    if (pread(pagemap, entries, n * sizeof(uint64_t), at) != static_cast<ssize_t>(n * 8))
+      return false;
+    for (uint64_t k = 0; k < n; ++k) {
+      if (PrivateCopy(entries[k])) {
+        if (run == 0) run_start = done + k;
+        ++run;
+      } else if (run) {
+        f(run_start, run);
+        run = 0;
+      }
+    }
+    done += n;
+  }
+  if (run) f(run_start, run);
+  return true;
+}
+
+}  // namespace
+
+Result<bool> RingReader::Written(const void* p, uint64_t n) const {
+  const uint8_t* cow = cow_.load();
+  const auto* b = static_cast<const uint8_t*>(p);
+  if (!cow || b < cow || n > size_ || static_cast<uint64_t>(b - cow) > size_ - n)
+    return Status::Invalid("the range is not inside the ring's copy-on-write view");
+  if (n == 0) return false;
+  uintptr_t first = reinterpret_cast<uintptr_t>(b) / kPageBytes * kPageBytes;
+  uint64_t pages = (reinterpret_cast<uintptr_t>(b) + n - first + kPageBytes - 1) / kPageBytes;
+  bool written = false;
+  if (!ForEachPrivateRun(pagemap_fd_, first, pages, [&](uint64_t, uint64_t) { written = true; }))
+    return Status::Io(fmt::format("read /proc/self/pagemap: {}", std::strerror(errno)));
+  return written;
+}
+
+void RingReader::DropWrites(uint64_t off, uint64_t n) {
+  uint8_t* cow = cow_.load();
+  if (!cow) return;
+  uintptr_t start = reinterpret_cast<uintptr_t>(cow + off);
+  bool read = ForEachPrivateRun(pagemap_fd_, start, n / kPageBytes, [&](uint64_t page, uint64_t k) {
+    madvise(reinterpret_cast<void*>(start + page * kPageBytes), k * kPageBytes, MADV_DONTNEED);
+  });
+  // Without the pagemap, drop the whole range: correct, the next batch faults its pages in.
+  if (!read) madvise(cow + off, n, MADV_DONTNEED);
 }
 
 const SlotDescriptor* RingReader::slot(int i) const {
@@ -602,6 +685,9 @@ Result<RingReader::Wait> RingReader::Acquire(int timeout_ms, int* out_slot, Batc
 Status RingReader::Release(int i) {
   if (i < 0 || static_cast<uint32_t>(i) >= header_copy_.slot_count)
     return Status::Invalid(fmt::format("slot {} out of range", i));
+  // Before the slot goes back (the daemon may publish its next batch at once, and another
+  // thread of this process take it): that batch must read the daemon's bytes, not our writes.
+  DropWrites(header_copy_.slots_offset + header_copy_.slot_stride * i, header_copy_.slot_stride);
   uint64_t expected = ControlWord(kSlotTaken, generation_);
   if (!control(i)->word.compare_exchange_strong(expected, ControlWord(kSlotReleased, generation_),
                                                 std::memory_order_acq_rel))

@@ -182,6 +182,14 @@ class RingReader {
   // The read-only mapping of the data area (every batch's tensors lie inside it).
   const uint8_t* data() const { return base_; }
   uint64_t size() const { return size_; }
+  // A second, copy-on-write mapping of the data area (mapped on first use), for handing
+  // tensors to code that may write into them (torch): a write lands in a private page of this
+  // process, never in the ring, and Release() drops a slot's private pages so the slot's next
+  // batch reads the daemon's bytes again. Same offsets as data().
+  Result<uint8_t*> CopyOnWriteView();
+  // Whether a byte of [p, p + n) inside the copy-on-write view was written (its page is a
+  // private copy, seen in /proc/self/pagemap). Pages not written are the ring's own.
+  Result<bool> Written(const void* p, uint64_t n) const;
   // After kEnd: the daemon stopped before the end of the data.
   bool stopped_early() const {
     return shared_->closed.load(std::memory_order_acquire) == kClosedStopped;
@@ -191,6 +199,8 @@ class RingReader {
 
  private:
   RingReader() = default;
+  // Drops the private pages of [off, off + n) of the copy-on-write view, if any.
+  void DropWrites(uint64_t off, uint64_t n);
   Status ParseSlot(int i, BatchView* batch) const;
   const SlotDescriptor* slot(int i) const;
   SlotControl* control(int i) const;
@@ -203,6 +213,9 @@ class RingReader {
   RingHeader header_copy_;  // validated; the geometry is read from here, never from shared_
   uint32_t generation_ = 0;
   std::unique_ptr<std::atomic<uint64_t>[]> taken_at_ns_;  // per slot: when it was taken
+  std::mutex cow_mu_;                                     // guards mapping the copy-on-write view
+  std::atomic<uint8_t*> cow_{nullptr};                    // the copy-on-write view, once mapped
+  int pagemap_fd_ = -1;  // /proc/self/pagemap, open while cow_ is mapped
 };
 
 // Futex helpers on a 32-bit word in a MAP_SHARED mapping (no FUTEX_PRIVATE_FLAG).

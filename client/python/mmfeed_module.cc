@@ -79,6 +79,25 @@ struct PyRing {
   uintptr_t address = 0;
   uint64_t size = 0;
   std::shared_ptr<const void> owner;
+  mmfeed::shm::RingReader* reader = nullptr;  // alive while owner is held
+
+  // The bytes [p, p + n) of the copy-on-write view (Batch.torch()'s tensors) in this read-only
+  // mapping, as a uint8 array, if none of them was written; else None (they differ from the
+  // ring's now). mmfeed.torch.to_device copies from here, the memory it registered.
+  py::object SharedView(uintptr_t p, uint64_t n) const {
+    auto cow = reader->CopyOnWriteView();
+    if (!cow.ok()) return py::none();
+    const auto* at = reinterpret_cast<const uint8_t*>(p);
+    if (at < *cow || n > size || static_cast<uint64_t>(at - *cow) > size - n) return py::none();
+    auto written = reader->Written(at, n);
+    if (!written.ok() || *written) return py::none();
+    auto* hold = new std::shared_ptr<const void>(owner);
+    py::capsule keep(hold, [](void* o) { delete static_cast<std::shared_ptr<const void>*>(o); });
+    py::array a(py::dtype::of<uint8_t>(), {static_cast<py::ssize_t>(n)}, {},
+                reinterpret_cast<const void*>(address + (at - *cow)), keep);
+    py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+    return std::move(a);
+  }
 };
 
 class PyBatch {
@@ -90,12 +109,22 @@ class PyBatch {
     return *batch_;
   }
 
-  py::array Array(const mmfeed::shm::TensorView& t) const {
+  // A zero-copy array of one tensor: read-only on the ring's mapping, or writable on its
+  // copy-on-write view (writes stay in this process and go with the batch's release).
+  py::array Array(const mmfeed::shm::TensorView& t, bool writable = false) const {
+    const void* data = t.data;
+    if (writable) {
+      mmfeed::Result<Batch::Mapping> cow = get().copy_on_write_mapping();
+      if (!cow.ok()) Raise(cow.status());
+      data = static_cast<const uint8_t*>(cow->base) +
+             (t.data - static_cast<const uint8_t*>(get().mapping().base));
+    }
     auto* hold = new std::shared_ptr<Batch>(batch_);
     py::capsule owner(hold, [](void* p) { delete static_cast<std::shared_ptr<Batch>*>(p); });
     std::vector<py::ssize_t> shape(t.shape.begin(), t.shape.end());
-    py::array a(DType(t.dtype), shape, {}, t.data, owner);
-    py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+    py::array a(DType(t.dtype), shape, {}, data, owner);
+    if (!writable)
+      py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
     return a;
   }
 
@@ -105,9 +134,9 @@ class PyBatch {
     return Array(*t);
   }
 
-  py::dict Tensors() const {
+  py::dict Tensors(bool writable = false) const {
     py::dict d;
-    for (const auto& t : get().tensors()) d[py::str(t.name)] = Array(t);
+    for (const auto& t : get().tensors()) d[py::str(t.name)] = Array(t, writable);
     return d;
   }
 
@@ -145,7 +174,7 @@ class PyBatch {
 
   PyRing Ring() const {
     Batch::Mapping m = get().mapping();
-    return {reinterpret_cast<uintptr_t>(m.base), m.size, m.owner};
+    return {reinterpret_cast<uintptr_t>(m.base), m.size, m.owner, m.ring};
   }
 
  private:
@@ -267,9 +296,13 @@ PYBIND11_MODULE(_mmfeed, m) {
       .def_property_readonly(
           "cursor", [](const PyBatch& b) { return CursorDict(b.get().cursor()); },
           "The rank's cursor after this batch: resume=cursor continues after it.")
-      .def_property_readonly("tensors", &PyBatch::Tensors,
-                             "Tensor name -> read-only zero-copy numpy array (a bfloat16 "
-                             "tensor's bits as uint16).")
+      .def_property_readonly(
+          "tensors", [](const PyBatch& b) { return b.Tensors(); },
+          "Tensor name -> read-only zero-copy numpy array (a bfloat16 tensor's bits as uint16).")
+      .def(
+          "_writable_tensors", [](const PyBatch& b) { return b.Tensors(/*writable=*/true); },
+          "Tensor name -> writable zero-copy numpy array on the ring's copy-on-write view: a "
+          "write stays in this process and is dropped when the batch is released.")
       .def_property_readonly("dtypes", &PyBatch::DTypes,
                              "Tensor name -> the daemon's dtype name (uint8, int32, float32, "
                              "int64, bfloat16).")
@@ -292,6 +325,9 @@ PYBIND11_MODULE(_mmfeed, m) {
                      "of one attach lives in. Keeps it mapped while referenced.")
       .def_readonly("address", &PyRing::address)
       .def_readonly("size", &PyRing::size)
+      .def("_shared_view", &PyRing::SharedView, py::arg("address"), py::arg("nbytes"),
+           "The bytes at `address` in a batch's writable tensors, as a read-only uint8 array on "
+           "this mapping, or None if any of them was written.")
       .def("__repr__", [](const PyRing& r) {
         return "<mmfeed.Ring 0x" + (std::ostringstream() << std::hex << r.address).str() + ", " +
                std::to_string(r.size) + " bytes>";

@@ -154,7 +154,7 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir) {
   CheckKeys(n, "source",
             {"type", "path", "shuffle", "seed", "epochs", "node_rank", "num_nodes", "fields",
              "max_bytes", "index", "shuffle_window", "prefetch_bytes", "fetch_concurrency",
-             "fetch_retries", "fetch_timeout_s", "s3"});
+             "fetch_retries", "fetch_timeout_s", "max_shard_bytes", "s3"});
   SourceConfig s;
   if (!n["type"]) Fail(n, "source needs a 'type' (manifest or webdataset)");
   s.type = Str(n["type"], "source.type");
@@ -167,13 +167,16 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir) {
   s.remote = IsRemotePath(s.path);
   if (s.remote && s.type != "webdataset")
     Fail(n["path"], "a URL path needs type: webdataset (manifests are read from files)");
-  for (const char* key :
-       {"prefetch_bytes", "fetch_concurrency", "fetch_retries", "fetch_timeout_s", "s3"})
+  for (const char* key : {"prefetch_bytes", "fetch_concurrency", "fetch_retries", "fetch_timeout_s",
+                          "max_shard_bytes", "s3"})
     if (n[key] && !s.remote)
       Fail(n[key], fmt::format("source.{} applies to http://, https:// and s3:// paths only", key));
   if (n["prefetch_bytes"])
     s.fetch.prefetch_bytes =
         static_cast<uint64_t>(IntAtLeast(n["prefetch_bytes"], "source.prefetch_bytes", 1));
+  if (n["max_shard_bytes"])
+    s.fetch.max_shard_bytes =
+        static_cast<uint64_t>(IntAtLeast(n["max_shard_bytes"], "source.max_shard_bytes", 1));
   if (n["fetch_concurrency"])
     s.fetch.concurrency =
         static_cast<int>(IntAtLeast(n["fetch_concurrency"], "source.fetch_concurrency", 1));

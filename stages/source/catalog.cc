@@ -134,7 +134,7 @@ void ScanShard(const std::string& shard, const std::map<std::string, std::string
     return;
   }
   WalkTarSamples(
-      fd, shard, kMaxIdBytes,
+      TarFile(fd), shard, kMaxIdBytes,
       [&](const std::string& key, const std::vector<TarMember>& members) {
         CatalogEntry e;
         std::string reason = TarEntry(shard, key, members, ext_to_field, needed, &e);

@@ -74,7 +74,8 @@ struct RemoteStore::Request {
   bool head = false;
   bool range = false;
   uint64_t offset = 0, size = 0;  // the range, or the whole object's expected size
-  int fd = -1;                    // where the body goes (GET)
+  int fd = -1;                    // where the body goes (GET)...
+  BodySink* sink = nullptr;       // ...or to whom
   // Filled in by Perform.
   uint64_t written = 0;
   bool overflow = false;
@@ -87,6 +88,7 @@ namespace {
 struct Transfer {
   RemoteStore::ObjectInfo* info;
   int fd;
+  RemoteStore::BodySink* sink;
   uint64_t limit, *written;
   bool* overflow;
   CURL* curl;
@@ -103,6 +105,11 @@ size_t OnBody(char* data, size_t size, size_t n, void* user) {
   if (*t->written + bytes > t->limit) {
     *t->overflow = true;
     return 0;  // aborts the transfer
+  }
+  if (t->sink) {
+    if (!t->sink->Add(data, bytes)) return 0;
+    *t->written += bytes;
+    return bytes;
   }
   size_t done = 0;
   while (done < bytes) {
@@ -279,7 +286,8 @@ Status RemoteStore::Perform(Request* req) {
     req->info = ObjectInfo{};
     if (req->fd >= 0 && ::ftruncate(req->fd, 0) != 0)
       return Status::Io(fmt::format("{}: {}", req->url, std::strerror(errno)));
-    Transfer t{&req->info,     req->fd, req->size,  &req->written,
+    if (req->sink) req->sink->Reset();
+    Transfer t{&req->info,     req->fd, req->sink,  req->size, &req->written,
                &req->overflow, curl,    &stopping_, !req->head};
     curl_easy_reset(curl);
     curl_easy_setopt(curl, CURLOPT_URL, http_url.c_str());
@@ -405,6 +413,23 @@ Result<int> RemoteStore::Get(const std::string& url, bool range, uint64_t offset
 
 Result<int> RemoteStore::FetchAll(const std::string& url, uint64_t size) {
   return Get(url, false, 0, size, &fetch_ns_);
+}
+
+Status RemoteStore::Stream(const std::string& url, uint64_t size, BodySink* sink) {
+  if (size > cfg_.max_shard_bytes)
+    return Status::ResourceExhausted(
+        fmt::format("the server says the shard is {} bytes, over source.max_shard_bytes ({}): "
+                    "raise it if the shard really is that large",
+                    size, cfg_.max_shard_bytes));
+  Request req;
+  req.url = url;
+  req.size = size;
+  req.sink = sink;
+  const uint64_t t0 = NowNs();
+  Status st = Perform(&req);
+  fetch_ns_.fetch_add(NowNs() - t0, std::memory_order_relaxed);
+  if (st.ok()) shards_fetched_.fetch_add(1, std::memory_order_relaxed);
+  return st;
 }
 
 Result<FieldFile> RemoteStore::OpenRange(const std::string& url, uint64_t offset, uint64_t size,

@@ -15,7 +15,7 @@
 // A shard whose whole fetch fails for good is logged with its URL and reason once, listed in
 // Stats(), and its samples fail with that reason for a minute before it is tried again.
 //
-// Thread-safe: Head and FetchAll are called while the catalog is built, OpenRange from worker
+// Thread-safe: Head and Stream are called while the catalog is built, OpenRange from worker
 // threads, Want from the source thread, Stats from any thread.
 #pragma once
 
@@ -57,6 +57,19 @@ class RemoteStore : public RemoteReader {
   Result<ObjectInfo> Head(const std::string& url);
   // The whole object, `size` bytes as Head said, in a memfd (the caller closes it).
   Result<int> FetchAll(const std::string& url, uint64_t size);
+
+  // Where Stream puts an object's bytes: handed over in order as they arrive, Reset() before a
+  // retry starts over.
+  class BodySink {
+   public:
+    virtual ~BodySink() = default;
+    virtual void Reset() = 0;
+    virtual bool Add(const char* data, size_t n) = 0;  // false aborts the transfer
+  };
+  // The whole object, `size` bytes as Head said, handed to `sink` as it arrives (what keeps
+  // memory bounded while a shard is indexed: the sink keeps what it needs). Refused before any
+  // byte is asked for when `size` is over max_shard_bytes.
+  Status Stream(const std::string& url, uint64_t size, BodySink* sink);
 
   // A member read by a range request asks for its tar header too (the 512 bytes before it) and
   // checks it (CheckMemberHeader), as it checks the answer's Content-Range: a server that

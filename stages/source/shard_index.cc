@@ -14,7 +14,6 @@
 #include <thread>
 
 #include "stages/runtime/rng.h"
-#include "stages/source/remote_store.h"
 
 namespace mmfeed {
 
@@ -64,12 +63,12 @@ T Get(const char* p) {
 }
 
 // The index file's bytes for one shard: header, offsets, records, damage.
-std::string Encode(const index_file::Stamp& stamp, int fd, const std::string& shard,
+std::string Encode(const index_file::Stamp& stamp, const TarReader& tar, const std::string& shard,
                    size_t max_key) {
   std::vector<uint64_t> offsets;
   std::string records, damage;
   WalkTarSamples(
-      fd, shard, max_key,
+      tar, shard, max_key,
       [&](const std::string& key, const std::vector<TarMember>& members) {
         offsets.push_back(records.size());
         Put<uint8_t>(&records, static_cast<uint8_t>(key.size()));
@@ -137,6 +136,68 @@ bool ParseHeader(const char* h, uint64_t* size) {
 
 }  // namespace
 
+bool TarHeaderKeeper::Add(const char* data, size_t n) {
+  while (n > 0 && !done_) {
+    if (pos_ < next_) {  // a member's data, or the padding after a long name: skipped
+      const uint64_t skip = std::min<uint64_t>(n, next_ - pos_);
+      pos_ += skip, data += skip, n -= skip;
+      continue;
+    }
+    Block& b = blocks_.back();
+    const uint64_t take = std::min<uint64_t>(n, b.want - b.bytes.size());
+    b.bytes.append(data, take);
+    kept_ += take;
+    pos_ += take, data += take, n -= take;
+    if (b.bytes.size() == b.want) Complete();
+  }
+  return true;
+}
+
+void TarHeaderKeeper::Complete() {
+  const Block& b = blocks_.back();
+  if (!b.header) {  // a long name: the next header follows its padding
+    next_ = b.offset + (b.want + 511) / 512 * 512;
+    blocks_.push_back({next_, 512, true, {}});
+    return;
+  }
+  uint64_t size = 0;
+  if (std::all_of(b.bytes.begin(), b.bytes.end(), [](char c) { return c == 0; }) ||
+      !ParseHeader(b.bytes.data(), &size)) {
+    done_ = true;  // the end of the archive, or damage the walker reports from this block
+    return;
+  }
+  const uint64_t data = b.offset + 512;
+  if (b.bytes[156] == 'L' && size > 0) {
+    if (size > kMaxLongName) {
+      done_ = true;  // the walker cannot read the name: it reports the shard damaged here
+      return;
+    }
+    blocks_.push_back({data, size, false, {}});
+    next_ = data;
+    return;
+  }
+  next_ = data + (size + 511) / 512 * 512;
+  blocks_.push_back({next_, 512, true, {}});
+}
+
+TarReader TarHeaderKeeper::Reader(uint64_t size) const {
+  return {size, [this](char* buf, uint64_t n, uint64_t off) {
+            auto it = std::upper_bound(blocks_.begin(), blocks_.end(), off,
+                                       [](uint64_t o, const Block& b) { return o < b.offset; });
+            if (it == blocks_.begin()) return false;
+            const Block& b = *(it - 1);
+            if (off + n > b.offset + b.bytes.size()) return false;
+            std::memcpy(buf, b.bytes.data() + (off - b.offset), n);
+            return true;
+          }};
+}
+
+TarReader TarFile(int fd) {
+  struct stat st;
+  return {::fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0,
+          [fd](char* buf, uint64_t n, uint64_t off) { return FullPread(fd, buf, n, off); }};
+}
+
 Status CheckMemberHeader(const char* h, uint64_t size, const std::string& name) {
   uint64_t got = 0;
   if (!ParseHeader(h, &got)) return Status::Corrupt("no valid tar header before the member");
@@ -153,11 +214,10 @@ Status CheckMemberHeader(const char* h, uint64_t size, const std::string& name) 
 }
 
 void WalkTarSamples(
-    int fd, const std::string& shard, size_t max_key,
+    const TarReader& tar, const std::string& shard, size_t max_key,
     const std::function<void(const std::string& key, const std::vector<TarMember>&)>& sample,
     const std::function<void(const std::string& origin, const std::string& reason)>& damage) {
-  struct stat st;
-  const uint64_t file_size = ::fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  const uint64_t file_size = tar.size;
   std::string key, skipped_key;
   std::vector<TarMember> members;
   auto flush = [&] {
@@ -174,7 +234,7 @@ void WalkTarSamples(
         damage(shard, fmt::format("tar truncated at offset {} (no end-of-archive marker)", off));
       break;
     }
-    if (!FullPread(fd, h, 512, off)) {
+    if (!tar.read(h, 512, off)) {
       damage(shard, fmt::format("read failed at offset {}", off));
       break;
     }
@@ -204,7 +264,7 @@ void WalkTarSamples(
     }
     if (type == 'L') {  // GNU long name: the name is the member's data
       long_name.resize(size);
-      if (!FullPread(fd, long_name.data(), size, data_off)) {
+      if (!tar.read(long_name.data(), size, data_off)) {
         damage(shard, fmt::format("read failed at offset {}", data_off));
         break;
       }
@@ -345,15 +405,18 @@ void ShardIndex::OpenShard(Shard* s, const std::string& index_dir, size_t max_ke
   if (std::string why = map(); why.empty()) {
     bytes = s->map.data();
   } else {
+    TarHeaderKeeper headers;
+    TarReader tar;
     if (remote) {
-      Result<int> got = remote->FetchAll(s->path, want->size);
-      if (!got.ok()) {
-        damage->push_back({s->path, got.status().message()});
+      if (Status st = remote->Stream(s->path, want->size, &headers); !st.ok()) {
+        damage->push_back({s->path, st.message()});
         return;
       }
-      fd = *got;
+      tar = headers.Reader(want->size);
+    } else {
+      tar = TarFile(fd);
     }
-    std::string encoded = Encode(*want, fd, s->path, max_key);
+    std::string encoded = Encode(*want, tar, s->path, max_key);
     ++built_;
     spdlog::debug("{}: indexing (previous index: {})", s->path, why);
     bool written = false;

@@ -28,22 +28,60 @@
 
 #include "base/status.h"
 #include "stages/source/index_file.h"
+#include "stages/source/remote_store.h"
 
 namespace mmfeed {
-
-class RemoteStore;
 
 struct TarMember {
   std::string ext;  // the member name's part after the key's first dot ("jpg", "seg.png")
   uint64_t offset = 0, size = 0;
 };
 
-// Reads the headers of the tar file `fd` (named `shard`) and calls `sample` for each run of
-// members sharing a key, in order; regular files only, GNU long names and ustar prefixes
-// understood. Stops at the first damaged or truncated member, calling `damage` with an origin
-// and reason; a sample whose key is longer than max_key bytes is reported and skipped.
+// The bytes of a tar file of `size` bytes as WalkTarSamples reads them: `read` fills `n` bytes
+// from offset `off` (false if it cannot). The walker reads at increasing offsets, only headers
+// and GNU long names, never a member's data.
+struct TarReader {
+  uint64_t size = 0;
+  std::function<bool(char* buf, uint64_t n, uint64_t off)> read;
+};
+// A file's TarReader (pread).
+TarReader TarFile(int fd);
+
+// What WalkTarSamples reads of a tar stream (headers and GNU long names), kept as the stream
+// arrives in order, the rest dropped: a remote shard is indexed with memory for its headers (512
+// bytes a member), never for its data, whatever size the server claims or sends.
+class TarHeaderKeeper : public RemoteStore::BodySink {
+ public:
+  // A longer GNU long name is not kept (the walker reports the shard damaged at its member).
+  static constexpr uint64_t kMaxLongName = 64 << 10;
+
+  void Reset() override { *this = TarHeaderKeeper(); }
+  bool Add(const char* data, size_t n) override;
+  // What was kept, as the tar file of `size` bytes the stream was (valid while this lives).
+  TarReader Reader(uint64_t size) const;
+  uint64_t kept_bytes() const { return kept_; }
+
+ private:
+  struct Block {
+    uint64_t offset, want;
+    bool header;  // else a GNU long name
+    std::string bytes;
+  };
+  void Complete();  // blocks_.back() is whole: it decides what is kept next
+
+  std::vector<Block> blocks_{{0, 512, true, {}}};  // in offset order; the last one is filling
+  uint64_t pos_ = 0;                               // the stream's offset
+  uint64_t next_ = 0;                              // where blocks_.back() starts
+  uint64_t kept_ = 0;
+  bool done_ = false;  // at the end of the archive or a damaged header: nothing more is kept
+};
+
+// Reads the headers of a tar file (named `shard`) and calls `sample` for each run of members
+// sharing a key, in order; regular files only, GNU long names and ustar prefixes understood.
+// Stops at the first damaged or truncated member, calling `damage` with an origin and reason; a
+// sample whose key is longer than max_key bytes is reported and skipped.
 void WalkTarSamples(
-    int fd, const std::string& shard, size_t max_key,
+    const TarReader& tar, const std::string& shard, size_t max_key,
     const std::function<void(const std::string& key, const std::vector<TarMember>&)>& sample,
     const std::function<void(const std::string& origin, const std::string& reason)>& damage);
 

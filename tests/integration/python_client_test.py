@@ -291,23 +291,55 @@ class PythonClientTest(dt.DaemonCase):
         for step, b in enumerate(mt.to_device(loader, "cpu")):
             self.assertIsInstance(b["text"], torch.Tensor)
             self.assertEqual(b["text"].dtype, torch.int32)
-            # The ring the tensors live in (what to_device registers with CUDA): they lie inside.
+            # The ring (what to_device registers with CUDA) holds the tensors' bytes unwritten.
             ring = b["ring"]
             for name in ("text", "text_lengths"):
                 t = b[name]
-                self.assertTrue(ring.address <= t.data_ptr() and
-                                t.data_ptr() + t.numel() * t.element_size() <= ring.address + ring.size)
+                src = mt._pinned_source(ring, t)
+                self.assertTrue(ring.address <= src.data_ptr() and
+                                src.data_ptr() + t.numel() * t.element_size() <= ring.address + ring.size)
+                self.assertTrue(torch.equal(src, t))
             got.append((b["seq"], b["ids"]))
             if step == 9:
                 state = ds.state_dict()
                 break
-        del loader, ds, b, ring, t  # a batch, tensor or ring kept would keep the attach
+        del loader, ds, b, ring, t, src  # a batch, tensor or ring kept would keep the attach
         # A new job: load the checkpointed state, continue after batch 9 (on the same daemon).
         ds2 = mt.MmfeedDataset(socket=d.socket, rank=0)
         ds2.load_state_dict(state)
         rest = [(b["seq"], b["ids"]) for b in torch.utils.data.DataLoader(ds2, batch_size=None)]
         self.assertEqual([s for s, _ in got + rest], list(range(50)))
         del ds2
+        self.assertEqual(d.wait(), 0, d.log())
+
+    def test_in_place_writes_to_torch_tensors_stay_in_the_trainer(self):
+        """batch.torch() tensors are writable (a copy-on-write view of the ring): add_ works, the
+        ring keeps the daemon's bytes, the slot's next batch reads them (not our writes), and
+        to_device copies a written tensor from its own pages."""
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed (scripts/setup.sh installs python3-torch)")
+        import mmfeed.torch as mt
+
+        make_texts(self.dir, 400)
+        d = dt.Daemon(self.dir, self.config(consumers=1, slots=2))
+        n = 0
+        for b in mmfeed.Client(socket=d.socket, rank=0):
+            t = b.torch()
+            theirs = b["text"]  # the ring's read-only view
+            self.assertTrue(np.array_equal(t["text"].numpy(), theirs), f"batch {b.seq}")
+            ring = b.ring
+            self.assertIsNot(mt._pinned_source(ring, t["text"]), t["text"])
+            before = theirs.copy()
+            t["text"].add_(1)
+            t["text_lengths"][0] = -5
+            self.assertTrue(torch.equal(t["text"], torch.from_numpy(before) + 1))
+            np.testing.assert_array_equal(theirs, before)  # the ring is unchanged
+            self.assertIs(mt._pinned_source(ring, t["text"]), t["text"])  # copy the write
+            del t, theirs, ring, b
+            n += 1
+        self.assertEqual(n, 50)  # 2 slots: each one written and reused 25 times
         self.assertEqual(d.wait(), 0, d.log())
 
     def test_uint8_and_bfloat16_images_equal_the_float_path(self):

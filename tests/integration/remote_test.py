@@ -405,10 +405,14 @@ class FaultyServerTest(RemoteCase):
         self.assertEveryEpochOnce(dumps, 1)
 
 
+HUGE = 100 * 10**9
+
+
 class LyingServer:
     """Serves HEADs and whole GETs honestly; range GETs of the shards in `lies` are answered
     wrongly: "shift" sends the bytes 1024 further on under the asked-for Content-Range (another
-    member's bytes), "range" sends the right bytes' neighbours under their own Content-Range."""
+    member's bytes), "range" sends the right bytes' neighbours under their own Content-Range.
+    A "huge" shard's HEAD says 100 GB, and its GET sends the shard over and over, endlessly."""
 
     def __init__(self, root, lies):
         import http.server, threading
@@ -422,11 +426,20 @@ class LyingServer:
             def do_HEAD(self):
                 body = (root / self.path.lstrip("/")).read_bytes()
                 self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Length", str(HUGE if lies.get(self.path) == "huge" else len(body)))
                 self.end_headers()
 
             def do_GET(self):
                 body = (root / self.path.lstrip("/")).read_bytes()
+                if lies.get(self.path) == "huge":  # its HEAD's 100 GB, as long as anyone reads
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(HUGE))
+                    self.end_headers()
+                    try:
+                        while True:
+                            self.wfile.write(body)
+                    except OSError:
+                        return
                 want = self.headers.get("Range")
                 if not want:
                     self.send_response(200)
@@ -473,6 +486,23 @@ class LyingServerTest(RemoteCase):
         self.assertRegex(log, r"shard-002\.tar: member s00[45]\d\.(jpg|txt) at offset \d+: .*the server answered "
                               r"with other bytes")
         self.assertIn("shard-004.tar: asked for bytes", log)
+
+
+    def test_a_shard_claiming_100_gb_is_refused_before_it_is_read(self):
+        """A HEAD of 100 GB with an endless body: over source.max_shard_bytes (64 GiB), refused
+        with the key to raise, and the other shards are fed; what the index of a shard keeps
+        while it streams is its headers only (WebDatasetTest.IndexingAStreamKeepsItsHeadersNotItsData)."""
+        server = LyingServer(self.data, {"/shard-003.tar": "huge"})
+        self.servers.append(server)
+        t0 = time.time()
+        d = Daemon(self.dir, config(server.url + "/shard-{000..005}.tar"))
+        dumps = self.run_ranks(d)
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertLess(time.time() - t0, 60)
+        self.assertIn("shard-003.tar (source): the server says the shard is 100000000000 bytes, over "
+                      "source.max_shard_bytes (68719476736)", d.log())
+        huge = {f"s{i:04d}" for i in range(3 * PER_SHARD, 4 * PER_SHARD)}
+        self.assertEqual(set(captioned_ids(self, dumps)), set(self.ids) - huge)
 
 
 class S3Test(RemoteCase):

@@ -107,6 +107,39 @@ TEST(RingTest, WrapsAroundManyTimesInOrder) {
   EXPECT_EQ(w->released(), 50u);
 }
 
+// What the Python client hands to torch: writes into a batch land in private pages, are seen as
+// written, and are gone when the slot comes back with its next batch.
+TEST(RingTest, WritesIntoTheCopyOnWriteViewStayPrivateAndGoWithTheRelease) {
+  auto w = MakeRing(2);
+  auto r = Attach(*w, 1);
+  Result<uint8_t*> cow = r->CopyOnWriteView();
+  ASSERT_TRUE(cow.ok()) << cow.status().message();
+  for (uint64_t seq = 0; seq < 20; ++seq) {
+    Publish(*w, seq);
+    int slot;
+    BatchView v = Take(*r, &slot);
+    ExpectBatch(v, seq);
+    auto* mine = reinterpret_cast<int32_t*>(*cow + (v.tensors[0].data - r->data()));
+    // Every batch, including those in a slot written before, reads the daemon's bytes.
+    ASSERT_EQ(mine[0], static_cast<int32_t>(seq));
+    ASSERT_EQ(mine[999], static_cast<int32_t>(seq));
+    Result<bool> written = r->Written(mine, 4000);
+    ASSERT_TRUE(written.ok() && !*written);
+    if (seq % 3 != 2) {
+      mine[500] = -1;  // a write in the middle page of the tensor
+      written = r->Written(mine, 4000);
+      ASSERT_TRUE(written.ok() && *written);
+      EXPECT_TRUE(*r->Written(mine + 500, 4));
+      EXPECT_FALSE(*r->Written(mine + 1100, 8));  // the next page was not written
+      // The ring is unchanged: the shared mapping still has the daemon's value.
+      EXPECT_EQ(reinterpret_cast<const int32_t*>(v.tensors[0].data)[500],
+                static_cast<int32_t>(seq));
+    }
+    ASSERT_TRUE(r->Release(slot).ok());
+  }
+  EXPECT_FALSE(r->Written(*cow - 1, 4).ok());  // outside the view
+}
+
 TEST(RingTest, TheReaderAccountsItsWaitAndHoldTimesInItsControlArea) {
   auto w = MakeRing(3);
   auto r = Attach(*w, 7);

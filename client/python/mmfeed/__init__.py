@@ -48,22 +48,19 @@ class Client(_Client):
 
 def _torch(self):
     """The batch's tensors as CPU torch tensors, without a copy (they keep the lease alive);
-    bfloat16 tensors are torch.bfloat16. The memory is read-only: use out-of-place operations
-    (x.float(), x.to(device))."""
-    import warnings
-
+    bfloat16 tensors are torch.bfloat16. They lie in a copy-on-write view of the ring: an
+    in-place write (x.add_(1)) copies the pages it touches into this process, never into the
+    ring, and is dropped when the batch is released."""
     import torch
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # torch notes the memory is not writable
-        dtypes = self.dtypes
-        out = {}
-        for name, array in self.tensors.items():
-            if dtypes[name] == "bfloat16":  # its bits (torch takes no uint16 array): int16 view
-                out[name] = torch.from_numpy(array.view("int16")).view(torch.bfloat16)
-            else:
-                out[name] = torch.from_numpy(array)
-        return out
+    dtypes = self.dtypes
+    out = {}
+    for name, array in self._writable_tensors().items():
+        if dtypes[name] == "bfloat16":  # its bits (torch takes no uint16 array): int16 view
+            out[name] = torch.from_numpy(array.view("int16")).view(torch.bfloat16)
+        else:
+            out[name] = torch.from_numpy(array)
+    return out
 
 
 Batch.torch = _torch

@@ -9,6 +9,8 @@ the device.
         ...
         checkpoint = {"model": ..., "data": ds.state_dict()}   # ds.load_state_dict() on restart
 """
+import warnings
+
 import torch
 
 import mmfeed
@@ -75,9 +77,24 @@ class _Registrations:
             del self._rings[address]
 
 
+def _pinned_source(ring, tensor):
+    """Where to copy a CPU tensor from: its bytes in the registered ring mapping when it is one
+    of the batch's tensors (Batch.torch() puts them in a copy-on-write view of the ring) and
+    none of its bytes was written; otherwise the tensor itself (a pageable copy)."""
+    if ring is None or tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.numel() == 0:
+        return tensor
+    view = ring._shared_view(tensor.data_ptr(), tensor.numel() * tensor.element_size())
+    if view is None:
+        return tensor
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch notes the memory is not writable
+        return torch.from_numpy(view).view(tensor.dtype).view(tensor.shape)
+
+
 def to_device(iterable, device, non_blocking=True):
     """Moves each batch's tensors to `device`. On CUDA, each ring mapping is registered once
-    with cudaHostRegister (so copies run at pinned-memory speed), batch k+1 is copied on a side
+    with cudaHostRegister (so copies run at pinned-memory speed; a tensor written in place
+    since it left the daemon is copied from its own pages instead, write included), batch k+1 is copied on a side
     stream while the caller works on batch k, and the CPU tensors (and so the ring slot) are
     kept until the copy's event has completed. On CPU, batches pass through."""
     device = torch.device(device)
@@ -92,8 +109,8 @@ def to_device(iterable, device, non_blocking=True):
             ring = batch.get("ring")
             registrations.add(ring)
             with torch.cuda.stream(stream):
-                moved = {k: v.to(device, non_blocking=non_blocking) if torch.is_tensor(v) else v
-                         for k, v in batch.items()}
+                moved = {k: _pinned_source(ring, v).to(device, non_blocking=non_blocking)
+                         if torch.is_tensor(v) else v for k, v in batch.items()}
                 event = torch.cuda.Event()
                 event.record(stream)
             if pending is not None:

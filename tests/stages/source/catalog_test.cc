@@ -1,5 +1,6 @@
 #include "stages/source/catalog.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
@@ -16,6 +17,7 @@
 #include <set>
 
 #include "stages/source/brace.h"
+#include "stages/source/shard_index.h"
 #include "tests/test_util.h"
 
 namespace mmfeed {
@@ -96,6 +98,78 @@ TEST(WebDatasetTest, GroupsMembersByKeyWithoutUnpacking) {
     else
       EXPECT_EQ(*bytes, jpg);
   }
+}
+
+// A remote shard is indexed from its stream: the walker over what the keeper kept sees the
+// samples it sees in the file, while the keeper holds the headers and long names only.
+TEST(WebDatasetTest, IndexingAStreamKeepsItsHeadersNotItsData) {
+  TempDir dir;
+  std::string tar;
+  std::string long_key(300, 'k');  // a GNU long name ('L' member holding the next one's name)
+  for (int i = 0; i < 40; ++i) {
+    const std::string key = i % 7 == 3 ? long_key + std::to_string(i) : "s" + std::to_string(i);
+    if (key.size() >= 100) {
+      std::string l = TarRecord("././@LongLink", key + ".jpg");
+      l[156] = 'L';
+      std::memset(&l[148], ' ', 8);
+      unsigned sum = 0;
+      for (int c = 0; c < 512; ++c) sum += static_cast<unsigned char>(l[c]);
+      std::snprintf(&l[148], 8, "%06o", sum);
+      tar += l;
+    }
+    tar += TarRecord(key.substr(0, 99) + ".jpg", std::string(200000 + i * 513, 'x'));
+    tar += TarRecord("s" + std::to_string(i) + ".txt", "caption " + std::to_string(i));
+  }
+  tar += std::string(1024, '\0');
+  WriteFile(dir / "a.tar", tar);
+  auto walk = [](const TarReader& r) {
+    std::string out;
+    WalkTarSamples(
+        r, "a.tar", 4096,
+        [&](const std::string& key, const std::vector<TarMember>& members) {
+          out += key;
+          for (auto& m : members) out += fmt::format(" {}@{}+{}", m.ext, m.offset, m.size);
+          out += "\n";
+        },
+        [&](const std::string& origin, const std::string& reason) {
+          out += "damage " + origin + ": " + reason + "\n";
+        });
+    return out;
+  };
+  int fd = ::open((dir / "a.tar").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  const std::string want = walk(TarFile(fd));
+  ::close(fd);
+  ASSERT_NE(want.find(long_key + "3 jpg@"), std::string::npos) << want;
+  ASSERT_EQ(want.find("damage"), std::string::npos) << want;
+  for (size_t chunk : {1ul, 511ul, 512ul, 4097ul, 65536ul, tar.size()}) {
+    TarHeaderKeeper keeper;
+    keeper.Add("garbage of a first try", 22);
+    keeper.Reset();  // a retry starts over
+    for (size_t at = 0; at < tar.size(); at += chunk)
+      ASSERT_TRUE(keeper.Add(tar.data() + at, std::min(chunk, tar.size() - at)));
+    EXPECT_EQ(walk(keeper.Reader(tar.size())), want) << "chunks of " << chunk;
+    // 81 headers, 6 long names and the end block: 512 bytes each (and the names' bytes).
+    EXPECT_LT(keeper.kept_bytes(), 100u * 512) << "chunks of " << chunk;
+  }
+  // A stream cut short (the server sent less than its size) and a damaged header are
+  // reported as the file's would be.
+  TarHeaderKeeper cut;
+  cut.Add(tar.data(), 300000);
+  EXPECT_NE(walk(cut.Reader(tar.size())).find("damage a.tar: read failed"), std::string::npos);
+  std::string bad = tar;
+  const size_t header = bad.find("s20.txt");  // the header of a member in the middle
+  ASSERT_EQ(header % 512, 0u);
+  bad[header + 1] ^= 1;
+  TarHeaderKeeper damaged;
+  damaged.Add(bad.data(), bad.size());
+  WriteFile(dir / "b.tar", bad);
+  fd = ::open((dir / "b.tar").c_str(), O_RDONLY);
+  const std::string damage = walk(TarFile(fd));
+  EXPECT_NE(damage.find("damaged tar header at offset " + std::to_string(header)),
+            std::string::npos);
+  EXPECT_EQ(walk(damaged.Reader(bad.size())), damage);
+  ::close(fd);
 }
 
 TEST(WebDatasetTest, TarCutInTheMiddleKeepsTheSamplesBeforeAndReportsTheRest) {
