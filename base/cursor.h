@@ -15,15 +15,20 @@ struct StreamCursor {
   uint32_t epoch = 0;
   uint64_t batch = 0;  // index of the next batch within the epoch
   uint64_t seq = 0;    // its number in the rank's stream, from 0, across epochs
+  // The stream the batch before the cursor belongs to (Pipeline::Origin::stream): a daemon
+  // refuses to resume a cursor of another stream. 0: not named (not checked).
+  uint32_t stream = 0;
   bool operator==(const StreamCursor&) const = default;
 };
 
 inline nlohmann::json CursorToJson(const StreamCursor& c) {
-  return {{"epoch", c.epoch}, {"batch", c.batch}, {"seq", c.seq}};
+  nlohmann::json j = {{"epoch", c.epoch}, {"batch", c.batch}, {"seq", c.seq}};
+  if (c.stream) j["stream"] = c.stream;
+  return j;
 }
 
 // Needs a non-negative integer "seq"; "epoch" and "batch" are optional (the daemon derives
-// them from seq).
+// them from seq), "stream" too (a 32-bit tag).
 inline Result<StreamCursor> CursorFromJson(const nlohmann::json& j) {
   if (!j.is_object() || !j.contains("seq") || !j["seq"].is_number_unsigned())
     return Status::Invalid("a cursor is a JSON object with a non-negative integer \"seq\"");
@@ -31,6 +36,11 @@ inline Result<StreamCursor> CursorFromJson(const nlohmann::json& j) {
   c.seq = j["seq"].get<uint64_t>();
   if (j.contains("epoch") && j["epoch"].is_number_unsigned()) c.epoch = j["epoch"].get<uint32_t>();
   if (j.contains("batch") && j["batch"].is_number_unsigned()) c.batch = j["batch"].get<uint64_t>();
+  if (j.contains("stream")) {
+    if (!j["stream"].is_number_unsigned() || j["stream"].get<uint64_t>() > UINT32_MAX)
+      return Status::Invalid("a cursor's \"stream\" is a 32-bit unsigned tag");
+    c.stream = j["stream"].get<uint32_t>();
+  }
   return c;
 }
 

@@ -13,10 +13,12 @@ constexpr size_t kMaxStateBytes = 64 << 20;  // a config's text and a cursor per
 nlohmann::json StreamStateToJson(const StreamState& s) {
   nlohmann::json ranks = nlohmann::json::array();
   for (const StreamCursor& c : s.ranks) ranks.push_back(CursorToJson(c));
+  nlohmann::json origin = CursorToJson({s.origin_epoch, 0, s.origin_seq, s.origin_stream});
+  if (s.origin_previous) origin["previous_stream"] = s.origin_previous;
   return {{"version", 2},
           {"pipeline", s.pipeline},
           {"fingerprint", s.fingerprint},
-          {"origin", CursorToJson({s.origin_epoch, 0, s.origin_seq})},  // an epoch's start
+          {"origin", origin},
           {"ranks", std::move(ranks)},
           {"config", {{"file", s.config_file}, {"text", s.config_text}}}};
 }
@@ -44,6 +46,13 @@ Result<StreamState> StreamStateFromJson(const nlohmann::json& j, const std::stri
     if (!o.ok() || o->batch != 0) return bad("\"origin\" is not an epoch's first batch");
     s.origin_epoch = o->epoch;
     s.origin_seq = o->seq;
+    s.origin_stream = o->stream;
+    if (j["origin"].contains("previous_stream")) {
+      const nlohmann::json& p = j["origin"]["previous_stream"];
+      if (!p.is_number_unsigned() || p.get<uint64_t>() > UINT32_MAX)
+        return bad("\"origin\".\"previous_stream\" is not a 32-bit tag");
+      s.origin_previous = p.get<uint32_t>();
+    }
   }
   if (!j.contains("ranks") || !j["ranks"].is_array() || j["ranks"].empty())
     return bad("no \"ranks\" array");

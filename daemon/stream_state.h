@@ -2,7 +2,7 @@
 // (DIR/cursors.json, written atomically by the supervisor's thread every tick it changed):
 //
 //   {"version": 2, "pipeline": NAME, "fingerprint": FP,
-//    "origin": {"epoch": E, "batch": 0, "seq": S},
+//    "origin": {"epoch": E, "batch": 0, "seq": S, "stream": T, "previous_stream": P},
 //    "ranks": [CURSOR, ...],                      // each rank's acknowledged cursor
 //    "config": {"file": PATH, "text": YAML}}      // the config that makes the batches from S on
 //
@@ -31,6 +31,7 @@ struct StreamState {
   std::string fingerprint;  // Pipeline::fingerprint() of the pipeline making batches from origin
   uint32_t origin_epoch = 0;
   uint64_t origin_seq = 0;
+  uint32_t origin_stream = 0, origin_previous = 0;  // Pipeline::Origin (0: not kept)
   std::vector<StreamCursor> ranks;
   std::string config_file, config_text;  // empty text: a version 1 file
 };

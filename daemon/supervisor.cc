@@ -262,7 +262,7 @@ class Supervisor {
       // from it first (the trainer then attaches again by itself); unless the trainer asks for
       // earlier ones, which the running pipeline makes again.
       if (resume) {
-        MMFEED_RETURN_IF_ERROR(CheckResume(rank, old->ring(), resume->seq));
+        MMFEED_RETURN_IF_ERROR(CheckResume(rank, old->ring(), *resume));
         old->ring().DropReady(resume->seq);
       }
       uint64_t first = old->ring().MinReadySeq();
@@ -300,7 +300,7 @@ class Supervisor {
   // with its batches no longer in the ring) is refused before anything changes.
   Status Resume(int rank, const StreamCursor& c) {
     shm::RingWriter& ring = sinks_[rank]->ring();
-    MMFEED_RETURN_IF_ERROR(CheckResume(rank, ring, c.seq));
+    MMFEED_RETURN_IF_ERROR(CheckResume(rank, ring, c));
     int finished = ring.DropReady(c.seq);
     uint64_t next = ring.MinReadySeq();
     if (next == UINT64_MAX) next = pipeline_->NextCommit(rank);
@@ -319,10 +319,19 @@ class Supervisor {
     return Status::Ok();
   }
 
-  // Whether rank `rank` can be served from `seq` on, `ring` holding its published batches:
-  // a seq from the ring's oldest batch to the pipeline's next one is served from the ring;
-  // any other must be one the pipeline can make (Pipeline::CheckCursor).
-  Status CheckResume(int rank, shm::RingWriter& ring, uint64_t seq) {
+  // Whether rank `rank` can be served from cursor `c` on, `ring` holding its published batches:
+  // a cursor naming its stream must name this one; a seq from the ring's oldest batch to the
+  // pipeline's next one is served from the ring; any other must be one the pipeline can make
+  // (Pipeline::CheckCursor).
+  Status CheckResume(int rank, shm::RingWriter& ring, const StreamCursor& c) {
+    const uint64_t seq = c.seq;
+    if (const uint32_t ours = pipeline_->StreamBefore(seq); c.stream && ours && c.stream != ours)
+      return Status::Invalid(fmt::format(
+          "rank {}: resume refused: the cursor (batch {}) is of stream {:08x}, but this "
+          "daemon's batch {} is of stream {:08x}: the cursor was saved in another run or with "
+          "another config or data (restart the daemon with that run's config and --state-dir, "
+          "or attach without it to start the rank over)",
+          rank, seq, c.stream, seq - 1, ours));
     const uint64_t first = ring.MinReadySeq(), next = pipeline_->NextCommit(rank);
     if (seq <= next && (first == UINT64_MAX ? seq == next : first <= seq)) return Status::Ok();
     Status st = pipeline_->CheckCursor(seq);
@@ -471,14 +480,20 @@ class Supervisor {
   }
 
   // Whether the pending reload can take over now. One that changes the order or the numbering
-  // waits, after the running pipeline finished its epoch, until every trainer has released the
+  // waits, after the running pipeline finished its epoch, until every trainer has taken the
   // batches before the boundary: from the swap on, the saved state names only the new config,
-  // and a restart could not make those batches again.
+  // and a restart could not make a batch that only the ring held again. A batch a trainer
+  // holds is the trainer's: it finishes it and resumes after it. (Waiting for the releases
+  // instead would wait forever for a trainer that keeps its last batch while it asks for the
+  // next, as mmfeed.torch's dataset and to_device do.)
   bool ReadyToSwap() {
     if (!pending_ || !pipeline_->Finished()) return false;
     if (!pending_->at_epoch || !pipeline_->status().ok() || draining_) return true;
-    for (int r = 0; r < cfg_.consumers; ++r)
-      if (AckedOf(r).seq < pipeline_->NextCommit(r)) return false;
+    for (int r = 0; r < cfg_.consumers; ++r) {
+      if (sinks_[r]->ring().MinReadySeq() < pipeline_->NextCommit(r)) return false;
+      if (moved_from_[r] && moved_from_[r]->ring().MinReadySeq() < pipeline_->NextCommit(r))
+        return false;
+    }
     return true;
   }
 
@@ -513,7 +528,11 @@ class Supervisor {
         for (BatchSink* s : pipeline_sinks_) s->Finish(false);
         return;
       }
-      p->pipeline->SetOrigin({at.epoch, at.seq});
+      const Pipeline::Origin& before = pipeline_->origin();
+      p->pipeline->SetOrigin(
+          {at.epoch, at.seq,
+           Pipeline::NextStreamTag(before, at.seq, p->pipeline->order_fingerprint()),
+           before.stream});
     } else {
       p->pipeline->SetOrigin(pipeline_->origin());  // the same numbering goes on
     }
@@ -649,15 +668,19 @@ class Supervisor {
       return Status::Ok();
     }
     // A reload that changed the order or the numbering started this config's batches there.
-    pipeline_->SetOrigin({saved->origin_epoch, saved->origin_seq});
+    pipeline_->SetOrigin({saved->origin_epoch, saved->origin_seq,
+                          saved->origin_stream ? saved->origin_stream : pipeline_->origin().stream,
+                          saved->origin_previous});
     for (size_t r = 0; r < saved->ranks.size(); ++r) {
       StreamCursor& c = saved->ranks[r];
       if (c.seq < saved->origin_seq) {
         // The daemon stopped while this rank's trainer still had batches of the config before
         // that reload to take; this config cannot make them.
         spdlog::warn(
-            "rank {}: batches {}-{} of the config before the last reload were not taken and "
-            "cannot be made again: the rank starts at batch {} (epoch {})",
+            "rank {}: batches {}-{} of the config before the last reload were not released by "
+            "the rank's trainer and cannot be made again: the rank starts at batch {} (epoch "
+            "{}); a trainer that finished them goes on there, one that resumes before it is "
+            "refused",
             r, c.seq, saved->origin_seq - 1, saved->origin_seq, saved->origin_epoch);
         c = pipeline_->CursorAt(saved->origin_seq);
       }
@@ -680,7 +703,8 @@ class Supervisor {
   Status SaveState() {
     if (opt_.state_dir.empty()) return Status::Ok();
     const Pipeline::Origin origin = pipeline_->origin();
-    StreamState state{cfg_.name, pipeline_->fingerprint(), origin.epoch, origin.seq, {}, cfg_.file,
+    StreamState state{cfg_.name,     pipeline_->fingerprint(), origin.epoch, origin.seq,
+                      origin.stream, origin.previous,          {},           cfg_.file,
                       cfg_.text};
     for (int r = 0; r < cfg_.consumers; ++r) state.ranks.push_back(AckedOf(r));
     std::string text = StreamStateToJson(state).dump() + "\n";

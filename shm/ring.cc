@@ -246,7 +246,8 @@ void RingWriter::SyncLocked() {
         s = Slot::kFree;
         ++released_;
         const SlotDescriptor* d = slot(static_cast<int>(i));
-        if (d->next_seq > acked_.seq) acked_ = {d->next_epoch, d->next_batch, d->next_seq};
+        if (d->next_seq > acked_.seq)
+          acked_ = {d->next_epoch, d->next_batch, d->next_seq, d->next_stream};
       }
     } else {
       ok = w == ready && s == Slot::kReady;
@@ -310,6 +311,7 @@ Status RingWriter::Commit(int index, const BatchView& batch) {
   d->next_epoch = batch.next.epoch;
   d->next_batch = batch.next.batch;
   d->next_seq = batch.next.seq;
+  d->next_stream = batch.next.stream;
   uint8_t* p = slot_base + d->ids_offset;
   for (auto id : batch.ids) {
     std::memcpy(p, id.data(), id.size());
@@ -596,7 +598,7 @@ Status RingReader::ParseSlot(int i, BatchView* batch) const {
     return Status::Corrupt(fmt::format("slot {}: ids out of bounds", i));
   batch->seq = d->seq;
   batch->epoch = d->epoch;
-  batch->next = {d->next_epoch, d->next_batch, d->next_seq};
+  batch->next = {d->next_epoch, d->next_batch, d->next_seq, d->next_stream};
   batch->ids.clear();
   const char* ids = reinterpret_cast<const char*>(base + d->ids_offset);
   uint64_t pos = 0;

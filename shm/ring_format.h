@@ -113,8 +113,8 @@ struct SlotDescriptor {
   uint64_t payload_bytes;  // bytes used from payload_offset
   // The rank's stream cursor after this batch: attach with it to continue after this batch.
   uint32_t next_epoch;
-  uint32_t reserved1;
-  uint64_t next_batch;  // index of the next batch within next_epoch
+  uint32_t next_stream;  // the stream's tag (0 from daemons before it was named)
+  uint64_t next_batch;   // index of the next batch within next_epoch
   uint64_t next_seq;
   TensorDesc tensors[kMaxTensors];
 };

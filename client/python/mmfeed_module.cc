@@ -69,6 +69,7 @@ py::dict CursorDict(const StreamCursor& c) {
   d["epoch"] = c.epoch;
   d["batch"] = c.batch;
   d["seq"] = c.seq;
+  if (c.stream) d["stream"] = c.stream;  // the stream the cursor belongs to (checked at resume)
   return d;
 }
 
@@ -202,20 +203,28 @@ class PyClient {
     if (!resume.is_none()) {
       // A cursor dict ({"seq": S, ...}, a Batch.cursor) or a seq: a non-negative integer that
       // fits 64 bits; anything else is a ValueError naming what was given.
-      py::object seq = resume;
+      py::object seq = resume, stream = py::int_(0);
       if (py::isinstance<py::dict>(resume)) {
         py::dict d = resume.cast<py::dict>();
         if (!d.contains("seq")) throw py::value_error("resume: a cursor dict needs a \"seq\"");
         seq = d["seq"];
+        if (d.contains("stream")) stream = d["stream"];
       }
-      if (!py::isinstance<py::int_>(seq) || py::isinstance<py::bool_>(seq) || seq < py::int_(0) ||
-          seq > py::reinterpret_steal<py::object>(PyLong_FromUnsignedLongLong(UINT64_MAX)))
+      auto integer_below = [](const py::object& v, unsigned long long bound) {
+        return py::isinstance<py::int_>(v) && !py::isinstance<py::bool_>(v) && v >= py::int_(0) &&
+               v <= py::reinterpret_steal<py::object>(PyLong_FromUnsignedLongLong(bound));
+      };
+      if (!integer_below(seq, UINT64_MAX))
         throw py::value_error(
             "resume must be a cursor (a dict with \"seq\") or a seq, a "
             "non-negative integer below 2**64; got " +
             py::repr(resume).cast<std::string>());
+      if (!integer_below(stream, UINT32_MAX))
+        throw py::value_error("resume: a cursor's \"stream\" is a 32-bit unsigned tag; got " +
+                              py::repr(stream).cast<std::string>());
       StreamCursor c;
-      c.seq = seq.cast<uint64_t>();  // the daemon derives the epoch and batch from it
+      c.seq = seq.cast<uint64_t>();        // the daemon derives the epoch and batch from it
+      c.stream = stream.cast<uint32_t>();  // and refuses a cursor of another stream
       opt.resume = c;
     }
     timeout_ms_ = timeout_s.is_none() ? -1 : static_cast<int>(timeout_s.cast<double>() * 1000);

@@ -415,6 +415,7 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
   }
   for (const CatalogEntry& e : p->catalog_->entries) h = HashString(e.id, HashString("\n", h));
   p->order_fingerprint_ = fmt::format("{:016x}", h);
+  p->origin_.stream = FirstStreamTag(p->order_fingerprint_);
   for (const StageConfig& s : cfg.stages)
     h = HashString(fmt::format("{}|{}|{}|{}", s.name, s.type, s.field, s.params.Canonical()), h);
   p->fingerprint_ = fmt::format("{:016x}", h);
@@ -430,7 +431,8 @@ Status Pipeline::SetStart(std::vector<StreamCursor> start) {
     return Status::Invalid(
         fmt::format("{} start cursor(s) for {} consumer rank(s)", start.size(), cfg_.consumers));
   for (size_t r = 0; r < start.size(); ++r) {
-    const StreamCursor& c = start[r];
+    StreamCursor c = start[r];
+    c.stream = 0;  // the position only (a resume's stream is the supervisor's to check)
     Status st = CheckCursor(c.seq);
     if (st.ok() &&
         (c.epoch < origin_.epoch || c.batch >= EpochBatches(c.epoch) || c != CursorAt(c.seq)))
@@ -445,6 +447,17 @@ Status Pipeline::SetStart(std::vector<StreamCursor> start) {
   start_ = std::move(start);
   for (int r = 0; r < cfg_.consumers; ++r) next_commit_[r] = start_[r].seq;
   return Status::Ok();
+}
+
+uint32_t Pipeline::FirstStreamTag(const std::string& order_fingerprint) {
+  return static_cast<uint32_t>(HashString("stream|" + order_fingerprint)) | 1;  // never 0
+}
+
+uint32_t Pipeline::NextStreamTag(const Origin& before, uint64_t seq,
+                                 const std::string& order_fingerprint) {
+  return static_cast<uint32_t>(
+             HashString(fmt::format("{:08x}|{}|{}", before.stream, seq, order_fingerprint))) |
+         1;
 }
 
 void Pipeline::SetOrigin(Origin origin) {
@@ -1215,6 +1228,7 @@ class Pipeline::Collator {
     info.rows = static_cast<uint32_t>(f.batch->rows - f.dropped.size());
     info.ids = std::move(f.ids);
     info.next = p_->CursorAfter(info.seq);
+    info.next.stream = p_->origin_.stream;
     info.ragged_rows = p_->PackRagged(f.batch->memory, info.rows);
     uint64_t t0 = NowNs();
     p_->sinks_[rank_]->Commit(f.batch->memory, info);

@@ -118,10 +118,22 @@ class Pipeline {
   // batches per epoch at an epoch boundary (the earlier epochs were numbered by another
   // pipeline). Cursors before it cannot be served. Resets the start cursors to the origin.
   // REQUIRES: before Start().
+  // Where this pipeline's numbering starts, and the stream it continues: `stream` tags the
+  // batches from the origin on (StreamCursor::stream), `previous` the batches before it (0:
+  // unknown). A fresh stream's tag is FirstStreamTag of the order; an order-changing reload
+  // chains NextStreamTag, so equal tags mean the same order and reload history.
   struct Origin {
     uint32_t epoch = 0;
     uint64_t seq = 0;
+    uint32_t stream = 0, previous = 0;
   };
+  static uint32_t FirstStreamTag(const std::string& order_fingerprint);
+  static uint32_t NextStreamTag(const Origin& before, uint64_t seq,
+                                const std::string& order_fingerprint);
+  // The tag of the batch before cursor seq `seq` (0 when unknown or seq is 0).
+  uint32_t StreamBefore(uint64_t seq) const {
+    return seq == 0 ? 0 : seq > origin_.seq ? origin_.stream : origin_.previous;
+  }
   void SetOrigin(Origin origin);
   Origin origin() const { return origin_; }
   Status Start();

@@ -223,6 +223,36 @@ class AttachTest(dt.DaemonCase):
                 d.proc.kill()
                 d.proc.wait()
 
+    def test_a_cursor_of_another_stream_is_refused(self):
+        """A trainer's cursor names its stream: a daemon started fresh on another seed refuses it
+        (it used to serve the cursor's seq of another order), the same config accepts it.
+        (Python's resume=: PythonClientTest; cursors across reloads and restarts are accepted:
+        stateful_test.py.)"""
+        ct.make_texts(self.dir, 400)
+        seed11 = ct.CONFIG.format(consumers=1, slots=4, epochs=3)
+        seed12 = seed11.replace("seed: 11", "seed: 12")
+        cursor = self.dir / "cursor.json"
+
+        def attach(text, *extra):
+            d = dt.Daemon(self.dir, text, extra=extra)
+            c = d.consume(0, "--json", "--batches", "3", "--cursor", str(cursor), "--dump", str(self.dir / "dump"))
+            out, err = c.communicate(timeout=60)
+            d.proc.kill()
+            d.proc.wait()
+            return c.returncode, err
+
+        self.assertEqual(attach(seed11)[0], 0)
+        saved = json.loads(cursor.read_text())
+        self.assertEqual(saved["seq"], 3)
+        self.assertIn("stream", saved)
+        rc, err = attach(seed12)
+        self.assertNotEqual(rc, 0)
+        self.assertIn("rank 0: resume refused: the cursor (batch 3) is of stream", err)
+        self.assertIn("the cursor was saved in another run or with another config", err)
+        self.assertEqual(json.loads(cursor.read_text()), saved, "the refused run moved nothing")
+        self.assertEqual(attach(seed11)[0], 0)  # the same stream: batches 3-5
+        self.assertEqual(json.loads(cursor.read_text())["seq"], 6)
+
     def test_a_half_closed_then_closed_connection_frees_the_rank(self):
         """The process lives on (it is this test) but closed its attach connection fully."""
         ct.make_texts(self.dir, 200)
@@ -490,6 +520,58 @@ except RuntimeError as e:
         self.assertEqual(out.count("ValueError"), 5, out)
         self.assertIn("RuntimeError", out)
         self.assertIn("resume refused", out)
+
+    def test_a_cursor_dict_names_its_stream(self):
+        ct.make_texts(self.dir, 400)
+        d = dt.Daemon(self.dir, ct.CONFIG.format(consumers=1, slots=4, epochs=3))
+        code = f"""
+import mmfeed
+c = mmfeed.Client({d.socket!r}, rank=0)
+cursor = [next(c) for _ in range(3)][-1].cursor
+del c
+for stream in (cursor["stream"], cursor["stream"] ^ 2):
+    try:
+        print("served", next(mmfeed.Client({d.socket!r}, rank=0, resume=dict(cursor, stream=stream))).seq)
+    except mmfeed.AttachError as e:
+        print("refused", e)
+"""
+        p = self.python(code)
+        out, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 0, err)
+        lines = out.splitlines()
+        self.assertEqual(lines[0], "served 3")
+        self.assertIn("refused attach rank 0: rank 0: resume refused: the cursor (batch 3) is of stream", lines[1])
+
+    def test_a_trainer_holding_its_last_batch_crosses_an_order_changing_reload(self):
+        """mmfeed.torch's dataset and to_device keep the last batch while they ask for the next:
+        a reload of the seed (switching at the epoch boundary) must not wait for its release."""
+        ct.make_texts(self.dir, 400)
+        d = dt.Daemon(self.dir, ct.CONFIG.format(consumers=1, slots=4, epochs=3))
+        code = f"""
+import sys, time, mmfeed
+c = mmfeed.Client({d.socket!r}, rank=0, timeout_s=30)
+held, seqs = None, []
+for b in c:
+    seqs.append(b.seq)
+    if len(seqs) == 3:
+        print("reload", flush=True)
+        sys.stdin.readline()
+    held = b.torch()  # the previous batch's tensors live on while next() waits
+    time.sleep(0.01)
+print(seqs == list(range(len(seqs))), len(seqs))
+"""
+        p = self.python(code, stdin=subprocess.PIPE)
+        self.assertEqual(p.stdout.readline().strip(), "reload")
+        (self.dir / "b.yaml").write_text(ct.CONFIG.format(consumers=1, slots=4, epochs=3).replace("seed: 11", "seed: 12"))
+        r = d.ctl("reload", "--config", str(self.dir / "b.yaml"), "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("at the next epoch boundary", json.loads(r.stdout)["applied"])
+        p.stdin.write("\n")
+        p.stdin.flush()
+        out, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 0, err)
+        self.assertEqual(out.split(), ["True", "150"])
+        self.assertEqual(d.wait(), 0, d.log())
 
     def test_ctrl_c_interrupts_a_blocking_next(self):
         ct.make_texts(self.dir, 100)

@@ -10,7 +10,9 @@ checkers:
   storm       several such reloads in a row, most refused while one waits for its epoch
   kill-daemon SIGKILL of the daemon, then a restart with --state-dir, sometimes on a config
               edited meanwhile (a restart on an edited config)
-  kill-rank   SIGKILL of a trainer, then a new one resuming from its --cursor file
+  kill-rank   SIGKILL of a trainer, then a new one resuming from its cursor file: an
+              mmfeed-consume --cursor, or (a third of the lives, where the Python module is
+              built) a Python trainer with mmfeed.torch.MmfeedDataset's load_state_dict
   stop-rank   SIGSTOP of a trainer (its rank lags, an epoch or more behind), SIGCONT later
   wait        time passes
 
@@ -35,6 +37,32 @@ import argparse, json, os, pathlib, random, shutil, signal, subprocess, sys, tem
 import numpy as np
 
 import daemon_test
+
+# A trainer in Python: MmfeedDataset through a DataLoader, resumed with load_state_dict from the
+# cursor file mmfeed-consume keeps (the cursor, state_dict()["cursor"]), dumping as it does.
+PY_TRAINER = r"""
+import json, os, sys, time
+import numpy as np, torch
+import mmfeed.torch as mt
+sock, rank, cursor_file, dump, hold = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
+ds = mt.MmfeedDataset(socket=sock, rank=rank, reconnect_s=120)
+if os.path.exists(cursor_file):
+    with open(cursor_file) as f:
+        ds.load_state_dict({"cursor": json.load(f)})
+for n, b in enumerate(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)):
+    d = os.path.join(dump, f"{n:06d}")
+    os.makedirs(d)
+    np.save(os.path.join(d, "text.npy"), b["text"].numpy())
+    np.save(os.path.join(d, "text_lengths.npy"), b["text_lengths"].numpy())
+    with open(os.path.join(d, "meta.json"), "w") as f:
+        json.dump({"seq": b["seq"], "epoch": b["epoch"], "ids": b["ids"]}, f)
+    time.sleep(hold / 1000)
+    with open(cursor_file + ".tmp", "w") as f:
+        json.dump(ds.state_dict()["cursor"], f)
+    os.replace(cursor_file + ".tmp", cursor_file)
+    del b
+"""
+PYTHON_DIR = None  # BUILD/python when the Python module is built (not under the sanitizers)
 
 SAMPLES = 480  # 2 ranks x 240
 CONSUMERS = 2
@@ -102,11 +130,18 @@ class World:
         life = self.lives[rank]
         self.lives[rank] += 1
         hold = self.rng.choice([10, 20, 40])
+        cursor, dump = str(self.dir / f"cursor{rank}.json"), self.dir / f"r{rank}" / f"life{life:03d}"
+        if PYTHON_DIR and self.rng.random() < 1 / 3:
+            dump.mkdir(parents=True)
+            self.trainers[rank] = subprocess.Popen(
+                ["/usr/bin/python3", "-c", PY_TRAINER, self.sock, str(rank), cursor, str(dump), str(hold)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=PYTHON_DIR))
+            return "python"
         self.trainers[rank] = subprocess.Popen(
-            [f"{self.bin}/mmfeed-consume", "--socket", self.sock, "--rank", str(rank), "--cursor",
-             str(self.dir / f"cursor{rank}.json"), "--reconnect", "120", "--hold-ms", str(hold), "--dump",
-             str(self.dir / f"r{rank}" / f"life{life:03d}")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True)
+            [f"{self.bin}/mmfeed-consume", "--socket", self.sock, "--rank", str(rank), "--cursor", cursor,
+             "--reconnect", "120", "--hold-ms", str(hold), "--dump", str(dump)], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        return "mmfeed-consume"
 
     def ctl(self, *args):
         return subprocess.run([f"{self.bin}/mmfeedctl", "--socket", self.sock, "--timeout", "60", *args],
@@ -186,8 +221,8 @@ def op_kill_rank(w):
         p.send_signal(signal.SIGKILL)
         p.wait()
     w.stopped.discard(rank)
-    w.start_trainer(rank)
-    return f"kill -9 trainer {rank}, resumed from its cursor"
+    kind = w.start_trainer(rank)
+    return f"kill -9 trainer {rank}, resumed from its cursor by {kind}"
 
 
 def op_stop_rank(w):
@@ -346,6 +381,12 @@ def main():
         a.runs, a.ops = 20, 150
     elif "libasan" in subprocess.run(["ldd", f"{bin_dir}/mmfeedd"], capture_output=True, text=True).stdout:
         a.runs = max(1, a.runs // 2)  # the sanitizer build is several times slower: half the runs
+    global PYTHON_DIR
+    python = pathlib.Path(bin_dir).parent / "python"
+    if (python / "mmfeed").is_dir() and subprocess.run(
+            ["/usr/bin/python3", "-c", "import torch, mmfeed.torch"], env=dict(os.environ, PYTHONPATH=str(python)),
+            capture_output=True).returncode == 0:
+        PYTHON_DIR = str(python)
     first = int(time.time()) % 100000 if a.long else 1
     seeds = [a.seed] if a.seed is not None else [first + k for k in range(a.runs)]
     ok = all([run(bin_dir, s, a.ops) for s in seeds])

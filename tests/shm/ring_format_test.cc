@@ -83,7 +83,7 @@ TEST(RingFormatTest, SlotLayout) {
   EXPECT_EQ(offsetof(SlotDescriptor, ids_bytes), 32u);
   EXPECT_EQ(offsetof(SlotDescriptor, payload_bytes), 40u);
   EXPECT_EQ(offsetof(SlotDescriptor, next_epoch), 48u);
-  EXPECT_EQ(offsetof(SlotDescriptor, reserved1), 52u);
+  EXPECT_EQ(offsetof(SlotDescriptor, next_stream), 52u);
   EXPECT_EQ(offsetof(SlotDescriptor, next_batch), 56u);
   EXPECT_EQ(offsetof(SlotDescriptor, next_seq), 64u);
   EXPECT_EQ(offsetof(SlotDescriptor, tensors), 72u);

@@ -993,7 +993,18 @@ TEST(PipelineTest, ABatchSizeChangeHandsOverAtOneEpochForEveryRank) {
 
   auto second = Pipeline::Create(*cfg_b, {&r0, &r1});
   ASSERT_TRUE(second.ok());
-  (*second)->SetOrigin({2, 2 * per_a});
+  // The batches name their stream (StreamCursor::stream): each order its own tag, and the
+  // reload's a chain of the tag before it, so a fresh run of config b is another stream.
+  const Pipeline::Origin o = (*first)->origin();
+  EXPECT_EQ(o.stream, Pipeline::FirstStreamTag((*first)->order_fingerprint()));
+  EXPECT_NE(o.stream, Pipeline::FirstStreamTag((*second)->order_fingerprint()));
+  const uint32_t next = Pipeline::NextStreamTag(o, 2 * per_a, (*second)->order_fingerprint());
+  EXPECT_NE(next, Pipeline::FirstStreamTag((*second)->order_fingerprint()));
+  EXPECT_NE(next, 0u);
+  (*second)->SetOrigin({2, 2 * per_a, next, o.stream});
+  EXPECT_EQ((*second)->StreamBefore(2 * per_a), o.stream);  // batch 2 per_a - 1: config a's
+  EXPECT_EQ((*second)->StreamBefore(2 * per_a + 1), next);
+  EXPECT_EQ((*second)->StreamBefore(0), 0u);
   EXPECT_EQ((*second)->CursorAt(2 * per_a + per_b + 1),
             (StreamCursor{3, 1, 2 * per_a + per_b + 1}));
   EXPECT_FALSE((*second)->SetStart({StreamCursor{1, 0, per_a}, StreamCursor{1, 0, per_a}}).ok());
