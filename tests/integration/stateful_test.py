@@ -8,6 +8,9 @@ checkers:
   reload      one or more reloadable fields changed (seed, batch_size, drop_last, workers,
               text max_len, a token budget), by mmfeedctl reload or SIGHUP
   storm       several such reloads in a row, most refused while one waits for its epoch
+  edit-data   a new version of the data (24 samples replaced by new ones, in a new manifest
+              the config's source.path names), reloaded, or the daemon killed and restarted
+              on it
   kill-daemon SIGKILL of the daemon, then a restart with --state-dir, sometimes on a config
               edited meanwhile (a restart on an edited config)
   kill-rank   SIGKILL of a trainer, then a new one resuming from its cursor file: an
@@ -23,7 +26,7 @@ all its lives, is checked against a small model of the stream:
     receiving a batch and saving its cursor) is the same batch; every rank has the same K;
   - epoch labels never go back, and each seq's epoch is the same whoever made it;
   - each epoch, over all ranks, is exactly one order's samples: no id twice, and every id of
-    the dataset except the rows drop_last leaves out;
+    one version of the dataset except the rows drop_last leaves out; the versions go forward;
   - every row's text belongs to its id (no torn batch).
 
 A failing run prints its seed and its operations: `--seed S --ops N` replays the sequence.
@@ -72,7 +75,7 @@ EPOCHS = 5  # set per run from the operations (run): the data must outlast them
 def config(p):
     budget = f", max_tokens: {p['max_tokens']}" if p["max_tokens"] else ""
     return f"""pipeline: stateful
-source: {{type: manifest, path: manifest.jsonl, shuffle: true, seed: {p['seed']}, epochs: {EPOCHS}}}
+source: {{type: manifest, path: {p['path']}, shuffle: true, seed: {p['seed']}, epochs: {EPOCHS}}}
 consumers: {CONSUMERS}
 stages:
   - {{name: text, type: text, field: text, workers: {p['workers']}, params: {{tokenizer: bytes, max_len: {p['max_len']}}}}}
@@ -99,15 +102,25 @@ class World:
         self.bin, self.dir, self.rng, self.oplog = bin_dir, work, rng, log
         self.sock = str(work / "mmfeed.sock")
         self.params = {k: v[0] for k, v in FIELDS.items()}
+        self.params["path"] = "manifest0.jsonl"
+        self.versions = []  # each version of the data: its ids
+        self.next_id = SAMPLES
         self.daemon = None
         self.daemon_logs = []
         self.lives = {r: 0 for r in range(CONSUMERS)}
         self.trainers = {}
         self.stopped = set()
-        with open(work / "manifest.jsonl", "w") as m:
-            for i in range(SAMPLES):
-                m.write(json.dumps({"id": f"s{i:04d}", "text": f"caption {i}"}) + "\n")
+        self.write_data([f"s{i:04d}" for i in range(SAMPLES)])
         self.write_config()
+
+    def write_data(self, ids):
+        """Writes version len(versions) of the data and points the config at it."""
+        name = f"manifest{len(self.versions)}.jsonl"
+        with open(self.dir / name, "w") as m:
+            for sid in ids:
+                m.write(json.dumps({"id": sid, "text": f"caption {int(sid[1:])}"}) + "\n")
+        self.versions.append(ids)
+        self.params["path"] = name
 
     def write_config(self):
         (self.dir / "p.yaml").write_text(config(self.params))
@@ -214,6 +227,23 @@ def op_kill_daemon(w):
     return "kill -9 the daemon" + edited
 
 
+def op_edit_data(w):
+    ids = list(w.versions[-1])
+    for k in sorted(w.rng.sample(range(len(ids)), 24)):
+        ids[k] = f"s{w.next_id:04d}"
+        w.next_id += 1
+    w.write_data(ids)
+    w.write_config()
+    if w.rng.random() < 0.3:
+        w.daemon.send_signal(signal.SIGKILL)
+        w.daemon.wait()
+        w.start_daemon()
+        return f"data version {len(w.versions) - 1}, the daemon killed and restarted on it"
+    r = w.ctl("reload", "--json")
+    what = json.loads(r.stdout)["applied"] if r.returncode == 0 else r.stderr.strip()[-120:]
+    return f"data version {len(w.versions) - 1}, reloaded: {what}"
+
+
 def op_kill_rank(w):
     rank = w.rng.randrange(CONSUMERS)
     p = w.trainers[rank]
@@ -244,7 +274,8 @@ def op_wait(w):
     return f"wait {t}s"
 
 
-OPS = [(op_reload, 5), (op_storm, 1), (op_kill_daemon, 2), (op_kill_rank, 3), (op_stop_rank, 2), (op_wait, 4)]
+OPS = [(op_reload, 5), (op_storm, 1), (op_edit_data, 1), (op_kill_daemon, 2), (op_kill_rank, 3), (op_stop_rank, 2),
+       (op_wait, 4)]
 
 
 def received(w, rank):
@@ -289,19 +320,26 @@ def check(w):
         raise Failure("ranks disagree on which epoch a seq is in")
     if sorted(set(labels[0])) != list(range(EPOCHS)):
         raise Failure(f"epochs received: {sorted(set(labels[0]))}, want 0..{EPOCHS - 1}")
-    ids = [f"s{i:04d}" for i in range(SAMPLES)]
     per_rank = SAMPLES // CONSUMERS
+    # drop_last leaves out each rank's last partial batch (token budgets never drop)
+    allowed = {0} | {CONSUMERS * (per_rank % b) for b in FIELDS["batch"]}
+    version, by_epoch = 0, []
     for e in range(EPOCHS):
         got = [i for r in ranks for s in sorted(r) if r[s][0] == e for i in r[s][1]]
         dup = len(got) - len(set(got))
         if dup:
             raise Failure(f"epoch {e}: {dup} id(s) delivered twice (two orders mixed)")
-        left_out = len(ids) - len(got)
-        # drop_last leaves out each rank's last partial batch (token budgets never drop)
-        allowed = {0} | {CONSUMERS * (per_rank % b) for b in FIELDS["batch"]}
-        if left_out not in allowed or not set(got) <= set(ids):
-            raise Failure(f"epoch {e}: {left_out} id(s) of the dataset missing")
-    return counts[0]
+        # The epoch is one version of the data (every version has SAMPLES ids), not older than
+        # the epoch before's.
+        fits = [v for v in range(version, len(w.versions)) if set(got) <= set(w.versions[v])]
+        if not fits:
+            raise Failure(f"epoch {e}: its ids are no version of the data from version {version} on")
+        version = fits[0]
+        by_epoch.append(version)
+        left_out = SAMPLES - len(got)
+        if left_out not in allowed:
+            raise Failure(f"epoch {e}: {left_out} id(s) of data version {version} missing")
+    return counts[0], by_epoch
 
 
 def run(bin_dir, seed, n_ops):
@@ -353,9 +391,9 @@ def run(bin_dir, seed, n_ops):
         else:
             if code != 0:
                 raise Failure(f"the daemon exited {code}")
-        batches = check(w)
+        batches, versions = check(w)
         print(f"seed {seed}: {done} of {n_ops} operations before the end of the data, {batches} batches per "
-              f"rank in {EPOCHS} epochs, every epoch exact", flush=True)
+              f"rank in {EPOCHS} epochs, every epoch exact (data versions by epoch: {versions})", flush=True)
         shutil.rmtree(work, ignore_errors=True)
         return True
     except Failure as e:

@@ -322,7 +322,7 @@ stages:
   };
   Result<PipelineConfig> r = parse(
       R"({type: webdataset, path: "https://127.0.0.1:9/b/shard-{0..3}.tar", prefetch_bytes: 4096,
-          fetch_concurrency: 2, fetch_retries: 1, fetch_timeout_s: 2.5})");
+          fetch_concurrency: 2, fetch_retries: 1, fetch_timeout_s: 2.5, max_shard_bytes: 8192})");
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_TRUE(r->source.remote);
   EXPECT_EQ(r->source.path, "https://127.0.0.1:9/b/shard-{0..3}.tar");
@@ -331,6 +331,7 @@ stages:
   EXPECT_EQ(r->source.fetch.concurrency, 2);
   EXPECT_EQ(r->source.fetch.retries, 1);
   EXPECT_DOUBLE_EQ(r->source.fetch.timeout_s, 2.5);
+  EXPECT_EQ(r->source.fetch.max_shard_bytes, 8192u);
   r = parse(R"({type: webdataset, path: "s3://bucket/p/shard-0.tar", shuffle_window: 2,
           s3: {endpoint: "http://127.0.0.1:9", region: eu-west-1, credentials_file: creds}})");
   ASSERT_TRUE(r.ok()) << r.status().message();
@@ -374,6 +375,9 @@ stages:
   }
   EXPECT_NE(error(R"({type: webdataset, path: "http://h/s.tar", fetch_timeout_s: 0})")
                 .find("at least 0.1"),
+            std::string::npos);
+  EXPECT_NE(error(R"({type: webdataset, path: "s.tar", max_shard_bytes: 4096})")
+                .find("source.max_shard_bytes applies to http://, https:// and s3:// paths only"),
             std::string::npos);
 }
 
