@@ -6,7 +6,9 @@ sequence of operations, in the spirit of FoundationDB's simulation tests and Jep
 checkers:
 
   reload      one or more reloadable fields changed (seed, batch_size, drop_last, workers,
-              text max_len, a token budget), by mmfeedctl reload or SIGHUP
+              text max_len, a token budget, consumers 2 <-> 3), by mmfeedctl reload or SIGHUP;
+              a rank that consumers adds gets a trainer once the daemon serves it (without
+              a cursor: it starts where the daemon puts it), one it removes ends its trainer
   storm       several such reloads in a row, most refused while one waits for its epoch
   edit-data   a new version of the data (24 samples replaced by new ones, in a new manifest
               the config's source.path names), reloaded, or the daemon killed and restarted
@@ -23,7 +25,8 @@ At the end every trainer is let run to the end of the data, and everything it re
 all its lives, is checked against a small model of the stream:
 
   - per rank, batch seqs 0..K-1 with no gap; a seq received twice (a trainer killed between
-    receiving a batch and saving its cursor) is the same batch; every rank has the same K;
+    receiving a batch and saving its cursor) is the same batch; ranks 0 and 1 have the same K
+    (rank 2, while consumers is 3, has seqs below K, in the epochs the others label alike);
   - epoch labels never go back, and each seq's epoch is the same whoever made it;
   - each epoch, over all ranks, is exactly one order's samples: no id twice, and every id of
     one version of the dataset except the rows drop_last leaves out; the versions go forward;
@@ -68,7 +71,7 @@ for n, b in enumerate(torch.utils.data.DataLoader(ds, batch_size=None, num_worke
 PYTHON_DIR = None  # BUILD/python when the Python module is built (not under the sanitizers)
 
 SAMPLES = 480  # 2 ranks x 240
-CONSUMERS = 2
+CONSUMERS = 2  # ranks always served; rank 2 too while consumers is 3
 EPOCHS = 5  # set per run from the operations (run): the data must outlast them
 
 
@@ -76,7 +79,7 @@ def config(p):
     budget = f", max_tokens: {p['max_tokens']}" if p["max_tokens"] else ""
     return f"""pipeline: stateful
 source: {{type: manifest, path: {p['path']}, shuffle: true, seed: {p['seed']}, epochs: {EPOCHS}}}
-consumers: {CONSUMERS}
+consumers: {p['consumers']}
 stages:
   - {{name: text, type: text, field: text, workers: {p['workers']}, params: {{tokenizer: bytes, max_len: {p['max_len']}}}}}
   - {{name: batch, type: batch, inputs: [text], params: {{batch_size: {p['batch']}, drop_last: {str(p['drop_last']).lower()}{budget}}}}}
@@ -92,6 +95,7 @@ FIELDS = {
     "workers": [1, 2],
     "max_len": [24, 32],
     "max_tokens": [0, 0, 120],
+    "consumers": [2, 3],
 }
 
 
@@ -107,7 +111,7 @@ class World:
         self.next_id = SAMPLES
         self.daemon = None
         self.daemon_logs = []
-        self.lives = {r: 0 for r in range(CONSUMERS)}
+        self.lives = {r: 0 for r in range(CONSUMERS + 1)}
         self.trainers = {}
         self.stopped = set()
         self.write_data([f"s{i:04d}" for i in range(SAMPLES)])
@@ -155,6 +159,28 @@ class World:
              "--reconnect", "120", "--hold-ms", str(hold), "--dump", str(dump)], stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True)
         return "mmfeed-consume"
+
+    def served(self):
+        """The ranks the daemon serves now (status), or None when it does not answer."""
+        r = self.ctl("status", "--json")
+        return len(json.loads(r.stdout)["consumers"]) if r.returncode == 0 else None
+
+    def sync_rank2(self):
+        """Starts rank 2's trainer when the daemon serves it and none runs (a new one, without a
+        cursor, after consumers removed the rank and added it again). Returns what it did."""
+        p = self.trainers.get(2)
+        if p is not None and p.poll() is None or self.served() != 3:
+            return ""
+        if p is not None:
+            out, err = p.communicate()
+            if p.returncode not in (0, -signal.SIGKILL):
+                raise Failure(f"trainer 2 failed ({p.returncode}): {err.strip()[-400:]}")
+            (self.dir / "cursor2.json").unlink(missing_ok=True)
+        self.start_trainer(2)
+        return "; rank 2 served: trainer 2 started"
+
+    def live_ranks(self):
+        return [r for r, p in self.trainers.items() if p.poll() is None]
 
     def ctl(self, *args):
         return subprocess.run([f"{self.bin}/mmfeedctl", "--socket", self.sock, "--timeout", "60", *args],
@@ -245,7 +271,7 @@ def op_edit_data(w):
 
 
 def op_kill_rank(w):
-    rank = w.rng.randrange(CONSUMERS)
+    rank = w.rng.choice(w.live_ranks() or [0])
     p = w.trainers[rank]
     if p.poll() is None:
         p.send_signal(signal.SIGKILL)
@@ -256,7 +282,7 @@ def op_kill_rank(w):
 
 
 def op_stop_rank(w):
-    rank = w.rng.randrange(CONSUMERS)
+    rank = w.rng.choice(sorted(set(w.live_ranks()) | w.stopped) or [0])
     p = w.trainers[rank]
     if rank in w.stopped:
         p.send_signal(signal.SIGCONT)
@@ -305,6 +331,10 @@ def received(w, rank):
 def check(w):
     ranks = [received(w, r) for r in range(CONSUMERS)]
     counts = [len(r) for r in ranks]
+    extra = received(w, 2) if (w.dir / "r2").exists() else {}
+    for seq, (epoch, _) in extra.items():
+        if seq >= counts[0] or ranks[0].get(seq, (None,))[0] != epoch:
+            raise Failure(f"rank 2: seq {seq} in epoch {epoch}, which rank 0 labels otherwise")
     for rank, by_seq in enumerate(ranks):
         if sorted(by_seq) != list(range(len(by_seq))):
             missing = sorted(set(range(max(by_seq) + 1)) - set(by_seq))
@@ -320,12 +350,11 @@ def check(w):
         raise Failure("ranks disagree on which epoch a seq is in")
     if sorted(set(labels[0])) != list(range(EPOCHS)):
         raise Failure(f"epochs received: {sorted(set(labels[0]))}, want 0..{EPOCHS - 1}")
-    per_rank = SAMPLES // CONSUMERS
     # drop_last leaves out each rank's last partial batch (token budgets never drop)
-    allowed = {0} | {CONSUMERS * (per_rank % b) for b in FIELDS["batch"]}
+    allowed = {0} | {n * (SAMPLES // n % b) for b in FIELDS["batch"] for n in FIELDS["consumers"]}
     version, by_epoch = 0, []
     for e in range(EPOCHS):
-        got = [i for r in ranks for s in sorted(r) if r[s][0] == e for i in r[s][1]]
+        got = [i for r in ranks + [extra] for s in sorted(r) if r[s][0] == e for i in r[s][1]]
         dup = len(got) - len(set(got))
         if dup:
             raise Failure(f"epoch {e}: {dup} id(s) delivered twice (two orders mixed)")
@@ -339,7 +368,7 @@ def check(w):
         left_out = SAMPLES - len(got)
         if left_out not in allowed:
             raise Failure(f"epoch {e}: {left_out} id(s) of data version {version} missing")
-    return counts[0], by_epoch
+    return counts[0], by_epoch, len(extra)
 
 
 def run(bin_dir, seed, n_ops):
@@ -360,12 +389,18 @@ def run(bin_dir, seed, n_ops):
                 log.append(f"the daemon exited ({w.daemon.returncode}) before operation {i}: the data ended")
                 break
             op = rng.choices(ops, weights)[0]
-            log.append(f"{i:3d} {op(w)}")
+            log.append(f"{i:3d} {op(w)}{w.sync_rank2()}")
             done += 1
         for r in sorted(w.stopped):
             w.trainers[r].send_signal(signal.SIGCONT)
         w.stopped.clear()
         log.append("run to the end")
+        # Rank 2 may come (a pending reload adds it) or go until the data ends.
+        deadline = time.time() + 300
+        while w.daemon.poll() is None and time.time() < deadline:
+            if w.sync_rank2():
+                log.append("rank 2 served: trainer 2 started")
+            time.sleep(0.2)
         for r, p in w.trainers.items():
             try:
                 out, err = p.communicate(timeout=300)
@@ -391,9 +426,10 @@ def run(bin_dir, seed, n_ops):
         else:
             if code != 0:
                 raise Failure(f"the daemon exited {code}")
-        batches, versions = check(w)
+        batches, versions, rank2 = check(w)
         print(f"seed {seed}: {done} of {n_ops} operations before the end of the data, {batches} batches per "
-              f"rank in {EPOCHS} epochs, every epoch exact (data versions by epoch: {versions})", flush=True)
+              f"rank in {EPOCHS} epochs ({rank2} on rank 2 while consumers was 3), every epoch exact (data "
+              f"versions by epoch: {versions})", flush=True)
         shutil.rmtree(work, ignore_errors=True)
         return True
     except Failure as e:
