@@ -353,6 +353,10 @@ void ShardIndex::OpenShard(Shard* s, const std::string& index_dir, size_t max_ke
     st.size = info->size;
     st.mtime_ns = info->mtime_s * 1000000000;
     st.ends_hash = HashString(info->etag, HashString(std::to_string(info->size)));
+    // A server that sends neither Last-Modified nor an ETag leaves the size alone to tell
+    // shards apart: two shard sets of equal sizes would look like one (and a reload from one to
+    // the other would not switch at an epoch boundary). The URL then stands in.
+    if (info->etag.empty() && info->mtime_s < 0) st.ends_hash = HashString(s->path, st.ends_hash);
     stamp = st;
   } else {
     fd = ::open(s->path.c_str(), O_RDONLY | O_CLOEXEC);

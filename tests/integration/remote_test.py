@@ -505,6 +505,32 @@ class LyingServerTest(RemoteCase):
         self.assertEqual(set(captioned_ids(self, dumps)), set(self.ids) - huge)
 
 
+    def test_other_shards_of_equal_sizes_from_a_server_without_etags_are_another_stream(self):
+        """A server that sends no ETag nor Last-Modified: a reload to other shards of the same
+        sizes (ids s -> t) changes the data, so it switches at the epoch boundary (it used to
+        apply at once, mixing both shard sets in one epoch)."""
+        other = self.dir / "other"
+        other.mkdir()
+        for shard in sorted(self.data.glob("shard-*.tar")):
+            with tarfile.open(shard) as src, tarfile.open(other / shard.name, "w", format=tarfile.USTAR_FORMAT) as dst:
+                for m in src.getmembers():
+                    data = src.extractfile(m).read()
+                    m.name = "t" + m.name[1:]
+                    dst.addfile(m, io.BytesIO(data))
+            self.assertEqual((other / shard.name).stat().st_size, shard.stat().st_size)
+        server = LyingServer(self.dir, {})
+        self.servers.append(server)
+        d = Daemon(self.dir, config(server.url + "/data/shard-{000..005}.tar", epochs=2))
+        c = d.consume(0, "--batches", "1")
+        finish(c)
+        (self.dir / "b.yaml").write_text(config(server.url + "/other/shard-{000..005}.tar", epochs=2))
+        r = d.ctl("reload", "--config", str(self.dir / "b.yaml"), "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(json.loads(r.stdout)["applied"].startswith("at the next epoch boundary"), r.stdout)
+        d.proc.kill()
+        d.proc.wait()
+
+
 class S3Test(RemoteCase):
     def setUp(self):
         super().setUp()
