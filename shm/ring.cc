@@ -517,23 +517,25 @@ Result<uint8_t*> RingReader::CopyOnWriteView() {
 
 namespace {
 
-// /proc/self/pagemap: one 64-bit entry per page. A written page of a private file mapping is an
-// anonymous copy: present without the file bit, or swapped out.
+// /proc/self/pagemap: one 64-bit entry per page (the system's, which may be larger than the
+// ring's 4 KiB alignment). A written page of a private file mapping is an anonymous copy:
+// present without the file bit, or swapped out.
 constexpr uint64_t kPagePresent = 1ull << 63, kPageSwapped = 1ull << 62, kPageFile = 1ull << 61;
+const uint64_t kSystemPage = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
 
 bool PrivateCopy(uint64_t entry) {
   return (entry & kPageSwapped) || ((entry & kPagePresent) && !(entry & kPageFile));
 }
 
 // Calls f(first_page, page_count) for each run of privately copied pages among the `pages`
-// pages from `addr` (page aligned). False if the pagemap could not be read.
+// system pages from `addr` (system page aligned). False if the pagemap could not be read.
 template <typename F>
 bool ForEachPrivateRun(int pagemap, uintptr_t addr, uint64_t pages, F f) {
   uint64_t entries[512];
   uint64_t run_start = 0, run = 0;
   for (uint64_t done = 0; done < pages;) {
     uint64_t n = std::min<uint64_t>(pages - done, 512);
-    off_t at = static_cast<off_t>((addr / kPageBytes + done) * sizeof(uint64_t));
+    off_t at = static_cast<off_t>((addr / kSystemPage + done) * sizeof(uint64_t));
     if (pread(pagemap, entries, n * sizeof(uint64_t), at) != static_cast<ssize_t>(n * 8))
       return false;
     for (uint64_t k = 0; k < n; ++k) {
@@ -559,8 +561,8 @@ Result<bool> RingReader::Written(const void* p, uint64_t n) const {
   if (!cow || b < cow || n > size_ || static_cast<uint64_t>(b - cow) > size_ - n)
     return Status::Invalid("the range is not inside the ring's copy-on-write view");
   if (n == 0) return false;
-  uintptr_t first = reinterpret_cast<uintptr_t>(b) / kPageBytes * kPageBytes;
-  uint64_t pages = (reinterpret_cast<uintptr_t>(b) + n - first + kPageBytes - 1) / kPageBytes;
+  uintptr_t first = reinterpret_cast<uintptr_t>(b) / kSystemPage * kSystemPage;
+  uint64_t pages = (reinterpret_cast<uintptr_t>(b) + n - first + kSystemPage - 1) / kSystemPage;
   bool written = false;
   if (!ForEachPrivateRun(pagemap_fd_, first, pages, [&](uint64_t, uint64_t) { written = true; }))
     return Status::Io(fmt::format("read /proc/self/pagemap: {}", std::strerror(errno)));
@@ -570,9 +572,14 @@ Result<bool> RingReader::Written(const void* p, uint64_t n) const {
 void RingReader::DropWrites(uint64_t off, uint64_t n) {
   uint8_t* cow = cow_.load();
   if (!cow) return;
-  uintptr_t start = reinterpret_cast<uintptr_t>(cow + off);
-  bool read = ForEachPrivateRun(pagemap_fd_, start, n / kPageBytes, [&](uint64_t page, uint64_t k) {
-    madvise(reinterpret_cast<void*>(start + page * kPageBytes), k * kPageBytes, MADV_DONTNEED);
+  // The system pages the range touches. Where they are larger than the ring's 4 KiB
+  // alignment, one may hold the ends of two slots: dropping it also drops a write into the
+  // neighbouring slot's batch (that write is lost; no batch ever reads another's writes).
+  const uintptr_t start = reinterpret_cast<uintptr_t>(cow + off) / kSystemPage * kSystemPage;
+  const uint64_t pages =
+      (reinterpret_cast<uintptr_t>(cow + off) + n - start + kSystemPage - 1) / kSystemPage;
+  bool read = ForEachPrivateRun(pagemap_fd_, start, pages, [&](uint64_t page, uint64_t k) {
+    madvise(reinterpret_cast<void*>(start + page * kSystemPage), k * kSystemPage, MADV_DONTNEED);
   });
   // Without the pagemap, drop the whole range: correct, the next batch faults its pages in.
   if (!read) madvise(cow + off, n, MADV_DONTNEED);
