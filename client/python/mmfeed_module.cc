@@ -86,12 +86,12 @@ struct PyRing {
   // mapping, as a uint8 array, if none of them was written; else None (they differ from the
   // ring's now). mmfeed.torch.to_device copies from here, the memory it registered.
   py::object SharedView(uintptr_t p, uint64_t n) const {
-    auto cow = reader->CopyOnWriteView();
-    if (!cow.ok()) return py::none();
     const auto* at = reinterpret_cast<const uint8_t*>(p);
-    if (at < *cow || n > size || static_cast<uint64_t>(at - *cow) > size - n) return py::none();
+    // Not ok when the bytes are not in the copy-on-write view (or it was never mapped).
     auto written = reader->Written(at, n);
     if (!written.ok() || *written) return py::none();
+    auto cow = reader->CopyOnWriteView();  // mapped already: Written found the bytes in it
+    if (!cow.ok()) return py::none();
     auto* hold = new std::shared_ptr<const void>(owner);
     py::capsule keep(hold, [](void* o) { delete static_cast<std::shared_ptr<const void>*>(o); });
     py::array a(py::dtype::of<uint8_t>(), {static_cast<py::ssize_t>(n)}, {},
