@@ -12,4 +12,12 @@ inline uint64_t NowNs() {
       .count();
 }
 
+// Milliseconds left until `deadline` (0 once it has passed), for poll() and friends.
+inline int RemainingMs(std::chrono::steady_clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  deadline - std::chrono::steady_clock::now())
+                  .count();
+  return static_cast<int>(left > 0 ? left : 0);
+}
+
 }  // namespace mmfeed

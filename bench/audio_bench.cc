@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/registry.h"
 #include "stages/audio/audio_decoder.h"
 #include "stages/audio/log_mel.h"
-#include "stages/runtime/registry.h"
 
 using namespace mmfeed;
 
@@ -20,8 +20,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> files;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--repeat" && i + 1 < argc) repeat = std::stoi(argv[++i]);
-    else files.push_back(a);
+    if (a == "--repeat" && i + 1 < argc)
+      repeat = std::stoi(argv[++i]);
+    else
+      files.push_back(a);
   }
   const StageSchema* schema = Registry::Get().Find("audio");
   StageArgs args;
@@ -64,13 +66,17 @@ int main(int argc, char** argv) {
   // The log-mel step alone, on 30 s windows.
   LogMel mel(16000, 400, 160, 80);
   std::vector<float> window(30 * 16000), features(80 * 3000);
-  for (size_t i = 0; i < window.size(); ++i) window[i] = static_cast<float>((i * 7919 % 2000) / 1000.0 - 1.0);
+  for (size_t i = 0; i < window.size(); ++i)
+    window[i] = static_cast<float>((i * 7919 % 2000) / 1000.0 - 1.0);
   const int windows = 40;
   t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < windows; ++i) mel.Compute(window.data(), window.size(), features.data());
   double mel_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  std::printf("{\"files\": %zu, \"audio_seconds\": %.1f, \"pipeline_audio_s_per_s\": %.1f, \"log_mel_audio_s_per_s\": %.1f}\n",
-              files.size(), audio_seconds * repeat, audio_seconds * repeat / pipeline_s, windows * 30.0 / mel_s);
+  std::printf(
+      "{\"files\": %zu, \"audio_seconds\": %.1f, \"pipeline_audio_s_per_s\": %.1f, "
+      "\"log_mel_audio_s_per_s\": %.1f}\n",
+      files.size(), audio_seconds * repeat, audio_seconds * repeat / pipeline_s,
+      windows * 30.0 / mel_s);
   return 0;
 }

@@ -17,8 +17,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> data;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
-    else if (a == "--repeat" && i + 1 < argc) repeat = std::stoi(argv[++i]);
+    if (a == "--threads" && i + 1 < argc)
+      threads = std::stoi(argv[++i]);
+    else if (a == "--repeat" && i + 1 < argc)
+      repeat = std::stoi(argv[++i]);
     else {
       std::ifstream f(a, std::ios::binary);
       data.emplace_back(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
@@ -39,12 +41,15 @@ int main(int argc, char** argv) {
         auto* src = reinterpret_cast<const unsigned char*>(d.data());
         if (tjDecompressHeader3(h, src, d.size(), &w, &h2, &ss, &cs) != 0) continue;
         out.resize(static_cast<size_t>(w) * h2 * 3);
-        if (tjDecompress2(h, src, d.size(), out.data(), w, 0, h2, TJPF_RGB, TJFLAG_ACCURATEDCT) == 0) ++done;
+        if (tjDecompress2(h, src, d.size(), out.data(), w, 0, h2, TJPF_RGB, TJFLAG_ACCURATEDCT) ==
+            0)
+          ++done;
       }
       tjDestroy(h);
     });
   for (auto& t : pool) t.join();
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("{\"images\": %ld, \"seconds\": %.4f, \"images_per_s\": %.1f}\n", done.load(), s, done.load() / s);
+  std::printf("{\"images\": %ld, \"seconds\": %.4f, \"images_per_s\": %.1f}\n", done.load(), s,
+              done.load() / s);
   return 0;
 }

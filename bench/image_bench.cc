@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "base/malloc_tuning.h"
-#include "stages/runtime/config.h"
-#include "stages/runtime/stage.h"
+#include "engine/config.h"
+#include "engine/stage.h"
 
 namespace mmfeed {
 namespace {

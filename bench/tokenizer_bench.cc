@@ -15,9 +15,12 @@ int main(int argc, char** argv) {
   int passes = 6;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--tokenizer") tok_path = argv[i + 1];
-    else if (a == "--corpus") corpus_path = argv[i + 1];
-    else if (a == "--passes") passes = std::stoi(argv[i + 1]);
+    if (a == "--tokenizer")
+      tok_path = argv[i + 1];
+    else if (a == "--corpus")
+      corpus_path = argv[i + 1];
+    else if (a == "--passes")
+      passes = std::stoi(argv[i + 1]);
   }
   auto tok = mmfeed::BpeTokenizer::Load(tok_path);
   if (!tok.ok()) {
@@ -41,9 +44,11 @@ int main(int argc, char** argv) {
       (*tok)->Encode(l, &cache, &ids);
       tokens += ids.size();
     }
-    if (p > 0) seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (p > 0)
+      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   double mb = all.size() * (passes - 1) / 1e6;
-  std::printf("{\"lines\": %zu, \"mb_per_s\": %.2f, \"tokens\": %zu}\n", lines.size(), mb / seconds, tokens / passes);
+  std::printf("{\"lines\": %zu, \"mb_per_s\": %.2f, \"tokens\": %zu}\n", lines.size(), mb / seconds,
+              tokens / passes);
   return 0;
 }

@@ -10,6 +10,9 @@
 #include <cstring>
 #include <thread>
 
+#include "base/clock.h"
+#include "client/control_protocol.h"
+
 namespace mmfeed {
 
 // One attach: the socket to the daemon and the mapped ring. Shared by the Client and every
@@ -28,86 +31,6 @@ class Connection {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-int RemainingMs(Clock::time_point deadline) {
-  return static_cast<int>(std::max<int64_t>(
-      0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count()));
-}
-
-Result<int> Connect(const std::string& path) {
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Status::Io(fmt::format("socket: {}", std::strerror(errno)));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) {
-    ::close(fd);
-    return Status::Invalid(fmt::format("socket path too long: {}", path));
-  }
-  std::strcpy(addr.sun_path, path.c_str());
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    int e = errno;
-    ::close(fd);
-    return Status::Unavailable(
-        fmt::format("cannot connect to mmfeedd at {}: {}", path, std::strerror(e)));
-  }
-  return fd;
-}
-
-Status SendLine(int fd, const nlohmann::json& j) {
-  std::string s = j.dump() + "\n";
-  size_t off = 0;
-  while (off < s.size()) {
-    ssize_t n = send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Status::Io(fmt::format("send to mmfeedd: {}", std::strerror(errno)));
-    off += static_cast<size_t>(n);
-  }
-  return Status::Ok();
-}
-
-// Reads one reply line within `timeout_ms`; file descriptors passed with it are appended to
-// *fds (closed if fds is null).
-Result<nlohmann::json> RecvLine(int fd, std::vector<int>* fds, int timeout_ms) {
-  auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  std::string line;
-  while (line.empty() || line.back() != '\n') {
-    pollfd p{fd, POLLIN, 0};
-    int ready = poll(&p, 1, RemainingMs(deadline));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready == 0)
-      return Status::Timeout(
-          fmt::format("mmfeedd did not answer within {:.1f}s", timeout_ms / 1000.0));
-    char buf[65536];
-    iovec iov{buf, sizeof(buf)};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Status::Unavailable("mmfeedd closed the connection");
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t k = 0; k < count; ++k) {
-        int passed;
-        std::memcpy(&passed, CMSG_DATA(c) + k * sizeof(int), sizeof(int));
-        if (fds)
-          fds->push_back(passed);
-        else
-          ::close(passed);
-      }
-    }
-    line.append(buf, static_cast<size_t>(n));
-  }
-  nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-  if (j.is_discarded()) return Status::Corrupt("mmfeedd sent a malformed reply");
-  if (!j.value("ok", false))
-    return Status::Invalid(j.value("error", std::string("request refused")));
-  return j;
-}
 
 // How long a client whose ring moved (kClosedMoved) tries to attach again.
 constexpr double kMovedReattachSeconds = 10;
@@ -171,16 +94,16 @@ Result<std::unique_ptr<Client>> Client::Attach(const std::string& socket_path, i
 }
 
 Status Client::Connect(const std::optional<StreamCursor>& resume) {
-  Result<int> fd = mmfeed::Connect(socket_path_);
+  Result<int> fd = ConnectControl(socket_path_);
   if (!fd.ok()) return fd.status();
   auto conn = std::make_shared<Connection>();
   conn->sock = *fd;
   conn->owner_pid = pid_;
   nlohmann::json req = {{"cmd", "attach"}, {"rank", rank_}};
   if (resume) req["resume"] = CursorToJson(*resume);
-  MMFEED_RETURN_IF_ERROR(SendLine(conn->sock, req));
+  MMFEED_RETURN_IF_ERROR(SendControlLine(conn->sock, req));
   std::vector<int> fds;
-  Result<nlohmann::json> reply = RecvLine(conn->sock, &fds, 10000);
+  Result<nlohmann::json> reply = RecvControlReply(conn->sock, &fds, 10000);
   if (!reply.ok() || fds.size() != 2) {
     for (int f : fds) ::close(f);
     if (!reply.ok()) return reply.status().WithContext(fmt::format("attach rank {}", rank_));
@@ -249,17 +172,6 @@ Result<std::shared_ptr<Batch>> Client::Next(int timeout_ms) {
     if (timeout_ms >= 0 && Clock::now() >= deadline)
       return Status::Timeout("no batch within the timeout");
   }
-}
-
-Result<nlohmann::json> ControlRequest(const std::string& socket_path, const nlohmann::json& request,
-                                      int timeout_ms) {
-  Result<int> fd = Connect(socket_path);
-  if (!fd.ok()) return fd.status();
-  Status st = SendLine(*fd, request);
-  Result<nlohmann::json> reply =
-      st.ok() ? RecvLine(*fd, nullptr, timeout_ms) : Result<nlohmann::json>(st);
-  ::close(*fd);
-  return reply;
 }
 
 }  // namespace mmfeed

@@ -25,6 +25,7 @@
 
 #include "base/cursor.h"
 #include "base/status.h"
+#include "client/control_protocol.h"
 #include "shm/ring.h"
 
 namespace mmfeed {
@@ -102,9 +103,5 @@ class Client {
   nlohmann::json info_;
   std::optional<StreamCursor> last_;  // cursor after the last batch Next() returned
 };
-
-// One request/response on the control socket (used by mmfeedctl). Gives up after timeout_ms.
-Result<nlohmann::json> ControlRequest(const std::string& socket_path, const nlohmann::json& request,
-                                      int timeout_ms = 10000);
 
 }  // namespace mmfeed

@@ -17,7 +17,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "daemon/control_protocol.h"
+#include "client/control_protocol.h"
 
 namespace mmfeed {
 namespace {
@@ -162,16 +162,16 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
 
   void Handle(const std::string& line) {
     busy_ = true;  // until the reply is sent
-    Result<ControlRequest> req = ParseControlRequest(line);
+    Result<ControlCommand> req = ParseControlRequest(line);
     if (!req.ok()) return Reply({{"ok", false}, {"error", req.status().message()}});
     switch (req->cmd) {
-      case ControlRequest::Cmd::kStatus:
+      case ControlCommand::Cmd::kStatus:
         return Reply({{"ok", true}, {"status", server_.handler_.status()}});
-      case ControlRequest::Cmd::kStop:
+      case ControlCommand::Cmd::kStop:
         Reply({{"ok", true}});
         server_.handler_.stop();
         return;
-      case ControlRequest::Cmd::kReload:
+      case ControlCommand::Cmd::kReload:
         // No other request on this connection until the reload's reply is sent.
         server_.handler_.reload(req->config,
                                 [this, self = shared_from_this()](Result<nlohmann::json> r) {
@@ -180,7 +180,7 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
                                   Reply({{"ok", true}, {"reload", std::move(r.value())}});
                                 });
         return;
-      case ControlRequest::Cmd::kProfile:
+      case ControlCommand::Cmd::kProfile:
         // No other request on this connection until the window's report is sent.
         server_.handler_.profile(req->seconds, req->trace,
                                  [this, self = shared_from_this()](Result<nlohmann::json> r) {
@@ -189,7 +189,7 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
                                    Reply({{"ok", true}, {"profile", std::move(r.value())}});
                                  });
         return;
-      case ControlRequest::Cmd::kAttach:
+      case ControlCommand::Cmd::kAttach:
         break;
     }
     if (attached_rank_ >= 0)

@@ -31,8 +31,7 @@
 #include "base/atomic_file.h"
 #include "base/flags.h"
 #include "client/client.h"
-#include "stages/runtime/profile.h"
-#include "stages/runtime/window_profile.h"
+#include "client/report_text.h"
 
 using namespace mmfeed;
 

@@ -17,8 +17,8 @@
 #include "base/flags.h"
 #include "base/malloc_tuning.h"
 #include "daemon/supervisor.h"
-#include "stages/runtime/config.h"
-#include "stages/runtime/registry.h"
+#include "engine/config.h"
+#include "engine/registry.h"
 
 namespace mmfeed {
 namespace {

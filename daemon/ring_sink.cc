@@ -3,8 +3,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "stages/runtime/mailbox.h"
-#include "stages/runtime/trace.h"
+#include "engine/mailbox.h"
+#include "engine/trace.h"
 
 namespace mmfeed {
 

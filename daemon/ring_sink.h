@@ -10,9 +10,9 @@
 #include <atomic>
 #include <memory>
 
+#include "engine/pipeline.h"
+#include "engine/profile.h"
 #include "shm/ring.h"
-#include "stages/runtime/pipeline.h"
-#include "stages/runtime/profile.h"
 
 namespace mmfeed {
 

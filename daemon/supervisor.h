@@ -11,8 +11,8 @@
 
 #include "base/status.h"
 #include "base/tensor.h"
+#include "engine/config.h"
 #include "shm/ring.h"
-#include "stages/runtime/config.h"
 
 namespace mmfeed {
 

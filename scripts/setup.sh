@@ -15,7 +15,7 @@ PKGS=(
   libopencv-dev libturbojpeg0-dev libjpeg62-turbo-dev libnuma-dev libsystemd-dev libfftw3-dev
   libicu-dev zlib1g-dev libcurl4-openssl-dev
   libavformat-dev libavcodec-dev libavutil-dev libswscale-dev libswresample-dev
-  libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev
+  libgtest-dev libgmock-dev libbenchmark-dev clang clang-format libclang-rt-14-dev
   python3 python3-dev python3-numpy python3-av ffmpeg pybind11-dev python3-torch
   python3-torchvision python3-pil systemd
 )

@@ -5,7 +5,7 @@
 
 #include <map>
 
-#include "stages/runtime/registry.h"
+#include "engine/registry.h"
 
 namespace mmfeed::testing {
 

@@ -12,7 +12,9 @@
 
 namespace mmfeed::testing {
 
-inline std::string TestData(const std::string& rel) { return std::string(MMFEED_TEST_DATA) + "/" + rel; }
+inline std::string TestData(const std::string& rel) {
+  return std::string(MMFEED_TEST_DATA) + "/" + rel;
+}
 
 class TempDir {
  public:
@@ -49,12 +51,13 @@ inline std::vector<std::string> PhotoNames() {
 // Writes `count` samples (photos cycled, captions "caption <i>") and manifest.jsonl into dir.
 inline void MakeImageTextDataset(const std::string& dir, int count) {
   std::vector<std::string> photos = PhotoNames();
-  for (const std::string& p : photos) std::filesystem::copy_file(TestData("photos/" + p), dir + "/" + p,
-                                                                 std::filesystem::copy_options::overwrite_existing);
+  for (const std::string& p : photos)
+    std::filesystem::copy_file(TestData("photos/" + p), dir + "/" + p,
+                               std::filesystem::copy_options::overwrite_existing);
   std::ofstream m(dir + "/manifest.jsonl");
   for (int i = 0; i < count; ++i)
-    m << "{\"id\": \"s" << i << "\", \"image\": \"" << photos[i % photos.size()] << "\", \"text\": \"caption " << i
-      << "\"}\n";
+    m << "{\"id\": \"s" << i << "\", \"image\": \"" << photos[i % photos.size()]
+      << "\", \"text\": \"caption " << i << "\"}\n";
 }
 
 }  // namespace mmfeed::testing

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 
+#include "base/clock.h"
 #include "base/tensor.h"
 #include "client/client.h"
 
@@ -244,12 +245,7 @@ class PyClient {
     mmfeed::Result<std::shared_ptr<Batch>> b = mmfeed::Status::Timeout("");
     while (true) {
       int step = 100;
-      if (ms >= 0)
-        step = static_cast<int>(std::clamp<int64_t>(
-            std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
-                                                                  std::chrono::steady_clock::now())
-                .count(),
-            0, 100));
+      if (ms >= 0) step = std::min(100, mmfeed::RemainingMs(deadline));
       b = [&] {
         py::gil_scoped_release nogil;
         return client_->Next(step);

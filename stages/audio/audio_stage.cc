@@ -9,11 +9,11 @@
 #include <cmath>
 #include <cstring>
 
+#include "base/rng.h"
+#include "engine/registry.h"
 #include "stages/audio/audio_decoder.h"
 #include "stages/audio/log_mel.h"
 #include "stages/ffmpeg/av_input.h"
-#include "stages/runtime/registry.h"
-#include "stages/runtime/rng.h"
 
 namespace mmfeed {
 namespace {

@@ -32,19 +32,25 @@ inline float Log10Fast(float x) {
   m = high ? m * 0.5f : m;
   e += high;
   float s = (m - 1.0f) / (m + 1.0f), s2 = s * s;
-  float ln_m = 2.0f * s * (1.0f + s2 * (1.0f / 3 + s2 * (1.0f / 5 + s2 * (1.0f / 7 + s2 * (1.0f / 9)))));
+  float ln_m =
+      2.0f * s * (1.0f + s2 * (1.0f / 3 + s2 * (1.0f / 5 + s2 * (1.0f / 7 + s2 * (1.0f / 9)))));
   return (static_cast<float>(e) * 0.693147181f + ln_m) * 0.434294482f;
 }
 
-double HzToMel(double hz) { return hz < kMinLogHz ? hz / kFSp : kMinLogMel + std::log(hz / kMinLogHz) / kLogStep; }
-double MelToHz(double mel) { return mel < kMinLogMel ? mel * kFSp : kMinLogHz * std::exp(kLogStep * (mel - kMinLogMel)); }
+double HzToMel(double hz) {
+  return hz < kMinLogHz ? hz / kFSp : kMinLogMel + std::log(hz / kMinLogHz) / kLogStep;
+}
+double MelToHz(double mel) {
+  return mel < kMinLogMel ? mel * kFSp : kMinLogHz * std::exp(kLogStep * (mel - kMinLogMel));
+}
 
 }  // namespace
 
 LogMel::LogMel(int sample_rate, int n_fft, int hop, int n_mels)
     : n_fft_(n_fft), hop_(hop), n_mels_(n_mels), n_bins_(n_fft / 2 + 1) {
   window_.resize(n_fft);
-  for (int i = 0; i < n_fft; ++i) window_[i] = static_cast<float>(0.5 - 0.5 * std::cos(2 * M_PI * i / n_fft));
+  for (int i = 0; i < n_fft; ++i)
+    window_[i] = static_cast<float>(0.5 - 0.5 * std::cos(2 * M_PI * i / n_fft));
   // librosa.filters.mel(sr, n_fft, n_mels, fmin=0, fmax=sr/2, htk=False, norm="slaney").
   std::vector<double> fft_freqs(n_bins_), mel_f(n_mels + 2);
   for (int i = 0; i < n_bins_; ++i) fft_freqs[i] = static_cast<double>(i) * sample_rate / n_fft;
@@ -93,7 +99,8 @@ void LogMel::Compute(const float* x, size_t n, float* out, size_t valid) {
   // Frame t covers padded samples [t*hop, t*hop + n_fft), i.e. x[t*hop - pad, t*hop - pad + n_fft).
   // Once t*hop - pad >= valid and the window stays left of the reflected tail, it is all zeros.
   size_t silent_from = frames;
-  if (valid + 2 * static_cast<size_t>(pad) < n) silent_from = std::min(frames, (valid + pad + hop_ - 1) / hop_);
+  if (valid + 2 * static_cast<size_t>(pad) < n)
+    silent_from = std::min(frames, (valid + pad + hop_ - 1) / hop_);
   const float silence = Log10Fast(1e-10f);
   power_.resize(n_bins_);
   mel_.resize(n_mels_);
@@ -104,7 +111,8 @@ void LogMel::Compute(const float* x, size_t n, float* out, size_t valid) {
     const float* src = padded_.data() + t * hop_;
     for (int i = 0; i < n_fft_; ++i) frame_[i] = src[i] * window_[i];
     fftwf_execute(plan_);
-    for (int k = 0; k < n_bins_; ++k) power_[k] = spectrum_[k][0] * spectrum_[k][0] + spectrum_[k][1] * spectrum_[k][1];
+    for (int k = 0; k < n_bins_; ++k)
+      power_[k] = spectrum_[k][0] * spectrum_[k][0] + spectrum_[k][1] * spectrum_[k][1];
     for (int m = 0; m < n_mels_; ++m) {
       const Band& b = bands_[m];
       float acc = 0;
@@ -118,7 +126,8 @@ void LogMel::Compute(const float* x, size_t n, float* out, size_t valid) {
     }
   }
   const float floor = max_log - 8.0f;
-  for (size_t i = 0; i < static_cast<size_t>(n_mels_) * frames; ++i) out[i] = (std::max(out[i], floor) + 4.0f) / 4.0f;
+  for (size_t i = 0; i < static_cast<size_t>(n_mels_) * frames; ++i)
+    out[i] = (std::max(out[i], floor) + 4.0f) / 4.0f;
 }
 
 }  // namespace mmfeed

@@ -37,7 +37,7 @@ class LogMel {
   int n_fft_, hop_, n_mels_, n_bins_;
   std::vector<float> window_;
   std::vector<Band> bands_;
-  float* frame_ = nullptr;           // fftwf_malloc'ed, n_fft
+  float* frame_ = nullptr;             // fftwf_malloc'ed, n_fft
   fftwf_complex* spectrum_ = nullptr;  // n_bins
   fftwf_plan plan_ = nullptr;
   std::vector<float> padded_, power_, mel_;

@@ -9,7 +9,7 @@
 #include <string_view>
 
 #include "base/status.h"
-#include "stages/runtime/stage.h"
+#include "engine/stage.h"
 
 struct AVFormatContext;
 struct AVIOContext;

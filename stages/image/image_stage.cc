@@ -8,9 +8,9 @@
 #include <cstring>
 #include <opencv2/core.hpp>
 
+#include "base/rng.h"
+#include "engine/registry.h"
 #include "stages/image/image_decoder.h"
-#include "stages/runtime/registry.h"
-#include "stages/runtime/rng.h"
 
 namespace mmfeed {
 namespace {

@@ -17,8 +17,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "engine/registry.h"
 #include "stages/image/image_decoder.h"
-#include "stages/runtime/registry.h"
 
 namespace mmfeed {
 

@@ -9,7 +9,7 @@
 
 #include "base/status.h"
 #include "base/tensor.h"
-#include "stages/runtime/registry.h"
+#include "engine/registry.h"
 
 namespace mmfeed {
 

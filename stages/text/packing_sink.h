@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "stages/runtime/pipeline.h"
+#include "engine/pipeline.h"
 
 namespace mmfeed {
 

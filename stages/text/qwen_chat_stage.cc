@@ -22,7 +22,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "stages/runtime/registry.h"
+#include "engine/registry.h"
 #include "stages/text/bpe_tokenizer.h"
 
 namespace mmfeed {

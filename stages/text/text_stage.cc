@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "stages/runtime/registry.h"
+#include "engine/registry.h"
 #include "stages/text/bpe_tokenizer.h"
 #include "stages/text/utf8.h"
 

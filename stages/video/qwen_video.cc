@@ -26,10 +26,10 @@
 #include <cstring>
 #include <functional>
 
+#include "engine/registry.h"
 #include "stages/ffmpeg/av_input.h"
 #include "stages/image/qwen_vision.h"
 #include "stages/image/resample.h"
-#include "stages/runtime/registry.h"
 #include "stages/video/video_sampler.h"
 
 namespace mmfeed {

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "base/npy.h"
+#include "engine/config.h"
 #include "stages/ffmpeg/av_input.h"
-#include "stages/runtime/config.h"
 #include "stages/video/video_sampler.h"
 
 namespace {

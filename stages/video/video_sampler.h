@@ -25,11 +25,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/rng.h"
 #include "base/status.h"
 #include "base/tensor.h"
-#include "stages/runtime/registry.h"
-#include "stages/runtime/rng.h"
-#include "stages/runtime/stage.h"
+#include "engine/registry.h"
+#include "engine/stage.h"
 
 struct SwsContext;
 

@@ -11,8 +11,8 @@ extern "C" {
 #include <libswscale/swscale.h>
 }
 
+#include "engine/registry.h"
 #include "stages/ffmpeg/av_input.h"
-#include "stages/runtime/registry.h"
 #include "stages/video/video_sampler.h"
 
 namespace mmfeed {

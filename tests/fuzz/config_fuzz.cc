@@ -2,7 +2,7 @@
 // file:line:col error, never a crash.
 #include <string>
 
-#include "stages/runtime/config.h"
+#include "engine/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   mmfeed::ParseConfig(std::string(reinterpret_cast<const char*>(data), size),

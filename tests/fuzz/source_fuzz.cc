@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string>
 
-#include "stages/source/catalog.h"
+#include "source/catalog.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // On tmpfs where there is one: the index is written (and fsynced) for every input.

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "stages/runtime/registry.h"
+#include "engine/registry.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Shards in object storage (stages/source/remote_store.h), read by the real daemon from real
+"""Shards in object storage (source/remote_store.h), read by the real daemon from real
 servers on loopback that the tests start: nginx (Debian's nginx-light) serving a folder, and
 s3rver (npm, installed by scripts/setup.sh) for the S3 API with signed requests. Faults: a server
 killed mid-shard, 5xx answers, a truncated object, a shard that fails for good. Every sample is

@@ -5,7 +5,7 @@
 
 #include <deque>
 
-#include "stages/runtime/config.h"
+#include "engine/config.h"
 #include "tests/test_util.h"
 
 namespace mmfeed {
@@ -48,8 +48,8 @@ class Keep : public BatchSink {
 };
 
 // Feeds documents of the given lengths (tokens 1000*doc + i) through a PackingSink.
-void Feed(PackingSink& sink, const std::vector<int>& lengths, int64_t max_len, int64_t batch, uint32_t epoch = 0,
-          int first = 0) {
+void Feed(PackingSink& sink, const std::vector<int>& lengths, int64_t max_len, int64_t batch,
+          uint32_t epoch = 0, int first = 0) {
   for (size_t b = 0; b < lengths.size(); b += batch) {
     BatchMemory m;
     ASSERT_EQ(sink.Reserve(&m, 0), Reservation::kReserved);
@@ -92,8 +92,8 @@ TEST(PackingSinkTest, DocumentSpansBatchesAndEpochsDoNotMix) {
   const int64_t L = 4, B = 1;
   Keep inner(B, L);
   PackingSink sink(&inner, L, B, 0);
-  Feed(sink, {3, 4}, L, B, 0);   // rows [d0 d0 d0 d1] [d1 d1 d1 pad]
-  Feed(sink, {1}, L, B, 1, 2);   // a new epoch starts a new row
+  Feed(sink, {3, 4}, L, B, 0);  // rows [d0 d0 d0 d1] [d1 d1 d1 pad]
+  Feed(sink, {1}, L, B, 1, 2);  // a new epoch starts a new row
   sink.Finish(true);
   ASSERT_EQ(inner.rows.size(), 3u);
   EXPECT_EQ(inner.rows[0], (std::vector<int32_t>{0, 1, 2, 1000}));
@@ -102,21 +102,24 @@ TEST(PackingSinkTest, DocumentSpansBatchesAndEpochsDoNotMix) {
   EXPECT_EQ(inner.docs[1], (std::vector<int32_t>{0, 0, 0, -1}));
   EXPECT_EQ(inner.lengths, (std::vector<int32_t>{4, 3, 1}));
   EXPECT_EQ(inner.ids[0], (std::vector<std::string>{"d0", "d1"}));
-  EXPECT_EQ(inner.ids[1], std::vector<std::string>{"d1"}) << "a document cut across batches is listed in both";
+  EXPECT_EQ(inner.ids[1], std::vector<std::string>{"d1"})
+      << "a document cut across batches is listed in both";
   EXPECT_EQ(inner.ids[2], std::vector<std::string>{"d2"});
 }
 
 TEST(PackingSinkTest, PackRequiresTextToBeTheOnlyBatchInput) {
   testing::TempDir dir;
   testing::WriteFile(dir / "m.jsonl", "{\"id\": \"a\", \"image\": \"x.jpg\", \"text\": \"t\"}\n");
-  std::string yaml = "source: {type: manifest, path: m.jsonl}\n"
-                     "stages:\n"
-                     "  - {name: image, type: image, field: image, params: {size: [8, 8]}}\n"
-                     "  - {name: text, type: text, field: text, params: {max_len: 16, pack: true}}\n"
-                     "  - {name: batch, type: batch, inputs: [image, text], params: {batch_size: 2}}\n";
+  std::string yaml =
+      "source: {type: manifest, path: m.jsonl}\n"
+      "stages:\n"
+      "  - {name: image, type: image, field: image, params: {size: [8, 8]}}\n"
+      "  - {name: text, type: text, field: text, params: {max_len: 16, pack: true}}\n"
+      "  - {name: batch, type: batch, inputs: [image, text], params: {batch_size: 2}}\n";
   Result<PipelineConfig> r = ParseConfig(yaml, dir / "p.yaml");
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("p.yaml:4:5: stage 'text' packs its samples into rows (pack: true), so it must be the only input"),
+  EXPECT_NE(r.status().message().find("p.yaml:4:5: stage 'text' packs its samples into rows (pack: "
+                                      "true), so it must be the only input"),
             std::string::npos)
       << r.status().message();
 }

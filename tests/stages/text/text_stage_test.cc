@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "stages/runtime/registry.h"
+#include "engine/registry.h"
 #include "stages/text/utf8.h"
 #include "tests/stage_util.h"
 

@@ -1,0 +1,157 @@
+#include "client/control_protocol.h"
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "base/clock.h"
+
+namespace mmfeed {
+
+Result<ControlCommand> ParseControlRequest(std::string_view line) {
+  nlohmann::json req = nlohmann::json::parse(line, nullptr, false);
+  if (req.is_discarded() || !req.is_object() || !req.contains("cmd") || !req["cmd"].is_string())
+    return Status::Invalid("expected one JSON object per line with a \"cmd\"");
+  const std::string& cmd = req["cmd"].get_ref<const std::string&>();
+  ControlCommand r;
+  if (cmd == "status") {
+    r.cmd = ControlCommand::Cmd::kStatus;
+  } else if (cmd == "stop") {
+    r.cmd = ControlCommand::Cmd::kStop;
+  } else if (cmd == "reload") {
+    r.cmd = ControlCommand::Cmd::kReload;
+    if (req.contains("config")) {
+      if (!req["config"].is_string() || req["config"].get_ref<const std::string&>().empty())
+        return Status::Invalid("reload's \"config\" must be a file path");
+      r.config = req["config"].get<std::string>();
+    }
+  } else if (cmd == "profile") {
+    r.cmd = ControlCommand::Cmd::kProfile;
+    if (req.contains("seconds")) {
+      const nlohmann::json& s = req["seconds"];
+      if (!s.is_number() || !(s.get<double>() > 0 && s.get<double>() <= kMaxProfileSeconds))
+        return Status::Invalid(fmt::format(
+            "profile's \"seconds\" must be a number above 0 and at most {}", kMaxProfileSeconds));
+      r.seconds = s.get<double>();
+    }
+    if (req.contains("trace")) {
+      if (!req["trace"].is_boolean())
+        return Status::Invalid("profile's \"trace\" must be true or false");
+      r.trace = req["trace"].get<bool>();
+    }
+  } else if (cmd == "attach") {
+    r.cmd = ControlCommand::Cmd::kAttach;
+    if (!req.contains("rank") || !req["rank"].is_number_integer())
+      return Status::Invalid("attach needs an integer \"rank\"");
+    // Signed and unsigned JSON integers alike; anything outside [0, 2^31) is out of range.
+    const nlohmann::json& rank = req["rank"];
+    bool in_range = rank.is_number_unsigned()
+                        ? rank.get<uint64_t>() <= INT32_MAX
+                        : rank.get<int64_t>() >= 0 && rank.get<int64_t>() <= INT32_MAX;
+    if (!in_range) return Status::Invalid(fmt::format("rank {} out of range", rank.dump()));
+    r.rank = static_cast<int>(rank.get<int64_t>());
+    if (req.contains("resume")) {
+      Result<StreamCursor> c = CursorFromJson(req["resume"]);
+      if (!c.ok()) return c.status().WithContext("resume");
+      r.resume = *c;
+    }
+  } else {
+    return Status::Invalid(
+        fmt::format("unknown command '{}'; expected attach, status, profile, reload or stop", cmd));
+  }
+  return r;
+}
+
+using Clock = std::chrono::steady_clock;
+
+Result<int> ConnectControl(const std::string& path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::Io(fmt::format("socket: {}", std::strerror(errno)));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    ::close(fd);
+    return Status::Invalid(fmt::format("socket path too long: {}", path));
+  }
+  std::strcpy(addr.sun_path, path.c_str());
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    int e = errno;
+    ::close(fd);
+    return Status::Unavailable(
+        fmt::format("cannot connect to mmfeedd at {}: {}", path, std::strerror(e)));
+  }
+  return fd;
+}
+
+Status SendControlLine(int fd, const nlohmann::json& j) {
+  std::string s = j.dump() + "\n";
+  size_t off = 0;
+  while (off < s.size()) {
+    ssize_t n = send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status::Io(fmt::format("send to mmfeedd: {}", std::strerror(errno)));
+    off += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Result<nlohmann::json> RecvControlReply(int fd, std::vector<int>* fds, int timeout_ms) {
+  auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  std::string line;
+  while (line.empty() || line.back() != '\n') {
+    pollfd p{fd, POLLIN, 0};
+    int ready = poll(&p, 1, RemainingMs(deadline));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0)
+      return Status::Timeout(
+          fmt::format("mmfeedd did not answer within {:.1f}s", timeout_ms / 1000.0));
+    char buf[65536];
+    iovec iov{buf, sizeof(buf)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status::Unavailable("mmfeedd closed the connection");
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t k = 0; k < count; ++k) {
+        int passed;
+        std::memcpy(&passed, CMSG_DATA(c) + k * sizeof(int), sizeof(int));
+        if (fds)
+          fds->push_back(passed);
+        else
+          ::close(passed);
+      }
+    }
+    line.append(buf, static_cast<size_t>(n));
+  }
+  nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+  if (j.is_discarded()) return Status::Corrupt("mmfeedd sent a malformed reply");
+  if (!j.value("ok", false))
+    return Status::Invalid(j.value("error", std::string("request refused")));
+  return j;
+}
+
+Result<nlohmann::json> ControlRequest(const std::string& socket_path, const nlohmann::json& request,
+                                      int timeout_ms) {
+  Result<int> fd = ConnectControl(socket_path);
+  if (!fd.ok()) return fd.status();
+  Status st = SendControlLine(*fd, request);
+  Result<nlohmann::json> reply =
+      st.ok() ? RecvControlReply(*fd, nullptr, timeout_ms) : Result<nlohmann::json>(st);
+  ::close(*fd);
+  return reply;
+}
+
+}  // namespace mmfeed

@@ -1,0 +1,47 @@
+// The control protocol (docs/control_protocol.md), both ends: one JSON object per line on a
+// Unix socket, one reply line per request, file descriptors passed with an attach's reply.
+// The daemon parses requests here (daemon/control_server.cc; apart from the server so that it
+// can be fuzzed on its own: any line yields a command or a message saying what is wrong with
+// it, never an exception); the client library and mmfeedctl send them through the functions
+// below. Needs base/ only.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/cursor.h"
+#include "base/status.h"
+
+namespace mmfeed {
+
+struct ControlCommand {
+  enum class Cmd { kAttach, kStatus, kStop, kReload, kProfile };
+  Cmd cmd = Cmd::kStatus;
+  int rank = -1;                       // attach
+  std::optional<StreamCursor> resume;  // attach: serve from this cursor
+  std::string config;                  // reload: the config file; empty: the running one's
+  double seconds = 5;                  // profile: the window
+  bool trace = false;                  // profile: record a trace of the window too
+};
+
+// The longest profile window a request may ask for.
+constexpr double kMaxProfileSeconds = 600;
+
+Result<ControlCommand> ParseControlRequest(std::string_view line);
+
+// The sending end. ConnectControl: a connected socket (close it), or why not.
+Result<int> ConnectControl(const std::string& socket_path);
+// Writes `request` as one line.
+Status SendControlLine(int fd, const nlohmann::json& request);
+// Reads one reply line within `timeout_ms`: the reply when its "ok" is true, else its "error".
+// File descriptors passed with it are appended to *fds (closed if fds is null).
+Result<nlohmann::json> RecvControlReply(int fd, std::vector<int>* fds, int timeout_ms);
+// One request/response on the control socket (used by mmfeedctl). Gives up after timeout_ms.
+Result<nlohmann::json> ControlRequest(const std::string& socket_path, const nlohmann::json& request,
+                                      int timeout_ms = 10000);
+
+}  // namespace mmfeed

@@ -1,0 +1,110 @@
+#include "client/report_text.h"
+
+#include <fmt/format.h>
+
+namespace mmfeed {
+namespace {
+
+std::string Pct(double share) { return fmt::format("{:.0f}%", share * 100); }
+std::string MB(double bytes) { return fmt::format("{:.0f} MB", bytes / 1e6); }
+
+}  // namespace
+
+std::string FormatProfile(const nlohmann::json& p) {
+  std::string s = fmt::format("{:<12} {:>7} {:>9} {:>7} {:>6} {:>8} {:>8} {:>6} {:>6} {:>7}\n",
+                              "stage", "workers", "items", "errors", "busy", "starved", "blocked",
+                              "cpu", "runq", "queue");
+  for (const auto& st : p["stages"]) {
+    s += fmt::format(
+        "{:<12} {:>7} {:>9} {:>7} {:>5.0f}% {:>7.0f}% {:>7.0f}% {:>5.0f}% {:>5.0f}% {:>6.0f}%\n",
+        st["name"].get<std::string>(), st["workers"].get<int>(), st["items"].get<uint64_t>(),
+        st["errors"].get<uint64_t>(), st["busy_share"].get<double>() * 100,
+        st["starved_share"].get<double>() * 100, st["blocked_share"].get<double>() * 100,
+        st["cpu_share_of_busy"].get<double>() * 100,
+        st["runnable_share_of_busy"].get<double>() * 100, st["queue_fill"].get<double>() * 100);
+  }
+  for (const auto& st : p["stages"]) {
+    if (!st.contains("metrics")) continue;
+    std::string line;
+    for (const auto& [k, v] : st["metrics"].items())
+      line += fmt::format("{}{} {:.4g}", line.empty() ? "" : ", ", k, v.get<double>());
+    s += fmt::format("{}: {}\n", st["name"].get<std::string>(), line);
+  }
+  if (p.contains("bottleneck") && !p["bottleneck"].is_null())
+    s += fmt::format("bottleneck: {} ({}): {}\n", p["bottleneck"]["stage"].get<std::string>(),
+                     p["bottleneck"]["kind"].get<std::string>(),
+                     p["bottleneck"]["why"].get<std::string>());
+  return s;
+}
+
+std::string FormatWindowReport(const nlohmann::json& r) {
+  auto num = [](const nlohmann::json& j, const char* key) {
+    return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
+  };
+  std::string s = fmt::format("window {:.1f}s{}\n\n", r["window_s"].get<double>(),
+                              r["pipeline_replaced"].get<bool>()
+                                  ? " (a reload replaced the pipeline: its stages count from then)"
+                                  : "");
+  s += fmt::format(
+      "{:<12} {:>7} {:>9} {:>6} {:>8} {:>6} {:>6} {:>7} {:>7} {:>5} {:>8} {:>8} "
+      "{:>6} {:>6}\n",
+      "stage", "workers", "items/s", "errors", "work s", "share", "busy", "starved", "blocked",
+      "cpu", "p50 ms", "p99 ms", "queue", "cores");
+  for (const auto& st : r["stages"]) {
+    const auto& lat = st["latency_ms"];
+    s += fmt::format(
+        "{:<12} {:>7} {:>9.1f} {:>6.0f} {:>8.2f} {:>5.0f}% {:>5.0f}% {:>6.0f}% {:>6.0f}% "
+        "{:>4.0f}% {:>8} {:>8} {:>5.0f}% {:>6.2f}\n",
+        st["name"].get<std::string>(), st["workers"].get<int>(), num(st, "items_per_s"),
+        num(st, "errors"), num(st, "busy_seconds"), num(st, "work_share") * 100,
+        num(st, "busy_share") * 100, num(st, "starved_share") * 100, num(st, "blocked_share") * 100,
+        num(st, "cpu_share_of_busy") * 100,
+        lat.is_null() ? "-" : fmt::format("{:.2f}", lat["p50"].get<double>()),
+        lat.is_null() ? "-" : fmt::format("{:.2f}", lat["p99"].get<double>()),
+        num(st, "queue_fill") * 100, num(st, "thread_cpu_cores"));
+  }
+  const auto& h = r["host"];
+  s += fmt::format(
+      "\nhost: {:.2f} of {} cores used; RSS {} ({:+.1f} MB/s); faults {:.0f} minor, "
+      "{:.0f} major /s; read {}/s in {:.0f} calls/s ({}/s from storage); "
+      "{} available\n",
+      num(h, "cpu_cores_used"), h["cpus"].get<int>(), MB(num(h, "rss_bytes")),
+      num(h, "rss_growth_bytes_per_s") / 1e6, num(h, "minor_faults_per_s"),
+      num(h, "major_faults_per_s"), MB(num(h, "read_bytes_per_s")), num(h, "read_syscalls_per_s"),
+      MB(num(h, "storage_read_bytes_per_s")), MB(num(h, "mem_available_bytes")));
+  std::string pressure;
+  for (const char* k : {"cpu", "io", "memory"})
+    if (h["pressure"][k].is_number())
+      pressure += fmt::format("{}{} {}", pressure.empty() ? "" : ", ", k,
+                              Pct(h["pressure"][k].get<double>()));
+  s += fmt::format("pressure (some): {}\n", pressure.empty() ? "not available" : pressure);
+  if (r.contains("storage"))
+    s += fmt::format("object storage: {}/s fetched, workers waited {:.2f} s/s, {:.0f} retries\n",
+                     MB(num(r["storage"], "read_bytes_per_s")), num(r["storage"], "wait_share"),
+                     num(r["storage"], "retries"));
+  std::string threads;
+  int shown = 0;
+  for (const auto& t : h["threads"]) {
+    if (shown++ == 8) break;
+    threads += fmt::format("{}{} {}", threads.empty() ? "" : ", ", t["name"].get<std::string>(),
+                           Pct(t["cpu_share"].get<double>()));
+  }
+  s += fmt::format("busiest threads: {}\n", threads);
+  if (!r["consumers"].empty()) {
+    s += fmt::format("\n{:<5} {:>9} {:>10} {:>6} {:>6} {:>6}\n", "rank", "batches/s", "waited",
+                     "held", "ready", "taken");
+    for (const auto& c : r["consumers"])
+      s += fmt::format("{:<5} {:>9.1f} {:>9.0f}% {:>6.2f} {:>6} {:>6}{}\n", c["rank"].get<int>(),
+                       num(c, "batches_per_s"), num(c, "wait_share") * 100, num(c, "held_batches"),
+                       c["ready_not_taken"].get<int>(), c["taken"].get<int>(),
+                       c["attached"].get<bool>() ? "" : "  (no trainer)");
+  }
+  const auto& d = r["diagnosis"];
+  s += fmt::format("\ndiagnosis: {} ({})\n  {}\n  -> {}\n",
+                   d["stage"].is_null() ? "-" : d["stage"].get<std::string>(),
+                   d["kind"].get<std::string>(), d["evidence"].get<std::string>(),
+                   d["advice"].get<std::string>());
+  return s;
+}
+
+}  // namespace mmfeed

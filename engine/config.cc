@@ -1,0 +1,644 @@
+#include "engine/config.h"
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "source/brace.h"
+
+namespace mmfeed {
+namespace {
+
+// Thrown inside the parser only; ParseConfig turns it into one Status.
+struct ConfigError {
+  YAML::Mark mark;
+  std::string message;
+};
+
+[[noreturn]] void Fail(const YAML::Node& node, std::string message) {
+  throw ConfigError{node.Mark(), std::move(message)};
+}
+
+ConfigMark ToMark(const YAML::Mark& m) { return {m.line + 1, m.column + 1}; }
+
+std::string Describe(const YAML::Node& n) {
+  if (n.IsScalar()) return "'" + n.Scalar() + "'";
+  if (n.IsSequence()) return "a list";
+  if (n.IsMap()) return "a mapping";
+  return "nothing";
+}
+
+// A key given twice is an error: the YAML parser would silently keep the first.
+void CheckUniqueKeys(const YAML::Node& map, const std::string& what) {
+  std::map<std::string, YAML::Mark> seen;
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    auto [first, fresh] = seen.emplace(it->first.as<std::string>(), it->first.Mark());
+    if (!fresh)
+      Fail(it->first,
+           fmt::format("'{}' is given twice in {} (first at line {}, column {})", first->first,
+                       what, first->second.line + 1, first->second.column + 1));
+  }
+}
+
+// Checks that `map` is a mapping whose keys are all in `allowed`, each once.
+void CheckKeys(const YAML::Node& map, const std::string& what,
+               const std::vector<std::string>& allowed) {
+  if (!map.IsMap()) Fail(map, fmt::format("{} must be a mapping, got {}", what, Describe(map)));
+  CheckUniqueKeys(map, what);
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    std::string key = it->first.as<std::string>();
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end())
+      Fail(it->first, fmt::format("unknown key '{}' in {}; expected one of: {}", key, what,
+                                  fmt::join(allowed, ", ")));
+  }
+}
+
+template <typename T>
+T Scalar(const YAML::Node& n, const std::string& what, const char* type_name) {
+  if (!n.IsScalar()) Fail(n, fmt::format("{} must be {}, got {}", what, type_name, Describe(n)));
+  try {
+    return n.as<T>();
+  } catch (const YAML::Exception&) {
+    Fail(n, fmt::format("{} must be {}, got {}", what, type_name, Describe(n)));
+  }
+}
+
+int64_t Int(const YAML::Node& n, const std::string& what) {
+  return Scalar<int64_t>(n, what, "an integer");
+}
+bool Bool(const YAML::Node& n, const std::string& what) {
+  return Scalar<bool>(n, what, "true or false");
+}
+std::string Str(const YAML::Node& n, const std::string& what) {
+  return Scalar<std::string>(n, what, "a string");
+}
+double Float(const YAML::Node& n, const std::string& what) {
+  return Scalar<double>(n, what, "a number");
+}
+
+int64_t IntAtLeast(const YAML::Node& n, const std::string& what, int64_t min) {
+  int64_t v = Int(n, what);
+  if (v < min) Fail(n, fmt::format("{} must be at least {}, got {}", what, min, v));
+  return v;
+}
+
+Placement ParsePlacement(const YAML::Node& n, const std::string& what) {
+  Placement p;
+  if (n.IsScalar() && n.Scalar() == "strict") {  // shorthand for {strict: true}
+    p.strict = true;
+    return p;
+  }
+  CheckKeys(n, what, {"numa_node", "strict"});
+  if (n["numa_node"])
+    p.numa_node = static_cast<int>(IntAtLeast(n["numa_node"], what + ".numa_node", 0));
+  if (n["strict"]) {
+    if (!n["strict"].IsScalar() ||
+        (n["strict"].Scalar() != "true" && n["strict"].Scalar() != "false"))
+      Fail(n["strict"],
+           fmt::format("{}.strict must be true or false, got {}", what, Describe(n["strict"])));
+    p.strict = n["strict"].Scalar() == "true";
+  }
+  return p;
+}
+
+ParamValue ParseParam(const ParamSpec& spec, const YAML::Node& n, const std::string& what) {
+  auto list = [&](auto elem) {
+    if (!n.IsSequence())
+      Fail(n, fmt::format("{} must be a {}, got {}", what, ParamTypeName(spec.type), Describe(n)));
+    if (spec.list_size && static_cast<int>(n.size()) != spec.list_size)
+      Fail(n, fmt::format("{} must have {} values, got {}", what, spec.list_size, n.size()));
+    std::vector<decltype(elem(n))> out;
+    for (size_t i = 0; i < n.size(); ++i) out.push_back(elem(n[i]));
+    return out;
+  };
+  switch (spec.type) {
+    case ParamType::kBool:
+      return Bool(n, what);
+    case ParamType::kInt:
+      return Int(n, what);
+    case ParamType::kFloat:
+      return Float(n, what);
+    case ParamType::kString: {
+      std::string s = Str(n, what);
+      if (!spec.choices.empty() &&
+          std::find(spec.choices.begin(), spec.choices.end(), s) == spec.choices.end())
+        Fail(n,
+             fmt::format("{} must be one of {}, got '{}'", what, fmt::join(spec.choices, ", "), s));
+      return s;
+    }
+    case ParamType::kIntList:
+      return list([&](const YAML::Node& e) { return Int(e, what + " element"); });
+    case ParamType::kFloatList:
+      return list([&](const YAML::Node& e) { return Float(e, what + " element"); });
+  }
+  Fail(n, "unsupported parameter type");
+}
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (*end != 0 || x < 0) return fallback;
+  return static_cast<int>(x);
+}
+
+SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir) {
+  CheckKeys(n, "source",
+            {"type", "path", "shuffle", "seed", "epochs", "node_rank", "num_nodes", "fields",
+             "max_bytes", "index", "shuffle_window", "prefetch_bytes", "fetch_concurrency",
+             "fetch_retries", "fetch_timeout_s", "max_shard_bytes", "s3"});
+  SourceConfig s;
+  if (!n["type"]) Fail(n, "source needs a 'type' (manifest or webdataset)");
+  s.type = Str(n["type"], "source.type");
+  if (s.type != "manifest" && s.type != "webdataset")
+    Fail(n["type"],
+         fmt::format("unknown source type '{}'; expected manifest or webdataset", s.type));
+  if (!n["path"]) Fail(n, "source needs a 'path'");
+  s.path = ResolvePath(base_dir, Str(n["path"], "source.path"));
+  s.path_mark = ToMark(n["path"].Mark());
+  s.remote = IsRemotePath(s.path);
+  if (s.remote && s.type != "webdataset")
+    Fail(n["path"], "a URL path needs type: webdataset (manifests are read from files)");
+  for (const char* key : {"prefetch_bytes", "fetch_concurrency", "fetch_retries", "fetch_timeout_s",
+                          "max_shard_bytes", "s3"})
+    if (n[key] && !s.remote)
+      Fail(n[key], fmt::format("source.{} applies to http://, https:// and s3:// paths only", key));
+  if (n["prefetch_bytes"])
+    s.fetch.prefetch_bytes =
+        static_cast<uint64_t>(IntAtLeast(n["prefetch_bytes"], "source.prefetch_bytes", 1));
+  if (n["max_shard_bytes"])
+    s.fetch.max_shard_bytes =
+        static_cast<uint64_t>(IntAtLeast(n["max_shard_bytes"], "source.max_shard_bytes", 1));
+  if (n["fetch_concurrency"])
+    s.fetch.concurrency =
+        static_cast<int>(IntAtLeast(n["fetch_concurrency"], "source.fetch_concurrency", 1));
+  if (n["fetch_retries"])
+    s.fetch.retries = static_cast<int>(IntAtLeast(n["fetch_retries"], "source.fetch_retries", 0));
+  if (n["fetch_timeout_s"]) {
+    s.fetch.timeout_s = Float(n["fetch_timeout_s"], "source.fetch_timeout_s");
+    if (!(s.fetch.timeout_s >= 0.1))
+      Fail(n["fetch_timeout_s"], "source.fetch_timeout_s must be at least 0.1");
+  }
+  if (const YAML::Node s3 = n["s3"]) {
+    if (!s3.IsMap())
+      Fail(s3, "source.s3 must be a mapping {endpoint, region, credentials_file, profile}");
+    CheckKeys(s3, "source.s3", {"endpoint", "region", "credentials_file", "profile"});
+    if (s.path.rfind("s3://", 0) != 0) Fail(s3, "source.s3 applies to s3:// paths only");
+    if (s3["endpoint"]) s.fetch.s3_endpoint = Str(s3["endpoint"], "source.s3.endpoint");
+    if (s3["region"]) s.fetch.s3_region = Str(s3["region"], "source.s3.region");
+    if (s3["credentials_file"])
+      s.fetch.s3_credentials_file =
+          ResolvePath(base_dir, Str(s3["credentials_file"], "source.s3.credentials_file"));
+    if (s3["profile"]) s.fetch.s3_profile = Str(s3["profile"], "source.s3.profile");
+  }
+  s.shuffle_window = s.remote ? 8 : 0;
+  if (n["shuffle_window"]) {
+    if (s.type != "webdataset")
+      Fail(n["shuffle_window"], "source.shuffle_window applies to webdataset sources only");
+    s.shuffle_window =
+        static_cast<int>(IntAtLeast(n["shuffle_window"], "source.shuffle_window", 0));
+    if (s.remote && s.shuffle_window == 0)
+      Fail(n["shuffle_window"],
+           "remote shards are read whole: source.shuffle_window must be at least 1 (a "
+           "permutation of every sample would fetch a shard for nearly every sample)");
+  }
+  if (n["shuffle"]) s.shuffle = Bool(n["shuffle"], "source.shuffle");
+  if (n["seed"]) s.seed = static_cast<uint64_t>(IntAtLeast(n["seed"], "source.seed", 0));
+  if (n["epochs"]) s.epochs = static_cast<int>(IntAtLeast(n["epochs"], "source.epochs", 0));
+  if (n["max_bytes"])
+    s.max_bytes = static_cast<uint64_t>(IntAtLeast(n["max_bytes"], "source.max_bytes", 1));
+  if (n["index"]) {
+    s.index = Str(n["index"], "source.index");
+    if (s.index != "auto" && s.index != "on" && s.index != "off")
+      Fail(n["index"], fmt::format("source.index must be auto, on or off, not '{}'", s.index));
+  }
+  s.node_rank = EnvInt("NODE_RANK", 0);
+  s.num_nodes = EnvInt("NUM_NODES", 1);
+  if (n["node_rank"])
+    s.node_rank = static_cast<int>(IntAtLeast(n["node_rank"], "source.node_rank", 0));
+  if (n["num_nodes"])
+    s.num_nodes = static_cast<int>(IntAtLeast(n["num_nodes"], "source.num_nodes", 1));
+  if (s.num_nodes < 1) s.num_nodes = 1;
+  if (s.node_rank >= s.num_nodes)
+    Fail(n["node_rank"] ? n["node_rank"] : n,
+         fmt::format("node_rank {} must be below num_nodes {}", s.node_rank, s.num_nodes));
+  s.fields = {{"image", {"jpg", "jpeg", "png", "webp", "bmp"}},
+              {"text", {"txt", "caption", "text"}},
+              {"video", {"mp4", "mkv", "webm"}},
+              {"audio", {"flac", "wav", "mp3", "ogg", "opus", "m4a"}}};
+  if (n["fields"]) {
+    const YAML::Node& f = n["fields"];
+    if (!f.IsMap()) Fail(f, "source.fields must map field names to lists of extensions");
+    CheckUniqueKeys(f, "source.fields");
+    for (auto it = f.begin(); it != f.end(); ++it) {
+      // Copies: `it->second` lives in a proxy that dies with the expression (a range-for over
+      // it read freed stack under ASan).
+      const YAML::Node name = it->first, value = it->second;
+      std::vector<std::string> exts;
+      if (value.IsScalar())
+        exts.push_back(value.Scalar());
+      else if (value.IsSequence())
+        for (const auto& e : value) exts.push_back(Str(e, "source.fields extension"));
+      else
+        Fail(value, "source.fields values must be an extension or a list of them");
+      s.fields[name.as<std::string>()] = exts;
+    }
+  }
+  // The data must be there before anything starts.
+  if (s.type == "manifest") {
+    if (!std::filesystem::is_regular_file(s.path))
+      Fail(n["path"], fmt::format("manifest '{}' not found", s.path));
+  } else {
+    Result<std::vector<std::string>> shards = ExpandBraces(s.path);
+    if (!shards.ok()) Fail(n["path"], shards.status().message());
+    if (!s.remote)  // remote shards are looked at when the catalog is read
+      for (const std::string& shard : *shards)
+        if (!std::filesystem::is_regular_file(shard))
+          Fail(n["path"], fmt::format("shard '{}' not found", shard));
+  }
+  return s;
+}
+
+void ParseStageParams(StageConfig* sc, const YAML::Node& stage_node, const std::string& base_dir) {
+  const YAML::Node params = stage_node["params"];
+  const StageSchema& schema = *sc->schema;
+  std::string where = fmt::format("stage '{}' ({})", sc->name, sc->type);
+  std::set<std::string> given;
+  if (params) {
+    if (!params.IsMap()) Fail(params, fmt::format("params of {} must be a mapping", where));
+    CheckUniqueKeys(params, fmt::format("the params of {}", where));
+    for (auto it = params.begin(); it != params.end(); ++it) {
+      std::string key = it->first.as<std::string>();
+      auto spec = std::find_if(schema.params.begin(), schema.params.end(),
+                               [&](const ParamSpec& p) { return p.name == key; });
+      if (spec == schema.params.end()) {
+        std::vector<std::string> names;
+        for (const auto& p : schema.params) names.push_back(p.name);
+        Fail(it->first, fmt::format("unknown parameter '{}' for {}; known: {}", key, where,
+                                    fmt::join(names, ", ")));
+      }
+      sc->params.Set(key, ParseParam(*spec, it->second, fmt::format("{}.{}", sc->name, key)));
+      given.insert(key);
+    }
+  }
+  for (const ParamSpec& p : schema.params) {
+    if (given.count(p.name)) continue;
+    if (!p.default_value)
+      Fail(params ? params : stage_node,
+           fmt::format("{} needs parameter '{}' ({})", where, p.name, p.doc));
+    sc->params.Set(p.name, *p.default_value);
+  }
+  if (schema.factory) {
+    Result<std::unique_ptr<Stage>> stage = schema.factory({sc->name, sc->params, base_dir});
+    if (!stage.ok())
+      Fail(params ? params : stage_node, fmt::format("{}: {}", where, stage.status().message()));
+    sc->stage = std::move(stage.value());
+  }
+}
+
+StageConfig ParseStage(const YAML::Node& n, const std::string& base_dir) {
+  CheckKeys(n, "a stage",
+            {"name", "type", "field", "inputs", "workers", "queue", "params", "placement"});
+  StageConfig sc;
+  sc.mark = ToMark(n.Mark());
+  if (!n["name"]) Fail(n, "stage needs a 'name'");
+  sc.name = Str(n["name"], "stage name");
+  if (!n["type"]) Fail(n, fmt::format("stage '{}' needs a 'type'", sc.name));
+  sc.type = Str(n["type"], "stage type");
+  sc.schema = Registry::Get().Find(sc.type);
+  if (!sc.schema)
+    Fail(n["type"], fmt::format("unknown stage type '{}'; known types: {}", sc.type,
+                                fmt::join(Registry::Get().Types(), ", ")));
+  if (sc.schema->kind == StageKind::kField) {
+    if (n["inputs"])
+      Fail(n["inputs"],
+           fmt::format("stage '{}' ({}) reads a source field: use 'field:', not 'inputs:'", sc.name,
+                       sc.type));
+    if (!n["field"])
+      Fail(n, fmt::format("stage '{}' ({}) needs a 'field' naming the source field it reads",
+                          sc.name, sc.type));
+    sc.field = Str(n["field"], "field");
+  } else {
+    if (n["field"])
+      Fail(n["field"],
+           fmt::format("stage '{}' ({}) takes 'inputs:', not 'field:'", sc.name, sc.type));
+    if (!n["inputs"] || !n["inputs"].IsSequence() || n["inputs"].size() == 0)
+      Fail(n["inputs"] ? n["inputs"] : n,
+           fmt::format("stage '{}' ({}) needs 'inputs:', a list of stage names", sc.name, sc.type));
+    for (const auto& i : n["inputs"]) sc.inputs.push_back(Str(i, "input"));
+  }
+  if (n["workers"] && n["workers"].IsScalar() && n["workers"].Scalar() == "auto")
+    sc.workers_auto = true;
+  else if (n["workers"]) {
+    const int64_t w = Scalar<int64_t>(n["workers"], "workers", "an integer or auto");
+    if (w < 1) Fail(n["workers"], fmt::format("workers must be at least 1, got {}", w));
+    if (w > 4096) Fail(n["workers"], fmt::format("workers must be at most 4096, got {}", w));
+    sc.workers = static_cast<int>(w);
+  }
+  if (sc.schema->kind == StageKind::kBatch && (sc.workers != 1 || sc.workers_auto))
+    Fail(n["workers"], "a batch stage runs on one thread; remove 'workers'");
+  if (n["queue"]) sc.queue = static_cast<int>(IntAtLeast(n["queue"], "queue", 1));
+  if (n["placement"]) sc.placement = ParsePlacement(n["placement"], "placement");
+  ParseStageParams(&sc, n, base_dir);
+  return sc;
+}
+
+// Checks names, inputs and cycles over the whole graph.
+void ValidateGraph(PipelineConfig* cfg, const YAML::Node& stages) {
+  std::map<std::string, int> index;
+  for (size_t i = 0; i < cfg->stages.size(); ++i) {
+    const StageConfig& s = cfg->stages[i];
+    if (!index.emplace(s.name, static_cast<int>(i)).second)
+      Fail(stages[i]["name"], fmt::format("duplicate stage name '{}'", s.name));
+  }
+  for (size_t i = 0; i < cfg->stages.size(); ++i) {
+    const StageConfig& s = cfg->stages[i];
+    for (size_t k = 0; k < s.inputs.size(); ++k)
+      if (!index.count(s.inputs[k]))
+        Fail(stages[i]["inputs"][k],
+             fmt::format("stage '{}' reads input '{}', but no stage has that name", s.name,
+                         s.inputs[k]));
+  }
+  // Depth-first search for a cycle through `inputs`.
+  std::vector<int> state(cfg->stages.size(), 0);  // 0 new, 1 on stack, 2 done
+  std::vector<std::string> path;
+  std::function<void(int)> visit = [&](int i) {
+    state[i] = 1;
+    path.push_back(cfg->stages[i].name);
+    for (const std::string& in : cfg->stages[i].inputs) {
+      int j = index[in];
+      if (state[j] == 1) {
+        path.push_back(in);
+        Fail(stages[i], fmt::format("the stages form a cycle: {}", fmt::join(path, " -> ")));
+      }
+      if (state[j] == 0) visit(j);
+    }
+    path.pop_back();
+    state[i] = 2;
+  };
+  for (size_t i = 0; i < cfg->stages.size(); ++i)
+    if (state[i] == 0) visit(static_cast<int>(i));
+
+  std::vector<int> batches;
+  for (size_t i = 0; i < cfg->stages.size(); ++i)
+    if (cfg->stages[i].schema->kind == StageKind::kBatch) batches.push_back(static_cast<int>(i));
+  if (batches.size() != 1)
+    Fail(stages, fmt::format("a pipeline needs exactly one batch stage, found {}", batches.size()));
+  cfg->batch_stage = batches[0];
+  const StageConfig& batch = cfg->stages[batches[0]];
+  for (size_t k = 0; k < batch.inputs.size(); ++k)
+    if (cfg->stages[index[batch.inputs[k]]].schema->kind != StageKind::kField)
+      Fail(stages[batches[0]]["inputs"][k], "a batch stage's inputs must be processing stages");
+  for (size_t i = 0; i < cfg->stages.size(); ++i) {
+    const StageConfig& s = cfg->stages[i];
+    if (s.schema->kind == StageKind::kField &&
+        std::find(batch.inputs.begin(), batch.inputs.end(), s.name) == batch.inputs.end())
+      Fail(stages[i],
+           fmt::format(
+               "the output of stage '{}' is not used: add it to the inputs of batch stage '{}'",
+               s.name, batch.name));
+  }
+  cfg->batch_size = batch.params.GetInt("batch_size");
+  cfg->drop_last = batch.params.GetBool("drop_last");
+  for (size_t i = 0; i < cfg->stages.size(); ++i) {
+    const StageConfig& s = cfg->stages[i];
+    if (s.type != "text" || !s.params.GetBool("pack")) continue;
+    if (batch.inputs.size() != 1)
+      Fail(stages[i], fmt::format("stage '{}' packs its samples into rows (pack: true), so it must "
+                                  "be the only input of batch stage '{}'",
+                                  s.name, batch.name));
+    cfg->packed_stage = static_cast<int>(i);
+  }
+  if (cfg->batch_size < 1) Fail(stages[batches[0]], "batch_size must be at least 1");
+  cfg->max_tokens = batch.params.GetInt("max_tokens");
+  cfg->max_patches = batch.params.GetInt("max_patches");
+  if (cfg->max_tokens < 0 || cfg->max_patches < 0 || cfg->max_tokens > UINT32_MAX ||
+      cfg->max_patches > UINT32_MAX)
+    Fail(stages[batches[0]], "max_tokens and max_patches must be in 0..4294967295 (0: none)");
+  if (cfg->budgeted()) {
+    if (cfg->packed_stage >= 0)
+      Fail(stages[batches[0]],
+           "max_tokens/max_patches cannot go with a text stage's pack: true (packing fills "
+           "fixed rows already)");
+    if (cfg->drop_last)
+      Fail(stages[batches[0]], "drop_last has no meaning with max_tokens/max_patches");
+    if (cfg->source.shuffle_window > 0)
+      Fail(stages[batches[0]],
+           "token budgets (max_tokens, max_patches) need a permutation order: they are not "
+           "available with source.shuffle_window (remote shards) yet");
+    // Each budget must count something.
+    bool tokens = false, patches = false;
+    for (const std::string& in : batch.inputs) {
+      const Stage::CostOutputs c = cfg->stages[index[in]].stage->Costs();
+      tokens |= !c.tokens.empty();
+      patches |= !c.patches.empty();
+    }
+    if (cfg->max_tokens > 0 && !tokens)
+      Fail(stages[batches[0]]["params"]["max_tokens"],
+           "max_tokens: no input of this batch stage has text tokens (a text or qwen_chat stage)");
+    if (cfg->max_patches > 0 && !patches)
+      Fail(stages[batches[0]]["params"]["max_patches"],
+           "max_patches: no input of this batch stage has vision patches (qwen_vision, "
+           "qwen_video)");
+  }
+  // Every tensor name must be unique across stages: they share one tensor table.
+  std::set<std::string> tensor_names;
+  for (const std::string& in : batch.inputs)
+    for (const TensorSpec& t : cfg->stages[index[in]].stage->OutputSpecs())
+      if (!tensor_names.insert(t.name).second)
+        Fail(stages[index[in]], fmt::format("two stages produce a tensor named '{}'", t.name));
+}
+
+PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
+  PipelineConfig cfg;
+  cfg.file = file;
+  cfg.base_dir = std::filesystem::path(file).parent_path().string();
+  if (cfg.base_dir.empty()) cfg.base_dir = ".";
+  CheckKeys(root, "the pipeline config",
+            {"pipeline", "source", "consumers", "stages", "output", "on_error", "placement",
+             "data_roots", "metrics", "sample_timeout_s", "faults", "cpu_budget"});
+  if (root["pipeline"]) cfg.name = Str(root["pipeline"], "pipeline");
+  if (!root["source"]) Fail(root, "the config needs a 'source'");
+  cfg.source = ParseSource(root["source"], cfg.base_dir);
+  if (root["consumers"])
+    cfg.consumers = static_cast<int>(IntAtLeast(root["consumers"], "consumers", 1));
+  if (cfg.consumers > 64) Fail(root["consumers"], "consumers must be at most 64");
+  if (root["on_error"]) {
+    std::string p = Str(root["on_error"], "on_error");
+    if (p == "skip")
+      cfg.on_error = ErrorPolicy::kSkip;
+    else if (p == "fail")
+      cfg.on_error = ErrorPolicy::kFail;
+    else
+      Fail(root["on_error"], fmt::format("on_error must be skip or fail, got '{}'", p));
+  }
+  if (root["placement"]) cfg.placement = ParsePlacement(root["placement"], "placement");
+  if (const YAML::Node& roots = root["data_roots"]) {
+    if (roots.IsScalar() && roots.Scalar() == "any") {
+      cfg.data_roots_any = true;
+    } else if (roots.IsSequence()) {
+      for (const auto& r : roots) {
+        std::string dir = ResolvePath(cfg.base_dir, Str(r, "data_roots"));
+        std::error_code ec;
+        if (!std::filesystem::is_directory(dir, ec))
+          Fail(r, fmt::format("data_roots: '{}' is not a folder", dir));
+        cfg.data_roots.push_back(dir);
+      }
+    } else {
+      Fail(roots,
+           fmt::format("data_roots must be a list of folders or 'any', got {}", Describe(roots)));
+    }
+  }
+  if (root["output"]) {
+    const YAML::Node& o = root["output"];
+    CheckKeys(o, "output", {"ring_slots"});
+    if (o["ring_slots"])
+      cfg.ring_slots = static_cast<int>(IntAtLeast(o["ring_slots"], "output.ring_slots", 2));
+    if (cfg.ring_slots > 496)
+      Fail(o["ring_slots"],
+           "output.ring_slots must be at most 496 (the ring's control area is one page)");
+  }
+  if (root["sample_timeout_s"]) {
+    const YAML::Node& t = root["sample_timeout_s"];
+    cfg.sample_timeout_s = Scalar<double>(t, "sample_timeout_s", "a number of seconds");
+    if (!(cfg.sample_timeout_s >= 0 && cfg.sample_timeout_s <= 86400))
+      Fail(t, "sample_timeout_s must be between 0 (no limit) and 86400 seconds");
+  }
+  if (root["metrics"]) {
+    const YAML::Node& m = root["metrics"];
+    CheckKeys(m, "metrics", {"listen"});
+    if (m["listen"]) {
+      cfg.metrics_listen = Str(m["listen"], "metrics.listen");
+      cfg.metrics_mark = {m["listen"].Mark().line + 1, m["listen"].Mark().column + 1};
+      // PORT, HOST:PORT or [IPV6]:PORT
+      const std::string& l = cfg.metrics_listen;
+      size_t colon = l.rfind(':');
+      std::string host = colon == std::string::npos ? "" : l.substr(0, colon);
+      std::string port = colon == std::string::npos ? l : l.substr(colon + 1);
+      bool port_ok = !port.empty() && port.size() <= 5 &&
+                     port.find_first_not_of("0123456789") == std::string::npos &&
+                     std::stoi(port) >= 1 && std::stoi(port) <= 65535;
+      bool host_ok = colon == std::string::npos ||
+                     (!host.empty() && (host.front() == '[') == (host.back() == ']') &&
+                      (host.front() == '[' || host.find(':') == std::string::npos));
+      if (!port_ok || !host_ok)
+        Fail(m["listen"], fmt::format("metrics.listen must be PORT, HOST:PORT or [IPV6]:PORT "
+                                      "(e.g. 127.0.0.1:9464), got '{}'",
+                                      l));
+    }
+  }
+  const YAML::Node& stages = root["stages"];
+  if (!stages || !stages.IsSequence() || stages.size() == 0)
+    Fail(stages ? stages : root, "the config needs 'stages', a list of stages");
+  for (const auto& s : stages) {
+    cfg.stages.push_back(ParseStage(s, cfg.base_dir));
+    if (cfg.stages.back().placement.numa_node < 0) {
+      bool strict = cfg.stages.back().placement.strict;
+      cfg.stages.back().placement = cfg.placement;
+      cfg.stages.back().placement.strict |= strict;
+    }
+  }
+  ValidateGraph(&cfg, stages);
+  if (const YAML::Node& b = root["cpu_budget"]) {
+    const int64_t budget = IntAtLeast(b, "cpu_budget", 1);
+    if (budget > 4096) Fail(b, fmt::format("cpu_budget must be at most 4096, got {}", budget));
+    cfg.cpu_budget = static_cast<int>(budget);
+    cfg.cpu_budget_mark = ToMark(b.Mark());
+    int fixed = 0, autos = 0;
+    for (const StageConfig& s : cfg.stages) {
+      if (s.field.empty()) continue;  // the batch stage: not a worker
+      if (s.workers_auto)
+        ++autos;
+      else
+        fixed += s.workers;
+    }
+    if (autos == 0) Fail(b, "cpu_budget is for stages with 'workers: auto', and there is none");
+    if (cfg.cpu_budget < fixed + autos)
+      Fail(b, fmt::format("cpu_budget {} is less than the {} fixed worker(s) plus one for each of "
+                          "the {} stage(s) with workers: auto",
+                          cfg.cpu_budget, fixed, autos));
+  }
+  if (const YAML::Node& f = root["faults"]) {
+    CheckKeys(f, "faults", {"stage", "read_delay_ms", "leak_bytes_per_item"});
+    cfg.faults.mark = ToMark(f.Mark());
+    if (!f["stage"]) Fail(f, "faults needs a 'stage': the stage to inject them into");
+    cfg.faults.stage = Str(f["stage"], "faults.stage");
+    auto it = std::find_if(cfg.stages.begin(), cfg.stages.end(),
+                           [&](const StageConfig& s) { return s.name == cfg.faults.stage; });
+    if (it == cfg.stages.end() || it->field.empty())
+      Fail(f["stage"], fmt::format("faults.stage: '{}' is not a stage that reads a sample field",
+                                   cfg.faults.stage));
+    if (f["read_delay_ms"]) {
+      cfg.faults.read_delay_ms =
+          static_cast<int>(IntAtLeast(f["read_delay_ms"], "faults.read_delay_ms", 0));
+      if (cfg.faults.read_delay_ms > 60000)
+        Fail(f["read_delay_ms"], "faults.read_delay_ms must be at most 60000");
+    }
+    if (f["leak_bytes_per_item"]) {
+      cfg.faults.leak_bytes_per_item =
+          IntAtLeast(f["leak_bytes_per_item"], "faults.leak_bytes_per_item", 0);
+      if (cfg.faults.leak_bytes_per_item > (1 << 30))
+        Fail(f["leak_bytes_per_item"], "faults.leak_bytes_per_item must be at most 1 GiB");
+    }
+  }
+  return cfg;
+}
+
+}  // namespace
+
+Result<PipelineConfig> ParseConfig(const std::string& text, const std::string& file) {
+  try {
+    YAML::Node root = YAML::Load(text);
+    if (!root.IsMap()) throw ConfigError{root.Mark(), "the config must be a YAML mapping"};
+    PipelineConfig cfg = ParseRoot(root, file);
+    cfg.text = text;
+    return cfg;
+  } catch (const ConfigError& e) {
+    if (e.mark.line < 0) return Status::Invalid(fmt::format("{}: {}", file, e.message));
+    return Status::Invalid(
+        fmt::format("{}:{}:{}: {}", file, e.mark.line + 1, e.mark.column + 1, e.message));
+  } catch (const YAML::Exception& e) {
+    return Status::Invalid(
+        fmt::format("{}:{}:{}: {}", file, e.mark.line + 1, e.mark.column + 1, e.msg));
+  }
+}
+
+Status CheckFaultsAllowed(const PipelineConfig& cfg, bool allowed) {
+  if (cfg.faults.stage.empty() || allowed) return Status::Ok();
+  return Status::Invalid(fmt::format(
+      "{}:{}:{}: faults: injects faults for tests; start mmfeedd with --allow-faults to use it",
+      cfg.file, cfg.faults.mark.line, cfg.faults.mark.column));
+}
+
+std::vector<TensorSpec> BatchSpecs(const PipelineConfig& cfg) {
+  std::vector<TensorSpec> specs;
+  for (const std::string& in : cfg.stages[cfg.batch_stage].inputs)
+    for (const StageConfig& s : cfg.stages)
+      if (s.name == in)
+        for (const TensorSpec& t : s.stage->OutputSpecs()) specs.push_back(t);
+  return specs;
+}
+
+Result<PipelineConfig> LoadConfigFile(const std::string& file) {
+  // A config is small: anything else (a folder, a FIFO, /dev/zero, a huge file) is refused
+  // before it is read, so that parsing cannot exhaust memory.
+  FieldValue f{FieldValue::Kind::kPath, file};
+  std::string text;
+  Result<std::string_view> bytes = FieldBytes(f, &text, kMaxConfigBytes);
+  if (!bytes.ok()) {
+    if (bytes.status().code() == Status::Code::kNotFound)
+      return Status::NotFound(fmt::format("{}: cannot open config file", file));
+    return Status::Invalid(fmt::format("config: {}", bytes.status().message()));
+  }
+  return ParseConfig(text, file);
+}
+
+}  // namespace mmfeed

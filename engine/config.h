@@ -1,0 +1,101 @@
+// The pipeline config: the YAML graph a user writes, parsed and validated in full before
+// anything starts. Every mistake is reported as "file:line:col: message". Parsing runs on the
+// supervisor thread; the resulting PipelineConfig is a plain value.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/registry.h"
+#include "source/source_config.h"
+
+namespace mmfeed {
+
+struct Placement {
+  int numa_node = -1;  // -1: every CPU the daemon may use
+  // Refuse, rather than warn about, more worker threads than the placement has usable CPUs.
+  bool strict = false;
+};
+
+enum class ErrorPolicy { kSkip, kFail };
+
+struct StageConfig {
+  std::string name;
+  std::string type;
+  std::string field;                // kField stages
+  std::vector<std::string> inputs;  // kBatch stages
+  int workers = 1;
+  // `workers: auto`: the supervisor moves worker threads between such stages while running,
+  // within the top-level cpu_budget (engine/autotune.h); `workers` is then unused.
+  bool workers_auto = false;
+  int queue = 0;  // mailbox capacity; 0 = default (4 x workers, at least 8)
+  Placement placement;
+  const StageSchema* schema = nullptr;
+  std::shared_ptr<Stage> stage;  // built by the factory during validation
+  Params params;
+  ConfigMark mark;
+};
+
+// `faults:` — injected faults, for tests of the profile's diagnosis (refused unless mmfeedd runs
+// with --allow-faults): an off-CPU delay before each file a stage opens, and memory a stage
+// keeps for every item (never freed while the pipeline runs).
+struct FaultConfig {
+  std::string stage;  // empty: no faults
+  int read_delay_ms = 0;
+  int64_t leak_bytes_per_item = 0;
+  ConfigMark mark;
+};
+
+struct PipelineConfig {
+  std::string file;      // the config file's path
+  std::string text;      // the YAML it was parsed from (--state-dir keeps it with the cursors)
+  std::string base_dir;  // its folder
+  std::string name;      // `pipeline:`
+  SourceConfig source;
+  int consumers = 1;
+  std::vector<StageConfig> stages;  // in file order; the batch stage is `batch_stage`
+  int batch_stage = -1;
+  int64_t batch_size = 0;
+  bool drop_last = false;
+  // Token-budget batches (engine/budget.h); 0: none. Either makes batch_size a limit.
+  int64_t max_tokens = 0, max_patches = 0;
+  bool budgeted() const { return max_tokens > 0 || max_patches > 0; }
+  // Set when the batch's only input is a text stage with `pack: true`: its samples are
+  // concatenated into fixed-length rows (see stages/text/packing_sink.h).
+  int packed_stage = -1;
+  int ring_slots = 8;
+  // Folders sample files must lie in (resolved against the config's folder), besides the
+  // source's own; `data_roots: any` lifts the check.
+  std::vector<std::string> data_roots;
+  bool data_roots_any = false;
+  ErrorPolicy on_error = ErrorPolicy::kSkip;
+  // A sample taking longer than this in a stage fails as timed out (0: no limit).
+  double sample_timeout_s = 60;
+  Placement placement;
+  // `metrics: {listen: "127.0.0.1:9464"}`: where GET /metrics is served; empty: nowhere.
+  std::string metrics_listen;
+  ConfigMark metrics_mark;
+  FaultConfig faults;
+  // Worker threads all field stages may have together when some have `workers: auto`;
+  // 0: the CPUs of the top-level placement.
+  int cpu_budget = 0;
+  ConfigMark cpu_budget_mark;
+};
+
+// Refuses a config with `faults:` unless `allowed` (mmfeedd --allow-faults), naming where.
+Status CheckFaultsAllowed(const PipelineConfig& cfg, bool allowed);
+
+// Parses and validates `text` as if read from `file` (used for messages and relative paths).
+Result<PipelineConfig> ParseConfig(const std::string& text, const std::string& file);
+// Refuses anything but a regular file of at most kMaxConfigBytes.
+constexpr uint64_t kMaxConfigBytes = 1 << 20;
+Result<PipelineConfig> LoadConfigFile(const std::string& file);
+
+// Every tensor of a batch, per sample, in order: the batch stage's inputs in order, each
+// stage's outputs in order.
+std::vector<TensorSpec> BatchSpecs(const PipelineConfig& cfg);
+
+}  // namespace mmfeed

@@ -1,0 +1,316 @@
+// Pipeline: runs a validated PipelineConfig as actors.
+//
+//   source thread ──► one mailbox per processing stage ──► N worker threads each ──┐
+//        (deals each rank's batches from the rank's own stream, reserving each batch's   │
+//         memory from the rank's BatchSink; every sample gets its row) workers write ◄──┘
+//   batch thread ◄── join mailbox ◄── (sample done or failed)
+//        joins the branches of a sample, refills the rows of failed samples with draws from
+//        the rank's own share (sent back to the source), and commits complete batches in order.
+//
+// A rank's stream is a pure function of (data, seed, epoch, node rank/count, consumers, rank):
+// every epoch has the same number of batches for every rank, whatever fails, and batch
+// (epoch, index) can be regenerated on its own. See docs/threads.md, "Batches and failures".
+//
+// All methods may be called from any one controlling thread (the daemon's supervisor); the
+// pipeline's own threads only touch their stage's state, the mailboxes and relaxed counters.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/cursor.h"
+#include "base/status.h"
+#include "base/tensor.h"
+#include "engine/budget.h"
+#include "engine/config.h"
+#include "engine/profile.h"
+
+namespace mmfeed {
+
+struct Catalog;
+struct CatalogEntry;
+
+// Memory for one batch, reserved from a sink before the batch's samples are dealt, so that
+// workers write every sample straight into its place: tensor k's row i is at
+// base[k] + i * (per-sample bytes of tensor k).
+struct BatchMemory {
+  int handle = -1;  // the sink's own (the ring slot)
+  std::vector<uint8_t*> base;
+};
+
+// What a sink publishes with a batch.
+struct BatchInfo {
+  uint32_t rank = 0;
+  uint64_t seq = 0;  // batch number for this rank, from 0, across epochs
+  uint32_t epoch = 0;
+  uint32_t rows = 0;             // rows [0, rows) are valid
+  std::vector<std::string> ids;  // the samples in them: one per row, except for packed text
+  StreamCursor next;             // the rank's cursor after this batch
+  // Per tensor, when the batch has ragged ones (TensorSpec::rows_from): the rows a ragged
+  // tensor holds, packed at the start of its memory (a starts tensor: rows + 1); the others'
+  // entries are `rows`.
+  std::vector<int64_t> ragged_rows;
+};
+
+// Tensor `k` (of spec `s`) of a committed batch: [info.rows, s.shape...], or for a ragged
+// tensor [its rows in the batch, s.shape[1:]...].
+TensorSpec CommittedTensor(const TensorSpec& s, const BatchInfo& info, size_t k);
+
+enum class Reservation { kReserved, kFull, kClosed };
+
+// Where a consumer rank's batches go (the daemon's: its shared-memory ring).
+class BatchSink {
+ public:
+  virtual ~BatchSink() = default;
+  // Reserves memory for one batch of up to batch_size rows of every tensor. Called from the
+  // source thread; waits up to `timeout_ms` while the sink is full (back-pressure), then
+  // returns kFull. kClosed once the sink no longer accepts batches.
+  virtual Reservation Reserve(BatchMemory* memory, int timeout_ms) = 0;
+  // Publishes rows [0, info.rows) of a reserved batch. Called from the batch thread.
+  virtual void Commit(const BatchMemory& memory, const BatchInfo& info) = 0;
+  // Returns a reserved batch unpublished. Called from the batch thread.
+  virtual void Discard(const BatchMemory& memory) = 0;
+  // Drops every published batch no trainer holds (the rank was rewound). Called from the
+  // controlling thread while no trainer is attached to the sink.
+  virtual void DropPublished() {}
+  // No batch will follow. `complete`: every rank's data was dealt to its end (false when the
+  // pipeline was stopped or failed first).
+  virtual void Finish(bool complete) = 0;
+};
+
+// Per-sample errors: counted by reason, the most recent kept with origin and stage.
+class ErrorLog {
+ public:
+  void Add(const std::string& origin, const std::string& stage, const std::string& reason_code,
+           const std::string& message);
+  nlohmann::json ToJson() const;
+
+ private:
+  mutable std::mutex mu_;
+  uint64_t total_ = 0;
+  std::map<std::string, uint64_t> by_reason_;
+  std::vector<nlohmann::json> recent_;  // bounded
+};
+
+class Pipeline {
+ public:
+  // Loads the source catalog and builds the stages. `sinks` has one entry per consumer rank
+  // and must outlive the pipeline. `start` (empty, or one per rank) is where each rank's
+  // stream begins. A load error under on_error: fail, or an empty dataset, is returned here.
+  static Result<std::unique_ptr<Pipeline>> Create(const PipelineConfig& cfg,
+                                                  std::vector<BatchSink*> sinks,
+                                                  std::vector<StreamCursor> start = {});
+  ~Pipeline();
+
+  // Where each rank's stream begins (one cursor per rank), instead of Create's `start`. Each
+  // cursor is checked (CheckCursor, and its epoch and batch against its seq); the error names
+  // the rank. REQUIRES: before Start().
+  Status SetStart(std::vector<StreamCursor> start);
+  // Where this pipeline's batch numbering starts: batch `index` of epoch `e` (e >= epoch) is
+  // seq `seq + (e - epoch) * batches_per_epoch() + index`. {0, 0} unless a reload changed the
+  // batches per epoch at an epoch boundary (the earlier epochs were numbered by another
+  // pipeline). Cursors before it cannot be served. Resets the start cursors to the origin.
+  // REQUIRES: before Start().
+  // Where this pipeline's numbering starts, and the stream it continues: `stream` tags the
+  // batches from the origin on (StreamCursor::stream), `previous` the batches before it (0:
+  // unknown). A fresh stream's tag is FirstStreamTag of the order; an order-changing reload
+  // chains NextStreamTag, so equal tags mean the same order and reload history.
+  struct Origin {
+    uint32_t epoch = 0;
+    uint64_t seq = 0;
+    uint32_t stream = 0, previous = 0;
+  };
+  static uint32_t FirstStreamTag(const std::string& order_fingerprint);
+  static uint32_t NextStreamTag(const Origin& before, uint64_t seq,
+                                const std::string& order_fingerprint);
+  // The tag of the batch before cursor seq `seq` (0 when unknown or seq is 0).
+  uint32_t StreamBefore(uint64_t seq) const {
+    return seq == 0 ? 0 : seq > origin_.seq ? origin_.stream : origin_.previous;
+  }
+  void SetOrigin(Origin origin);
+  Origin origin() const { return origin_; }
+  Status Start();
+  // The source stops dealing at a batch boundary; batches already dealt are completed
+  // (refilled where samples fail) and committed, then the sinks are finished.
+  void RequestStop();
+  // Like RequestStop, but the sinks are left open (not finished): batches already dealt are
+  // completed and committed, and a new pipeline can go on feeding the same sinks from each
+  // rank's NextCommit(). Rings outlive pipelines; a config reload builds on this.
+  void Quiesce();
+  // Like Quiesce, but each rank's batches are dealt up to the end of the epoch it is in (at
+  // once if it stands at an epoch boundary): a new pipeline whose order differs (another seed)
+  // takes over at an epoch boundary, and so never changes an epoch halfway.
+  // `together`: every rank goes on to the same boundary, the first one at or after where the
+  // furthest rank is (the successor's batch numbering differs, and all ranks switch to it at
+  // one epoch).
+  void QuiesceAtEpochEnd(bool together = false);
+  // True once every thread has finished and every sink was told so.
+  bool Finished() const { return finished_.load(std::memory_order_acquire); }
+  void Wait();
+  // The error that stopped the pipeline under on_error: fail; ok otherwise.
+  Status status() const;
+  // Whether it stopped because a rank's data had (almost) no usable sample left: a problem
+  // of the data, like a bad config (the daemon exits 2), not of the run.
+  bool stopped_on_unusable_data() const { return unusable_data_.load(std::memory_order_relaxed); }
+
+  // Adds a stage that lives outside the pipeline (a ring sink) to the profile.
+  // REQUIRES: before Start().
+  void AddProfiledStage(const StageInfo& info) { extra_infos_.push_back(info); }
+  // Remote shards: the store's figures (RemoteStore::Stats); null for local data.
+  nlohmann::json StorageStats() const;
+  nlohmann::json Profile() const;
+  // workers: auto: how many of the stage's threads take items from now on (1 to the threads it
+  // started, SampleStages()' `threads`); the others finish their item and park. The bytes of
+  // every batch are the same whatever the counts.
+  Status SetWorkers(const std::string& stage, int workers);
+  // The worker threads field stages may have together (0 unless a stage has workers: auto).
+  int cpu_budget() const { return cpu_budget_; }
+  // Every stage's counters now (the windowed profile compares two of these).
+  std::vector<StageSample> SampleStages() const;
+  // The pipeline's live threads: thread id -> the stage they work for (the source's and the
+  // batch stage's names for those two threads).
+  std::map<int, std::string> Threads() const;
+  // Grows whenever any stage finishes an item (a watchdog's sign of life).
+  uint64_t Progress() const;
+  // Where each stage's threads run: [{"stage", "threads", "cpus": "0-3", "numa_node"}].
+  nlohmann::json PlacementJson() const;
+  const ErrorLog& errors() const { return errors_; }
+  // Every rank's epoch has this many batches; batch `index` of an epoch has RowsOf(index) rows.
+  // With a token budget (budgeted()) the count depends on the epoch (EpochBatches) and this is
+  // the origin epoch's.
+  uint64_t batches_per_epoch() const { return batches_per_epoch_; }
+  int RowsOf(uint64_t index) const;
+  bool budgeted() const { return cfg_.budgeted(); }
+  // Every rank's batches in epoch `epoch` (>= origin().epoch).
+  uint64_t EpochBatches(uint32_t epoch) const;
+  // The cursor of batch `seq` of a rank, and the one that follows it. REQUIRES: seq >=
+  // origin().seq (Rewind and SetStart check it).
+  StreamCursor CursorAt(uint64_t seq) const;
+  StreamCursor CursorAfter(uint64_t seq) const { return CursorAt(seq + 1); }
+  // Whether this pipeline can serve a rank from batch `seq` on: at or after the origin, at most
+  // the end of the data, in an epoch a cursor can name (and, with a token budget, not
+  // kMaxEpochsAhead epochs ahead). Every cursor from outside (an attach's resume, a saved state)
+  // is checked here before it is used.
+  Status CheckCursor(uint64_t seq) const;
+  // Serves rank `rank` from `from` on (a cursor its trainer finished at): the rank's batches
+  // not yet in its sink are abandoned, the sink's unheld ones dropped (DropPublished), and
+  // the rank's stream restarts there. Other ranks are untouched. Refused for packed text and
+  // once the pipeline has finished.
+  Status Rewind(uint32_t rank, uint64_t from_seq);
+  // The seq of the next batch the rank's sink will be given.
+  uint64_t NextCommit(uint32_t rank) const {
+    return next_commit_[rank].load(std::memory_order_acquire);
+  }
+  // Identifies the streams this pipeline makes: the catalog's ids and every setting that
+  // changes which samples go where or their bytes. Equal fingerprints, equal batches.
+  const std::string& fingerprint() const { return fingerprint_; }
+  // The same, for only what decides which sample goes into which batch row (the catalog's ids,
+  // seed, shuffle, nodes, consumers, batch size): equal, equal ids batch by batch.
+  const std::string& order_fingerprint() const { return order_fingerprint_; }
+
+  struct WorkItem;  // internal: one sample's field travelling through a branch
+
+ private:
+  struct Branch;
+  struct Readers;
+  struct Provisional;
+  struct Refill;
+  class Collator;
+  class RefillQueue;
+  Pipeline();
+  void WantShards(const std::vector<StreamCursor>& next, const std::vector<bool>& done,
+                  std::vector<uint32_t>* last);
+  void SourceLoop();
+  void Dispatch(const std::shared_ptr<const Provisional>& batch, int row, uint32_t entry,
+                bool refill);
+  void WorkerLoop(Branch* b, int worker);
+  void BatchLoop();
+  void Fail(const Status& st);
+  void SampleFailed(const CatalogEntry& e, const std::string& stage, const Status& st);
+  void ReleaseReaders(Readers* readers, std::atomic<uint64_t>* blocked_ns);
+  std::vector<int64_t> PackRagged(const BatchMemory& memory, uint32_t rows) const;
+  std::vector<StageInfo> StageInfos() const;
+  Status MeasureCatalog();
+  // A sample's cost from its outputs: `row(t)` gives tensor t's bytes for the sample.
+  SampleCost CostOf(const std::function<const uint8_t*(size_t)>& row) const;
+  std::shared_ptr<const EpochPlan> PlanOf(uint32_t epoch) const;
+  uint64_t EpochBatchesLocked(uint32_t epoch) const;
+  // The epoch holding batch `seq` (>= origin().seq) and its first batch's seq; false past
+  // kMaxEpochsAhead epochs.
+  bool Locate(uint64_t seq, uint32_t* epoch, uint64_t* first) const;
+  Status Reachable(uint64_t seq) const;
+  static constexpr size_t kMaxEpochsAhead = 1000;
+  class ThreadTag;
+
+  PipelineConfig cfg_;
+  std::vector<BatchSink*> sinks_;
+  std::vector<TensorSpec> specs_;     // every tensor of a batch, in order
+  std::vector<size_t> first_tensor_;  // per branch: index of its first tensor in specs_
+  std::vector<int> rows_from_;        // per tensor: its rows_from tensor's index, or -1
+  std::vector<int> starts_of_;        // per tensor: the ragged tensor it holds starts of, or -1
+  int read_stages_ = 0;               // stages whose outputs other stages read
+  std::vector<int> control_cpus_;  // where the source and batch threads run (top-level placement)
+  std::shared_ptr<const Catalog> catalog_;
+  uint64_t per_rank_ = 0;  // samples in a rank's share of an epoch
+  uint64_t batches_per_epoch_ = 0;
+  // Token-budget batches: every catalog entry's cost, and the epochs' plans (computed when
+  // first asked for; the last few kept) and batch counts (all kept), guarded by plans_mu_.
+  BatchBudget budget_;
+  std::vector<SampleCost> costs_;
+  std::vector<size_t> token_tensors_, patch_tensors_;  // what a budget counts (Stage::Costs)
+  mutable std::mutex plans_mu_;
+  mutable std::map<uint32_t, std::shared_ptr<const EpochPlan>> plans_;
+  mutable std::map<uint32_t, uint64_t> epoch_batches_;
+  mutable std::vector<uint64_t> epoch_starts_;  // [i]: seq of epoch origin + i's first batch
+  uint64_t min_epoch_batches_ = 1;              // a lower bound of every epoch's count
+  std::vector<StreamCursor> start_;
+  Origin origin_;
+  std::unique_ptr<RefillQueue> refills_;
+  std::atomic<int64_t> open_batches_{0};  // dealt and not yet committed or discarded
+  // Rewinds, guarded by rewind_mu_: per rank the stream generation, where it restarts, and
+  // whether the source and the collator have taken it up yet.
+  struct RankRewind {
+    uint64_t gen = 0;
+    StreamCursor to;
+    bool source_pending = false, collator_pending = false;
+  };
+  std::mutex rewind_mu_;
+  std::vector<RankRewind> rewinds_;
+  bool source_exited_ = false;
+  std::atomic<bool> rewind_pending_{false};
+  std::unique_ptr<std::atomic<uint64_t>[]> next_commit_;
+  std::string fingerprint_, order_fingerprint_;
+  uint64_t next_key_ = 0;  // source thread: one per dispatched sample
+  // Sample accounting: dealt = first-time positions; refill draws are counted apart.
+  std::atomic<uint64_t> dealt_{0}, failed_{0}, refills_ok_{0}, refills_failed_{0};
+  std::vector<std::unique_ptr<Branch>> branches_;
+  std::unique_ptr<class JoinBox> join_;
+  StageCounters source_counters_, batch_counters_;
+  std::vector<StageInfo> extra_infos_;
+  int cpu_budget_ = 0;
+  mutable std::mutex threads_mu_;
+  std::map<int, std::string> thread_stages_;  // guarded by threads_mu_
+  ErrorLog errors_;
+  std::vector<std::thread> threads_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> live_workers_{0};
+  std::atomic<bool> finished_{false};
+  std::atomic<bool> finish_sinks_{true};  // false after Quiesce
+  std::atomic<bool> stop_at_epoch_end_{false};
+  std::atomic<bool> epoch_end_together_{false};
+  std::atomic<bool> complete_{false};  // every rank dealt to the end of its data
+  std::atomic<bool> unusable_data_{false};
+  uint64_t start_ns_ = 0;
+  std::atomic<uint64_t> end_ns_{0};
+  mutable std::mutex status_mu_;
+  Status status_;
+};
+
+}  // namespace mmfeed

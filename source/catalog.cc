@@ -1,0 +1,328 @@
+#include "source/catalog.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "base/rng.h"
+#include "source/brace.h"
+
+namespace mmfeed {
+namespace {
+
+// A manifest line's entry before it is parsed: its origin, and the id it has when the line
+// gives none.
+CatalogEntry LineEntry(const std::string& path, const std::string& name, uint64_t line_no) {
+  CatalogEntry e;
+  e.id = fmt::format("{}:{}", name, line_no);
+  e.origin = fmt::format("{}:{}", path, line_no);
+  return e;
+}
+
+// Parses one manifest line into `entry` (made by LineEntry); returns the reason on failure.
+std::string ParseManifestLine(const std::string& line, const std::string& dir,
+                              const std::set<std::string>& needed,
+                              const std::set<std::string>& path_fields, CatalogEntry* entry) {
+  nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return "malformed JSON (or invalid UTF-8)";
+  if (!j.is_object()) return "a manifest line must be a JSON object";
+  if (j.contains("id")) {
+    const auto& id = j["id"];
+    if (id.is_string())
+      entry->id = id.get<std::string>();
+    else if (id.is_number_integer())
+      entry->id = std::to_string(id.get<int64_t>());
+    else
+      return "'id' must be a string or an integer";
+    if (entry->id.empty()) return "'id' is empty";
+    if (entry->id.size() > kMaxIdBytes)
+      return fmt::format("'id' is longer than {} bytes", kMaxIdBytes);
+  }
+  // A string or {"path": ...}: the value; a path is resolved against the manifest's folder.
+  auto value = [&](const std::string& name, const nlohmann::json& v, FieldValue* f) {
+    if (v.is_string()) {
+      f->data = v.get<std::string>();
+      f->kind = path_fields.count(name) ? FieldValue::Kind::kPath : FieldValue::Kind::kText;
+    } else if (v.is_object() && v.contains("path") && v["path"].is_string()) {
+      f->data = v["path"].get<std::string>();
+      f->kind = FieldValue::Kind::kPath;
+    } else {
+      return fmt::format("field '{}' must be a string, {{\"path\": ...}} or a list of those", name);
+    }
+    if (f->kind == FieldValue::Kind::kPath) {
+      if (f->data.empty()) return fmt::format("field '{}' has an empty path", name);
+      f->data = ResolvePath(dir, f->data);
+    }
+    return std::string();
+  };
+  for (const std::string& name : needed) {
+    if (!j.contains(name)) return fmt::format("missing field '{}'", name);
+    const auto& v = j[name];
+    FieldValue f;
+    // Several values, e.g. "images": ["a.jpg", "b.jpg"], or none ("images": [] in a dataset
+    // that mixes text-only samples with others).
+    if (v.is_array()) {
+      if (v.size() > kMaxListItems)
+        return fmt::format("field '{}' is a list of {} values: at most {} are allowed", name,
+                           v.size(), kMaxListItems);
+      f.kind = FieldValue::Kind::kList;
+      f.items.resize(v.size());
+      for (size_t i = 0; i < v.size(); ++i) {
+        std::string reason = value(name, v[i], &f.items[i]);
+        if (!reason.empty()) return reason;
+      }
+    } else {
+      std::string reason = value(name, v, &f);
+      if (!reason.empty()) return reason;
+    }
+    entry->fields.emplace_back(name, std::move(f));
+  }
+  return "";
+}
+
+// What `fields` maps each tar member extension to, for the fields the stages read.
+std::map<std::string, std::string> ExtToField(const SourceConfig& source,
+                                              const std::set<std::string>& needed) {
+  std::map<std::string, std::string> out;
+  for (const auto& [field, exts] : source.fields)
+    if (needed.count(field))
+      for (const auto& e : exts) out[e] = field;
+  return out;
+}
+
+// A tar sample's entry: its members that hold needed fields, read in place. Returns the
+// reason when a needed field has no member.
+std::string TarEntry(const std::string& shard, const std::string& key,
+                     const std::vector<TarMember>& members,
+                     const std::map<std::string, std::string>& ext_to_field,
+                     const std::set<std::string>& needed, CatalogEntry* e) {
+  e->id = key;
+  e->origin = shard + ":" + key;
+  e->fields.clear();
+  for (const TarMember& m : members) {
+    auto f = ext_to_field.find(m.ext);
+    if (f == ext_to_field.end()) continue;
+    FieldValue v;
+    v.kind = FieldValue::Kind::kFileRange;
+    v.data = shard;
+    v.offset = m.offset;
+    v.size = m.size;
+    v.member = key + "." + m.ext;
+    e->fields.emplace_back(f->second, std::move(v));
+  }
+  for (const std::string& n : needed)
+    if (std::none_of(e->fields.begin(), e->fields.end(),
+                     [&](const auto& kv) { return kv.first == n; }))
+      return fmt::format("sample has no member for field '{}'", n);
+  return "";
+}
+
+// Reads the headers of one tar shard and appends its samples. Stops at the first damaged or
+// truncated member: the members before it are kept, the damage is recorded.
+void ScanShard(const std::string& shard, const std::map<std::string, std::string>& ext_to_field,
+               const std::set<std::string>& needed, Catalog* out) {
+  int fd = ::open(shard.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    out->errors.push_back({shard, std::string("cannot open: ") + std::strerror(errno)});
+    return;
+  }
+  WalkTarSamples(
+      TarFile(fd), shard, kMaxIdBytes,
+      [&](const std::string& key, const std::vector<TarMember>& members) {
+        CatalogEntry e;
+        std::string reason = TarEntry(shard, key, members, ext_to_field, needed, &e);
+        if (reason.empty())
+          out->entries.push_back(std::move(e));
+        else
+          out->errors.push_back({e.origin, reason});
+      },
+      [&](const std::string& origin, const std::string& reason) {
+        out->errors.push_back({origin, reason});
+      });
+  ::close(fd);
+}
+
+}  // namespace
+
+Result<Catalog> LoadManifest(const std::string& path, const std::set<std::string>& needed,
+                             const std::set<std::string>& path_fields) {
+  std::ifstream in(path);
+  if (!in) return Status::NotFound(fmt::format("{}: cannot open manifest", path));
+  Catalog cat;
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  std::string name = std::filesystem::path(path).filename().string();
+  std::string line;
+  size_t line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    CatalogEntry e = LineEntry(path, name, line_no);
+    std::string reason = ParseManifestLine(line, dir, needed, path_fields, &e);
+    if (reason.empty())
+      cat.entries.push_back(std::move(e));
+    else
+      cat.errors.push_back({e.origin, reason});
+  }
+  return cat;
+}
+
+Result<Catalog> LoadWebDataset(const SourceConfig& source, const std::set<std::string>& needed) {
+  Result<std::vector<std::string>> shards = ExpandBraces(source.path);
+  if (!shards.ok()) return shards.status();
+  Catalog cat;
+  cat.needed = needed;
+  cat.ext_to_field = ExtToField(source, needed);
+  if (source.remote) {  // always indexed: the index is what spares fetching every shard
+    Result<std::unique_ptr<RemoteStore>> store = RemoteStore::Create(source.fetch, source.path);
+    if (!store.ok()) return store.status();
+    cat.remote = std::move(store.value());
+  }
+  bool indexed = source.index == "on" || source.remote;
+  if (source.index == "auto" && !source.remote) {
+    uint64_t bytes = 0;
+    for (const std::string& s : *shards) {
+      std::error_code ec;
+      const uintmax_t n = std::filesystem::file_size(s, ec);
+      bytes += ec ? 0 : n;
+    }
+    indexed = bytes >= kIndexAutoBytes;
+  }
+  if (!indexed) {
+    for (const std::string& s : *shards) ScanShard(s, cat.ext_to_field, needed, &cat);
+    return cat;
+  }
+  std::vector<ShardIndex::Damage> damage;
+  Result<std::unique_ptr<ShardIndex>> index =
+      ShardIndex::Open(*shards, source.index_dir, kMaxIdBytes, &damage, cat.remote.get());
+  if (!index.ok()) return index.status();
+  cat.shards = std::move(index.value());
+  for (ShardIndex::Damage& d : damage)
+    cat.errors.push_back({std::move(d.origin), std::move(d.reason)});
+  return cat;
+}
+
+Status Catalog::Read(size_t i, CatalogEntry* e) const {
+  if (shards) {
+    const std::string* shard = nullptr;
+    std::string key;
+    std::vector<TarMember> members;
+    Status st = shards->Sample(i, &shard, &key, &members);
+    std::string reason = TarEntry(*shard, key, members, ext_to_field, needed, e);
+    if (!st.ok()) return st;
+    return reason.empty() ? Status::Ok() : Status::Corrupt(reason);
+  }
+  std::string line;
+  uint64_t line_no = 0;
+  Status st = index->Line(i, &line, &line_no);
+  *e = LineEntry(manifest_path, manifest_name, line_no);
+  if (!st.ok()) return st;
+  std::string reason = ParseManifestLine(line, manifest_dir, needed, path_fields, e);
+  return reason.empty() ? Status::Ok() : Status::Corrupt(reason);
+}
+
+Result<Catalog> LoadCatalog(const SourceConfig& source, const std::set<std::string>& needed,
+                            const std::set<std::string>& path_fields) {
+  if (source.type != "manifest") return LoadWebDataset(source, needed);
+  bool indexed = source.index == "on";
+  if (source.index == "auto") {
+    std::error_code ec;
+    const uintmax_t bytes = std::filesystem::file_size(source.path, ec);
+    indexed = !ec && bytes >= kIndexAutoBytes;
+  }
+  if (!indexed) return LoadManifest(source.path, needed, path_fields);
+  Result<std::unique_ptr<ManifestIndex>> index = ManifestIndex::Open(source.path, source.index_dir);
+  if (!index.ok()) return index.status();
+  Catalog cat;
+  cat.index = std::move(index.value());
+  cat.manifest_path = source.path;
+  cat.manifest_dir = std::filesystem::path(source.path).parent_path().string();
+  cat.manifest_name = std::filesystem::path(source.path).filename().string();
+  cat.needed = needed;
+  cat.path_fields = path_fields;
+  return cat;
+}
+
+EpochOrder::EpochOrder(size_t n, const SourceConfig& source, uint32_t epoch, int consumers)
+    : size_(n / source.num_nodes / consumers * consumers),
+      nodes_(static_cast<uint64_t>(source.num_nodes)),
+      node_(static_cast<uint64_t>(source.node_rank)),
+      shuffle_(source.shuffle),
+      perm_(n, Rng(source.seed, epoch, "", "shuffle").Next()) {}
+
+std::shared_ptr<const ShardWindows> Catalog::WindowsOf(const SourceConfig& source,
+                                                       uint32_t epoch) const {
+  std::lock_guard<std::mutex> lock(window_cache_->mu);
+  auto& cached = window_cache_->epochs[{epoch, source.seed, source.shuffle, source.shuffle_window}];
+  if (cached) return cached;
+  auto w = std::make_shared<ShardWindows>();
+  const size_t n = shards->shard_count();
+  w->window = static_cast<uint32_t>(std::max(1, source.shuffle_window));
+  w->shards.resize(n);
+  w->starts.assign(1, 0);
+  const Permutation perm(n ? n : 1, Rng(source.seed, epoch, "", "shard order").Next());
+  for (size_t t = 0; t < n; ++t) {
+    w->shards[t] = static_cast<uint32_t>(source.shuffle ? perm(t) : t);
+    w->starts.push_back(w->starts.back() + shards->shard(w->shards[t]).count);
+  }
+  cached = w;
+  while (window_cache_->epochs.size() > 8)  // ranks are an epoch or two apart at most
+    window_cache_->epochs.erase(window_cache_->epochs.begin());
+  return w;
+}
+
+EpochOrder::EpochOrder(const Catalog& cat, const SourceConfig& source, uint32_t epoch,
+                       int consumers)
+    : EpochOrder(cat.size(), source, epoch, consumers) {
+  if (source.shuffle_window <= 0 || !cat.shards) return;
+  windows_ = cat.WindowsOf(source, epoch);
+  shards_ = cat.shards.get();
+  part_ = static_cast<uint64_t>(cat.size()) / nodes_ * node_;
+  window_seed_ = Rng(source.seed, epoch, "", "window shuffle").Next();
+}
+
+uint32_t EpochOrder::Windowed(size_t i) const {
+  const ShardWindows& w = *windows_;
+  const uint64_t g = part_ + i;
+  // The sequence shard holding g, its window [a, b) and the window's samples [lo, hi).
+  const size_t t = std::upper_bound(w.starts.begin(), w.starts.end(), g) - w.starts.begin() - 1;
+  const size_t a = t / w.window * w.window, b = std::min(a + w.window, w.shards.size());
+  const uint64_t lo = w.starts[a], hi = w.starts[b];
+  uint64_t q = g;
+  if (shuffle_) q = lo + Permutation(hi - lo, window_seed_ ^ (a * 0x9E3779B97F4A7C15ull))(g - lo);
+  const size_t u =
+      std::upper_bound(w.starts.begin() + a, w.starts.begin() + b + 1, q) - w.starts.begin() - 1;
+  return static_cast<uint32_t>(shards_->shard(w.shards[u]).first + (q - w.starts[u]));
+}
+
+size_t EpochOrder::WindowOf(size_t i) const {
+  const ShardWindows& w = *windows_;
+  const uint64_t g = part_ + i;
+  return static_cast<size_t>(std::upper_bound(w.starts.begin(), w.starts.end(), g) -
+                             w.starts.begin() - 1) /
+         w.window;
+}
+
+std::vector<uint32_t> EpochOrder::WindowShards(size_t i, int more) const {
+  std::vector<uint32_t> out;
+  if (!windows_ || i >= size_) return out;
+  const ShardWindows& w = *windows_;
+  const uint64_t g = part_ + i, end = part_ + size_;
+  size_t t = std::upper_bound(w.starts.begin(), w.starts.end(), g) - w.starts.begin() - 1;
+  for (size_t a = t / w.window * w.window; a < w.shards.size() && more >= 0;
+       a += w.window, --more) {
+    if (w.starts[a] >= end) break;
+    // Every shard of the window, even past this node's part: its positions may draw from them.
+    for (size_t u = a; u < std::min(a + w.window, w.shards.size()); ++u)
+      if (w.starts[u + 1] > w.starts[u]) out.push_back(w.shards[u]);
+  }
+  return out;
+}
+
+}  // namespace mmfeed

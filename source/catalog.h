@@ -1,0 +1,143 @@
+// Catalog: every sample a source offers. A JSONL manifest's lines are either all parsed at
+// start (source.index: off, and auto below kIndexAutoBytes) or, with its ManifestIndex, only
+// located at start and parsed when dealt (8 bytes per sample instead of the parsed fields);
+// WebDataset tar shards' members are found by reading only their 512-byte headers.
+// Parsed at start, samples that cannot be used (malformed line, missing field, tar cut in the
+// middle) are not in the catalog; they are listed in `errors` with their origin and reason.
+// Parsed when dealt, such a line is a failed sample (Read's status), counted like a corrupt
+// file. Built on the supervisor thread; read-only afterwards and safe to share between threads.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "source/manifest_index.h"
+#include "source/permutation.h"
+#include "source/remote_store.h"
+#include "source/sample.h"
+#include "source/shard_index.h"
+#include "source/source_config.h"
+
+namespace mmfeed {
+
+// Longest sample id, in bytes: ring slots reserve this much per sample for ids.
+constexpr size_t kMaxIdBytes = 255;
+
+struct CatalogEntry {
+  std::string id;
+  std::string origin;  // "manifest.jsonl:12" or "shard-00003.tar:sample0042"
+  std::vector<std::pair<std::string, FieldValue>> fields;
+};
+
+struct LoadError {
+  std::string origin;
+  std::string reason;
+};
+
+// source.index: auto indexes manifests from this size on (about 650 k lines of 100 bytes,
+// whose parsed fields would take ~200 MB at the ~300 bytes per sample bench/catalog_bench.py
+// measures).
+constexpr uint64_t kIndexAutoBytes = 64ull << 20;
+
+// Window mode (source.shuffle_window > 0, tar shards): one epoch's shards in reading order.
+struct ShardWindows {
+  std::vector<uint32_t> shards;  // shard indexes (ShardIndex::shard) in reading order
+  std::vector<uint64_t> starts;  // starts[t]: the samples of shards[0..t); starts.back() = size
+  uint32_t window = 1;           // shards per window
+};
+
+struct Catalog {
+  std::vector<CatalogEntry> entries;  // parsed at start
+  std::vector<LoadError> errors;
+  // Or an indexed manifest, whose lines Read parses,
+  std::shared_ptr<const ManifestIndex> index;
+  std::string manifest_path, manifest_dir, manifest_name;
+  std::set<std::string> needed, path_fields;
+  // or indexed tar shards, whose records Read looks up.
+  std::shared_ptr<const ShardIndex> shards;
+  std::map<std::string, std::string> ext_to_field;
+  // Remote shards (http://, https://, s3://) are read through this store.
+  std::shared_ptr<RemoteStore> remote;
+
+  bool indexed() const { return index || shards; }
+  size_t size() const { return index ? index->size() : shards ? shards->size() : entries.size(); }
+  // Names the indexed source's contents. REQUIRES: indexed().
+  uint64_t index_fingerprint() const {
+    return index ? index->fingerprint() : shards->fingerprint();
+  }
+  // An indexed source's entry i, read and parsed (REQUIRES: indexed(), i < size()). On failure
+  // `*e` still has the sample's id and origin ("manifest.jsonl:12", "shard-00003.tar:key").
+  Status Read(size_t i, CatalogEntry* e) const;
+  // Window mode's shard order of `epoch` (made once per epoch, the last few kept). REQUIRES:
+  // shards.
+  std::shared_ptr<const ShardWindows> WindowsOf(const SourceConfig& source, uint32_t epoch) const;
+
+ private:
+  struct WindowCache {
+    std::mutex mu;
+    // By epoch, seed, shuffle and window (tests ask one catalog for several orders).
+    std::map<std::tuple<uint32_t, uint64_t, bool, int>, std::shared_ptr<const ShardWindows>> epochs;
+  };
+  std::shared_ptr<WindowCache> window_cache_ = std::make_shared<WindowCache>();
+};
+
+// `needed`: the fields the pipeline's stages read; `path_fields`: those whose plain-string
+// manifest values name files.
+Result<Catalog> LoadManifest(const std::string& path, const std::set<std::string>& needed,
+                             const std::set<std::string>& path_fields);
+Result<Catalog> LoadWebDataset(const SourceConfig& source, const std::set<std::string>& needed);
+Result<Catalog> LoadCatalog(const SourceConfig& source, const std::set<std::string>& needed,
+                            const std::set<std::string>& path_fields);
+
+// The catalog positions this node deals in `epoch`, in dealing order: position i goes to
+// consumer rank i % consumers. A deterministic function of (seed, epoch, node_rank, num_nodes);
+// every node gets the same count and every rank the same count (the remainder is left out).
+// Each position is computed when asked for, so an epoch costs no memory per sample and any
+// position is reached in O(log shards) at most.
+// - Permutation mode (the default): the shuffle is a Permutation of the whole catalog (seeded
+//   by seed and epoch), of which node k takes positions k, k + num_nodes, ...
+// - Window mode (source.shuffle_window W > 0 over tar shards): the epoch's sequence takes the
+//   shards in a seeded order (ShardWindows) and permutes the samples within each run of W
+//   shards; node k takes the k-th of num_nodes contiguous parts of that sequence, so a node
+//   reads each shard of its part whole (shards at the parts' edges are read by two nodes) and
+//   holds W shards at a time. docs/remote.md compares it with a full permutation.
+class EpochOrder {
+ public:
+  // Permutation mode.
+  EpochOrder(size_t catalog_size, const SourceConfig& source, uint32_t epoch, int consumers);
+  // Window mode when source.shuffle_window > 0 and the catalog is of tar shards.
+  EpochOrder(const Catalog& catalog, const SourceConfig& source, uint32_t epoch, int consumers);
+  size_t size() const { return size_; }
+  // REQUIRES: i < size().
+  uint32_t operator[](size_t i) const {
+    if (windows_) return Windowed(i);
+    const uint64_t at = static_cast<uint64_t>(i) * nodes_ + node_;
+    return static_cast<uint32_t>(shuffle_ ? perm_(at) : at);
+  }
+  // Window mode: the shards (ShardIndex::shard indexes) of the window holding position i and
+  // of up to `more` windows after it in this node's part, in reading order.
+  bool windowed() const { return windows_ != nullptr; }
+  std::vector<uint32_t> WindowShards(size_t i, int more) const;
+  // Window mode: the index of the window holding position i in the epoch's sequence.
+  size_t WindowOf(size_t i) const;
+
+ private:
+  uint32_t Windowed(size_t i) const;
+
+  size_t size_;
+  uint64_t nodes_, node_;
+  bool shuffle_;
+  Permutation perm_;
+  std::shared_ptr<const ShardWindows> windows_;
+  const ShardIndex* shards_ = nullptr;
+  uint64_t part_ = 0;  // window mode: where this node's part starts in the sequence
+  uint64_t window_seed_ = 0;
+};
+
+}  // namespace mmfeed

@@ -1,0 +1,612 @@
+#include "source/remote_store.h"
+
+#include <curl/curl.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <set>
+
+#include "base/clock.h"
+#include "source/shard_index.h"
+
+namespace mmfeed {
+namespace {
+
+// A shard that failed for good is not asked for again for this long: its samples fail at once.
+constexpr int64_t kFailedTtlNs = 60'000'000'000;
+// Stats() lists the most recent failures (every one is logged).
+constexpr size_t kMostFailedListed = 64;
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+std::string Trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r") - b + 1);
+}
+
+// aws_access_key_id, aws_secret_access_key and aws_session_token of `profile` in an AWS
+// credentials file (INI: "[profile]" then "key = value" lines).
+Status ReadCredentialsFile(const std::string& path, const std::string& profile, std::string* key,
+                           std::string* secret, std::string* token) {
+  std::ifstream in(path);
+  if (!in) return Status::NotFound(fmt::format("{}: cannot open the credentials file", path));
+  std::string line, section;
+  while (std::getline(in, line)) {
+    line = Trim(line);
+    if (line.empty() || line[0] == '#' || line[0] == ';') continue;
+    if (line.front() == '[' && line.back() == ']') {
+      section = Trim(line.substr(1, line.size() - 2));
+      continue;
+    }
+    const size_t eq = line.find('=');
+    if (section != profile || eq == std::string::npos) continue;
+    const std::string k = Trim(line.substr(0, eq)), v = Trim(line.substr(eq + 1));
+    if (k == "aws_access_key_id") *key = v;
+    if (k == "aws_secret_access_key") *secret = v;
+    if (k == "aws_session_token") *token = v;
+  }
+  if (key->empty() || secret->empty())
+    return Status::Invalid(fmt::format(
+        "{}: profile [{}] has no aws_access_key_id and aws_secret_access_key", path, profile));
+  return Status::Ok();
+}
+
+}  // namespace
+
+struct RemoteStore::Request {
+  std::string url;  // as the catalog names it (messages)
+  bool head = false;
+  bool range = false;
+  uint64_t offset = 0, size = 0;  // the range, or the whole object's expected size
+  int fd = -1;                    // where the body goes (GET)...
+  BodySink* sink = nullptr;       // ...or to whom
+  // Filled in by Perform.
+  uint64_t written = 0;
+  bool overflow = false;
+  long status = 0;
+  ObjectInfo info;
+};
+
+namespace {
+
+struct Transfer {
+  RemoteStore::ObjectInfo* info;
+  int fd;
+  RemoteStore::BodySink* sink;
+  uint64_t limit, *written;
+  bool* overflow;
+  CURL* curl;
+  const std::atomic<bool>* stop;
+  bool deadline;  // give up when the calling thread's sample deadline passes
+};
+
+size_t OnBody(char* data, size_t size, size_t n, void* user) {
+  auto* t = static_cast<Transfer*>(user);
+  const size_t bytes = size * n;
+  long status = 0;
+  curl_easy_getinfo(t->curl, CURLINFO_RESPONSE_CODE, &status);
+  if (status < 200 || status >= 300) return bytes;  // an error page: not the object
+  if (*t->written + bytes > t->limit) {
+    *t->overflow = true;
+    return 0;  // aborts the transfer
+  }
+  if (t->sink) {
+    if (!t->sink->Add(data, bytes)) return 0;
+    *t->written += bytes;
+    return bytes;
+  }
+  size_t done = 0;
+  while (done < bytes) {
+    ssize_t w = ::pwrite(t->fd, data + done, bytes - done, static_cast<off_t>(*t->written + done));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return 0;
+    done += static_cast<size_t>(w);
+  }
+  *t->written += bytes;
+  return bytes;
+}
+
+size_t OnHeader(char* data, size_t size, size_t n, void* user) {
+  auto* t = static_cast<Transfer*>(user);
+  std::string line(data, size * n);
+  if (line.size() > 5 && strncasecmp(line.c_str(), "etag:", 5) == 0)
+    t->info->etag = Trim(line.substr(5));
+  if (line.size() > 14 && strncasecmp(line.c_str(), "content-range:", 14) == 0) {
+    unsigned long long first = 0, last = 0;
+    if (std::sscanf(line.c_str() + 14, " bytes %llu-%llu/", &first, &last) == 2 && first <= last) {
+      t->info->range_first = static_cast<int64_t>(first);
+      t->info->range_last = static_cast<int64_t>(last);
+    }
+  }
+  if (line.rfind("HTTP/", 0) == 0) {  // a new response (redirects)
+    t->info->etag.clear();
+    t->info->range_first = t->info->range_last = -1;
+  }
+  return size * n;
+}
+
+int OnProgress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  auto* t = static_cast<Transfer*>(user);
+  if (t->stop->load(std::memory_order_relaxed)) return 1;
+  return t->deadline && SampleDeadlinePassed() ? 1 : 0;
+}
+
+std::once_flag g_curl_init;
+
+constexpr uint64_t kTarBlock = 512;
+
+// The member's tar header, the block at `at` of `fd` just before its data (at `data`): checked
+// when there is a whole block before the data.
+Status CheckHeaderAt(int fd, uint64_t at, uint64_t data, uint64_t size, const std::string& member,
+                     const std::string& url) {
+  if (data - at < kTarBlock) return Status::Ok();
+  char h[kTarBlock];
+  if (::pread(fd, h, kTarBlock, static_cast<off_t>(at)) != static_cast<ssize_t>(kTarBlock))
+    return Status::Io(fmt::format("{}: cannot read the header of member {}", url, member));
+  Status st = CheckMemberHeader(h, size, member);
+  if (!st.ok())
+    return Status::Corrupt(
+        fmt::format("{}: member {} at offset {}: {} (the server answered with "
+                    "other bytes, or the shard changed since it was indexed)",
+                    url, member, data, st.message()));
+  return Status::Ok();
+}
+
+}  // namespace
+
+RemoteStore::RemoteStore(const RemoteConfig& cfg) : cfg_(cfg) {}
+
+Result<std::unique_ptr<RemoteStore>> RemoteStore::Create(const RemoteConfig& cfg,
+                                                         const std::string& path) {
+  std::call_once(g_curl_init, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+  std::unique_ptr<RemoteStore> s(new RemoteStore(cfg));
+  if (path.rfind("s3://", 0) == 0) {
+    s->s3_ = true;
+    s->s3_region_ = cfg.s3_region;
+    for (const char* v : {"AWS_REGION", "AWS_DEFAULT_REGION"})
+      if (s->s3_region_.empty()) s->s3_region_ = Env(v);
+    if (s->s3_region_.empty()) s->s3_region_ = "us-east-1";
+    s->s3_endpoint_ = cfg.s3_endpoint;
+    for (const char* v : {"AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"})
+      if (s->s3_endpoint_.empty()) s->s3_endpoint_ = Env(v);
+    s->s3_virtual_hosts_ = s->s3_endpoint_.empty();
+    while (!s->s3_endpoint_.empty() && s->s3_endpoint_.back() == '/') s->s3_endpoint_.pop_back();
+    std::string profile = cfg.s3_profile.empty() ? Env("AWS_PROFILE") : cfg.s3_profile;
+    if (profile.empty()) profile = "default";
+    // A file named in the YAML wins; then the environment's keys; then the usual file.
+    std::string file = cfg.s3_credentials_file;
+    if (file.empty()) {
+      s->s3_key_ = Env("AWS_ACCESS_KEY_ID");
+      s->s3_secret_ = Env("AWS_SECRET_ACCESS_KEY");
+      s->s3_token_ = Env("AWS_SESSION_TOKEN");
+      if (s->s3_key_.empty() || s->s3_secret_.empty()) {
+        s->s3_key_.clear(), s->s3_secret_.clear(), s->s3_token_.clear();
+        file = Env("AWS_SHARED_CREDENTIALS_FILE");
+        if (file.empty() && !Env("HOME").empty()) file = Env("HOME") + "/.aws/credentials";
+        if (file.empty() || access(file.c_str(), R_OK) != 0)
+          return Status::Invalid(fmt::format(
+              "{}: no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or name "
+              "a credentials file in source.s3.credentials_file",
+              path));
+      }
+    }
+    if (!file.empty())
+      MMFEED_RETURN_IF_ERROR(
+          ReadCredentialsFile(file, profile, &s->s3_key_, &s->s3_secret_, &s->s3_token_));
+  }
+  for (int i = 0; i < cfg.concurrency; ++i)
+    s->fetchers_.emplace_back([p = s.get()] { p->FetchLoop(); });
+  return s;
+}
+
+RemoteStore::~RemoteStore() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+    stopping_.store(true);
+  }
+  changed_.notify_all();
+  for (std::thread& t : fetchers_) t.join();
+  for (auto& [url, s] : shards_)
+    if (s.fd >= 0) ::close(s.fd);
+  std::lock_guard<std::mutex> l(handles_mu_);
+  for (void* c : handles_) curl_easy_cleanup(c);
+}
+
+std::string RemoteStore::HttpUrl(const std::string& url) const {
+  if (!s3_) return url;
+  const std::string rest = url.substr(5);  // after "s3://"
+  const size_t slash = rest.find('/');
+  const std::string bucket = rest.substr(0, slash);
+  const std::string key = slash == std::string::npos ? "" : rest.substr(slash + 1);
+  if (s3_virtual_hosts_)
+    return fmt::format("https://{}.s3.{}.amazonaws.com/{}", bucket, s3_region_, key);
+  return fmt::format("{}/{}/{}", s3_endpoint_, bucket, key);
+}
+
+Status RemoteStore::Perform(Request* req) {
+  CURL* curl = nullptr;
+  {
+    std::lock_guard<std::mutex> l(handles_mu_);
+    if (!handles_.empty()) {
+      curl = handles_.back();
+      handles_.pop_back();
+    }
+  }
+  if (!curl) curl = curl_easy_init();
+  if (!curl) return Status::ResourceExhausted("curl_easy_init failed");
+  struct Return {
+    RemoteStore* s;
+    void* c;
+    ~Return() {
+      std::lock_guard<std::mutex> l(s->handles_mu_);
+      s->handles_.push_back(c);
+    }
+  } give_back{this, curl};
+
+  const std::string http_url = HttpUrl(req->url);
+  const std::string range =
+      req->range ? fmt::format("{}-{}", req->offset, req->offset + req->size - 1) : "";
+  const std::string sigv4 = fmt::format("aws:amz:{}:s3", s3_region_);
+  const std::string userpwd = s3_key_ + ":" + s3_secret_;
+  std::mt19937_64 jitter(std::hash<std::string>()(req->url) ^ NowNs());
+  std::string last_error;
+  for (int attempt = 0;; ++attempt) {
+    if (attempt > 0) {
+      retries_.fetch_add(1, std::memory_order_relaxed);
+      // 0.2 s, 0.4 s, ... up to 5 s, times 0.75-1.25.
+      const double base = std::min(5.0, 0.2 * std::pow(2.0, attempt - 1));
+      const double wait = base * std::uniform_real_distribution<double>(0.75, 1.25)(jitter);
+      std::unique_lock<std::mutex> l(mu_);
+      if (changed_.wait_for(l, std::chrono::duration<double>(wait), [&] { return stop_; }))
+        return Status::Closed(req->url + ": the store is closing");
+      if (!req->head && SampleDeadlinePassed())
+        return Status::Timeout(
+            fmt::format("{}: {}; gave up retrying at the sample's deadline", req->url, last_error));
+    }
+    req->written = 0;
+    req->overflow = false;
+    req->status = 0;
+    req->info = ObjectInfo{};
+    if (req->fd >= 0 && ::ftruncate(req->fd, 0) != 0)
+      return Status::Io(fmt::format("{}: {}", req->url, std::strerror(errno)));
+    if (req->sink) req->sink->Reset();
+    Transfer t{&req->info,     req->fd, req->sink,  req->size, &req->written,
+               &req->overflow, curl,    &stopping_, !req->head};
+    curl_easy_reset(curl);
+    curl_easy_setopt(curl, CURLOPT_URL, http_url.c_str());
+    curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(curl, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(curl, CURLOPT_MAXREDIRS, 5L);
+    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(cfg_.timeout_s * 1000));
+    // A transfer that moves nothing for timeout_s is given up (and retried); a slow but moving
+    // one is not, however large the shard.
+    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
+                     std::max(1L, static_cast<long>(std::ceil(cfg_.timeout_s))));
+    curl_easy_setopt(curl, CURLOPT_FILETIME, 1L);
+    curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, OnHeader);
+    curl_easy_setopt(curl, CURLOPT_HEADERDATA, &t);
+    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnBody);
+    curl_easy_setopt(curl, CURLOPT_WRITEDATA, &t);
+    curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, OnProgress);
+    curl_easy_setopt(curl, CURLOPT_XFERINFODATA, &t);
+    if (req->head) curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
+    if (req->range) curl_easy_setopt(curl, CURLOPT_RANGE, range.c_str());
+    curl_slist* headers = nullptr;
+    if (s3_) {
+      curl_easy_setopt(curl, CURLOPT_AWS_SIGV4, sigv4.c_str());
+      curl_easy_setopt(curl, CURLOPT_USERPWD, userpwd.c_str());
+      headers = curl_slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+      if (!s3_token_.empty())
+        headers = curl_slist_append(headers, ("x-amz-security-token: " + s3_token_).c_str());
+      curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+    }
+    requests_.fetch_add(1, std::memory_order_relaxed);
+    const CURLcode rc = curl_easy_perform(curl);
+    curl_slist_free_all(headers);
+    curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &req->status);
+    bool retry = false;
+    if (rc == CURLE_OK) {
+      const long st = req->status;
+      if (st >= 200 && st < 300) {
+        if (req->range && st != 206)
+          return Status::Unsupported(fmt::format(
+              "{}: the server answered a range request with HTTP {} (it must support ranges)",
+              req->url, st));
+        if (req->range &&
+            (req->info.range_first != static_cast<int64_t>(req->offset) ||
+             req->info.range_last != static_cast<int64_t>(req->offset + req->size - 1)))
+          return Status::Corrupt(
+              fmt::format("{}: asked for bytes {}-{}, the server answered with Content-Range {}-{}",
+                          req->url, req->offset, req->offset + req->size - 1, req->info.range_first,
+                          req->info.range_last));
+        if (req->head) {
+          curl_off_t len = -1, mtime = -1;
+          curl_easy_getinfo(curl, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &len);
+          curl_easy_getinfo(curl, CURLINFO_FILETIME_T, &mtime);
+          if (len < 0) return Status::Io(req->url + ": the server gave no Content-Length");
+          req->info.size = static_cast<uint64_t>(len);
+          req->info.mtime_s = static_cast<int64_t>(mtime);
+          return Status::Ok();
+        }
+        if (req->written != req->size)
+          return Status::Corrupt(fmt::format(
+              "{}: {} bytes where {} were expected (the object changed since it was indexed?)",
+              req->url, req->written, req->size));
+        bytes_.fetch_add(req->written, std::memory_order_relaxed);
+        return Status::Ok();
+      }
+      last_error = fmt::format("HTTP {}", st);
+      retry = st >= 500 || st == 408 || st == 429;
+      if (!retry) {
+        if (st == 404)
+          return Status::NotFound(fmt::format("{}: HTTP 404, no such object", req->url));
+        return Status::Io(fmt::format("{}: HTTP {}", req->url, st));
+      }
+    } else if (req->overflow) {
+      return Status::Corrupt(fmt::format(
+          "{}: more than the {} bytes expected (the object changed since it was indexed?)",
+          req->url, req->size));
+    } else if (rc == CURLE_ABORTED_BY_CALLBACK) {
+      if (stopping_.load()) return Status::Closed(req->url + ": the store is closing");
+      return Status::Timeout(req->url + ": gave up at the sample's deadline (sample_timeout_s)");
+    } else {
+      last_error = curl_easy_strerror(rc);
+      retry = rc != CURLE_UNSUPPORTED_PROTOCOL && rc != CURLE_URL_MALFORMAT &&
+              rc != CURLE_WRITE_ERROR && rc != CURLE_OUT_OF_MEMORY;
+      if (!retry) return Status::Io(fmt::format("{}: {}", req->url, last_error));
+    }
+    if (attempt >= cfg_.retries)
+      return Status::Io(
+          fmt::format("{}: {} (after {} attempts)", req->url, last_error, attempt + 1));
+    spdlog::debug("{}: {}; retrying", req->url, last_error);
+  }
+}
+
+Result<RemoteStore::ObjectInfo> RemoteStore::Head(const std::string& url) {
+  Request req;
+  req.url = url;
+  req.head = true;
+  MMFEED_RETURN_IF_ERROR(Perform(&req));
+  return req.info;
+}
+
+Result<int> RemoteStore::Get(const std::string& url, bool range, uint64_t offset, uint64_t size,
+                             std::atomic<uint64_t>* ns) {
+  Request req;
+  req.url = url;
+  req.range = range;
+  req.offset = offset;
+  req.size = size;
+  req.fd = memfd_create(range ? "mmfeed-member" : "mmfeed-shard", MFD_CLOEXEC);
+  if (req.fd < 0) return Status::ResourceExhausted(fmt::format("memfd: {}", std::strerror(errno)));
+  const uint64_t t0 = NowNs();
+  Status st = Perform(&req);
+  ns->fetch_add(NowNs() - t0, std::memory_order_relaxed);
+  if (!st.ok()) {
+    ::close(req.fd);
+    return st;
+  }
+  (range ? range_reads_ : shards_fetched_).fetch_add(1, std::memory_order_relaxed);
+  return req.fd;
+}
+
+Result<int> RemoteStore::FetchAll(const std::string& url, uint64_t size) {
+  return Get(url, false, 0, size, &fetch_ns_);
+}
+
+Status RemoteStore::Stream(const std::string& url, uint64_t size, BodySink* sink) {
+  if (size > cfg_.max_shard_bytes)
+    return Status::ResourceExhausted(
+        fmt::format("the server says the shard is {} bytes, over source.max_shard_bytes ({}): "
+                    "raise it if the shard really is that large",
+                    size, cfg_.max_shard_bytes));
+  Request req;
+  req.url = url;
+  req.size = size;
+  req.sink = sink;
+  const uint64_t t0 = NowNs();
+  Status st = Perform(&req);
+  fetch_ns_.fetch_add(NowNs() - t0, std::memory_order_relaxed);
+  if (st.ok()) shards_fetched_.fetch_add(1, std::memory_order_relaxed);
+  return st;
+}
+
+Result<FieldFile> RemoteStore::OpenRange(const std::string& url, uint64_t offset, uint64_t size,
+                                         const std::string& member) {
+  const std::string identity = fmt::format("{}@{}+{}", url, offset, size);
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    const uint64_t t0 = NowNs();
+    auto busy = [&](const Shard& s) {
+      return s.state == Shard::State::kFetching || (s.wanted && s.state == Shard::State::kIdle);
+    };
+    auto it = shards_.find(url);
+    while (it != shards_.end() && busy(it->second) && !stop_) {
+      if (SampleDeadlinePassed())
+        return Status::Timeout(url + ": waited for the shard past sample_timeout_s");
+      changed_.wait_for(l, std::chrono::milliseconds(100));
+      it = shards_.find(url);
+    }
+    wait_ns_.fetch_add(NowNs() - t0, std::memory_order_relaxed);
+    if (it != shards_.end() && it->second.state == Shard::State::kReady) {
+      if (offset + size > it->second.size)
+        return Status::Corrupt(
+            fmt::format("{}: member at offset {} runs past the end of the shard", url, offset));
+      it->second.last_use_ns = NowNs();
+      const int fd = ::fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
+      if (fd < 0)
+        return Status::ResourceExhausted(fmt::format("{}: {}", url, std::strerror(errno)));
+      Status header = CheckHeaderAt(fd, offset - std::min<uint64_t>(offset, kTarBlock), offset,
+                                    size, member, url);
+      if (!header.ok()) {
+        ::close(fd);
+        return header;
+      }
+      return FieldFile::Adopt(fd, offset, size, identity);
+    }
+    if (it != shards_.end() && it->second.state == Shard::State::kFailed)
+      return Status::Io(it->second.reason);
+  }
+  // Not held and not coming: just this member (an empty one needs no request).
+  if (size == 0) {
+    const int fd = memfd_create("mmfeed-member", MFD_CLOEXEC);
+    if (fd < 0) return Status::ResourceExhausted(fmt::format("memfd: {}", std::strerror(errno)));
+    return FieldFile::Adopt(fd, 0, 0, identity);
+  }
+  // With the member's tar header (the block before its data) when there is one.
+  const uint64_t before = std::min<uint64_t>(offset, kTarBlock);
+  Result<int> fd = Get(url, true, offset - before, size + before, &wait_ns_);
+  if (!fd.ok()) return fd.status();
+  Status header = CheckHeaderAt(*fd, 0, before, size, member, url);
+  if (!header.ok()) {
+    ::close(*fd);
+    return header;
+  }
+  return FieldFile::Adopt(*fd, before, size, identity);
+}
+
+void RemoteStore::SetWanted(const std::vector<Want>& shards) {
+  std::lock_guard<std::mutex> l(mu_);
+  const int64_t now = static_cast<int64_t>(NowNs());
+  std::set<std::string> wanted;
+  order_.clear();
+  uint64_t total = 0;
+  for (const Want& w : shards) {
+    if (wanted.count(w.url)) continue;
+    if (total + w.size > cfg_.prefetch_bytes) break;
+    total += w.size;
+    wanted.insert(w.url);
+    order_.push_back(w.url);
+    Shard& s = shards_[w.url];
+    s.size = w.size;
+  }
+  for (auto it = shards_.begin(); it != shards_.end();) {
+    Shard& s = it->second;
+    s.wanted = wanted.count(it->first) > 0;
+    if (s.state == Shard::State::kFailed && now - s.failed_ns > kFailedTtlNs)
+      s.state = Shard::State::kIdle;
+    if (!s.wanted && s.state == Shard::State::kIdle)
+      it = shards_.erase(it);
+    else
+      ++it;
+  }
+  changed_.notify_all();
+}
+
+void RemoteStore::FetchLoop() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (!stop_) {
+    std::string url;
+    for (const std::string& u : order_) {
+      auto it = shards_.find(u);
+      if (it == shards_.end() || !it->second.wanted || it->second.state != Shard::State::kIdle)
+        continue;
+      // Room is made by dropping the shards no longer wanted, least recently read first
+      // (workers may still read the last window's shards while the source deals the next).
+      while (held_bytes_ + it->second.size > cfg_.prefetch_bytes) {
+        Shard* victim = nullptr;
+        for (auto& [vu, v] : shards_)
+          if (!v.wanted && v.state == Shard::State::kReady &&
+              (!victim || v.last_use_ns < victim->last_use_ns))
+            victim = &v;
+        if (!victim) break;
+        ::close(victim->fd);
+        victim->fd = -1;
+        victim->state = Shard::State::kIdle;
+        held_bytes_ -= victim->size;
+      }
+      if (held_bytes_ + it->second.size <= cfg_.prefetch_bytes) url = u;
+      break;  // in order: a later shard never overtakes one waiting for room
+    }
+    if (url.empty()) {
+      changed_.wait(l);
+      continue;
+    }
+    Shard& s = shards_[url];
+    s.state = Shard::State::kFetching;
+    const uint64_t size = s.size;
+    held_bytes_ += size;
+    l.unlock();
+    Result<int> fd = FetchAll(url, size);
+    l.lock();
+    Shard& done = shards_[url];  // still there: a fetching shard is never erased
+    if (fd.ok() && done.wanted) {
+      done.fd = *fd;
+      done.state = Shard::State::kReady;
+      done.last_use_ns = NowNs();
+    } else {
+      held_bytes_ -= size;
+      if (fd.ok()) {
+        ::close(*fd);
+        done.state = Shard::State::kIdle;
+      } else if (fd.status().code() != Status::Code::kClosed) {
+        done.state = Shard::State::kFailed;
+        done.reason = fd.status().message();
+        done.failed_ns = static_cast<int64_t>(NowNs());
+        spdlog::error("shard {} failed: {}; its samples fail for the next {} s", url, done.reason,
+                      kFailedTtlNs / 1000000000);
+        if (failed_.size() == kMostFailedListed) failed_.erase(failed_.begin());
+        failed_.emplace_back(url, done.reason);
+        ++failed_total_;
+      } else {
+        done.state = Shard::State::kIdle;
+      }
+    }
+    changed_.notify_all();
+  }
+}
+
+nlohmann::json RemoteStore::Stats() const {
+  nlohmann::json j;
+  j["bytes"] = bytes_.load();
+  j["requests"] = requests_.load();
+  j["shards_fetched"] = shards_fetched_.load();
+  j["range_reads"] = range_reads_.load();
+  j["retries"] = retries_.load();
+  j["fetch_seconds"] = fetch_ns_.load() / 1e9;
+  j["wait_seconds"] = wait_ns_.load() / 1e9;
+  std::lock_guard<std::mutex> l(mu_);
+  j["held_bytes"] = held_bytes_;
+  j["prefetch_bytes"] = cfg_.prefetch_bytes;
+  j["failed_shard_fetches"] = failed_total_;
+  j["failed_shards"] = nlohmann::json::array();  // the most recent
+  for (const auto& [url, reason] : failed_)
+    j["failed_shards"].push_back({{"url", url}, {"reason", reason}});
+  return j;
+}
+
+std::vector<std::pair<std::string, double>> RemoteStore::Metrics() const {
+  const double fetch_s = fetch_ns_.load() / 1e9;
+  const double mb = bytes_.load() / 1e6;
+  std::lock_guard<std::mutex> l(mu_);
+  return {{"storage_mb", mb},
+          {"storage_mb_per_fetch_s", fetch_s > 0 ? mb / fetch_s : 0},
+          {"storage_shards_fetched", static_cast<double>(shards_fetched_.load())},
+          {"storage_range_reads", static_cast<double>(range_reads_.load())},
+          {"storage_retries", static_cast<double>(retries_.load())},
+          {"storage_wait_s", wait_ns_.load() / 1e9},
+          {"storage_failed_shards", static_cast<double>(failed_total_)}};
+}
+
+}  // namespace mmfeed

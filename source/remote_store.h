@@ -1,0 +1,140 @@
+// RemoteStore: WebDataset shards in object storage, over HTTP(S) range requests or the S3 API
+// (SigV4-signed by libcurl's CURLOPT_AWS_SIGV4), read through libcurl.
+//
+// Shards are fetched whole into anonymous memory files (memfd) by `concurrency` fetch threads,
+// in the order the pipeline's source asks for them (SetWanted: the shards of the windows its
+// ranks read now and next, docs/remote.md). At most `prefetch_bytes` of shards are held or in
+// flight; shards no longer wanted are dropped, least recently read first, when a wanted one
+// needs their room (readers keep their own descriptor of a dropped shard). A sample read
+// (OpenRange) is served from its shard's memory, waits for the shard if it is being fetched or
+// is wanted, and otherwise reads just the member with a range request (a refill drawn from an
+// earlier window, a shard larger than the budget).
+//
+// Every request is retried with exponential backoff and jitter on connection errors, timeouts
+// (a connect or a transfer stalled for timeout_s), 5xx, 408 and 429; other answers fail at once.
+// A shard whose whole fetch fails for good is logged with its URL and reason once, listed in
+// Stats(), and its samples fail with that reason for a minute before it is tried again.
+//
+// Thread-safe: Head and Stream are called while the catalog is built, OpenRange from worker
+// threads, Want from the source thread, Stats from any thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/status.h"
+#include "source/sample.h"
+#include "source/source_config.h"
+
+namespace mmfeed {
+
+class RemoteStore : public RemoteReader {
+ public:
+  // Resolves S3 credentials, region and endpoint (config.h, RemoteConfig) when `path` is an
+  // s3:// URL; errors name what is missing.
+  static Result<std::unique_ptr<RemoteStore>> Create(const RemoteConfig& cfg,
+                                                     const std::string& path);
+  ~RemoteStore() override;
+  int concurrency() const { return cfg_.concurrency; }
+  RemoteStore(const RemoteStore&) = delete;
+  RemoteStore& operator=(const RemoteStore&) = delete;
+
+  struct ObjectInfo {
+    uint64_t size = 0;
+    int64_t mtime_s = -1;  // Last-Modified, -1 when not given
+    std::string etag;
+    // A range answer's Content-Range: bytes first-last/total (-1: none or unparsable).
+    int64_t range_first = -1, range_last = -1;
+  };
+  Result<ObjectInfo> Head(const std::string& url);
+  // The whole object, `size` bytes as Head said, in a memfd (the caller closes it).
+  Result<int> FetchAll(const std::string& url, uint64_t size);
+
+  // Where Stream puts an object's bytes: handed over in order as they arrive, Reset() before a
+  // retry starts over.
+  class BodySink {
+   public:
+    virtual ~BodySink() = default;
+    virtual void Reset() = 0;
+    virtual bool Add(const char* data, size_t n) = 0;  // false aborts the transfer
+  };
+  // The whole object, `size` bytes as Head said, handed to `sink` as it arrives (what keeps
+  // memory bounded while a shard is indexed: the sink keeps what it needs). Refused before any
+  // byte is asked for when `size` is over max_shard_bytes.
+  Status Stream(const std::string& url, uint64_t size, BodySink* sink);
+
+  // A member read by a range request asks for its tar header too (the 512 bytes before it) and
+  // checks it (CheckMemberHeader), as it checks the answer's Content-Range: a server that
+  // answers with other bytes fails the sample, named, instead of feeding it.
+  Result<FieldFile> OpenRange(const std::string& url, uint64_t offset, uint64_t size,
+                              const std::string& member) override;
+
+  struct Want {
+    std::string url;
+    uint64_t size;
+  };
+  // The shards wanted next, most urgent first: those that fit prefetch_bytes are fetched (in
+  // that order) and kept; the others held may be dropped to make room.
+  void SetWanted(const std::vector<Want>& shards);
+
+  // bytes, shards fetched, range reads, retries, seconds fetching and readers' seconds waiting,
+  // held bytes, failed shard fetches and the latest of them (url, reason).
+  nlohmann::json Stats() const;
+  // For the profile: (name, value) pairs.
+  std::vector<std::pair<std::string, double>> Metrics() const;
+
+ private:
+  struct Shard {
+    enum class State { kIdle, kFetching, kReady, kFailed };
+    State state = State::kIdle;
+    uint64_t size = 0;
+    int fd = -1;  // kReady
+    bool wanted = false;
+    std::string reason;        // kFailed
+    int64_t failed_ns = 0;     // kFailed: when
+    uint64_t last_use_ns = 0;  // kReady: when it was last read (or arrived)
+  };
+  struct Request;
+
+  explicit RemoteStore(const RemoteConfig& cfg);
+  // The http(s) URL a request for `url` goes to (s3:// mapped to the endpoint).
+  std::string HttpUrl(const std::string& url) const;
+  // GETs `size` bytes of `url` (from `offset` when `range`, else the whole object) into a new
+  // memfd, adding the time taken to *ns.
+  Result<int> Get(const std::string& url, bool range, uint64_t offset, uint64_t size,
+                  std::atomic<uint64_t>* ns);
+  // Performs `req` with retries; the body goes to `fd` at `fd_offset` (none for HEAD).
+  Status Perform(Request* req);
+  void FetchLoop();
+
+  RemoteConfig cfg_;
+  bool s3_ = false;
+  std::string s3_endpoint_, s3_region_, s3_key_, s3_secret_, s3_token_;
+  bool s3_virtual_hosts_ = false;  // AWS's own endpoint: https://bucket.s3.region.amazonaws.com
+
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
+  std::map<std::string, Shard> shards_;
+  std::vector<std::string> order_;                           // wanted, most urgent first
+  uint64_t held_bytes_ = 0;                                  // kReady and kFetching shards
+  std::vector<std::pair<std::string, std::string>> failed_;  // the latest that failed for good
+  uint64_t failed_total_ = 0;
+  bool stop_ = false;
+  std::atomic<bool> stopping_{false};  // stop_, for transfers to check without the lock
+  std::vector<std::thread> fetchers_;
+  std::mutex handles_mu_;
+  std::vector<void*> handles_;  // idle curl easy handles (each keeps its connections open)
+
+  std::atomic<uint64_t> bytes_{0}, shards_fetched_{0}, range_reads_{0}, retries_{0}, fetch_ns_{0},
+      wait_ns_{0}, requests_{0};
+};
+
+}  // namespace mmfeed

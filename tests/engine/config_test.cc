@@ -1,0 +1,396 @@
+#include "engine/config.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include "tests/test_util.h"
+
+namespace mmfeed {
+namespace {
+
+using testing::TempDir;
+using testing::WriteFile;
+
+class ConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    WriteFile(dir_ / "manifest.jsonl", "{\"id\":\"a\",\"image\":\"x.jpg\",\"text\":\"t\"}\n");
+  }
+  // Returns "" on success, the error message otherwise.
+  std::string Error(const std::string& yaml) {
+    Result<PipelineConfig> r = ParseConfig(yaml, dir_ / "p.yaml");
+    return r.ok() ? "" : r.status().message();
+  }
+  TempDir dir_;
+};
+
+const char* kCanonical = R"(pipeline: image-text
+source: {type: manifest, path: manifest.jsonl, shuffle: true, seed: 42, epochs: 1}
+consumers: 2
+stages:
+  - {name: image, type: image, field: image, workers: 2,
+     params: {crop: random_resized_crop, size: [224, 224], flip: 0.5,
+              mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225], dtype: float32, layout: CHW}}
+  - {name: text, type: text, field: text, params: {tokenizer: bytes, max_len: 128}}
+  - {name: batch, type: batch, inputs: [image, text], params: {batch_size: 32}}
+output: {ring_slots: 8}
+on_error: skip
+)";
+
+TEST_F(ConfigTest, CanonicalImageTextConfigIsAccepted) {
+  Result<PipelineConfig> r = ParseConfig(kCanonical, dir_ / "p.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->consumers, 2);
+  EXPECT_EQ(r->batch_size, 32);
+  EXPECT_EQ(r->stages.size(), 3u);
+  EXPECT_EQ(r->stages[0].workers, 2);
+  EXPECT_EQ(r->source.seed, 42u);
+  EXPECT_EQ(r->source.path, dir_ / "manifest.jsonl");
+  auto specs = r->stages[0].stage->OutputSpecs();
+  ASSERT_EQ(specs.size(), 1u);
+  EXPECT_EQ(specs[0].shape, (std::vector<int64_t>{3, 224, 224}));
+  EXPECT_EQ(specs[0].dtype, DType::kFloat32);
+}
+
+std::string Replace(std::string s, const std::string& from, const std::string& to) {
+  size_t p = s.find(from);
+  EXPECT_NE(p, std::string::npos) << from;
+  return s.replace(p, from.size(), to);
+}
+
+TEST_F(ConfigTest, OnlyASmallRegularFileIsReadAsAConfig) {
+  testing::TempDir dir;
+  auto error = [](const std::string& file) {
+    Result<PipelineConfig> c = LoadConfigFile(file);
+    return c.ok() ? std::string("loaded") : c.status().message();
+  };
+  EXPECT_NE(error(dir.path()).find("is a directory"), std::string::npos) << error(dir.path());
+  EXPECT_NE(error("/dev/zero").find("/dev/zero: is a device, not a regular file"),
+            std::string::npos);
+  ASSERT_EQ(mkfifo((dir / "fifo").c_str(), 0600), 0);
+  EXPECT_NE(error(dir / "fifo").find("is a FIFO"), std::string::npos) << "and it does not block";
+  std::string big = "pipeline: x\nstages:\n";
+  while (big.size() <= kMaxConfigBytes) big += "  - 1\n";
+  testing::WriteFile(dir / "big.yaml", big);
+  EXPECT_NE(error(dir / "big.yaml").find("more than max_bytes 1048576"), std::string::npos)
+      << error(dir / "big.yaml");
+  EXPECT_NE(error(dir / "none.yaml").find("none.yaml: cannot open config file"), std::string::npos);
+}
+
+TEST_F(ConfigTest, PlacementStrictAndDataRoots) {
+  Result<PipelineConfig> r = ParseConfig(
+      std::string(kCanonical) + "placement: strict\ndata_roots: any\n", dir_ / "p.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_TRUE(r->placement.strict);
+  EXPECT_TRUE(r->stages[0].placement.strict) << "stages inherit the top-level placement";
+  EXPECT_TRUE(r->data_roots_any);
+  r = ParseConfig(std::string(kCanonical) + "placement: {numa_node: 0, strict: false}\n",
+                  dir_ / "p.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_FALSE(r->placement.strict);
+  EXPECT_NE(Error(std::string(kCanonical) + "data_roots: [nowhere]\n").find("data_roots: '"),
+            std::string::npos);
+  EXPECT_NE(Error(std::string(kCanonical) + "placement: {strict: maybe}\n")
+                .find("strict must be true or false"),
+            std::string::npos);
+}
+
+TEST_F(ConfigTest, UnknownStageTypeNamesLineAndColumn) {
+  std::string e = Error(Replace(kCanonical, "type: text,", "type: txet,"));
+  EXPECT_NE(e.find("p.yaml:8:24: unknown stage type 'txet'"), std::string::npos) << e;
+  // (This test binary also registers test stages, e.g. test_throws.)
+  EXPECT_NE(e.find("known types: audio, batch, image, "), std::string::npos) << e;
+  EXPECT_NE(e.find("text, video"), std::string::npos) << e;
+}
+
+// YAML parsers keep one of two equal keys silently; a config must not mean something else
+// than it says.
+TEST_F(ConfigTest, AKeyGivenTwiceIsAnError) {
+  std::string e = Error(Replace(kCanonical, "seed: 42,", "seed: 42, seed: 7,"));
+  EXPECT_NE(e.find("p.yaml:2:73: 'seed' is given twice in source (first at line 2, column 63)"),
+            std::string::npos)
+      << e;
+  e = Error(Replace(kCanonical, "flip: 0.5", "flip: 0.5, flip: 0"));
+  EXPECT_NE(e.find("'flip' is given twice in the params of stage 'image' (image)"),
+            std::string::npos)
+      << e;
+  e = Error(std::string(kCanonical) + "consumers: 3\n");
+  EXPECT_NE(e.find("p.yaml:12:1: 'consumers' is given twice in the pipeline config (first at line "
+                   "3, column 1)"),
+            std::string::npos)
+      << e;
+}
+
+TEST_F(ConfigTest, MetricsListenIsPortOrHostPort) {
+  for (const char* ok : {"9464", "127.0.0.1:9464", "[::1]:9464", "0.0.0.0:1"}) {
+    Result<PipelineConfig> r = ParseConfig(
+        std::string(kCanonical) + "metrics: {listen: \"" + ok + "\"}\n", dir_ / "p.yaml");
+    ASSERT_TRUE(r.ok()) << ok << ": " << r.status().message();
+    EXPECT_EQ(r->metrics_listen, ok);
+  }
+  for (const char* bad : {"localhost", "127.0.0.1:", ":9464", "1.2.3.4:70000", "::1:9464", "x:y"}) {
+    std::string e = Error(std::string(kCanonical) + "metrics: {listen: \"" + bad + "\"}\n");
+    EXPECT_NE(e.find("p.yaml:12:19: metrics.listen must be PORT, HOST:PORT or [IPV6]:PORT"),
+              std::string::npos)
+        << bad << ": " << e;
+  }
+}
+
+TEST_F(ConfigTest, UnknownParameterIsRejected) {
+  std::string e = Error(Replace(kCanonical, "flip: 0.5", "flop: 0.5"));
+  EXPECT_NE(e.find("p.yaml:6:60: unknown parameter 'flop' for stage 'image' (image)"),
+            std::string::npos)
+      << e;
+}
+
+TEST_F(ConfigTest, UnknownTopLevelKeyIsRejected) {
+  std::string e = Error(std::string(kCanonical) + "colour: blue\n");
+  EXPECT_NE(e.find("p.yaml:12:1: unknown key 'colour'"), std::string::npos) << e;
+}
+
+TEST_F(ConfigTest, FaultsNameAFieldStageAndNeedToBeAllowed) {
+  std::string yaml = std::string(kCanonical) +
+                     "faults: {stage: image, read_delay_ms: 20, leak_bytes_per_item: 4096}\n";
+  Result<PipelineConfig> r = ParseConfig(yaml, dir_ / "p.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->faults.stage, "image");
+  EXPECT_EQ(r->faults.read_delay_ms, 20);
+  EXPECT_EQ(r->faults.leak_bytes_per_item, 4096);
+  EXPECT_TRUE(CheckFaultsAllowed(*r, true).ok());
+  Status refused = CheckFaultsAllowed(*r, false);
+  EXPECT_EQ(refused.message().find(dir_ / "p.yaml:12:9: faults:"), 0u) << refused.message();
+  EXPECT_NE(refused.message().find("--allow-faults"), std::string::npos);
+  Result<PipelineConfig> plain = ParseConfig(kCanonical, dir_ / "p.yaml");
+  EXPECT_TRUE(CheckFaultsAllowed(*plain, false).ok());
+
+  EXPECT_NE(Error(std::string(kCanonical) + "faults: {stage: batch, read_delay_ms: 1}\n")
+                .find("12:17: faults.stage: 'batch' is not a stage that reads a sample field"),
+            std::string::npos);
+  EXPECT_NE(Error(std::string(kCanonical) + "faults: {read_delay_ms: 1}\n").find("needs a 'stage'"),
+            std::string::npos);
+  EXPECT_NE(Error(std::string(kCanonical) + "faults: {stage: image, read_delay_ms: -1}\n")
+                .find("at least 0"),
+            std::string::npos);
+  EXPECT_NE(Error(std::string(kCanonical) + "faults: {stage: image, slow: 1}\n")
+                .find("unknown key 'slow' in faults"),
+            std::string::npos);
+}
+
+TEST_F(ConfigTest, WorkersAutoAndTheCpuBudget) {
+  std::string yaml = Replace(kCanonical, "workers: 2", "workers: auto");
+  Result<PipelineConfig> r = ParseConfig(yaml + "cpu_budget: 6\n", dir_ / "p.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_TRUE(r->stages[0].workers_auto);
+  EXPECT_FALSE(r->stages[1].workers_auto);
+  EXPECT_EQ(r->cpu_budget, 6);
+  EXPECT_TRUE(ParseConfig(yaml, dir_ / "p.yaml").ok()) << "cpu_budget defaults to the CPUs";
+  EXPECT_NE(Error(yaml + "cpu_budget: 1\n")
+                .find("12:13: cpu_budget 1 is less than the 1 fixed worker(s) plus one for each "
+                      "of the 1 stage(s) with workers: auto"),
+            std::string::npos)
+      << Error(yaml + "cpu_budget: 1\n");
+  EXPECT_NE(Error(std::string(kCanonical) + "cpu_budget: 4\n").find("there is none"),
+            std::string::npos);
+  EXPECT_NE(Error(Replace(kCanonical, "workers: 2", "workers: many"))
+                .find("workers must be an integer or auto"),
+            std::string::npos);
+  EXPECT_NE(
+      Error(Replace(kCanonical, "inputs: [image, text],", "inputs: [image, text], workers: auto,"))
+          .find("a batch stage runs on one thread"),
+      std::string::npos);
+}
+
+TEST_F(ConfigTest, TokenBudgetsCountWhatTheirStagesMake) {
+  Result<PipelineConfig> r = ParseConfig(
+      Replace(kCanonical, "batch_size: 32}", "batch_size: 32, max_tokens: 4096}"), dir_ / "p.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_TRUE(r->budgeted());
+  EXPECT_EQ(r->max_tokens, 4096);
+  EXPECT_EQ(r->max_patches, 0);
+  const std::string patches =
+      Error(Replace(kCanonical, "batch_size: 32}", "batch_size: 32, max_patches: 4096}"));
+  EXPECT_NE(patches.find("p.yaml:9:"), std::string::npos) << patches;
+  EXPECT_NE(patches.find("no input of this batch stage has vision patches"), std::string::npos)
+      << patches;
+  EXPECT_NE(Error(Replace(kCanonical, "batch_size: 32}", "batch_size: 32, max_tokens: -1}"))
+                .find("max_tokens and max_patches must be in 0..4294967295"),
+            std::string::npos);
+  EXPECT_NE(Error(Replace(kCanonical, "batch_size: 32}",
+                          "batch_size: 32, max_tokens: 64, drop_last: true}"))
+                .find("drop_last has no meaning"),
+            std::string::npos);
+}
+
+TEST_F(ConfigTest, IllTypedParametersAreRejected) {
+  std::string e = Error(Replace(kCanonical, "size: [224, 224]", "size: [224]"));
+  EXPECT_NE(e.find("p.yaml:6:48: image.size must have 2 values, got 1"), std::string::npos) << e;
+  e = Error(Replace(kCanonical, "max_len: 128", "max_len: long"));
+  EXPECT_NE(e.find("text.max_len must be an integer, got 'long'"), std::string::npos) << e;
+  e = Error(Replace(kCanonical, "dtype: float32", "dtype: float64"));
+  EXPECT_NE(e.find("image.dtype must be one of uint8, float32, bfloat16, got 'float64'"),
+            std::string::npos)
+      << e;
+  e = Error(Replace(kCanonical, "workers: 2", "workers: 0"));
+  EXPECT_NE(e.find("workers must be at least 1"), std::string::npos) << e;
+}
+
+TEST_F(ConfigTest, MissingInputIsRejected) {
+  std::string e = Error(Replace(kCanonical, "inputs: [image, text]", "inputs: [image, txt]"));
+  EXPECT_NE(e.find("p.yaml:9:48: stage 'batch' reads input 'txt', but no stage has that name"),
+            std::string::npos)
+      << e;
+}
+
+TEST_F(ConfigTest, DuplicateStageNameIsRejected) {
+  std::string e = Error(Replace(kCanonical, "{name: text,", "{name: image,"));
+  EXPECT_NE(e.find("p.yaml:8:12: duplicate stage name 'image'"), std::string::npos) << e;
+}
+
+TEST_F(ConfigTest, CycleIsRejected) {
+  std::string yaml = Replace(
+      kCanonical,
+      "  - {name: batch, type: batch, inputs: [image, text], params: {batch_size: 32}}\n",
+      "  - {name: batch, type: batch, inputs: [image, text, b2], params: {batch_size: 32}}\n"
+      "  - {name: b2, type: batch, inputs: [batch], params: {batch_size: 32}}\n");
+  std::string e = Error(yaml);
+  EXPECT_NE(e.find("the stages form a cycle: batch -> b2 -> batch"), std::string::npos) << e;
+}
+
+TEST_F(ConfigTest, MissingRequiredParameterAndField) {
+  std::string e = Error(Replace(kCanonical, "params: {batch_size: 32}", "params: {}"));
+  EXPECT_NE(e.find("stage 'batch' (batch) needs parameter 'batch_size'"), std::string::npos) << e;
+  e = Error(Replace(kCanonical, "type: text, field: text,", "type: text,"));
+  EXPECT_NE(e.find("p.yaml:8:5: stage 'text' (text) needs a 'field'"), std::string::npos) << e;
+}
+
+TEST_F(ConfigTest, UnusedStageAndMissingManifestAreRejected) {
+  std::string e = Error(Replace(kCanonical, "inputs: [image, text]", "inputs: [image]"));
+  EXPECT_NE(e.find("the output of stage 'text' is not used"), std::string::npos) << e;
+  e = Error(Replace(kCanonical, "path: manifest.jsonl", "path: nope.jsonl"));
+  EXPECT_NE(e.find("p.yaml:2:32: manifest '"), std::string::npos) << e;
+}
+
+TEST_F(ConfigTest, MissingOrBrokenTokenizerIsAConfigError) {
+  std::string e = Error(Replace(kCanonical, "tokenizer: bytes", "tokenizer: nope.json"));
+  EXPECT_NE(
+      e.find("p.yaml:8:51: stage 'text' (text): " + dir_ / "nope.json: cannot open tokenizer file"),
+      std::string::npos)
+      << e;
+  WriteFile(dir_ / "bad.json", "{\"model\": {\"type\": \"Unigram\"}}");
+  e = Error(Replace(kCanonical, "tokenizer: bytes", "tokenizer: bad.json"));
+  EXPECT_NE(e.find("bad.json: unsupported tokenizer: model type 'Unigram'"), std::string::npos)
+      << e;
+}
+
+TEST_F(ConfigTest, YamlSyntaxErrorHasLocation) {
+  std::string e = Error("source: {type: manifest\nstages: [\n");
+  EXPECT_EQ(e.rfind(dir_ / "p.yaml:", 0), 0u) << e;
+  EXPECT_NE(e.find(":2:"), std::string::npos) << e;
+}
+
+TEST_F(ConfigTest, WebDatasetFieldsMapNamesToExtensions) {
+  WriteFile(dir_ / "shard-0.tar", std::string(1024, '\0'));
+  const std::string yaml =
+      R"(source: {type: webdataset, path: shard-0.tar, fields: {video: [mp4, mkv], text: txt}}
+stages:
+  - {name: video, type: video, field: video, params: {size: [8, 8]}}
+  - {name: text, type: text, field: text, params: {tokenizer: bytes, max_len: 8}}
+  - {name: batch, type: batch, inputs: [video, text], params: {batch_size: 2}}
+)";
+  Result<PipelineConfig> r = ParseConfig(yaml, dir_ / "p.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->source.fields.at("video"), (std::vector<std::string>{"mp4", "mkv"}));
+  EXPECT_EQ(r->source.fields.at("text"), (std::vector<std::string>{"txt"}));
+  EXPECT_NE(Error(R"(source: {type: webdataset, path: shard-0.tar, fields: {video: {a: 1}}}
+stages:
+  - {name: batch, type: batch, inputs: [video], params: {batch_size: 2}}
+)")
+                .find("source.fields values"),
+            std::string::npos);
+}
+
+// Remote shards: a URL path is kept as it is (not resolved against the config's folder), needs
+// no file at parse time, gets window mode by default, and its keys are checked.
+TEST_F(ConfigTest, RemoteShardsAndTheirKeys) {
+  const std::string stages = R"(
+stages:
+  - {name: text, type: text, field: text, params: {tokenizer: bytes, max_len: 8}}
+  - {name: batch, type: batch, inputs: [text], params: {batch_size: 2}}
+)";
+  auto parse = [&](const std::string& source) {
+    return ParseConfig("source: " + source + stages, dir_ / "p.yaml");
+  };
+  Result<PipelineConfig> r = parse(
+      R"({type: webdataset, path: "https://127.0.0.1:9/b/shard-{0..3}.tar", prefetch_bytes: 4096,
+          fetch_concurrency: 2, fetch_retries: 1, fetch_timeout_s: 2.5, max_shard_bytes: 8192})");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_TRUE(r->source.remote);
+  EXPECT_EQ(r->source.path, "https://127.0.0.1:9/b/shard-{0..3}.tar");
+  EXPECT_EQ(r->source.shuffle_window, 8);
+  EXPECT_EQ(r->source.fetch.prefetch_bytes, 4096u);
+  EXPECT_EQ(r->source.fetch.concurrency, 2);
+  EXPECT_EQ(r->source.fetch.retries, 1);
+  EXPECT_DOUBLE_EQ(r->source.fetch.timeout_s, 2.5);
+  EXPECT_EQ(r->source.fetch.max_shard_bytes, 8192u);
+  r = parse(R"({type: webdataset, path: "s3://bucket/p/shard-0.tar", shuffle_window: 2,
+          s3: {endpoint: "http://127.0.0.1:9", region: eu-west-1, credentials_file: creds}})");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->source.shuffle_window, 2);
+  EXPECT_EQ(r->source.fetch.s3_region, "eu-west-1");
+  EXPECT_EQ(r->source.fetch.s3_credentials_file, dir_ / "creds");
+  WriteFile(dir_ / "shard-0.tar", std::string(1024, '\0'));
+  r = parse("{type: webdataset, path: shard-0.tar}");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->source.shuffle_window, 0) << "local shards keep the full permutation";
+  auto error = [&](const std::string& source) {
+    Result<PipelineConfig> e = parse(source);
+    return e.ok() ? std::string() : e.status().message();
+  };
+  EXPECT_NE(error(R"({type: webdataset, path: "http://h/s.tar", shuffle_window: 0})")
+                .find("p.yaml:1:68: remote shards are read whole"),
+            std::string::npos)
+      << error(R"({type: webdataset, path: "http://h/s.tar", shuffle_window: 0})");
+  EXPECT_NE(error("{type: webdataset, path: shard-0.tar, prefetch_bytes: 10}")
+                .find("source.prefetch_bytes applies to http://, https:// and s3:// paths only"),
+            std::string::npos);
+  EXPECT_NE(error(R"({type: webdataset, path: "http://h/s.tar", s3: {region: x}})")
+                .find("source.s3 applies to s3:// paths only"),
+            std::string::npos);
+  EXPECT_NE(error(R"({type: webdataset, path: "s3://b/s.tar", s3: {secret: x}})").find("secret"),
+            std::string::npos);
+  EXPECT_NE(error(R"({type: manifest, path: "http://h/m.jsonl"})").find("needs type: webdataset"),
+            std::string::npos);
+  {  // token budgets plan with the full permutation
+    Result<PipelineConfig> e =
+        ParseConfig(std::string("source: {type: webdataset, path: \"http://h/s-{0..1}.tar\"}") +
+                        R"(
+stages:
+  - {name: text, type: text, field: text, params: {tokenizer: bytes, max_len: 8}}
+  - {name: batch, type: batch, inputs: [text], params: {batch_size: 2, max_tokens: 16}}
+)",
+                    dir_ / "p.yaml");
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.status().message().find("p.yaml:4:5: token budgets"), std::string::npos)
+        << e.status().message();
+  }
+  EXPECT_NE(error(R"({type: webdataset, path: "http://h/s.tar", fetch_timeout_s: 0})")
+                .find("at least 0.1"),
+            std::string::npos);
+  EXPECT_NE(error(R"({type: webdataset, path: "s.tar", max_shard_bytes: 4096})")
+                .find("source.max_shard_bytes applies to http://, https:// and s3:// paths only"),
+            std::string::npos);
+}
+
+TEST_F(ConfigTest, NodeRankFromEnvironment) {
+  setenv("NODE_RANK", "1", 1);
+  setenv("NUM_NODES", "4", 1);
+  Result<PipelineConfig> r = ParseConfig(kCanonical, dir_ / "p.yaml");
+  unsetenv("NODE_RANK");
+  unsetenv("NUM_NODES");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->source.node_rank, 1);
+  EXPECT_EQ(r->source.num_nodes, 4);
+}
+
+}  // namespace
+}  // namespace mmfeed
