@@ -27,6 +27,8 @@ const char* ParamTypeName(ParamType t) {
 
 Registry& Registry::Get() {
   static Registry registry;
+  // The engine's own stage type (engine/collator.cc), there before any other registers.
+  [[maybe_unused]] static const bool batch = registry.Add(BatchStageSchema());
   return registry;
 }
 

@@ -121,6 +121,10 @@ class Registry {
   std::map<std::string, StageSchema> schemas_;
 };
 
+// The `batch` stage's schema: its work is the pipeline's batch thread (engine/collator.cc).
+// Registered by Registry::Get itself, so it exists wherever the registry does.
+StageSchema BatchStageSchema();
+
 #define MMFEED_CONCAT_INNER(a, b) a##b
 #define MMFEED_CONCAT(a, b) MMFEED_CONCAT_INNER(a, b)
 #define MMFEED_REGISTER_STAGE(schema_expr)                        \

@@ -1,0 +1,446 @@
+// Pipeline::Create: the graph from a validated config (branches, tensors, placement, the
+// catalog and its epochs); and the stream position: origin, stream tags, cursors, epoch
+// lengths, Rewind. See engine/pipeline_internal.h for how the pipeline's files divide.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include "base/rng.h"
+#include "engine/mailbox.h"
+#include "engine/numa.h"
+#include "engine/pipeline.h"
+#include "engine/pipeline_internal.h"
+#include "engine/trace.h"
+#include "source/catalog.h"
+
+namespace mmfeed {
+
+Pipeline::Pipeline() : refills_(std::make_unique<RefillQueue>()) {}
+
+Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
+                                                   std::vector<BatchSink*> sinks,
+                                                   std::vector<StreamCursor> start) {
+  std::unique_ptr<Pipeline> p(new Pipeline());
+  p->cfg_ = cfg;
+  p->sinks_ = std::move(sinks);
+  if (static_cast<int>(p->sinks_.size()) != cfg.consumers)
+    return Status::Invalid("one batch sink per consumer rank is required");
+  // Branches point into the pipeline's own copy of the config.
+  const std::vector<StageConfig>& stages = p->cfg_.stages;
+  // workers: auto: such stages share what the fixed ones leave of the budget, evenly at first;
+  // each starts enough threads to take all of it but one per other such stage.
+  int fixed = 0, autos = 0;
+  for (const StageConfig& s : stages) {
+    if (s.field.empty()) continue;  // the batch stage: not a worker
+    if (s.workers_auto)
+      ++autos;
+    else
+      fixed += s.workers;
+  }
+  if (autos) {
+    p->cpu_budget_ = cfg.cpu_budget;
+    if (!p->cpu_budget_) {
+      Result<std::vector<int>> cpus = CpusFor(cfg.placement);
+      if (!cpus.ok()) return cpus.status().WithContext("placement");
+      p->cpu_budget_ = static_cast<int>(cpus->size());
+    }
+    if (p->cpu_budget_ < fixed + autos)
+      return Status::Invalid(fmt::format(
+          "cpu_budget {}{} is less than the {} fixed worker(s) plus one for each of the {} "
+          "stage(s) with workers: auto",
+          p->cpu_budget_, cfg.cpu_budget ? "" : " (the placement's CPUs)", fixed, autos));
+  }
+  const int shared = p->cpu_budget_ - fixed;
+  int auto_index = 0;
+  std::set<std::string> needed, path_fields;
+  for (const std::string& in : stages[cfg.batch_stage].inputs) {
+    auto it = std::find_if(stages.begin(), stages.end(),
+                           [&](const StageConfig& s) { return s.name == in; });
+    int threads = it->workers, active = it->workers;
+    if (it->workers_auto) {
+      threads = shared - (autos - 1);
+      active = shared / autos + (auto_index++ < shared % autos ? 1 : 0);
+    }
+    auto b = std::make_unique<Branch>(it->queue ? it->queue : std::max(8, 4 * threads));
+    b->cfg = &*it;
+    b->threads = threads;
+    b->active.store(active);
+    b->specs = it->stage->OutputSpecs();
+    Result<std::vector<int>> cpus = CpusFor(it->placement);
+    if (!cpus.ok()) return cpus.status().WithContext(fmt::format("stage '{}'", it->name));
+    b->cpus = *cpus;
+    needed.insert(it->field);
+    if (it->schema->field_is_path) path_fields.insert(it->field);
+    b->read_fields = it->stage->ExtraInputs().fields;
+    needed.insert(b->read_fields.begin(), b->read_fields.end());
+    if (b->specs.size() > static_cast<size_t>(kMaxOutputs))
+      return Status::Invalid(fmt::format("stage '{}' declares {} outputs, at most {}", it->name,
+                                         b->specs.size(), kMaxOutputs));
+    p->first_tensor_.push_back(
+        p->first_tensor_.empty() ? 0 : p->first_tensor_.back() + p->branches_.back()->specs.size());
+    p->branches_.push_back(std::move(b));
+  }
+  p->specs_ = BatchSpecs(p->cfg_);
+  // The batch tensor named `name`: its index, or -1.
+  auto tensor = [&](const std::string& name) {
+    for (size_t k = 0; k < p->specs_.size(); ++k)
+      if (p->specs_[k].name == name) return static_cast<int>(k);
+    return -1;
+  };
+  for (const TensorSpec& t : p->specs_) {  // ragged tensors: where their row counts are
+    int from = t.rows_from.empty() ? -1 : tensor(t.rows_from);
+    if (from >= 0 && p->specs_[from].dtype != DType::kInt32) from = -1;
+    if (!t.rows_from.empty() && (from < 0 || t.shape.empty()))
+      return Status::Invalid(
+          fmt::format("output '{}' takes its rows from '{}', which is not "
+                      "an int32 output of the pipeline",
+                      t.name, t.rows_from));
+    p->rows_from_.push_back(from);
+  }
+  for (const TensorSpec& t : p->specs_) {  // starts tensors: of which ragged tensor
+    int of = t.starts_of.empty() ? -1 : tensor(t.starts_of);
+    if (of >= 0 && p->rows_from_[of] < 0) of = -1;
+    // Of a grid: [the most grid rows * the most t + 1]; else two values per sample.
+    const bool fits = of >= 0 && (IsGrid(p->specs_[of]) ? t.shape.size() == 1 && t.shape[0] >= 2
+                                                        : t.shape == std::vector<int64_t>{2});
+    if (!t.starts_of.empty() && (!fits || t.dtype != DType::kInt32))
+      return Status::Invalid(fmt::format(
+          "output '{}' holds the row starts of '{}', which is not a ragged output of the "
+          "pipeline (or it is not int32 [2], or of a grid int32 [n])",
+          t.name, t.starts_of));
+    p->starts_of_.push_back(of);
+  }
+  // Stages that read other stages' outputs run after them; one level (a stage that reads others
+  // is read by none), so that a sample's branches still finish in two steps.
+  for (size_t b = 0; b < p->branches_.size(); ++b) {
+    Branch& br = *p->branches_[b];
+    for (const std::string& name : br.cfg->stage->ExtraInputs().tensors) {
+      const int t = tensor(name);
+      if (t < 0)
+        return Status::Invalid(
+            fmt::format("stage '{}' reads '{}', which no input of the batch stage outputs",
+                        br.cfg->name, name));
+      size_t from = 0;
+      while (from + 1 < p->branches_.size() && p->first_tensor_[from + 1] <= static_cast<size_t>(t))
+        ++from;
+      if (from == b)
+        return Status::Invalid(
+            fmt::format("stage '{}' reads its own output '{}'", br.cfg->name, name));
+      br.read_tensors.push_back(t);
+      br.read_branches.push_back(from);
+      br.reads_others = true;
+      p->branches_[from]->read_by_others = true;
+    }
+  }
+  for (const auto& b : p->branches_) {
+    if (b->reads_others && b->read_by_others)
+      return Status::Invalid(fmt::format(
+          "stage '{}' reads another stage's outputs and is read by another: one level only",
+          b->cfg->name));
+    p->read_stages_ += b->read_by_others ? 1 : 0;
+  }
+  // Sample files: the source's folder and data_roots, by real path.
+  FilePolicy files;
+  files.max_bytes = cfg.source.max_bytes;
+  if (!cfg.data_roots_any) {
+    std::vector<std::string> roots = cfg.data_roots;
+    if (!cfg.source.remote)
+      roots.push_back(std::filesystem::path(cfg.source.path).parent_path().string());
+    for (const std::string& r : roots) {
+      std::error_code ec;
+      std::string real = std::filesystem::canonical(r.empty() ? "." : r, ec).string();
+      if (ec) return Status::Invalid(fmt::format("data root {}: {}", r, ec.message()));
+      files.roots.push_back(real == "/" ? real : real + "/");
+    }
+  }
+  for (auto& b : p->branches_) {
+    b->files = files;
+    if (b->cfg->name == cfg.faults.stage) {  // injected faults, for tests of the profile
+      b->files.read_delay_ms = cfg.faults.read_delay_ms;
+      b->leak_bytes_per_item = cfg.faults.leak_bytes_per_item;
+    }
+  }
+  // Worker threads against the CPUs they may use, per set of CPUs: oversubscription only
+  // adds context switches; warn, or refuse under `placement: {strict: true}`.
+  std::map<std::vector<int>, std::pair<int, bool>> budget;  // cpus -> (workers, strict)
+  for (const auto& b : p->branches_) {
+    auto& [workers, strict] = budget[b->cpus];
+    workers += b->active.load();
+    strict |= b->cfg->placement.strict || cfg.placement.strict;
+  }
+  for (const auto& [cpus, use] : budget) {
+    if (use.first <= static_cast<int>(cpus.size())) continue;
+    std::string msg = fmt::format("{} worker threads on {} usable CPU(s) ({})", use.first,
+                                  cpus.size(), CpuList(cpus));
+    if (use.second) return Status::Invalid(fmt::format("placement: strict: {}", msg));
+    spdlog::warn("{}: more workers than CPUs only adds context switches", msg);
+  }
+  Result<std::vector<int>> control_cpus = CpusFor(cfg.placement);  // the source and batch threads
+  if (!control_cpus.ok()) return control_cpus.status().WithContext("placement");
+  p->control_cpus_ = *control_cpus;
+  Result<Catalog> cat = LoadCatalog(cfg.source, needed, path_fields);
+  if (!cat.ok()) return cat.status();
+  for (const LoadError& e : cat->errors) {
+    if (cfg.on_error == ErrorPolicy::kFail)
+      return Status::Corrupt(fmt::format("{}: {} (on_error: fail)", e.origin, e.reason));
+    p->errors_.Add(e.origin, "source", "corrupt", e.reason);
+  }
+  if (cat->size() == 0)
+    return Status::Invalid(fmt::format("{}: no usable samples", cfg.source.path));
+  if (cat->size() > UINT32_MAX) return Status::TooLarge("more than 4G samples in one source");
+  if (cat->size() / cfg.source.num_nodes < static_cast<size_t>(cfg.consumers))
+    return Status::Invalid(fmt::format("{} samples cannot be dealt to {} node(s) x {} consumer(s)",
+                                       cat->size(), cfg.source.num_nodes, cfg.consumers));
+  p->catalog_ = std::make_shared<Catalog>(std::move(cat.value()));
+  for (auto& b : p->branches_) b->files.remote = p->catalog_->remote.get();
+  p->per_rank_ = p->catalog_->size() / cfg.source.num_nodes / cfg.consumers;
+  const uint64_t bs = static_cast<uint64_t>(cfg.batch_size);
+  p->batches_per_epoch_ = cfg.drop_last ? p->per_rank_ / bs : (p->per_rank_ + bs - 1) / bs;
+  if (cfg.budgeted()) {
+    p->budget_ = {cfg.batch_size, cfg.max_tokens, cfg.max_patches};
+    MMFEED_RETURN_IF_ERROR(p->MeasureCatalog());
+    std::shared_ptr<const EpochPlan> first = p->PlanOf(0);
+    if (!first->status.ok()) return first->status;
+    p->batches_per_epoch_ = first->batches;
+    // Every epoch has at least this many batches: its fullest share holds at least the
+    // average of the usable samples dealt, at most batch_size a batch.
+    const uint64_t usable = static_cast<uint64_t>(
+        std::count_if(p->costs_.begin(), p->costs_.end(), [](auto& c) { return c.usable(); }));
+    const uint64_t streams = static_cast<uint64_t>(cfg.consumers) * cfg.source.num_nodes,
+                   left_out = p->catalog_->size() - streams * p->per_rank_;
+    p->min_epoch_batches_ =
+        std::max<uint64_t>(1, (usable > left_out ? usable - left_out : 0) / streams / bs);
+  }
+  if (p->batches_per_epoch_ == 0)
+    return Status::Invalid(
+        fmt::format("each rank gets {} samples per epoch, fewer than batch_size {} with drop_last",
+                    p->per_rank_, bs));
+  p->rewinds_.resize(cfg.consumers);
+  p->next_commit_ = std::make_unique<std::atomic<uint64_t>[]>(cfg.consumers);
+  if (start.empty()) start.assign(cfg.consumers, StreamCursor{});
+  MMFEED_RETURN_IF_ERROR(p->SetStart(std::move(start)));
+  // The fingerprint: the order's version ("order 2": the shuffle is a Feistel permutation; a
+  // cursor saved by a daemon that shuffled with a table is for another stream), every catalog
+  // id in order, then the settings (each stage's full config stands in for its sample-changing
+  // parameters).
+  uint64_t h = HashString(fmt::format(
+      "order 2|{}|{}|{}|{}|{}|{}|{}|{}", cfg.source.seed, cfg.source.shuffle, cfg.source.node_rank,
+      cfg.source.num_nodes, cfg.consumers, cfg.batch_size, cfg.drop_last, cfg.source.epochs));
+  if (cfg.source.shuffle_window > 0)  // window mode: another order
+    h = HashString(fmt::format("windows {}", cfg.source.shuffle_window), h);
+  if (p->catalog_->indexed())  // an indexed source: its contents (size, mtime, inode, ends)
+    h = HashString(fmt::format("index {:016x}", p->catalog_->index_fingerprint()), h);
+  if (cfg.budgeted()) {  // the budgets and every sample's cost decide the batches
+    h = HashString(fmt::format("budget {}|{}", cfg.max_tokens, cfg.max_patches), h);
+    h = HashString(std::string_view(reinterpret_cast<const char*>(p->costs_.data()),
+                                    p->costs_.size() * sizeof(SampleCost)),
+                   h);
+  }
+  for (const CatalogEntry& e : p->catalog_->entries) h = HashString(e.id, HashString("\n", h));
+  p->order_fingerprint_ = fmt::format("{:016x}", h);
+  p->origin_.stream = FirstStreamTag(p->order_fingerprint_);
+  for (const StageConfig& s : cfg.stages)
+    h = HashString(fmt::format("{}|{}|{}|{}", s.name, s.type, s.field, s.params.Canonical()), h);
+  p->fingerprint_ = fmt::format("{:016x}", h);
+  // The batch thread is woken every half batch of finished items, or for a failed sample (its
+  // row is refilled at once).
+  const size_t items_per_batch = static_cast<size_t>(cfg.batch_size) * p->branches_.size();
+  p->join_ = std::make_unique<JoinBox>(256, std::clamp<size_t>(items_per_batch / 2, 1, 64));
+  return p;
+}
+
+Status Pipeline::SetStart(std::vector<StreamCursor> start) {
+  if (static_cast<int>(start.size()) != cfg_.consumers)
+    return Status::Invalid(
+        fmt::format("{} start cursor(s) for {} consumer rank(s)", start.size(), cfg_.consumers));
+  for (size_t r = 0; r < start.size(); ++r) {
+    StreamCursor c = start[r];
+    c.stream = 0;  // the position only (a resume's stream is the supervisor's to check)
+    Status st = CheckCursor(c.seq);
+    if (st.ok() &&
+        (c.epoch < origin_.epoch || c.batch >= EpochBatches(c.epoch) || c != CursorAt(c.seq)))
+      st = Status::Invalid(fmt::format(
+          "cursor (epoch {}, batch {}, seq {}) is not where seq {} stands (epoch {}, batch {}; "
+          "{} batches per epoch from epoch {}, seq {})",
+          c.epoch, c.batch, c.seq, c.seq, CursorAt(c.seq).epoch, CursorAt(c.seq).batch,
+          budgeted() ? "this pipeline's" : std::to_string(batches_per_epoch_), origin_.epoch,
+          origin_.seq));
+    if (!st.ok()) return st.WithContext(fmt::format("rank {}", r));
+  }
+  start_ = std::move(start);
+  for (int r = 0; r < cfg_.consumers; ++r) next_commit_[r] = start_[r].seq;
+  return Status::Ok();
+}
+
+uint32_t Pipeline::FirstStreamTag(const std::string& order_fingerprint) {
+  return static_cast<uint32_t>(HashString("stream|" + order_fingerprint)) | 1;  // never 0
+}
+
+uint32_t Pipeline::NextStreamTag(const Origin& before, uint64_t seq,
+                                 const std::string& order_fingerprint) {
+  return static_cast<uint32_t>(
+             HashString(fmt::format("{:08x}|{}|{}", before.stream, seq, order_fingerprint))) |
+         1;
+}
+
+void Pipeline::SetOrigin(Origin origin) {
+  origin_ = origin;
+  {
+    std::lock_guard<std::mutex> lock(plans_mu_);
+    epoch_starts_.clear();
+  }
+  start_.assign(cfg_.consumers, CursorAt(origin.seq));
+  for (int r = 0; r < cfg_.consumers; ++r) next_commit_[r] = origin.seq;
+}
+
+int Pipeline::RowsOf(uint64_t index) const {
+  const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size);
+  return static_cast<int>(std::min(bs, per_rank_ - index * bs));
+}
+
+StreamCursor Pipeline::CursorAt(uint64_t seq) const {
+  StreamCursor c;
+  c.seq = seq;
+  if (!budgeted()) {
+    c.epoch = origin_.epoch + static_cast<uint32_t>((seq - origin_.seq) / batches_per_epoch_);
+    c.batch = (seq - origin_.seq) % batches_per_epoch_;
+    return c;
+  }
+  uint64_t first = origin_.seq;
+  Locate(seq, &c.epoch, &first);
+  c.batch = seq - first;
+  return c;
+}
+
+std::shared_ptr<const EpochPlan> Pipeline::PlanOf(uint32_t epoch) const {
+  {
+    std::lock_guard<std::mutex> lock(plans_mu_);
+    auto it = plans_.find(epoch);
+    if (it != plans_.end()) return it->second;
+  }
+  // Made outside the lock (O(samples)): cursors are looked up meanwhile.
+  auto plan = std::make_shared<const EpochPlan>(PlanEpoch(
+      costs_, cfg_.source, epoch, cfg_.consumers, per_rank_, budget_, /*with_ranks=*/true));
+  std::lock_guard<std::mutex> lock(plans_mu_);
+  epoch_batches_[epoch] = plan->batches;
+  // Ranks run apart by at most their rings' depth, and rewinds are rare: a few epochs do.
+  if (plans_.size() >= 4 && !plans_.count(epoch))
+    plans_.erase(plans_.begin()->first < epoch ? plans_.begin() : std::prev(plans_.end()));
+  return plans_.emplace(epoch, std::move(plan)).first->second;
+}
+
+uint64_t Pipeline::EpochBatches(uint32_t epoch) const {
+  if (!budgeted()) return batches_per_epoch_;
+  std::lock_guard<std::mutex> lock(plans_mu_);
+  return EpochBatchesLocked(epoch);
+}
+
+uint64_t Pipeline::EpochBatchesLocked(uint32_t epoch) const {
+  auto it = epoch_batches_.find(epoch);  // PlanOf also records its plans' counts
+  if (it != epoch_batches_.end()) return it->second;
+  const uint64_t k = PlanEpoch(costs_, cfg_.source, epoch, cfg_.consumers, per_rank_, budget_,
+                               /*with_ranks=*/false)
+                         .batches;
+  epoch_batches_[epoch] = k;
+  return k;
+}
+
+bool Pipeline::Locate(uint64_t seq, uint32_t* epoch, uint64_t* first) const {
+  std::lock_guard<std::mutex> lock(plans_mu_);
+  if (epoch_starts_.empty()) epoch_starts_.push_back(origin_.seq);
+  while (seq >= epoch_starts_.back()) {
+    const size_t i = epoch_starts_.size() - 1;  // the start of epoch origin + i is known
+    if (i >= kMaxEpochsAhead) return false;
+    epoch_starts_.push_back(epoch_starts_.back() +
+                            EpochBatchesLocked(origin_.epoch + static_cast<uint32_t>(i)));
+  }
+  auto it = std::upper_bound(epoch_starts_.begin(), epoch_starts_.end(), seq);
+  if (it != epoch_starts_.begin()) --it;
+  *epoch = origin_.epoch + static_cast<uint32_t>(it - epoch_starts_.begin());
+  *first = *it;
+  return true;
+}
+
+Status Pipeline::Reachable(uint64_t seq) const {
+  uint32_t epoch;
+  uint64_t first;
+  if (!budgeted() || seq < origin_.seq) return Status::Ok();
+  // Refused at once, before any epoch is planned, when even the fewest batches an epoch can
+  // have put it too far (a hostile cursor must not keep the control thread planning).
+  if ((seq - origin_.seq) / min_epoch_batches_ < kMaxEpochsAhead && Locate(seq, &epoch, &first))
+    return Status::Ok();
+  return Status::Invalid(fmt::format(
+      "cursor seq {} is more than {} epochs past epoch {}: token-budget batches are numbered "
+      "by planning each epoch, and so far ahead is refused",
+      seq, kMaxEpochsAhead, origin_.epoch));
+}
+
+Status Pipeline::CheckCursor(uint64_t seq) const {
+  if (seq < origin_.seq)
+    return Status::Invalid(fmt::format(
+        "cursor seq {} is before batch {}, where a reload changed the order or the batch "
+        "numbering at epoch {}: the earlier batches cannot be made again",
+        seq, origin_.seq, origin_.epoch));
+  const uint32_t epochs = static_cast<uint32_t>(cfg_.source.epochs);
+  if (!budgeted()) {
+    const uint64_t total =
+        epochs ? origin_.seq + (epochs - std::min(epochs, origin_.epoch)) * batches_per_epoch_
+               : UINT64_MAX;
+    if (seq > total)
+      return Status::Invalid(fmt::format(
+          "cursor seq {} is past the end of the data ({} batches per rank)", seq, total));
+    // An endless run: the epoch a seq falls in must be one a cursor can name (32 bits).
+    if ((seq - origin_.seq) / batches_per_epoch_ >= UINT32_MAX - origin_.epoch)
+      return Status::Invalid(
+          fmt::format("cursor seq {} is past the last epoch a cursor can name", seq));
+    return Status::Ok();
+  }
+  // Token budgets: refused before any epoch is planned when too far (Reachable), then the
+  // seq's epoch is found by planning the epochs up to it (at most kMaxEpochsAhead).
+  MMFEED_RETURN_IF_ERROR(Reachable(seq));
+  uint32_t epoch = 0;
+  uint64_t first = 0;
+  if (epochs && Locate(seq, &epoch, &first) &&
+      (epoch > epochs || (epoch == epochs && seq != first)))
+    return Status::Invalid(fmt::format("cursor seq {} is past the end of the data (epoch {} of {})",
+                                       seq, epoch, epochs));
+  return Status::Ok();
+}
+
+Status Pipeline::Rewind(uint32_t rank, uint64_t from_seq) {
+  if (cfg_.packed_stage >= 0)
+    return Status::Unsupported(
+        "a packed text stream cannot be resumed at a cursor (its rows cross batches)");
+  if (rank >= static_cast<uint32_t>(cfg_.consumers))
+    return Status::Invalid(fmt::format("rank {} out of range", rank));
+  MMFEED_RETURN_IF_ERROR(CheckCursor(from_seq));
+  std::lock_guard<std::mutex> lock(rewind_mu_);
+  if (source_exited_)
+    return Status::Closed(fmt::format(
+        "the run has ended; rank {} cannot be served from batch {} again", rank, from_seq));
+  RankRewind& rw = rewinds_[rank];
+  ++rw.gen;
+  rw.to = CursorAt(from_seq);
+  rw.source_pending = rw.collator_pending = true;
+  rewind_pending_.store(true, std::memory_order_release);
+  sinks_[rank]->DropPublished();
+  next_commit_[rank].store(from_seq, std::memory_order_release);
+  spdlog::info("rank {}: rewound to batch {} (epoch {}, batch {} of the epoch)", rank, from_seq,
+               rw.to.epoch, rw.to.batch);
+  return Status::Ok();
+}
+
+}  // namespace mmfeed
