@@ -1,0 +1,294 @@
+// The Supervisor class (daemon/supervisor.h runs it), shared by the files that implement it,
+// one per role:
+//   supervisor.cc           the lifecycle: start (rings, pipeline, state, servers), the tick,
+//                           signals, drain, exit; ring planning and --check
+//   supervisor_sessions.cc  trainers attaching, resuming and detaching
+//   supervisor_reload.cc    reloads: prepare, apply, swap at a boundary, rank moves
+//   supervisor_state.cc     --state-dir: the saved stream (cursors, origin, kept config)
+//   supervisor_observe.cc   status, metrics, profile windows, autotune, the final report
+// Every method runs on the control thread (the io_context's), except where a comment says.
+#pragma once
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <asio.hpp>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "base/atomic_file.h"
+#include "base/clock.h"
+#include "base/rng.h"
+#include "client/report_text.h"
+#include "daemon/control_server.h"
+#include "daemon/metrics.h"
+#include "daemon/ring_sink.h"
+#include "daemon/service_notify.h"
+#include "daemon/stream_state.h"
+#include "daemon/supervisor.h"
+#include "engine/autotune.h"
+#include "engine/config_diff.h"
+#include "engine/pipeline.h"
+#include "engine/trace.h"
+#include "engine/window_profile.h"
+#include "source/catalog.h"
+#include "stages/text/packing_sink.h"
+
+namespace mmfeed {
+
+inline constexpr int kExitConfig = 2;
+// What a refused reload says when a restart applies the change.
+inline constexpr char kRestartHint[] = "; restart the daemon with the new config to apply it";
+inline constexpr int kExitLost = 3;  // the drain timed out (batches no trainer took are dropped)
+
+// Stands in for the rings when a pipeline is only built (--check): takes nothing.
+class UnusedSink : public BatchSink {
+ public:
+  Reservation Reserve(BatchMemory*, int) override { return Reservation::kClosed; }
+  void Commit(const BatchMemory&, const BatchInfo&) override {}
+  void Discard(const BatchMemory&) override {}
+  void Finish(bool) override {}
+};
+
+// A pipeline of `cfg` built and not started (--check, and a restart's kept config).
+Result<std::unique_ptr<Pipeline>> BuildOnly(const PipelineConfig& cfg,
+                                            std::vector<std::unique_ptr<UnusedSink>>* owned);
+
+// Bytes of memory the daemon may still use: MemAvailable, bounded by the cgroup's limit.
+uint64_t AvailableBytes();
+
+class Supervisor {
+ public:
+  Supervisor(PipelineConfig cfg, SupervisorOptions opt)
+      : cfg_(std::move(cfg)), opt_(std::move(opt)), timer_(io_) {}
+
+  int Run();
+
+ private:
+  // Ranks with a ring: the config's consumers, then any a reload removed (their rings end).
+  int ranks() const { return static_cast<int>(sinks_.size()); }
+
+  // The process attached for a rank: its pid, a pidfd on it, and the attach's generation.
+  struct Holder {
+    int pid = 0;
+    int pidfd = -1;
+    uint32_t generation = 0;
+    RingSink* sink = nullptr;  // the rank's ring, or the one a reload replaced
+  };
+
+  Result<AttachGrant> Attach(int rank, int pid, int pidfd,
+                             const std::optional<StreamCursor>& resume);
+
+  // The trainer finished the batches before `cursor`: those in the ring are not delivered
+  // again; if the rest starts at the cursor it is reused, else the rank is rewound there. A
+  // cursor the rank cannot be served from (forged, past the data, before a reload's boundary
+  // with its batches no longer in the ring) is refused before anything changes.
+  Status Resume(int rank, const StreamCursor& c);
+
+  // Whether rank `rank` can be served from cursor `c` on, `ring` holding its published batches:
+  // a cursor naming its stream must name this one; a seq from the ring's oldest batch to the
+  // pipeline's next one is served from the ring; any other must be one the pipeline can make
+  // (Pipeline::CheckCursor).
+  Status CheckResume(int rank, shm::RingWriter& ring, const StreamCursor& c);
+
+  // SIGHUP, `mmfeedctl reload`: `file` (empty: the running config's) is checked as completely
+  // as --check and, if good, a pipeline built from it takes over from each rank's next batch:
+  // at once, or at every rank's next common epoch boundary when it changes which samples go
+  // where (a new seed). A bad config, or one the running rings cannot serve, changes nothing.
+  // The new pipeline is built on a thread of its own (its catalog may wait on storage): the
+  // control thread goes on serving, and `done` gets the reply on it when the build is over.
+  using ReloadDone = std::function<void(Result<nlohmann::json>)>;
+  void Reload(const std::string& file, ReloadDone done);
+
+  void EndReload(const std::string& path, Result<nlohmann::json> r, ReloadDone done);
+
+  // What a reload has made before its pipeline is built.
+  struct PreparedReload {
+    PipelineConfig cfg;
+    ConfigChanges changes;
+    RingPlan plan;
+    std::vector<std::unique_ptr<RingSink>> rings;  // empty, or the rings every rank moves to
+    std::vector<BatchSink*> sinks;                 // what the new pipeline feeds
+    Result<std::unique_ptr<Pipeline>> next = Status::Unavailable("not built");
+  };
+
+  // The checks and the rings, on the control thread (quick: no data is read).
+  Result<std::shared_ptr<PreparedReload>> PrepareReload(const std::string& file);
+
+  // Back on the control thread with the built pipeline: how it takes over.
+  Result<nlohmann::json> ApplyReload(PreparedReload& p);
+
+  // Whether the pending reload can take over now. One that changes the order or the numbering
+  // waits, after the running pipeline finished its epoch, until every trainer has taken the
+  // batches before the boundary: from the swap on, the saved state names only the new config,
+  // and a restart could not make a batch that only the ring held again. A batch a trainer
+  // holds is the trainer's: it finishes it and resumes after it. (Waiting for the releases
+  // instead would wait forever for a trainer that keeps its last batch while it asks for the
+  // next, as mmfeed.torch's dataset and to_device do.)
+  bool ReadyToSwap();
+
+  // The rank's acknowledged cursor: a trainer still draining the ring a reload replaced
+  // acknowledges there.
+  StreamCursor AckedOf(int r);
+
+  // The running pipeline has quiesced: the pending one continues every rank from its next
+  // batch, into the same sinks, reshaped for its tensors.
+  void CompleteReload();
+
+  // Makes one ring per rank of `cfg` for `plan`.
+  static Result<std::vector<std::unique_ptr<RingSink>>> MakeRings(const PipelineConfig& cfg,
+                                                                  const RingPlan& plan);
+
+  // Rank `r` goes on in `ring` (a reload needed larger slots or changed the ranks) from `next`,
+  // the first batch not in the old ring. The old ring's batches are served first (see Attach): an
+  // attached trainer drains it and attaches again by itself.
+  void MoveRank(int r, std::unique_ptr<RingSink> ring, const StreamCursor& next);
+
+  // --state-dir: the stream the trainers are in (daemon/stream_state.h).
+  std::string StatePath() const { return opt_.state_dir + "/cursors.json"; }
+
+  Result<std::optional<StreamState>> ReadState();
+
+  // The config a saved stream was made with, loaded as the daemon loads its file (relative
+  // paths from where that file was).
+  Result<PipelineConfig> KeptConfig(const StreamState& s) const;
+
+  // Starts every rank from its saved cursor when `saved` is this pipeline's stream.
+  Status LoadState(std::optional<StreamState> saved);
+
+  // Writes the stream's state when it changed (daemon/stream_state.h). A failure is logged
+  // when it first happens and then once a minute with a count, not at every tick.
+  Status SaveState();
+
+  void Detach(int rank, int pid, uint32_t generation);
+
+  nlohmann::json StatusJson();
+
+  // Everything the windowed profile compares, now.
+  WindowSample SampleWindow();
+
+  // workers: auto: a window every kTuneWindow, after which the tuner may move one worker.
+  void Tune();
+
+  // `mmfeedctl profile`: samples now and again after `seconds`, on this thread's timer; with
+  // `trace`, records the window's spans too (one trace at a time).
+  void Profile(double seconds, bool trace, std::function<void(Result<nlohmann::json>)> done);
+
+  // Every field stage's workers now; with workers: auto, the budget and the tuner's last moves.
+  nlohmann::json WorkersJson();
+
+  void WaitSignal(asio::signal_set& signals);
+
+  void BeginDrain(const std::string& why);
+
+  // Every 100 ms: exit once every produced batch was taken, or the drain timed out.
+  void Tick();
+
+  // One line for systemd's STATUS=: throughput over the last interval and the trainers.
+  std::string StatusLine();
+
+  // Every tick: the watchdog is fed while the pipeline makes progress or is idle for a good
+  // reason (finished, draining, or waiting for trainers to take batches); a pipeline stuck on
+  // something else stops feeding it, and systemd restarts the service. STATUS= every 5 s.
+  void Heartbeat();
+
+  // The config file's content hash, to tell which version runs ("" if unreadable).
+  static std::string HashFile(const std::string& path);
+
+  // The counters of a pipeline a reload replaced: the metrics go on counting from them.
+  void Retire(const nlohmann::json& profile);
+
+  // The /metrics page (Prometheus text format). Counters belong to the daemon: those of
+  // pipelines replaced by reloads are included.
+  std::string MetricsText();
+
+  int Report();
+
+  PipelineConfig cfg_;
+  SupervisorOptions opt_;
+  asio::io_context io_;
+  std::set<std::shared_ptr<asio::steady_timer>> windows_;  // profile windows under way
+  uint64_t pipeline_id_ = 0;                               // bumped when a reload swaps
+  // workers: auto (Tune): the tuner, the start of its window, and its moves (the last 20).
+  static constexpr std::chrono::seconds kTuneWindow{2};
+  std::unique_ptr<WorkerTuner> tuner_;
+  std::optional<WindowSample> tune_sample_;
+  std::chrono::steady_clock::time_point tune_at_;
+  std::vector<nlohmann::json> tune_decisions_;
+  asio::steady_timer timer_;
+  std::vector<std::unique_ptr<RingSink>> sinks_;
+  std::vector<std::unique_ptr<PackingSink>> packers_;  // in front of sinks_ when the text is packed
+  std::vector<BatchSink*> pipeline_sinks_;             // what the pipeline feeds, one per rank
+  std::unique_ptr<Pipeline> pipeline_;
+  // A reload waiting for the running pipeline to quiesce (at the epoch boundary).
+  struct PendingReload {
+    std::unique_ptr<Pipeline> pipeline;
+    PipelineConfig cfg;
+    RingPlan plan;
+    std::vector<std::unique_ptr<RingSink>> rings;  // empty, or larger rings to move to
+    bool at_epoch = false;  // the order or numbering changes: all ranks switch at one epoch
+  };
+  // Per rank, the ring a reload replaced, until the rank's next attach.
+  std::vector<std::unique_ptr<RingSink>> moved_from_;
+  std::vector<bool> awaiting_reattach_;  // per rank: moved while a trainer was attached
+  uint64_t moved_published_ = 0;  // batches published into replaced rings, less those dropped
+  std::unique_ptr<PendingReload> pending_;
+  uint64_t reloads_ok_ = 0, reloads_failed_ = 0;
+  ServiceNotifier notify_;
+  const std::chrono::steady_clock::time_point started_at_ = std::chrono::steady_clock::now();
+  std::string config_hash_;
+  struct Rate {
+    std::chrono::steady_clock::time_point at{};
+    uint64_t released = 0;
+    double per_s = 0;
+  };
+  std::vector<Rate> rates_;  // per rank, updated by Heartbeat
+  std::unique_ptr<MetricsServer> metrics_;
+  int ticks_ = 0;
+  // A stage's counters summed over pipelines, from their profile entries.
+  struct StageTotals {
+    double items = 0, errors = 0, busy = 0, starved = 0, blocked = 0;
+    void Add(const nlohmann::json& stage) {
+      items += stage["items"].get<double>();
+      errors += stage["errors"].get<double>();
+      busy += stage["busy_seconds"].get<double>();
+      starved += stage["starved_seconds"].get<double>();
+      blocked += stage["blocked_seconds"].get<double>();
+    }
+  };
+  std::map<std::string, StageTotals> retired_stages_;  // of pipelines reloads replaced
+  std::map<std::string, uint64_t> retired_errors_;
+  uint64_t watchdog_progress_ = 0;                   // Heartbeat's last sign of life
+  std::chrono::steady_clock::time_point status_at_;  // the last STATUS= line, and its count
+  uint64_t status_published_ = 0;
+  std::unique_ptr<ControlServer> server_;
+  std::vector<Holder> holders_;
+  uint32_t last_generation_ = 0;
+  std::string saved_state_;      // the last state written to --state-dir
+  uint64_t state_failures_ = 0;  // writes of it that failed in a row
+  std::chrono::steady_clock::time_point state_warned_at_;
+  uint64_t ring_bytes_ = 0;
+  bool draining_ = false;
+  bool drain_timed_out_ = false;
+  // A restart on an edited config: the file to reload once every rank has attached again.
+  std::string then_reload_;
+  std::vector<bool> back_since_start_;
+  // A reload building its pipeline (Reload): joinable until its completion ran on the control
+  // thread; reload_built_ once the pipeline is built.
+  std::thread reload_thread_;
+  std::atomic<bool> reload_built_{false};
+  bool threads_abandoned_ = false;  // stuck past kStuckGrace after the drain timed out
+  static constexpr std::chrono::seconds kStuckGrace{5};
+  std::chrono::steady_clock::time_point drain_deadline_;
+};
+
+}  // namespace mmfeed

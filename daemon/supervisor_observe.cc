@@ -1,0 +1,313 @@
+// Supervisor: what the daemon says of itself: status, Prometheus metrics, profile windows,
+// autotune, and the report at exit. See daemon/supervisor_internal.h.
+#include "daemon/supervisor_internal.h"
+
+namespace mmfeed {
+
+nlohmann::json Supervisor::StatusJson() {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (int r = 0; r < this->ranks(); ++r) {
+    shm::RingWriter::Backlog b = sinks_[r]->ring().backlog();
+    ranks.push_back({{"rank", r},
+                     {"removed", r >= cfg_.consumers},
+                     {"pid", holders_[r].pid},
+                     {"attached", holders_[r].pid != 0},
+                     {"generation", holders_[r].generation},
+                     {"published", sinks_[r]->ring().published()},
+                     {"released", sinks_[r]->ring().released()},
+                     {"acked", CursorToJson(sinks_[r]->ring().acked())},
+                     {"lag_batches", b.ready},
+                     {"seconds_since_take", b.seconds_since_take},
+                     {"samples_per_s", rates_[r].per_s}});
+  }
+  const ProcessSample p = SampleProcess();
+  return {{"pipeline", cfg_.name},
+          {"config", cfg_.file},
+          {"config_hash", config_hash_},
+          {"uptime_s",
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - started_at_).count()},
+          {"process",
+           {{"cpu_seconds", p.cpu_ns / 1e9},
+            {"rss_bytes", p.rss_bytes},
+            {"read_bytes", p.read_bytes},
+            {"storage_read_bytes", p.storage_read_bytes}}},
+          {"reloads",
+           {{"ok", reloads_ok_}, {"failed", reloads_failed_}, {"pending", pending_ != nullptr}}},
+          {"state", draining_               ? "draining"
+                    : pipeline_->Finished() ? "finished"
+                                            : "running"},
+          {"pid", getpid()},
+          {"consumers", ranks},
+          {"rings",
+           {{"bytes", ring_bytes_},
+            {"slots", cfg_.ring_slots},
+            {"numa_node", cfg_.placement.numa_node}}},
+          {"placement", pipeline_->PlacementJson()},
+          {"workers", WorkersJson()},
+          {"profile", pipeline_->Profile()}};
+}
+
+WindowSample Supervisor::SampleWindow() {
+  WindowSample w;
+  w.t_ns = NowNs();
+  w.pipeline_id = pipeline_id_;
+  w.stages = pipeline_->SampleStages();
+  w.host = SampleHost(pipeline_->Threads());
+  if (const nlohmann::json st = pipeline_->StorageStats(); !st.is_null()) {
+    w.storage.remote = true;
+    w.storage.bytes = st["bytes"].get<uint64_t>();
+    w.storage.retries = st["retries"].get<uint64_t>();
+    w.storage.wait_s = st["wait_seconds"].get<double>();
+  }
+  for (int r = 0; r < ranks(); ++r) {
+    shm::RingWriter::Backlog b = sinks_[r]->ring().backlog();
+    ConsumerSample c;
+    c.rank = r;
+    c.attached = holders_[r].pid != 0;
+    c.removed = r >= cfg_.consumers;
+    c.generation = b.generation;
+    c.wait_ns = b.wait_ns;
+    c.hold_ns = b.hold_ns;
+    c.published = sinks_[r]->ring().published();
+    c.released = sinks_[r]->ring().released();
+    c.ready = b.ready;
+    c.taken = b.taken;
+    c.slots = static_cast<uint32_t>(cfg_.ring_slots);
+    w.consumers.push_back(c);
+  }
+  return w;
+}
+
+void Supervisor::Tune() {
+  if (!pipeline_->cpu_budget() || draining_ || pipeline_->Finished()) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (tune_sample_ && now < tune_at_) return;
+  WindowSample w = SampleWindow();
+  if (!tuner_ || !tune_sample_ || tune_sample_->pipeline_id != w.pipeline_id) {
+    int fixed = 0;
+    for (const StageConfig& st : cfg_.stages)
+      if (!st.field.empty() && !st.workers_auto) fixed += st.workers;
+    tuner_ = std::make_unique<WorkerTuner>(pipeline_->cpu_budget(), fixed);
+  } else if (std::optional<WorkerMove> m = tuner_->Observe(BuildWindowReport(*tune_sample_, w))) {
+    std::map<std::string, int> workers;
+    for (const StageSample& st : w.stages) workers[st.name] = st.workers;
+    Status st =
+        m->from.empty() ? Status::Ok() : pipeline_->SetWorkers(m->from, workers[m->from] - 1);
+    if (st.ok()) st = pipeline_->SetWorkers(m->to, workers[m->to] + 1);
+    if (!st.ok()) {
+      spdlog::error("workers: auto: {}", st.message());
+    } else {
+      std::string from = m->from.empty() ? ""
+                                         : fmt::format(", {} {} -> {}", m->from, workers[m->from],
+                                                       workers[m->from] - 1);
+      spdlog::info("workers: auto: {} {} -> {}{} ({})", m->to, workers[m->to], workers[m->to] + 1,
+                   from, m->evidence);
+      tune_decisions_.push_back(
+          {{"uptime_s", std::chrono::duration<double>(now - started_at_).count()},
+           {"to", m->to},
+           {"from", m->from.empty() ? nlohmann::json() : nlohmann::json(m->from)},
+           {"evidence", m->evidence}});
+      if (tune_decisions_.size() > 20) tune_decisions_.erase(tune_decisions_.begin());
+    }
+  }
+  tune_sample_ = std::move(w);
+  tune_at_ = now + kTuneWindow;
+}
+
+void Supervisor::Profile(double seconds, bool trace,
+                         std::function<void(Result<nlohmann::json>)> done) {
+  if (trace) {
+    Status st = trace::Start();
+    if (!st.ok()) return done(st);
+  }
+  auto start = std::make_shared<WindowSample>(SampleWindow());
+  auto window = std::make_shared<asio::steady_timer>(
+      io_, std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6)));
+  windows_.insert(window);
+  window->async_wait([this, window, start, trace, done = std::move(done)](std::error_code ec) {
+    windows_.erase(window);
+    if (ec) {
+      if (trace) (void)trace::Stop({});
+      return done(Status::Closed("mmfeedd stopped before the profile's window ended"));
+    }
+    WindowSample end = SampleWindow();
+    nlohmann::json report = BuildWindowReport(*start, end);
+    if (trace) {
+      std::map<int, std::string> names;
+      for (const ThreadSample& t : end.host.threads) names[t.tid] = t.name;
+      report["trace"] = trace::Stop(names);
+    }
+    done(std::move(report));
+  });
+}
+
+nlohmann::json Supervisor::WorkersJson() {
+  nlohmann::json split = nlohmann::json::object();
+  for (const StageSample& st : pipeline_->SampleStages())
+    if (st.type != "ring" && st.type != "batch" && st.name != "source") split[st.name] = st.workers;
+  nlohmann::json j = {{"split", split}};
+  if (pipeline_->cpu_budget()) {
+    j["cpu_budget"] = pipeline_->cpu_budget();
+    j["decisions"] = tune_decisions_;
+  }
+  return j;
+}
+
+std::string Supervisor::StatusLine() {
+  auto now = std::chrono::steady_clock::now();
+  uint64_t published = 0;
+  int attached = 0;
+  for (int r = 0; r < ranks(); ++r) {
+    published += sinks_[r]->ring().published();
+    attached += r < cfg_.consumers && holders_[r].pid != 0;
+  }
+  double seconds = std::chrono::duration<double>(now - status_at_).count();
+  double rate = status_at_.time_since_epoch().count() && seconds > 0
+                    ? (published - status_published_) * cfg_.batch_size / seconds
+                    : 0;
+  status_at_ = now;
+  status_published_ = published;
+  return fmt::format("{:.0f} samples/s, {} batches published, {}/{} trainers attached", rate,
+                     published, attached, cfg_.consumers);
+}
+
+void Supervisor::Retire(const nlohmann::json& profile) {
+  for (const auto& st : profile["stages"]) {
+    if (st["type"] == "ring") continue;  // the rings' counters outlive pipelines anyway
+    retired_stages_[st["name"].get<std::string>()].Add(st);
+  }
+  for (const auto& [reason, n] : profile["errors"]["by_reason"].items())
+    retired_errors_[reason] += n.get<uint64_t>();
+}
+
+std::string Supervisor::MetricsText() {
+  nlohmann::json profile = pipeline_->Profile();
+  std::map<std::string, StageTotals> stages = retired_stages_;
+  std::map<std::string, double> depth;
+  for (const auto& st : profile["stages"]) {
+    const std::string name = st["name"].get<std::string>();
+    stages[name].Add(st);
+    depth[name] = st["queue_depth"].get<double>();
+  }
+  std::map<std::string, uint64_t> errors = retired_errors_;
+  for (const auto& [reason, n] : profile["errors"]["by_reason"].items())
+    errors[reason] += n.get<uint64_t>();
+
+  PromText t;
+  auto per_stage = [&](const char* name, const char* help, double StageTotals::*field) {
+    t.Family(name, "counter", help);
+    for (const auto& [stage, v] : stages) t.Sample(name, {{"stage", stage}}, v.*field);
+  };
+  per_stage("mmfeed_stage_items_total",
+            "Items a stage finished: samples, or batches for a ring stage.", &StageTotals::items);
+  per_stage("mmfeed_stage_errors_total", "Items a stage failed.", &StageTotals::errors);
+  per_stage("mmfeed_stage_busy_seconds_total", "Thread time a stage spent working.",
+            &StageTotals::busy);
+  per_stage("mmfeed_stage_starved_seconds_total", "Thread time a stage waited for input.",
+            &StageTotals::starved);
+  per_stage("mmfeed_stage_blocked_seconds_total",
+            "Thread time a stage waited for downstream (a ring: for trainers).",
+            &StageTotals::blocked);
+  t.Family("mmfeed_stage_queue_depth", "gauge", "Items in a stage's mailbox now.");
+  for (const auto& [stage, v] : depth) t.Sample("mmfeed_stage_queue_depth", {{"stage", stage}}, v);
+  t.Family("mmfeed_sample_errors_total", "counter", "Samples skipped, by reason.");
+  for (const auto& [reason, n] : errors)
+    t.Sample("mmfeed_sample_errors_total", {{"reason", reason}}, static_cast<double>(n));
+
+  struct RankRow {
+    const char* name;
+    const char* type;
+    const char* help;
+  };
+  const RankRow rows[] = {
+      {"mmfeed_rank_batches_published_total", "counter", "Batches published to a rank's ring."},
+      {"mmfeed_rank_batches_released_total", "counter", "Batches a rank's trainer released."},
+      {"mmfeed_rank_cursor_epoch", "gauge", "Epoch of a rank's acknowledged cursor."},
+      {"mmfeed_rank_cursor_seq", "gauge", "Batch seq of a rank's acknowledged cursor."},
+      {"mmfeed_rank_lag_batches", "gauge", "Batches published and not yet taken."},
+      {"mmfeed_rank_seconds_since_take", "gauge",
+       "Seconds since the trainer last took a batch (-1: never)."},
+      {"mmfeed_rank_attached", "gauge", "1 while a trainer is attached."},
+      {"mmfeed_rank_wait_seconds_total", "counter",
+       "Seconds the attached trainer waited for a batch, as its client reports (its data "
+       "stall; restarts at each attach)."},
+      {"mmfeed_rank_hold_seconds_total", "counter",
+       "Seconds the attached trainer held batches, summed over batches, as its client reports "
+       "(restarts at each attach)."}};
+  std::vector<std::array<double, std::size(rows)>> values;
+  for (int r = 0; r < ranks(); ++r) {
+    shm::RingWriter& ring = sinks_[r]->ring();
+    StreamCursor acked = ring.acked();
+    shm::RingWriter::Backlog b = ring.backlog();
+    values.push_back({static_cast<double>(ring.published()), static_cast<double>(ring.released()),
+                      static_cast<double>(acked.epoch), static_cast<double>(acked.seq),
+                      static_cast<double>(b.ready), b.seconds_since_take,
+                      holders_[r].pid ? 1.0 : 0.0, b.wait_ns / 1e9, b.hold_ns / 1e9});
+  }
+  for (size_t k = 0; k < std::size(rows); ++k) {
+    t.Family(rows[k].name, rows[k].type, rows[k].help);
+    for (int r = 0; r < ranks(); ++r)
+      t.Sample(rows[k].name, {{"rank", std::to_string(r)}}, values[r][k]);
+  }
+
+  const ProcessSample p = SampleProcess();
+  t.Family("process_cpu_seconds_total", "counter", "User and system CPU time of the daemon.");
+  t.Sample("process_cpu_seconds_total", p.cpu_ns / 1e9);
+  t.Family("process_resident_memory_bytes", "gauge", "Resident memory of the daemon.");
+  t.Sample("process_resident_memory_bytes", static_cast<double>(p.rss_bytes));
+  t.Family("mmfeed_read_bytes_total", "counter",
+           "Bytes the daemon read: all reads (rchar), and those that reached storage.");
+  t.Sample("mmfeed_read_bytes_total", {{"source", "all"}}, static_cast<double>(p.read_bytes));
+  t.Sample("mmfeed_read_bytes_total", {{"source", "storage"}},
+           static_cast<double>(p.storage_read_bytes));
+  t.Family("mmfeed_reloads_total", "counter", "Config reloads, applied or refused.");
+  t.Sample("mmfeed_reloads_total", {{"result", "ok"}}, static_cast<double>(reloads_ok_));
+  t.Sample("mmfeed_reloads_total", {{"result", "refused"}}, static_cast<double>(reloads_failed_));
+  return t.text();
+}
+
+int Supervisor::Report() {
+  nlohmann::json profile = pipeline_->Profile();
+  std::string text = FormatProfile(profile);
+  uint64_t written = moved_published_, unreleased = 0;
+  for (auto& s : sinks_) {
+    written += s->ring().published();
+    unreleased += s->ring().unreleased();
+  }
+  for (auto& s : moved_from_)  // replaced rings whose trainer never came back
+    if (s) unreleased += s->ring().unreleased();
+  const auto& errors = profile["errors"];
+  std::fprintf(stderr, "mmfeedd profile:\n%s", text.c_str());
+  std::fprintf(stderr,
+               "batches: %lu published, %lu taken and released, %lu left in rings; samples "
+               "skipped: %lu, rows "
+               "refilled: %lu\n",
+               static_cast<unsigned long>(written),
+               static_cast<unsigned long>(written - unreleased),
+               static_cast<unsigned long>(unreleased),
+               static_cast<unsigned long>(errors["total"].get<uint64_t>()),
+               static_cast<unsigned long>(profile["samples"]["refilled"].get<uint64_t>()));
+  Status st = pipeline_->status();
+  if (!st.ok()) {
+    std::fprintf(stderr, "mmfeedd: stopped on error: %s\n", st.message().c_str());
+    return pipeline_->stopped_on_unusable_data() ? kExitConfig : 1;
+  }
+  if (drain_timed_out_ && unreleased > 0) {
+    std::fprintf(
+        stderr,
+        "mmfeedd: the drain timed out: %lu published batch(es) were never taken by a trainer%s\n",
+        static_cast<unsigned long>(unreleased),
+        opt_.state_dir.empty() ? " and are lost"
+                               : " (the next start regenerates them from the saved cursors)");
+    return kExitLost;
+  }
+  if (drain_timed_out_) {
+    std::fprintf(stderr,
+                 "mmfeedd: the drain timed out while a stage was still working (every published "
+                 "batch was taken)\n");
+    return kExitLost;
+  }
+  return 0;
+}
+
+}  // namespace mmfeed

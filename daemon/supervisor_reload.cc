@@ -1,0 +1,246 @@
+// Supervisor: reloads. A config is checked and its pipeline built on a thread of its own,
+// then takes over at once or at an epoch boundary; ranks move to new rings. See
+// daemon/supervisor_internal.h and docs/threads.md.
+#include "daemon/supervisor_internal.h"
+
+namespace mmfeed {
+
+void Supervisor::Reload(const std::string& file, ReloadDone done) {
+  const std::string path = file.empty() ? cfg_.file : file;
+  notify_.Reloading();  // READY=1 ends it, refused or not (EndReload)
+  Result<std::shared_ptr<PreparedReload>> prep = PrepareReload(path);
+  if (!prep.ok()) return EndReload(path, prep.status(), std::move(done));
+  reload_built_.store(false);
+  reload_thread_ = std::thread([this, p = *prep, path, done = std::move(done)]() mutable {
+    p->next = Pipeline::Create(p->cfg, p->sinks);
+    reload_built_.store(true);
+    asio::post(io_, [this, p, path, done = std::move(done)]() mutable {
+      if (reload_thread_.joinable()) reload_thread_.join();
+      EndReload(path, ApplyReload(*p), std::move(done));
+    });
+  });
+}
+
+void Supervisor::EndReload(const std::string& path, Result<nlohmann::json> r, ReloadDone done) {
+  if (r.ok()) {
+    ++reloads_ok_;
+    spdlog::info("reload of {}: {}; applied {}", path, (*r)["summary"].get<std::string>(),
+                 (*r)["applied"].get<std::string>());
+  } else {
+    ++reloads_failed_;
+    spdlog::error("reload of {} refused, the running pipeline is unchanged: {}", path,
+                  r.status().message());
+  }
+  notify_.Ready(r.ok() ? StatusLine() : "reload refused: " + r.status().message());
+  if (metrics_) metrics_->Publish(MetricsText());
+  done(std::move(r));
+}
+
+Result<std::shared_ptr<Supervisor::PreparedReload>> Supervisor::PrepareReload(
+    const std::string& file) {
+  if (draining_) return Status::Unavailable("the daemon is draining");
+  if (reload_thread_.joinable())
+    return Status::Unavailable("the previous reload is still building its pipeline");
+  if (pending_) return Status::Unavailable("the previous reload is waiting for the epoch boundary");
+  if (pipeline_->Finished()) return Status::Closed("the run has ended");
+  Result<PipelineConfig> cfg = LoadDaemonConfig(file, opt_);
+  if (!cfg.ok()) return cfg.status();
+  auto p = std::make_shared<PreparedReload>();
+  p->changes = DiffConfigs(cfg_, *cfg);
+  if (!p->changes.needs_restart.empty())
+    return Status::Unsupported(p->changes.needs_restart + kRestartHint);
+  p->plan = PlanRings(*cfg);
+  p->sinks = pipeline_sinks_;
+  // Batches larger than the slots, or another number of ranks: every rank moves to a new
+  // ring, made now, and trainers attach to it by themselves (kClosedMoved). The old rings
+  // live on until then.
+  if (cfg->consumers != cfg_.consumers || !sinks_[0]->ring().Fits(p->plan.layout).ok()) {
+    if (cfg->packed_stage >= 0)
+      return Status::Unsupported(std::string("a packed text stream's rings cannot be re-made") +
+                                 kRestartHint);
+    RingPlan both = p->plan;
+    both.total_bytes += ring_bytes_;
+    Status memory = CheckMemory(both);
+    if (!memory.ok()) return memory.WithContext("the new rings are made beside the old ones");
+    auto made = MakeRings(*cfg, p->plan);
+    if (!made.ok()) return made.status();
+    p->rings = std::move(made.value());
+    p->sinks.clear();
+    for (auto& ring : p->rings) p->sinks.push_back(ring.get());
+  }
+  p->cfg = std::move(cfg.value());
+  return p;
+}
+
+Result<nlohmann::json> Supervisor::ApplyReload(PreparedReload& p) {
+  if (!p.next.ok()) return p.next.status();
+  if (draining_) return Status::Unavailable("the daemon is draining");
+  if (pipeline_->Finished()) return Status::Closed("the run has ended");
+  std::unique_ptr<Pipeline>& next = p.next.value();
+  const bool new_ranks = p.cfg.consumers != cfg_.consumers;
+  // Another number of batches per epoch (batch size, drop_last, the source's size; with a
+  // token budget, any change of which samples go where): every rank switches at one epoch
+  // boundary, where the new numbering starts.
+  const bool renumber = new_ranks || next->batches_per_epoch() != pipeline_->batches_per_epoch() ||
+                        ((next->budgeted() || pipeline_->budgeted()) &&
+                         next->order_fingerprint() != pipeline_->order_fingerprint());
+  if (renumber && p.cfg.packed_stage >= 0)
+    return Status::Unsupported(std::string("a packed text stream's batch numbering cannot change") +
+                               kRestartHint);
+  const bool at_epoch = renumber || next->order_fingerprint() != pipeline_->order_fingerprint();
+  // A new metrics endpoint is listening before anything changes, or the reload is refused.
+  const bool new_metrics = p.cfg.metrics_listen != cfg_.metrics_listen;
+  std::unique_ptr<MetricsServer> metrics;
+  if (new_metrics && !p.cfg.metrics_listen.empty()) {
+    auto m = MetricsServer::Start(io_, p.cfg.metrics_listen);
+    if (!m.ok()) return m.status();
+    metrics = std::move(m.value());
+    metrics->Publish(MetricsText());
+  }
+  if (new_metrics) metrics_ = std::move(metrics);
+  const bool grow = !p.rings.empty();
+  nlohmann::json reply = {
+      {"config", p.cfg.file},
+      {"changes", p.changes.json},
+      {"summary", p.changes.Summary()},
+      {"applied", !at_epoch  ? "now"
+                  : renumber ? "at the next epoch boundary, for every rank at once (the batches "
+                               "per epoch or the ranks change)"
+                             : "at the next epoch boundary"},
+      {"rings", !grow       ? "unchanged"
+                : new_ranks ? fmt::format("re-made for {} consumer rank(s); trainers attach to "
+                                          "them by themselves",
+                                          p.cfg.consumers)
+                            : "re-made larger; trainers attach to them by themselves"}};
+  pending_ = std::make_unique<PendingReload>(PendingReload{
+      std::move(next), std::move(p.cfg), std::move(p.plan), std::move(p.rings), at_epoch});
+  if (at_epoch) {
+    // Every rank switches at one boundary, the furthest rank's next: a rank an epoch behind
+    // the others must not make that epoch in another order than they did.
+    pipeline_->QuiesceAtEpochEnd(/*together=*/true);
+  } else {
+    pipeline_->Quiesce();
+    pipeline_->Wait();
+    CompleteReload();
+  }
+  return reply;
+}
+
+bool Supervisor::ReadyToSwap() {
+  if (!pending_ || !pipeline_->Finished()) return false;
+  if (!pending_->at_epoch || !pipeline_->status().ok() || draining_) return true;
+  for (int r = 0; r < cfg_.consumers; ++r) {
+    if (sinks_[r]->ring().MinReadySeq() < pipeline_->NextCommit(r)) return false;
+    if (moved_from_[r] && moved_from_[r]->ring().MinReadySeq() < pipeline_->NextCommit(r))
+      return false;
+  }
+  return true;
+}
+
+StreamCursor Supervisor::AckedOf(int r) {
+  StreamCursor acked = sinks_[r]->ring().acked();
+  if (moved_from_[r] && moved_from_[r]->ring().acked().seq > acked.seq)
+    acked = moved_from_[r]->ring().acked();
+  return acked;
+}
+
+void Supervisor::CompleteReload() {
+  std::unique_ptr<PendingReload> p = std::move(pending_);
+  pipeline_->Wait();
+  Status st = pipeline_->status();
+  if (!st.ok() || draining_) {  // no successor: the sinks end with this pipeline
+    if (!st.ok()) spdlog::error("the reload is abandoned: {}", st.message());
+    for (BatchSink* s : pipeline_sinks_) s->Finish(false);
+    return;
+  }
+  if (p->at_epoch) {
+    // Every rank stands at the same epoch boundary: the new order or numbering starts there,
+    // and cursors before it are refused (the batches before it came from another config).
+    StreamCursor at = pipeline_->CursorAt(pipeline_->NextCommit(0));
+    bool together = at.batch == 0;
+    for (int r = 1; r < cfg_.consumers; ++r) together &= pipeline_->NextCommit(r) == at.seq;
+    if (!together) {  // QuiesceAtEpochEnd(true) guarantees it: a bug
+      spdlog::error("the reload is abandoned: the ranks did not stop at one epoch boundary");
+      for (BatchSink* s : pipeline_sinks_) s->Finish(false);
+      return;
+    }
+    const Pipeline::Origin& before = pipeline_->origin();
+    p->pipeline->SetOrigin(
+        {at.epoch, at.seq,
+         Pipeline::NextStreamTag(before, at.seq, p->pipeline->order_fingerprint()), before.stream});
+  } else {
+    p->pipeline->SetOrigin(pipeline_->origin());  // the same numbering goes on
+  }
+  // Ranks a smaller consumer count removes: their trainers take what their rings hold, then
+  // see the end of their data. Added ranks start where the others are.
+  for (int r = p->cfg.consumers; r < cfg_.consumers; ++r) {
+    sinks_[r]->Finish(true);
+    spdlog::warn(
+        "rank {} is no longer served (consumers {} -> {}): its trainer gets the "
+        "batches its ring holds, then the end of its data",
+        r, cfg_.consumers, p->cfg.consumers);
+  }
+  std::vector<StreamCursor> start;
+  for (int r = 0; r < p->cfg.consumers; ++r) {
+    uint64_t seq = r < cfg_.consumers ? pipeline_->NextCommit(r) : p->pipeline->origin().seq;
+    start.push_back(p->pipeline->CursorAt(seq));
+    if (!p->rings.empty()) MoveRank(r, std::move(p->rings[r]), start.back());
+  }
+  if (!p->rings.empty()) {
+    pipeline_sinks_.clear();
+    for (int r = 0; r < p->cfg.consumers; ++r) pipeline_sinks_.push_back(sinks_[r].get());
+    ring_bytes_ = p->plan.total_bytes;
+  }
+  st = p->pipeline->SetStart(start);
+  for (int r = 0; r < p->cfg.consumers; ++r) {
+    if (st.ok()) st = sinks_[r]->Reshape(p->plan.specs, p->plan.layout);
+    p->pipeline->AddProfiledStage(sinks_[r]->info());
+  }
+  if (st.ok()) st = p->pipeline->Start();
+  if (!st.ok()) {  // checked before the swap: a bug, and the run cannot go on
+    spdlog::error("reload failed after the running pipeline stopped: {}", st.message());
+    for (BatchSink* s : pipeline_sinks_) s->Finish(false);
+    return;
+  }
+  std::string at;
+  for (const StreamCursor& c : start) at += fmt::format(" {}", c.seq);
+  spdlog::info("the reloaded pipeline took over: ranks at batch{}", at);
+  config_hash_ = HashFile(p->cfg.file);
+  Retire(pipeline_->Profile());
+  pipeline_ = std::move(p->pipeline);
+  ++pipeline_id_;
+  cfg_ = std::move(p->cfg);
+}
+
+void Supervisor::MoveRank(int r, std::unique_ptr<RingSink> ring, const StreamCursor& next) {
+  if (r == ranks()) {  // a rank a larger consumer count adds
+    ring->ring().set_acked(next);
+    sinks_.push_back(std::move(ring));
+    holders_.emplace_back();
+    rates_.emplace_back();
+    moved_from_.emplace_back();
+    awaiting_reattach_.push_back(false);
+    spdlog::info("rank {}: added, starting at batch {}", r, next.seq);
+    return;
+  }
+  std::unique_ptr<RingSink> old = std::move(sinks_[r]);
+  // Its trainer comes back by itself: the daemon does not end before it has (the new ring
+  // may hold nothing but the end of the data).
+  awaiting_reattach_[r] = holders_[r].pid != 0;
+  if (holders_[r].pid) {
+    // The trainer keeps its connection to the old ring until it attaches again: its later
+    // close is then a stale generation and changes nothing.
+    if (holders_[r].pidfd >= 0) ::close(holders_[r].pidfd);
+    holders_[r] = Holder{};
+  }
+  ring->ring().set_acked(old->ring().acked());
+  old->ring().CloseMoved();
+  retired_stages_[old->info().name].Add(BuildProfile({old->info()}, 1)["stages"][0]);
+  moved_published_ += old->ring().published();
+  sinks_[r] = std::move(ring);
+  moved_from_[r] = std::move(old);
+  spdlog::info("rank {}: moved to a new ring ({:.1f} MiB slots), continuing at batch {}", r,
+               sinks_[r]->ring().layout().slot_bytes / 1048576.0, next.seq);
+}
+
+}  // namespace mmfeed

@@ -1,0 +1,119 @@
+// Supervisor: trainers attaching (a rank, a resume cursor, the ring a reload replaced),
+// resuming and detaching. See daemon/supervisor_internal.h.
+#include "daemon/supervisor_internal.h"
+
+namespace mmfeed {
+
+Result<AttachGrant> Supervisor::Attach(int rank, int pid, int pidfd,
+                                       const std::optional<StreamCursor>& resume) {
+  // A rank a reload removed is still served the batches its ring holds.
+  if (rank >= ranks() || (rank >= cfg_.consumers && sinks_[rank]->ring().unreleased() == 0))
+    return Status::Invalid(fmt::format(
+        "rank {} out of range: this pipeline has {} consumer rank(s)", rank, cfg_.consumers));
+  Holder& h = holders_[rank];
+  if (h.pid) {
+    pollfd p{h.pidfd, POLLIN, 0};
+    // The holder attaching again has drained the ring a reload replaced: it moves on.
+    const bool moves_on = h.pid == pid && h.sink != sinks_[rank].get();
+    if (!moves_on && (h.pidfd < 0 || poll(&p, 1, 0) == 0))
+      return Status::Invalid(fmt::format("rank {} is already attached (pid {})", rank, h.pid));
+    if (!moves_on)
+      spdlog::info("rank {}: its holder pid {} is dead; pid {} takes over", rank, h.pid, pid);
+    server_->Disconnect(h.generation);
+    Detach(rank, h.pid, h.generation);
+  }
+  if (ReadyToSwap()) CompleteReload();
+  awaiting_reattach_[rank] = false;
+  RingSink* sink = sinks_[rank].get();
+  if (std::unique_ptr<RingSink>& old = moved_from_[rank]) {
+    // A reload replaced the rank's ring. Its batches the trainer has not finished are served
+    // from it first (the trainer then attaches again by itself); unless the trainer asks for
+    // earlier ones, which the running pipeline makes again.
+    if (resume) {
+      MMFEED_RETURN_IF_ERROR(CheckResume(rank, old->ring(), *resume));
+      old->ring().DropReady(resume->seq);
+    }
+    uint64_t first = old->ring().MinReadySeq();
+    if (old->ring().unreleased() > 0 && (!resume || resume->seq == first)) {
+      sink = old.get();
+    } else {
+      old.reset();
+    }
+  }
+  if (resume && sink == sinks_[rank].get()) MMFEED_RETURN_IF_ERROR(Resume(rank, *resume));
+  shm::RingWriter& ring = sink->ring();
+  Result<int> control = ring.Attach(++last_generation_);
+  if (!control.ok()) return control.status();
+  h = {pid, pidfd >= 0 ? fcntl(pidfd, F_DUPFD_CLOEXEC, 0) : -1, last_generation_, sink};
+  spdlog::info("rank {} attached (pid {}, generation {}{})", rank, pid, h.generation,
+               sink == sinks_[rank].get() ? "" : ", to the ring a reload replaced");
+  if (!then_reload_.empty() && rank < static_cast<int>(back_since_start_.size())) {
+    back_since_start_[rank] = true;
+    if (std::all_of(back_since_start_.begin(), back_since_start_.end(), [](bool b) { return b; }))
+      asio::post(io_, [this, file = std::exchange(then_reload_, std::string())] {
+        Reload(file, [](Result<nlohmann::json>) {});  // logged
+      });
+  }
+  return AttachGrant{{ring.data_fd(), *control},
+                     {{"rank", rank},
+                      {"generation", h.generation},
+                      {"ring_bytes", ring.size()},
+                      {"consumers", cfg_.consumers},
+                      {"pipeline", cfg_.name}}};
+}
+
+Status Supervisor::Resume(int rank, const StreamCursor& c) {
+  shm::RingWriter& ring = sinks_[rank]->ring();
+  MMFEED_RETURN_IF_ERROR(CheckResume(rank, ring, c));
+  int finished = ring.DropReady(c.seq);
+  uint64_t next = ring.MinReadySeq();
+  if (next == UINT64_MAX) next = pipeline_->NextCommit(rank);
+  if (next != c.seq) {
+    Status st = pipeline_->Rewind(rank, c.seq);
+    if (st.code() == Status::Code::kClosed && ReadyToSwap()) {
+      // The pipeline was handing over at the epoch boundary: its successor serves the rank.
+      CompleteReload();
+      st = pipeline_->Rewind(rank, c.seq);
+    }
+    MMFEED_RETURN_IF_ERROR(st);
+  }
+  if (c.seq >= pipeline_->origin().seq) ring.set_acked(pipeline_->CursorAt(c.seq));
+  spdlog::info("rank {}: resuming at batch {} ({} finished batch(es) dropped from the ring, {})",
+               rank, c.seq, finished, next == c.seq ? "the rest reused" : "the rank rewound");
+  return Status::Ok();
+}
+
+Status Supervisor::CheckResume(int rank, shm::RingWriter& ring, const StreamCursor& c) {
+  const uint64_t seq = c.seq;
+  if (const uint32_t ours = pipeline_->StreamBefore(seq); c.stream && ours && c.stream != ours)
+    return Status::Invalid(fmt::format(
+        "rank {}: resume refused: the cursor (batch {}) is of stream {:08x}, but this "
+        "daemon's batch {} is of stream {:08x}: the cursor was saved in another run or with "
+        "another config or data (restart the daemon with that run's config and --state-dir, "
+        "or attach without it to start the rank over)",
+        rank, seq, c.stream, seq - 1, ours));
+  const uint64_t first = ring.MinReadySeq(), next = pipeline_->NextCommit(rank);
+  if (seq <= next && (first == UINT64_MAX ? seq == next : first <= seq)) return Status::Ok();
+  Status st = pipeline_->CheckCursor(seq);
+  return st.ok() ? st : st.WithContext(fmt::format("rank {}: resume refused", rank));
+}
+
+void Supervisor::Detach(int rank, int pid, uint32_t generation) {
+  Holder& h = holders_[rank];
+  if (h.generation != generation || !h.pid) return;  // already taken over
+  if (h.pidfd >= 0) ::close(h.pidfd);
+  RingSink* sink = h.sink;
+  h = Holder{};
+  int n = sink->ring().Detach();
+  // A reader that scribbled over its control area and then died: its slots are taken back
+  // all the same, and the next attach gets a fresh control area.
+  if (std::string why = sink->ring().TakeViolation(); !why.empty())
+    spdlog::warn(
+        "rank {}: pid {} left its control area corrupt ({}); its batches are "
+        "delivered again to the next attach",
+        rank, pid, why);
+  spdlog::info("rank {} detached (pid {}); {} unreleased batch(es) will be delivered again", rank,
+               pid, n);
+}
+
+}  // namespace mmfeed

@@ -1,0 +1,100 @@
+// Supervisor: --state-dir, the saved stream (daemon/stream_state.h is its file format): read
+// and checked at start, written after every acknowledged cursor. See
+// daemon/supervisor_internal.h.
+#include "daemon/supervisor_internal.h"
+
+namespace mmfeed {
+
+Result<std::optional<StreamState>> Supervisor::ReadState() {
+  std::error_code ec;
+  std::filesystem::create_directories(opt_.state_dir, ec);
+  if (ec) return Status::Io(fmt::format("--state-dir {}: {}", opt_.state_dir, ec.message()));
+  return ReadStreamState(StatePath());
+}
+
+Result<PipelineConfig> Supervisor::KeptConfig(const StreamState& s) const {
+  Result<PipelineConfig> cfg = ParseConfig(s.config_text, s.config_file);
+  if (!cfg.ok()) return cfg;
+  MMFEED_RETURN_IF_ERROR(CheckFaultsAllowed(*cfg, opt_.allow_faults));
+  cfg->source.index_dir = opt_.state_dir;
+  ConfigChanges changes = DiffConfigs(*cfg, cfg_);
+  if (!changes.needs_restart.empty())
+    return Status::Unsupported(
+        fmt::format("the edited config changes what a reload cannot: {}", changes.needs_restart));
+  // It must still make the saved stream (its data may be gone or changed since).
+  std::vector<std::unique_ptr<UnusedSink>> owned;
+  Result<std::unique_ptr<Pipeline>> p = BuildOnly(*cfg, &owned);
+  if (!p.ok()) return p.status().WithContext("the kept config cannot be built");
+  if ((*p)->fingerprint() != s.fingerprint)
+    return Status::Invalid("its data changed since the state was saved");
+  return cfg;
+}
+
+Status Supervisor::LoadState(std::optional<StreamState> saved) {
+  if (!saved) {
+    spdlog::info("no saved cursors in {}: starting every rank at the beginning", StatePath());
+    return Status::Ok();
+  }
+  if (saved->fingerprint != pipeline_->fingerprint()) {
+    spdlog::warn(
+        "{} is for another stream (fingerprint {}, this config makes {}: the data or the "
+        "config changed): starting fresh",
+        StatePath(), saved->fingerprint, pipeline_->fingerprint());
+    return Status::Ok();
+  }
+  // A reload that changed the order or the numbering started this config's batches there.
+  pipeline_->SetOrigin({saved->origin_epoch, saved->origin_seq,
+                        saved->origin_stream ? saved->origin_stream : pipeline_->origin().stream,
+                        saved->origin_previous});
+  for (size_t r = 0; r < saved->ranks.size(); ++r) {
+    StreamCursor& c = saved->ranks[r];
+    if (c.seq < saved->origin_seq) {
+      // The daemon stopped while this rank's trainer still had batches of the config before
+      // that reload to take; this config cannot make them.
+      spdlog::warn(
+          "rank {}: batches {}-{} of the config before the last reload were not released by "
+          "the rank's trainer and cannot be made again: the rank starts at batch {} (epoch "
+          "{}); a trainer that finished them goes on there, one that resumes before it is "
+          "refused",
+          r, c.seq, saved->origin_seq - 1, saved->origin_seq, saved->origin_epoch);
+      c = pipeline_->CursorAt(saved->origin_seq);
+    }
+  }
+  Status valid = pipeline_->SetStart(saved->ranks);
+  if (!valid.ok())
+    return valid.WithContext(fmt::format(
+        "{}: the saved cursors do not fit this config (move the file away to start every rank "
+        "at the beginning)",
+        StatePath()));
+  for (int r = 0; r < cfg_.consumers; ++r) sinks_[r]->ring().set_acked(saved->ranks[r]);
+  std::string at;
+  for (const StreamCursor& c : saved->ranks) at += fmt::format(" {}", c.seq);
+  spdlog::info("continuing from the saved cursors in {}: ranks at batch{}", StatePath(), at);
+  return Status::Ok();
+}
+
+Status Supervisor::SaveState() {
+  if (opt_.state_dir.empty()) return Status::Ok();
+  const Pipeline::Origin origin = pipeline_->origin();
+  StreamState state{cfg_.name,     pipeline_->fingerprint(), origin.epoch, origin.seq,
+                    origin.stream, origin.previous,          {},           cfg_.file,
+                    cfg_.text};
+  for (int r = 0; r < cfg_.consumers; ++r) state.ranks.push_back(AckedOf(r));
+  std::string text = StreamStateToJson(state).dump() + "\n";
+  if (text == saved_state_) return Status::Ok();
+  Status st = WriteFileAtomically(StatePath(), text);
+  const auto now = std::chrono::steady_clock::now();
+  if (st.ok()) {
+    if (state_failures_)
+      spdlog::info("{} written again after {} failed attempt(s)", StatePath(), state_failures_);
+    state_failures_ = 0;
+    saved_state_ = std::move(text);
+  } else if (state_failures_++ == 0 || now - state_warned_at_ >= std::chrono::minutes(1)) {
+    spdlog::error("{} (the cursors a restart would continue from are {}; {} attempt(s) failed)",
+                  st.message(), state_failures_ > 1 ? "stale" : "not saved", state_failures_);
+    state_warned_at_ = now;
+  }
+  return st;
+}
+
+}  // namespace mmfeed
