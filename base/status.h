@@ -83,4 +83,16 @@ class [[nodiscard]] Result {
     if (!_st.ok()) return _st;       \
   } while (0)
 
+// MMFEED_ASSIGN_OR_RETURN(lhs, expr): evaluates `expr` (a Result<T>); on error returns its
+// Status from the enclosing function, else moves the value into `lhs`, which may declare it:
+//   MMFEED_ASSIGN_OR_RETURN(BatchPlan plan, PlanBatch(cfg));
+#define MMFEED_ASSIGN_OR_RETURN(lhs, expr) \
+  MMFEED_ASSIGN_OR_RETURN_IMPL(MMFEED_RESULT_NAME(_mmfeed_result_, __LINE__), lhs, expr)
+#define MMFEED_ASSIGN_OR_RETURN_IMPL(result, lhs, expr) \
+  auto result = (expr);                                 \
+  if (!result.ok()) return result.status();             \
+  lhs = std::move(result.value())
+#define MMFEED_RESULT_NAME_INNER(a, b) a##b
+#define MMFEED_RESULT_NAME(a, b) MMFEED_RESULT_NAME_INNER(a, b)
+
 }  // namespace mmfeed

@@ -60,9 +60,8 @@ Batch::Mapping Batch::mapping() const {
 }
 
 Result<Batch::Mapping> Batch::copy_on_write_mapping() const {
-  Result<uint8_t*> cow = conn_->ring->CopyOnWriteView();
-  if (!cow.ok()) return cow.status();
-  return Mapping{*cow, conn_->ring->size(), conn_, conn_->ring.get()};
+  MMFEED_ASSIGN_OR_RETURN(uint8_t * cow, conn_->ring->CopyOnWriteView());
+  return Mapping{cow, conn_->ring->size(), conn_, conn_->ring.get()};
 }
 
 const shm::TensorView* Batch::tensor(std::string_view name) const {
@@ -94,10 +93,9 @@ Result<std::unique_ptr<Client>> Client::Attach(const std::string& socket_path, i
 }
 
 Status Client::Connect(const std::optional<StreamCursor>& resume) {
-  Result<int> fd = ConnectControl(socket_path_);
-  if (!fd.ok()) return fd.status();
+  MMFEED_ASSIGN_OR_RETURN(int fd, ConnectControl(socket_path_));
   auto conn = std::make_shared<Connection>();
-  conn->sock = *fd;
+  conn->sock = fd;
   conn->owner_pid = pid_;
   nlohmann::json req = {{"cmd", "attach"}, {"rank", rank_}};
   if (resume) req["resume"] = CursorToJson(*resume);
@@ -140,15 +138,14 @@ Result<std::shared_ptr<Batch>> Client::Next(int timeout_ms) {
     int step = timeout_ms < 0 ? 100 : std::min(100, RemainingMs(deadline));
     int slot = -1;
     shm::BatchView view;
-    Result<shm::RingReader::Wait> w = conn_->ring->Acquire(step, &slot, &view);
-    if (!w.ok()) return w.status();
-    if (*w == shm::RingReader::Wait::kGot) {
+    MMFEED_ASSIGN_OR_RETURN(shm::RingReader::Wait w, conn_->ring->Acquire(step, &slot, &view));
+    if (w == shm::RingReader::Wait::kGot) {
       std::shared_ptr<Batch> b(new Batch(conn_, slot));
       b->view_ = std::move(view);
       last_ = b->cursor();
       return b;
     }
-    if (*w == shm::RingReader::Wait::kEnd) {
+    if (w == shm::RingReader::Wait::kEnd) {
       if (conn_->ring->moved()) {  // a reload made a larger ring: attach again, right after last_
         conn_.reset();
         reconnect_until =

@@ -145,12 +145,11 @@ Result<nlohmann::json> RecvControlReply(int fd, std::vector<int>* fds, int timeo
 
 Result<nlohmann::json> ControlRequest(const std::string& socket_path, const nlohmann::json& request,
                                       int timeout_ms) {
-  Result<int> fd = ConnectControl(socket_path);
-  if (!fd.ok()) return fd.status();
-  Status st = SendControlLine(*fd, request);
+  MMFEED_ASSIGN_OR_RETURN(int fd, ConnectControl(socket_path));
+  Status st = SendControlLine(fd, request);
   Result<nlohmann::json> reply =
-      st.ok() ? RecvControlReply(*fd, nullptr, timeout_ms) : Result<nlohmann::json>(st);
-  ::close(*fd);
+      st.ok() ? RecvControlReply(fd, nullptr, timeout_ms) : Result<nlohmann::json>(st);
+  ::close(fd);
   return reply;
 }
 

@@ -158,14 +158,13 @@ Result<const DeviceBatch*> CudaFeeder::Next(int timeout_ms) {
     done.consumer_pending = true;
   }
   if (prefetched_ < 0) {  // nothing under way: wait for the next batch and copy it
-    Result<std::shared_ptr<Batch>> b = client_->Next(timeout_ms);
-    if (!b.ok()) return b.status();
-    if (!*b) {
+    MMFEED_ASSIGN_OR_RETURN(std::shared_ptr<Batch> b, client_->Next(timeout_ms));
+    if (!b) {
       returned_ = -1;
       return static_cast<const DeviceBatch*>(nullptr);
     }
     prefetched_ = returned_ == 0 ? 1 : 0;
-    MMFEED_RETURN_IF_ERROR(StartCopy(std::move(b.value()), &sets_[prefetched_]));
+    MMFEED_RETURN_IF_ERROR(StartCopy(std::move(b), &sets_[prefetched_]));
   }
   const int now = prefetched_;
   prefetched_ = -1;

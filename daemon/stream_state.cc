@@ -82,9 +82,8 @@ Result<std::optional<StreamState>> ReadStreamState(const std::string& path) {
   if (j.is_discarded())
     return Status::Invalid(fmt::format(
         "{}: not valid JSON (move it away to start every rank at the beginning)", path));
-  Result<StreamState> s = StreamStateFromJson(j, path);
-  if (!s.ok()) return s.status();
-  return std::optional<StreamState>(std::move(s.value()));
+  MMFEED_ASSIGN_OR_RETURN(StreamState s, StreamStateFromJson(j, path));
+  return std::optional<StreamState>(std::move(s));
 }
 
 }  // namespace mmfeed

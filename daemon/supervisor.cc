@@ -61,7 +61,12 @@ int Supervisor::Run() {
   }
   // Rings first: their size is known from the stage specs, and running out of memory
   // must be an error now, not later.
-  RingPlan plan = PlanRings(cfg_);
+  Result<RingPlan> planned = PlanRings(cfg_);
+  if (!planned.ok()) {
+    spdlog::error("{}", planned.status().message());
+    return kExitConfig;
+  }
+  const RingPlan& plan = *planned;
   Status fits = CheckMemory(plan);
   if (!fits.ok()) {
     spdlog::error("{}", fits.message());
@@ -307,24 +312,10 @@ std::string Supervisor::HashFile(const std::string& path) {
   return fmt::format("{:016x}", HashString(text));
 }
 
-RingPlan PlanRings(const PipelineConfig& cfg) {
-  RingPlan plan;
-  plan.specs = BatchSpecs(cfg);
-  const StageConfig* packed = cfg.packed_stage >= 0 ? &cfg.stages[cfg.packed_stage] : nullptr;
-  if (packed) plan.specs = PackingSink::PackedSpecs(packed->name, packed->params.GetInt("max_len"));
-  std::vector<uint64_t> tensor_bytes;
-  for (const TensorSpec& t : plan.specs) tensor_bytes.push_back(t.NumBytes() * cfg.batch_size);
-  // Room for every sample id of a batch; a packed batch lists each document it holds, at
-  // most one per token (bounded at 64 Ki ids).
-  uint64_t max_ids = cfg.batch_size;
-  if (packed)
-    max_ids = std::min<uint64_t>(cfg.batch_size * packed->params.GetInt("max_len"), 1 << 16);
-  plan.layout = shm::PlanSlot((kMaxIdBytes + 1) * max_ids, tensor_bytes);
-  const uint64_t stride =
-      (plan.layout.slot_bytes + shm::kPageBytes - 1) / shm::kPageBytes * shm::kPageBytes;
-  plan.total_bytes =
-      static_cast<uint64_t>(cfg.consumers) * (shm::kPageBytes + stride * cfg.ring_slots);
-  return plan;
+Result<RingPlan> PlanRings(const PipelineConfig& cfg) {
+  MMFEED_ASSIGN_OR_RETURN(BatchPlan batch, PlanBatch(cfg));
+  return RingPlan{batch.slot_specs, batch.slot,
+                  static_cast<uint64_t>(cfg.consumers) * batch.ring_bytes};
 }
 
 Status CheckMemory(const RingPlan& plan) {
@@ -340,15 +331,14 @@ Status CheckMemory(const RingPlan& plan) {
 }
 
 Result<std::string> CheckPipeline(const PipelineConfig& cfg) {
-  RingPlan plan = PlanRings(cfg);
   std::vector<std::unique_ptr<UnusedSink>> owned;
-  Result<std::unique_ptr<Pipeline>> p = BuildOnly(cfg, &owned);
-  if (!p.ok()) return p.status();
+  MMFEED_ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> p, BuildOnly(cfg, &owned));
+  MMFEED_ASSIGN_OR_RETURN(RingPlan plan, PlanRings(cfg));
   MMFEED_RETURN_IF_ERROR(CheckMemory(plan));
   return fmt::format(
       "{} stages, {} consumer rank(s), {} batches per rank {}, rings {:.2f} GiB", cfg.stages.size(),
-      cfg.consumers, (*p)->batches_per_epoch(),
-      (*p)->budgeted() ? "in epoch 0 (token budget: the count varies by epoch)" : "per epoch",
+      cfg.consumers, p->batches_per_epoch(),
+      p->budgeted() ? "in epoch 0 (token budget: the count varies by epoch)" : "per epoch",
       plan.total_bytes / 1073741824.0);
 }
 

@@ -30,7 +30,8 @@ struct RingPlan {
   shm::SlotLayout layout;
   uint64_t total_bytes = 0;  // all ranks' rings together
 };
-RingPlan PlanRings(const PipelineConfig& cfg);
+// The rings of `cfg` (engine/batch_plan.h: what a slot holds), for every consumer rank.
+Result<RingPlan> PlanRings(const PipelineConfig& cfg);
 
 // Refuses rings larger than the memory available (MemAvailable, and the cgroup's memory.max)
 // less a margin: "needs X GiB, Y GiB available".

@@ -49,7 +49,9 @@ Result<std::shared_ptr<Supervisor::PreparedReload>> Supervisor::PrepareReload(
   p->changes = DiffConfigs(cfg_, *cfg);
   if (!p->changes.needs_restart.empty())
     return Status::Unsupported(p->changes.needs_restart + kRestartHint);
-  p->plan = PlanRings(*cfg);
+  Result<RingPlan> plan = PlanRings(*cfg);
+  if (!plan.ok()) return plan.status();
+  p->plan = std::move(plan.value());
   p->sinks = pipeline_sinks_;
   // Batches larger than the slots, or another number of ranks: every rank moves to a new
   // ring, made now, and trainers attach to it by themselves (kClosedMoved). The old rings

@@ -42,8 +42,7 @@ Result<AttachGrant> Supervisor::Attach(int rank, int pid, int pidfd,
   }
   if (resume && sink == sinks_[rank].get()) MMFEED_RETURN_IF_ERROR(Resume(rank, *resume));
   shm::RingWriter& ring = sink->ring();
-  Result<int> control = ring.Attach(++last_generation_);
-  if (!control.ok()) return control.status();
+  MMFEED_ASSIGN_OR_RETURN(int control, ring.Attach(++last_generation_));
   h = {pid, pidfd >= 0 ? fcntl(pidfd, F_DUPFD_CLOEXEC, 0) : -1, last_generation_, sink};
   spdlog::info("rank {} attached (pid {}, generation {}{})", rank, pid, h.generation,
                sink == sinks_[rank].get() ? "" : ", to the ring a reload replaced");
@@ -54,7 +53,7 @@ Result<AttachGrant> Supervisor::Attach(int rank, int pid, int pidfd,
         Reload(file, [](Result<nlohmann::json>) {});  // logged
       });
   }
-  return AttachGrant{{ring.data_fd(), *control},
+  return AttachGrant{{ring.data_fd(), control},
                      {{"rank", rank},
                       {"generation", h.generation},
                       {"ring_bytes", ring.size()},

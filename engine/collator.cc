@@ -52,8 +52,8 @@ class Pipeline::Collator {
     const CatalogEntry& e = *s.sample;
     if (status.ok() && p_->budgeted()) {  // the plan counted what was measured at start
       const Provisional& b = *s.batch;
-      const SampleCost got =
-          p_->CostOf([&](size_t t) { return b.memory.base[t] + s.row * p_->specs_[t].NumBytes(); });
+      const SampleCost got = p_->CostOf(
+          [&](size_t t) { return b.memory.base[t] + s.row * p_->plan_.specs[t].NumBytes(); });
       const SampleCost& want = p_->costs_[s.entry];
       if (got.tokens != want.tokens || got.patches != want.patches) {
         status = Status::Corrupt(fmt::format(
@@ -254,8 +254,8 @@ class Pipeline::Collator {
     for (int from = 0; from < f.batch->rows; ++from) {
       if (gone[from]) continue;
       if (to != from)
-        for (size_t t = 0; t < p_->specs_.size(); ++t) {
-          const size_t bytes = p_->specs_[t].NumBytes();
+        for (size_t t = 0; t < p_->plan_.specs.size(); ++t) {
+          const size_t bytes = p_->plan_.specs[t].NumBytes();
           std::memmove(f.batch->memory.base[t] + to * bytes, f.batch->memory.base[t] + from * bytes,
                        bytes);
         }
@@ -311,20 +311,21 @@ static int64_t RaggedRows(const TensorSpec& s, const TensorSpec& from, const uin
 // to follow the previous row's (towards lower addresses: memmove is safe). Every count is
 // taken before anything moves: one ragged tensor may count another's rows (images' grids).
 std::vector<int64_t> Pipeline::PackRagged(const BatchMemory& memory, uint32_t rows) const {
-  if (std::all_of(rows_from_.begin(), rows_from_.end(), [](int f) { return f < 0; })) return {};
-  std::vector<std::vector<int64_t>> used(specs_.size());
-  for (size_t t = 0; t < specs_.size(); ++t) {
-    if (rows_from_[t] < 0) continue;
-    const TensorSpec& from = specs_[rows_from_[t]];
+  if (std::all_of(plan_.rows_from.begin(), plan_.rows_from.end(), [](int f) { return f < 0; }))
+    return {};
+  std::vector<std::vector<int64_t>> used(plan_.specs.size());
+  for (size_t t = 0; t < plan_.specs.size(); ++t) {
+    if (plan_.rows_from[t] < 0) continue;
+    const TensorSpec& from = plan_.specs[plan_.rows_from[t]];
     for (uint32_t i = 0; i < rows; ++i)
       used[t].push_back(
-          RaggedRows(specs_[t], from, memory.base[rows_from_[t]] + i * from.NumBytes()));
+          RaggedRows(plan_.specs[t], from, memory.base[plan_.rows_from[t]] + i * from.NumBytes()));
   }
   std::vector<int64_t> out;
-  for (size_t t = 0; t < specs_.size(); ++t) {
-    if (rows_from_[t] < 0) continue;
-    if (out.empty()) out.assign(specs_.size(), rows);
-    const size_t per_row = specs_[t].NumBytes(), row_bytes = per_row / specs_[t].shape[0];
+  for (size_t t = 0; t < plan_.specs.size(); ++t) {
+    if (plan_.rows_from[t] < 0) continue;
+    if (out.empty()) out.assign(plan_.specs.size(), rows);
+    const size_t per_row = plan_.specs[t].NumBytes(), row_bytes = per_row / plan_.specs[t].shape[0];
     int64_t total = 0;
     for (uint32_t i = 0; i < rows; ++i) {
       std::memmove(memory.base[t] + total * row_bytes, memory.base[t] + i * per_row,
@@ -333,12 +334,12 @@ std::vector<int64_t> Pipeline::PackRagged(const BatchMemory& memory, uint32_t ro
     }
     out[t] = total;
   }
-  for (size_t t = 0; t < specs_.size(); ++t) {  // starts: [rows + 1] in [rows][2] of memory
-    if (starts_of_[t] < 0) continue;
+  for (size_t t = 0; t < plan_.specs.size(); ++t) {  // starts: [rows + 1] in [rows][2] of memory
+    if (plan_.starts_of[t] < 0) continue;
     // Block sizes: each sample's rows, or for a grid (packed above) h * w, t times per row.
     std::vector<int64_t> blocks;
-    const int of = starts_of_[t];
-    if (IsGrid(specs_[of])) {
+    const int of = plan_.starts_of[t];
+    if (IsGrid(plan_.specs[of])) {
       for (int64_t g = 0; g < out[of]; ++g) {
         int32_t thw[3];
         std::memcpy(thw, memory.base[of] + g * sizeof thw, sizeof thw);
@@ -348,7 +349,7 @@ std::vector<int64_t> Pipeline::PackRagged(const BatchMemory& memory, uint32_t ro
       blocks = used[of];
     }
     // Bounded by its memory (a stage's bug stays in bounds).
-    blocks.resize(std::min<size_t>(blocks.size(), rows * specs_[t].NumBytes() / 4 - 1));
+    blocks.resize(std::min<size_t>(blocks.size(), rows * plan_.specs[t].NumBytes() / 4 - 1));
     int32_t start = 0;
     for (size_t i = 0; i <= blocks.size(); ++i) {
       std::memcpy(memory.base[t] + i * sizeof start, &start, sizeof start);
@@ -367,8 +368,8 @@ SampleCost Pipeline::CostOf(const std::function<const uint8_t*(size_t)>& row) co
     tokens += std::max(len, 0);
   }
   for (size_t t : patch_tensors_) {
-    const int from = rows_from_[t];
-    patches += RaggedRows(specs_[t], specs_[from], row(from));
+    const int from = plan_.rows_from[t];
+    patches += RaggedRows(plan_.specs[t], plan_.specs[from], row(from));
   }
   SampleCost c;
   c.tokens = static_cast<uint32_t>(std::min<int64_t>(tokens, SampleCost::kUnusable - 1));

@@ -618,15 +618,6 @@ Status CheckFaultsAllowed(const PipelineConfig& cfg, bool allowed) {
       cfg.file, cfg.faults.mark.line, cfg.faults.mark.column));
 }
 
-std::vector<TensorSpec> BatchSpecs(const PipelineConfig& cfg) {
-  std::vector<TensorSpec> specs;
-  for (const std::string& in : cfg.stages[cfg.batch_stage].inputs)
-    for (const StageConfig& s : cfg.stages)
-      if (s.name == in)
-        for (const TensorSpec& t : s.stage->OutputSpecs()) specs.push_back(t);
-  return specs;
-}
-
 Result<PipelineConfig> LoadConfigFile(const std::string& file) {
   // A config is small: anything else (a folder, a FIFO, /dev/zero, a huge file) is refused
   // before it is read, so that parsing cannot exhaust memory.

@@ -94,8 +94,4 @@ Result<PipelineConfig> ParseConfig(const std::string& text, const std::string& f
 constexpr uint64_t kMaxConfigBytes = 1 << 20;
 Result<PipelineConfig> LoadConfigFile(const std::string& file);
 
-// Every tensor of a batch, per sample, in order: the batch stage's inputs in order, each
-// stage's outputs in order.
-std::vector<TensorSpec> BatchSpecs(const PipelineConfig& cfg);
-
 }  // namespace mmfeed

@@ -41,8 +41,10 @@ Status Pipeline::MeasureCatalog() {
   for (size_t b = 0; b < branches_.size(); ++b) {
     const Stage::CostOutputs c = branches_[b]->cfg->stage->Costs();
     for (size_t k = 0; k < branches_[b]->specs.size(); ++k) {
-      if (branches_[b]->specs[k].name == c.tokens) token_tensors_.push_back(first_tensor_[b] + k);
-      if (branches_[b]->specs[k].name == c.patches) patch_tensors_.push_back(first_tensor_[b] + k);
+      if (branches_[b]->specs[k].name == c.tokens)
+        token_tensors_.push_back(plan_.first_tensor[b] + k);
+      if (branches_[b]->specs[k].name == c.patches)
+        patch_tensors_.push_back(plan_.first_tensor[b] + k);
     }
     if (c.tokens.empty() && c.patches.empty()) continue;
     measured[b] = true;
@@ -79,15 +81,16 @@ Status Pipeline::MeasureCatalog() {
     std::atomic<size_t> next{0};
     auto measure = [&] {
       std::vector<std::unique_ptr<StageWorker>> workers(branches_.size());
-      std::vector<std::vector<uint8_t>> rows(specs_.size());  // one sample's outputs
-      std::vector<uint8_t*> out(specs_.size());
+      std::vector<std::vector<uint8_t>> rows(plan_.specs.size());  // one sample's outputs
+      std::vector<uint8_t*> out(plan_.specs.size());
       for (size_t b = 0; b < branches_.size(); ++b) {
         if (!measured[b]) continue;
         workers[b] = branches_[b]->cfg->stage->NewWorker();
-        for (size_t t = first_tensor_[b]; t < first_tensor_[b] + branches_[b]->specs.size(); ++t) {
+        for (size_t t = plan_.first_tensor[b];
+             t < plan_.first_tensor[b] + branches_[b]->specs.size(); ++t) {
           const bool patches =
               std::find(patch_tensors_.begin(), patch_tensors_.end(), t) != patch_tensors_.end();
-          if (!patches) rows[t].resize(specs_[t].NumBytes());
+          if (!patches) rows[t].resize(plan_.specs[t].NumBytes());
           out[t] = patches ? nullptr : rows[t].data();
         }
       }
@@ -115,7 +118,7 @@ Status Pipeline::MeasureCatalog() {
             tensor_specs.clear();
             for (size_t t : br.read_tensors) {
               tensors.push_back(out[t]);
-              tensor_specs.push_back(&specs_[t]);
+              tensor_specs.push_back(&plan_.specs[t]);
             }
             const FieldValue* field = FieldOf(*e, br.cfg->field);
             if (!field || std::find(fields.begin(), fields.end(), nullptr) != fields.end()) {
@@ -129,8 +132,8 @@ Status Pipeline::MeasureCatalog() {
             ScopedFilePolicy files(&br.files);
             ScopedSampleDeadline deadline(cfg_.sample_timeout_s);
             st = Guarded(br.cfg->type, [&] {
-              return workers[b]->Measure(ctx, *field,
-                                         OutputRow(out.data() + first_tensor_[b], br.specs.size()));
+              return workers[b]->Measure(
+                  ctx, *field, OutputRow(out.data() + plan_.first_tensor[b], br.specs.size()));
             });
           }
         }

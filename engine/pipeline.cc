@@ -134,8 +134,8 @@ void Pipeline::Dispatch(const std::shared_ptr<const Provisional>& batch, int row
     item->batch = batch;
     item->row = row;
     for (size_t k = 0; k < branches_[b]->specs.size(); ++k) {
-      size_t t = first_tensor_[b] + k;
-      item->out[k] = batch->memory.base[t] + row * specs_[t].NumBytes();
+      size_t t = plan_.first_tensor[b] + k;
+      item->out[k] = batch->memory.base[t] + row * plan_.specs[t].NumBytes();
     }
     item->readers = readers;
     items.push_back(std::move(item));
@@ -200,6 +200,48 @@ void Pipeline::WantShards(const std::vector<StreamCursor>& next, const std::vect
     if (!any) break;
   }
   catalog_->remote->SetWanted(want);
+}
+
+// Fills in batch `at` of rank `r` (its sink's memory reserved in `pb`) and dispatches its
+// samples: the rank's share of the epoch's order is at positions r, r + consumers, ...; batch
+// `index` holds the share's positions index * batch_size ..., or (a budget) those `plan` says.
+void Pipeline::Deal(const std::shared_ptr<Provisional>& pb, int r, const StreamCursor& at,
+                    uint64_t gen, const EpochPlan* plan) {
+  const int consumers = cfg_.consumers;
+  const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size);
+  pb->gen = gen;
+  pb->rank = static_cast<uint32_t>(r);
+  pb->epoch = at.epoch;
+  pb->index = at.batch;
+  pb->seq = at.seq;
+  const EpochOrder order(*catalog_, cfg_.source, pb->epoch, consumers);
+  std::vector<uint32_t> entries;
+  if (plan) {
+    const RankPlan& rp = plan->ranks[r];
+    for (uint32_t k = rp.starts[pb->index]; k < rp.starts[pb->index + 1]; ++k) {
+      entries.push_back(order[static_cast<uint64_t>(rp.positions[k]) * consumers + r]);
+      pb->tokens += costs_[entries.back()].tokens;
+      pb->patches += costs_[entries.back()].patches;
+    }
+  } else {
+    for (int row = 0; row < RowsOf(pb->index); ++row)
+      entries.push_back(order[(pb->index * bs + row) * consumers + r]);
+  }
+  pb->rows = static_cast<int>(entries.size());
+  open_batches_.fetch_add(1, std::memory_order_acq_rel);
+  for (int row = 0; row < pb->rows; ++row) Dispatch(pb, row, entries[row], false);
+}
+
+// No more input: every stage's parked threads wake to drain their mailbox, then all exit.
+void Pipeline::CloseBranches() {
+  for (auto& b : branches_) {
+    {
+      std::lock_guard<std::mutex> lock(b->park_mu);
+      b->closing.store(true, std::memory_order_release);
+    }
+    b->park_cv.notify_all();
+    b->inbox.Close(b->threads);
+  }
 }
 
 // Deals whole batches, each rank from its own cursor, to whichever rank's sink has room, and
@@ -289,29 +331,7 @@ void Pipeline::SourceLoop() {
       if (res == Reservation::kClosed) done[r] = true;
       any_full |= res == Reservation::kFull;
       if (res != Reservation::kReserved) continue;
-      pb->gen = gen[r];
-      pb->rank = static_cast<uint32_t>(r);
-      pb->epoch = next[r].epoch;
-      pb->index = next[r].batch;
-      pb->seq = next[r].seq;
-      const EpochOrder order(*catalog_, cfg_.source, pb->epoch, consumers);
-      // The rank's share of the epoch's order is at positions r, r + consumers, ...; batch
-      // `index` holds shares positions index * bs ..., or (a budget) those its plan says.
-      std::vector<uint32_t> entries;
-      if (plan) {
-        const RankPlan& rp = plan->ranks[r];
-        for (uint32_t k = rp.starts[pb->index]; k < rp.starts[pb->index + 1]; ++k) {
-          entries.push_back(order[static_cast<uint64_t>(rp.positions[k]) * consumers + r]);
-          pb->tokens += costs_[entries.back()].tokens;
-          pb->patches += costs_[entries.back()].patches;
-        }
-      } else {
-        for (int row = 0; row < RowsOf(pb->index); ++row)
-          entries.push_back(order[(pb->index * bs + row) * consumers + r]);
-      }
-      pb->rows = static_cast<int>(entries.size());
-      open_batches_.fetch_add(1, std::memory_order_acq_rel);
-      for (int row = 0; row < pb->rows; ++row) Dispatch(pb, row, entries[row], false);
+      Deal(pb, r, next[r], gen[r], plan.get());
       next[r] = CursorAfter(next[r].seq);
       done[r] = is_done(r);
       progressed = true;
@@ -339,14 +359,7 @@ void Pipeline::SourceLoop() {
     }
   }
   if (planner.joinable()) planner.join();
-  for (auto& b : branches_) {
-    {
-      std::lock_guard<std::mutex> lock(b->park_mu);
-      b->closing.store(true, std::memory_order_release);
-    }
-    b->park_cv.notify_all();
-    b->inbox.Close(b->threads);
-  }
+  CloseBranches();
 }
 
 void Pipeline::WorkerLoop(Branch* b, int worker) {
@@ -358,7 +371,7 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
   std::vector<const FieldValue*> read_fields;  // the sample's, for SampleContext
   std::vector<const uint8_t*> read_tensors;
   std::vector<const TensorSpec*> read_specs;
-  for (size_t t : b->read_tensors) read_specs.push_back(&specs_[t]);
+  for (size_t t : b->read_tensors) read_specs.push_back(&plan_.specs[t]);
   const std::string& name = b->cfg->name;
   while (true) {
     if (worker >= b->active.load(std::memory_order_acquire) &&
@@ -402,7 +415,7 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
     for (const std::string& name : b->read_fields) read_fields.push_back(find(name));
     read_tensors.clear();
     for (size_t t : b->read_tensors)
-      read_tensors.push_back(item->batch->memory.base[t] + item->row * specs_[t].NumBytes());
+      read_tensors.push_back(item->batch->memory.base[t] + item->row * plan_.specs[t].NumBytes());
     ctx.fields = read_fields.data();
     ctx.tensors = read_tensors.data();
     ctx.tensor_specs = read_specs.data();

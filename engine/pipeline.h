@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "base/cursor.h"
 #include "base/status.h"
 #include "base/tensor.h"
+#include "engine/batch_plan.h"
 #include "engine/budget.h"
 #include "engine/config.h"
 #include "engine/profile.h"
@@ -225,9 +227,18 @@ class Pipeline {
   class Collator;
   class RefillQueue;
   Pipeline();
+  // Create's steps, in its order (engine/pipeline_build.cc).
+  Status BuildBranches(std::set<std::string>* needed, std::set<std::string>* path_fields);
+  Status LinkReaders();
+  Status ApplyPolicies();
+  Status LoadSource(const std::set<std::string>& needed, const std::set<std::string>& path_fields);
+  void Fingerprint();
   void WantShards(const std::vector<StreamCursor>& next, const std::vector<bool>& done,
                   std::vector<uint32_t>* last);
   void SourceLoop();
+  void Deal(const std::shared_ptr<Provisional>& batch, int rank, const StreamCursor& at,
+            uint64_t gen, const EpochPlan* plan);
+  void CloseBranches();
   void Dispatch(const std::shared_ptr<const Provisional>& batch, int row, uint32_t entry,
                 bool refill);
   void WorkerLoop(Branch* b, int worker);
@@ -251,11 +262,8 @@ class Pipeline {
 
   PipelineConfig cfg_;
   std::vector<BatchSink*> sinks_;
-  std::vector<TensorSpec> specs_;     // every tensor of a batch, in order
-  std::vector<size_t> first_tensor_;  // per branch: index of its first tensor in specs_
-  std::vector<int> rows_from_;        // per tensor: its rows_from tensor's index, or -1
-  std::vector<int> starts_of_;        // per tensor: the ragged tensor it holds starts of, or -1
-  int read_stages_ = 0;               // stages whose outputs other stages read
+  BatchPlan plan_;       // the batch's tensors (branch b's are from plan_.first_tensor[b] on)
+  int read_stages_ = 0;  // stages whose outputs other stages read
   std::vector<int> control_cpus_;  // where the source and batch threads run (top-level placement)
   std::shared_ptr<const Catalog> catalog_;
   uint64_t per_rank_ = 0;  // samples in a rank's share of an epoch

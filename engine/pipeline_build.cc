@@ -38,8 +38,31 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
   p->sinks_ = std::move(sinks);
   if (static_cast<int>(p->sinks_.size()) != cfg.consumers)
     return Status::Invalid("one batch sink per consumer rank is required");
+  std::set<std::string> needed, path_fields;  // what the source loads; which fields are files
+  MMFEED_RETURN_IF_ERROR(p->BuildBranches(&needed, &path_fields));
+  MMFEED_ASSIGN_OR_RETURN(BatchPlan plan, PlanBatch(p->cfg_));
+  p->plan_ = std::move(plan);
+  MMFEED_RETURN_IF_ERROR(p->LinkReaders());
+  MMFEED_RETURN_IF_ERROR(p->ApplyPolicies());
+  MMFEED_RETURN_IF_ERROR(p->LoadSource(needed, path_fields));
+  p->rewinds_.resize(cfg.consumers);
+  p->next_commit_ = std::make_unique<std::atomic<uint64_t>[]>(cfg.consumers);
+  if (start.empty()) start.assign(cfg.consumers, StreamCursor{});
+  MMFEED_RETURN_IF_ERROR(p->SetStart(std::move(start)));
+  p->Fingerprint();
+  // The batch thread is woken every half batch of finished items, or for a failed sample (its
+  // row is refilled at once).
+  const size_t items_per_batch = static_cast<size_t>(cfg.batch_size) * p->branches_.size();
+  p->join_ = std::make_unique<JoinBox>(256, std::clamp<size_t>(items_per_batch / 2, 1, 64));
+  return p;
+}
+
+// One branch per input of the batch stage, with its threads (workers: auto shares the
+// cpu_budget) and CPUs; `needed` gets the fields the source must load, `path_fields` those
+// that name files.
+Status Pipeline::BuildBranches(std::set<std::string>* needed, std::set<std::string>* path_fields) {
   // Branches point into the pipeline's own copy of the config.
-  const std::vector<StageConfig>& stages = p->cfg_.stages;
+  const std::vector<StageConfig>& stages = cfg_.stages;
   // workers: auto: such stages share what the fixed ones leave of the budget, evenly at first;
   // each starts enough threads to take all of it but one per other such stage.
   int fixed = 0, autos = 0;
@@ -51,22 +74,21 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
       fixed += s.workers;
   }
   if (autos) {
-    p->cpu_budget_ = cfg.cpu_budget;
-    if (!p->cpu_budget_) {
-      Result<std::vector<int>> cpus = CpusFor(cfg.placement);
+    cpu_budget_ = cfg_.cpu_budget;
+    if (!cpu_budget_) {
+      Result<std::vector<int>> cpus = CpusFor(cfg_.placement);
       if (!cpus.ok()) return cpus.status().WithContext("placement");
-      p->cpu_budget_ = static_cast<int>(cpus->size());
+      cpu_budget_ = static_cast<int>(cpus->size());
     }
-    if (p->cpu_budget_ < fixed + autos)
+    if (cpu_budget_ < fixed + autos)
       return Status::Invalid(fmt::format(
           "cpu_budget {}{} is less than the {} fixed worker(s) plus one for each of the {} "
           "stage(s) with workers: auto",
-          p->cpu_budget_, cfg.cpu_budget ? "" : " (the placement's CPUs)", fixed, autos));
+          cpu_budget_, cfg_.cpu_budget ? "" : " (the placement's CPUs)", fixed, autos));
   }
-  const int shared = p->cpu_budget_ - fixed;
+  const int shared = cpu_budget_ - fixed;
   int auto_index = 0;
-  std::set<std::string> needed, path_fields;
-  for (const std::string& in : stages[cfg.batch_stage].inputs) {
+  for (const std::string& in : stages[cfg_.batch_stage].inputs) {
     auto it = std::find_if(stages.begin(), stages.end(),
                            [&](const StageConfig& s) { return s.name == in; });
     int threads = it->workers, active = it->workers;
@@ -82,83 +104,58 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
     Result<std::vector<int>> cpus = CpusFor(it->placement);
     if (!cpus.ok()) return cpus.status().WithContext(fmt::format("stage '{}'", it->name));
     b->cpus = *cpus;
-    needed.insert(it->field);
-    if (it->schema->field_is_path) path_fields.insert(it->field);
+    needed->insert(it->field);
+    if (it->schema->field_is_path) path_fields->insert(it->field);
     b->read_fields = it->stage->ExtraInputs().fields;
-    needed.insert(b->read_fields.begin(), b->read_fields.end());
+    needed->insert(b->read_fields.begin(), b->read_fields.end());
     if (b->specs.size() > static_cast<size_t>(kMaxOutputs))
       return Status::Invalid(fmt::format("stage '{}' declares {} outputs, at most {}", it->name,
                                          b->specs.size(), kMaxOutputs));
-    p->first_tensor_.push_back(
-        p->first_tensor_.empty() ? 0 : p->first_tensor_.back() + p->branches_.back()->specs.size());
-    p->branches_.push_back(std::move(b));
+    branches_.push_back(std::move(b));
   }
-  p->specs_ = BatchSpecs(p->cfg_);
-  // The batch tensor named `name`: its index, or -1.
-  auto tensor = [&](const std::string& name) {
-    for (size_t k = 0; k < p->specs_.size(); ++k)
-      if (p->specs_[k].name == name) return static_cast<int>(k);
-    return -1;
-  };
-  for (const TensorSpec& t : p->specs_) {  // ragged tensors: where their row counts are
-    int from = t.rows_from.empty() ? -1 : tensor(t.rows_from);
-    if (from >= 0 && p->specs_[from].dtype != DType::kInt32) from = -1;
-    if (!t.rows_from.empty() && (from < 0 || t.shape.empty()))
-      return Status::Invalid(
-          fmt::format("output '{}' takes its rows from '{}', which is not "
-                      "an int32 output of the pipeline",
-                      t.name, t.rows_from));
-    p->rows_from_.push_back(from);
-  }
-  for (const TensorSpec& t : p->specs_) {  // starts tensors: of which ragged tensor
-    int of = t.starts_of.empty() ? -1 : tensor(t.starts_of);
-    if (of >= 0 && p->rows_from_[of] < 0) of = -1;
-    // Of a grid: [the most grid rows * the most t + 1]; else two values per sample.
-    const bool fits = of >= 0 && (IsGrid(p->specs_[of]) ? t.shape.size() == 1 && t.shape[0] >= 2
-                                                        : t.shape == std::vector<int64_t>{2});
-    if (!t.starts_of.empty() && (!fits || t.dtype != DType::kInt32))
-      return Status::Invalid(fmt::format(
-          "output '{}' holds the row starts of '{}', which is not a ragged output of the "
-          "pipeline (or it is not int32 [2], or of a grid int32 [n])",
-          t.name, t.starts_of));
-    p->starts_of_.push_back(of);
-  }
-  // Stages that read other stages' outputs run after them; one level (a stage that reads others
-  // is read by none), so that a sample's branches still finish in two steps.
-  for (size_t b = 0; b < p->branches_.size(); ++b) {
-    Branch& br = *p->branches_[b];
+  return Status::Ok();
+}
+
+// Stages that read other stages' outputs run after them; one level (a stage that reads others
+// is read by none), so that a sample's branches still finish in two steps.
+Status Pipeline::LinkReaders() {
+  for (size_t b = 0; b < branches_.size(); ++b) {
+    Branch& br = *branches_[b];
     for (const std::string& name : br.cfg->stage->ExtraInputs().tensors) {
-      const int t = tensor(name);
+      const int t = plan_.TensorIndex(name);
       if (t < 0)
         return Status::Invalid(
             fmt::format("stage '{}' reads '{}', which no input of the batch stage outputs",
                         br.cfg->name, name));
-      size_t from = 0;
-      while (from + 1 < p->branches_.size() && p->first_tensor_[from + 1] <= static_cast<size_t>(t))
-        ++from;
+      const size_t from = plan_.InputOf(t);
       if (from == b)
         return Status::Invalid(
             fmt::format("stage '{}' reads its own output '{}'", br.cfg->name, name));
       br.read_tensors.push_back(t);
       br.read_branches.push_back(from);
       br.reads_others = true;
-      p->branches_[from]->read_by_others = true;
+      branches_[from]->read_by_others = true;
     }
   }
-  for (const auto& b : p->branches_) {
+  for (const auto& b : branches_) {
     if (b->reads_others && b->read_by_others)
       return Status::Invalid(fmt::format(
           "stage '{}' reads another stage's outputs and is read by another: one level only",
           b->cfg->name));
-    p->read_stages_ += b->read_by_others ? 1 : 0;
+    read_stages_ += b->read_by_others ? 1 : 0;
   }
-  // Sample files: the source's folder and data_roots, by real path.
+  return Status::Ok();
+}
+
+// What the branches' samples may open (the source's folder and data_roots, by real path; the
+// injected faults), and their threads against the CPUs they may use.
+Status Pipeline::ApplyPolicies() {
   FilePolicy files;
-  files.max_bytes = cfg.source.max_bytes;
-  if (!cfg.data_roots_any) {
-    std::vector<std::string> roots = cfg.data_roots;
-    if (!cfg.source.remote)
-      roots.push_back(std::filesystem::path(cfg.source.path).parent_path().string());
+  files.max_bytes = cfg_.source.max_bytes;
+  if (!cfg_.data_roots_any) {
+    std::vector<std::string> roots = cfg_.data_roots;
+    if (!cfg_.source.remote)
+      roots.push_back(std::filesystem::path(cfg_.source.path).parent_path().string());
     for (const std::string& r : roots) {
       std::error_code ec;
       std::string real = std::filesystem::canonical(r.empty() ? "." : r, ec).string();
@@ -166,20 +163,20 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
       files.roots.push_back(real == "/" ? real : real + "/");
     }
   }
-  for (auto& b : p->branches_) {
+  for (auto& b : branches_) {
     b->files = files;
-    if (b->cfg->name == cfg.faults.stage) {  // injected faults, for tests of the profile
-      b->files.read_delay_ms = cfg.faults.read_delay_ms;
-      b->leak_bytes_per_item = cfg.faults.leak_bytes_per_item;
+    if (b->cfg->name == cfg_.faults.stage) {  // injected faults, for tests of the profile
+      b->files.read_delay_ms = cfg_.faults.read_delay_ms;
+      b->leak_bytes_per_item = cfg_.faults.leak_bytes_per_item;
     }
   }
   // Worker threads against the CPUs they may use, per set of CPUs: oversubscription only
   // adds context switches; warn, or refuse under `placement: {strict: true}`.
   std::map<std::vector<int>, std::pair<int, bool>> budget;  // cpus -> (workers, strict)
-  for (const auto& b : p->branches_) {
+  for (const auto& b : branches_) {
     auto& [workers, strict] = budget[b->cpus];
     workers += b->active.load();
-    strict |= b->cfg->placement.strict || cfg.placement.strict;
+    strict |= b->cfg->placement.strict || cfg_.placement.strict;
   }
   for (const auto& [cpus, use] : budget) {
     if (use.first <= static_cast<int>(cpus.size())) continue;
@@ -188,78 +185,80 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
     if (use.second) return Status::Invalid(fmt::format("placement: strict: {}", msg));
     spdlog::warn("{}: more workers than CPUs only adds context switches", msg);
   }
-  Result<std::vector<int>> control_cpus = CpusFor(cfg.placement);  // the source and batch threads
+  Result<std::vector<int>> control_cpus = CpusFor(cfg_.placement);  // the source and batch threads
   if (!control_cpus.ok()) return control_cpus.status().WithContext("placement");
-  p->control_cpus_ = *control_cpus;
-  Result<Catalog> cat = LoadCatalog(cfg.source, needed, path_fields);
-  if (!cat.ok()) return cat.status();
-  for (const LoadError& e : cat->errors) {
-    if (cfg.on_error == ErrorPolicy::kFail)
+  control_cpus_ = *control_cpus;
+  return Status::Ok();
+}
+
+// The catalog (its bad entries counted, or fatal under on_error: fail), each rank's share and
+// the epoch's batches; with a token budget, every sample's cost and epoch 0's plan.
+Status Pipeline::LoadSource(const std::set<std::string>& needed,
+                            const std::set<std::string>& path_fields) {
+  MMFEED_ASSIGN_OR_RETURN(Catalog cat, LoadCatalog(cfg_.source, needed, path_fields));
+  for (const LoadError& e : cat.errors) {
+    if (cfg_.on_error == ErrorPolicy::kFail)
       return Status::Corrupt(fmt::format("{}: {} (on_error: fail)", e.origin, e.reason));
-    p->errors_.Add(e.origin, "source", "corrupt", e.reason);
+    errors_.Add(e.origin, "source", "corrupt", e.reason);
   }
-  if (cat->size() == 0)
-    return Status::Invalid(fmt::format("{}: no usable samples", cfg.source.path));
-  if (cat->size() > UINT32_MAX) return Status::TooLarge("more than 4G samples in one source");
-  if (cat->size() / cfg.source.num_nodes < static_cast<size_t>(cfg.consumers))
+  if (cat.size() == 0)
+    return Status::Invalid(fmt::format("{}: no usable samples", cfg_.source.path));
+  if (cat.size() > UINT32_MAX) return Status::TooLarge("more than 4G samples in one source");
+  if (cat.size() / cfg_.source.num_nodes < static_cast<size_t>(cfg_.consumers))
     return Status::Invalid(fmt::format("{} samples cannot be dealt to {} node(s) x {} consumer(s)",
-                                       cat->size(), cfg.source.num_nodes, cfg.consumers));
-  p->catalog_ = std::make_shared<Catalog>(std::move(cat.value()));
-  for (auto& b : p->branches_) b->files.remote = p->catalog_->remote.get();
-  p->per_rank_ = p->catalog_->size() / cfg.source.num_nodes / cfg.consumers;
-  const uint64_t bs = static_cast<uint64_t>(cfg.batch_size);
-  p->batches_per_epoch_ = cfg.drop_last ? p->per_rank_ / bs : (p->per_rank_ + bs - 1) / bs;
-  if (cfg.budgeted()) {
-    p->budget_ = {cfg.batch_size, cfg.max_tokens, cfg.max_patches};
-    MMFEED_RETURN_IF_ERROR(p->MeasureCatalog());
-    std::shared_ptr<const EpochPlan> first = p->PlanOf(0);
+                                       cat.size(), cfg_.source.num_nodes, cfg_.consumers));
+  catalog_ = std::make_shared<Catalog>(std::move(cat));
+  for (auto& b : branches_) b->files.remote = catalog_->remote.get();
+  per_rank_ = catalog_->size() / cfg_.source.num_nodes / cfg_.consumers;
+  const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size);
+  batches_per_epoch_ = cfg_.drop_last ? per_rank_ / bs : (per_rank_ + bs - 1) / bs;
+  if (cfg_.budgeted()) {
+    budget_ = {cfg_.batch_size, cfg_.max_tokens, cfg_.max_patches};
+    MMFEED_RETURN_IF_ERROR(MeasureCatalog());
+    std::shared_ptr<const EpochPlan> first = PlanOf(0);
     if (!first->status.ok()) return first->status;
-    p->batches_per_epoch_ = first->batches;
+    batches_per_epoch_ = first->batches;
     // Every epoch has at least this many batches: its fullest share holds at least the
     // average of the usable samples dealt, at most batch_size a batch.
     const uint64_t usable = static_cast<uint64_t>(
-        std::count_if(p->costs_.begin(), p->costs_.end(), [](auto& c) { return c.usable(); }));
-    const uint64_t streams = static_cast<uint64_t>(cfg.consumers) * cfg.source.num_nodes,
-                   left_out = p->catalog_->size() - streams * p->per_rank_;
-    p->min_epoch_batches_ =
+        std::count_if(costs_.begin(), costs_.end(), [](auto& c) { return c.usable(); }));
+    const uint64_t streams = static_cast<uint64_t>(cfg_.consumers) * cfg_.source.num_nodes,
+                   left_out = catalog_->size() - streams * per_rank_;
+    min_epoch_batches_ =
         std::max<uint64_t>(1, (usable > left_out ? usable - left_out : 0) / streams / bs);
   }
-  if (p->batches_per_epoch_ == 0)
+  if (batches_per_epoch_ == 0)
     return Status::Invalid(
         fmt::format("each rank gets {} samples per epoch, fewer than batch_size {} with drop_last",
-                    p->per_rank_, bs));
-  p->rewinds_.resize(cfg.consumers);
-  p->next_commit_ = std::make_unique<std::atomic<uint64_t>[]>(cfg.consumers);
-  if (start.empty()) start.assign(cfg.consumers, StreamCursor{});
-  MMFEED_RETURN_IF_ERROR(p->SetStart(std::move(start)));
-  // The fingerprint: the order's version ("order 2": the shuffle is a Feistel permutation; a
-  // cursor saved by a daemon that shuffled with a table is for another stream), every catalog
-  // id in order, then the settings (each stage's full config stands in for its sample-changing
-  // parameters).
-  uint64_t h = HashString(fmt::format(
-      "order 2|{}|{}|{}|{}|{}|{}|{}|{}", cfg.source.seed, cfg.source.shuffle, cfg.source.node_rank,
-      cfg.source.num_nodes, cfg.consumers, cfg.batch_size, cfg.drop_last, cfg.source.epochs));
-  if (cfg.source.shuffle_window > 0)  // window mode: another order
-    h = HashString(fmt::format("windows {}", cfg.source.shuffle_window), h);
-  if (p->catalog_->indexed())  // an indexed source: its contents (size, mtime, inode, ends)
-    h = HashString(fmt::format("index {:016x}", p->catalog_->index_fingerprint()), h);
-  if (cfg.budgeted()) {  // the budgets and every sample's cost decide the batches
-    h = HashString(fmt::format("budget {}|{}", cfg.max_tokens, cfg.max_patches), h);
-    h = HashString(std::string_view(reinterpret_cast<const char*>(p->costs_.data()),
-                                    p->costs_.size() * sizeof(SampleCost)),
+                    per_rank_, bs));
+  return Status::Ok();
+}
+
+// The fingerprint: the order's version ("order 2": the shuffle is a Feistel permutation; a
+// cursor saved by a daemon that shuffled with a table is for another stream), every catalog
+// id in order, then the settings (each stage's full config stands in for its sample-changing
+// parameters).
+void Pipeline::Fingerprint() {
+  uint64_t h =
+      HashString(fmt::format("order 2|{}|{}|{}|{}|{}|{}|{}|{}", cfg_.source.seed,
+                             cfg_.source.shuffle, cfg_.source.node_rank, cfg_.source.num_nodes,
+                             cfg_.consumers, cfg_.batch_size, cfg_.drop_last, cfg_.source.epochs));
+  if (cfg_.source.shuffle_window > 0)  // window mode: another order
+    h = HashString(fmt::format("windows {}", cfg_.source.shuffle_window), h);
+  if (catalog_->indexed())  // an indexed source: its contents (size, mtime, inode, ends)
+    h = HashString(fmt::format("index {:016x}", catalog_->index_fingerprint()), h);
+  if (cfg_.budgeted()) {  // the budgets and every sample's cost decide the batches
+    h = HashString(fmt::format("budget {}|{}", cfg_.max_tokens, cfg_.max_patches), h);
+    h = HashString(std::string_view(reinterpret_cast<const char*>(costs_.data()),
+                                    costs_.size() * sizeof(SampleCost)),
                    h);
   }
-  for (const CatalogEntry& e : p->catalog_->entries) h = HashString(e.id, HashString("\n", h));
-  p->order_fingerprint_ = fmt::format("{:016x}", h);
-  p->origin_.stream = FirstStreamTag(p->order_fingerprint_);
-  for (const StageConfig& s : cfg.stages)
+  for (const CatalogEntry& e : catalog_->entries) h = HashString(e.id, HashString("\n", h));
+  order_fingerprint_ = fmt::format("{:016x}", h);
+  origin_.stream = FirstStreamTag(order_fingerprint_);
+  for (const StageConfig& s : cfg_.stages)
     h = HashString(fmt::format("{}|{}|{}|{}", s.name, s.type, s.field, s.params.Canonical()), h);
-  p->fingerprint_ = fmt::format("{:016x}", h);
-  // The batch thread is woken every half batch of finished items, or for a failed sample (its
-  // row is refilled at once).
-  const size_t items_per_batch = static_cast<size_t>(cfg.batch_size) * p->branches_.size();
-  p->join_ = std::make_unique<JoinBox>(256, std::clamp<size_t>(items_per_batch / 2, 1, 64));
-  return p;
+  fingerprint_ = fmt::format("{:016x}", h);
 }
 
 Status Pipeline::SetStart(std::vector<StreamCursor> start) {

@@ -41,11 +41,6 @@ struct Pipeline::Provisional {
   int64_t tokens = 0, patches = 0;  // token budget: the planned samples' costs
 };
 
-// A grid: int32 [n, 3], a [t, h, w] per row (Qwen's image_grid_thw, video_grid_thw).
-inline bool IsGrid(const TensorSpec& s) {
-  return s.dtype == DType::kInt32 && s.shape.size() == 2 && s.shape[1] == 3;
-}
-
 // Calls a stage. Its library may throw (OpenCV does): the sample fails, the worker goes on.
 inline Status Guarded(const std::string& type, const std::function<Status()>& call) {
   try {
@@ -143,7 +138,7 @@ struct Pipeline::Branch {
   std::mutex park_mu;
   std::condition_variable park_cv;
   FilePolicy files;  // what its samples may open
-  // Stage::ExtraInputs: the sample's fields and the batch's tensors (indices into specs_) its
+  // Stage::ExtraInputs: the sample's fields and the batch's tensors (indices into plan_.specs) its
   // workers read; the branches it reads from (it runs after them) and those that read it.
   std::vector<std::string> read_fields;
   std::vector<size_t> read_tensors;

@@ -25,6 +25,13 @@ const char* ParamTypeName(ParamType t) {
   return "?";
 }
 
+void Params::Misread(const std::string& name, bool present) {
+  std::fprintf(stderr, "mmfeed: stage parameter '%s' %s\n", name.c_str(),
+               present ? "read as another type than its schema declares"
+                       : "is not declared in the stage's schema");
+  std::abort();
+}
+
 Registry& Registry::Get() {
   static Registry registry;
   // The engine's own stage type (engine/collator.cc), there before any other registers.

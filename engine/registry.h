@@ -61,25 +61,36 @@ inline ParamSpec PixelStdParam() {
 }
 
 // Parameter values after validation; every declared parameter is present (given or default).
+// The getters never throw: REQUIRES `name` declared in the stage's schema with the getter's
+// type (ParseConfig checked every value against the schema, so a stage reading its own
+// parameters meets it); anything else is a programming error, which aborts naming the
+// parameter.
 class Params {
  public:
   void Set(const std::string& name, ParamValue v) { values_[name] = std::move(v); }
-  bool GetBool(const std::string& name) const { return std::get<bool>(values_.at(name)); }
-  int64_t GetInt(const std::string& name) const { return std::get<int64_t>(values_.at(name)); }
-  double GetFloat(const std::string& name) const { return std::get<double>(values_.at(name)); }
-  const std::string& GetString(const std::string& name) const {
-    return std::get<std::string>(values_.at(name));
-  }
+  bool GetBool(const std::string& name) const { return Get<bool>(name); }
+  int64_t GetInt(const std::string& name) const { return Get<int64_t>(name); }
+  double GetFloat(const std::string& name) const { return Get<double>(name); }
+  const std::string& GetString(const std::string& name) const { return Get<std::string>(name); }
   const std::vector<int64_t>& GetIntList(const std::string& name) const {
-    return std::get<std::vector<int64_t>>(values_.at(name));
+    return Get<std::vector<int64_t>>(name);
   }
   const std::vector<double>& GetFloatList(const std::string& name) const {
-    return std::get<std::vector<double>>(values_.at(name));
+    return Get<std::vector<double>>(name);
   }
   // Every parameter as "name=value;", in name order: equal strings, equal parameters.
   std::string Canonical() const;
 
  private:
+  template <typename T>
+  const T& Get(const std::string& name) const {
+    auto it = values_.find(name);
+    const T* v = it == values_.end() ? nullptr : std::get_if<T>(&it->second);
+    if (!v) Misread(name, it != values_.end());
+    return *v;
+  }
+  [[noreturn]] static void Misread(const std::string& name, bool present);
+
   std::map<std::string, ParamValue> values_;
 };
 

@@ -27,6 +27,8 @@ constexpr uint32_t kMaxDims = 6;
 constexpr uint32_t kTensorNameBytes = 32;  // NUL-terminated
 constexpr uint64_t kPageBytes = 4096;      // slot stride, slot payload and tensor alignment
 constexpr uint32_t kMaxSlots = 496;        // the control area fits one page
+constexpr size_t kMaxIdBytes = 255;        // longest sample id: a slot's ids area holds this
+                                           // plus a NUL per sample
 
 // Slot states in a control word (SlotControl::word): the state in the low 32 bits, the attach
 // generation it belongs to in the high 32 bits. The reader moves READY(g) -> TAKEN(g) ->

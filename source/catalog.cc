@@ -42,8 +42,8 @@ std::string ParseManifestLine(const std::string& line, const std::string& dir,
     else
       return "'id' must be a string or an integer";
     if (entry->id.empty()) return "'id' is empty";
-    if (entry->id.size() > kMaxIdBytes)
-      return fmt::format("'id' is longer than {} bytes", kMaxIdBytes);
+    if (entry->id.size() > shm::kMaxIdBytes)
+      return fmt::format("'id' is longer than {} bytes", shm::kMaxIdBytes);
   }
   // A string or {"path": ...}: the value; a path is resolved against the manifest's folder.
   auto value = [&](const std::string& name, const nlohmann::json& v, FieldValue* f) {
@@ -134,7 +134,7 @@ void ScanShard(const std::string& shard, const std::map<std::string, std::string
     return;
   }
   WalkTarSamples(
-      TarFile(fd), shard, kMaxIdBytes,
+      TarFile(fd), shard, shm::kMaxIdBytes,
       [&](const std::string& key, const std::vector<TarMember>& members) {
         CatalogEntry e;
         std::string reason = TarEntry(shard, key, members, ext_to_field, needed, &e);
@@ -180,9 +180,9 @@ Result<Catalog> LoadWebDataset(const SourceConfig& source, const std::set<std::s
   cat.needed = needed;
   cat.ext_to_field = ExtToField(source, needed);
   if (source.remote) {  // always indexed: the index is what spares fetching every shard
-    Result<std::unique_ptr<RemoteStore>> store = RemoteStore::Create(source.fetch, source.path);
-    if (!store.ok()) return store.status();
-    cat.remote = std::move(store.value());
+    MMFEED_ASSIGN_OR_RETURN(std::unique_ptr<RemoteStore> store,
+                            RemoteStore::Create(source.fetch, source.path));
+    cat.remote = std::move(store);
   }
   bool indexed = source.index == "on" || source.remote;
   if (source.index == "auto" && !source.remote) {
@@ -199,10 +199,10 @@ Result<Catalog> LoadWebDataset(const SourceConfig& source, const std::set<std::s
     return cat;
   }
   std::vector<ShardIndex::Damage> damage;
-  Result<std::unique_ptr<ShardIndex>> index =
-      ShardIndex::Open(*shards, source.index_dir, kMaxIdBytes, &damage, cat.remote.get());
-  if (!index.ok()) return index.status();
-  cat.shards = std::move(index.value());
+  MMFEED_ASSIGN_OR_RETURN(
+      std::unique_ptr<ShardIndex> index,
+      ShardIndex::Open(*shards, source.index_dir, shm::kMaxIdBytes, &damage, cat.remote.get()));
+  cat.shards = std::move(index);
   for (ShardIndex::Damage& d : damage)
     cat.errors.push_back({std::move(d.origin), std::move(d.reason)});
   return cat;

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "shm/ring_format.h"
 #include "source/manifest_index.h"
 #include "source/permutation.h"
 #include "source/remote_store.h"
@@ -26,8 +27,7 @@
 
 namespace mmfeed {
 
-// Longest sample id, in bytes: ring slots reserve this much per sample for ids.
-constexpr size_t kMaxIdBytes = 255;
+// A sample id is at most shm::kMaxIdBytes bytes (ring slots reserve that much per sample).
 
 struct CatalogEntry {
   std::string id;

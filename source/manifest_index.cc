@@ -195,10 +195,10 @@ Result<std::unique_ptr<ManifestIndex>> ManifestIndex::Open(const std::string& ma
   if (idx->fd_ < 0)
     return Status::NotFound(
         fmt::format("{}: cannot open manifest: {}", manifest, std::strerror(errno)));
-  Result<index_file::Stamp> want = index_file::Describe(idx->fd_, manifest, kEndBytes);
-  if (!want.ok()) return want.status();
-  idx->manifest_size_ = want->size;
-  idx->fingerprint_ = index_file::Hash(*want);
+  MMFEED_ASSIGN_OR_RETURN(index_file::Stamp want,
+                          index_file::Describe(idx->fd_, manifest, kEndBytes));
+  idx->manifest_size_ = want.size;
+  idx->fingerprint_ = index_file::Hash(want);
   const std::string path = index_file::IndexPath(manifest, index_dir);
 
   // An index that describes the manifest: map it.
@@ -206,7 +206,7 @@ Result<std::unique_ptr<ManifestIndex>> ManifestIndex::Open(const std::string& ma
   if (idx->map_.Map(path)) {
     Header have{};
     if (idx->map_.size() >= sizeof have) std::memcpy(&have, idx->map_.data(), sizeof have);
-    why = Stale(have, *want, idx->map_.size());
+    why = Stale(have, want, idx->map_.size());
     if (why.empty()) {
       idx->path_ = path;
       idx->count_ = have.count;
@@ -220,14 +220,14 @@ Result<std::unique_ptr<ManifestIndex>> ManifestIndex::Open(const std::string& ma
   // Build it: into the index file, or, when that cannot be written, in memory.
   const auto t0 = std::chrono::steady_clock::now();
   std::string write_error;
-  MMFEED_RETURN_IF_ERROR(WriteIndex(idx->fd_, manifest, *want, path, &write_error));
+  MMFEED_RETURN_IF_ERROR(WriteIndex(idx->fd_, manifest, want, path, &write_error));
   if (write_error.empty()) {
     Result<std::unique_ptr<ManifestIndex>> again = Open(manifest, index_dir);
     if (!again.ok()) return again;
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     spdlog::info("{}: indexed {} samples in {:.1f} s ({:.0f} MB/s) into {} (previous index: {})",
-                 manifest, (*again)->size(), secs, want->size / 1e6 / std::max(secs, 1e-9), path,
+                 manifest, (*again)->size(), secs, want.size / 1e6 / std::max(secs, 1e-9), path,
                  why);
     (*again)->built_ = true;
     return again;
@@ -235,10 +235,10 @@ Result<std::unique_ptr<ManifestIndex>> ManifestIndex::Open(const std::string& ma
   spdlog::warn("{}: cannot write its index at {} ({}): keeping it in memory, 8 bytes per sample",
                manifest, path, write_error);
   MMFEED_RETURN_IF_ERROR(Scan(
-      idx->fd_, manifest, want->size, [&](uint64_t off) { idx->heap_offsets_.push_back(off); },
+      idx->fd_, manifest, want.size, [&](uint64_t off) { idx->heap_offsets_.push_back(off); },
       [&](const Mark& m) { idx->heap_marks_.push_back(m); }));
   idx->count_ = idx->heap_offsets_.size();
-  idx->heap_offsets_.push_back(want->size);
+  idx->heap_offsets_.push_back(want.size);
   idx->mark_count_ = idx->heap_marks_.size();
   idx->offsets_ = idx->heap_offsets_.data();
   idx->marks_ = idx->heap_marks_.data();

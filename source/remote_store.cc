@@ -476,14 +476,13 @@ Result<FieldFile> RemoteStore::OpenRange(const std::string& url, uint64_t offset
   }
   // With the member's tar header (the block before its data) when there is one.
   const uint64_t before = std::min<uint64_t>(offset, kTarBlock);
-  Result<int> fd = Get(url, true, offset - before, size + before, &wait_ns_);
-  if (!fd.ok()) return fd.status();
-  Status header = CheckHeaderAt(*fd, 0, before, size, member, url);
+  MMFEED_ASSIGN_OR_RETURN(int fd, Get(url, true, offset - before, size + before, &wait_ns_));
+  Status header = CheckHeaderAt(fd, 0, before, size, member, url);
   if (!header.ok()) {
-    ::close(*fd);
+    ::close(fd);
     return header;
   }
-  return FieldFile::Adopt(*fd, before, size, identity);
+  return FieldFile::Adopt(fd, before, size, identity);
 }
 
 void RemoteStore::SetWanted(const std::vector<Want>& shards) {

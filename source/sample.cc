@@ -136,13 +136,12 @@ Result<std::string_view> FieldBytes(const FieldValue& field, std::string* storag
                                     uint64_t max_bytes) {
   if (field.kind == FieldValue::Kind::kText || field.kind == FieldValue::Kind::kBytes)
     return std::string_view(field.data);
-  Result<FieldFile> file = FieldFile::Open(field, max_bytes);
-  if (!file.ok()) return file.status();
-  storage->resize(file->size());
+  MMFEED_ASSIGN_OR_RETURN(FieldFile file, FieldFile::Open(field, max_bytes));
+  storage->resize(file.size());
   size_t done = 0;
   while (done < storage->size()) {
     ssize_t n =
-        ::pread(file->fd(), storage->data() + done, storage->size() - done, file->offset() + done);
+        ::pread(file.fd(), storage->data() + done, storage->size() - done, file.offset() + done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0)
       return Status::Io(field.data +

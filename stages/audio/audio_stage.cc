@@ -40,9 +40,8 @@ class AudioWorker : public StageWorker {
   }
 
   Status Process(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) override {
-    Result<std::string_view> bytes = FieldBytes(in, &file_);
-    if (!bytes.ok()) return bytes.status();
-    MMFEED_RETURN_IF_ERROR(DecodeAudio(*bytes, p_.sample_rate, p_.limits, &samples_));
+    MMFEED_ASSIGN_OR_RETURN(std::string_view bytes, FieldBytes(in, &file_));
+    MMFEED_RETURN_IF_ERROR(DecodeAudio(bytes, p_.sample_rate, p_.limits, &samples_));
     // Cut or pad to the window.
     const int64_t n = static_cast<int64_t>(samples_.size());
     int64_t start = 0;

@@ -88,9 +88,8 @@ int64_t AvInput::Seek(void* opaque, int64_t offset, int whence) {
 Status AvInput::Open(const FieldValue& field, const char* what, int64_t probe_bytes) {
   if (field.kind == FieldValue::Kind::kText || field.kind == FieldValue::Kind::kBytes)
     return OpenBytes(field.data, what, probe_bytes);
-  Result<FieldFile> file = FieldFile::Open(field);
-  if (!file.ok()) return file.status();
-  file_ = std::move(*file);
+  MMFEED_ASSIGN_OR_RETURN(FieldFile file, FieldFile::Open(field));
+  file_ = std::move(file);
   return OpenContainer(what, probe_bytes);
 }
 

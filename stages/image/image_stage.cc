@@ -114,10 +114,9 @@ class ImageWorker : public StageWorker {
   explicit ImageWorker(const ImageParams& p) : p_(p) {}
 
   Status Process(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) override {
-    Result<std::string_view> bytes = FieldBytes(in, &file_);
-    if (!bytes.ok()) return bytes.status();
+    MMFEED_ASSIGN_OR_RETURN(std::string_view bytes, FieldBytes(in, &file_));
     int w = 0, h = 0;
-    MMFEED_RETURN_IF_ERROR(decoder_.Open(*bytes, p_.max_pixels, "max_pixels", &w, &h));
+    MMFEED_RETURN_IF_ERROR(decoder_.Open(bytes, p_.max_pixels, "max_pixels", &w, &h));
     Rng rng(ctx.seed, ctx.epoch, ctx.id, p_.name);
     AxisMap x, y;
     cv::Rect box;

@@ -287,22 +287,20 @@ class QwenVisionWorker : public StageWorker {
  private:
   // Opens one image (its header read): its size and its grid, [1, h, w] in patches.
   Status Open(const FieldValue& in, int* w, int* h, int32_t* grid) {
-    Result<std::string_view> bytes = FieldBytes(in, &file_);
-    if (!bytes.ok()) return bytes.status();
-    MMFEED_RETURN_IF_ERROR(decoder_.Open(*bytes, p_.max_source_pixels, "max_source_pixels", w, h));
+    MMFEED_ASSIGN_OR_RETURN(std::string_view bytes, FieldBytes(in, &file_));
+    MMFEED_RETURN_IF_ERROR(decoder_.Open(bytes, p_.max_source_pixels, "max_source_pixels", w, h));
     const QwenPatching& q = p_.q.patching;
-    Result<QwenSize> size =
-        QwenSmartResize(*h, *w, q.patch_size * q.merge_size, p_.q.min_pixels, p_.q.max_pixels);
-    if (!size.ok()) return size.status();
-    const int64_t patches = size->height * size->width / (q.patch_size * q.patch_size);
+    MMFEED_ASSIGN_OR_RETURN(QwenSize size, QwenSmartResize(*h, *w, q.patch_size * q.merge_size,
+                                                           p_.q.min_pixels, p_.q.max_pixels));
+    const int64_t patches = size.height * size.width / (q.patch_size * q.patch_size);
     if (patches > p_.q.max_patches)  // smart_resize's floor of one factor per side, at ratio ~200
       return Status::TooLarge(
           fmt::format("image is {}x{}: resized to {}x{} it has {} patches, "
                       "above the {} max_pixels allows",
-                      *w, *h, size->width, size->height, patches, p_.q.max_patches));
+                      *w, *h, size.width, size.height, patches, p_.q.max_patches));
     grid[0] = 1;
-    grid[1] = static_cast<int32_t>(size->height / q.patch_size);
-    grid[2] = static_cast<int32_t>(size->width / q.patch_size);
+    grid[1] = static_cast<int32_t>(size.height / q.patch_size);
+    grid[2] = static_cast<int32_t>(size.width / q.patch_size);
     return Status::Ok();
   }
 

@@ -229,9 +229,8 @@ void BpeCache::Insert(std::string_view piece, std::vector<int32_t> ids) {
 }
 
 Result<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Load(const std::string& path) {
-  Result<std::string> text = ReadMaybeGzip(path);
-  if (!text.ok()) return text.status();
-  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  MMFEED_ASSIGN_OR_RETURN(std::string text, ReadMaybeGzip(path));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object())
     return Status::Invalid(fmt::format("{}: not a JSON tokenizer file", path));
   // A field of the wrong JSON type makes nlohmann throw; that is a bad file, not a crash.

@@ -10,12 +10,6 @@ namespace mmfeed {
 PackingSink::PackingSink(BatchSink* inner, int64_t max_len, int64_t batch_size, int32_t pad_id)
     : inner_(inner), max_len_(max_len), batch_size_(batch_size), pad_id_(pad_id) {}
 
-std::vector<TensorSpec> PackingSink::PackedSpecs(const std::string& name, int64_t max_len) {
-  return {{name, DType::kInt32, {max_len}},
-          {name + "_lengths", DType::kInt32, {}},
-          {name + "_doc_ids", DType::kInt32, {max_len}}};
-}
-
 Reservation PackingSink::Reserve(BatchMemory* memory, int /*timeout_ms*/) {
   std::lock_guard<std::mutex> lock(mu_);
   memory->handle = next_handle_++;

@@ -4,11 +4,11 @@
 // and cut into rows of max_len tokens, a document that does not fit continuing on the next row.
 // No padding is wasted except in the last row before an epoch ends or the data stops.
 //
-// Packed batches carry `<name>` [B, max_len] int32, `<name>_lengths` [B] int32 (tokens used in
-// the row) and `<name>_doc_ids` [B, max_len] int32: for each position the document's index
-// within its row (0, 1, ...), -1 on padding, so attention can be kept within documents. A
-// packed batch's ids are those of the documents it holds (a document cut across two batches is
-// listed in both).
+// Packed batches (engine/batch_plan.h, PackedTextSpecs) carry `<name>` [B, max_len] int32,
+// `<name>_lengths` [B] int32 (tokens used in the row) and `<name>_doc_ids` [B, max_len] int32: for
+// each position the document's index within its row (0, 1, ...), -1 on padding, so attention can be
+// kept within documents. A packed batch's ids are those of the documents it holds (a document cut
+// across two batches is listed in both).
 //
 // Reserve is called from the source thread, Commit/Discard/Finish from the batch thread.
 #pragma once
@@ -25,9 +25,6 @@ namespace mmfeed {
 class PackingSink : public BatchSink {
  public:
   PackingSink(BatchSink* inner, int64_t max_len, int64_t batch_size, int32_t pad_id);
-
-  // The specs of a packed batch's tensors (what the inner sink receives).
-  static std::vector<TensorSpec> PackedSpecs(const std::string& name, int64_t max_len);
 
   Reservation Reserve(BatchMemory* memory, int timeout_ms) override;
   void Commit(const BatchMemory& memory, const BatchInfo& info) override;

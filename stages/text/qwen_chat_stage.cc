@@ -178,10 +178,9 @@ class ChatWorker : public StageWorker {
         continue;
       }
       const bool answer = piece.kind == Piece::kAnswer;
-      Result<std::string_view> t = FieldBytes(answer ? *ctx.fields[0] : in, &file_);
-      if (!t.ok()) return t.status();
+      MMFEED_ASSIGN_OR_RETURN(std::string_view t, FieldBytes(answer ? *ctx.fields[0] : in, &file_));
       if (answer) answer_begin = text_.size();
-      text_.append(t->data(), t->size());
+      text_.append(t.data(), t.size());
       if (answer) answer_end = text_.size();
     }
     text_ += suffix;

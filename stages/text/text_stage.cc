@@ -65,16 +65,15 @@ class TextWorker : public StageWorker {
   }
 
   Status Process(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) override {
-    Result<std::string_view> text = FieldBytes(in, &file_);
-    if (!text.ok()) return text.status();
+    MMFEED_ASSIGN_OR_RETURN(std::string_view text, FieldBytes(in, &file_));
     ids_.clear();
     if (p_.bpe) {  // invalid UTF-8 is replaced, as the reference tokenizer does
-      p_.bpe->Encode(*text, &cache_, &ids_);
+      p_.bpe->Encode(text, &cache_, &ids_);
     } else {
-      size_t bad = FindInvalidUtf8(*text);
+      size_t bad = FindInvalidUtf8(text);
       if (bad != std::string_view::npos)
         return Status::Corrupt(fmt::format("text is not valid UTF-8 (byte {})", bad));
-      for (unsigned char c : *text) ids_.push_back(c);
+      for (unsigned char c : text) ids_.push_back(c);
     }
     // prefix + text + suffix; the text is cut (at the configured end) so that both wrappers fit.
     const int64_t room = p_.max_len - static_cast<int64_t>(p_.prefix.size() + p_.suffix.size());

@@ -66,9 +66,8 @@ class QwenVideoWorker : public StageWorker {
                        Result<VideoFacts> facts = sampler_.Probe(one);
                        shared_->Add(sampler_.stats(), &seen_);  // its keyframe index is built here
                        if (!facts.ok()) return facts.status();
-                       Result<Pick> pick = Choose(*facts);
-                       if (!pick.ok()) return pick.status();
-                       Describe(*pick, grid, seconds);
+                       MMFEED_ASSIGN_OR_RETURN(Pick pick, Choose(*facts));
+                       Describe(pick, grid, seconds);
                        return Status::Ok();
                      });
   }
@@ -99,12 +98,12 @@ class QwenVideoWorker : public StageWorker {
     if (f.frames < 1) return Status::Corrupt("the video stream declares no frame count");
     pick.indices =
         QwenVideoFrameIndices(f.frames, pick.source_fps, p_.fps, p_.min_frames, p_.max_frames);
-    Result<QwenSize> size =
+    MMFEED_ASSIGN_OR_RETURN(
+        QwenSize size,
         QwenVideoSmartResize(static_cast<int64_t>(pick.indices.size()), f.height, f.width, tps,
-                             q.patch_size * q.merge_size, p_.q.min_pixels, p_.q.max_pixels);
-    if (!size.ok()) return size.status();
-    pick.oh = static_cast<int>(size->height);
-    pick.ow = static_cast<int>(size->width);
+                             q.patch_size * q.merge_size, p_.q.min_pixels, p_.q.max_pixels));
+    pick.oh = static_cast<int>(size.height);
+    pick.ow = static_cast<int>(size.width);
     pick.groups = (static_cast<int64_t>(pick.indices.size()) + tps - 1) / tps;
     const int64_t patches = pick.groups * (pick.oh / q.patch_size) * (pick.ow / q.patch_size);
     if (patches > p_.q.max_patches)
@@ -137,9 +136,8 @@ class QwenVideoWorker : public StageWorker {
     int src_w = 0, src_h = 0;
     size_t frame_bytes = 0;
     FramePlan plan = [&](const VideoFacts& f) -> Result<std::vector<double>> {
-      Result<Pick> chosen = Choose(f);
-      if (!chosen.ok()) return chosen.status();
-      pick = std::move(chosen.value());
+      MMFEED_ASSIGN_OR_RETURN(Pick chosen, Choose(f));
+      pick = std::move(chosen);
       src_w = f.width;
       src_h = f.height;
       resampler_.Plan({0, static_cast<double>(src_w) / pick.ow, 0, src_w, 0, pick.ow},

@@ -846,16 +846,15 @@ struct VideoSampler::Run {
       if (end_ts == kNoPts || end_ts <= start_ts)
         return Status::Corrupt("zero-length video (duration 0)");
       if (plan) {
-        Result<std::vector<double>> times = (*plan)(Facts());
-        if (!times.ok()) return times.status();
-        if (times->empty() || times->size() > kMaxPlannedFrames)
+        MMFEED_ASSIGN_OR_RETURN(std::vector<double> times, (*plan)(Facts()));
+        if (times.empty() || times.size() > kMaxPlannedFrames)
           return Status::Invalid(
-              fmt::format("{} frames planned, outside 1..{}", times->size(), kMaxPlannedFrames));
-        T = static_cast<int>(times->size());
+              fmt::format("{} frames planned, outside 1..{}", times.size(), kMaxPlannedFrames));
+        T = static_cast<int>(times.size());
         sink_pts.assign(T, 0.0f);
         pts_out = sink_pts.data();
         std::memset(mask, 0, T);
-        MMFEED_RETURN_IF_ERROR(SetTargets(*times));
+        MMFEED_RETURN_IF_ERROR(SetTargets(times));
       } else {
         MMFEED_RETURN_IF_ERROR(MakeTargets(rng));
       }

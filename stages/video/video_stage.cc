@@ -124,9 +124,8 @@ class VideoStage : public Stage {
 
 Result<std::unique_ptr<Stage>> MakeVideoStage(const StageArgs& a) {
   RouteFfmpegLogs();
-  Result<VideoOptions> o = VideoOptionsFromParams(a.params);
-  if (!o.ok()) return o.status();
-  return std::unique_ptr<Stage>(new VideoStage(a.name, std::move(*o)));
+  MMFEED_ASSIGN_OR_RETURN(VideoOptions o, VideoOptionsFromParams(a.params));
+  return std::unique_ptr<Stage>(new VideoStage(a.name, std::move(o)));
 }
 
 MMFEED_REGISTER_STAGE((StageSchema{
