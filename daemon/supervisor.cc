@@ -30,34 +30,15 @@ uint64_t AvailableBytes() {
 }
 
 int Supervisor::Run() {
-  // --state-dir: the stream the trainers are in. A restart on an edited config continues it
-  // with the config it was made from, then switches as a reload would (`then_reload`).
   std::optional<StreamState> saved;
   std::string then_reload;
   if (!opt_.state_dir.empty()) {
-    Result<std::optional<StreamState>> read = ReadState();
+    Result<std::optional<StreamState>> read = SavedStream(&then_reload);
     if (!read.ok()) {
       spdlog::error("{}", read.status().message());
       return kExitConfig;
     }
     saved = std::move(read.value());
-    if (saved && !saved->config_text.empty() &&
-        (saved->config_text != cfg_.text || saved->config_file != cfg_.file)) {
-      Result<PipelineConfig> kept = KeptConfig(*saved);
-      if (kept.ok()) {
-        spdlog::info(
-            "{} differs from the config the saved stream in {} was made with: continuing the "
-            "stream with that config, then reloading {} (applied as a reload would: at once or "
-            "at the next epoch boundary)",
-            cfg_.file, StatePath(), cfg_.file);
-        then_reload = cfg_.file;
-        cfg_ = std::move(kept.value());
-      } else {
-        spdlog::warn("{}: the saved stream cannot be continued ({}): starting fresh", StatePath(),
-                     kept.status().message());
-        saved.reset();
-      }
-    }
   }
   // Rings first: their size is known from the stage specs, and running out of memory
   // must be an error now, not later.
@@ -161,6 +142,39 @@ int Supervisor::Run() {
   back_since_start_.assign(cfg_.consumers, false);
   Tick();
   io_.run();
+  return Exit();
+}
+
+// --state-dir: the stream the trainers are in. A restart on an edited config continues it
+// with the config it was made from (cfg_ becomes that one), then switches as a reload would:
+// `then_reload` gets the edited file. A saved stream that cannot be continued is dropped.
+Result<std::optional<StreamState>> Supervisor::SavedStream(std::string* then_reload) {
+  MMFEED_ASSIGN_OR_RETURN(std::optional<StreamState> saved, ReadState());
+  if (saved && !saved->config_text.empty() &&
+      (saved->config_text != cfg_.text || saved->config_file != cfg_.file)) {
+    Result<PipelineConfig> kept = KeptConfig(*saved);
+    if (kept.ok()) {
+      spdlog::info(
+          "{} differs from the config the saved stream in {} was made with: continuing the "
+          "stream with that config, then reloading {} (applied as a reload would: at once or "
+          "at the next epoch boundary)",
+          cfg_.file, StatePath(), cfg_.file);
+      *then_reload = cfg_.file;
+      cfg_ = std::move(kept.value());
+    } else {
+      spdlog::warn("{}: the saved stream cannot be continued ({}): starting fresh", StatePath(),
+                   kept.status().message());
+      saved.reset();
+    }
+  }
+  return saved;
+}
+
+// After the io_context stopped (drained or failed): shuts the servers, waits for the pipeline
+// (not for a reload still building, nor for threads stuck past the drain), saves the state
+// and reports. Returns the exit status; exits the process itself when a thread cannot be
+// joined.
+int Supervisor::Exit() {
   timer_.cancel();
   for (const auto& w : windows_) w->cancel();  // their requests get an error
   server_->Shutdown();

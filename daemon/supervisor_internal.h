@@ -74,6 +74,10 @@ class Supervisor {
   int Run();
 
  private:
+  // Run's steps: the saved stream to continue (--state-dir), and what follows the io_context.
+  Result<std::optional<StreamState>> SavedStream(std::string* then_reload);
+  int Exit();
+
   // Ranks with a ring: the config's consumers, then any a reload removed (their rings end).
   int ranks() const { return static_cast<int>(sinks_.size()); }
 

@@ -457,6 +457,55 @@ void ValidateGraph(PipelineConfig* cfg, const YAML::Node& stages) {
         Fail(stages[index[in]], fmt::format("two stages produce a tensor named '{}'", t.name));
 }
 
+// `metrics:` {listen: PORT, HOST:PORT or [IPV6]:PORT}.
+void ParseMetrics(const YAML::Node& m, PipelineConfig* cfg) {
+  CheckKeys(m, "metrics", {"listen"});
+  if (m["listen"]) {
+    cfg->metrics_listen = Str(m["listen"], "metrics.listen");
+    cfg->metrics_mark = {m["listen"].Mark().line + 1, m["listen"].Mark().column + 1};
+    // PORT, HOST:PORT or [IPV6]:PORT
+    const std::string& l = cfg->metrics_listen;
+    size_t colon = l.rfind(':');
+    std::string host = colon == std::string::npos ? "" : l.substr(0, colon);
+    std::string port = colon == std::string::npos ? l : l.substr(colon + 1);
+    bool port_ok = !port.empty() && port.size() <= 5 &&
+                   port.find_first_not_of("0123456789") == std::string::npos &&
+                   std::stoi(port) >= 1 && std::stoi(port) <= 65535;
+    bool host_ok = colon == std::string::npos ||
+                   (!host.empty() && (host.front() == '[') == (host.back() == ']') &&
+                    (host.front() == '[' || host.find(':') == std::string::npos));
+    if (!port_ok || !host_ok)
+      Fail(m["listen"], fmt::format("metrics.listen must be PORT, HOST:PORT or [IPV6]:PORT "
+                                    "(e.g. 127.0.0.1:9464), got '{}'",
+                                    l));
+  }
+}
+
+// `faults:` (tests of the profile's diagnosis): the stage, a read delay, a leak per item.
+void ParseFaults(const YAML::Node& f, PipelineConfig* cfg) {
+  CheckKeys(f, "faults", {"stage", "read_delay_ms", "leak_bytes_per_item"});
+  cfg->faults.mark = ToMark(f.Mark());
+  if (!f["stage"]) Fail(f, "faults needs a 'stage': the stage to inject them into");
+  cfg->faults.stage = Str(f["stage"], "faults.stage");
+  auto it = std::find_if(cfg->stages.begin(), cfg->stages.end(),
+                         [&](const StageConfig& s) { return s.name == cfg->faults.stage; });
+  if (it == cfg->stages.end() || it->field.empty())
+    Fail(f["stage"], fmt::format("faults.stage: '{}' is not a stage that reads a sample field",
+                                 cfg->faults.stage));
+  if (f["read_delay_ms"]) {
+    cfg->faults.read_delay_ms =
+        static_cast<int>(IntAtLeast(f["read_delay_ms"], "faults.read_delay_ms", 0));
+    if (cfg->faults.read_delay_ms > 60000)
+      Fail(f["read_delay_ms"], "faults.read_delay_ms must be at most 60000");
+  }
+  if (f["leak_bytes_per_item"]) {
+    cfg->faults.leak_bytes_per_item =
+        IntAtLeast(f["leak_bytes_per_item"], "faults.leak_bytes_per_item", 0);
+    if (cfg->faults.leak_bytes_per_item > (1 << 30))
+      Fail(f["leak_bytes_per_item"], "faults.leak_bytes_per_item must be at most 1 GiB");
+  }
+}
+
 PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
   PipelineConfig cfg;
   cfg.file = file;
@@ -512,29 +561,7 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
     if (!(cfg.sample_timeout_s >= 0 && cfg.sample_timeout_s <= 86400))
       Fail(t, "sample_timeout_s must be between 0 (no limit) and 86400 seconds");
   }
-  if (root["metrics"]) {
-    const YAML::Node& m = root["metrics"];
-    CheckKeys(m, "metrics", {"listen"});
-    if (m["listen"]) {
-      cfg.metrics_listen = Str(m["listen"], "metrics.listen");
-      cfg.metrics_mark = {m["listen"].Mark().line + 1, m["listen"].Mark().column + 1};
-      // PORT, HOST:PORT or [IPV6]:PORT
-      const std::string& l = cfg.metrics_listen;
-      size_t colon = l.rfind(':');
-      std::string host = colon == std::string::npos ? "" : l.substr(0, colon);
-      std::string port = colon == std::string::npos ? l : l.substr(colon + 1);
-      bool port_ok = !port.empty() && port.size() <= 5 &&
-                     port.find_first_not_of("0123456789") == std::string::npos &&
-                     std::stoi(port) >= 1 && std::stoi(port) <= 65535;
-      bool host_ok = colon == std::string::npos ||
-                     (!host.empty() && (host.front() == '[') == (host.back() == ']') &&
-                      (host.front() == '[' || host.find(':') == std::string::npos));
-      if (!port_ok || !host_ok)
-        Fail(m["listen"], fmt::format("metrics.listen must be PORT, HOST:PORT or [IPV6]:PORT "
-                                      "(e.g. 127.0.0.1:9464), got '{}'",
-                                      l));
-    }
-  }
+  if (root["metrics"]) ParseMetrics(root["metrics"], &cfg);
   const YAML::Node& stages = root["stages"];
   if (!stages || !stages.IsSequence() || stages.size() == 0)
     Fail(stages ? stages : root, "the config needs 'stages', a list of stages");
@@ -566,29 +593,7 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
                           "the {} stage(s) with workers: auto",
                           cfg.cpu_budget, fixed, autos));
   }
-  if (const YAML::Node& f = root["faults"]) {
-    CheckKeys(f, "faults", {"stage", "read_delay_ms", "leak_bytes_per_item"});
-    cfg.faults.mark = ToMark(f.Mark());
-    if (!f["stage"]) Fail(f, "faults needs a 'stage': the stage to inject them into");
-    cfg.faults.stage = Str(f["stage"], "faults.stage");
-    auto it = std::find_if(cfg.stages.begin(), cfg.stages.end(),
-                           [&](const StageConfig& s) { return s.name == cfg.faults.stage; });
-    if (it == cfg.stages.end() || it->field.empty())
-      Fail(f["stage"], fmt::format("faults.stage: '{}' is not a stage that reads a sample field",
-                                   cfg.faults.stage));
-    if (f["read_delay_ms"]) {
-      cfg.faults.read_delay_ms =
-          static_cast<int>(IntAtLeast(f["read_delay_ms"], "faults.read_delay_ms", 0));
-      if (cfg.faults.read_delay_ms > 60000)
-        Fail(f["read_delay_ms"], "faults.read_delay_ms must be at most 60000");
-    }
-    if (f["leak_bytes_per_item"]) {
-      cfg.faults.leak_bytes_per_item =
-          IntAtLeast(f["leak_bytes_per_item"], "faults.leak_bytes_per_item", 0);
-      if (cfg.faults.leak_bytes_per_item > (1 << 30))
-        Fail(f["leak_bytes_per_item"], "faults.leak_bytes_per_item must be at most 1 GiB");
-    }
-  }
+  if (const YAML::Node& f = root["faults"]) ParseFaults(f, &cfg);
   return cfg;
 }
 

@@ -27,6 +27,109 @@
 
 namespace mmfeed {
 
+// Measures every entry's cost with the `measured` branches' stages (Measure: headers, tokens),
+// on as many threads as those stages have workers; failures are kept, sorted by entry.
+Status Pipeline::MeasureEntries(const std::vector<bool>& measured, MeasuredCatalog* m) {
+  const size_t n = catalog_->size();
+  m->costs.assign(n, {});
+  std::mutex failures_mu;
+  std::atomic<size_t> next{0};
+  auto measure = [&] {
+    std::vector<std::unique_ptr<StageWorker>> workers(branches_.size());
+    std::vector<std::vector<uint8_t>> rows(plan_.specs.size());  // one sample's outputs
+    std::vector<uint8_t*> out(plan_.specs.size());
+    for (size_t b = 0; b < branches_.size(); ++b) {
+      if (!measured[b]) continue;
+      workers[b] = branches_[b]->cfg->stage->NewWorker();
+      for (size_t t = plan_.first_tensor[b]; t < plan_.first_tensor[b] + branches_[b]->specs.size();
+           ++t) {
+        const bool patches =
+            std::find(patch_tensors_.begin(), patch_tensors_.end(), t) != patch_tensors_.end();
+        if (!patches) rows[t].resize(plan_.specs[t].NumBytes());
+        out[t] = patches ? nullptr : rows[t].data();
+      }
+    }
+    CatalogEntry read;
+    std::vector<const FieldValue*> fields;
+    std::vector<const uint8_t*> tensors;
+    std::vector<const TensorSpec*> tensor_specs;
+    for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
+      const CatalogEntry* e = &read;
+      Status st;
+      if (catalog_->indexed())
+        st = catalog_->Read(i, &read);
+      else
+        e = &catalog_->entries[i];
+      std::string stage = "source";
+      // The stages others read first, then those that read them.
+      for (int pass = 0; pass < 2 && st.ok(); ++pass) {
+        for (size_t b = 0; b < branches_.size() && st.ok(); ++b) {
+          const Branch& br = *branches_[b];
+          if (!measured[b] || br.reads_others != (pass == 1)) continue;
+          stage = br.cfg->name;
+          fields.clear();
+          for (const std::string& f : br.read_fields) fields.push_back(FieldOf(*e, f));
+          tensors.clear();
+          tensor_specs.clear();
+          for (size_t t : br.read_tensors) {
+            tensors.push_back(out[t]);
+            tensor_specs.push_back(&plan_.specs[t]);
+          }
+          const FieldValue* field = FieldOf(*e, br.cfg->field);
+          if (!field || std::find(fields.begin(), fields.end(), nullptr) != fields.end()) {
+            st = Status::NotFound("sample lacks a field a stage needs");
+            break;
+          }
+          SampleContext ctx{cfg_.source.seed, 0, e->id, e->origin};
+          ctx.fields = fields.data();
+          ctx.tensors = tensors.data();
+          ctx.tensor_specs = tensor_specs.data();
+          ScopedFilePolicy files(&br.files);
+          ScopedSampleDeadline deadline(cfg_.sample_timeout_s);
+          st = Guarded(br.cfg->type, [&] {
+            return workers[b]->Measure(
+                ctx, *field, OutputRow(out.data() + plan_.first_tensor[b], br.specs.size()));
+          });
+        }
+      }
+      if (st.ok()) {
+        m->costs[i] = CostOf([&](size_t t) { return out[t]; });
+        continue;
+      }
+      m->costs[i].tokens = SampleCost::kUnusable;
+      if (st.code() == Status::Code::kResourceExhausted) {
+        Fail(st.WithContext("measuring samples: out of resources, not a bad sample"));
+        next.store(n);
+      }
+      std::lock_guard<std::mutex> lock(failures_mu);
+      m->failures.push_back({static_cast<uint32_t>(i), stage, st});
+    }
+  };
+  int threads = 0;
+  for (size_t b = 0; b < branches_.size(); ++b) threads += measured[b] ? branches_[b]->threads : 0;
+  threads = std::clamp<int>(threads, 1, static_cast<int>(std::max<size_t>(n / 64, 1)));
+  spdlog::info("token budget: measuring {} samples on {} thread(s)", n, threads);
+  std::atomic<int> running{threads};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&] {
+      measure();
+      running.fetch_sub(1, std::memory_order_release);
+    });
+  // Progress every 10 s: a large catalog takes minutes the first time.
+  for (uint64_t last = NowNs(); running.load(std::memory_order_acquire) > 0;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (NowNs() - last < 10'000'000'000ull) continue;
+    last = NowNs();
+    spdlog::info("token budget: {} of {} samples measured", std::min(next.load(), n), n);
+  }
+  for (std::thread& t : pool) t.join();
+  MMFEED_RETURN_IF_ERROR(status());
+  std::sort(m->failures.begin(), m->failures.end(),
+            [](const auto& a, const auto& b) { return a.entry < b.entry; });
+  return Status::Ok();
+}
+
 // Token-budget batches: every catalog entry's cost, measured by the stages (an image's header,
 // a video's stream, a text's tokens) on as many threads as the measured stages have workers, or
 // read from the cost index an earlier start kept (indexed sources). Costs are measured for the
@@ -76,103 +179,7 @@ Status Pipeline::MeasureCatalog() {
     }
   }
   if (!have) {
-    m.costs.assign(n, {});
-    std::mutex failures_mu;
-    std::atomic<size_t> next{0};
-    auto measure = [&] {
-      std::vector<std::unique_ptr<StageWorker>> workers(branches_.size());
-      std::vector<std::vector<uint8_t>> rows(plan_.specs.size());  // one sample's outputs
-      std::vector<uint8_t*> out(plan_.specs.size());
-      for (size_t b = 0; b < branches_.size(); ++b) {
-        if (!measured[b]) continue;
-        workers[b] = branches_[b]->cfg->stage->NewWorker();
-        for (size_t t = plan_.first_tensor[b];
-             t < plan_.first_tensor[b] + branches_[b]->specs.size(); ++t) {
-          const bool patches =
-              std::find(patch_tensors_.begin(), patch_tensors_.end(), t) != patch_tensors_.end();
-          if (!patches) rows[t].resize(plan_.specs[t].NumBytes());
-          out[t] = patches ? nullptr : rows[t].data();
-        }
-      }
-      CatalogEntry read;
-      std::vector<const FieldValue*> fields;
-      std::vector<const uint8_t*> tensors;
-      std::vector<const TensorSpec*> tensor_specs;
-      for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
-        const CatalogEntry* e = &read;
-        Status st;
-        if (catalog_->indexed())
-          st = catalog_->Read(i, &read);
-        else
-          e = &catalog_->entries[i];
-        std::string stage = "source";
-        // The stages others read first, then those that read them.
-        for (int pass = 0; pass < 2 && st.ok(); ++pass) {
-          for (size_t b = 0; b < branches_.size() && st.ok(); ++b) {
-            const Branch& br = *branches_[b];
-            if (!measured[b] || br.reads_others != (pass == 1)) continue;
-            stage = br.cfg->name;
-            fields.clear();
-            for (const std::string& f : br.read_fields) fields.push_back(FieldOf(*e, f));
-            tensors.clear();
-            tensor_specs.clear();
-            for (size_t t : br.read_tensors) {
-              tensors.push_back(out[t]);
-              tensor_specs.push_back(&plan_.specs[t]);
-            }
-            const FieldValue* field = FieldOf(*e, br.cfg->field);
-            if (!field || std::find(fields.begin(), fields.end(), nullptr) != fields.end()) {
-              st = Status::NotFound("sample lacks a field a stage needs");
-              break;
-            }
-            SampleContext ctx{cfg_.source.seed, 0, e->id, e->origin};
-            ctx.fields = fields.data();
-            ctx.tensors = tensors.data();
-            ctx.tensor_specs = tensor_specs.data();
-            ScopedFilePolicy files(&br.files);
-            ScopedSampleDeadline deadline(cfg_.sample_timeout_s);
-            st = Guarded(br.cfg->type, [&] {
-              return workers[b]->Measure(
-                  ctx, *field, OutputRow(out.data() + plan_.first_tensor[b], br.specs.size()));
-            });
-          }
-        }
-        if (st.ok()) {
-          m.costs[i] = CostOf([&](size_t t) { return out[t]; });
-          continue;
-        }
-        m.costs[i].tokens = SampleCost::kUnusable;
-        if (st.code() == Status::Code::kResourceExhausted) {
-          Fail(st.WithContext("measuring samples: out of resources, not a bad sample"));
-          next.store(n);
-        }
-        std::lock_guard<std::mutex> lock(failures_mu);
-        m.failures.push_back({static_cast<uint32_t>(i), stage, st});
-      }
-    };
-    int threads = 0;
-    for (size_t b = 0; b < branches_.size(); ++b)
-      threads += measured[b] ? branches_[b]->threads : 0;
-    threads = std::clamp<int>(threads, 1, static_cast<int>(std::max<size_t>(n / 64, 1)));
-    spdlog::info("token budget: measuring {} samples on {} thread(s)", n, threads);
-    std::atomic<int> running{threads};
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t)
-      pool.emplace_back([&] {
-        measure();
-        running.fetch_sub(1, std::memory_order_release);
-      });
-    // Progress every 10 s: a large catalog takes minutes the first time.
-    for (uint64_t last = NowNs(); running.load(std::memory_order_acquire) > 0;) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      if (NowNs() - last < 10'000'000'000ull) continue;
-      last = NowNs();
-      spdlog::info("token budget: {} of {} samples measured", std::min(next.load(), n), n);
-    }
-    for (std::thread& t : pool) t.join();
-    MMFEED_RETURN_IF_ERROR(status());
-    std::sort(m.failures.begin(), m.failures.end(),
-              [](const auto& a, const auto& b) { return a.entry < b.entry; });
+    MMFEED_RETURN_IF_ERROR(MeasureEntries(measured, &m));
     if (!path.empty() && !WriteCostIndex(path, key, m))
       spdlog::warn("token budget: cannot keep the costs in {} ({}): the next start measures again",
                    path, std::strerror(errno));

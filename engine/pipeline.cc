@@ -252,7 +252,6 @@ void Pipeline::SourceLoop() {
   if (!pin.ok()) spdlog::warn("{}", pin.message());
   ThreadTag tag(this, "source");
   const int consumers = cfg_.consumers;
-  const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size);
   std::vector<StreamCursor> next = start_;
   auto past_end = [&](const StreamCursor& c) {
     return cfg_.source.epochs != 0 && c.epoch >= static_cast<uint32_t>(cfg_.source.epochs);

@@ -249,6 +249,7 @@ class Pipeline {
   std::vector<int64_t> PackRagged(const BatchMemory& memory, uint32_t rows) const;
   std::vector<StageInfo> StageInfos() const;
   Status MeasureCatalog();
+  Status MeasureEntries(const std::vector<bool>& measured, MeasuredCatalog* m);
   // A sample's cost from its outputs: `row(t)` gives tensor t's bytes for the sample.
   SampleCost CostOf(const std::function<const uint8_t*(size_t)>& row) const;
   std::shared_ptr<const EpochPlan> PlanOf(uint32_t epoch) const;

@@ -153,23 +153,22 @@ HostSample SampleHost(const std::map<int, std::string>& thread_stages) {
   return h;
 }
 
-nlohmann::json BuildWindowReport(const WindowSample& a, const WindowSample& b) {
-  const double window_ns = std::max<double>(1, static_cast<double>(b.t_ns - a.t_ns));
-  const double window_s = window_ns / 1e9;
-  const bool replaced = a.pipeline_id != b.pipeline_id;
-  nlohmann::json report = {{"window_s", window_s}, {"pipeline_replaced", replaced}};
+namespace {
 
-  // Threads: the CPU time and faults of those alive at the end, since the start (or since
-  // they started), summed per stage.
+// A stage's threads' CPU time and faults over a window.
+struct PerStage {
+  double cpu_ns = 0, minor = 0, major = 0;
+  int threads = 0;
+};
+
+// Threads: the CPU time and faults of those alive at the end, since the start (or since they
+// started), busiest first; summed per stage into `per_stage`, all faults into `thread_faults`.
+nlohmann::json ThreadReport(const WindowSample& a, const WindowSample& b, double window_ns,
+                            std::map<std::string, PerStage>* per_stage, double* thread_faults) {
+  const double window_s = window_ns / 1e9;
   std::map<int, const ThreadSample*> before;
   for (const ThreadSample& t : a.host.threads) before[t.tid] = &t;
-  struct PerStage {
-    double cpu_ns = 0, minor = 0, major = 0;
-    int threads = 0;
-  };
-  std::map<std::string, PerStage> per_stage;
   nlohmann::json threads = nlohmann::json::array();
-  double thread_faults = 0;
   for (const ThreadSample& t : b.host.threads) {
     auto it = before.find(t.tid);
     const ThreadSample* t0 =
@@ -179,8 +178,8 @@ nlohmann::json BuildWindowReport(const WindowSample& a, const WindowSample& b) {
         static_cast<double>(t.minor_faults - (t0 ? std::min(t0->minor_faults, t.minor_faults) : 0));
     double major =
         static_cast<double>(t.major_faults - (t0 ? std::min(t0->major_faults, t.major_faults) : 0));
-    thread_faults += minor + major;
-    PerStage& s = per_stage[t.stage];
+    *thread_faults += minor + major;
+    PerStage& s = (*per_stage)[t.stage];
     s.cpu_ns += cpu;
     s.minor += minor;
     s.major += major;
@@ -196,8 +195,14 @@ nlohmann::json BuildWindowReport(const WindowSample& a, const WindowSample& b) {
     return x["cpu_share"].template get<double>() > y["cpu_share"].template get<double>();
   });
 
-  // Stages: the difference of their counters. A stage of a pipeline a reload replaced within
-  // the window counts from the new pipeline's start (rings outlive pipelines).
+  return threads;
+}
+
+// Stages: the difference of their counters. A stage of a pipeline a reload replaced within
+// the window counts from the new pipeline's start (rings outlive pipelines).
+nlohmann::json StageReport(const WindowSample& a, const WindowSample& b, double window_ns,
+                           bool replaced, const std::map<std::string, PerStage>& per_stage) {
+  const double window_s = window_ns / 1e9;
   std::map<std::string, const StageSample*> stages_before;
   for (const StageSample& s : a.stages) stages_before[s.name] = &s;
   const StageSample zero;
@@ -226,7 +231,7 @@ nlohmann::json BuildWindowReport(const WindowSample& a, const WindowSample& b) {
       timed += hist[k];
     }
     const double fills = Delta(s.fill_samples, s0.fill_samples);
-    const PerStage& ps = per_stage[s.name];
+    const PerStage& ps = per_stage.count(s.name) ? per_stage.at(s.name) : PerStage{};
     nlohmann::json j = {
         {"name", s.name},
         {"type", s.type},
@@ -257,8 +262,14 @@ nlohmann::json BuildWindowReport(const WindowSample& a, const WindowSample& b) {
         {"major_faults_per_s", ps.major / window_s}};
     stages.push_back(std::move(j));
   }
-  report["stages"] = std::move(stages);
+  return stages;
+}
 
+// The process and the machine: CPU, memory, faults, reads, pressure.
+nlohmann::json HostReport(const WindowSample& a, const WindowSample& b, double window_ns,
+                          const std::map<std::string, PerStage>& per_stage, nlohmann::json threads,
+                          double thread_faults) {
+  const double window_s = window_ns / 1e9;
   const HostSample &h0 = a.host, &h1 = b.host;
   auto rate = [&](uint64_t x1, uint64_t x0) {
     return (static_cast<double>(x1) - static_cast<double>(x0)) / window_s;
@@ -278,24 +289,27 @@ nlohmann::json BuildWindowReport(const WindowSample& a, const WindowSample& b) {
   double idle_cores = h1.cpus - rate(h1.cpu_ns, h0.cpu_ns) / 1e9;
   if (h0.idle_cpu_ns >= 0 && h1.idle_cpu_ns >= h0.idle_cpu_ns)
     idle_cores = std::min(idle_cores, (h1.idle_cpu_ns - h0.idle_cpu_ns) / window_ns);
-  report["host"] = {
-      {"cpus", h1.cpus},
-      {"cpu_cores_used", rate(h1.cpu_ns, h0.cpu_ns) / 1e9},
-      {"idle_cores", std::max(0.0, idle_cores)},
-      {"stage_cpu_cores", stage_cpu},
-      {"threads", std::move(threads)},
-      {"rss_bytes", h1.rss_bytes},
-      {"rss_anon_bytes", h1.rss_anon_bytes},
-      {"rss_growth_bytes_per_s", rate(h1.rss_anon_bytes, h0.rss_anon_bytes)},
-      {"minor_faults_per_s", rate(h1.minor_faults, h0.minor_faults)},
-      {"major_faults_per_s", rate(h1.major_faults, h0.major_faults)},
-      {"thread_faults_per_s", thread_faults / window_s},
-      {"read_bytes_per_s", rate(h1.read_bytes, h0.read_bytes)},
-      {"read_syscalls_per_s", rate(h1.read_syscalls, h0.read_syscalls)},
-      {"storage_read_bytes_per_s", rate(h1.storage_read_bytes, h0.storage_read_bytes)},
-      {"pressure", pressure},
-      {"mem_available_bytes", h1.mem_available_bytes}};
+  return {{"cpus", h1.cpus},
+          {"cpu_cores_used", rate(h1.cpu_ns, h0.cpu_ns) / 1e9},
+          {"idle_cores", std::max(0.0, idle_cores)},
+          {"stage_cpu_cores", stage_cpu},
+          {"threads", std::move(threads)},
+          {"rss_bytes", h1.rss_bytes},
+          {"rss_anon_bytes", h1.rss_anon_bytes},
+          {"rss_growth_bytes_per_s", rate(h1.rss_anon_bytes, h0.rss_anon_bytes)},
+          {"minor_faults_per_s", rate(h1.minor_faults, h0.minor_faults)},
+          {"major_faults_per_s", rate(h1.major_faults, h0.major_faults)},
+          {"thread_faults_per_s", thread_faults / window_s},
+          {"read_bytes_per_s", rate(h1.read_bytes, h0.read_bytes)},
+          {"read_syscalls_per_s", rate(h1.read_syscalls, h0.read_syscalls)},
+          {"storage_read_bytes_per_s", rate(h1.storage_read_bytes, h0.storage_read_bytes)},
+          {"pressure", pressure},
+          {"mem_available_bytes", h1.mem_available_bytes}};
+}
 
+// The trainers: batches taken, time waiting for data, time holding batches.
+nlohmann::json ConsumerReport(const WindowSample& a, const WindowSample& b, double window_ns) {
+  const double window_s = window_ns / 1e9;
   std::map<int, const ConsumerSample*> consumers_before;
   for (const ConsumerSample& c : a.consumers) consumers_before[c.rank] = &c;
   nlohmann::json consumers = nlohmann::json::array();
@@ -319,7 +333,23 @@ nlohmann::json BuildWindowReport(const WindowSample& a, const WindowSample& b) {
          {"taken", c.taken},
          {"slots", c.slots}});
   }
-  report["consumers"] = std::move(consumers);
+  return consumers;
+}
+
+}  // namespace
+
+nlohmann::json BuildWindowReport(const WindowSample& a, const WindowSample& b) {
+  const double window_ns = std::max<double>(1, static_cast<double>(b.t_ns - a.t_ns));
+  const double window_s = window_ns / 1e9;
+  const bool replaced = a.pipeline_id != b.pipeline_id;
+  nlohmann::json report = {{"window_s", window_s}, {"pipeline_replaced", replaced}};
+
+  std::map<std::string, PerStage> per_stage;
+  double thread_faults = 0;
+  nlohmann::json threads = ThreadReport(a, b, window_ns, &per_stage, &thread_faults);
+  report["stages"] = StageReport(a, b, window_ns, replaced, per_stage);
+  report["host"] = HostReport(a, b, window_ns, per_stage, std::move(threads), thread_faults);
+  report["consumers"] = ConsumerReport(a, b, window_ns);
   if (a.storage.remote && b.storage.remote && !replaced)
     report["storage"] = {
         {"read_bytes_per_s", Delta(b.storage.bytes, a.storage.bytes) / window_s},
@@ -329,16 +359,69 @@ nlohmann::json BuildWindowReport(const WindowSample& a, const WindowSample& b) {
   return report;
 }
 
-nlohmann::json Diagnose(const nlohmann::json& r) {
-  auto verdict = [](nlohmann::json stage, const char* kind, std::string evidence,
-                    std::string advice) {
-    return nlohmann::json{{"stage", std::move(stage)},
-                          {"kind", kind},
-                          {"evidence", std::move(evidence)},
-                          {"advice", std::move(advice)}};
-  };
+namespace {
+
+nlohmann::json Verdict(nlohmann::json stage, const char* kind, std::string evidence,
+                       std::string advice) {
+  return nlohmann::json{{"stage", std::move(stage)},
+                        {"kind", kind},
+                        {"evidence", std::move(evidence)},
+                        {"advice", std::move(advice)}};
+}
+
+double Num(const nlohmann::json& j, const char* key) {
+  return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
+}
+
+// Memory: the process grows, or pages, or the host stalls on memory. Null when none does.
+nlohmann::json MemoryVerdict(const nlohmann::json& r) {
   const nlohmann::json& host = r["host"];
   const double window_s = r["window_s"].get<double>();
+  const double growth = Num(host, "rss_growth_bytes_per_s");
+  const double major = Num(host, "major_faults_per_s");
+  const double mem_pressure = Num(host["pressure"], "memory");
+  if ((growth >= kLeakBytesPerS && growth * window_s >= kLeakBytes) || major >= kMajorFaultsPerS ||
+      mem_pressure >= kMemoryPressure) {
+    const nlohmann::json* worst = nullptr;
+    double worst_faults = 0, faults = 0;
+    for (const auto& s : r["stages"]) {
+      double f = Num(s, "minor_faults_per_s") + Num(s, "major_faults_per_s");
+      faults += f;
+      if (f > worst_faults) {
+        worst_faults = f;
+        worst = &s;
+      }
+    }
+    const double thread_faults = std::max(faults, Num(host, "thread_faults_per_s"));
+    const bool named = worst && worst_faults >= 0.5 * thread_faults;
+    std::string who = named ? (*worst)["name"].get<std::string>() : "the daemon";
+    std::string evidence = fmt::format(
+        "memory: RSS grows {}/s ({} in {:.1f}s, now {}), {:.0f} minor and {:.0f} major faults/s",
+        MB(growth), MB(growth * window_s), window_s, MB(Num(host, "rss_bytes")),
+        Num(host, "minor_faults_per_s"), major);
+    if (named)
+      evidence +=
+          fmt::format(", {} of them on {}'s threads", Pct(worst_faults / thread_faults), who);
+    if (mem_pressure > 0) evidence += fmt::format(", memory pressure {}", Pct(mem_pressure));
+    std::string advice =
+        growth > 0 ? fmt::format(
+                         "{} keeps memory it does not give back (a leak or an unbounded "
+                         "cache): at this rate the {} available last {:.0f}s",
+                         who, MB(Num(host, "mem_available_bytes")),
+                         Num(host, "mem_available_bytes") / growth)
+                   : "the host pages: lower ring_slots or batch_size, or free memory on the node";
+    return Verdict(named ? nlohmann::json(who) : nlohmann::json(), "memory", evidence, advice);
+  }
+
+  return nullptr;
+}
+
+// The busiest stage limits the job: on CPU, on memory, or waiting on IO (storage).
+nlohmann::json BusyStageVerdict(const nlohmann::json& r, const nlohmann::json* busiest,
+                                const nlohmann::json* batch, int attached, double wait) {
+  const nlohmann::json& host = r["host"];
+  const double busy = Num(*busiest, "busy_share");
+  const double mem_pressure = Num(host["pressure"], "memory");
   // Remote shards: what waiting for object storage took of the window.
   std::string storage_evidence, storage_advice;
   if (r.contains("storage") && r["storage"]["wait_share"].get<double>() >= 0.1) {
@@ -351,46 +434,69 @@ nlohmann::json Diagnose(const nlohmann::json& r) {
         "; the shards come from object storage: raise source.fetch_concurrency and "
         "prefetch_bytes, or bring the data nearer (a closer bucket, a local copy)";
   }
-  auto num = [](const nlohmann::json& j, const char* key) {
-    return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
-  };
-
-  // Memory: the process grows, or pages, or the host stalls on memory.
-  const double growth = num(host, "rss_growth_bytes_per_s");
-  const double major = num(host, "major_faults_per_s");
-  const double mem_pressure = num(host["pressure"], "memory");
-  if ((growth >= kLeakBytesPerS && growth * window_s >= kLeakBytes) || major >= kMajorFaultsPerS ||
-      mem_pressure >= kMemoryPressure) {
-    const nlohmann::json* worst = nullptr;
-    double worst_faults = 0, faults = 0;
-    for (const auto& s : r["stages"]) {
-      double f = num(s, "minor_faults_per_s") + num(s, "major_faults_per_s");
-      faults += f;
-      if (f > worst_faults) {
-        worst_faults = f;
-        worst = &s;
-      }
-    }
-    const double thread_faults = std::max(faults, num(host, "thread_faults_per_s"));
-    const bool named = worst && worst_faults >= 0.5 * thread_faults;
-    std::string who = named ? (*worst)["name"].get<std::string>() : "the daemon";
-    std::string evidence = fmt::format(
-        "memory: RSS grows {}/s ({} in {:.1f}s, now {}), {:.0f} minor and {:.0f} major faults/s",
-        MB(growth), MB(growth * window_s), window_s, MB(num(host, "rss_bytes")),
-        num(host, "minor_faults_per_s"), major);
-    if (named)
-      evidence +=
-          fmt::format(", {} of them on {}'s threads", Pct(worst_faults / thread_faults), who);
-    if (mem_pressure > 0) evidence += fmt::format(", memory pressure {}", Pct(mem_pressure));
+  const std::string name = (*busiest)["name"].get<std::string>();
+  const int workers = (*busiest)["workers"].get<int>();
+  const double on_cpu = Num(*busiest, "cpu_share_of_busy");
+  const double runq = Num(*busiest, "runnable_share_of_busy");
+  std::string downstream;
+  if (batch && batch != busiest)
+    downstream = fmt::format(", the {} stage starved {}", (*batch)["name"].get<std::string>(),
+                             Pct(Num(*batch, "starved_share")));
+  std::string trainers =
+      attached ? fmt::format("; trainers waited for data {} of the time", Pct(wait)) : "";
+  const std::string workers_text = fmt::format("{} worker{}", workers, workers == 1 ? "" : "s");
+  if (on_cpu + runq >= kOnCpu) {
+    const double idle = host.contains("idle_cores")
+                            ? Num(host, "idle_cores")
+                            : host["cpus"].get<double>() - Num(host, "cpu_cores_used");
     std::string advice =
-        growth > 0 ? fmt::format(
-                         "{} keeps memory it does not give back (a leak or an unbounded "
-                         "cache): at this rate the {} available last {:.0f}s",
-                         who, MB(num(host, "mem_available_bytes")),
-                         num(host, "mem_available_bytes") / growth)
-                   : "the host pages: lower ring_slots or batch_size, or free memory on the node";
-    return verdict(named ? nlohmann::json(who) : nlohmann::json(), "memory", evidence, advice);
+        idle >= 0.8 ? fmt::format("add {} workers ({:.1f} idle cores)", name, idle)
+                    : fmt::format(
+                          "no idle core (the daemon uses {:.1f} of its {}, other work the "
+                          "rest): give it more cores, or less work per item (smaller outputs, "
+                          "max_pixels, dct_scaling)",
+                          Num(host, "cpu_cores_used"), host["cpus"].get<int>());
+    if (runq >= 0.25)
+      advice += fmt::format(
+          "; its threads waited for a CPU {} of their busy time: more "
+          "runnable threads than cores",
+          Pct(runq));
+    return Verdict(name, "cpu",
+                   fmt::format("{} is CPU-bound: {} {} busy, {} of it on CPU ({} waiting for "
+                               "a CPU), its mailbox {} full{}{}",
+                               name, workers_text, Pct(busy), Pct(on_cpu), Pct(runq),
+                               Pct(Num(*busiest, "queue_fill")), downstream, trainers),
+                   advice);
   }
+  const double stage_major = Num(*busiest, "major_faults_per_s");
+  if (stage_major >= kStageMajorFaultsPerS || mem_pressure >= kMemoryPressure)
+    return Verdict(name, "memory",
+                   fmt::format("{} waits on memory: {} {} busy but {} of it on CPU, {:.0f} "
+                               "major faults/s on its threads, memory pressure {}{}{}",
+                               name, workers_text, Pct(busy), Pct(on_cpu), stage_major,
+                               Pct(mem_pressure), downstream, trainers),
+                   "the host pages: free memory on the node, or lower ring_slots, batch_size "
+                   "or the workers' memory per item");
+  std::string io_pressure =
+      host["pressure"]["io"].is_number()
+          ? fmt::format(", IO pressure {}", Pct(host["pressure"]["io"].get<double>()))
+          : "";
+  return Verdict(
+      name, "io",
+      fmt::format("{} is IO-bound: {} {} busy but {} of it on CPU, {}/s read ({:.0f} read "
+                  "calls/s, {}/s from storage){}{}{}{}",
+                  name, workers_text, Pct(busy), Pct(on_cpu), MB(Num(host, "read_bytes_per_s")),
+                  Num(host, "read_syscalls_per_s"), MB(Num(host, "storage_read_bytes_per_s")),
+                  io_pressure, storage_evidence, downstream, trainers),
+      fmt::format("more {} workers (they wait rather than compute, so they need little CPU) "
+                  "or faster storage (local disk, a warm page cache){}",
+                  name, storage_advice));
+}
+
+}  // namespace
+
+nlohmann::json Diagnose(const nlohmann::json& r) {
+  if (nlohmann::json v = MemoryVerdict(r); !v.is_null()) return v;
 
   // The trainers: are they attached, do they wait for data, do they hold batches?
   int attached = 0;
@@ -398,26 +504,26 @@ nlohmann::json Diagnose(const nlohmann::json& r) {
   for (const auto& c : r["consumers"]) {
     if (!c["attached"].get<bool>()) continue;
     ++attached;
-    wait = std::max(wait, num(c, "wait_share"));
-    held += num(c, "held_batches");
-    ready += num(c, "ready_not_taken");
+    wait = std::max(wait, Num(c, "wait_share"));
+    held += Num(c, "held_batches");
+    ready += Num(c, "ready_not_taken");
   }
   double rings_full = 0;
   const nlohmann::json* busiest = nullptr;
   const nlohmann::json* batch = nullptr;  // where every branch's samples go
   for (const auto& s : r["stages"]) {
     if (s["type"] == "ring") {
-      rings_full = std::max(rings_full, num(s, "blocked_share"));
+      rings_full = std::max(rings_full, Num(s, "blocked_share"));
       continue;
     }
     if (s["type"] == "batch") batch = &s;
-    if (!busiest || num(s, "busy_share") > num(*busiest, "busy_share")) busiest = &s;
+    if (!busiest || Num(s, "busy_share") > Num(*busiest, "busy_share")) busiest = &s;
   }
   const double hold_share = attached ? held / attached : 0;
   // Trainers that hold batches most of the time and keep the rings full, or never wait for
   // one: their step time sets the pace.
   if (attached && hold_share >= kHolding && (rings_full >= kRingsFull || wait < kWaiting))
-    return verdict(
+    return Verdict(
         nullptr, "consumer",
         fmt::format("consumer-bound: trainers hold batches {} of the time, the rings were full "
                     "{} of the window ({:.0f} batches ready and not taken), trainers waited "
@@ -428,68 +534,11 @@ nlohmann::json Diagnose(const nlohmann::json& r) {
 
   // A busy stage limits the job only if trainers wait for data (or none is attached yet): one
   // at 80% while trainers never wait is spare capacity, not a bottleneck.
-  const double busy = busiest ? num(*busiest, "busy_share") : 0;
+  const double busy = busiest ? Num(*busiest, "busy_share") : 0;
   const bool saturated = busy >= kSaturatedBusy && (!attached || wait >= kWaiting);
   const bool stalling = attached && wait >= kStallingWait && busy >= kStalledStageBusy;
-  if (busiest && (saturated || stalling)) {
-    const std::string name = (*busiest)["name"].get<std::string>();
-    const int workers = (*busiest)["workers"].get<int>();
-    const double on_cpu = num(*busiest, "cpu_share_of_busy");
-    const double runq = num(*busiest, "runnable_share_of_busy");
-    std::string downstream;
-    if (batch && batch != busiest)
-      downstream = fmt::format(", the {} stage starved {}", (*batch)["name"].get<std::string>(),
-                               Pct(num(*batch, "starved_share")));
-    std::string trainers =
-        attached ? fmt::format("; trainers waited for data {} of the time", Pct(wait)) : "";
-    const std::string workers_text = fmt::format("{} worker{}", workers, workers == 1 ? "" : "s");
-    if (on_cpu + runq >= kOnCpu) {
-      const double idle = host.contains("idle_cores")
-                              ? num(host, "idle_cores")
-                              : host["cpus"].get<double>() - num(host, "cpu_cores_used");
-      std::string advice =
-          idle >= 0.8 ? fmt::format("add {} workers ({:.1f} idle cores)", name, idle)
-                      : fmt::format(
-                            "no idle core (the daemon uses {:.1f} of its {}, other work the "
-                            "rest): give it more cores, or less work per item (smaller outputs, "
-                            "max_pixels, dct_scaling)",
-                            num(host, "cpu_cores_used"), host["cpus"].get<int>());
-      if (runq >= 0.25)
-        advice += fmt::format(
-            "; its threads waited for a CPU {} of their busy time: more "
-            "runnable threads than cores",
-            Pct(runq));
-      return verdict(name, "cpu",
-                     fmt::format("{} is CPU-bound: {} {} busy, {} of it on CPU ({} waiting for "
-                                 "a CPU), its mailbox {} full{}{}",
-                                 name, workers_text, Pct(busy), Pct(on_cpu), Pct(runq),
-                                 Pct(num(*busiest, "queue_fill")), downstream, trainers),
-                     advice);
-    }
-    const double stage_major = num(*busiest, "major_faults_per_s");
-    if (stage_major >= kStageMajorFaultsPerS || mem_pressure >= kMemoryPressure)
-      return verdict(name, "memory",
-                     fmt::format("{} waits on memory: {} {} busy but {} of it on CPU, {:.0f} "
-                                 "major faults/s on its threads, memory pressure {}{}{}",
-                                 name, workers_text, Pct(busy), Pct(on_cpu), stage_major,
-                                 Pct(mem_pressure), downstream, trainers),
-                     "the host pages: free memory on the node, or lower ring_slots, batch_size "
-                     "or the workers' memory per item");
-    std::string io_pressure =
-        host["pressure"]["io"].is_number()
-            ? fmt::format(", IO pressure {}", Pct(host["pressure"]["io"].get<double>()))
-            : "";
-    return verdict(
-        name, "io",
-        fmt::format("{} is IO-bound: {} {} busy but {} of it on CPU, {}/s read ({:.0f} read "
-                    "calls/s, {}/s from storage){}{}{}{}",
-                    name, workers_text, Pct(busy), Pct(on_cpu), MB(num(host, "read_bytes_per_s")),
-                    num(host, "read_syscalls_per_s"), MB(num(host, "storage_read_bytes_per_s")),
-                    io_pressure, storage_evidence, downstream, trainers),
-        fmt::format("more {} workers (they wait rather than compute, so they need little CPU) "
-                    "or faster storage (local disk, a warm page cache){}",
-                    name, storage_advice));
-  }
+  if (busiest && (saturated || stalling))
+    return BusyStageVerdict(r, busiest, batch, attached, wait);
 
   std::string evidence;
   if (!attached)
@@ -504,7 +553,7 @@ nlohmann::json Diagnose(const nlohmann::json& r) {
   if (busiest)
     evidence += fmt::format("; the busiest stage, {}, was busy {}",
                             (*busiest)["name"].get<std::string>(), Pct(busy));
-  return verdict(nullptr, "none", "nothing limits: " + evidence,
+  return Verdict(nullptr, "none", "nothing limits: " + evidence,
                  "nothing to do: mmfeed has spare capacity");
 }
 

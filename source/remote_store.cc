@@ -168,6 +168,47 @@ Status CheckHeaderAt(int fd, uint64_t at, uint64_t data, uint64_t size, const st
   return Status::Ok();
 }
 
+// Sets a reset handle up for one request: the URL, protocols, redirects, timeouts, the
+// callbacks (into `t`), HEAD or a range, and for S3 (`sigv4` not null) SigV4 signing with
+// `userpwd` and the session `token`. Returns the header list, for curl_slist_free_all after.
+curl_slist* SetOptions(CURL* curl, const std::string& url, bool head, const std::string& range,
+                       double timeout_s, Transfer* t, const std::string* sigv4,
+                       const std::string& userpwd, const std::string& token) {
+  curl_easy_reset(curl);
+  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(curl, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 1L);
+  curl_easy_setopt(curl, CURLOPT_MAXREDIRS, 5L);
+  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(timeout_s * 1000));
+  // A transfer that moves nothing for timeout_s is given up (and retried); a slow but moving
+  // one is not, however large the shard.
+  curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
+  curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
+                   std::max(1L, static_cast<long>(std::ceil(timeout_s))));
+  curl_easy_setopt(curl, CURLOPT_FILETIME, 1L);
+  curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, OnHeader);
+  curl_easy_setopt(curl, CURLOPT_HEADERDATA, t);
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnBody);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, t);
+  curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
+  curl_easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, OnProgress);
+  curl_easy_setopt(curl, CURLOPT_XFERINFODATA, t);
+  if (head) curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
+  if (!range.empty()) curl_easy_setopt(curl, CURLOPT_RANGE, range.c_str());
+  curl_slist* headers = nullptr;
+  if (sigv4) {
+    curl_easy_setopt(curl, CURLOPT_AWS_SIGV4, sigv4->c_str());
+    curl_easy_setopt(curl, CURLOPT_USERPWD, userpwd.c_str());
+    headers = curl_slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+    if (!token.empty())
+      headers = curl_slist_append(headers, ("x-amz-security-token: " + token).c_str());
+    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+  }
+  return headers;
+}
+
 }  // namespace
 
 RemoteStore::RemoteStore(const RemoteConfig& cfg) : cfg_(cfg) {}
@@ -289,38 +330,8 @@ Status RemoteStore::Perform(Request* req) {
     if (req->sink) req->sink->Reset();
     Transfer t{&req->info,     req->fd, req->sink,  req->size, &req->written,
                &req->overflow, curl,    &stopping_, !req->head};
-    curl_easy_reset(curl);
-    curl_easy_setopt(curl, CURLOPT_URL, http_url.c_str());
-    curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(curl, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 1L);
-    curl_easy_setopt(curl, CURLOPT_MAXREDIRS, 5L);
-    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(cfg_.timeout_s * 1000));
-    // A transfer that moves nothing for timeout_s is given up (and retried); a slow but moving
-    // one is not, however large the shard.
-    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
-                     std::max(1L, static_cast<long>(std::ceil(cfg_.timeout_s))));
-    curl_easy_setopt(curl, CURLOPT_FILETIME, 1L);
-    curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, OnHeader);
-    curl_easy_setopt(curl, CURLOPT_HEADERDATA, &t);
-    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnBody);
-    curl_easy_setopt(curl, CURLOPT_WRITEDATA, &t);
-    curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
-    curl_easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, OnProgress);
-    curl_easy_setopt(curl, CURLOPT_XFERINFODATA, &t);
-    if (req->head) curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
-    if (req->range) curl_easy_setopt(curl, CURLOPT_RANGE, range.c_str());
-    curl_slist* headers = nullptr;
-    if (s3_) {
-      curl_easy_setopt(curl, CURLOPT_AWS_SIGV4, sigv4.c_str());
-      curl_easy_setopt(curl, CURLOPT_USERPWD, userpwd.c_str());
-      headers = curl_slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
-      if (!s3_token_.empty())
-        headers = curl_slist_append(headers, ("x-amz-security-token: " + s3_token_).c_str());
-      curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-    }
+    curl_slist* headers = SetOptions(curl, http_url, req->head, range, cfg_.timeout_s, &t,
+                                     s3_ ? &sigv4 : nullptr, userpwd, s3_token_);
     requests_.fetch_add(1, std::memory_order_relaxed);
     const CURLcode rc = curl_easy_perform(curl);
     curl_slist_free_all(headers);

@@ -49,6 +49,91 @@ mmfeed::FieldValue Field(const std::string& path, bool memory, std::string* stor
   return f;
 }
 
+// --bench: every file `repeat` times on `workers` threads; one JSON line.
+int Bench(const std::vector<std::string>& files, uint64_t seed, bool memory, int workers,
+          int repeat, const mmfeed::VideoOptions& o, const mmfeed::TensorSpec& spec,
+          mmfeed::KeyframeIndexCache* cache) {
+  std::atomic<size_t> next{0};
+  std::atomic<int64_t> errors{0};
+  std::vector<mmfeed::VideoStats> stats(workers);
+  const size_t total = files.size() * repeat;
+  // Outputs made (and their pages touched) before the clock starts, as the daemon's ring
+  // slots are reused: a 388 MB clip would otherwise time the kernel zeroing pages.
+  std::vector<std::vector<uint8_t>> outputs;
+  for (int w = 0; w < workers; ++w) outputs.emplace_back(spec.NumBytes(), 0);
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      mmfeed::VideoSampler sampler(o, cache);
+      std::vector<uint8_t>& frames = outputs[w];
+      std::vector<uint8_t> mask(o.frames);
+      std::vector<float> pts(o.frames);
+      std::string storage;
+      for (size_t k; (k = next++) < total;) {
+        const std::string& path = files[k % files.size()];
+        mmfeed::Rng rng(seed, k / files.size(), path, "video");
+        auto field = Field(path, memory, &storage);
+        if (!sampler.Sample(field, &rng, frames.data(), pts.data(), mask.data()).ok()) ++errors;
+      }
+      stats[w] = sampler.stats();
+    });
+  }
+  for (auto& t : threads) t.join();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  mmfeed::VideoStats sum;
+  for (const auto& s : stats) sum += s;
+  nlohmann::json j = {{"clips", sum.videos},
+                      {"errors", errors.load()},
+                      {"seconds", secs},
+                      {"clips_per_s", sum.videos / secs},
+                      {"decoded", sum.decoded},
+                      {"sampled", sum.sampled},
+                      {"decoded_per_sampled", sum.DecodedPerSampled()},
+                      {"seeks_per_clip", sum.SeeksPerVideo()},
+                      {"nonref_skippable", sum.skipped}};
+  std::cout << j.dump() << std::endl;
+  return errors.load() ? 1 : 0;
+}
+
+// One JSON line per file (and DIR/<k>.npy with --out).
+int SampleEach(const std::vector<std::string>& files, uint64_t seed, uint32_t epoch, bool memory,
+               const std::string& out_dir, const mmfeed::VideoOptions& o,
+               const mmfeed::TensorSpec& spec, mmfeed::KeyframeIndexCache* cache) {
+  mmfeed::VideoSampler sampler(o, cache);
+  std::vector<uint8_t> frames(spec.NumBytes()), mask(o.frames);
+  std::vector<float> pts(o.frames);
+  std::string storage;
+  int failed = 0;
+  for (size_t k = 0; k < files.size(); ++k) {
+    const mmfeed::VideoStats before = sampler.stats();
+    mmfeed::Rng rng(seed, epoch, files[k], "video");
+    auto field = Field(files[k], memory, &storage);
+    mmfeed::Status s = sampler.Sample(field, &rng, frames.data(), pts.data(), mask.data());
+    nlohmann::json j = {{"path", files[k]}, {"ok", s.ok()}};
+    if (!s.ok()) {
+      j["error"] = s.message();
+      ++failed;
+    } else {
+      j["pts"] = pts;
+      j["mask"] = mask;
+      const mmfeed::VideoStats work = sampler.stats() - before;
+      j["decoded"] = work.decoded;
+      j["seeks"] = work.seeks;
+      if (!out_dir.empty()) {
+        mmfeed::Status w = mmfeed::WriteNpy(out_dir + "/" + std::to_string(k) + ".npy", spec.dtype,
+                                            spec.shape, frames.data(), frames.size());
+        if (!w.ok()) {
+          std::fprintf(stderr, "mmfeed-video: %s\n", w.message().c_str());
+          return 1;
+        }
+      }
+    }
+    std::cout << j.dump() << std::endl;
+  }
+  return failed ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -108,82 +193,6 @@ int main(int argc, char** argv) {
   const auto specs = mmfeed::VideoOutputSpecs("video", o);
   mmfeed::KeyframeIndexCache cache(o.index_cache);
 
-  if (bench) {
-    std::atomic<size_t> next{0};
-    std::atomic<int64_t> errors{0};
-    std::vector<mmfeed::VideoStats> stats(workers);
-    const size_t total = files.size() * repeat;
-    // Outputs made (and their pages touched) before the clock starts, as the daemon's ring
-    // slots are reused: a 388 MB clip would otherwise time the kernel zeroing pages.
-    std::vector<std::vector<uint8_t>> outputs;
-    for (int w = 0; w < workers; ++w) outputs.emplace_back(specs[0].NumBytes(), 0);
-    auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::thread> threads;
-    for (int w = 0; w < workers; ++w) {
-      threads.emplace_back([&, w] {
-        mmfeed::VideoSampler sampler(o, &cache);
-        std::vector<uint8_t>& frames = outputs[w];
-        std::vector<uint8_t> mask(o.frames);
-        std::vector<float> pts(o.frames);
-        std::string storage;
-        for (size_t k; (k = next++) < total;) {
-          const std::string& path = files[k % files.size()];
-          mmfeed::Rng rng(seed, k / files.size(), path, "video");
-          auto field = Field(path, memory, &storage);
-          if (!sampler.Sample(field, &rng, frames.data(), pts.data(), mask.data()).ok()) ++errors;
-        }
-        stats[w] = sampler.stats();
-      });
-    }
-    for (auto& t : threads) t.join();
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    mmfeed::VideoStats sum;
-    for (const auto& s : stats) sum += s;
-    nlohmann::json j = {{"clips", sum.videos},
-                        {"errors", errors.load()},
-                        {"seconds", secs},
-                        {"clips_per_s", sum.videos / secs},
-                        {"decoded", sum.decoded},
-                        {"sampled", sum.sampled},
-                        {"decoded_per_sampled", sum.DecodedPerSampled()},
-                        {"seeks_per_clip", sum.SeeksPerVideo()},
-                        {"nonref_skippable", sum.skipped}};
-    std::cout << j.dump() << std::endl;
-    return errors.load() ? 1 : 0;
-  }
-
-  mmfeed::VideoSampler sampler(o, &cache);
-  std::vector<uint8_t> frames(specs[0].NumBytes()), mask(o.frames);
-  std::vector<float> pts(o.frames);
-  std::string storage;
-  int failed = 0;
-  for (size_t k = 0; k < files.size(); ++k) {
-    const mmfeed::VideoStats before = sampler.stats();
-    mmfeed::Rng rng(seed, epoch, files[k], "video");
-    auto field = Field(files[k], memory, &storage);
-    mmfeed::Status s = sampler.Sample(field, &rng, frames.data(), pts.data(), mask.data());
-    nlohmann::json j = {{"path", files[k]}, {"ok", s.ok()}};
-    if (!s.ok()) {
-      j["error"] = s.message();
-      ++failed;
-    } else {
-      j["pts"] = pts;
-      j["mask"] = mask;
-      const mmfeed::VideoStats work = sampler.stats() - before;
-      j["decoded"] = work.decoded;
-      j["seeks"] = work.seeks;
-      if (!out_dir.empty()) {
-        mmfeed::Status w =
-            mmfeed::WriteNpy(out_dir + "/" + std::to_string(k) + ".npy", specs[0].dtype,
-                             specs[0].shape, frames.data(), frames.size());
-        if (!w.ok()) {
-          std::fprintf(stderr, "mmfeed-video: %s\n", w.message().c_str());
-          return 1;
-        }
-      }
-    }
-    std::cout << j.dump() << std::endl;
-  }
-  return failed ? 1 : 0;
+  if (bench) return Bench(files, seed, memory, workers, repeat, o, specs[0], &cache);
+  return SampleEach(files, seed, epoch, memory, out_dir, o, specs[0], &cache);
 }
