@@ -16,19 +16,6 @@ Result<std::unique_ptr<Pipeline>> BuildOnly(const PipelineConfig& cfg,
   return Pipeline::Create(cfg, sinks);
 }
 
-uint64_t AvailableBytes() {
-  uint64_t avail = MemAvailableBytes();
-  if (avail == 0) avail = UINT64_MAX;  // unknown
-  std::ifstream max("/sys/fs/cgroup/memory.max"), cur("/sys/fs/cgroup/memory.current");
-  std::string limit;
-  uint64_t used = 0;
-  if (max >> limit && limit != "max" && cur >> used) {
-    uint64_t l = std::stoull(limit);
-    avail = std::min(avail, l > used ? l - used : 0);
-  }
-  return avail;
-}
-
 int Supervisor::Run() {
   std::optional<StreamState> saved;
   std::string then_reload;

@@ -63,9 +63,6 @@ class UnusedSink : public BatchSink {
 Result<std::unique_ptr<Pipeline>> BuildOnly(const PipelineConfig& cfg,
                                             std::vector<std::unique_ptr<UnusedSink>>* owned);
 
-// Bytes of memory the daemon may still use: MemAvailable, bounded by the cgroup's limit.
-uint64_t AvailableBytes();
-
 class Supervisor {
  public:
   Supervisor(PipelineConfig cfg, SupervisorOptions opt)

@@ -13,40 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "engine/host_sample.h"
 #include "engine/profile.h"
 
 namespace mmfeed {
-
-struct ThreadSample {
-  int tid = 0;
-  std::string name;   // the thread's name (comm)
-  std::string stage;  // the stage it works for; "" for the daemon's other threads
-  uint64_t cpu_ns = 0, minor_faults = 0, major_faults = 0;
-};
-
-// This process's counters, from /proc/self (zeros where unreadable).
-struct ProcessSample {
-  uint64_t cpu_ns = 0;  // user + system, exited threads included
-  uint64_t rss_bytes = 0, rss_anon_bytes = 0;
-  uint64_t minor_faults = 0, major_faults = 0;
-  uint64_t read_bytes = 0, read_syscalls = 0;  // every read(2) and friends (rchar, syscr)
-  uint64_t storage_read_bytes = 0;             // what reached the block layer (read_bytes)
-};
-ProcessSample SampleProcess();
-
-// /proc/meminfo's MemAvailable (0 where unreadable).
-uint64_t MemAvailableBytes();
-
-struct HostSample : ProcessSample {
-  std::vector<ThreadSample> threads;  // this process's, from /proc/self/task
-  // /proc/pressure/{cpu,io,memory}: "some" total stall time in microseconds; -1 if absent.
-  std::array<double, 3> pressure_us{-1, -1, -1};
-  uint64_t mem_available_bytes = 0;
-  int cpus = 1;             // CPUs this process may run on
-  double idle_cpu_ns = -1;  // the machine's idle CPU time (/proc/stat idle + iowait); -1: unknown
-};
-// `thread_stages`: thread id -> stage (Pipeline::Threads()).
-HostSample SampleHost(const std::map<int, std::string>& thread_stages);
 
 // One rank's ring and trainer. wait_ns and hold_ns are the trainer's own accounting
 // (shm/ring_format.md); they restart at 0 with every attach (generation).
