@@ -69,6 +69,10 @@ int Supervisor::Run() {
     return kExitConfig;
   }
   pipeline_ = std::move(pipeline.value());
+  // What --check refuses is only warned of here: the run counts and skips those samples.
+  Status files =
+      CheckSampleFiles(cfg_, pipeline_->CheckSamplePaths(kCheckedSamples), pipeline_->FileRoots());
+  if (!files.ok()) spdlog::warn("{}", files.message());
   for (auto& s : sinks_) pipeline_->AddProfiledStage(s->info());
   if (!opt_.state_dir.empty()) {
     Status st = LoadState(saved);
@@ -331,16 +335,57 @@ Status CheckMemory(const RingPlan& plan) {
   return Status::Ok();
 }
 
+Status CheckSampleFiles(const PipelineConfig& cfg, const PathCheck& c,
+                        const std::vector<std::string>& roots) {
+  const std::string where =
+      fmt::format("{}:{}:{}", cfg.file, cfg.source.path_mark.line, cfg.source.path_mark.column);
+  const std::string how =
+      c.samples == c.catalog_size
+          ? "all samples"
+          : fmt::format("{} of the {} samples, spread over the catalog", c.samples, c.catalog_size);
+  if (c.outside.count > 0) {
+    std::vector<std::string> in_force, wanted = cfg.data_roots;
+    for (const std::string& r : roots)
+      in_force.push_back(r.size() > 1 && r.back() == '/' ? r.substr(0, r.size() - 1) : r);
+    wanted.insert(wanted.end(), c.suggested_roots.begin(), c.suggested_roots.end());
+    return Status::Invalid(fmt::format(
+        "{}: {} of the {} sample files checked ({}) lie outside the data roots ({}), e.g. {}: "
+        "the daemon opens only files inside them and would skip every such sample. Add this "
+        "line to {} (README, \"data_roots\"):\n  data_roots: [{}]\nor `data_roots: any` to let "
+        "samples name any file the daemon's user can read",
+        where, c.outside.count, c.files, how, fmt::join(in_force, ", "), c.outside.example,
+        cfg.file, fmt::join(wanted, ", ")));
+  }
+  const size_t bad = c.missing.count + c.unreadable.count;
+  if (bad == 0) return Status::Ok();
+  std::string what;
+  if (c.missing.count)
+    what = fmt::format("{} do not exist (e.g. {})", c.missing.count, c.missing.example);
+  if (c.unreadable.count)
+    what += fmt::format("{}{} cannot be read by this user (e.g. {})", what.empty() ? "" : ", ",
+                        c.unreadable.count, c.unreadable.example);
+  const std::string text = fmt::format(
+      "{}: {} of the {} sample files checked ({}): {}; a manifest's relative paths are read "
+      "from its folder",
+      where, bad, c.files, how, what);
+  if (bad == c.files) return Status::Invalid(text + "; no sample could be read");
+  spdlog::warn("{}; those samples will be skipped", text);
+  return Status::Ok();
+}
+
 Result<std::string> CheckPipeline(const PipelineConfig& cfg) {
   std::vector<std::unique_ptr<UnusedSink>> owned;
   MMFEED_ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> p, BuildOnly(cfg, &owned));
   MMFEED_ASSIGN_OR_RETURN(RingPlan plan, PlanRings(cfg));
   MMFEED_RETURN_IF_ERROR(CheckMemory(plan));
+  const PathCheck files = p->CheckSamplePaths(kCheckedSamples);
+  MMFEED_RETURN_IF_ERROR(CheckSampleFiles(cfg, files, p->FileRoots()));
   return fmt::format(
-      "{} stages, {} consumer rank(s), {} batches per rank {}, rings {:.2f} GiB", cfg.stages.size(),
-      cfg.consumers, p->batches_per_epoch(),
+      "{} stages, {} consumer rank(s), {} batches per rank {}, rings {:.2f} GiB, {} sample "
+      "files checked",
+      cfg.stages.size(), cfg.consumers, p->batches_per_epoch(),
       p->budgeted() ? "in epoch 0 (token budget: the count varies by epoch)" : "per epoch",
-      plan.total_bytes / 1073741824.0);
+      plan.total_bytes / 1073741824.0, files.files);
 }
 
 Result<PipelineConfig> LoadDaemonConfig(const std::string& file, const SupervisorOptions& options) {

@@ -13,6 +13,7 @@
 #include "base/tensor.h"
 #include "engine/config.h"
 #include "shm/ring.h"
+#include "source/path_check.h"
 
 namespace mmfeed {
 
@@ -36,6 +37,15 @@ Result<RingPlan> PlanRings(const PipelineConfig& cfg);
 // Refuses rings larger than the memory available (MemAvailable, and the cgroup's memory.max)
 // less a margin: "needs X GiB, Y GiB available".
 Status CheckMemory(const RingPlan& plan);
+
+// What --check (and, as a warning, the start) looks at of the samples' files: this many
+// samples, spread over the catalog.
+constexpr size_t kCheckedSamples = 5000;
+// Refuses files outside the data roots (naming file:line:col, the roots in force and the
+// `data_roots:` line to add) and a sample set none of whose files can be read; warns of
+// missing or unreadable ones. `roots`: the roots in force (Pipeline::FileRoots).
+Status CheckSampleFiles(const PipelineConfig& cfg, const PathCheck& check,
+                        const std::vector<std::string>& roots);
 
 // What `mmfeedd --check` runs: everything the daemon would do before serving (the source's
 // catalog, the stages, the rings' size), without starting anything. Returns a one-line summary.

@@ -33,6 +33,7 @@
 #include "engine/budget.h"
 #include "engine/config.h"
 #include "engine/profile.h"
+#include "source/path_check.h"
 
 namespace mmfeed {
 
@@ -167,6 +168,11 @@ class Pipeline {
   void AddProfiledStage(const StageInfo& info) { extra_infos_.push_back(info); }
   // Remote shards: the store's figures (RemoteStore::Stats); null for local data.
   nlohmann::json StorageStats() const;
+  // The files `max_samples` samples (spread over the catalog; every one when it has fewer)
+  // name: missing, unreadable, or outside the data roots (source/path_check.h). For --check.
+  PathCheck CheckSamplePaths(size_t max_samples) const;
+  // The data roots in force (FilePolicy::roots: real paths ending in '/'; empty: anywhere).
+  const std::vector<std::string>& FileRoots() const;
   nlohmann::json Profile() const;
   // workers: auto: how many of the stage's threads take items from now on (1 to the threads it
   // started, SampleStages()' `threads`); the others finish their item and park. The bytes of

@@ -59,6 +59,13 @@ bool SampleDeadlinePassed() {
   return t_deadline_ns != 0 && static_cast<int64_t>(NowNs()) > t_deadline_ns;
 }
 
+bool InsideRoots(std::string_view real, const std::vector<std::string>& roots) {
+  if (roots.empty()) return true;
+  for (const std::string& root : roots)
+    if (real.substr(0, root.size()) == root) return true;
+  return false;
+}
+
 Result<FieldFile> FieldFile::Open(const FieldValue& field, uint64_t max_bytes) {
   const FilePolicy& policy = t_file_policy ? *t_file_policy : kDefaultFilePolicy;
   if (policy.read_delay_ms > 0)  // an injected fault (faults.read_delay_ms): slow storage
@@ -102,9 +109,7 @@ Result<FieldFile> FieldFile::Open(const FieldValue& field, uint64_t max_bytes) {
     ssize_t n = readlink(fmt::format("/proc/self/fd/{}", f.fd_).c_str(), real, sizeof(real) - 1);
     if (n <= 0) return Status::Io(field.data + ": cannot resolve its real path");
     std::string_view path(real, static_cast<size_t>(n));
-    bool inside = false;
-    for (const std::string& root : policy.roots) inside |= path.substr(0, root.size()) == root;
-    if (!inside)
+    if (!InsideRoots(path, policy.roots))
       return Status::Invalid(
           fmt::format("{}: outside the data roots (it is {})", field.data, path));
   }

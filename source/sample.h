@@ -63,6 +63,9 @@ struct FilePolicy {
   RemoteReader* remote = nullptr;  // reads URL fields; none: they are refused
 };
 
+// Whether the real path `real` lies inside one of `roots` (FilePolicy::roots; empty: anywhere).
+bool InsideRoots(std::string_view real, const std::vector<std::string>& roots);
+
 // Makes `policy` the calling thread's for FieldFile::Open while it lives (the pipeline's
 // workers run every sample under one; elsewhere the defaults above apply, without roots).
 class ScopedFilePolicy {

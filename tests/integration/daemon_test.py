@@ -352,6 +352,87 @@ output: {{ring_slots: {slots}}}
             self.run_mix(lambda i: 1000 <= i < 1600, slots, shuffle="false")
 
 
+class FirstRunTest(DaemonCase):
+    """A new user's traps, caught by --check before anything runs: sample files outside the data
+    roots (absolute paths in a manifest kept elsewhere: the common case), missing files."""
+
+    CONFIG = """pipeline: first-run
+source: {type: manifest, path: manifest.jsonl}
+stages:
+  - {name: image, type: image, field: image, params: {size: [32, 32]}}
+  - {name: batch, type: batch, inputs: [image], params: {batch_size: 4}}
+"""
+
+    def setUp(self):
+        super().setUp()
+        self.data = self.dir / "data" / "coco"
+        self.data.mkdir(parents=True)
+        self.photos = []
+        for p in sorted(PHOTOS.glob("*.jpg"))[:8]:
+            shutil.copy(p, self.data / p.name)
+            self.photos.append(self.data / p.name)
+        self.cfg_dir = self.dir / "home"
+        self.cfg_dir.mkdir()
+        self.cfg = self.cfg_dir / "p.yaml"
+
+    def write(self, paths, extra=""):
+        with open(self.cfg_dir / "manifest.jsonl", "w") as m:
+            for i, p in enumerate(paths):
+                m.write(json.dumps({"id": f"s{i}", "image": str(p)}) + "\n")
+        self.cfg.write_text(self.CONFIG + extra)
+
+    def check(self):
+        return subprocess.run([f"{BIN}/mmfeedd", "--check", str(self.cfg)], capture_output=True, text=True)
+
+    def test_files_outside_the_data_roots_are_refused_with_the_line_that_admits_them(self):
+        self.write(self.photos * 4)
+        p = self.check()
+        self.assertEqual(p.returncode, 2, p.stdout)
+        # Where (the source's path), how many, the roots in force, an example, the line to add.
+        self.assertIn(f"{self.cfg}:2:", p.stderr)
+        self.assertIn("32 of the 32 sample files checked (all samples) lie outside the data roots", p.stderr)
+        self.assertIn(f"({os.path.realpath(self.cfg_dir)})", p.stderr)
+        self.assertIn(str(self.photos[0]), p.stderr)
+        line = re.search(r"^  (data_roots: \[.*\])$", p.stderr, re.M)
+        self.assertIsNotNone(line, p.stderr)
+        self.assertEqual(line.group(1), f"data_roots: [{os.path.realpath(self.data)}]")
+        # The line it names is the fix: with it, --check passes and the daemon feeds every sample.
+        self.write(self.photos * 4, line.group(1) + "\n")
+        p = self.check()
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("32 sample files checked", p.stdout)
+        self.write(self.photos * 4, "data_roots: any\n")
+        self.assertEqual(self.check().returncode, 0)
+
+    def test_roots_spread_over_the_disk_are_suggested_per_folder(self):
+        other = self.dir / "mnt" / "b"
+        other.mkdir(parents=True)
+        shutil.copy(self.photos[0], other / "x.jpg")
+        self.write([self.photos[0], other / "x.jpg"], f"data_roots: [{self.data}]\n")
+        p = self.check()
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("1 of the 2 sample files checked", p.stderr)
+        # The roots already given stay in the suggested line.
+        self.assertIn(f"data_roots: [{self.data}, {os.path.realpath(other)}]", p.stderr)
+
+    def test_missing_files_are_warned_of_and_a_set_with_none_readable_is_refused(self):
+        self.write(self.photos + [self.data / f"gone{i}.jpg" for i in range(3)], "data_roots: any\n")
+        p = self.check()
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("3 of the 11 sample files checked (all samples): 3 do not exist (e.g. ", p.stderr)
+        self.assertIn("gone0.jpg", p.stderr)
+        self.write([self.data / f"gone{i}.jpg" for i in range(5)], "data_roots: any\n")
+        p = self.check()
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("no sample could be read", p.stderr)
+
+    def test_a_large_catalog_is_checked_on_a_spread_of_samples(self):
+        self.write([self.photos[i % 8] for i in range(12000)])
+        p = self.check()
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("5000 of the 5000 sample files checked (5000 of the 12000 samples, spread over the catalog)", p.stderr)
+
+
 class IndexedManifestTest(DaemonCase):
     """source.index: on: the manifest (or each tar shard) is indexed once (into --state-dir), its
     lines parsed as they are dealt; a malformed line is a failed sample, counted with its line
