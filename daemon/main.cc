@@ -8,6 +8,7 @@
 // --allow-faults accepts a config's `faults:` (injected faults for tests of the profile);
 // without it such a config is refused.
 //   mmfeedd --list-stages       print every stage type and its parameters
+//   mmfeedd --schema            print the config's JSON Schema (engine/config_schema.h)
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -18,6 +19,7 @@
 #include "base/malloc_tuning.h"
 #include "daemon/supervisor.h"
 #include "engine/config.h"
+#include "engine/config_schema.h"
 #include "engine/registry.h"
 
 namespace mmfeed {
@@ -27,7 +29,7 @@ constexpr int kExitConfig = 2;
 
 struct Options {
   std::string config, check, log_level = "info";
-  bool list_stages = false;
+  bool list_stages = false, schema = false;
   SupervisorOptions daemon;
 };
 
@@ -37,7 +39,8 @@ struct Options {
       "usage: mmfeedd --config FILE [--socket PATH] [--socket-group GROUP] [--state-dir DIR]\n"
       "               [--drain-timeout SECONDS] [--log-level LEVEL] [--allow-faults]\n"
       "       mmfeedd --check FILE [--allow-faults]\n"
-      "       mmfeedd --list-stages\n");
+      "       mmfeedd --list-stages\n"
+      "       mmfeedd --schema\n");
   std::exit(code);
 }
 
@@ -73,6 +76,8 @@ Options ParseArgs(int argc, char** argv) {
       o.daemon.allow_faults = true;
     else if (a == "--list-stages")
       o.list_stages = true;
+    else if (a == "--schema")
+      o.schema = true;
     else if (a == "--help" || a == "-h")
       Usage(0);
     else {
@@ -80,7 +85,7 @@ Options ParseArgs(int argc, char** argv) {
       Usage(kExitConfig);
     }
   }
-  if (!o.list_stages && o.config.empty() && o.check.empty()) Usage(kExitConfig);
+  if (!o.list_stages && !o.schema && o.config.empty() && o.check.empty()) Usage(kExitConfig);
   return o;
 }
 
@@ -96,6 +101,10 @@ int main(int argc, char** argv) {
   spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
   if (opt.list_stages) {
     std::fputs(Registry::Get().Describe().c_str(), stdout);
+    return 0;
+  }
+  if (opt.schema) {
+    std::printf("%s\n", ConfigSchema().dump(2).c_str());
     return 0;
   }
   std::string file = opt.check.empty() ? opt.config : opt.check;

@@ -268,7 +268,11 @@ std::string Supervisor::MetricsText() {
 
 int Supervisor::Report() {
   nlohmann::json profile = pipeline_->Profile();
+  Status st = pipeline_->status();
+  // A run stopped on an error was limited by that, not by a stage: no bottleneck is named.
+  if (!st.ok()) profile["bottleneck"] = nullptr;
   std::string text = FormatProfile(profile);
+  if (!st.ok()) text += "bottleneck: none named: the run stopped on an error (below)\n";
   uint64_t written = moved_published_, unreleased = 0;
   for (auto& s : sinks_) {
     written += s->ring().published();
@@ -287,7 +291,6 @@ int Supervisor::Report() {
                static_cast<unsigned long>(unreleased),
                static_cast<unsigned long>(errors["total"].get<uint64_t>()),
                static_cast<unsigned long>(profile["samples"]["refilled"].get<uint64_t>()));
-  Status st = pipeline_->status();
   if (!st.ok()) {
     std::fprintf(stderr, "mmfeedd: stopped on error: %s\n", st.message().c_str());
     return pipeline_->stopped_on_unusable_data() ? kExitConfig : 1;

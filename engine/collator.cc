@@ -35,6 +35,20 @@ namespace mmfeed {
 // by (seed, epoch, node, rank, batch index). The draws' outcomes decide the bytes, never
 // their timing: a draw of an entry already known to be bad fails at once, exactly as it
 // would have after decoding. Runs on the batch thread only.
+namespace {
+
+// What to do about the reasons ErrorLog::Summary names, where one is known.
+std::string UnusableDataHint(const std::string& reasons) {
+  if (reasons.find("outside the data roots") != std::string::npos)
+    return ". Files outside the data roots: `mmfeedd --check` on the config names the "
+           "data_roots line to add (README, \"data_roots\")";
+  if (reasons.find("no such file") != std::string::npos)
+    return ". Missing files: a manifest's relative paths are read from its folder";
+  return "";
+}
+
+}  // namespace
+
 class Pipeline::Collator {
  public:
   Collator(Pipeline* p, uint32_t rank, uint64_t first_seq, std::vector<bool>* known_bad)
@@ -183,11 +197,11 @@ class Pipeline::Collator {
         if (!give_up && o.failed_run > limit) {
           give_up = true;
           p_->unusable_data_.store(true, std::memory_order_relaxed);
-          p_->Fail(Status::Corrupt(
-              fmt::format("rank {}, epoch {}, batch {}: {} draws in a row from the rank's {} "
-                          "samples failed; the data has (almost) "
-                          "no usable sample",
-                          rank_, o.batch->epoch, o.batch->index, o.failed_run, p_->per_rank_)));
+          p_->Fail(Status::Corrupt(fmt::format(
+              "rank {}, epoch {}, batch {}: {} draws in a row from the rank's {} samples failed; "
+              "the data has (almost) no usable sample. Why they failed: {}{}",
+              rank_, o.batch->epoch, o.batch->index, o.failed_run, p_->per_rank_,
+              p_->errors_.Summary(), UnusableDataHint(p_->errors_.Summary()))));
         }
         if (give_up) {
           o.holes.push_back(row);

@@ -33,10 +33,24 @@ namespace mmfeed {
 
 void ErrorLog::Add(const std::string& origin, const std::string& stage,
                    const std::string& reason_code, const std::string& message) {
-  spdlog::warn("skipped {} ({}): {}", origin, stage, message);
+  const uint64_t now = NowNs();
   std::lock_guard<std::mutex> lock(mu_);
   ++total_;
-  ++by_reason_[reason_code];
+  Reason& r = reasons_[reason_code];
+  ++r.count;
+  r.latest = fmt::format("{} ({}): {}", origin, stage, message);
+  if (r.logged < kLoggedPerReason) {
+    spdlog::warn("skipped {}", r.latest);
+    if (++r.logged == kLoggedPerReason)
+      spdlog::warn("further samples skipped as {} are counted in one line every {:.0f} s",
+                   reason_code, kSummaryEverySeconds);
+    r.summary_ns = now;
+  } else if (++r.held, now - r.summary_ns >= kSummaryEverySeconds * 1e9) {
+    spdlog::warn("skipped {} more samples ({}) in {:.0f} s, {} in all; the latest: {}", r.held,
+                 reason_code, (now - r.summary_ns) / 1e9, r.count, r.latest);
+    r.held = 0;
+    r.summary_ns = now;
+  }
   if (recent_.size() >= 100) recent_.erase(recent_.begin());
   recent_.push_back(
       {{"origin", origin}, {"stage", stage}, {"reason", reason_code}, {"message", message}});
@@ -44,7 +58,21 @@ void ErrorLog::Add(const std::string& origin, const std::string& stage,
 
 nlohmann::json ErrorLog::ToJson() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return {{"total", total_}, {"by_reason", by_reason_}, {"recent", recent_}};
+  nlohmann::json by_reason = nlohmann::json::object();
+  for (const auto& [code, r] : reasons_) by_reason[code] = r.count;
+  return {{"total", total_}, {"by_reason", by_reason}, {"recent", recent_}};
+}
+
+std::string ErrorLog::Summary(size_t reasons) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<uint64_t, std::string>> order;
+  for (const auto& [code, r] : reasons_) order.push_back({r.count, code});
+  std::sort(order.rbegin(), order.rend());
+  std::string out;
+  for (size_t k = 0; k < order.size() && k < reasons; ++k)
+    out += fmt::format("{}{} {} (latest: {})", out.empty() ? "" : "; ", order[k].first,
+                       order[k].second, reasons_.at(order[k].second).latest);
+  return out;
 }
 
 Pipeline::~Pipeline() {

@@ -88,17 +88,30 @@ class BatchSink {
   virtual void Finish(bool complete) = 0;
 };
 
-// Per-sample errors: counted by reason, the most recent kept with origin and stage.
+// Per-sample errors: counted by reason, the most recent kept with origin and stage. The log
+// names the first kLoggedPerReason skips of each reason one by one, then that reason's further
+// skips in one line every kSummaryEverySeconds (with a count and the latest), never thousands
+// of lines.
 class ErrorLog {
  public:
+  static constexpr uint64_t kLoggedPerReason = 20;
+  static constexpr double kSummaryEverySeconds = 10;
   void Add(const std::string& origin, const std::string& stage, const std::string& reason_code,
            const std::string& message);
   nlohmann::json ToJson() const;
+  // The most frequent reasons, most first, each with its count and latest example:
+  // "200 invalid (latest: a.jpg (image): a.jpg: outside the data roots ...)".
+  std::string Summary(size_t reasons = 3) const;
 
  private:
+  struct Reason {
+    uint64_t count = 0, logged = 0, held = 0;  // held: not logged since the last summary line
+    uint64_t summary_ns = 0;                   // when that line was written
+    std::string latest;
+  };
   mutable std::mutex mu_;
   uint64_t total_ = 0;
-  std::map<std::string, uint64_t> by_reason_;
+  std::map<std::string, Reason> reasons_;
   std::vector<nlohmann::json> recent_;  // bounded
 };
 

@@ -17,7 +17,7 @@ PKGS=(
   libavformat-dev libavcodec-dev libavutil-dev libswscale-dev libswresample-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang clang-format libclang-rt-14-dev
   python3 python3-dev python3-numpy python3-av ffmpeg pybind11-dev python3-torch
-  python3-torchvision python3-pil systemd
+  python3-torchvision python3-pil python3-yaml python3-jsonschema systemd
 )
 bench=0
 cuda=0

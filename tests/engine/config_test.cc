@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include "engine/config_schema.h"
 #include "tests/test_util.h"
 
 namespace mmfeed {
@@ -393,4 +394,37 @@ TEST_F(ConfigTest, NodeRankFromEnvironment) {
 }
 
 }  // namespace
+// Every registered stage type and parameter is in the config's JSON Schema, with its type,
+// default and choices: a parameter the schema lost (or a type it forgot) fails here.
+TEST(ConfigSchemaTest, EveryRegisteredParameterIsInTheSchemaWithItsTypeAndDefault) {
+  const nlohmann::json schema = ConfigSchema();
+  const nlohmann::json& stage = schema["properties"]["stages"]["items"];
+  std::map<std::string, nlohmann::json> params;
+  for (const auto& c : stage["allOf"])
+    params[c["if"]["properties"]["type"]["const"].get<std::string>()] =
+        c["then"]["properties"]["params"]["properties"];
+  const std::vector<std::string> types = Registry::Get().Types();
+  ASSERT_EQ(params.size(), types.size());
+  for (const std::string& type : types) {
+    ASSERT_TRUE(params.count(type)) << type;
+    const StageSchema* s = Registry::Get().Find(type);
+    EXPECT_EQ(params[type].size(), s->params.size()) << type;
+    for (const ParamSpec& p : s->params) {
+      SCOPED_TRACE(type + "." + p.name);
+      ASSERT_TRUE(params[type].contains(p.name));
+      const nlohmann::json& j = params[type][p.name];
+      const char* want = p.type == ParamType::kBool     ? "boolean"
+                         : p.type == ParamType::kInt    ? "integer"
+                         : p.type == ParamType::kFloat  ? "number"
+                         : p.type == ParamType::kString ? "string"
+                                                        : "array";
+      EXPECT_EQ(j["type"], want);
+      EXPECT_EQ(j["description"], p.doc);
+      EXPECT_EQ(j.contains("default"), p.default_value.has_value());
+      if (!p.choices.empty()) EXPECT_EQ(j["enum"], nlohmann::json(p.choices));
+      if (p.list_size) EXPECT_EQ(j["minItems"], p.list_size);
+    }
+  }
+}
+
 }  // namespace mmfeed

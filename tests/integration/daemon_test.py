@@ -426,6 +426,25 @@ stages:
         self.assertEqual(p.returncode, 2)
         self.assertIn("no sample could be read", p.stderr)
 
+    def test_a_run_whose_files_are_all_outside_the_roots_stops_saying_why_and_what_to_do(self):
+        self.write(self.photos * 25)  # 200 samples, every file outside the roots
+        d = Daemon(self.cfg_dir, self.cfg.read_text())
+        c = d.consume(0, "--json")
+        self.assertEqual(d.wait(), 2, d.log())
+        c.kill(), c.wait()
+        log = d.log()
+        self.assertIn("200 of the 200 sample files checked (all samples) lie outside", log)  # at start
+        self.assertRegex(log, r"no usable sample\. Why they failed: \d+ invalid \(latest: \S+manifest\.jsonl:\d+ "
+                              r"\(image\): .*outside the data roots")
+        self.assertIn("`mmfeedd --check` on the config names the data_roots line to add", log)
+        # The profile names no bottleneck for a run stopped on an error.
+        self.assertIn("bottleneck: none named: the run stopped on an error", log)
+        self.assertNotRegex(log, r"bottleneck: image")
+        # Hundreds of skips, but the log names the first 20 one by one and then counts.
+        skips = re.findall(r"skipped \S+manifest\.jsonl:\d+ \(image\)", log)
+        self.assertEqual(len(skips), 20, log[-3000:])
+        self.assertIn("further samples skipped as invalid are counted in one line every 10 s", log)
+
     def test_a_large_catalog_is_checked_on_a_spread_of_samples(self):
         self.write([self.photos[i % 8] for i in range(12000)])
         p = self.check()
