@@ -34,22 +34,28 @@ namespace mmfeed {
 void ErrorLog::Add(const std::string& origin, const std::string& stage,
                    const std::string& reason_code, const std::string& message) {
   const uint64_t now = NowNs();
+  // The file: "manifest.jsonl:12" -> "manifest.jsonl", ".../shard-003.tar:key" -> the shard.
+  const size_t colon = origin.rfind(':');
+  const std::string file = colon == std::string::npos ? origin : origin.substr(0, colon);
   std::lock_guard<std::mutex> lock(mu_);
   ++total_;
   Reason& r = reasons_[reason_code];
   ++r.count;
   r.latest = fmt::format("{} ({}): {}", origin, stage, message);
-  if (r.logged < kLoggedPerReason) {
+  Source& s = sources_[{reason_code, file}];
+  if (s.logged < kLoggedPerSource && logged_ < kLoggedInAll) {
     spdlog::warn("skipped {}", r.latest);
-    if (++r.logged == kLoggedPerReason)
-      spdlog::warn("further samples skipped as {} are counted in one line every {:.0f} s",
-                   reason_code, kSummaryEverySeconds);
-    r.summary_ns = now;
-  } else if (++r.held, now - r.summary_ns >= kSummaryEverySeconds * 1e9) {
-    spdlog::warn("skipped {} more samples ({}) in {:.0f} s, {} in all; the latest: {}", r.held,
-                 reason_code, (now - r.summary_ns) / 1e9, r.count, r.latest);
-    r.held = 0;
-    r.summary_ns = now;
+    ++logged_;
+    if (++s.logged == kLoggedPerSource || logged_ == kLoggedInAll)
+      spdlog::warn("further samples skipped as {} from {} are counted in one line every {:.0f} s",
+                   reason_code, logged_ == kLoggedInAll ? "any file" : file, kSummaryEverySeconds);
+    s.summary_ns = now;
+  } else if (++s.held, now - s.summary_ns >= kSummaryEverySeconds * 1e9) {
+    spdlog::warn("skipped {} more samples ({}) from {} in {:.0f} s, {} {} in all; the latest: {}",
+                 s.held, reason_code, file, (now - s.summary_ns) / 1e9, r.count, reason_code,
+                 r.latest);
+    s.held = 0;
+    s.summary_ns = now;
   }
   if (recent_.size() >= 100) recent_.erase(recent_.begin());
   recent_.push_back(

@@ -89,12 +89,13 @@ class BatchSink {
 };
 
 // Per-sample errors: counted by reason, the most recent kept with origin and stage. The log
-// names the first kLoggedPerReason skips of each reason one by one, then that reason's further
-// skips in one line every kSummaryEverySeconds (with a count and the latest), never thousands
-// of lines.
+// names the first kLoggedPerSource skips of each reason from each source file (a manifest, a
+// shard), at most kLoggedInAll one by one in all; after that a (reason, file)'s further skips
+// are one line every kSummaryEverySeconds with a count and the latest. Never thousands of
+// lines, and a second kind of failure is still named after a first one flooded.
 class ErrorLog {
  public:
-  static constexpr uint64_t kLoggedPerReason = 20;
+  static constexpr uint64_t kLoggedPerSource = 20, kLoggedInAll = 100;
   static constexpr double kSummaryEverySeconds = 10;
   void Add(const std::string& origin, const std::string& stage, const std::string& reason_code,
            const std::string& message);
@@ -105,14 +106,18 @@ class ErrorLog {
 
  private:
   struct Reason {
-    uint64_t count = 0, logged = 0, held = 0;  // held: not logged since the last summary line
-    uint64_t summary_ns = 0;                   // when that line was written
+    uint64_t count = 0;
     std::string latest;
   };
+  struct Source {                   // one reason from one file
+    uint64_t logged = 0, held = 0;  // held: not logged since the last summary line
+    uint64_t summary_ns = 0;        // when that line was written
+  };
   mutable std::mutex mu_;
-  uint64_t total_ = 0;
+  uint64_t total_ = 0, logged_ = 0;
   std::map<std::string, Reason> reasons_;
-  std::vector<nlohmann::json> recent_;  // bounded
+  std::map<std::pair<std::string, std::string>, Source> sources_;  // (reason, file)
+  std::vector<nlohmann::json> recent_;                             // bounded
 };
 
 class Pipeline {

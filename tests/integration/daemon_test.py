@@ -440,10 +440,11 @@ stages:
         # The profile names no bottleneck for a run stopped on an error.
         self.assertIn("bottleneck: none named: the run stopped on an error", log)
         self.assertNotRegex(log, r"bottleneck: image")
-        # Hundreds of skips, but the log names the first 20 one by one and then counts.
+        # Hundreds of skips, but the log names the first 20 from the manifest one by one, then counts.
         skips = re.findall(r"skipped \S+manifest\.jsonl:\d+ \(image\)", log)
         self.assertEqual(len(skips), 20, log[-3000:])
-        self.assertIn("further samples skipped as invalid are counted in one line every 10 s", log)
+        self.assertIn(f"further samples skipped as invalid from {self.cfg_dir}/manifest.jsonl are counted in "
+                      "one line every 10 s", log)
 
     def test_a_large_catalog_is_checked_on_a_spread_of_samples(self):
         self.write([self.photos[i % 8] for i in range(12000)])
