@@ -83,8 +83,13 @@ Result<int> ConnectControl(const std::string& path) {
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     int e = errno;
     ::close(fd);
-    return Status::Unavailable(
-        fmt::format("cannot connect to mmfeedd at {}: {}", path, std::strerror(e)));
+    return Status::Unavailable(fmt::format(
+        "cannot connect to mmfeedd at {}: {}{}", path, std::strerror(e),
+        e == ENOENT || e == ECONNREFUSED
+            ? ". Is mmfeedd running? It listens on its --socket (by default /tmp/mmfeed.sock; "
+              "the systemd service: /run/mmfeed/mmfeed.sock); give the same path here "
+              "(--socket, or MMFEED_SOCKET)"
+            : ""));
   }
   return fd;
 }

@@ -6,6 +6,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <chrono>
@@ -183,6 +184,16 @@ class PyBatch {
   std::shared_ptr<Batch> batch_;
 };
 
+// No socket given and no $MMFEED_SOCKET: the service's socket, else the one mmfeedd uses when
+// started by hand (its --socket default), whichever exists; the service's when neither does.
+std::string DefaultSocket() {
+  for (const char* path : {"/run/mmfeed/mmfeed.sock", "/tmp/mmfeed.sock"}) {
+    struct stat st;
+    if (::stat(path, &st) == 0 && S_ISSOCK(st.st_mode)) return path;
+  }
+  return "/run/mmfeed/mmfeed.sock";
+}
+
 class PyClient {
  public:
   PyClient(py::object socket, py::object rank, py::object resume, double reconnect_s,
@@ -193,7 +204,7 @@ class PyClient {
     else if (const char* s = std::getenv("MMFEED_SOCKET"))
       path = s;
     else
-      path = "/run/mmfeed/mmfeed.sock";
+      path = DefaultSocket();
     int r = 0;
     if (!rank.is_none())
       r = rank.cast<int>();

@@ -197,11 +197,41 @@ class PythonClientTest(dt.DaemonCase):
         self.assertEqual(seqs, list(range(50)), "no gap, no duplicate")
         self.assertEqual(d2.wait(), 0, d2.log())
 
+    def test_without_a_socket_it_finds_a_daemon_started_by_hand(self):
+        """mmfeedd's own default socket is /tmp/mmfeed.sock, the service's /run/mmfeed/mmfeed.sock:
+        Client() with neither given nor $MMFEED_SOCKET set attaches to whichever exists."""
+        if os.path.exists("/run/mmfeed/mmfeed.sock") or os.path.exists("/tmp/mmfeed.sock"):
+            self.skipTest("a daemon's default socket is already there on this machine")
+        make_texts(self.dir, 64)
+        (self.dir / "p.yaml").write_text(self.config(consumers=1))
+        log = open(self.dir / "default.log", "w")
+        d = subprocess.Popen([f"{dt.BIN}/mmfeedd", "--config", str(self.dir / "p.yaml")], stderr=log)
+        try:
+            deadline = time.time() + 20
+            while not dt.serving("/tmp/mmfeed.sock"):
+                self.assertIsNone(d.poll(), (self.dir / "default.log").read_text())
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.02)
+            code = "import mmfeed\nn = 0\nfor b in mmfeed.Client(rank=0):\n    with b:\n        n += len(b.ids)\nprint(n)"
+            env = {k: v for k, v in os.environ.items() if k != "MMFEED_SOCKET"}
+            env["PYTHONPATH"] = PYDIR
+            p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertEqual(int(p.stdout), 64)
+            self.assertEqual(d.wait(60), 0)
+        finally:
+            if d.poll() is None:
+                d.kill()
+                d.wait()
+            log.close()
+
     def test_errors_are_python_exceptions_with_the_daemons_message(self):
         make_texts(self.dir, 64)
         with self.assertRaises(mmfeed.AttachError) as e:
             mmfeed.Client(socket=str(self.dir / "none.sock"), rank=0)
         self.assertIn("cannot connect", str(e.exception))
+        # ... and what to do about it.
+        self.assertIn("Is mmfeedd running? It listens on its --socket (by default /tmp/mmfeed.sock", str(e.exception))
         d = dt.Daemon(self.dir, self.config(consumers=1, epochs=0), extra=("--drain-timeout", "1"))
         with self.assertRaises(mmfeed.AttachError) as e:
             mmfeed.Client(socket=d.socket, rank=3)

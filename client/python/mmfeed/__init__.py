@@ -21,7 +21,8 @@ class Client(_Client):
     """Attaches to mmfeedd for one consumer rank; iterating yields Batch objects until the
     end of the data.
 
-    socket: the daemon's socket (default $MMFEED_SOCKET, then /run/mmfeed/mmfeed.sock).
+    socket: the daemon's socket (default $MMFEED_SOCKET, then /run/mmfeed/mmfeed.sock, the
+        service's, or /tmp/mmfeed.sock, mmfeedd's own default, whichever exists).
     rank: the consumer rank (default $LOCAL_RANK, as torchrun sets it, then 0).
     resume: a cursor (batch.cursor of the last batch finished, or its "seq"): serve the
         batches after it.
