@@ -9,7 +9,9 @@ Result<AttachGrant> Supervisor::Attach(int rank, int pid, int pidfd,
   // A rank a reload removed is still served the batches its ring holds.
   if (rank >= ranks() || (rank >= cfg_.consumers && sinks_[rank]->ring().unreleased() == 0))
     return Status::Invalid(fmt::format(
-        "rank {} out of range: this pipeline has {} consumer rank(s)", rank, cfg_.consumers));
+        "rank {} out of range: this pipeline has {} consumer rank(s), 0 to {} (`consumers:` in "
+        "{} sets how many; each trainer process attaches with its own rank, e.g. $LOCAL_RANK)",
+        rank, cfg_.consumers, cfg_.consumers - 1, cfg_.file));
   Holder& h = holders_[rank];
   if (h.pid) {
     pollfd p{h.pidfd, POLLIN, 0};

@@ -235,6 +235,7 @@ class ContractsTest(dt.DaemonCase):
         d = dt.Daemon(self.dir, self.config())
         out, err = d.consume(2, "--json").communicate(timeout=30)
         self.assertIn("rank 2 out of range: this pipeline has 2 consumer rank(s)", err)
+        self.assertIn(f"0 to 1 (`consumers:` in {self.dir}/p.yaml sets how many", err)
         s, reply, fds = raw_attach(d.socket, 0)
         self.assertTrue(reply["ok"])
         s2, reply2, _ = raw_attach(d.socket, 0)
