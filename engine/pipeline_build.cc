@@ -202,7 +202,8 @@ Status Pipeline::LoadSource(const std::set<std::string>& needed,
     errors_.Add(e.origin, "source", "corrupt", e.reason);
   }
   if (cat.size() == 0)
-    return Status::Invalid(fmt::format("{}: no usable samples", cfg_.source.path));
+    return Status::Invalid(fmt::format("{}: no usable samples{}", cfg_.source.path,
+                                       cat.errors.empty() ? "" : ": " + errors_.Summary()));
   if (cat.size() > UINT32_MAX) return Status::TooLarge("more than 4G samples in one source");
   if (cat.size() / cfg_.source.num_nodes < static_cast<size_t>(cfg_.consumers))
     return Status::Invalid(fmt::format("{} samples cannot be dealt to {} node(s) x {} consumer(s)",

@@ -18,7 +18,9 @@ constexpr const char* kQwenRegex =
 
 Result<std::string> ReadMaybeGzip(const std::string& path) {
   gzFile f = gzopen(path.c_str(), "rb");  // reads plain files as they are
-  if (!f) return Status::NotFound(fmt::format("{}: cannot open tokenizer file", path));
+  if (!f)
+    return Status::NotFound(fmt::format(
+        "{}: cannot open tokenizer file (a relative path is read from the config's folder)", path));
   std::string out;
   char buf[1 << 16];
   int n;

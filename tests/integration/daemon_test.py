@@ -431,7 +431,8 @@ stages:
         d = Daemon(self.cfg_dir, self.cfg.read_text())
         c = d.consume(0, "--json")
         self.assertEqual(d.wait(), 2, d.log())
-        c.kill(), c.wait()
+        c.kill()
+        c.communicate()
         log = d.log()
         self.assertIn("200 of the 200 sample files checked (all samples) lie outside", log)  # at start
         self.assertRegex(log, r"no usable sample\. Why they failed: \d+ invalid \(latest: \S+manifest\.jsonl:\d+ "
@@ -445,6 +446,23 @@ stages:
         self.assertEqual(len(skips), 20, log[-3000:])
         self.assertIn(f"further samples skipped as invalid from {self.cfg_dir}/manifest.jsonl are counted in "
                       "one line every 10 s", log)
+
+    def test_a_field_no_line_has_and_a_misplaced_tokenizer_say_what_is_wrong(self):
+        self.write(self.photos, "data_roots: any\n")
+        self.cfg.write_text(self.cfg.read_text().replace("field: image", "field: picture"))
+        p = self.check()
+        self.assertEqual(p.returncode, 2)
+        self.assertRegex(p.stderr, r"manifest\.jsonl: no usable samples: 8 corrupt \(latest: \S+manifest\.jsonl:8 "
+                                   r"\(source\): missing field 'picture'\)")
+        self.write(self.photos, "data_roots: any\n")
+        self.cfg.write_text(self.cfg.read_text().replace(
+            "  - {name: batch",
+            "  - {name: caption, type: text, field: id, params: {tokenizer: tok/tokenizer.json}}\n  - {name: batch"
+        ).replace("inputs: [image]", "inputs: [image, caption]"))
+        p = self.check()
+        self.assertEqual(p.returncode, 2)
+        self.assertIn(f"{self.cfg_dir}/tok/tokenizer.json: cannot open tokenizer file (a relative path is read from "
+                      "the config's folder)", p.stderr)
 
     def test_a_large_catalog_is_checked_on_a_spread_of_samples(self):
         self.write([self.photos[i % 8] for i in range(12000)])
