@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bash scripts/build.sh
+# Only what the demo runs: not the unit tests, benchmarks or tools (bash scripts/test.sh builds all).
+BUILD_TARGETS="mmfeedd mmfeed-consume" bash scripts/build.sh
 DATA=demo-data
 /usr/bin/python3 scripts/make_dataset.py "$DATA" --count 2048
 cp configs/demo.yaml "$DATA/demo.yaml"
