@@ -97,7 +97,7 @@ T Flag(const Result<T>& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string socket_path = "/tmp/mmfeed.sock", dump, cursor_file;
+  std::string socket_path = mmfeed::kDefaultSocket, dump, cursor_file;
   if (const char* s = std::getenv("MMFEED_SOCKET")) socket_path = s;
   int rank = -1;
   int64_t max_batches = -1, abort_after = -1, hold_ms = 0, pause_ms = 0;

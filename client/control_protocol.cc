@@ -86,9 +86,10 @@ Result<int> ConnectControl(const std::string& path) {
     return Status::Unavailable(fmt::format(
         "cannot connect to mmfeedd at {}: {}{}", path, std::strerror(e),
         e == ENOENT || e == ECONNREFUSED
-            ? ". Is mmfeedd running? It listens on its --socket (by default /tmp/mmfeed.sock; "
-              "the systemd service: /run/mmfeed/mmfeed.sock); give the same path here "
-              "(--socket, or MMFEED_SOCKET)"
+            ? fmt::format(". Is mmfeedd running? It listens on its --socket (by default {}; "
+                          "the systemd service: {}); give the same path here (--socket, or "
+                          "MMFEED_SOCKET)",
+                          kDefaultSocket, kServiceSocket)
             : ""));
   }
   return fd;

@@ -18,6 +18,11 @@
 
 namespace mmfeed {
 
+// Where mmfeedd listens unless told otherwise (--socket), and where the systemd service's
+// listens (daemon/systemd/mmfeed.service.in).
+inline constexpr char kDefaultSocket[] = "/tmp/mmfeed.sock";
+inline constexpr char kServiceSocket[] = "/run/mmfeed/mmfeed.sock";
+
 struct ControlCommand {
   enum class Cmd { kAttach, kStatus, kStop, kReload, kProfile };
   Cmd cmd = Cmd::kStatus;

@@ -2,13 +2,9 @@
 
 #include <fmt/format.h>
 
+#include "base/units.h"
+
 namespace mmfeed {
-namespace {
-
-std::string Pct(double share) { return fmt::format("{:.0f}%", share * 100); }
-std::string MB(double bytes) { return fmt::format("{:.0f} MB", bytes / 1e6); }
-
-}  // namespace
 
 std::string FormatProfile(const nlohmann::json& p) {
   std::string s = fmt::format("{:<12} {:>7} {:>9} {:>7} {:>6} {:>8} {:>8} {:>6} {:>6} {:>7}\n",
@@ -68,26 +64,27 @@ std::string FormatWindowReport(const nlohmann::json& r) {
       "\nhost: {:.2f} of {} cores used; RSS {} ({:+.1f} MB/s); faults {:.0f} minor, "
       "{:.0f} major /s; read {}/s in {:.0f} calls/s ({}/s from storage); "
       "{} available\n",
-      num(h, "cpu_cores_used"), h["cpus"].get<int>(), MB(num(h, "rss_bytes")),
+      num(h, "cpu_cores_used"), h["cpus"].get<int>(), Megabytes(num(h, "rss_bytes")),
       num(h, "rss_growth_bytes_per_s") / 1e6, num(h, "minor_faults_per_s"),
-      num(h, "major_faults_per_s"), MB(num(h, "read_bytes_per_s")), num(h, "read_syscalls_per_s"),
-      MB(num(h, "storage_read_bytes_per_s")), MB(num(h, "mem_available_bytes")));
+      num(h, "major_faults_per_s"), Megabytes(num(h, "read_bytes_per_s")),
+      num(h, "read_syscalls_per_s"), Megabytes(num(h, "storage_read_bytes_per_s")),
+      Megabytes(num(h, "mem_available_bytes")));
   std::string pressure;
   for (const char* k : {"cpu", "io", "memory"})
     if (h["pressure"][k].is_number())
       pressure += fmt::format("{}{} {}", pressure.empty() ? "" : ", ", k,
-                              Pct(h["pressure"][k].get<double>()));
+                              Percent(h["pressure"][k].get<double>()));
   s += fmt::format("pressure (some): {}\n", pressure.empty() ? "not available" : pressure);
   if (r.contains("storage"))
     s += fmt::format("object storage: {}/s fetched, workers waited {:.2f} s/s, {:.0f} retries\n",
-                     MB(num(r["storage"], "read_bytes_per_s")), num(r["storage"], "wait_share"),
-                     num(r["storage"], "retries"));
+                     Megabytes(num(r["storage"], "read_bytes_per_s")),
+                     num(r["storage"], "wait_share"), num(r["storage"], "retries"));
   std::string threads;
   int shown = 0;
   for (const auto& t : h["threads"]) {
     if (shown++ == 8) break;
     threads += fmt::format("{}{} {}", threads.empty() ? "" : ", ", t["name"].get<std::string>(),
-                           Pct(t["cpu_share"].get<double>()));
+                           Percent(t["cpu_share"].get<double>()));
   }
   s += fmt::format("busiest threads: {}\n", threads);
   if (!r["consumers"].empty()) {

@@ -273,7 +273,7 @@ int RunProfile(const std::string& socket_path, int timeout_ms, double seconds,
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string socket_path = "/tmp/mmfeed.sock", cmd, config, trace_file;
+  std::string socket_path = kDefaultSocket, cmd, config, trace_file;
   double seconds = 5;
   if (const char* s = std::getenv("MMFEED_SOCKET")) socket_path = s;
   bool json = false;

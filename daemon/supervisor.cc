@@ -70,8 +70,7 @@ int Supervisor::Run() {
   }
   pipeline_ = std::move(pipeline.value());
   // What --check refuses is only warned of here: the run counts and skips those samples.
-  Status files =
-      CheckSampleFiles(cfg_, pipeline_->CheckSamplePaths(kCheckedSamples), pipeline_->FileRoots());
+  Status files = CheckSampleFiles(cfg_, pipeline_->CheckSamplePaths(kCheckedSamples));
   if (!files.ok()) spdlog::warn("{}", files.message());
   for (auto& s : sinks_) pipeline_->AddProfiledStage(s->info());
   if (!opt_.state_dir.empty()) {
@@ -335,8 +334,7 @@ Status CheckMemory(const RingPlan& plan) {
   return Status::Ok();
 }
 
-Status CheckSampleFiles(const PipelineConfig& cfg, const PathCheck& c,
-                        const std::vector<std::string>& roots) {
+Status CheckSampleFiles(const PipelineConfig& cfg, const PathCheck& c) {
   const std::string where =
       fmt::format("{}:{}:{}", cfg.file, cfg.source.path_mark.line, cfg.source.path_mark.column);
   const std::string how =
@@ -345,7 +343,7 @@ Status CheckSampleFiles(const PipelineConfig& cfg, const PathCheck& c,
           : fmt::format("{} of the {} samples, spread over the catalog", c.samples, c.catalog_size);
   if (c.outside.count > 0) {
     std::vector<std::string> in_force, wanted = cfg.data_roots;
-    for (const std::string& r : roots)
+    for (const std::string& r : c.roots)
       in_force.push_back(r.size() > 1 && r.back() == '/' ? r.substr(0, r.size() - 1) : r);
     wanted.insert(wanted.end(), c.suggested_roots.begin(), c.suggested_roots.end());
     return Status::Invalid(fmt::format(
@@ -379,7 +377,7 @@ Result<std::string> CheckPipeline(const PipelineConfig& cfg) {
   MMFEED_ASSIGN_OR_RETURN(RingPlan plan, PlanRings(cfg));
   MMFEED_RETURN_IF_ERROR(CheckMemory(plan));
   const PathCheck files = p->CheckSamplePaths(kCheckedSamples);
-  MMFEED_RETURN_IF_ERROR(CheckSampleFiles(cfg, files, p->FileRoots()));
+  MMFEED_RETURN_IF_ERROR(CheckSampleFiles(cfg, files));
   return fmt::format(
       "{} stages, {} consumer rank(s), {} batches per rank {}, rings {:.2f} GiB, {} sample "
       "files checked",

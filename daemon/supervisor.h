@@ -11,6 +11,7 @@
 
 #include "base/status.h"
 #include "base/tensor.h"
+#include "client/control_protocol.h"
 #include "engine/config.h"
 #include "shm/ring.h"
 #include "source/path_check.h"
@@ -18,7 +19,7 @@
 namespace mmfeed {
 
 struct SupervisorOptions {
-  std::string socket = "/tmp/mmfeed.sock";
+  std::string socket = kDefaultSocket;
   std::string socket_group;  // members may attach too (socket mode 0660)
   std::string state_dir;     // where acknowledged cursors are kept; empty: nowhere
   double drain_timeout = 30;
@@ -43,9 +44,8 @@ Status CheckMemory(const RingPlan& plan);
 constexpr size_t kCheckedSamples = 5000;
 // Refuses files outside the data roots (naming file:line:col, the roots in force and the
 // `data_roots:` line to add) and a sample set none of whose files can be read; warns of
-// missing or unreadable ones. `roots`: the roots in force (Pipeline::FileRoots).
-Status CheckSampleFiles(const PipelineConfig& cfg, const PathCheck& check,
-                        const std::vector<std::string>& roots);
+// missing or unreadable ones.
+Status CheckSampleFiles(const PipelineConfig& cfg, const PathCheck& check);
 
 // What `mmfeedd --check` runs: everything the daemon would do before serving (the source's
 // catalog, the stages, the rings' size), without starting anything. Returns a one-line summary.

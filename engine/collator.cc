@@ -197,11 +197,12 @@ class Pipeline::Collator {
         if (!give_up && o.failed_run > limit) {
           give_up = true;
           p_->unusable_data_.store(true, std::memory_order_relaxed);
+          const std::string reasons = p_->errors_.Summary();
           p_->Fail(Status::Corrupt(fmt::format(
               "rank {}, epoch {}, batch {}: {} draws in a row from the rank's {} samples failed; "
               "the data has (almost) no usable sample. Why they failed: {}{}",
-              rank_, o.batch->epoch, o.batch->index, o.failed_run, p_->per_rank_,
-              p_->errors_.Summary(), UnusableDataHint(p_->errors_.Summary()))));
+              rank_, o.batch->epoch, o.batch->index, o.failed_run, p_->per_rank_, reasons,
+              UnusableDataHint(reasons))));
         }
         if (give_up) {
           o.holes.push_back(row);

@@ -621,8 +621,6 @@ PathCheck Pipeline::CheckSamplePaths(size_t max_samples) const {
   return CheckCatalogPaths(*catalog_, branches_[0]->files, max_samples);
 }
 
-const std::vector<std::string>& Pipeline::FileRoots() const { return branches_[0]->files.roots; }
-
 nlohmann::json Pipeline::StorageStats() const {
   return catalog_->remote ? catalog_->remote->Stats() : nlohmann::json();
 }

@@ -189,8 +189,6 @@ class Pipeline {
   // The files `max_samples` samples (spread over the catalog; every one when it has fewer)
   // name: missing, unreadable, or outside the data roots (source/path_check.h). For --check.
   PathCheck CheckSamplePaths(size_t max_samples) const;
-  // The data roots in force (FilePolicy::roots: real paths ending in '/'; empty: anywhere).
-  const std::vector<std::string>& FileRoots() const;
   nlohmann::json Profile() const;
   // workers: auto: how many of the stage's threads take items from now on (1 to the threads it
   // started, SampleStages()' `threads`); the others finish their item and park. The bytes of

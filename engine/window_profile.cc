@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "base/units.h"
+
 namespace mmfeed {
 namespace {
 
@@ -35,13 +37,6 @@ double Quantile(const std::array<uint64_t, kLatencyBuckets>& h, uint64_t total, 
   }
   return LatencyBucketNs(kLatencyBuckets - 1);
 }
-
-std::string Pct(double share) { return fmt::format("{:.0f}%", share * 100); }
-std::string MB(double bytes) { return fmt::format("{:.0f} MB", bytes / 1e6); }
-
-}  // namespace
-
-namespace {
 
 // A stage's threads' CPU time and faults over a window.
 struct PerStage {
@@ -285,17 +280,17 @@ nlohmann::json MemoryVerdict(const nlohmann::json& r) {
     std::string who = named ? (*worst)["name"].get<std::string>() : "the daemon";
     std::string evidence = fmt::format(
         "memory: RSS grows {}/s ({} in {:.1f}s, now {}), {:.0f} minor and {:.0f} major faults/s",
-        MB(growth), MB(growth * window_s), window_s, MB(Num(host, "rss_bytes")),
-        Num(host, "minor_faults_per_s"), major);
+        Megabytes(growth), Megabytes(growth * window_s), window_s,
+        Megabytes(Num(host, "rss_bytes")), Num(host, "minor_faults_per_s"), major);
     if (named)
       evidence +=
-          fmt::format(", {} of them on {}'s threads", Pct(worst_faults / thread_faults), who);
-    if (mem_pressure > 0) evidence += fmt::format(", memory pressure {}", Pct(mem_pressure));
+          fmt::format(", {} of them on {}'s threads", Percent(worst_faults / thread_faults), who);
+    if (mem_pressure > 0) evidence += fmt::format(", memory pressure {}", Percent(mem_pressure));
     std::string advice =
         growth > 0 ? fmt::format(
                          "{} keeps memory it does not give back (a leak or an unbounded "
                          "cache): at this rate the {} available last {:.0f}s",
-                         who, MB(Num(host, "mem_available_bytes")),
+                         who, Megabytes(Num(host, "mem_available_bytes")),
                          Num(host, "mem_available_bytes") / growth)
                    : "the host pages: lower ring_slots or batch_size, or free memory on the node";
     return Verdict(named ? nlohmann::json(who) : nlohmann::json(), "memory", evidence, advice);
@@ -316,7 +311,7 @@ nlohmann::json BusyStageVerdict(const nlohmann::json& r, const nlohmann::json* b
     const nlohmann::json& st = r["storage"];
     storage_evidence = fmt::format(
         "; worker threads waited {:.1f} s/s for object storage ({}/s fetched, {:.0f} retries)",
-        st["wait_share"].get<double>(), MB(st["read_bytes_per_s"].get<double>()),
+        st["wait_share"].get<double>(), Megabytes(st["read_bytes_per_s"].get<double>()),
         st["retries"].get<double>());
     storage_advice =
         "; the shards come from object storage: raise source.fetch_concurrency and "
@@ -329,9 +324,9 @@ nlohmann::json BusyStageVerdict(const nlohmann::json& r, const nlohmann::json* b
   std::string downstream;
   if (batch && batch != busiest)
     downstream = fmt::format(", the {} stage starved {}", (*batch)["name"].get<std::string>(),
-                             Pct(Num(*batch, "starved_share")));
+                             Percent(Num(*batch, "starved_share")));
   std::string trainers =
-      attached ? fmt::format("; trainers waited for data {} of the time", Pct(wait)) : "";
+      attached ? fmt::format("; trainers waited for data {} of the time", Percent(wait)) : "";
   const std::string workers_text = fmt::format("{} worker{}", workers, workers == 1 ? "" : "s");
   if (on_cpu + runq >= kOnCpu) {
     const double idle = host.contains("idle_cores")
@@ -348,12 +343,12 @@ nlohmann::json BusyStageVerdict(const nlohmann::json& r, const nlohmann::json* b
       advice += fmt::format(
           "; its threads waited for a CPU {} of their busy time: more "
           "runnable threads than cores",
-          Pct(runq));
+          Percent(runq));
     return Verdict(name, "cpu",
                    fmt::format("{} is CPU-bound: {} {} busy, {} of it on CPU ({} waiting for "
                                "a CPU), its mailbox {} full{}{}",
-                               name, workers_text, Pct(busy), Pct(on_cpu), Pct(runq),
-                               Pct(Num(*busiest, "queue_fill")), downstream, trainers),
+                               name, workers_text, Percent(busy), Percent(on_cpu), Percent(runq),
+                               Percent(Num(*busiest, "queue_fill")), downstream, trainers),
                    advice);
   }
   const double stage_major = Num(*busiest, "major_faults_per_s");
@@ -361,21 +356,22 @@ nlohmann::json BusyStageVerdict(const nlohmann::json& r, const nlohmann::json* b
     return Verdict(name, "memory",
                    fmt::format("{} waits on memory: {} {} busy but {} of it on CPU, {:.0f} "
                                "major faults/s on its threads, memory pressure {}{}{}",
-                               name, workers_text, Pct(busy), Pct(on_cpu), stage_major,
-                               Pct(mem_pressure), downstream, trainers),
+                               name, workers_text, Percent(busy), Percent(on_cpu), stage_major,
+                               Percent(mem_pressure), downstream, trainers),
                    "the host pages: free memory on the node, or lower ring_slots, batch_size "
                    "or the workers' memory per item");
   std::string io_pressure =
       host["pressure"]["io"].is_number()
-          ? fmt::format(", IO pressure {}", Pct(host["pressure"]["io"].get<double>()))
+          ? fmt::format(", IO pressure {}", Percent(host["pressure"]["io"].get<double>()))
           : "";
   return Verdict(
       name, "io",
       fmt::format("{} is IO-bound: {} {} busy but {} of it on CPU, {}/s read ({:.0f} read "
                   "calls/s, {}/s from storage){}{}{}{}",
-                  name, workers_text, Pct(busy), Pct(on_cpu), MB(Num(host, "read_bytes_per_s")),
-                  Num(host, "read_syscalls_per_s"), MB(Num(host, "storage_read_bytes_per_s")),
-                  io_pressure, storage_evidence, downstream, trainers),
+                  name, workers_text, Percent(busy), Percent(on_cpu),
+                  Megabytes(Num(host, "read_bytes_per_s")), Num(host, "read_syscalls_per_s"),
+                  Megabytes(Num(host, "storage_read_bytes_per_s")), io_pressure, storage_evidence,
+                  downstream, trainers),
       fmt::format("more {} workers (they wait rather than compute, so they need little CPU) "
                   "or faster storage (local disk, a warm page cache){}",
                   name, storage_advice));
@@ -416,7 +412,7 @@ nlohmann::json Diagnose(const nlohmann::json& r) {
         fmt::format("consumer-bound: trainers hold batches {} of the time, the rings were full "
                     "{} of the window ({:.0f} batches ready and not taken), trainers waited "
                     "for data {}",
-                    Pct(hold_share), Pct(rings_full), ready, Pct(wait)),
+                    Percent(hold_share), Percent(rings_full), ready, Percent(wait)),
         "the host is not the limit: the trainers' step time is; release each batch as soon as "
         "it is copied to the GPU, or add trainers; mmfeed could do with fewer workers");
 
@@ -435,12 +431,12 @@ nlohmann::json Diagnose(const nlohmann::json& r) {
     evidence = fmt::format(
         "the rings were full {} of the window and trainers take batches "
         "promptly (held {}, waited for data {})",
-        Pct(rings_full), Pct(hold_share), Pct(wait));
+        Percent(rings_full), Percent(hold_share), Percent(wait));
   else
-    evidence = fmt::format("trainers waited for data {} of the time", Pct(wait));
+    evidence = fmt::format("trainers waited for data {} of the time", Percent(wait));
   if (busiest)
     evidence += fmt::format("; the busiest stage, {}, was busy {}",
-                            (*busiest)["name"].get<std::string>(), Pct(busy));
+                            (*busiest)["name"].get<std::string>(), Percent(busy));
   return Verdict(nullptr, "none", "nothing limits: " + evidence,
                  "nothing to do: mmfeed has spare capacity");
 }

@@ -49,6 +49,7 @@ std::vector<std::string> Suggest(const std::set<std::string>& dirs) {
 PathCheck CheckCatalogPaths(const Catalog& catalog, const FilePolicy& policy, size_t max_samples) {
   PathCheck r;
   r.catalog_size = catalog.size();
+  r.roots = policy.roots;
   const size_t n = std::min(r.catalog_size, std::max<size_t>(max_samples, 1));
   std::set<std::string> outside_dirs;
   CatalogEntry read;

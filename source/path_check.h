@@ -23,6 +23,7 @@ struct PathCheck {
     std::string example;  // one file, as the manifest names it, and what is wrong with it
   };
   Problem outside, missing, unreadable;
+  std::vector<std::string> roots;  // the data roots in force (FilePolicy::roots; empty: any)
   // The real folders of the files outside the roots: the data_roots that would admit them
   // (their common folder, or each's top two levels when they share none but /).
   std::vector<std::string> suggested_roots;

@@ -187,11 +187,11 @@ class PyBatch {
 // No socket given and no $MMFEED_SOCKET: the service's socket, else the one mmfeedd uses when
 // started by hand (its --socket default), whichever exists; the service's when neither does.
 std::string DefaultSocket() {
-  for (const char* path : {"/run/mmfeed/mmfeed.sock", "/tmp/mmfeed.sock"}) {
+  for (const char* path : {mmfeed::kServiceSocket, mmfeed::kDefaultSocket}) {
     struct stat st;
     if (::stat(path, &st) == 0 && S_ISSOCK(st.st_mode)) return path;
   }
-  return "/run/mmfeed/mmfeed.sock";
+  return mmfeed::kServiceSocket;
 }
 
 class PyClient {
