@@ -129,7 +129,7 @@ int Supervisor::Run() {
   // The edited config is reloaded once every rank's trainer is back: their cursors, possibly
   // ahead of the saved ones, decide where the epoch boundary of the switch is.
   then_reload_ = then_reload;
-  back_since_start_.assign(cfg_.consumers, false);
+  if (!then_reload_.empty() && unseen_since_restart_.empty()) EveryRankBack();  // started fresh
   Tick();
   io_.run();
   return Exit();

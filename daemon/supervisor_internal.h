@@ -138,6 +138,15 @@ class Supervisor {
   // next, as mmfeed.torch's dataset and to_device do.)
   bool ReadyToSwap();
 
+  // The ranks whose trainer has not attached since the daemon continued from saved cursors,
+  // as a list for messages ("1, 2"); empty when every one is back.
+  std::string UnseenRanks() const;
+
+  // Every rank's trainer attached since the daemon continued from saved cursors: a reload
+  // waiting for them chooses its epoch boundary now, and a restart on an edited config
+  // reloads it.
+  void EveryRankBack();
+
   // The rank's acknowledged cursor: a trainer still draining the ring a reload replaced
   // acknowledges there.
   StreamCursor AckedOf(int r);
@@ -238,6 +247,7 @@ class Supervisor {
     RingPlan plan;
     std::vector<std::unique_ptr<RingSink>> rings;  // empty, or larger rings to move to
     bool at_epoch = false;  // the order or numbering changes: all ranks switch at one epoch
+    bool boundary_deferred = false;  // at_epoch, chosen once every rank's trainer is back
   };
   // Per rank, the ring a reload replaced, until the rank's next attach.
   std::vector<std::unique_ptr<RingSink>> moved_from_;
@@ -281,9 +291,13 @@ class Supervisor {
   uint64_t ring_bytes_ = 0;
   bool draining_ = false;
   bool drain_timed_out_ = false;
+  // Per rank, true while its trainer has not attached since the daemon continued from saved
+  // cursors: the trainer may be past them (the state is written once a tick, a kill loses the
+  // last ones), so an order-changing reload chooses its epoch boundary only once every rank's
+  // trainer is back and has said where it is (EveryRankBack).
+  std::vector<bool> unseen_since_restart_;
   // A restart on an edited config: the file to reload once every rank has attached again.
   std::string then_reload_;
-  std::vector<bool> back_since_start_;
   // A reload building its pipeline (Reload): joinable until its completion ran on the control
   // thread; reload_built_ once the pipeline is built.
   std::thread reload_thread_;

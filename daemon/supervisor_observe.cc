@@ -32,7 +32,10 @@ nlohmann::json Supervisor::StatusJson() {
             {"read_bytes", p.read_bytes},
             {"storage_read_bytes", p.storage_read_bytes}}},
           {"reloads",
-           {{"ok", reloads_ok_}, {"failed", reloads_failed_}, {"pending", pending_ != nullptr}}},
+           {{"ok", reloads_ok_},
+            {"failed", reloads_failed_},
+            {"pending", pending_ != nullptr},
+            {"waiting_for_ranks", pending_ && pending_->boundary_deferred ? UnseenRanks() : ""}}},
           {"state", draining_               ? "draining"
                     : pipeline_->Finished() ? "finished"
                                             : "running"},

@@ -41,7 +41,13 @@ Result<std::shared_ptr<Supervisor::PreparedReload>> Supervisor::PrepareReload(
   if (draining_) return Status::Unavailable("the daemon is draining");
   if (reload_thread_.joinable())
     return Status::Unavailable("the previous reload is still building its pipeline");
-  if (pending_) return Status::Unavailable("the previous reload is waiting for the epoch boundary");
+  if (pending_)
+    return Status::Unavailable(
+        pending_->boundary_deferred
+            ? fmt::format("the previous reload is waiting for the epoch boundary, chosen once the "
+                          "trainers of rank(s) {} are back after the restart",
+                          UnseenRanks())
+            : std::string("the previous reload is waiting for the epoch boundary"));
   if (pipeline_->Finished()) return Status::Closed("the run has ended");
   Result<PipelineConfig> cfg = LoadDaemonConfig(file, opt_);
   if (!cfg.ok()) return cfg.status();
@@ -101,25 +107,33 @@ Result<nlohmann::json> Supervisor::ApplyReload(PreparedReload& p) {
   }
   if (new_metrics) metrics_ = std::move(metrics);
   const bool grow = !p.rings.empty();
+  // After a restart from saved cursors a trainer may be past them: the boundary is the
+  // furthest rank's once every trainer has said where it is.
+  const std::string unseen = at_epoch ? UnseenRanks() : std::string();
   nlohmann::json reply = {
       {"config", p.cfg.file},
       {"changes", p.changes.json},
       {"summary", p.changes.Summary()},
-      {"applied", !at_epoch  ? "now"
-                  : renumber ? "at the next epoch boundary, for every rank at once (the batches "
-                               "per epoch or the ranks change)"
-                             : "at the next epoch boundary"},
+      {"applied", std::string(!at_epoch  ? "now"
+                              : renumber ? "at the next epoch boundary, for every rank at once "
+                                           "(the batches per epoch or the ranks change)"
+                                         : "at the next epoch boundary") +
+                      (unseen.empty() ? ""
+                                      : fmt::format(", chosen once the trainers of rank(s) {} "
+                                                    "are back after the restart",
+                                                    unseen))},
       {"rings", !grow       ? "unchanged"
                 : new_ranks ? fmt::format("re-made for {} consumer rank(s); trainers attach to "
                                           "them by themselves",
                                           p.cfg.consumers)
                             : "re-made larger; trainers attach to them by themselves"}};
-  pending_ = std::make_unique<PendingReload>(PendingReload{
-      std::move(next), std::move(p.cfg), std::move(p.plan), std::move(p.rings), at_epoch});
+  pending_ = std::make_unique<PendingReload>(PendingReload{std::move(next), std::move(p.cfg),
+                                                           std::move(p.plan), std::move(p.rings),
+                                                           at_epoch, !unseen.empty()});
   if (at_epoch) {
     // Every rank switches at one boundary, the furthest rank's next: a rank an epoch behind
     // the others must not make that epoch in another order than they did.
-    pipeline_->QuiesceAtEpochEnd(/*together=*/true);
+    if (unseen.empty()) pipeline_->QuiesceAtEpochEnd(/*together=*/true);
   } else {
     pipeline_->Quiesce();
     pipeline_->Wait();
@@ -137,6 +151,28 @@ bool Supervisor::ReadyToSwap() {
       return false;
   }
   return true;
+}
+
+std::string Supervisor::UnseenRanks() const {
+  std::string out;
+  for (size_t r = 0; r < unseen_since_restart_.size(); ++r)
+    if (unseen_since_restart_[r]) out += fmt::format("{}{}", out.empty() ? "" : ", ", r);
+  return out;
+}
+
+void Supervisor::EveryRankBack() {
+  unseen_since_restart_.clear();
+  if (pending_ && pending_->boundary_deferred) {
+    pending_->boundary_deferred = false;
+    spdlog::info(
+        "every rank's trainer is back after the restart: the pending reload switches at the "
+        "furthest rank's next epoch boundary");
+    pipeline_->QuiesceAtEpochEnd(/*together=*/true);
+  }
+  if (!then_reload_.empty())
+    asio::post(io_, [this, file = std::exchange(then_reload_, std::string())] {
+      Reload(file, [](Result<nlohmann::json>) {});  // logged
+    });
 }
 
 StreamCursor Supervisor::AckedOf(int r) {

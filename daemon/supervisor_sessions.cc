@@ -48,12 +48,9 @@ Result<AttachGrant> Supervisor::Attach(int rank, int pid, int pidfd,
   h = {pid, pidfd >= 0 ? fcntl(pidfd, F_DUPFD_CLOEXEC, 0) : -1, last_generation_, sink};
   spdlog::info("rank {} attached (pid {}, generation {}{})", rank, pid, h.generation,
                sink == sinks_[rank].get() ? "" : ", to the ring a reload replaced");
-  if (!then_reload_.empty() && rank < static_cast<int>(back_since_start_.size())) {
-    back_since_start_[rank] = true;
-    if (std::all_of(back_since_start_.begin(), back_since_start_.end(), [](bool b) { return b; }))
-      asio::post(io_, [this, file = std::exchange(then_reload_, std::string())] {
-        Reload(file, [](Result<nlohmann::json>) {});  // logged
-      });
+  if (rank < static_cast<int>(unseen_since_restart_.size()) && unseen_since_restart_[rank]) {
+    unseen_since_restart_[rank] = false;
+    if (UnseenRanks().empty()) EveryRankBack();
   }
   return AttachGrant{{ring.data_fd(), control},
                      {{"rank", rank},
@@ -72,9 +69,12 @@ Status Supervisor::Resume(int rank, const StreamCursor& c) {
   if (next != c.seq) {
     Status st = pipeline_->Rewind(rank, c.seq);
     if (st.code() == Status::Code::kClosed && ReadyToSwap()) {
-      // The pipeline was handing over at the epoch boundary: its successor serves the rank.
+      // The pipeline was handing over at the epoch boundary: its successor serves the rank,
+      // if the cursor is of its stream (a trainer past the boundary in the old order is
+      // refused, never fed the rest of the epoch in the new one).
       CompleteReload();
-      st = pipeline_->Rewind(rank, c.seq);
+      st = CheckResume(rank, sinks_[rank]->ring(), c);
+      if (st.ok()) st = pipeline_->Rewind(rank, c.seq);
     }
     MMFEED_RETURN_IF_ERROR(st);
   }

@@ -113,6 +113,66 @@ class PositionTest(ReloadCase):
             self.assertEqual([by_seq[k] for k in sorted(by_seq)], want_a[rank][:per] + want_b[rank][per:])
 
 
+    def test_a_reload_after_a_restart_waits_for_trainers_past_the_saved_cursors(self):
+        """The daemon is killed before its state caught up (it is written once a tick): rank
+        1's trainer finished 8 batches, 4 of them in epoch 1, that the saved cursor does not
+        know of. After the restart rank 1's ring (4 slots) fills up to the end of epoch 0, and
+        a new seed is reloaded before that trainer is back: it must not switch at epoch 1 (that
+        fed the trainer the rest of epoch 1 in the new order: ids twice in one epoch); the
+        boundary is chosen once the trainer said where it is, at epoch 2. Found by
+        stateful_test in CI (seed 3)."""
+        a, b = config(epochs=3), config(epochs=3, seed=2)
+        want_a, want_b = self.reference(a, "ref_a"), self.reference(b, "ref_b")
+        per = len(want_a[0]) // 3
+        state, cursors = self.dir / "state", [self.dir / "c0", self.dir / "c1"]
+        d = dt.Daemon(self.dir, a, extra=("--state-dir", str(state)))
+
+        def consume(daemon, rank, life, *args):
+            return daemon.consume(rank, "--json", "--cursor", str(cursors[rank]), "--dump",
+                                  str(self.dir / f"r{rank}_{life}"), *args)
+
+        dt.finish(consume(d, 0, "a", "--batches", "2"))
+        dt.finish(consume(d, 1, "a", "--batches", str(per - 4)))
+        deadline = time.time() + 10
+        while json.loads((state / "cursors.json").read_text())["ranks"][1]["seq"] != per - 4:
+            self.assertLess(time.time(), deadline, "the state did not reach rank 1's cursor")
+            time.sleep(0.02)
+        lagging = (state / "cursors.json").read_bytes()
+        dt.finish(consume(d, 1, "b", "--batches", "8"))  # seqs per-4..per+3, old order
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait()
+        (state / "cursors.json").write_bytes(lagging)  # the kill came before the next write
+
+        d2 = dt.Daemon(self.dir, a, extra=("--state-dir", str(state)))
+        self.assertIn(f"ranks at batch 2 {per - 4}", d2.log())
+        deadline = time.time() + 10  # rank 1's ring filled up to the end of epoch 0
+        while json.loads(d2.ctl("status", "--json").stdout)["consumers"][1]["published"] < 4:
+            self.assertLess(time.time(), deadline, "rank 1's ring did not fill")
+            time.sleep(0.02)
+        (self.dir / "b.yaml").write_text(b)
+        r = d2.ctl("reload", "--config", str(self.dir / "b.yaml"), "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("chosen once the trainers of rank(s) 0, 1 are back", json.loads(r.stdout)["applied"])
+        # Rank 0 finishes epoch 0 before rank 1's trainer is back: with the boundary chosen at
+        # the reload, the old pipeline would have ended there.
+        dt.finish(consume(d2, 0, "b", "--batches", str(per - 2)))
+        status = json.loads(d2.ctl("status", "--json").stdout)
+        self.assertEqual(status["reloads"]["waiting_for_ranks"], "1")
+        cs = [consume(d2, 0, "c", "--reconnect", "60"), consume(d2, 1, "c", "--reconnect", "60")]
+        for c in cs:
+            dt.finish(c, timeout=120)
+        self.assertEqual(d2.wait(), 0, d2.log())
+        self.assertIn("every rank's trainer is back after the restart", d2.log())
+        for rank in (0, 1):
+            by_seq = {}
+            for dump in sorted(self.dir.glob(f"r{rank}_*")):
+                for meta, _ in dt.dumped_batches(dump):
+                    self.assertEqual(by_seq.setdefault(meta["seq"], meta["ids"]), meta["ids"])
+            self.assertEqual(sorted(by_seq), list(range(3 * per)), f"rank {rank}: no gap")
+            self.assertEqual([by_seq[k] for k in sorted(by_seq)], want_a[rank][:2 * per] + want_b[rank][2 * per:],
+                             f"rank {rank}: epochs 0-1 in the old order, 2 in the new one")
+        self.assert_exact_epochs(by_epoch(sorted(self.dir.glob("r[01]_*"))), 3)
+
     def test_a_restart_on_an_edited_config_whose_old_data_is_gone_starts_fresh(self):
         state = self.dir / "state"
         d = dt.Daemon(self.dir, config(epochs=1), extra=("--state-dir", str(state)))

@@ -436,7 +436,15 @@ def check(w):
         got = [i for r in ranks + [extra] for s in sorted(r) if r[s][0] == e for i in r[s][1]]
         dup = len(got) - len(set(got))
         if dup:
-            raise Failure(f"epoch {e}: {dup} id(s) delivered twice (two orders mixed)")
+            # Where each of a few repeated ids was delivered: which rank, which seqs.
+            where = {}
+            for name, r in zip(["rank 0", "rank 1", "rank 2"], ranks + [extra]):
+                for s in sorted(r):
+                    for i in r[s][1]:
+                        if r[s][0] == e and got.count(i) > 1:
+                            where.setdefault(i, []).append(f"{name} seq {s}")
+            first = "; ".join(f"{i}: {', '.join(v)}" for i, v in list(where.items())[:4])
+            raise Failure(f"epoch {e}: {dup} id(s) delivered twice (two orders mixed), e.g. {first}")
         # The epoch is one version of the data (every version has SAMPLES ids), not older than
         # the epoch before's.
         fits = [v for v in range(version, len(w.versions)) if set(got) <= set(w.versions[v])]
