@@ -1,0 +1,185 @@
+#include "source/mixture.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "base/rng.h"
+#include "source/permutation.h"
+
+namespace mmfeed {
+namespace {
+
+using u128 = unsigned __int128;
+
+// Weights and repeats are read as fixed point with six decimals, so that the quotas are exact
+// integer arithmetic, the same on every machine.
+constexpr double kUnits = 1e6;
+
+// `x` as a count of 1e-6 units, or 0 when out of (0, max].
+uint64_t FixedPoint(double x, double max) {
+  if (!std::isfinite(x) || x <= 0 || x > max) return 0;
+  return static_cast<uint64_t>(std::llround(x * kUnits));
+}
+
+// Draws source `q` (quota) of a lane of `len` positions has made after step t.
+uint64_t DrawsAfter(uint64_t t, uint64_t q, uint64_t phase, uint64_t len) {
+  return static_cast<uint64_t>((static_cast<u128>(t) * q + phase) / len);
+}
+
+}  // namespace
+
+Result<Mixture> Mixture::Create(std::vector<MixSource> sources, MixMode mode,
+                                uint64_t samples_per_epoch, uint32_t lanes, uint64_t seed) {
+  if (sources.empty()) return Status::Invalid("a mixture needs at least one source");
+  if (lanes == 0) return Status::Invalid("a mixture needs at least one lane");
+  Mixture m;
+  m.lanes_ = lanes;
+  m.seed_ = seed;
+  uint64_t total_size = 0, units_sum = 0;
+  std::vector<uint64_t> units;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const MixSource& s = sources[i];
+    if (s.size == 0) return Status::Invalid(fmt::format("source {} has no samples", i));
+    total_size += s.size;
+    const bool weighted = mode == MixMode::kWeighted;
+    const uint64_t u = weighted ? FixedPoint(s.weight, 1e12) : FixedPoint(s.repeat, 1e6);
+    if (u == 0)
+      return Status::Invalid(
+          fmt::format("source {}: {} {} is out of range ({} 0.000001 to {})", i,
+                      weighted ? "weight" : "repeat", weighted ? s.weight : s.repeat,
+                      weighted ? "a share from" : "from", weighted ? "1e12" : "1e6"));
+    units.push_back(u);
+    units_sum += u;
+    m.sources_.push_back(Source{s});
+  }
+  if (mode == MixMode::kWeighted) {
+    // Largest remainders: each source's floor, then one more for the largest fractions (the
+    // first source on a tie) until the quotas sum to the epoch.
+    const uint64_t epoch = samples_per_epoch ? samples_per_epoch : total_size;
+    uint64_t given = 0;
+    std::vector<uint64_t> rem(units.size());
+    for (size_t i = 0; i < units.size(); ++i) {
+      const u128 num = static_cast<u128>(epoch) * units[i];
+      m.sources_[i].quota = static_cast<uint64_t>(num / units_sum);
+      rem[i] = static_cast<uint64_t>(num % units_sum);
+      given += m.sources_[i].quota;
+    }
+    for (uint64_t left = epoch - given; left > 0; --left) {
+      size_t best = 0;
+      for (size_t i = 1; i < rem.size(); ++i)
+        if (rem[i] > rem[best]) best = i;
+      ++m.sources_[best].quota;
+      rem[best] = 0;
+    }
+  } else {
+    for (size_t i = 0; i < units.size(); ++i)
+      m.sources_[i].quota = static_cast<uint64_t>(static_cast<u128>(sources[i].size) * units[i] /
+                                                  static_cast<uint64_t>(kUnits));
+  }
+  uint64_t total = 0, extras = 0;
+  for (size_t i = 0; i < m.sources_.size(); ++i) {
+    Source& s = m.sources_[i];
+    if (s.quota == 0)
+      return Status::Invalid(
+          fmt::format("source {} would never be drawn: its {} gives it no sample of an epoch of {} "
+                      "(raise it{})",
+                      i, mode == MixMode::kWeighted ? "weight" : "repeat", total + s.quota,
+                      mode == MixMode::kWeighted ? ", or samples_per_epoch" : ""));
+    total += s.quota;
+    s.base = s.quota / lanes;
+    s.extras = s.quota % lanes;
+    s.start = extras;
+    extras += s.extras;
+  }
+  m.per_lane_ = total / lanes;
+  if (m.per_lane_ == 0)
+    return Status::Invalid(
+        fmt::format("an epoch of {} samples is fewer than the {} consumer rank(s) it is dealt to",
+                    total, lanes));
+  m.used_extras_ = extras / lanes * lanes;
+  for (const Source& s : m.sources_) {
+    const uint64_t used =
+        m.used_extras_ > s.start ? std::min(s.extras, m.used_extras_ - s.start) : 0;
+    m.dealt_.push_back(s.base * lanes + used);
+  }
+  return m;
+}
+
+uint64_t Mixture::ExtraOf(const Source& s, uint32_t lane) const {
+  const uint64_t o = (lane + lanes_ - s.start % lanes_) % lanes_;
+  return o < s.extras && s.start + o < used_extras_ ? o : UINT64_MAX;
+}
+
+uint64_t Mixture::LaneQuota(uint32_t source, uint32_t lane) const {
+  const Source& s = sources_[source];
+  return s.base + (ExtraOf(s, lane) != UINT64_MAX ? 1 : 0);
+}
+
+uint64_t Mixture::Phase(uint32_t epoch, uint32_t lane, uint32_t source) const {
+  Rng rng(seed_ ^ 0x6d69782070686173ull ^ (uint64_t{epoch} * 0x9e3779b97f4a7c15ull) ^
+          (uint64_t{lane} * 0xc2b2ae3d27d4eb4full) ^ (uint64_t{source} * 0x165667b19e3779f9ull));
+  return rng.Next() % per_lane_;
+}
+
+MixDraw Mixture::At(uint32_t epoch, uint32_t lane, uint64_t p) const {
+  const uint64_t len = per_lane_, k = sources_.size();
+  // Per source: the lane's quota and phase (a few dozen sources at most: on the stack would
+  // do, a vector keeps it simple).
+  std::vector<uint64_t> q(k), phase(k);
+  for (uint32_t i = 0; i < k; ++i) {
+    q[i] = LaneQuota(i, lane);
+    phase[i] = Phase(epoch, lane, i);
+  }
+  auto draws = [&](uint64_t t) {
+    uint64_t c = 0;
+    for (uint32_t i = 0; i < k; ++i) c += DrawsAfter(t, q[i], phase[i], len);
+    return c;
+  };
+  // The last step t with draws(t) <= p: t - k < draws(t) < t + k bounds it to [p - k, p + k).
+  uint64_t lo = p >= k ? p - k : 0, hi = std::min(len - 1, p + k - 1);
+  while (lo < hi) {
+    const uint64_t mid = lo + (hi - lo + 1) / 2;
+    if (draws(mid) <= p)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const uint64_t t = lo;
+  uint64_t skip = p - draws(t);
+  MixDraw d;
+  for (uint32_t i = 0; i < k; ++i) {
+    const uint64_t before = DrawsAfter(t, q[i], phase[i], len);
+    if (DrawsAfter(t + 1, q[i], phase[i], len) == before) continue;
+    if (skip-- > 0) continue;
+    const Source& s = sources_[i];
+    // The lane's draw `before` of the source, numbered over the lanes, then over the epochs.
+    const uint64_t in_epoch =
+        before < s.base ? before * lanes_ + lane : s.base * lanes_ + ExtraOf(s, lane);
+    d.source = i;
+    d.draw = uint64_t{epoch} * dealt_[i] + in_epoch;
+    const uint64_t pass = d.draw / s.cfg.size, at = d.draw % s.cfg.size;
+    d.sample = s.cfg.shuffle
+                   ? Permutation(s.cfg.size, Rng(s.cfg.seed, pass, "", "mix pass").Next())(at)
+                   : at;
+    return d;
+  }
+  return d;  // unreachable: draws(t) <= p < draws(t + 1)
+}
+
+std::string Mixture::Describe(const std::vector<std::string>& names) const {
+  std::string out;
+  uint64_t total = 0;
+  for (uint64_t x : dealt_) total += x;
+  for (size_t i = 0; i < sources_.size(); ++i) {
+    const Source& s = sources_[i];
+    out += fmt::format(
+        "  {}: {} samples, {:.2f}% of the stream, {} draws an epoch ({:.3g} passes)\n",
+        i < names.size() ? names[i] : fmt::format("source {}", i), s.cfg.size,
+        100.0 * dealt_[i] / total, dealt_[i], static_cast<double>(dealt_[i]) / s.cfg.size);
+  }
+  out += fmt::format("  an epoch: {} positions per rank x {} rank(s)", per_lane_, lanes_);
+  return out;
+}
+
+}  // namespace mmfeed

@@ -1,0 +1,98 @@
+// Mixture: many sources in one stream, as a pure function of (seed, epoch, lane, position), so
+// that any cursor is reached without replaying anything (issue #30).
+//
+// Quotas. Every epoch each source gets a fixed number of draws: weighted mode apportions
+// `samples_per_epoch` by weight with largest remainders (the quotas sum to it exactly); epochs
+// mode takes `repeat` x the source's size (a fractional repeat takes the next part of the
+// source's order, so successive epochs cover all of it).
+//
+// Lanes. A lane is one consumer rank of one node (lanes = num_nodes x consumers). Each lane
+// gets the same number of positions per epoch; a source's quota is split over the lanes so
+// that lanes differ by at most one draw of it. What cannot be split evenly (fewer than `lanes`
+// draws an epoch) is left out, as a single source leaves out its remainder.
+//
+// Interleave. Within a lane of `len` positions, source i with lane quota q_i has made
+// floor((t * q_i + phase_i) / len) draws after step t (a Beatty sequence with a seeded phase):
+// in any window each source's count is within about (sources x share + 1) of its expected
+// count, and at the epoch's end it is exactly q_i. Position p is at the step t where the
+// draws so far first exceed p, found by a binary search over the 2 x sources steps it can be
+// (draws after step t lie within `sources` of t); the sources that step together are taken in
+// source order.
+//
+// Samples. Source i's draws are numbered over all lanes and epochs: draw d is sample
+// Permutation(size_i, seed of pass d / size_i)(d % size_i) (in order without shuffle), so a
+// source that runs out starts its next pass in a fresh order and no sample repeats within a
+// pass. Position lookup costs O(sources x log sources) and no memory per sample.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace mmfeed {
+
+struct MixSource {
+  uint64_t size = 0;  // the source's samples (its catalog on this node)
+  // weighted mode: a share in proportion to the others' (> 0); epochs mode: draws per epoch as
+  // a multiple of `size` (> 0; 1 = each sample once).
+  double weight = 0;
+  double repeat = 0;
+  bool shuffle = true;
+  uint64_t seed = 0;  // of the source's own order
+};
+
+enum class MixMode { kWeighted, kEpochs };
+
+struct MixDraw {
+  uint32_t source = 0;
+  uint64_t sample = 0;  // index in the source's catalog
+  uint64_t draw = 0;    // the source's draw number over all lanes and epochs
+};
+
+class Mixture {
+ public:
+  // `samples_per_epoch` (weighted mode; 0 = the sum of the sizes) is over all lanes. Refused:
+  // no source, an empty source, a weight or repeat out of range, an epoch smaller than the
+  // lanes.
+  static Result<Mixture> Create(std::vector<MixSource> sources, MixMode mode,
+                                uint64_t samples_per_epoch, uint32_t lanes, uint64_t seed);
+
+  uint32_t lanes() const { return lanes_; }
+  size_t sources() const { return sources_.size(); }
+  // Positions per lane and epoch.
+  uint64_t per_lane() const { return per_lane_; }
+  // Per source, its draws per epoch over all lanes (after the split: what is dealt).
+  const std::vector<uint64_t>& dealt() const { return dealt_; }
+  // Per source, lane `lane`'s draws per epoch.
+  uint64_t LaneQuota(uint32_t source, uint32_t lane) const;
+
+  // What position `p` of lane `lane` in `epoch` draws. REQUIRES: lane < lanes(),
+  // p < per_lane().
+  MixDraw At(uint32_t epoch, uint32_t lane, uint64_t p) const;
+
+  // The plan, one line per source: size, share, draws per epoch, passes per epoch.
+  std::string Describe(const std::vector<std::string>& names) const;
+
+ private:
+  struct Source {
+    MixSource cfg;
+    uint64_t quota = 0;   // draws per epoch over all lanes, before the split
+    uint64_t base = 0;    // every lane's draws per epoch: base or base + 1
+    uint64_t extras = 0;  // lanes with base + 1 (the first `extras` of its run, see ExtraOf)
+    uint64_t start = 0;   // where its extras start in the epoch's sequence of extras
+  };
+  // The slot of source i's extra draw in lane `lane`'s, or UINT64_MAX without one.
+  uint64_t ExtraOf(const Source& s, uint32_t lane) const;
+  uint64_t Phase(uint32_t epoch, uint32_t lane, uint32_t source) const;
+
+  std::vector<Source> sources_;
+  std::vector<uint64_t> dealt_;
+  uint32_t lanes_ = 1;
+  uint64_t per_lane_ = 0;
+  uint64_t used_extras_ = 0;  // extras dealt per epoch (a multiple of lanes_)
+  uint64_t seed_ = 0;
+};
+
+}  // namespace mmfeed
