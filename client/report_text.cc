@@ -26,6 +26,18 @@ std::string FormatProfile(const nlohmann::json& p) {
       line += fmt::format("{}{} {:.4g}", line.empty() ? "" : ", ", k, v.get<double>());
     s += fmt::format("{}: {}\n", st["name"].get<std::string>(), line);
   }
+  if (p.contains("sources")) {  // a mixture: each source's realised share against the plan
+    double total = 0;
+    for (const auto& src : p["sources"]) total += src["samples"].get<double>();
+    std::string line;
+    for (const auto& src : p["sources"])
+      line +=
+          fmt::format("{}{} {} ({}, planned {}, {} failed)", line.empty() ? "" : "; ",
+                      src["name"].get<std::string>(), src["samples"].get<uint64_t>(),
+                      Percent(total > 0 ? src["samples"].get<double>() / total : 0),
+                      Percent(src["planned_share"].get<double>()), src["errors"].get<uint64_t>());
+    s += fmt::format("sources: {}\n", line);
+  }
   if (p.contains("bottleneck") && !p["bottleneck"].is_null())
     s += fmt::format("bottleneck: {} ({}): {}\n", p["bottleneck"]["stage"].get<std::string>(),
                      p["bottleneck"]["kind"].get<std::string>(),

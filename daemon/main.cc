@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", summary.status().message().c_str());
       return kExitConfig;
     }
-    std::printf("%s: ok (%s)\n", file.c_str(), summary->c_str());
+    std::printf("%s: ok %s\n", file.c_str(), summary->c_str());
     return 0;
   }
   return RunSupervisor(std::move(cfg.value()), opt.daemon);

@@ -379,11 +379,12 @@ Result<std::string> CheckPipeline(const PipelineConfig& cfg) {
   const PathCheck files = p->CheckSamplePaths(kCheckedSamples);
   MMFEED_RETURN_IF_ERROR(CheckSampleFiles(cfg, files));
   return fmt::format(
-      "{} stages, {} consumer rank(s), {} batches per rank {}, rings {:.2f} GiB, {} sample "
-      "files checked",
+      "({} stages, {} consumer rank(s), {} batches per rank {}, rings {:.2f} GiB, {} sample "
+      "files checked){}",
       cfg.stages.size(), cfg.consumers, p->batches_per_epoch(),
       p->budgeted() ? "in epoch 0 (token budget: the count varies by epoch)" : "per epoch",
-      plan.total_bytes / 1073741824.0, files.files);
+      plan.total_bytes / 1073741824.0, files.files,
+      cfg.mixed() ? "\nthe mixture, per epoch:\n" + p->MixPlan() : "");
 }
 
 Result<PipelineConfig> LoadDaemonConfig(const std::string& file, const SupervisorOptions& options) {
@@ -391,6 +392,7 @@ Result<PipelineConfig> LoadDaemonConfig(const std::string& file, const Superviso
   if (!cfg.ok()) return cfg;
   MMFEED_RETURN_IF_ERROR(CheckFaultsAllowed(*cfg, options.allow_faults));
   cfg->source.index_dir = options.state_dir;  // manifest indexes live with the cursors
+  for (SourceConfig& s : cfg->sources) s.index_dir = options.state_dir;
   return cfg;
 }
 

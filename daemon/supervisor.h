@@ -48,7 +48,8 @@ constexpr size_t kCheckedSamples = 5000;
 Status CheckSampleFiles(const PipelineConfig& cfg, const PathCheck& check);
 
 // What `mmfeedd --check` runs: everything the daemon would do before serving (the source's
-// catalog, the stages, the rings' size), without starting anything. Returns a one-line summary.
+// catalog, the stages, the rings' size), without starting anything. Returns a summary in
+// parentheses, then for a mixture its plan (Pipeline::MixPlan) on the lines after.
 Result<std::string> CheckPipeline(const PipelineConfig& cfg);
 
 // Runs the daemon until it drained or failed; returns its exit status (0 ok, 1 error or

@@ -279,6 +279,11 @@ class Supervisor {
   };
   std::map<std::string, StageTotals> retired_stages_;  // of pipelines reloads replaced
   std::map<std::string, uint64_t> retired_errors_;
+  // A mixture's per-source counts of pipelines reloads replaced: name -> (samples, errors).
+  std::map<std::string, std::pair<uint64_t, uint64_t>> retired_sources_;
+  // Per source, the counts of every pipeline so far: name -> (samples, errors).
+  std::map<std::string, std::pair<uint64_t, uint64_t>> SourceTotals(
+      const nlohmann::json& profile) const;
   uint64_t watchdog_progress_ = 0;                   // Heartbeat's last sign of life
   std::chrono::steady_clock::time_point status_at_;  // the last STATUS= line, and its count
   uint64_t status_published_ = 0;

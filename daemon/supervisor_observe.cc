@@ -21,6 +21,16 @@ nlohmann::json Supervisor::StatusJson() {
                      {"samples_per_s", rates_[r].per_s}});
   }
   const ProcessSample p = SampleProcess();
+  nlohmann::json profile = pipeline_->Profile();
+  // A mixture: per source, what it gave since the start (over reloads) and its planned share.
+  nlohmann::json sources = nlohmann::json::array();
+  for (const auto& [name, n] : SourceTotals(profile)) {
+    nlohmann::json s = {{"name", name}, {"samples", n.first}, {"errors", n.second}};
+    if (profile.contains("sources"))
+      for (const auto& now : profile["sources"])
+        if (now["name"] == name) s["planned_share"] = now["planned_share"];
+    sources.push_back(std::move(s));
+  }
   return {{"pipeline", cfg_.name},
           {"config", cfg_.file},
           {"config_hash", config_hash_},
@@ -47,7 +57,8 @@ nlohmann::json Supervisor::StatusJson() {
             {"numa_node", cfg_.placement.numa_node}}},
           {"placement", pipeline_->PlacementJson()},
           {"workers", WorkersJson()},
-          {"profile", pipeline_->Profile()}};
+          {"sources", std::move(sources)},
+          {"profile", std::move(profile)}};
 }
 
 WindowSample Supervisor::SampleWindow() {
@@ -181,6 +192,19 @@ void Supervisor::Retire(const nlohmann::json& profile) {
   }
   for (const auto& [reason, n] : profile["errors"]["by_reason"].items())
     retired_errors_[reason] += n.get<uint64_t>();
+  retired_sources_ = SourceTotals(profile);
+}
+
+std::map<std::string, std::pair<uint64_t, uint64_t>> Supervisor::SourceTotals(
+    const nlohmann::json& profile) const {
+  auto totals = retired_sources_;
+  if (profile.contains("sources"))
+    for (const auto& s : profile["sources"]) {
+      auto& [samples, errors] = totals[s["name"].get<std::string>()];
+      samples += s["samples"].get<uint64_t>();
+      errors += s["errors"].get<uint64_t>();
+    }
+  return totals;
 }
 
 std::string Supervisor::MetricsText() {
@@ -263,6 +287,15 @@ std::string Supervisor::MetricsText() {
   t.Sample("mmfeed_read_bytes_total", {{"source", "all"}}, static_cast<double>(p.read_bytes));
   t.Sample("mmfeed_read_bytes_total", {{"source", "storage"}},
            static_cast<double>(p.storage_read_bytes));
+  if (const auto sources = SourceTotals(profile); !sources.empty()) {
+    t.Family("mmfeed_source_samples_total", "counter",
+             "A mixture's samples committed in batches, by source.");
+    for (const auto& [name, n] : sources)
+      t.Sample("mmfeed_source_samples_total", {{"source", name}}, static_cast<double>(n.first));
+    t.Family("mmfeed_source_errors_total", "counter", "A mixture's failed samples, by source.");
+    for (const auto& [name, n] : sources)
+      t.Sample("mmfeed_source_errors_total", {{"source", name}}, static_cast<double>(n.second));
+  }
   t.Family("mmfeed_reloads_total", "counter", "Config reloads, applied or refused.");
   t.Sample("mmfeed_reloads_total", {{"result", "ok"}}, static_cast<double>(reloads_ok_));
   t.Sample("mmfeed_reloads_total", {{"result", "refused"}}, static_cast<double>(reloads_failed_));

@@ -167,7 +167,7 @@ void SplitFullest(const std::vector<SampleCost>& stream, const BatchBudget& budg
 
 EpochPlan PlanEpoch(const std::vector<SampleCost>& costs, const SourceConfig& source,
                     uint32_t epoch, int consumers, uint64_t per_rank, const BatchBudget& budget,
-                    bool with_ranks) {
+                    bool with_ranks, const Catalog* catalog) {
   EpochPlan plan;
   // Stream (node, rank)'s usable samples in order: their positions in the share and costs.
   std::vector<uint32_t> positions;
@@ -187,7 +187,8 @@ EpochPlan PlanEpoch(const std::vector<SampleCost>& costs, const SourceConfig& so
   for (int node = 0; node < source.num_nodes; ++node) {
     SourceConfig s = source;
     s.node_rank = node;
-    const EpochOrder order(costs.size(), s, epoch, consumers);
+    const EpochOrder order = catalog ? EpochOrder(*catalog, s, epoch, consumers)
+                                     : EpochOrder(costs.size(), s, epoch, consumers);
     for (int r = 0; r < consumers; ++r) {
       gather(order, r);
       std::vector<uint32_t> starts = PackGreedy(stream, budget);

@@ -65,9 +65,13 @@ struct EpochPlan {
 
 // `costs` by catalog entry; `per_rank` samples in each stream. `with_ranks`: also this node's
 // rank plans (else only K).
+struct Catalog;
+
+// `catalog`: a mixture's, whose EpochOrder deals by its Mixture (nullptr: a permutation of
+// costs.size() samples).
 EpochPlan PlanEpoch(const std::vector<SampleCost>& costs, const SourceConfig& source,
                     uint32_t epoch, int consumers, uint64_t per_rank, const BatchBudget& budget,
-                    bool with_ranks);
+                    bool with_ranks, const Catalog* catalog = nullptr);
 
 // What measuring a catalog found: every entry's cost (kUnusable where measuring failed) and
 // the failures, by entry. Kept in a file for indexed sources (large ones), so that later starts

@@ -79,6 +79,7 @@ class Pipeline::Collator {
     }
     if (status.ok()) {
       o.ids[s.row] = e.id;
+      o.entries[s.row] = s.entry;
       if (s.refill) {
         p_->refills_ok_.fetch_add(1, std::memory_order_relaxed);
         o.failed_run = 0;
@@ -87,6 +88,7 @@ class Pipeline::Collator {
       o.holes.push_back(s.row);  // not the sample's fault: never counted (the pipeline stops)
     } else {
       (*known_bad_)[s.entry] = true;
+      if (p_->source_counts_) p_->CountsOf(s.entry).errors.fetch_add(1, std::memory_order_relaxed);
       if (p_->budgeted()) {  // its cost leaves the batch with it
         o.tokens -= p_->costs_[s.entry].tokens;
         o.patches -= p_->costs_[s.entry].patches;
@@ -157,8 +159,9 @@ class Pipeline::Collator {
   struct Open {
     std::shared_ptr<const Provisional> batch;
     std::vector<std::string> ids;
-    std::vector<int> holes;  // rows whose sample failed, not yet redrawn
-    int outstanding = 0;     // samples dispatched and not yet resolved
+    std::vector<uint32_t> entries;  // each row's catalog entry
+    std::vector<int> holes;         // rows whose sample failed, not yet redrawn
+    int outstanding = 0;            // samples dispatched and not yet resolved
     Rng draws{0};
     uint64_t failed_run = 0;  // refill draws that failed since the last good one
     // A token budget: the costs of the batch's samples (failed ones left out), refill draws
@@ -176,6 +179,7 @@ class Pipeline::Collator {
     Open& o = open_[{b->gen, b->seq}];
     o.batch = b;
     o.ids.resize(b->rows);
+    o.entries.resize(b->rows);
     o.outstanding = b->rows;
     o.tokens = b->tokens;
     o.patches = b->patches;
@@ -245,6 +249,10 @@ class Pipeline::Collator {
     info.rank = rank_;
     info.seq = f.batch->seq;
     info.epoch = f.batch->epoch;
+    if (p_->source_counts_)  // a mixture: what each source gave, rows left out excepted
+      for (int row = 0; row < f.batch->rows; ++row)
+        if (std::find(f.dropped.begin(), f.dropped.end(), row) == f.dropped.end())
+          p_->CountsOf(f.entries[row]).samples.fetch_add(1, std::memory_order_relaxed);
     if (!f.dropped.empty()) DropRows(f);
     info.rows = static_cast<uint32_t>(f.batch->rows - f.dropped.size());
     info.ids = std::move(f.ids);

@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "base/rng.h"
 #include "source/brace.h"
 
 namespace mmfeed {
@@ -150,11 +151,43 @@ int EnvInt(const char* name, int fallback) {
   return static_cast<int>(x);
 }
 
-SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir) {
-  CheckKeys(n, "source",
-            {"type", "path", "shuffle", "seed", "epochs", "node_rank", "num_nodes", "fields",
-             "max_bytes", "index", "shuffle_window", "prefetch_bytes", "fetch_concurrency",
-             "fetch_retries", "fetch_timeout_s", "max_shard_bytes", "s3"});
+// This node's share: `node_rank` and `num_nodes` of `n` (source: or mix:), else NODE_RANK and
+// NUM_NODES.
+void ParseNodeShare(const YAML::Node& n, const std::string& what, SourceConfig* s) {
+  s->node_rank = EnvInt("NODE_RANK", 0);
+  s->num_nodes = EnvInt("NUM_NODES", 1);
+  if (n["node_rank"])
+    s->node_rank = static_cast<int>(IntAtLeast(n["node_rank"], what + ".node_rank", 0));
+  if (n["num_nodes"])
+    s->num_nodes = static_cast<int>(IntAtLeast(n["num_nodes"], what + ".num_nodes", 1));
+  if (s->num_nodes < 1) s->num_nodes = 1;
+  if (s->node_rank >= s->num_nodes)
+    Fail(n["node_rank"] ? n["node_rank"] : n,
+         fmt::format("node_rank {} must be below num_nodes {}", s->node_rank, s->num_nodes));
+}
+
+// `source:`, or one of `sources:` (in_mix: a name and a share; the order's epochs and the
+// node's share are the mix's).
+SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir, bool in_mix = false) {
+  std::vector<std::string> keys = {"type",
+                                   "path",
+                                   "shuffle",
+                                   "seed",
+                                   "fields",
+                                   "max_bytes",
+                                   "index",
+                                   "shuffle_window",
+                                   "prefetch_bytes",
+                                   "fetch_concurrency",
+                                   "fetch_retries",
+                                   "fetch_timeout_s",
+                                   "max_shard_bytes",
+                                   "s3"};
+  for (const char* k : in_mix ? std::vector<const char*>{"name", "weight", "repeat"}
+                              : std::vector<const char*>{"epochs", "node_rank", "num_nodes"})
+    keys.push_back(k);
+  CheckKeys(n, in_mix ? "a source of 'sources' (epochs and the node's share are mix's)" : "source",
+            keys);
   SourceConfig s;
   if (!n["type"]) Fail(n, "source needs a 'type' (manifest or webdataset)");
   s.type = Str(n["type"], "source.type");
@@ -220,21 +253,22 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir) {
     if (s.index != "auto" && s.index != "on" && s.index != "off")
       Fail(n["index"], fmt::format("source.index must be auto, on or off, not '{}'", s.index));
   }
-  s.node_rank = EnvInt("NODE_RANK", 0);
-  s.num_nodes = EnvInt("NUM_NODES", 1);
-  if (n["node_rank"])
-    s.node_rank = static_cast<int>(IntAtLeast(n["node_rank"], "source.node_rank", 0));
-  if (n["num_nodes"])
-    s.num_nodes = static_cast<int>(IntAtLeast(n["num_nodes"], "source.num_nodes", 1));
-  if (s.num_nodes < 1) s.num_nodes = 1;
-  if (s.node_rank >= s.num_nodes)
-    Fail(n["node_rank"] ? n["node_rank"] : n,
-         fmt::format("node_rank {} must be below num_nodes {}", s.node_rank, s.num_nodes));
+  if (!in_mix) ParseNodeShare(n, "source", &s);
   s.fields = {{"image", {"jpg", "jpeg", "png", "webp", "bmp"}},
               {"text", {"txt", "caption", "text"}},
               {"video", {"mp4", "mkv", "webm"}},
               {"audio", {"flac", "wav", "mp3", "ogg", "opus", "m4a"}}};
-  if (n["fields"]) {
+  if (n["fields"] && s.type == "manifest") {
+    // The pipeline's field name -> the manifest key it is read from.
+    const YAML::Node& f = n["fields"];
+    if (!f.IsMap()) Fail(f, "a manifest's fields must map field names to manifest keys");
+    CheckUniqueKeys(f, "source.fields");
+    for (auto it = f.begin(); it != f.end(); ++it) {
+      const YAML::Node name = it->first, value = it->second;
+      s.keys[name.as<std::string>()] =
+          Str(value, fmt::format("the manifest key of field '{}'", name.as<std::string>()));
+    }
+  } else if (n["fields"]) {
     const YAML::Node& f = n["fields"];
     if (!f.IsMap()) Fail(f, "source.fields must map field names to lists of extensions");
     CheckUniqueKeys(f, "source.fields");
@@ -506,17 +540,100 @@ void ParseFaults(const YAML::Node& f, PipelineConfig* cfg) {
   }
 }
 
+// `sources:` and `mix:` (source/mixture.h): cfg->source gets the order's settings, type "mix".
+void ParseMixture(const YAML::Node& list, const YAML::Node& mix, PipelineConfig* cfg) {
+  if (!list.IsSequence() || list.size() == 0)
+    Fail(list, "sources must be a list of sources, each with a name");
+  SourceConfig& order = cfg->source;
+  order.type = "mix";
+  order.shuffle = true;
+  if (mix) {
+    CheckKeys(mix, "mix",
+              {"mode", "seed", "shuffle", "epochs", "samples_per_epoch", "node_rank", "num_nodes"});
+    if (mix["mode"]) {
+      cfg->mix.mode = Str(mix["mode"], "mix.mode");
+      if (cfg->mix.mode != "weighted" && cfg->mix.mode != "epochs")
+        Fail(mix["mode"],
+             fmt::format("mix.mode must be weighted or epochs, not '{}'", cfg->mix.mode));
+    }
+    if (mix["seed"]) order.seed = static_cast<uint64_t>(IntAtLeast(mix["seed"], "mix.seed", 0));
+    if (mix["shuffle"]) order.shuffle = Bool(mix["shuffle"], "mix.shuffle");
+    if (mix["epochs"]) order.epochs = static_cast<int>(IntAtLeast(mix["epochs"], "mix.epochs", 0));
+    if (mix["samples_per_epoch"]) {
+      if (cfg->mix.mode != "weighted")
+        Fail(mix["samples_per_epoch"],
+             "mix.samples_per_epoch is for mode weighted (mode epochs: each source's repeat x "
+             "its size)");
+      cfg->mix.samples_per_epoch =
+          static_cast<uint64_t>(IntAtLeast(mix["samples_per_epoch"], "mix.samples_per_epoch", 1));
+    }
+  }
+  ParseNodeShare(mix ? mix : YAML::Node(YAML::NodeType::Map), "mix", &order);
+  const bool weighted = cfg->mix.mode == "weighted";
+  std::map<std::string, std::string> path_of;  // a source's files -> its name
+  for (size_t i = 0; i < list.size(); ++i) {
+    const YAML::Node n = list[i];
+    SourceConfig s = ParseSource(n, cfg->base_dir, /*in_mix=*/true);
+    if (!n["name"]) Fail(n, "each source of a mixture needs a 'name' (status and metrics use it)");
+    s.name = Str(n["name"], "the source's name");
+    for (const SourceConfig& other : cfg->sources)
+      if (other.name == s.name) Fail(n["name"], fmt::format("two sources are named '{}'", s.name));
+    if (auto [it, fresh] = path_of.emplace(s.path, s.name); !fresh)
+      Fail(n["path"], fmt::format("sources '{}' and '{}' read the same files ({}): give one "
+                                  "source, with the share of both",
+                                  it->second, s.name, s.path));
+    if (s.remote)
+      Fail(n["path"],
+           "remote shards in a mixture are not supported yet (issue #30): mix local "
+           "manifests and shards");
+    if (s.shuffle_window > 0)
+      Fail(n["shuffle_window"], "shuffle_window in a mixture is not supported yet (issue #30)");
+    const char* share = weighted ? "weight" : "repeat";
+    if (n[weighted ? "repeat" : "weight"])
+      Fail(n[weighted ? "repeat" : "weight"],
+           fmt::format("mix.mode {} gives each source a {}, not a {}", cfg->mix.mode, share,
+                       weighted ? "repeat" : "weight"));
+    if (weighted && !n["weight"])
+      Fail(n, fmt::format("source '{}' needs a weight (mix.mode weighted): its share of the "
+                          "stream, in proportion to the others'",
+                          s.name));
+    double& value = weighted ? s.weight : s.repeat;
+    value = 1;  // epochs mode: each sample once an epoch
+    if (n[share]) value = Float(n[share], fmt::format("the {} of source '{}'", share, s.name));
+    if (!(value > 0 && value <= (weighted ? 1e12 : 1e6)))
+      Fail(n[share], fmt::format("the {} of source '{}' must be above 0 and at most {}", share,
+                                 s.name, weighted ? "1e12" : "1e6"));
+    // The source's own order: the mix's, unless it says otherwise (its seed is the mix's and
+    // its name's, so that two sources never share a permutation).
+    if (!n["shuffle"]) s.shuffle = order.shuffle;
+    if (!n["seed"]) s.seed = HashString(s.name, order.seed);
+    cfg->sources.push_back(std::move(s));
+  }
+  order.max_bytes = 0;
+  for (const SourceConfig& s : cfg->sources)
+    order.max_bytes = std::max(order.max_bytes, s.max_bytes);
+  order.path = cfg->sources[0].path;  // for messages that name one
+}
+
 PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
   PipelineConfig cfg;
   cfg.file = file;
   cfg.base_dir = std::filesystem::path(file).parent_path().string();
   if (cfg.base_dir.empty()) cfg.base_dir = ".";
   CheckKeys(root, "the pipeline config",
-            {"pipeline", "source", "consumers", "stages", "output", "on_error", "placement",
-             "data_roots", "metrics", "sample_timeout_s", "faults", "cpu_budget"});
+            {"pipeline", "source", "sources", "mix", "consumers", "stages", "output", "on_error",
+             "placement", "data_roots", "metrics", "sample_timeout_s", "faults", "cpu_budget"});
   if (root["pipeline"]) cfg.name = Str(root["pipeline"], "pipeline");
-  if (!root["source"]) Fail(root, "the config needs a 'source'");
-  cfg.source = ParseSource(root["source"], cfg.base_dir);
+  if (root["source"] && root["sources"])
+    Fail(root["sources"], "give either 'source' (one) or 'sources' (a mixture), not both");
+  if (root["mix"] && !root["sources"])
+    Fail(root["mix"], "'mix' is for a mixture of 'sources'; with one 'source' leave it out");
+  if (root["sources"])
+    ParseMixture(root["sources"], root["mix"], &cfg);
+  else if (root["source"])
+    cfg.source = ParseSource(root["source"], cfg.base_dir);
+  else
+    Fail(root, "the config needs a 'source' (or 'sources', a mixture)");
   if (root["consumers"])
     cfg.consumers = static_cast<int>(IntAtLeast(root["consumers"], "consumers", 1));
   if (cfg.consumers > 64) Fail(root["consumers"], "consumers must be at most 64");

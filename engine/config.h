@@ -54,7 +54,12 @@ struct PipelineConfig {
   std::string text;      // the YAML it was parsed from (--state-dir keeps it with the cursors)
   std::string base_dir;  // its folder
   std::string name;      // `pipeline:`
+  // The source, or with `sources:` a mixture's order settings (type "mix": seed, shuffle,
+  // epochs, node_rank, num_nodes from `mix:`) and its sources.
   SourceConfig source;
+  std::vector<SourceConfig> sources;
+  MixConfig mix;
+  bool mixed() const { return !sources.empty(); }
   int consumers = 1;
   std::vector<StageConfig> stages;  // in file order; the batch stage is `batch_stage`
   int batch_stage = -1;

@@ -80,7 +80,21 @@ ConfigChanges DiffConfigs(const PipelineConfig& a, const PipelineConfig& b) {
   };
   setting("pipeline", a.name != b.name);
   setting("source", a.source.type != b.source.type || a.source.path != b.source.path ||
-                        a.source.fields != b.source.fields);
+                        a.source.fields != b.source.fields || a.source.keys != b.source.keys);
+  // A mixture's sources and shares: what each epoch deals (the pipeline's order fingerprint
+  // then differs, so the switch is at an epoch boundary).
+  auto mix_text = [](const PipelineConfig& c) {
+    std::string out = c.mix.mode + "|" + std::to_string(c.mix.samples_per_epoch);
+    for (const SourceConfig& s : c.sources) {
+      out += fmt::format("|{}:{}:{}:{}:{}:{}:{}:{}", s.name, s.type, s.path, s.weight, s.repeat,
+                         s.shuffle, s.seed, s.index);
+      for (const auto& [field, key] : s.keys) out += fmt::format(":{}={}", field, key);
+      for (const auto& [field, exts] : s.fields)
+        out += fmt::format(":{}={}", field, fmt::join(exts, ","));
+    }
+    return out;
+  };
+  setting("sources", mix_text(a) != mix_text(b));
   setting("source.shuffle", a.source.shuffle != b.source.shuffle);
   setting("source.seed", a.source.seed != b.source.seed);
   setting("source.shuffle_window", a.source.shuffle_window != b.source.shuffle_window);

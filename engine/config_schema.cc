@@ -90,7 +90,12 @@ json SourceSchema() {
        {"epochs", Int("epochs to run; 0: forever", 0)},
        {"node_rank", Int("this node's rank (default: NODE_RANK, else 0)", 0)},
        {"num_nodes", Int("nodes sharing the data (default: NUM_NODES, else 1)", 1)},
-       {"fields", FieldsSchema()},
+       {"fields",
+        {{"description",
+          "webdataset: field name -> the member extensions that provide it; manifest: field "
+          "name -> the manifest key it is read from"},
+         {"anyOf",
+          {FieldsSchema(), {{"type", "object"}, {"additionalProperties", {{"type", "string"}}}}}}}},
        {"max_bytes", Int("the largest file a sample field may read, in bytes", 1)},
        {"index", {{"enum", {"auto", "on", "off"}}, {"default", "auto"}}},
        {"shuffle_window", Int("webdataset: shards whose samples are shuffled together", 0)},
@@ -104,6 +109,38 @@ json SourceSchema() {
                       {"credentials_file", {{"type", "string"}}},
                       {"profile", {{"type", "string"}}}})}},
       {"type", "path"});
+}
+
+// One source of `sources:`: a source's keys but the order's (epochs, the node's share), which
+// are the mix's, and a name and a share.
+json MixSourceSchema() {
+  json s = SourceSchema();
+  for (const char* key : {"epochs", "node_rank", "num_nodes"}) s["properties"].erase(key);
+  s["properties"]["name"] = {{"type", "string"}, {"description", "the source's name"}};
+  s["properties"]["weight"] = {
+      {"type", "number"},
+      {"exclusiveMinimum", 0},
+      {"description", "mix.mode weighted: its share, in proportion to the others'"}};
+  s["properties"]["repeat"] = {
+      {"type", "number"},
+      {"exclusiveMinimum", 0},
+      {"default", 1},
+      {"description", "mix.mode epochs: draws per epoch as a multiple of its size"}};
+  s["required"] = {"type", "path", "name"};
+  return s;
+}
+
+json MixSchema() {
+  return Object(
+      {{"mode", {{"enum", {"weighted", "epochs"}}, {"default", "weighted"}}},
+       {"seed", Int("the mixture's seed", 0)},
+       {"shuffle", {{"type", "boolean"}, {"default", true}}},
+       {"epochs", Int("epochs to run; 0: forever", 0)},
+       {"samples_per_epoch", Int("mode weighted: an epoch's samples (default: the sum of the "
+                                 "sources' sizes)",
+                                 1)},
+       {"node_rank", Int("this node's rank (default: NODE_RANK, else 0)", 0)},
+       {"num_nodes", Int("nodes sharing the data (default: NUM_NODES, else 1)", 1)}});
 }
 
 // One stage: the keys every stage has, and for each registered type its params.
@@ -153,6 +190,12 @@ json ConfigSchema() {
   json schema = Object(
       {{"pipeline", {{"type", "string"}, {"description", "the pipeline's name"}}},
        {"source", SourceSchema()},
+       {"sources",
+        {{"type", "array"},
+         {"minItems", 1},
+         {"items", MixSourceSchema()},
+         {"description", "a mixture of sources (instead of source), drawn as mix says"}}},
+       {"mix", MixSchema()},
        {"consumers",
         {{"type", "integer"}, {"minimum", 1}, {"maximum", 64}, {"description", "trainer ranks"}}},
        {"stages", {{"type", "array"}, {"minItems", 1}, {"items", StageSchemaJson()}}},
@@ -176,7 +219,8 @@ json ConfigSchema() {
                           {"leak_bytes_per_item", Int("injected memory kept per item", 0)}},
                          {"stage"})},
        {"cpu_budget", {{"type", "integer"}, {"minimum", 1}, {"maximum", 4096}}}},
-      {"source", "stages"});
+      {"stages"});
+  schema["oneOf"] = {{{"required", {"source"}}}, {{"required", {"sources"}}}};
   schema["$schema"] = "https://json-schema.org/draft/2020-12/schema";
   schema["title"] = "mmfeed pipeline config";
   return schema;

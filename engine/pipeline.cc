@@ -95,6 +95,7 @@ Status Pipeline::Start() {
                                         cfg_.max_tokens, cfg_.max_patches,
                                         EpochBatches(origin_.epoch), origin_.epoch)
                           : "");
+  if (catalog_->mixture) spdlog::info("the mixture, per epoch:\n{}", MixPlan());
   threads_.emplace_back([this] { BatchLoop(); });
   for (auto& b : branches_) live_workers_ += b->threads;
   for (auto& b : branches_) {
@@ -614,7 +615,31 @@ nlohmann::json Pipeline::Profile() const {
   j["errors"] = errors_.ToJson();  // read after failed_: see where failed_ grows
   j["samples_in_catalog"] = catalog_->size();
   if (catalog_->remote) j["storage"] = StorageStats();
+  if (catalog_->mixture) {  // the realised mixture, and the plan's shares to compare with
+    j["sources"] = nlohmann::json::array();
+    uint64_t planned = 0;
+    for (uint64_t d : catalog_->mixture->dealt()) planned += d;
+    for (size_t k = 0; k < catalog_->parts.size(); ++k)
+      j["sources"].push_back({{"name", cfg_.sources[k].name},
+                              {"samples", source_counts_[k].samples.load()},
+                              {"errors", source_counts_[k].errors.load()},
+                              {"size", catalog_->parts[k]->size()},
+                              {"planned_share", static_cast<double>(catalog_->mixture->dealt()[k]) /
+                                                    static_cast<double>(planned)}});
+  }
   return j;
+}
+
+Pipeline::SourceCounts& Pipeline::CountsOf(uint32_t entry) const {
+  const auto& first = catalog_->part_first;
+  return source_counts_[std::upper_bound(first.begin(), first.end(), entry) - first.begin() - 1];
+}
+
+std::string Pipeline::MixPlan() const {
+  if (!catalog_->mixture) return "";
+  std::vector<std::string> names;
+  for (const SourceConfig& s : cfg_.sources) names.push_back(s.name);
+  return catalog_->mixture->Describe(names);
 }
 
 PathCheck Pipeline::CheckSamplePaths(size_t max_samples) const {

@@ -189,6 +189,9 @@ class Pipeline {
   // The files `max_samples` samples (spread over the catalog; every one when it has fewer)
   // name: missing, unreadable, or outside the data roots (source/path_check.h). For --check.
   PathCheck CheckSamplePaths(size_t max_samples) const;
+  // A mixture's plan (Mixture::Describe: each source's size, share, draws and passes per
+  // epoch), or "" for one source.
+  std::string MixPlan() const;
   nlohmann::json Profile() const;
   // workers: auto: how many of the stage's threads take items from now on (1 to the threads it
   // started, SampleStages()' `threads`); the others finish their item and park. The bytes of
@@ -321,6 +324,13 @@ class Pipeline {
   uint64_t next_key_ = 0;  // source thread: one per dispatched sample
   // Sample accounting: dealt = first-time positions; refill draws are counted apart.
   std::atomic<uint64_t> dealt_{0}, failed_{0}, refills_ok_{0}, refills_failed_{0};
+  // A mixture: per source, samples committed in batches and samples that failed (refill draws
+  // included), counted by the collators.
+  struct SourceCounts {
+    std::atomic<uint64_t> samples{0}, errors{0};
+  };
+  std::unique_ptr<SourceCounts[]> source_counts_;
+  SourceCounts& CountsOf(uint32_t entry) const;
   std::vector<std::unique_ptr<Branch>> branches_;
   std::unique_ptr<class JoinBox> join_;
   StageCounters source_counters_, batch_counters_;

@@ -154,8 +154,8 @@ Status Pipeline::ApplyPolicies() {
   files.max_bytes = cfg_.source.max_bytes;
   if (!cfg_.data_roots_any) {
     std::vector<std::string> roots = cfg_.data_roots;
-    if (!cfg_.source.remote)
-      roots.push_back(std::filesystem::path(cfg_.source.path).parent_path().string());
+    for (const SourceConfig& s : cfg_.mixed() ? cfg_.sources : std::vector{cfg_.source})
+      if (!s.remote) roots.push_back(std::filesystem::path(s.path).parent_path().string());
     for (const std::string& r : roots) {
       std::error_code ec;
       std::string real = std::filesystem::canonical(r.empty() ? "." : r, ec).string();
@@ -195,7 +195,10 @@ Status Pipeline::ApplyPolicies() {
 // the epoch's batches; with a token budget, every sample's cost and epoch 0's plan.
 Status Pipeline::LoadSource(const std::set<std::string>& needed,
                             const std::set<std::string>& path_fields) {
-  MMFEED_ASSIGN_OR_RETURN(Catalog cat, LoadCatalog(cfg_.source, needed, path_fields));
+  MMFEED_ASSIGN_OR_RETURN(Catalog cat, cfg_.mixed()
+                                           ? LoadMixture(cfg_.sources, cfg_.mix, cfg_.source,
+                                                         cfg_.consumers, needed, path_fields)
+                                           : LoadCatalog(cfg_.source, needed, path_fields));
   for (const LoadError& e : cat.errors) {
     if (cfg_.on_error == ErrorPolicy::kFail)
       return Status::Corrupt(fmt::format("{}: {} (on_error: fail)", e.origin, e.reason));
@@ -205,12 +208,14 @@ Status Pipeline::LoadSource(const std::set<std::string>& needed,
     return Status::Invalid(fmt::format("{}: no usable samples{}", cfg_.source.path,
                                        cat.errors.empty() ? "" : ": " + errors_.Summary()));
   if (cat.size() > UINT32_MAX) return Status::TooLarge("more than 4G samples in one source");
-  if (cat.size() / cfg_.source.num_nodes < static_cast<size_t>(cfg_.consumers))
+  if (!cat.mixture && cat.size() / cfg_.source.num_nodes < static_cast<size_t>(cfg_.consumers))
     return Status::Invalid(fmt::format("{} samples cannot be dealt to {} node(s) x {} consumer(s)",
                                        cat.size(), cfg_.source.num_nodes, cfg_.consumers));
   catalog_ = std::make_shared<Catalog>(std::move(cat));
+  if (catalog_->mixture) source_counts_ = std::make_unique<SourceCounts[]>(catalog_->parts.size());
   for (auto& b : branches_) b->files.remote = catalog_->remote.get();
-  per_rank_ = catalog_->size() / cfg_.source.num_nodes / cfg_.consumers;
+  per_rank_ = catalog_->mixture ? catalog_->mixture->per_lane()
+                                : catalog_->size() / cfg_.source.num_nodes / cfg_.consumers;
   const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size);
   batches_per_epoch_ = cfg_.drop_last ? per_rank_ / bs : (per_rank_ + bs - 1) / bs;
   if (cfg_.budgeted()) {
@@ -224,7 +229,8 @@ Status Pipeline::LoadSource(const std::set<std::string>& needed,
     const uint64_t usable = static_cast<uint64_t>(
         std::count_if(costs_.begin(), costs_.end(), [](auto& c) { return c.usable(); }));
     const uint64_t streams = static_cast<uint64_t>(cfg_.consumers) * cfg_.source.num_nodes,
-                   left_out = catalog_->size() - streams * per_rank_;
+                   dealt = streams * per_rank_,
+                   left_out = catalog_->size() > dealt ? catalog_->size() - dealt : 0;
     min_epoch_batches_ =
         std::max<uint64_t>(1, (usable > left_out ? usable - left_out : 0) / streams / bs);
   }
@@ -332,8 +338,9 @@ std::shared_ptr<const EpochPlan> Pipeline::PlanOf(uint32_t epoch) const {
     if (it != plans_.end()) return it->second;
   }
   // Made outside the lock (O(samples)): cursors are looked up meanwhile.
-  auto plan = std::make_shared<const EpochPlan>(PlanEpoch(
-      costs_, cfg_.source, epoch, cfg_.consumers, per_rank_, budget_, /*with_ranks=*/true));
+  auto plan = std::make_shared<const EpochPlan>(
+      PlanEpoch(costs_, cfg_.source, epoch, cfg_.consumers, per_rank_, budget_, /*with_ranks=*/true,
+                catalog_->mixture ? catalog_.get() : nullptr));
   std::lock_guard<std::mutex> lock(plans_mu_);
   epoch_batches_[epoch] = plan->batches;
   // Ranks run apart by at most their rings' depth, and rewinds are rare: a few epochs do.
@@ -352,7 +359,7 @@ uint64_t Pipeline::EpochBatchesLocked(uint32_t epoch) const {
   auto it = epoch_batches_.find(epoch);  // PlanOf also records its plans' counts
   if (it != epoch_batches_.end()) return it->second;
   const uint64_t k = PlanEpoch(costs_, cfg_.source, epoch, cfg_.consumers, per_rank_, budget_,
-                               /*with_ranks=*/false)
+                               /*with_ranks=*/false, catalog_->mixture ? catalog_.get() : nullptr)
                          .batches;
   epoch_batches_[epoch] = k;
   return k;

@@ -27,9 +27,11 @@ CatalogEntry LineEntry(const std::string& path, const std::string& name, uint64_
 }
 
 // Parses one manifest line into `entry` (made by LineEntry); returns the reason on failure.
+// `keys`: the manifest key of a field whose key is not its name (source.fields).
 std::string ParseManifestLine(const std::string& line, const std::string& dir,
                               const std::set<std::string>& needed,
-                              const std::set<std::string>& path_fields, CatalogEntry* entry) {
+                              const std::set<std::string>& path_fields,
+                              const std::map<std::string, std::string>& keys, CatalogEntry* entry) {
   nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return "malformed JSON (or invalid UTF-8)";
   if (!j.is_object()) return "a manifest line must be a JSON object";
@@ -63,8 +65,12 @@ std::string ParseManifestLine(const std::string& line, const std::string& dir,
     return std::string();
   };
   for (const std::string& name : needed) {
-    if (!j.contains(name)) return fmt::format("missing field '{}'", name);
-    const auto& v = j[name];
+    const auto key = keys.find(name);
+    const std::string& in_line = key == keys.end() ? name : key->second;
+    if (!j.contains(in_line))
+      return key == keys.end() ? fmt::format("missing field '{}'", name)
+                               : fmt::format("missing key '{}' (field '{}')", in_line, name);
+    const auto& v = j[in_line];
     FieldValue f;
     // Several values, e.g. "images": ["a.jpg", "b.jpg"], or none ("images": [] in a dataset
     // that mixes text-only samples with others).
@@ -152,7 +158,8 @@ void ScanShard(const std::string& shard, const std::map<std::string, std::string
 }  // namespace
 
 Result<Catalog> LoadManifest(const std::string& path, const std::set<std::string>& needed,
-                             const std::set<std::string>& path_fields) {
+                             const std::set<std::string>& path_fields,
+                             const std::map<std::string, std::string>& keys) {
   std::ifstream in(path);
   if (!in) return Status::NotFound(fmt::format("{}: cannot open manifest", path));
   Catalog cat;
@@ -164,7 +171,7 @@ Result<Catalog> LoadManifest(const std::string& path, const std::set<std::string
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     CatalogEntry e = LineEntry(path, name, line_no);
-    std::string reason = ParseManifestLine(line, dir, needed, path_fields, &e);
+    std::string reason = ParseManifestLine(line, dir, needed, path_fields, keys, &e);
     if (reason.empty())
       cat.entries.push_back(std::move(e));
     else
@@ -209,6 +216,15 @@ Result<Catalog> LoadWebDataset(const SourceConfig& source, const std::set<std::s
 }
 
 Status Catalog::Read(size_t i, CatalogEntry* e) const {
+  if (!parts.empty()) {
+    const size_t k =
+        std::upper_bound(part_first.begin(), part_first.end(), i) - part_first.begin() - 1;
+    const Catalog& part = *parts[k];
+    const size_t at = i - part_first[k];
+    if (part.indexed()) return part.Read(at, e);
+    *e = part.entries[at];
+    return Status::Ok();
+  }
   if (shards) {
     const std::string* shard = nullptr;
     std::string key;
@@ -223,7 +239,7 @@ Status Catalog::Read(size_t i, CatalogEntry* e) const {
   Status st = index->Line(i, &line, &line_no);
   *e = LineEntry(manifest_path, manifest_name, line_no);
   if (!st.ok()) return st;
-  std::string reason = ParseManifestLine(line, manifest_dir, needed, path_fields, e);
+  std::string reason = ParseManifestLine(line, manifest_dir, needed, path_fields, keys, e);
   return reason.empty() ? Status::Ok() : Status::Corrupt(reason);
 }
 
@@ -236,7 +252,7 @@ Result<Catalog> LoadCatalog(const SourceConfig& source, const std::set<std::stri
     const uintmax_t bytes = std::filesystem::file_size(source.path, ec);
     indexed = !ec && bytes >= kIndexAutoBytes;
   }
-  if (!indexed) return LoadManifest(source.path, needed, path_fields);
+  if (!indexed) return LoadManifest(source.path, needed, path_fields, source.keys);
   Result<std::unique_ptr<ManifestIndex>> index = ManifestIndex::Open(source.path, source.index_dir);
   if (!index.ok()) return index.status();
   Catalog cat;
@@ -246,6 +262,55 @@ Result<Catalog> LoadCatalog(const SourceConfig& source, const std::set<std::stri
   cat.manifest_name = std::filesystem::path(source.path).filename().string();
   cat.needed = needed;
   cat.path_fields = path_fields;
+  cat.keys = source.keys;
+  return cat;
+}
+
+Result<Catalog> LoadMixture(const std::vector<SourceConfig>& sources, const MixConfig& mix,
+                            const SourceConfig& order, int consumers,
+                            const std::set<std::string>& needed,
+                            const std::set<std::string>& path_fields) {
+  Catalog cat;
+  std::vector<MixSource> shares;
+  uint64_t h = HashString(fmt::format("mix 1|{}|{}", mix.mode, mix.samples_per_epoch));
+  for (const SourceConfig& s : sources) {
+    Result<Catalog> part = LoadCatalog(s, needed, path_fields);
+    if (!part.ok()) return part.status().WithContext(fmt::format("source '{}'", s.name));
+    for (LoadError& e : part->errors) cat.errors.push_back(std::move(e));
+    part->errors.clear();
+    if (part->size() == 0)
+      return Status::Invalid(fmt::format(
+          "source '{}' ({}) has no usable samples{}: fix it or leave it out of the mixture", s.name,
+          s.path, cat.errors.empty() ? "" : " (its errors are listed above)"));
+    // What the mixture deals: each source's contents and share.
+    h = HashString(fmt::format("{}|{}|{}|{}|{}|{}", s.name, s.weight, s.repeat, s.shuffle, s.seed,
+                               part->size()),
+                   h);
+    if (part->indexed())
+      h = HashString(fmt::format("index {:016x}", part->index_fingerprint()), h);
+    else
+      for (const CatalogEntry& e : part->entries) h = HashString(e.id, HashString("\n", h));
+    shares.push_back(MixSource{part->size(), s.weight, s.repeat, s.shuffle, s.seed});
+    cat.part_first.push_back(cat.parts.empty() ? 0
+                                               : cat.part_first.back() + cat.parts.back()->size());
+    cat.parts.push_back(std::make_shared<Catalog>(std::move(part.value())));
+  }
+  if (cat.size() > UINT32_MAX) return Status::TooLarge("more than 4G samples in one mixture");
+  const uint32_t lanes = static_cast<uint32_t>(order.num_nodes * consumers);
+  Result<Mixture> m = Mixture::Create(std::move(shares),
+                                      mix.mode == "epochs" ? MixMode::kEpochs : MixMode::kWeighted,
+                                      mix.samples_per_epoch, lanes, order.seed);
+  if (!m.ok()) {  // it names sources by number: give their names
+    std::string msg = m.status().message();
+    for (size_t i = sources.size(); i-- > 0;) {
+      const std::string number = fmt::format("source {}", i);
+      for (size_t at = msg.find(number); at != std::string::npos; at = msg.find(number, at + 1))
+        msg.replace(at, number.size(), fmt::format("source '{}'", sources[i].name));
+    }
+    return Status::Invalid(fmt::format("mix: {}", msg));
+  }
+  cat.mixture = std::make_shared<const Mixture>(std::move(m.value()));
+  cat.mix_fingerprint = h;
   return cat;
 }
 
@@ -280,11 +345,26 @@ std::shared_ptr<const ShardWindows> Catalog::WindowsOf(const SourceConfig& sourc
 EpochOrder::EpochOrder(const Catalog& cat, const SourceConfig& source, uint32_t epoch,
                        int consumers)
     : EpochOrder(cat.size(), source, epoch, consumers) {
+  if (cat.mixture) {
+    mix_ = cat.mixture.get();
+    part_first_ = cat.part_first.data();
+    epoch_ = epoch;
+    consumers_ = static_cast<uint64_t>(consumers);
+    size_ = mix_->per_lane() * consumers_;
+    return;
+  }
   if (source.shuffle_window <= 0 || !cat.shards) return;
   windows_ = cat.WindowsOf(source, epoch);
   shards_ = cat.shards.get();
   part_ = static_cast<uint64_t>(cat.size()) / nodes_ * node_;
   window_seed_ = Rng(source.seed, epoch, "", "window shuffle").Next();
+}
+
+uint32_t EpochOrder::Mixed(size_t i) const {
+  const uint64_t rank = i % consumers_;
+  const MixDraw d =
+      mix_->At(epoch_, static_cast<uint32_t>(node_ * consumers_ + rank), i / consumers_);
+  return static_cast<uint32_t>(part_first_[d.source] + d.sample);
 }
 
 uint32_t EpochOrder::Windowed(size_t i) const {

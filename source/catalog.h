@@ -19,6 +19,7 @@
 
 #include "shm/ring_format.h"
 #include "source/manifest_index.h"
+#include "source/mixture.h"
 #include "source/permutation.h"
 #include "source/remote_store.h"
 #include "source/sample.h"
@@ -64,12 +65,26 @@ struct Catalog {
   std::map<std::string, std::string> ext_to_field;
   // Remote shards (http://, https://, s3://) are read through this store.
   std::shared_ptr<RemoteStore> remote;
+  // A manifest's keys of fields not read from their own name (SourceConfig::keys).
+  std::map<std::string, std::string> keys;
+  // Or a mixture (LoadMixture): the sources' catalogs one after another (source k's samples
+  // from part_first[k]), read through Read, dealt by `mixture` (EpochOrder).
+  std::vector<std::shared_ptr<const Catalog>> parts;
+  std::vector<uint64_t> part_first;
+  std::shared_ptr<const Mixture> mixture;
+  uint64_t mix_fingerprint = 0;
 
-  bool indexed() const { return index || shards; }
-  size_t size() const { return index ? index->size() : shards ? shards->size() : entries.size(); }
-  // Names the indexed source's contents. REQUIRES: indexed().
+  bool indexed() const { return index || shards || !parts.empty(); }
+  size_t size() const {
+    return !parts.empty() ? part_first.back() + parts.back()->size()
+           : index        ? index->size()
+           : shards       ? shards->size()
+                          : entries.size();
+  }
+  // Names the indexed source's contents (a mixture's: every source's, and the shares).
+  // REQUIRES: indexed().
   uint64_t index_fingerprint() const {
-    return index ? index->fingerprint() : shards->fingerprint();
+    return !parts.empty() ? mix_fingerprint : index ? index->fingerprint() : shards->fingerprint();
   }
   // An indexed source's entry i, read and parsed (REQUIRES: indexed(), i < size()). On failure
   // `*e` still has the sample's id and origin ("manifest.jsonl:12", "shard-00003.tar:key").
@@ -90,9 +105,17 @@ struct Catalog {
 // `needed`: the fields the pipeline's stages read; `path_fields`: those whose plain-string
 // manifest values name files.
 Result<Catalog> LoadManifest(const std::string& path, const std::set<std::string>& needed,
-                             const std::set<std::string>& path_fields);
+                             const std::set<std::string>& path_fields,
+                             const std::map<std::string, std::string>& keys = {});
 Result<Catalog> LoadWebDataset(const SourceConfig& source, const std::set<std::string>& needed);
 Result<Catalog> LoadCatalog(const SourceConfig& source, const std::set<std::string>& needed,
+                            const std::set<std::string>& path_fields);
+// `sources:` (local manifests and shards), dealt to `consumers` ranks on each of
+// order.num_nodes nodes by a Mixture seeded with order.seed. A source without a usable sample
+// is refused, naming it; its bad entries are in `errors`.
+Result<Catalog> LoadMixture(const std::vector<SourceConfig>& sources, const MixConfig& mix,
+                            const SourceConfig& order, int consumers,
+                            const std::set<std::string>& needed,
                             const std::set<std::string>& path_fields);
 
 // The catalog positions this node deals in `epoch`, in dealing order: position i goes to
@@ -107,6 +130,9 @@ Result<Catalog> LoadCatalog(const SourceConfig& source, const std::set<std::stri
 //   shards; node k takes the k-th of num_nodes contiguous parts of that sequence, so a node
 //   reads each shard of its part whole (shards at the parts' edges are read by two nodes) and
 //   holds W shards at a time. docs/remote.md compares it with a full permutation.
+// - Mixture mode (a catalog of LoadMixture): position i is rank i % consumers' position
+//   i / consumers in lane (node_rank x consumers + rank) of the catalog's Mixture; the entry
+//   is the drawn source's part_first plus the drawn sample.
 class EpochOrder {
  public:
   // Permutation mode.
@@ -116,6 +142,7 @@ class EpochOrder {
   size_t size() const { return size_; }
   // REQUIRES: i < size().
   uint32_t operator[](size_t i) const {
+    if (mix_) return Mixed(i);
     if (windows_) return Windowed(i);
     const uint64_t at = static_cast<uint64_t>(i) * nodes_ + node_;
     return static_cast<uint32_t>(shuffle_ ? perm_(at) : at);
@@ -129,6 +156,7 @@ class EpochOrder {
 
  private:
   uint32_t Windowed(size_t i) const;
+  uint32_t Mixed(size_t i) const;
 
   size_t size_;
   uint64_t nodes_, node_;
@@ -138,6 +166,12 @@ class EpochOrder {
   const ShardIndex* shards_ = nullptr;
   uint64_t part_ = 0;  // window mode: where this node's part starts in the sequence
   uint64_t window_seed_ = 0;
+  // Mixture mode: position i is rank i % consumers' position i / consumers, a lane of the
+  // mixture (node x consumers + rank).
+  const Mixture* mix_ = nullptr;
+  const uint64_t* part_first_ = nullptr;
+  uint32_t epoch_ = 0;
+  uint64_t consumers_ = 1;
 };
 
 }  // namespace mmfeed

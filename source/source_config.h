@@ -57,6 +57,20 @@ struct SourceConfig {
   int shuffle_window = 0;
   bool remote = false;  // the path is an http(s):// or s3:// URL
   RemoteConfig fetch;
+  // manifest: the pipeline's field name -> the manifest key it is read from (`fields:`, for
+  // datasets whose keys differ); a field not named here is read from its own key.
+  std::map<std::string, std::string> keys;
+  // A source of a mixture (`sources:`, source/mixture.h): its name and its share.
+  std::string name;
+  double weight = 0;  // mix mode weighted
+  double repeat = 0;  // mix mode epochs
+};
+
+// `mix:` with `sources:` (source/mixture.h). The order's seed, shuffle, epochs and the node's
+// share are the pipeline's `source` settings, taken from `mix:`.
+struct MixConfig {
+  std::string mode = "weighted";   // weighted | epochs
+  uint64_t samples_per_epoch = 0;  // weighted: over all ranks and nodes; 0 = the sum of sizes
 };
 
 }  // namespace mmfeed

@@ -393,6 +393,88 @@ TEST_F(ConfigTest, NodeRankFromEnvironment) {
   EXPECT_EQ(r->source.num_nodes, 4);
 }
 
+// A mixture of two manifests (issue #30); `sources` replaces `source`.
+std::string MixYaml(const std::string& sources, const std::string& mix = "") {
+  return "sources:\n" + sources + (mix.empty() ? "" : "mix: " + mix + "\n") +
+         "stages:\n"
+         "  - {name: text, type: text, field: text, params: {tokenizer: bytes, max_len: 8}}\n"
+         "  - {name: batch, type: batch, inputs: [text], params: {batch_size: 2}}\n";
+}
+
+TEST_F(ConfigTest, AMixtureOfSourcesIsParsedWithItsOrderFromMix) {
+  WriteFile(dir_ / "b.jsonl", "{\"id\":\"b\",\"question\":\"q\"}\n");
+  Result<PipelineConfig> r =
+      ParseConfig(MixYaml("  - {name: captions, type: manifest, path: manifest.jsonl, weight: 3}\n"
+                          "  - {name: qa, type: manifest, path: b.jsonl, weight: 1, seed: 5, "
+                          "fields: {text: question}}\n",
+                          "{seed: 42, epochs: 2, samples_per_epoch: 1000}"),
+                  dir_ / "p.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_TRUE(r->mixed());
+  EXPECT_EQ(r->source.type, "mix");
+  EXPECT_EQ(r->source.seed, 42u);
+  EXPECT_EQ(r->source.epochs, 2);
+  EXPECT_TRUE(r->source.shuffle) << "a mixture shuffles unless mix says shuffle: false";
+  EXPECT_EQ(r->mix.mode, "weighted");
+  EXPECT_EQ(r->mix.samples_per_epoch, 1000u);
+  ASSERT_EQ(r->sources.size(), 2u);
+  EXPECT_EQ(r->sources[0].name, "captions");
+  EXPECT_EQ(r->sources[0].weight, 3);
+  EXPECT_NE(r->sources[0].seed, 42u) << "each source's order is seeded by the mix and its name";
+  EXPECT_EQ(r->sources[1].seed, 5u);
+  EXPECT_EQ(r->sources[1].keys, (std::map<std::string, std::string>{{"text", "question"}}));
+  Result<PipelineConfig> epochs =
+      ParseConfig(MixYaml("  - {name: a, type: manifest, path: manifest.jsonl, repeat: 0.5}\n"
+                          "  - {name: b, type: manifest, path: b.jsonl}\n",
+                          "{mode: epochs}"),
+                  dir_ / "p.yaml");
+  ASSERT_TRUE(epochs.ok()) << epochs.status().message();
+  EXPECT_EQ(epochs->sources[0].repeat, 0.5);
+  EXPECT_EQ(epochs->sources[1].repeat, 1) << "epochs mode: each sample once by default";
+}
+
+TEST_F(ConfigTest, MixtureMistakesNameTheirLineAndColumn) {
+  WriteFile(dir_ / "b.jsonl", "{\"id\":\"b\",\"text\":\"q\"}\n");
+  const std::string p = dir_ / "p.yaml";
+  const std::string a = "  - {name: a, type: manifest, path: manifest.jsonl, weight: 1}\n";
+  EXPECT_EQ(Error("source: {type: manifest, path: manifest.jsonl}\n" + MixYaml(a)),
+            p + ":3:3: give either 'source' (one) or 'sources' (a mixture), not both");
+  EXPECT_EQ(Error("source: {type: manifest, path: manifest.jsonl}\nmix: {seed: 1}\nstages: []\n"),
+            p + ":2:6: 'mix' is for a mixture of 'sources'; with one 'source' leave it out");
+  EXPECT_EQ(Error(MixYaml("  - {type: manifest, path: manifest.jsonl, weight: 1}\n")),
+            p + ":2:5: each source of a mixture needs a 'name' (status and metrics use it)");
+  EXPECT_EQ(Error(MixYaml(a + "  - {name: a, type: manifest, path: b.jsonl, weight: 1}\n")),
+            p + ":3:12: two sources are named 'a'");
+  EXPECT_EQ(
+      Error(MixYaml(a + "  - {name: b, type: manifest, path: ./manifest.jsonl, weight: 2}\n")),
+      p + ":3:37: sources 'a' and 'b' read the same files (" + (dir_ / "manifest.jsonl") +
+          "): give one source, with the share of both");
+  EXPECT_EQ(Error(MixYaml("  - {name: a, type: manifest, path: manifest.jsonl}\n")),
+            p + ":2:5: source 'a' needs a weight (mix.mode weighted): its share of the stream, in "
+                "proportion to the others'");
+  EXPECT_EQ(Error(MixYaml(a, "{mode: epochs}")),
+            p + ":2:61: mix.mode epochs gives each source a repeat, not a weight");
+  EXPECT_EQ(Error(MixYaml("  - {name: a, type: manifest, path: manifest.jsonl, weight: -1}\n")),
+            p + ":2:61: the weight of source 'a' must be above 0 and at most 1e12");
+  EXPECT_EQ(Error(MixYaml(a, "{mode: blend}")),
+            p + ":3:13: mix.mode must be weighted or epochs, not 'blend'");
+  EXPECT_EQ(Error(MixYaml(a, "{mode: epochs, samples_per_epoch: 10}")),
+            p + ":3:40: mix.samples_per_epoch is for mode weighted (mode epochs: each source's "
+                "repeat x its size)");
+  EXPECT_NE(Error(MixYaml("  - {name: a, type: manifest, path: manifest.jsonl, weight: 1, "
+                          "epochs: 2}\n"))
+                .find(":2:64: unknown key 'epochs' in a source of 'sources' (epochs and the node's "
+                      "share are mix's)"),
+            std::string::npos);
+  EXPECT_EQ(Error(MixYaml("  - {name: a, type: webdataset, path: \"http://h/s-{0..1}.tar\", "
+                          "weight: 1}\n")),
+            p + ":2:39: remote shards in a mixture are not supported yet (issue #30): mix local "
+                "manifests and shards");
+  EXPECT_EQ(Error(MixYaml("  - {name: a, type: manifest, path: manifest.jsonl, weight: 1, "
+                          "fields: {text: [a, b]}}\n")),
+            p + ":2:79: the manifest key of field 'text' must be a string, got a list");
+}
+
 }  // namespace
 // Every registered stage type and parameter is in the config's JSON Schema, with its type,
 // default and choices: a parameter the schema lost (or a type it forgot) fails here.

@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""Data mixtures (issue #30): `sources:` and `mix:` through the real mmfeedd and mmfeed-consume
+processes. Two manifests with different keys (one mapped with `fields:`), weighted and epochs
+mode, exact shares per epoch, smooth shares along each rank's stream, resumes after a killed
+trainer and a killed daemon equal to an uninterrupted run, reloads of the weights, and the plan
+--check prints.
+
+usage: mix_test.py --bin BUILD/bin
+"""
+import collections, json, pathlib, signal, sys, time
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import daemon_test as dt  # noqa: E402
+
+CAPTIONS, QA = 300, 100
+
+
+def mix_config(mix="{seed: 7, epochs: 2, samples_per_epoch: 800}", captions="weight: 3", qa="weight: 1",
+               batch=10):
+    return f"""pipeline: mix
+sources:
+  - {{name: captions, type: manifest, path: captions.jsonl, {captions}}}
+  - {{name: qa, type: manifest, path: qa.jsonl, {qa}, fields: {{text: question}}}}
+mix: {mix}
+consumers: 2
+stages:
+  - {{name: text, type: text, field: text, params: {{tokenizer: bytes, max_len: 24}}}}
+  - {{name: batch, type: batch, inputs: [text], params: {{batch_size: {batch}}}}}
+output: {{ring_slots: 4}}
+"""
+
+
+class MixCase(dt.DaemonCase):
+    def setUp(self):
+        super().setUp()
+        with open(self.dir / "captions.jsonl", "w") as f:
+            for i in range(CAPTIONS):
+                f.write(json.dumps({"id": f"c{i:04d}", "text": f"caption {i}"}) + "\n")
+        with open(self.dir / "qa.jsonl", "w") as f:  # another schema: the text is `question`
+            for i in range(QA):
+                f.write(json.dumps({"id": f"q{i:04d}", "question": f"question {i}"}) + "\n")
+
+    def run_all(self, config, name="r", extra=()):
+        """Both ranks to the end of the data; per rank its batches (meta, folder) in order."""
+        d = dt.Daemon(self.dir, config, extra=extra)
+        cs = [d.consume(r, "--json", "--dump", str(self.dir / f"{name}{r}")) for r in (0, 1)]
+        for c in cs:
+            dt.finish(c)
+        self.assertEqual(d.wait(), 0, d.log())
+        return [dt.dumped_batches(self.dir / f"{name}{r}") for r in (0, 1)], d
+
+    def check_rows(self, batches):
+        """Every row's text is its own id's: captions from `text`, questions from `question`."""
+        for meta, path in batches:
+            text, lengths = np.load(path / "text.npy"), np.load(path / "text_lengths.npy")
+            for k, sid in enumerate(meta["ids"]):
+                want = f"caption {int(sid[1:])}" if sid[0] == "c" else f"question {int(sid[1:])}"
+                self.assertEqual(bytes(text[k, :lengths[k]].astype(np.uint8)).decode(), want, sid)
+
+
+class WeightedTest(MixCase):
+    def test_each_epoch_deals_each_source_its_share_exactly_and_smoothly(self):
+        got, d = self.run_all(mix_config())
+        self.assertIn("captions: 300 samples, 75.00% of the stream, 600 draws an epoch (2 passes)", d.log())
+        self.assertIn("sources: captions 1200 (75%, planned 75%, 0 failed); qa 400 (25%, planned 25%, 0 failed)",
+                      d.log())
+        for e in (0, 1):
+            ids = [i for rank in got for meta, _ in rank if meta["epoch"] == e for i in meta["ids"]]
+            counts = collections.Counter(ids)
+            self.assertEqual(len(ids), 800, f"epoch {e}")
+            # 600 captions = every caption twice (two passes), 200 questions = each twice
+            self.assertEqual(set(counts.values()), {2}, f"epoch {e}: each sample once a pass")
+            self.assertEqual(sum(1 for i in counts if i[0] == "c"), CAPTIONS)
+            self.assertEqual(sum(1 for i in counts if i[0] == "q"), QA)
+        for rank in got:
+            self.check_rows(rank)
+            stream = [i for meta, _ in rank for i in meta["ids"]]
+            for start in range(0, len(stream) - 100):  # every window of 100 of the rank's stream
+                window = stream[start:start + 100]
+                self.assertLessEqual(abs(sum(1 for i in window if i[0] == "q") - 25), 2, f"window at {start}")
+
+    def test_a_killed_trainer_and_a_killed_daemon_resume_to_the_uninterrupted_stream(self):
+        config = mix_config()
+        want, _ = self.run_all(config, "ref")
+        state = self.dir / "state"
+        d = dt.Daemon(self.dir, config, extra=("--state-dir", str(state)))
+        args = lambda r, life: ("--json", "--cursor", str(self.dir / f"c{r}"), "--reconnect", "60", "--dump",
+                                str(self.dir / f"r{r}_{life}"))
+        d.consume(0, *args(0, "a"), "--abort-after", "13").wait(timeout=60)  # dies holding batch 13
+        dt.finish(d.consume(1, *args(1, "a"), "--batches", "21"))
+        time.sleep(0.3)  # the state is written every 100 ms
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait()
+        d2 = dt.Daemon(self.dir, config, extra=("--state-dir", str(state)))
+        cs = [d2.consume(r, *args(r, "b")) for r in (0, 1)]
+        for c in cs:
+            dt.finish(c)
+        self.assertEqual(d2.wait(), 0, d2.log())
+        for r in (0, 1):
+            by_seq = {}
+            for dump in sorted(self.dir.glob(f"r{r}_*")):
+                for meta, _ in dt.dumped_batches(dump):
+                    self.assertEqual(by_seq.setdefault(meta["seq"], meta["ids"]), meta["ids"])
+            self.assertEqual([by_seq[k] for k in sorted(by_seq)], [m["ids"] for m, _ in want[r]], f"rank {r}")
+
+    def test_a_reload_of_the_weights_switches_at_the_next_epoch_boundary(self):
+        d = dt.Daemon(self.dir, mix_config())
+        cs = [d.consume(r, "--json", "--hold-ms", "5", "--dump", str(self.dir / f"r{r}")) for r in (0, 1)]
+        (self.dir / "b.yaml").write_text(mix_config(captions="weight: 1", qa="weight: 1"))
+        r = d.ctl("reload", "--config", str(self.dir / "b.yaml"), "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        reply = json.loads(r.stdout)
+        self.assertIn("sources", reply["changes"]["settings"])
+        self.assertTrue(reply["applied"].startswith("at the next epoch boundary"), reply["applied"])
+        for c in cs:
+            dt.finish(c)
+        self.assertEqual(d.wait(), 0, d.log())
+        by_epoch = collections.defaultdict(list)
+        for rank in (0, 1):
+            for meta, _ in dt.dumped_batches(self.dir / f"r{rank}"):
+                by_epoch[meta["epoch"]].extend(meta["ids"])
+        shares = {e: sum(1 for i in ids if i[0] == "q") / len(ids) for e, ids in by_epoch.items()}
+        self.assertEqual(shares[0], 0.25, "epoch 0 in the old weights")
+        self.assertEqual(shares[max(shares)], 0.5, "the last epoch in the new ones")
+        for e, share in shares.items():
+            self.assertIn(share, (0.25, 0.5), f"epoch {e} is one mixture or the other")
+
+
+    def test_token_budget_batches_deal_the_same_mixture(self):
+        config = mix_config().replace("batch_size: 10}", "batch_size: 16, max_tokens: 120}")
+        got, d = self.run_all(config)
+        self.assertIn("within max_tokens 120", d.log())
+        for e in (0, 1):
+            ids = [i for rank in got for meta, _ in rank if meta["epoch"] == e for i in meta["ids"]]
+            self.assertEqual(collections.Counter(i[0] for i in ids), {"c": 600, "q": 200}, f"epoch {e}")
+        for rank in got:
+            self.check_rows(rank)
+            for meta, path in rank:
+                self.assertLessEqual(int(np.load(path / "text_lengths.npy").sum()), 120)
+
+
+    def test_status_and_metrics_count_each_sources_samples(self):
+        import service_test
+        port = service_test.free_port()
+        config = mix_config(mix="{seed: 7, epochs: 0, samples_per_epoch: 800}") + \
+            f'metrics: {{listen: "127.0.0.1:{port}"}}\n'
+        d = dt.Daemon(self.dir, config)
+        for r in (0, 1):
+            dt.finish(d.consume(r, "--batches", "40"))  # epoch 0 of each rank
+        deadline = time.time() + 10
+        while True:  # the rings fill behind the trainers: at least 80 batches are committed
+            status = json.loads(d.ctl("status", "--json").stdout)
+            got = {s["name"]: s for s in status["sources"]}
+            if sum(s["samples"] for s in got.values()) >= 800 or time.time() > deadline:
+                break
+            time.sleep(0.05)
+        self.assertEqual(sorted(got), ["captions", "qa"])
+        self.assertEqual(got["captions"]["planned_share"], 0.75)
+        self.assertEqual(got["qa"]["errors"], 0)
+        total = got["captions"]["samples"] + got["qa"]["samples"]
+        self.assertGreaterEqual(total, 800)
+        self.assertLessEqual(abs(got["qa"]["samples"] - total / 4), 4, got)
+        deadline = time.time() + 10
+        while True:  # the page is rendered every 500 ms
+            page = service_test.scrape(port)[2]
+            if 'mmfeed_source_samples_total{source="qa"}' in page or time.time() > deadline:
+                break
+            time.sleep(0.1)
+        self.assertIn('mmfeed_source_samples_total{source="captions"}', page)
+        self.assertIn('mmfeed_source_errors_total{source="qa"} 0', page)
+        d.proc.send_signal(signal.SIGTERM)
+        d.wait()
+
+
+class EpochsModeTest(MixCase):
+    def test_each_source_gives_repeat_times_its_samples_an_epoch(self):
+        config = mix_config(mix="{mode: epochs, seed: 3, epochs: 2}", captions="repeat: 1", qa="repeat: 0.5")
+        got, _ = self.run_all(config)
+        seen_q = []
+        for e in (0, 1):
+            ids = [i for rank in got for meta, _ in rank if meta["epoch"] == e for i in meta["ids"]]
+            self.assertEqual(sorted(i for i in ids if i[0] == "c"), [f"c{i:04d}" for i in range(CAPTIONS)])
+            q = [i for i in ids if i[0] == "q"]
+            self.assertEqual(len(q), QA // 2)
+            self.assertEqual(len(set(q)), QA // 2)
+            seen_q += q
+        self.assertEqual(sorted(seen_q), [f"q{i:04d}" for i in range(QA)], "two half epochs cover the source once")
+
+
+class CheckTest(MixCase):
+    def check(self, config):
+        (self.dir / "p.yaml").write_text(config)
+        import subprocess
+        return subprocess.run([f"{dt.BIN}/mmfeedd", "--check", str(self.dir / "p.yaml")], capture_output=True,
+                              text=True)
+
+    def test_check_prints_the_plan(self):
+        r = self.check(mix_config())
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("the mixture, per epoch:", r.stdout)
+        self.assertIn("qa: 100 samples, 25.00% of the stream, 200 draws an epoch (2 passes)", r.stdout)
+        self.assertIn("an epoch: 400 positions per rank x 2 rank(s)", r.stdout)
+
+    def test_a_source_without_a_usable_sample_is_refused_by_name(self):
+        (self.dir / "qa.jsonl").write_text('{"id": "x", "answer": "no question"}\n')
+        r = self.check(mix_config())
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("source 'qa'", r.stderr)
+        self.assertIn("has no usable samples", r.stderr)
+
+    def test_a_weight_too_small_for_the_epoch_is_refused_by_name(self):
+        r = self.check(mix_config(qa="weight: 0.0001"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("mix: source 'qa' would never be drawn", r.stderr)
+
+
+if __name__ == "__main__":
+    dt.main()
