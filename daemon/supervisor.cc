@@ -335,8 +335,10 @@ Status CheckMemory(const RingPlan& plan) {
 }
 
 Status CheckSampleFiles(const PipelineConfig& cfg, const PathCheck& c) {
-  const std::string where =
-      fmt::format("{}:{}:{}", cfg.file, cfg.source.path_mark.line, cfg.source.path_mark.column);
+  const std::string where = cfg.mixed()
+                                ? fmt::format("{} (sources:)", cfg.file)
+                                : fmt::format("{}:{}:{}", cfg.file, cfg.source.path_mark.line,
+                                              cfg.source.path_mark.column);
   const std::string how =
       c.samples == c.catalog_size
           ? "all samples"
@@ -366,8 +368,11 @@ Status CheckSampleFiles(const PipelineConfig& cfg, const PathCheck& c) {
       "{}: {} of the {} sample files checked ({}): {}; a manifest's relative paths are read "
       "from its folder",
       where, bad, c.files, how, what);
-  if (bad == c.files) return Status::Invalid(text + "; no sample could be read");
-  spdlog::warn("{}; those samples will be skipped", text);
+  // A mixture goes on from its other sources (a broken source's rows are refilled from them).
+  if (bad == c.files && !cfg.mixed()) return Status::Invalid(text + "; no sample could be read");
+  spdlog::warn(
+      "{}; those samples will be skipped{}", text,
+      cfg.mixed() ? ", their rows refilled from their source or, failing that, the mix" : "");
   return Status::Ok();
 }
 

@@ -87,6 +87,7 @@ class Pipeline::Collator {
     } else if (status.code() == Status::Code::kResourceExhausted) {
       o.holes.push_back(s.row);  // not the sample's fault: never counted (the pipeline stops)
     } else {
+      o.entries[s.row] = s.entry;  // a mixture refills the row from the same source
       (*known_bad_)[s.entry] = true;
       if (p_->source_counts_) p_->CountsOf(s.entry).errors.fetch_add(1, std::memory_order_relaxed);
       if (p_->budgeted()) {  // its cost leaves the batch with it
@@ -159,7 +160,8 @@ class Pipeline::Collator {
   struct Open {
     std::shared_ptr<const Provisional> batch;
     std::vector<std::string> ids;
-    std::vector<uint32_t> entries;  // each row's catalog entry
+    std::vector<uint32_t> entries;  // each row's catalog entry (a failed row: the failed one)
+    std::vector<uint16_t> tries;    // a mixture: per row, refills from its source that failed
     std::vector<int> holes;         // rows whose sample failed, not yet redrawn
     int outstanding = 0;            // samples dispatched and not yet resolved
     Rng draws{0};
@@ -172,6 +174,7 @@ class Pipeline::Collator {
   };
   // Refill draws in a row that pass the budget before the row is left out of its batch.
   static constexpr int kMaxMisfits = 64;
+  static constexpr uint16_t kSameSourceTries = 16;
 
   Open& Get(const std::shared_ptr<const Provisional>& b) {
     auto it = open_.find({b->gen, b->seq});
@@ -180,6 +183,7 @@ class Pipeline::Collator {
     o.batch = b;
     o.ids.resize(b->rows);
     o.entries.resize(b->rows);
+    o.tries.resize(b->rows);
     o.outstanding = b->rows;
     o.tokens = b->tokens;
     o.patches = b->patches;
@@ -212,9 +216,18 @@ class Pipeline::Collator {
           o.holes.push_back(row);
           continue;
         }
-        uint64_t pos = o.draws.Below(p_->per_rank_);
-        uint32_t entry = order[pos * p_->cfg_.consumers + rank_];
+        // A mixture draws from the failed sample's source, so that the realised shares hold;
+        // after kSameSourceTries failures in a row (a broken source) from the whole mix.
+        uint32_t entry;
+        if (order.mixed() && o.tries[row] < kSameSourceTries) {
+          ++o.tries[row];
+          entry = order.SameSource(o.entries[row], static_cast<int>(rank_), o.draws.Next());
+        } else {
+          uint64_t pos = o.draws.Below(p_->per_rank_);
+          entry = order[pos * p_->cfg_.consumers + rank_];
+        }
         if ((*known_bad_)[entry]) {
+          o.entries[row] = entry;
           p_->refills_failed_.fetch_add(1, std::memory_order_relaxed);
           ++o.failed_run;
           o.holes.push_back(row);

@@ -347,7 +347,7 @@ EpochOrder::EpochOrder(const Catalog& cat, const SourceConfig& source, uint32_t 
     : EpochOrder(cat.size(), source, epoch, consumers) {
   if (cat.mixture) {
     mix_ = cat.mixture.get();
-    part_first_ = cat.part_first.data();
+    part_first_ = &cat.part_first;
     epoch_ = epoch;
     consumers_ = static_cast<uint64_t>(consumers);
     size_ = mix_->per_lane() * consumers_;
@@ -364,7 +364,16 @@ uint32_t EpochOrder::Mixed(size_t i) const {
   const uint64_t rank = i % consumers_;
   const MixDraw d =
       mix_->At(epoch_, static_cast<uint32_t>(node_ * consumers_ + rank), i / consumers_);
-  return static_cast<uint32_t>(part_first_[d.source] + d.sample);
+  return static_cast<uint32_t>((*part_first_)[d.source] + d.sample);
+}
+
+uint32_t EpochOrder::SameSource(uint32_t entry, int rank, uint64_t random) const {
+  const std::vector<uint64_t>& first = *part_first_;
+  const uint32_t k = static_cast<uint32_t>(std::upper_bound(first.begin(), first.end(), entry) -
+                                           first.begin() - 1);
+  const uint32_t lane = static_cast<uint32_t>(node_ * consumers_ + static_cast<uint64_t>(rank));
+  const uint64_t c = random % mix_->LaneQuota(k, lane);
+  return static_cast<uint32_t>(first[k] + mix_->DrawOf(epoch_, lane, k, c).sample);
 }
 
 uint32_t EpochOrder::Windowed(size_t i) const {

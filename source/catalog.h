@@ -153,6 +153,10 @@ class EpochOrder {
   std::vector<uint32_t> WindowShards(size_t i, int more) const;
   // Window mode: the index of the window holding position i in the epoch's sequence.
   size_t WindowOf(size_t i) const;
+  // Mixture mode: a draw of rank `rank`'s share of the epoch from the source of catalog entry
+  // `entry` (`random` picks which), to refill a row whose sample failed from the same source.
+  bool mixed() const { return mix_ != nullptr; }
+  uint32_t SameSource(uint32_t entry, int rank, uint64_t random) const;
 
  private:
   uint32_t Windowed(size_t i) const;
@@ -169,7 +173,7 @@ class EpochOrder {
   // Mixture mode: position i is rank i % consumers' position i / consumers, a lane of the
   // mixture (node x consumers + rank).
   const Mixture* mix_ = nullptr;
-  const uint64_t* part_first_ = nullptr;
+  const std::vector<uint64_t>* part_first_ = nullptr;
   uint32_t epoch_ = 0;
   uint64_t consumers_ = 1;
 };

@@ -147,24 +147,27 @@ MixDraw Mixture::At(uint32_t epoch, uint32_t lane, uint64_t p) const {
   }
   const uint64_t t = lo;
   uint64_t skip = p - draws(t);
-  MixDraw d;
   for (uint32_t i = 0; i < k; ++i) {
     const uint64_t before = DrawsAfter(t, q[i], phase[i], len);
     if (DrawsAfter(t + 1, q[i], phase[i], len) == before) continue;
     if (skip-- > 0) continue;
-    const Source& s = sources_[i];
-    // The lane's draw `before` of the source, numbered over the lanes, then over the epochs.
-    const uint64_t in_epoch =
-        before < s.base ? before * lanes_ + lane : s.base * lanes_ + ExtraOf(s, lane);
-    d.source = i;
-    d.draw = uint64_t{epoch} * dealt_[i] + in_epoch;
-    const uint64_t pass = d.draw / s.cfg.size, at = d.draw % s.cfg.size;
-    d.sample = s.cfg.shuffle
-                   ? Permutation(s.cfg.size, Rng(s.cfg.seed, pass, "", "mix pass").Next())(at)
-                   : at;
-    return d;
+    return DrawOf(epoch, lane, i, before);
   }
-  return d;  // unreachable: draws(t) <= p < draws(t + 1)
+  return MixDraw{};  // unreachable: draws(t) <= p < draws(t + 1)
+}
+
+MixDraw Mixture::DrawOf(uint32_t epoch, uint32_t lane, uint32_t source, uint64_t c) const {
+  const Source& s = sources_[source];
+  // The lane's draw c of the source, numbered over the lanes, then over the epochs.
+  const uint64_t in_epoch = c < s.base ? c * lanes_ + lane : s.base * lanes_ + ExtraOf(s, lane);
+  MixDraw d;
+  d.source = source;
+  d.draw = uint64_t{epoch} * dealt_[source] + in_epoch;
+  const uint64_t pass = d.draw / s.cfg.size, at = d.draw % s.cfg.size;
+  d.sample = s.cfg.shuffle
+                 ? Permutation(s.cfg.size, Rng(s.cfg.seed, pass, "", "mix pass").Next())(at)
+                 : at;
+  return d;
 }
 
 std::string Mixture::Describe(const std::vector<std::string>& names) const {

@@ -71,6 +71,9 @@ class Mixture {
   // What position `p` of lane `lane` in `epoch` draws. REQUIRES: lane < lanes(),
   // p < per_lane().
   MixDraw At(uint32_t epoch, uint32_t lane, uint64_t p) const;
+  // Lane `lane`'s draw `c` of `source` in `epoch` (REQUIRES: c < LaneQuota(source, lane)): what
+  // a failed sample's row is refilled with, drawn from the same source.
+  MixDraw DrawOf(uint32_t epoch, uint32_t lane, uint32_t source, uint64_t c) const;
 
   // The plan, one line per source: size, share, draws per epoch, passes per epoch.
   std::string Describe(const std::vector<std::string>& names) const;

@@ -174,6 +174,35 @@ class WeightedTest(MixCase):
         d.wait()
 
 
+class BrokenSourceTest(MixCase):
+    def break_questions(self, broken):
+        """Questions whose index is in `broken` name a file that does not exist."""
+        with open(self.dir / "qa.jsonl", "w") as f:
+            for i in range(QA):
+                q = {"path": f"gone/{i}.txt"} if i in broken else f"question {i}"
+                f.write(json.dumps({"id": f"q{i:04d}", "question": q}) + "\n")
+
+    def test_failed_samples_are_refilled_from_their_own_source(self):
+        self.break_questions(set(range(0, QA, 5)))  # 20 of the 100
+        got, d = self.run_all(mix_config())
+        for e in (0, 1):
+            ids = [i for rank in got for meta, _ in rank if meta["epoch"] == e for i in meta["ids"]]
+            self.assertEqual(collections.Counter(i[0] for i in ids), {"c": 600, "q": 200}, f"epoch {e}")
+            self.assertFalse({i for i in ids if i[0] == "q" and int(i[1:]) % 5 == 0}, "no broken question")
+        for rank in got:
+            self.check_rows(rank)
+        self.assertRegex(d.log(), r"qa 400 \(25%, planned 25%, [1-9]\d* failed\)")
+
+    def test_an_entirely_broken_source_leaves_the_run_to_the_others(self):
+        self.break_questions(set(range(QA)))
+        got, d = self.run_all(mix_config())
+        ids = [i for rank in got for meta, _ in rank for i in meta["ids"]]
+        self.assertEqual(len(ids), 1600)
+        self.assertEqual({i[0] for i in ids}, {"c"})
+        self.assertIn("their rows refilled from their source or, failing that, the mix", d.log())
+        self.assertRegex(d.log(), r"qa 0 \(0%, planned 25%, [1-9]\d* failed\)")
+
+
 class EpochsModeTest(MixCase):
     def test_each_source_gives_repeat_times_its_samples_an_epoch(self):
         config = mix_config(mix="{mode: epochs, seed: 3, epochs: 2}", captions="repeat: 1", qa="repeat: 0.5")
