@@ -135,6 +135,26 @@ int Supervisor::Run() {
   return Exit();
 }
 
+void Supervisor::WarnRanksWithoutTrainers() {
+  if (warned_missing_trainers_) return;
+  std::vector<int> idle;
+  int busy = -1;
+  uint64_t taken = 0;
+  for (int r = 0; r < cfg_.consumers; ++r) {
+    const uint64_t released = sinks_[r]->ring().released();
+    if (released == 0 && !holders_[r].pid) idle.push_back(r);
+    if (released > taken) taken = released, busy = r;
+  }
+  if (idle.empty() || taken <= static_cast<uint64_t>(cfg_.ring_slots)) return;
+  warned_missing_trainers_ = true;
+  spdlog::warn(
+      "rank(s) {} have had no trainer while rank {} took {} batches: `consumers: {}` in {} "
+      "makes one ring per trainer process, each attaching with its own rank (e.g. "
+      "$LOCAL_RANK); a rank no trainer takes from keeps its ring full and the run cannot end. "
+      "Start a trainer for every rank, or set `consumers:` to the number of trainers",
+      fmt::join(idle, ", "), busy, taken, cfg_.consumers, cfg_.file);
+}
+
 // --state-dir: the stream the trainers are in. A restart on an edited config continues it
 // with the config it was made from (cfg_ becomes that one), then switches as a reload would:
 // `then_reload` gets the edited file. A saved stream that cannot be continued is dropped.
@@ -239,6 +259,7 @@ void Supervisor::Tick() {
     (void)SaveState();  // logged
     Heartbeat();
     Tune();
+    WarnRanksWithoutTrainers();
     for (int r = 0; r < ranks(); ++r) {
       if (!holders_[r].pid) continue;
       std::string why = holders_[r].sink->ring().TakeViolation();

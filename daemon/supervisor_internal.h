@@ -301,6 +301,10 @@ class Supervisor {
   // last ones), so an order-changing reload chooses its epoch boundary only once every rank's
   // trainer is back and has said where it is (EveryRankBack).
   std::vector<bool> unseen_since_restart_;
+  // Once: ranks no trainer has taken from while another rank's trainer took more than a ring
+  // (`consumers:` larger than the trainers started: the run could never end).
+  void WarnRanksWithoutTrainers();
+  bool warned_missing_trainers_ = false;
   // A restart on an edited config: the file to reload once every rank has attached again.
   std::string then_reload_;
   // A reload building its pipeline (Reload): joinable until its completion ran on the control

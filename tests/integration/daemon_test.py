@@ -384,6 +384,22 @@ stages:
     def check(self):
         return subprocess.run([f"{BIN}/mmfeedd", "--check", str(self.cfg)], capture_output=True, text=True)
 
+    def test_a_rank_without_a_trainer_is_named_once_another_took_more_than_a_ring(self):
+        make_dataset(self.dir, 200)
+        d = Daemon(self.dir, CONFIG.format(source_type="manifest", path="manifest.jsonl", seed=1, epochs=1,
+                                           consumers=3, workers=1, batch=4, placement=""))
+        finish(d.consume(0, "--batches", "10"))  # the rings hold 4: rank 0 took more than a ring
+        deadline = time.time() + 10
+        while "have had no trainer" not in d.log():
+            self.assertLess(time.time(), deadline, d.log())
+            time.sleep(0.05)
+        self.assertIn("rank(s) 1, 2 have had no trainer while rank 0 took 10 batches: `consumers: 3` in", d.log())
+        self.assertIn("Start a trainer for every rank, or set `consumers:` to the number of trainers", d.log())
+        for c in [d.consume(r) for r in (0, 1, 2)]:
+            finish(c)
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEqual(d.log().count("have had no trainer"), 1, "said once")
+
     def test_files_outside_the_data_roots_are_refused_with_the_line_that_admits_them(self):
         self.write(self.photos * 4)
         p = self.check()
