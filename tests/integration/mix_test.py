@@ -174,6 +174,57 @@ class WeightedTest(MixCase):
         d.wait()
 
 
+class SourceKindsTest(MixCase):
+    def shares_per_epoch(self, got):
+        out = []
+        for e in (0, 1):
+            ids = [i for rank in got for meta, _ in rank if meta["epoch"] == e for i in meta["ids"]]
+            out.append(collections.Counter(ids))
+        return out
+
+    def test_an_indexed_manifest_and_local_tar_shards_mix_like_parsed_manifests(self):
+        import io, tarfile
+        for k in range(2):  # the questions as two shards of 50, their text in .txt members
+            with tarfile.open(self.dir / f"qa-{k}.tar", "w", format=tarfile.USTAR_FORMAT) as t:
+                for i in range(k * 50, (k + 1) * 50):
+                    data = f"question {i}".encode()
+                    info = tarfile.TarInfo(f"q{i:04d}.txt")
+                    info.size = len(data)
+                    t.addfile(info, io.BytesIO(data))
+        config = mix_config(captions="weight: 3, index: on").replace(
+            "{name: qa, type: manifest, path: qa.jsonl, weight: 1, fields: {text: question}}",
+            '{name: qa, type: webdataset, path: "qa-{0..1}.tar", weight: 1, fields: {text: [txt]}}')
+        got, d = self.run_all(config, extra=("--state-dir", str(self.dir / "state")))
+        self.assertTrue(list((self.dir / "state" / "index").glob("captions.jsonl-*.mmfidx")), "captions indexed")
+        for counts in self.shares_per_epoch(got):
+            self.assertEqual(sum(n for i, n in counts.items() if i[0] == "c"), 600)
+            self.assertEqual(sum(n for i, n in counts.items() if i[0] == "q"), 200)
+            self.assertEqual(set(counts.values()), {2})
+        for rank in got:
+            self.check_rows(rank)
+
+    def test_a_reload_from_one_source_to_a_mixture_switches_at_an_epoch_boundary(self):
+        one = mix_config().split("sources:")[0] + (
+            "source: {type: manifest, path: captions.jsonl, shuffle: true, seed: 7, epochs: 3}\n"
+            + "consumers: 2" + mix_config().split("consumers: 2")[1])
+        d = dt.Daemon(self.dir, one)
+        cs = [d.consume(r, "--json", "--hold-ms", "5", "--dump", str(self.dir / f"r{r}")) for r in (0, 1)]
+        (self.dir / "b.yaml").write_text(mix_config(mix="{seed: 7, epochs: 3, samples_per_epoch: 800}"))
+        r = d.ctl("reload", "--config", str(self.dir / "b.yaml"), "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(json.loads(r.stdout)["applied"].startswith("at the next epoch boundary"))
+        for c in cs:
+            dt.finish(c)
+        self.assertEqual(d.wait(), 0, d.log())
+        by_epoch = collections.defaultdict(list)
+        for rank in (0, 1):
+            for meta, _ in dt.dumped_batches(self.dir / f"r{rank}"):
+                by_epoch[meta["epoch"]].extend(meta["ids"])
+        self.assertEqual(sorted(by_epoch[0]), sorted(f"c{i:04d}" for i in range(CAPTIONS)), "epoch 0: one source")
+        last = by_epoch[max(by_epoch)]
+        self.assertEqual(collections.Counter(i[0] for i in last), {"c": 600, "q": 200}, "the last: the mixture")
+
+
 class BrokenSourceTest(MixCase):
     def break_questions(self, broken):
         """Questions whose index is in `broken` name a file that does not exist."""
