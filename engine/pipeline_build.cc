@@ -252,6 +252,8 @@ void Pipeline::Fingerprint() {
                              cfg_.consumers, cfg_.batch_size, cfg_.drop_last, cfg_.source.epochs));
   if (cfg_.source.shuffle_window > 0)  // window mode: another order
     h = HashString(fmt::format("windows {}", cfg_.source.shuffle_window), h);
+  for (const auto& [field, key] : cfg_.source.keys)  // a manifest's fields read from other keys
+    h = HashString(fmt::format("key {}={}", field, key), h);
   if (catalog_->indexed())  // an indexed source: its contents (size, mtime, inode, ends)
     h = HashString(fmt::format("index {:016x}", catalog_->index_fingerprint()), h);
   if (cfg_.budgeted()) {  // the budgets and every sample's cost decide the batches

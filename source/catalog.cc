@@ -276,16 +276,20 @@ Result<Catalog> LoadMixture(const std::vector<SourceConfig>& sources, const MixC
   for (const SourceConfig& s : sources) {
     Result<Catalog> part = LoadCatalog(s, needed, path_fields);
     if (!part.ok()) return part.status().WithContext(fmt::format("source '{}'", s.name));
-    for (LoadError& e : part->errors) cat.errors.push_back(std::move(e));
-    part->errors.clear();
     if (part->size() == 0)
       return Status::Invalid(fmt::format(
           "source '{}' ({}) has no usable samples{}: fix it or leave it out of the mixture", s.name,
-          s.path, cat.errors.empty() ? "" : " (its errors are listed above)"));
+          s.path,
+          part->errors.empty() ? ""
+                               : fmt::format(" ({} bad, e.g. {}: {})", part->errors.size(),
+                                             part->errors[0].origin, part->errors[0].reason)));
+    for (LoadError& e : part->errors) cat.errors.push_back(std::move(e));
+    part->errors.clear();
     // What the mixture deals: each source's contents and share.
     h = HashString(fmt::format("{}|{}|{}|{}|{}|{}", s.name, s.weight, s.repeat, s.shuffle, s.seed,
                                part->size()),
                    h);
+    for (const auto& [field, key] : s.keys) h = HashString(fmt::format("key {}={}", field, key), h);
     if (part->indexed())
       h = HashString(fmt::format("index {:016x}", part->index_fingerprint()), h);
     else
@@ -372,8 +376,10 @@ uint32_t EpochOrder::SameSource(uint32_t entry, int rank, uint64_t random) const
   const uint32_t k = static_cast<uint32_t>(std::upper_bound(first.begin(), first.end(), entry) -
                                            first.begin() - 1);
   const uint32_t lane = static_cast<uint32_t>(node_ * consumers_ + static_cast<uint64_t>(rank));
-  const uint64_t c = random % mix_->LaneQuota(k, lane);
-  return static_cast<uint32_t>(first[k] + mix_->DrawOf(epoch_, lane, k, c).sample);
+  const uint64_t quota = mix_->LaneQuota(k, lane);
+  if (quota == 0)  // not one of this rank's sources (cannot happen): any of its positions
+    return Mixed(random % mix_->per_lane() * consumers_ + static_cast<uint64_t>(rank));
+  return static_cast<uint32_t>(first[k] + mix_->DrawOf(epoch_, lane, k, random % quota).sample);
 }
 
 uint32_t EpochOrder::Windowed(size_t i) const {

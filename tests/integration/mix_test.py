@@ -51,6 +51,26 @@ class MixCase(dt.DaemonCase):
         self.assertEqual(d.wait(), 0, d.log())
         return [dt.dumped_batches(self.dir / f"{name}{r}") for r in (0, 1)], d
 
+    def reload_while_running(self, first, then):
+        """Runs `first` with two slow trainers, reloads `then` (a change of the mixture: at the
+        next epoch boundary) and runs to the end; the ids delivered, by epoch."""
+        d = dt.Daemon(self.dir, first)
+        cs = [d.consume(r, "--json", "--hold-ms", "5", "--dump", str(self.dir / f"r{r}")) for r in (0, 1)]
+        (self.dir / "b.yaml").write_text(then)
+        r = d.ctl("reload", "--config", str(self.dir / "b.yaml"), "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        reply = json.loads(r.stdout)
+        self.assertIn("sources", reply["changes"]["settings"])
+        self.assertTrue(reply["applied"].startswith("at the next epoch boundary"), reply["applied"])
+        for c in cs:
+            dt.finish(c)
+        self.assertEqual(d.wait(), 0, d.log())
+        by_epoch = collections.defaultdict(list)
+        for rank in (0, 1):
+            for meta, _ in dt.dumped_batches(self.dir / f"r{rank}"):
+                by_epoch[meta["epoch"]].extend(meta["ids"])
+        return by_epoch
+
     def check_rows(self, batches):
         """Every row's text is its own id's: captions from `text`, questions from `question`."""
         for meta, path in batches:
@@ -106,21 +126,7 @@ class WeightedTest(MixCase):
             self.assertEqual([by_seq[k] for k in sorted(by_seq)], [m["ids"] for m, _ in want[r]], f"rank {r}")
 
     def test_a_reload_of_the_weights_switches_at_the_next_epoch_boundary(self):
-        d = dt.Daemon(self.dir, mix_config())
-        cs = [d.consume(r, "--json", "--hold-ms", "5", "--dump", str(self.dir / f"r{r}")) for r in (0, 1)]
-        (self.dir / "b.yaml").write_text(mix_config(captions="weight: 1", qa="weight: 1"))
-        r = d.ctl("reload", "--config", str(self.dir / "b.yaml"), "--json")
-        self.assertEqual(r.returncode, 0, r.stderr)
-        reply = json.loads(r.stdout)
-        self.assertIn("sources", reply["changes"]["settings"])
-        self.assertTrue(reply["applied"].startswith("at the next epoch boundary"), reply["applied"])
-        for c in cs:
-            dt.finish(c)
-        self.assertEqual(d.wait(), 0, d.log())
-        by_epoch = collections.defaultdict(list)
-        for rank in (0, 1):
-            for meta, _ in dt.dumped_batches(self.dir / f"r{rank}"):
-                by_epoch[meta["epoch"]].extend(meta["ids"])
+        by_epoch = self.reload_while_running(mix_config(), mix_config(captions="weight: 1", qa="weight: 1"))
         shares = {e: sum(1 for i in ids if i[0] == "q") / len(ids) for e, ids in by_epoch.items()}
         self.assertEqual(shares[0], 0.25, "epoch 0 in the old weights")
         self.assertEqual(shares[max(shares)], 0.5, "the last epoch in the new ones")
@@ -207,19 +213,7 @@ class SourceKindsTest(MixCase):
         one = mix_config().split("sources:")[0] + (
             "source: {type: manifest, path: captions.jsonl, shuffle: true, seed: 7, epochs: 3}\n"
             + "consumers: 2" + mix_config().split("consumers: 2")[1])
-        d = dt.Daemon(self.dir, one)
-        cs = [d.consume(r, "--json", "--hold-ms", "5", "--dump", str(self.dir / f"r{r}")) for r in (0, 1)]
-        (self.dir / "b.yaml").write_text(mix_config(mix="{seed: 7, epochs: 3, samples_per_epoch: 800}"))
-        r = d.ctl("reload", "--config", str(self.dir / "b.yaml"), "--json")
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertTrue(json.loads(r.stdout)["applied"].startswith("at the next epoch boundary"))
-        for c in cs:
-            dt.finish(c)
-        self.assertEqual(d.wait(), 0, d.log())
-        by_epoch = collections.defaultdict(list)
-        for rank in (0, 1):
-            for meta, _ in dt.dumped_batches(self.dir / f"r{rank}"):
-                by_epoch[meta["epoch"]].extend(meta["ids"])
+        by_epoch = self.reload_while_running(one, mix_config(mix="{seed: 7, epochs: 3, samples_per_epoch: 800}"))
         self.assertEqual(sorted(by_epoch[0]), sorted(f"c{i:04d}" for i in range(CAPTIONS)), "epoch 0: one source")
         last = by_epoch[max(by_epoch)]
         self.assertEqual(collections.Counter(i[0] for i in last), {"c": 600, "q": 200}, "the last: the mixture")
