@@ -14,6 +14,8 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import daemon_test as dt  # noqa: E402
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+
 CAPTIONS, QA = 300, 100
 
 
@@ -261,6 +263,53 @@ class EpochsModeTest(MixCase):
             self.assertEqual(len(set(q)), QA // 2)
             seen_q += q
         self.assertEqual(sorted(seen_q), [f"q{i:04d}" for i in range(QA)], "two half epochs cover the source once")
+
+
+class QwenMixTest(dt.DaemonCase):
+    def test_the_shipped_qwen_mix_config_deals_images_videos_and_text_only_chat(self):
+        """configs/qwen3.5-vl-mix.yaml on 10 image, 4 video and 6 text-only samples (one pass
+        each an epoch at 5:2:3): every sample once, each with its own modality's patches and
+        vision tokens, none failed."""
+        import subprocess
+        sys.path.insert(0, str(ROOT / "scripts"))
+        import make_photos
+        photos = make_photos.make(self.dir, 5, 200, 400, seed=3)
+        for k in range(2):
+            subprocess.run(f"ffmpeg -v error -y -f lavfi -i testsrc2=size=192x144:rate=10 -t {2 + k} "
+                           f"-c:v libx264 -pix_fmt yuv420p {self.dir / f'clip{k}.mp4'}", shell=True, check=True)
+        lines = {
+            "captions": [{"id": f"c{i}", "image": photos[i % 5]["name"], "video": [], "text": f"Describe {i}.",
+                          "answer": f"Photo {i}."} for i in range(10)],
+            "video_qa": [{"id": f"v{i}", "image": [], "clip": f"clip{i % 2}.mp4", "question": f"What moves {i}?",
+                          "reply": "Colours."} for i in range(4)],
+            "chat": [{"id": f"t{i}", "image": [], "video": [], "text": f"Say {i}.", "answer": f"{i}."}
+                     for i in range(6)],
+        }
+        for name, rows in lines.items():
+            (self.dir / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        config = (ROOT / "configs" / "qwen3.5-vl-mix.yaml").read_text()
+        for old, new in [("../tests/data/tokenizer/qwen3-tokenizer.json.gz",
+                          str(ROOT / "tests" / "data" / "tokenizer" / "qwen3-tokenizer.json.gz")),
+                         ("max_pixels: 1003520", "max_pixels: 262144"), ("max_pixels: 786432", "max_pixels: 262144")]:
+            self.assertIn(old, config)
+            config = config.replace(old, new)
+        d = dt.Daemon(self.dir, config)
+        dt.finish(d.consume(0, "--json", "--dump", str(self.dir / "dump")), timeout=300)
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertIn("sources: captions 10 (50%, planned 50%, 0 failed); video_qa 4 (20%, planned 20%, 0 failed); "
+                      "chat 6 (30%, planned 30%, 0 failed)", d.log())
+        seen = []
+        for meta, path in dt.dumped_batches(self.dir / "dump"):
+            # The grids have a row per image (video) in the batch, in the order of the rows.
+            images, videos = np.load(path / "image_grid_thw.npy"), np.load(path / "video_grid_thw.npy")
+            self.assertEqual(len(images), sum(1 for i in meta["ids"] if i[0] == "c"), meta["ids"])
+            self.assertEqual(len(videos), sum(1 for i in meta["ids"] if i[0] == "v"), meta["ids"])
+            ids = np.load(path / "input_ids.npy")
+            for k, sid in enumerate(meta["ids"]):
+                seen.append(sid)
+                self.assertEqual(bool((ids[k] == 151655).any()), sid[0] == "c", f"{sid}: <|image_pad|>")
+                self.assertEqual(bool((ids[k] == 151656).any()), sid[0] == "v", f"{sid}: <|video_pad|>")
+        self.assertEqual(sorted(seen), sorted(r["id"] for rows in lines.values() for r in rows))
 
 
 class CheckTest(MixCase):
