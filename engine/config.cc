@@ -540,6 +540,9 @@ void ParseFaults(const YAML::Node& f, PipelineConfig* cfg) {
   }
 }
 
+// An epoch's samples at most (draw numbers, epoch x samples, stay far inside 64 bits).
+constexpr uint64_t kMaxMixEpoch = 1'000'000'000'000;
+
 // `sources:` and `mix:` (source/mixture.h): cfg->source gets the order's settings, type "mix".
 void ParseMixture(const YAML::Node& list, const YAML::Node& mix, PipelineConfig* cfg) {
   if (!list.IsSequence() || list.size() == 0)
@@ -566,6 +569,9 @@ void ParseMixture(const YAML::Node& list, const YAML::Node& mix, PipelineConfig*
              "its size)");
       cfg->mix.samples_per_epoch =
           static_cast<uint64_t>(IntAtLeast(mix["samples_per_epoch"], "mix.samples_per_epoch", 1));
+      if (cfg->mix.samples_per_epoch > kMaxMixEpoch)
+        Fail(mix["samples_per_epoch"],
+             fmt::format("mix.samples_per_epoch must be at most {}", kMaxMixEpoch));
     }
   }
   ParseNodeShare(mix ? mix : YAML::Node(YAML::NodeType::Map), "mix", &order);
@@ -578,7 +584,11 @@ void ParseMixture(const YAML::Node& list, const YAML::Node& mix, PipelineConfig*
     s.name = Str(n["name"], "the source's name");
     for (const SourceConfig& other : cfg->sources)
       if (other.name == s.name) Fail(n["name"], fmt::format("two sources are named '{}'", s.name));
-    if (auto [it, fresh] = path_of.emplace(s.path, s.name); !fresh)
+    // The same files by another name or through a symlink are the same source.
+    std::error_code ec;
+    const std::string files =
+        s.remote ? s.path : std::filesystem::weakly_canonical(s.path, ec).string();
+    if (auto [it, fresh] = path_of.emplace(ec ? s.path : files, s.name); !fresh)
       Fail(n["path"], fmt::format("sources '{}' and '{}' read the same files ({}): give one "
                                   "source, with the share of both",
                                   it->second, s.name, s.path));

@@ -456,6 +456,13 @@ TEST_F(ConfigTest, MixtureMistakesNameTheirLineAndColumn) {
             p + ":2:61: mix.mode epochs gives each source a repeat, not a weight");
   EXPECT_EQ(Error(MixYaml("  - {name: a, type: manifest, path: manifest.jsonl, weight: -1}\n")),
             p + ":2:61: the weight of source 'a' must be above 0 and at most 1e12");
+  std::filesystem::create_symlink(dir_ / "manifest.jsonl", dir_ / "link.jsonl");
+  EXPECT_NE(Error(MixYaml(a + "  - {name: b, type: manifest, path: link.jsonl, weight: 2}\n"))
+                .find("sources 'a' and 'b' read the same files"),
+            std::string::npos)
+      << "a symlink to a source's manifest is that source";
+  EXPECT_EQ(Error(MixYaml(a, "{samples_per_epoch: 1000000000001}")),
+            p + ":3:26: mix.samples_per_epoch must be at most 1000000000000");
   EXPECT_EQ(Error(MixYaml(a, "{mode: blend}")),
             p + ":3:13: mix.mode must be weighted or epochs, not 'blend'");
   EXPECT_EQ(Error(MixYaml(a, "{mode: epochs, samples_per_epoch: 10}")),
