@@ -417,8 +417,7 @@ Result<PipelineConfig> LoadDaemonConfig(const std::string& file, const Superviso
   Result<PipelineConfig> cfg = LoadConfigFile(file);
   if (!cfg.ok()) return cfg;
   MMFEED_RETURN_IF_ERROR(CheckFaultsAllowed(*cfg, options.allow_faults));
-  cfg->source.index_dir = options.state_dir;  // manifest indexes live with the cursors
-  for (SourceConfig& s : cfg->sources) s.index_dir = options.state_dir;
+  cfg->SetIndexDir(options.state_dir);  // manifest indexes live with the cursors
   return cfg;
 }
 

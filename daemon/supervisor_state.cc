@@ -16,7 +16,7 @@ Result<PipelineConfig> Supervisor::KeptConfig(const StreamState& s) const {
   Result<PipelineConfig> cfg = ParseConfig(s.config_text, s.config_file);
   if (!cfg.ok()) return cfg;
   MMFEED_RETURN_IF_ERROR(CheckFaultsAllowed(*cfg, opt_.allow_faults));
-  cfg->source.index_dir = opt_.state_dir;
+  cfg->SetIndexDir(opt_.state_dir);
   ConfigChanges changes = DiffConfigs(*cfg, cfg_);
   if (!changes.needs_restart.empty())
     return Status::Unsupported(

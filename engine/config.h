@@ -60,6 +60,11 @@ struct PipelineConfig {
   std::vector<SourceConfig> sources;
   MixConfig mix;
   bool mixed() const { return !sources.empty(); }
+  // Where the sources keep their indexes (the daemon's --state-dir; empty: beside the data).
+  void SetIndexDir(const std::string& dir) {
+    source.index_dir = dir;
+    for (SourceConfig& s : sources) s.index_dir = dir;
+  }
   int consumers = 1;
   std::vector<StageConfig> stages;  // in file order; the batch stage is `batch_stage`
   int batch_stage = -1;
