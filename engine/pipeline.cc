@@ -631,8 +631,7 @@ nlohmann::json Pipeline::Profile() const {
 }
 
 Pipeline::SourceCounts& Pipeline::CountsOf(uint32_t entry) const {
-  const auto& first = catalog_->part_first;
-  return source_counts_[std::upper_bound(first.begin(), first.end(), entry) - first.begin() - 1];
+  return source_counts_[catalog_->PartOf(entry)];
 }
 
 std::string Pipeline::MixPlan() const {

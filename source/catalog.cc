@@ -217,8 +217,7 @@ Result<Catalog> LoadWebDataset(const SourceConfig& source, const std::set<std::s
 
 Status Catalog::Read(size_t i, CatalogEntry* e) const {
   if (!parts.empty()) {
-    const size_t k =
-        std::upper_bound(part_first.begin(), part_first.end(), i) - part_first.begin() - 1;
+    const size_t k = PartOf(i);
     const Catalog& part = *parts[k];
     const size_t at = i - part_first[k];
     if (part.indexed()) return part.Read(at, e);
@@ -351,7 +350,7 @@ EpochOrder::EpochOrder(const Catalog& cat, const SourceConfig& source, uint32_t 
     : EpochOrder(cat.size(), source, epoch, consumers) {
   if (cat.mixture) {
     mix_ = cat.mixture.get();
-    part_first_ = &cat.part_first;
+    mixed_ = &cat;
     epoch_ = epoch;
     consumers_ = static_cast<uint64_t>(consumers);
     size_ = mix_->per_lane() * consumers_;
@@ -368,18 +367,17 @@ uint32_t EpochOrder::Mixed(size_t i) const {
   const uint64_t rank = i % consumers_;
   const MixDraw d =
       mix_->At(epoch_, static_cast<uint32_t>(node_ * consumers_ + rank), i / consumers_);
-  return static_cast<uint32_t>((*part_first_)[d.source] + d.sample);
+  return static_cast<uint32_t>(mixed_->part_first[d.source] + d.sample);
 }
 
 uint32_t EpochOrder::SameSource(uint32_t entry, int rank, uint64_t random) const {
-  const std::vector<uint64_t>& first = *part_first_;
-  const uint32_t k = static_cast<uint32_t>(std::upper_bound(first.begin(), first.end(), entry) -
-                                           first.begin() - 1);
+  const uint32_t k = static_cast<uint32_t>(mixed_->PartOf(entry));
   const uint32_t lane = static_cast<uint32_t>(node_ * consumers_ + static_cast<uint64_t>(rank));
   const uint64_t quota = mix_->LaneQuota(k, lane);
   if (quota == 0)  // not one of this rank's sources (cannot happen): any of its positions
     return Mixed(random % mix_->per_lane() * consumers_ + static_cast<uint64_t>(rank));
-  return static_cast<uint32_t>(first[k] + mix_->DrawOf(epoch_, lane, k, random % quota).sample);
+  return static_cast<uint32_t>(mixed_->part_first[k] +
+                               mix_->DrawOf(epoch_, lane, k, random % quota).sample);
 }
 
 uint32_t EpochOrder::Windowed(size_t i) const {

@@ -8,6 +8,7 @@
 // file. Built on the supervisor thread; read-only afterwards and safe to share between threads.
 #pragma once
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -74,6 +75,10 @@ struct Catalog {
   std::shared_ptr<const Mixture> mixture;
   uint64_t mix_fingerprint = 0;
 
+  // A mixture: the part (source) holding entry i. REQUIRES: !parts.empty(), i < size().
+  size_t PartOf(size_t i) const {
+    return std::upper_bound(part_first.begin(), part_first.end(), i) - part_first.begin() - 1;
+  }
   bool indexed() const { return index || shards || !parts.empty(); }
   size_t size() const {
     return !parts.empty() ? part_first.back() + parts.back()->size()
@@ -173,7 +178,7 @@ class EpochOrder {
   // Mixture mode: position i is rank i % consumers' position i / consumers, a lane of the
   // mixture (node x consumers + rank).
   const Mixture* mix_ = nullptr;
-  const std::vector<uint64_t>* part_first_ = nullptr;
+  const Catalog* mixed_ = nullptr;  // the mixture's catalog (parts, part_first)
   uint32_t epoch_ = 0;
   uint64_t consumers_ = 1;
 };
