@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""Mixture benchmark (issue #30): a three-source image-text mixture (`sources:` with weights
-5:2:1) against the same samples in one pre-mixed, shuffled manifest (`source:`), through the
-same pipeline (configs/demo.yaml's stages: JPEG decode, random resized crop, normalize,
-bytes tokenizer; two consumer ranks), on the same files in one run. Each side runs a short
-and a long pass (1 and --epochs epochs) and throughput is (long - short samples) /
-(long - short seconds), so start-up cancels out; the sides take turns for --rounds rounds and
-the ratio is the median of the rounds'. Then the resume: a mixture of 100 million samples an
-epoch, a trainer attaching with a cursor 40 epochs deep (4 billion positions in) against one
-attaching at the start; the time to its first batch, median of --rounds.
+"""Mixture benchmark (issue #30): a three-source image / video / text mixture (`sources:` with
+weights 5:2:1: image captions, video QA, text-only instructions) against the same samples in
+one pre-mixed, shuffled manifest, through the same pipeline (JPEG decode, random resized crop
+and normalize; uniform video frames; bytes tokenizer; two consumer ranks), on the same files in
+one run. A sample lacks the fields of the other modalities (its `<stage>_present` is 0), so the
+pre-mixed side is a `sources:` list of that one manifest (one `source:` needs every field in
+every sample): both sides make the same tensors, and the difference is the mixture's dealing.
+Each side runs a short and a long pass (1 and --epochs epochs) and throughput is (long - short
+samples) / (long - short seconds), so start-up cancels out; the sides take turns for --rounds
+rounds and the ratio is the median of the rounds'. Then the resume: a mixture of 100 million
+samples an epoch, a trainer attaching with a cursor 40 epochs deep (4 billion positions in)
+against one attaching at the start; the time to its first batch, median of --rounds.
 
 usage: mix_bench.py --build BUILD --out DIR [--rounds R] [--epochs E]
 """
@@ -17,37 +20,56 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_photos  # noqa: E402
 
-SOURCES = [("captions", 5, 500), ("ocr", 2, 200), ("charts", 1, 100)]  # name, weight, samples
+# name, weight, samples, fields
+SOURCES = [("captions", 5, 500, ("image", "text")), ("video_qa", 2, 200, ("video", "text")),
+           ("text_sft", 1, 100, ("text",))]
 STAGES = """consumers: 2
 stages:
   - {name: image, type: image, field: image, workers: 2,
      params: {crop: random_resized_crop, size: [224, 224], flip: 0.5,
               mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225], dtype: float32, layout: CHW}}
+  - {name: video, type: video, field: video, workers: 2,
+     params: {sampling: uniform, frames: 8, size: [112, 112], dtype: uint8, layout: TCHW}}
   - {name: text, type: text, field: text, params: {tokenizer: bytes, max_len: 128}}
-  - {name: batch, type: batch, inputs: [image, text], params: {batch_size: 32}}
+  - {name: batch, type: batch, inputs: [image, video, text], params: {batch_size: 32}}
 output: {ring_slots: 8}
 """
 
 
 def make_data(data):
     photos = make_photos.make(data / "img", 200, 240, 620, seed=7)
+    (data / "clips").mkdir(exist_ok=True)
+    clips = []
+    for k in range(20):  # 2-4 s, 10 fps, H.264 with B-frames
+        clips.append(f"clips/c{k:02d}.mp4")
+        subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i",
+                        f"testsrc2=size=320x240:rate=10:duration={2 + k % 3}", "-c:v", "libx264",
+                        "-pix_fmt", "yuv420p", str(data / clips[-1])], check=True)
     lines = {}
     rng = random.Random(3)
-    for name, _, n in SOURCES:
-        lines[name] = [json.dumps({"id": f"{name}{i:04d}", "image": f"img/{photos[rng.randrange(len(photos))]['name']}",
-                                   "text": f"{name} sample {i}"}) for i in range(n)]
-        (data / f"{name}.jsonl").write_text("\n".join(lines[name]) + "\n")
+    for name, _, n, fields in SOURCES:
+        rows = []
+        for i in range(n):
+            row = {"id": f"{name}{i:04d}", "text": f"{name} sample {i}"}
+            if "image" in fields:
+                row["image"] = f"img/{photos[rng.randrange(len(photos))]['name']}"
+            if "video" in fields:
+                row["video"] = clips[rng.randrange(len(clips))]
+            rows.append(json.dumps(row))
+        lines[name] = rows
+        (data / f"{name}.jsonl").write_text("\n".join(rows) + "\n")
     # The same samples, each source's share of an epoch once, in one manifest.
-    (data / "premixed.jsonl").write_text("\n".join(l for name, _, _ in SOURCES for l in lines[name]) + "\n")
+    (data / "premixed.jsonl").write_text("\n".join(l for name, *_ in SOURCES for l in lines[name]) + "\n")
 
 
 def mix_config(epochs, extra=""):
-    sources = "".join(f"  - {{name: {n}, type: manifest, path: {n}.jsonl, weight: {w}}}\n" for n, w, _ in SOURCES)
+    sources = "".join(f"  - {{name: {n}, type: manifest, path: {n}.jsonl, weight: {w}}}\n" for n, w, *_ in SOURCES)
     return f"pipeline: mix\nsources:\n{sources}mix: {{seed: 42, epochs: {epochs}{extra}}}\n" + STAGES
 
 
 def premixed_config(epochs):
-    return f"pipeline: premixed\nsource: {{type: manifest, path: premixed.jsonl, shuffle: true, seed: 42, epochs: {epochs}}}\n" + STAGES
+    return ("pipeline: premixed\nsources:\n  - {name: premixed, type: manifest, path: premixed.jsonl, weight: 1}\n"
+            f"mix: {{seed: 42, epochs: {epochs}}}\n" + STAGES)
 
 
 def start(build, data, name, config):
@@ -94,7 +116,7 @@ def main():
     ap.add_argument("--build", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--epochs", type=int, default=10)
     a = ap.parse_args()
     build, data = pathlib.Path(a.build).resolve(), pathlib.Path(a.out).resolve()
     data.mkdir(parents=True, exist_ok=True)
@@ -117,7 +139,7 @@ def main():
     d.kill()
     d.wait()
     result = {
-        "samples_per_epoch": sum(n for _, _, n in SOURCES),
+        "samples_per_epoch": sum(n for _, _, n, _ in SOURCES),
         "mix_samples_per_s": statistics.median(rates["mix"]),
         "premixed_samples_per_s": statistics.median(rates["premixed"]),
         "ratio_mix_to_premixed": statistics.median(ratios),

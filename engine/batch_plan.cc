@@ -7,14 +7,30 @@
 namespace mmfeed {
 namespace {
 
-// The batch stage's inputs' outputs in order; `first` (if not null) gets each input's first.
-std::vector<TensorSpec> InputSpecs(const PipelineConfig& cfg, std::vector<size_t>* first) {
+// The batch stage's inputs' outputs in order, with a mixture's masks and source column (see
+// BatchPlan); `p` gets each input's first tensor, mask and the source column.
+std::vector<TensorSpec> InputSpecs(const PipelineConfig& cfg, BatchPlan* p) {
   std::vector<TensorSpec> specs;
+  const bool mixed = cfg.mixed() && cfg.packed_stage < 0;
   for (const std::string& in : cfg.stages[cfg.batch_stage].inputs) {
-    if (first) first->push_back(specs.size());
-    for (const StageConfig& s : cfg.stages)
-      if (s.name == in)
-        for (const TensorSpec& t : s.stage->OutputSpecs()) specs.push_back(t);
+    p->first_tensor.push_back(specs.size());
+    p->present.push_back(-1);
+    for (const StageConfig& s : cfg.stages) {
+      if (s.name != in) continue;
+      const std::vector<TensorSpec> outputs = s.stage->OutputSpecs();
+      specs.insert(specs.end(), outputs.begin(), outputs.end());
+      const bool fixed = std::all_of(outputs.begin(), outputs.end(), [](const TensorSpec& t) {
+        return t.rows_from.empty() && t.starts_of.empty();
+      });
+      if (mixed && fixed) {
+        p->present.back() = static_cast<int>(specs.size());
+        specs.push_back({in + "_present", DType::kUInt8, {}});
+      }
+    }
+  }
+  if (mixed) {
+    p->source = static_cast<int>(specs.size());
+    specs.push_back({"source", DType::kInt32, {}});
   }
   return specs;
 }
@@ -37,7 +53,10 @@ size_t BatchPlan::InputOf(size_t t) const {
   return in;
 }
 
-std::vector<TensorSpec> BatchSpecs(const PipelineConfig& cfg) { return InputSpecs(cfg, nullptr); }
+std::vector<TensorSpec> BatchSpecs(const PipelineConfig& cfg) {
+  BatchPlan p;
+  return InputSpecs(cfg, &p);
+}
 
 std::vector<TensorSpec> PackedTextSpecs(const std::string& name, int64_t max_len) {
   return {{name, DType::kInt32, {max_len}},
@@ -47,7 +66,16 @@ std::vector<TensorSpec> PackedTextSpecs(const std::string& name, int64_t max_len
 
 Result<BatchPlan> PlanBatch(const PipelineConfig& cfg) {
   BatchPlan p;
-  p.specs = InputSpecs(cfg, &p.first_tensor);
+  p.specs = InputSpecs(cfg, &p);
+  for (size_t k = 0; k < p.specs.size(); ++k)  // names are how trainers find tensors
+    for (size_t j = 0; j < k; ++j)
+      if (p.specs[j].name == p.specs[k].name)
+        return Status::Invalid(fmt::format(
+            "two tensors of the batch are named '{}'{}", p.specs[k].name,
+            static_cast<int>(k) == p.source || std::count(p.present.begin(), p.present.end(), k)
+                ? " (a mixture adds `source` and a `<stage>_present` mask per fixed-shape stage: "
+                  "rename the stage or output)"
+                : ""));
   for (const TensorSpec& t : p.specs) {  // ragged tensors: where their row counts are
     int from = t.rows_from.empty() ? -1 : p.TensorIndex(t.rows_from);
     if (from >= 0 && p.specs[from].dtype != DType::kInt32) from = -1;
@@ -81,6 +109,12 @@ Result<BatchPlan> PlanBatch(const PipelineConfig& cfg) {
     p.slot_specs = PackedTextSpecs(packed.name, max_len);
     p.max_ids = std::min<uint64_t>(cfg.batch_size * max_len, 1 << 16);
   }
+  if (p.slot_specs.size() > shm::kMaxTensors)
+    return Status::Invalid(fmt::format(
+        "a batch holds at most {} tensors, this one {}{}", shm::kMaxTensors, p.slot_specs.size(),
+        p.source >= 0 ? " (a mixture adds `source` and a `<stage>_present` mask per fixed-shape "
+                        "stage)"
+                      : ""));
   std::vector<uint64_t> tensor_bytes;
   for (const TensorSpec& t : p.slot_specs) tensor_bytes.push_back(t.NumBytes() * cfg.batch_size);
   p.slot = shm::PlanSlot((shm::kMaxIdBytes + 1) * p.max_ids, tensor_bytes);

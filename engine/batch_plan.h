@@ -18,11 +18,19 @@ namespace mmfeed {
 
 struct BatchPlan {
   // Every tensor a batch's samples fill, per sample, in order: the batch stage's inputs in
-  // order, each stage's outputs in order (BatchSpecs).
+  // order, each stage's outputs in order (BatchSpecs); in a mixture each fixed-shape input's
+  // `<stage>_present` mask after its outputs, and `source` last.
   std::vector<TensorSpec> specs;
   std::vector<size_t> first_tensor;  // per batch input (a pipeline branch): its first tensor
-  std::vector<int> rows_from;        // per tensor: its rows_from tensor's index, or -1
-  std::vector<int> starts_of;        // per tensor: the ragged tensor it holds starts of, or -1
+  // A mixture (PipelineConfig::mixed), whose samples may lack fields (SourceConfig::
+  // fields_optional): per batch input, its `<stage>_present` uint8 mask (1: the sample had the
+  // stage's field; 0: it did not, and the stage's rows are zeros), or -1 for an input whose
+  // outputs are ragged (it reads a missing field as an empty list); and the `source` int32
+  // tensor (each row's index in `sources:`), or -1. Packed text has neither.
+  std::vector<int> present;
+  int source = -1;
+  std::vector<int> rows_from;  // per tensor: its rows_from tensor's index, or -1
+  std::vector<int> starts_of;  // per tensor: the ragged tensor it holds starts of, or -1
   // What a ring slot holds, per row: `specs`, or for packed text (PipelineConfig::packed_stage)
   // the packed rows' tensors (PackedTextSpecs); batch_size rows of each.
   std::vector<TensorSpec> slot_specs;
@@ -40,8 +48,7 @@ struct BatchPlan {
 // not fit the pipeline's other outputs.
 Result<BatchPlan> PlanBatch(const PipelineConfig& cfg);
 
-// Every tensor of a batch, per sample, in order: the batch stage's inputs in order, each
-// stage's outputs in order (BatchPlan::specs).
+// Every tensor of a batch, per sample, in order (BatchPlan::specs).
 std::vector<TensorSpec> BatchSpecs(const PipelineConfig& cfg);
 
 // A grid: int32 [n, 3], a [t, h, w] per row (Qwen's image_grid_thw, video_grid_thw).

@@ -262,10 +262,17 @@ class Pipeline::Collator {
     info.rank = rank_;
     info.seq = f.batch->seq;
     info.epoch = f.batch->epoch;
-    if (p_->source_counts_)  // a mixture: what each source gave, rows left out excepted
-      for (int row = 0; row < f.batch->rows; ++row)
+    if (p_->source_counts_) {  // a mixture: each row's source, and what each source gave
+      const int column = p_->plan_.source;
+      for (int row = 0; row < f.batch->rows; ++row) {
+        const int32_t source = static_cast<int32_t>(p_->catalog_->PartOf(f.entries[row]));
+        if (column >= 0)
+          std::memcpy(f.batch->memory.base[column] + row * sizeof(int32_t), &source,
+                      sizeof(source));
         if (std::find(f.dropped.begin(), f.dropped.end(), row) == f.dropped.end())
-          p_->CountsOf(f.entries[row]).samples.fetch_add(1, std::memory_order_relaxed);
+          p_->source_counts_[source].samples.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
     if (!f.dropped.empty()) DropRows(f);
     info.rows = static_cast<uint32_t>(f.batch->rows - f.dropped.size());
     info.ids = std::move(f.ids);

@@ -67,18 +67,29 @@ Status Pipeline::MeasureEntries(const std::vector<bool>& measured, MeasuredCatal
           const Branch& br = *branches_[b];
           if (!measured[b] || br.reads_others != (pass == 1)) continue;
           stage = br.cfg->name;
+          // As WorkerLoop: a mixture's sample may lack fields.
+          auto find = [&](const std::string& name) {
+            const FieldValue* f = FieldOf(*e, name);
+            return !f && catalog_->mixture ? &kAbsentField : f;
+          };
           fields.clear();
-          for (const std::string& f : br.read_fields) fields.push_back(FieldOf(*e, f));
+          for (const std::string& f : br.read_fields) fields.push_back(find(f));
           tensors.clear();
           tensor_specs.clear();
           for (size_t t : br.read_tensors) {
             tensors.push_back(out[t]);
             tensor_specs.push_back(&plan_.specs[t]);
           }
-          const FieldValue* field = FieldOf(*e, br.cfg->field);
+          const FieldValue* field = find(br.cfg->field);
           if (!field || std::find(fields.begin(), fields.end(), nullptr) != fields.end()) {
             st = Status::NotFound("sample lacks a field a stage needs");
             break;
+          }
+          if (field == &kAbsentField && plan_.present[b] >= 0) {  // zero rows: nothing to count
+            for (size_t k = 0; k < br.specs.size(); ++k)
+              if (out[plan_.first_tensor[b] + k])
+                std::memset(out[plan_.first_tensor[b] + k], 0, br.specs[k].NumBytes());
+            continue;
           }
           SampleContext ctx{cfg_.source.seed, 0, e->id, e->origin};
           ctx.fields = fields.data();

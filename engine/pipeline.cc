@@ -436,14 +436,23 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
     b->counters.fill_samples.fetch_add(1, std::memory_order_relaxed);
     WorkTimer timer;
     const CatalogEntry& e = *item->sample;
-    // The sample's field `name`, or nullptr (then `missing` names it).
-    std::string missing;
+    // The sample's field `name`, or nullptr (then `missing` names it). A mixture's sample may
+    // lack fields: a stage with a mask gives zero rows without running, others read an empty
+    // list (kAbsentField).
+    std::string missing, absent;
+    const int present = plan_.present[item->branch];
     auto find = [&](const std::string& name) {
       const FieldValue* f = FieldOf(e, name);
+      if (!f && catalog_->mixture) {
+        absent = name;
+        return &kAbsentField;
+      }
       if (!f) missing = name;
       return f;
     };
     const FieldValue* field = find(b->cfg->field);
+    const bool zero_rows = present >= 0 && field == &kAbsentField;
+    if (present >= 0) item->batch->memory.base[present][item->row] = zero_rows ? 0 : 1;
     SampleContext ctx{cfg_.source.seed, item->batch->epoch, e.id, e.origin};
     read_fields.clear();
     for (const std::string& name : b->read_fields) read_fields.push_back(find(name));
@@ -455,6 +464,9 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
     ctx.tensor_specs = read_specs.data();
     if (!missing.empty()) {
       item->status = Status::NotFound(fmt::format("sample has no field '{}'", missing));
+    } else if (zero_rows) {
+      for (size_t k = 0; k < b->specs.size(); ++k)
+        std::memset(item->out[k], 0, b->specs[k].NumBytes());
     } else {
       // A sample that outlives sample_timeout_s is given up, whatever the stage made of it.
       auto process = [&]() -> Status {
@@ -469,6 +481,11 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
         return st;
       };
       item->status = process();
+      if (!item->status.ok() && !absent.empty() &&
+          item->status.code() != Status::Code::kResourceExhausted)
+        item->status = Status::NotFound(
+            fmt::format("sample has no field '{}', and stage '{}' cannot take it as empty ({})",
+                        absent, name, item->status.message()));
       // Out of descriptors or memory says nothing about the sample: wait and retry (up to
       // ~30 s), then stop the pipeline whatever on_error says.
       for (int attempt = 0; item->status.code() == Status::Code::kResourceExhausted &&
@@ -638,7 +655,14 @@ std::string Pipeline::MixPlan() const {
   if (!catalog_->mixture) return "";
   std::vector<std::string> names;
   for (const SourceConfig& s : cfg_.sources) names.push_back(s.name);
-  return catalog_->mixture->Describe(names);
+  std::string plan = catalog_->mixture->Describe(names);
+  for (const std::string& lacks : catalog_->part_lacks)
+    if (!lacks.empty())
+      plan += fmt::format(
+          "\n  {} (its rows of fixed-shape stages are zeros, their "
+          "<stage>_present 0; other stages read an empty list)",
+          lacks);
+  return plan;
 }
 
 PathCheck Pipeline::CheckSamplePaths(size_t max_samples) const {

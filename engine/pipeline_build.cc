@@ -127,6 +127,9 @@ Status Pipeline::LinkReaders() {
         return Status::Invalid(
             fmt::format("stage '{}' reads '{}', which no input of the batch stage outputs",
                         br.cfg->name, name));
+      if (t == plan_.source)
+        return Status::Invalid(fmt::format(
+            "stage '{}' reads 'source', which the batch fills once it is complete", br.cfg->name));
       const size_t from = plan_.InputOf(t);
       if (from == b)
         return Status::Invalid(

@@ -59,6 +59,10 @@ inline const FieldValue* FieldOf(const CatalogEntry& e, const std::string& name)
   return nullptr;
 }
 
+// What a stage reads for a field a mixture's sample lacks (SourceConfig::fields_optional) when
+// the stage has no `<stage>_present` mask: no value, as a manifest's "images": [] says.
+inline const FieldValue kAbsentField{FieldValue::Kind::kList};
+
 constexpr int kMaxOutputs = 16;  // tensors per stage (the ring holds 16 per batch anyway)
 
 // One sample's field on its way through one branch, and back to the join.

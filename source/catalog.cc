@@ -26,12 +26,19 @@ CatalogEntry LineEntry(const std::string& path, const std::string& name, uint64_
   return e;
 }
 
+// Why an entry with none of the `needed` fields (`optional`: a mixture's source) is unusable.
+std::string NoNeededField(const std::set<std::string>& needed) {
+  return fmt::format("has none of the fields the stages read ({})", fmt::join(needed, ", "));
+}
+
 // Parses one manifest line into `entry` (made by LineEntry); returns the reason on failure.
-// `keys`: the manifest key of a field whose key is not its name (source.fields).
+// `keys`: the manifest key of a field whose key is not its name (source.fields). `optional`: a
+// missing field is left out (SourceConfig::fields_optional).
 std::string ParseManifestLine(const std::string& line, const std::string& dir,
                               const std::set<std::string>& needed,
                               const std::set<std::string>& path_fields,
-                              const std::map<std::string, std::string>& keys, CatalogEntry* entry) {
+                              const std::map<std::string, std::string>& keys, bool optional,
+                              CatalogEntry* entry) {
   nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return "malformed JSON (or invalid UTF-8)";
   if (!j.is_object()) return "a manifest line must be a JSON object";
@@ -67,9 +74,11 @@ std::string ParseManifestLine(const std::string& line, const std::string& dir,
   for (const std::string& name : needed) {
     const auto key = keys.find(name);
     const std::string& in_line = key == keys.end() ? name : key->second;
-    if (!j.contains(in_line))
+    if (!j.contains(in_line)) {
+      if (optional) continue;
       return key == keys.end() ? fmt::format("missing field '{}'", name)
                                : fmt::format("missing key '{}' (field '{}')", in_line, name);
+    }
     const auto& v = j[in_line];
     FieldValue f;
     // Several values, e.g. "images": ["a.jpg", "b.jpg"], or none ("images": [] in a dataset
@@ -90,6 +99,7 @@ std::string ParseManifestLine(const std::string& line, const std::string& dir,
     }
     entry->fields.emplace_back(name, std::move(f));
   }
+  if (optional && entry->fields.empty() && !needed.empty()) return NoNeededField(needed);
   return "";
 }
 
@@ -104,11 +114,11 @@ std::map<std::string, std::string> ExtToField(const SourceConfig& source,
 }
 
 // A tar sample's entry: its members that hold needed fields, read in place. Returns the
-// reason when a needed field has no member.
+// reason when a needed field has no member (`optional`: when none has).
 std::string TarEntry(const std::string& shard, const std::string& key,
                      const std::vector<TarMember>& members,
                      const std::map<std::string, std::string>& ext_to_field,
-                     const std::set<std::string>& needed, CatalogEntry* e) {
+                     const std::set<std::string>& needed, bool optional, CatalogEntry* e) {
   e->id = key;
   e->origin = shard + ":" + key;
   e->fields.clear();
@@ -123,6 +133,7 @@ std::string TarEntry(const std::string& shard, const std::string& key,
     v.member = key + "." + m.ext;
     e->fields.emplace_back(f->second, std::move(v));
   }
+  if (optional) return e->fields.empty() && !needed.empty() ? NoNeededField(needed) : "";
   for (const std::string& n : needed)
     if (std::none_of(e->fields.begin(), e->fields.end(),
                      [&](const auto& kv) { return kv.first == n; }))
@@ -133,7 +144,7 @@ std::string TarEntry(const std::string& shard, const std::string& key,
 // Reads the headers of one tar shard and appends its samples. Stops at the first damaged or
 // truncated member: the members before it are kept, the damage is recorded.
 void ScanShard(const std::string& shard, const std::map<std::string, std::string>& ext_to_field,
-               const std::set<std::string>& needed, Catalog* out) {
+               const std::set<std::string>& needed, bool optional, Catalog* out) {
   int fd = ::open(shard.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     out->errors.push_back({shard, std::string("cannot open: ") + std::strerror(errno)});
@@ -143,7 +154,7 @@ void ScanShard(const std::string& shard, const std::map<std::string, std::string
       TarFile(fd), shard, shm::kMaxIdBytes,
       [&](const std::string& key, const std::vector<TarMember>& members) {
         CatalogEntry e;
-        std::string reason = TarEntry(shard, key, members, ext_to_field, needed, &e);
+        std::string reason = TarEntry(shard, key, members, ext_to_field, needed, optional, &e);
         if (reason.empty())
           out->entries.push_back(std::move(e));
         else
@@ -159,10 +170,11 @@ void ScanShard(const std::string& shard, const std::map<std::string, std::string
 
 Result<Catalog> LoadManifest(const std::string& path, const std::set<std::string>& needed,
                              const std::set<std::string>& path_fields,
-                             const std::map<std::string, std::string>& keys) {
+                             const std::map<std::string, std::string>& keys, bool fields_optional) {
   std::ifstream in(path);
   if (!in) return Status::NotFound(fmt::format("{}: cannot open manifest", path));
   Catalog cat;
+  cat.fields_optional = fields_optional;
   std::string dir = std::filesystem::path(path).parent_path().string();
   std::string name = std::filesystem::path(path).filename().string();
   std::string line;
@@ -171,7 +183,8 @@ Result<Catalog> LoadManifest(const std::string& path, const std::set<std::string
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     CatalogEntry e = LineEntry(path, name, line_no);
-    std::string reason = ParseManifestLine(line, dir, needed, path_fields, keys, &e);
+    std::string reason =
+        ParseManifestLine(line, dir, needed, path_fields, keys, fields_optional, &e);
     if (reason.empty())
       cat.entries.push_back(std::move(e));
     else
@@ -185,6 +198,7 @@ Result<Catalog> LoadWebDataset(const SourceConfig& source, const std::set<std::s
   if (!shards.ok()) return shards.status();
   Catalog cat;
   cat.needed = needed;
+  cat.fields_optional = source.fields_optional;
   cat.ext_to_field = ExtToField(source, needed);
   if (source.remote) {  // always indexed: the index is what spares fetching every shard
     MMFEED_ASSIGN_OR_RETURN(std::unique_ptr<RemoteStore> store,
@@ -202,7 +216,8 @@ Result<Catalog> LoadWebDataset(const SourceConfig& source, const std::set<std::s
     indexed = bytes >= kIndexAutoBytes;
   }
   if (!indexed) {
-    for (const std::string& s : *shards) ScanShard(s, cat.ext_to_field, needed, &cat);
+    for (const std::string& s : *shards)
+      ScanShard(s, cat.ext_to_field, needed, cat.fields_optional, &cat);
     return cat;
   }
   std::vector<ShardIndex::Damage> damage;
@@ -229,7 +244,7 @@ Status Catalog::Read(size_t i, CatalogEntry* e) const {
     std::string key;
     std::vector<TarMember> members;
     Status st = shards->Sample(i, &shard, &key, &members);
-    std::string reason = TarEntry(*shard, key, members, ext_to_field, needed, e);
+    std::string reason = TarEntry(*shard, key, members, ext_to_field, needed, fields_optional, e);
     if (!st.ok()) return st;
     return reason.empty() ? Status::Ok() : Status::Corrupt(reason);
   }
@@ -238,7 +253,8 @@ Status Catalog::Read(size_t i, CatalogEntry* e) const {
   Status st = index->Line(i, &line, &line_no);
   *e = LineEntry(manifest_path, manifest_name, line_no);
   if (!st.ok()) return st;
-  std::string reason = ParseManifestLine(line, manifest_dir, needed, path_fields, keys, e);
+  std::string reason =
+      ParseManifestLine(line, manifest_dir, needed, path_fields, keys, fields_optional, e);
   return reason.empty() ? Status::Ok() : Status::Corrupt(reason);
 }
 
@@ -251,7 +267,8 @@ Result<Catalog> LoadCatalog(const SourceConfig& source, const std::set<std::stri
     const uintmax_t bytes = std::filesystem::file_size(source.path, ec);
     indexed = !ec && bytes >= kIndexAutoBytes;
   }
-  if (!indexed) return LoadManifest(source.path, needed, path_fields, source.keys);
+  if (!indexed)
+    return LoadManifest(source.path, needed, path_fields, source.keys, source.fields_optional);
   Result<std::unique_ptr<ManifestIndex>> index = ManifestIndex::Open(source.path, source.index_dir);
   if (!index.ok()) return index.status();
   Catalog cat;
@@ -262,6 +279,7 @@ Result<Catalog> LoadCatalog(const SourceConfig& source, const std::set<std::stri
   cat.needed = needed;
   cat.path_fields = path_fields;
   cat.keys = source.keys;
+  cat.fields_optional = source.fields_optional;
   return cat;
 }
 
@@ -272,7 +290,9 @@ Result<Catalog> LoadMixture(const std::vector<SourceConfig>& sources, const MixC
   Catalog cat;
   std::vector<MixSource> shares;
   uint64_t h = HashString(fmt::format("mix 1|{}|{}", mix.mode, mix.samples_per_epoch));
-  for (const SourceConfig& s : sources) {
+  std::map<std::string, uint64_t> seen;  // per needed field: samples looked at that have it
+  for (SourceConfig s : sources) {
+    s.fields_optional = true;
     Result<Catalog> part = LoadCatalog(s, needed, path_fields);
     if (!part.ok()) return part.status().WithContext(fmt::format("source '{}'", s.name));
     if (part->size() == 0)
@@ -293,11 +313,40 @@ Result<Catalog> LoadMixture(const std::vector<SourceConfig>& sources, const MixC
       h = HashString(fmt::format("index {:016x}", part->index_fingerprint()), h);
     else
       for (const CatalogEntry& e : part->entries) h = HashString(e.id, HashString("\n", h));
+    // Which fields its samples lack (a spread of up to kFieldLookups, read as dealt).
+    const uint64_t n = part->size(), looked = std::min<uint64_t>(n, kFieldLookups);
+    std::map<std::string, uint64_t> has;
+    CatalogEntry read;
+    for (uint64_t k = 0; k < looked; ++k) {
+      const uint64_t i = k * n / looked;
+      const CatalogEntry* e = &read;
+      if (!part->indexed())
+        e = &part->entries[i];
+      else if (!part->Read(i, &read).ok())
+        continue;
+      for (const auto& [field, value] : e->fields) ++has[field];
+    }
+    std::vector<std::string> lacks;
+    for (const std::string& field : needed) {
+      seen[field] += has[field];
+      if (has[field] < looked)
+        lacks.push_back(
+            fmt::format("'{}' in {:.0f}%", field, 100.0 * (looked - has[field]) / looked));
+    }
+    cat.part_lacks.push_back(lacks.empty() ? ""
+                                           : fmt::format("{} lacks {} of {} samples looked at",
+                                                         s.name, fmt::join(lacks, ", "), looked));
     shares.push_back(MixSource{part->size(), s.weight, s.repeat, s.shuffle, s.seed});
     cat.part_first.push_back(cat.parts.empty() ? 0
                                                : cat.part_first.back() + cat.parts.back()->size());
     cat.parts.push_back(std::make_shared<Catalog>(std::move(part.value())));
   }
+  for (const auto& [field, count] : seen)
+    if (count == 0)
+      return Status::Invalid(fmt::format(
+          "no source of the mixture has field '{}' (in up to {} samples looked at per source): "
+          "check the stages' field: and each source's fields:",
+          field, kFieldLookups));
   if (cat.size() > UINT32_MAX) return Status::TooLarge("more than 4G samples in one mixture");
   const uint32_t lanes = static_cast<uint32_t>(order.num_nodes * consumers);
   Result<Mixture> m = Mixture::Create(std::move(shares),

@@ -47,6 +47,9 @@ struct LoadError {
 // measures).
 constexpr uint64_t kIndexAutoBytes = 64ull << 20;
 
+// Samples of each source of a mixture looked at for the fields they lack (LoadMixture).
+constexpr uint64_t kFieldLookups = 4096;
+
 // Window mode (source.shuffle_window > 0, tar shards): one epoch's shards in reading order.
 struct ShardWindows {
   std::vector<uint32_t> shards;  // shard indexes (ShardIndex::shard) in reading order
@@ -68,12 +71,17 @@ struct Catalog {
   std::shared_ptr<RemoteStore> remote;
   // A manifest's keys of fields not read from their own name (SourceConfig::keys).
   std::map<std::string, std::string> keys;
+  // A mixture's source: a sample may lack some needed fields (SourceConfig::fields_optional).
+  bool fields_optional = false;
   // Or a mixture (LoadMixture): the sources' catalogs one after another (source k's samples
   // from part_first[k]), read through Read, dealt by `mixture` (EpochOrder).
   std::vector<std::shared_ptr<const Catalog>> parts;
   std::vector<uint64_t> part_first;
   std::shared_ptr<const Mixture> mixture;
   uint64_t mix_fingerprint = 0;
+  // Per part, the fields its samples lack, in words ("video_qa lacks 'image' in 100% of 40
+  // samples looked at"), or "" when it lacks none.
+  std::vector<std::string> part_lacks;
 
   // A mixture: the part (source) holding entry i. REQUIRES: !parts.empty(), i < size().
   size_t PartOf(size_t i) const {
@@ -111,13 +119,16 @@ struct Catalog {
 // manifest values name files.
 Result<Catalog> LoadManifest(const std::string& path, const std::set<std::string>& needed,
                              const std::set<std::string>& path_fields,
-                             const std::map<std::string, std::string>& keys = {});
+                             const std::map<std::string, std::string>& keys = {},
+                             bool fields_optional = false);
 Result<Catalog> LoadWebDataset(const SourceConfig& source, const std::set<std::string>& needed);
 Result<Catalog> LoadCatalog(const SourceConfig& source, const std::set<std::string>& needed,
                             const std::set<std::string>& path_fields);
 // `sources:` (local manifests and shards), dealt to `consumers` ranks on each of
-// order.num_nodes nodes by a Mixture seeded with order.seed. A source without a usable sample
-// is refused, naming it; its bad entries are in `errors`.
+// order.num_nodes nodes by a Mixture seeded with order.seed. A source's sample may lack some of
+// `needed` (SourceConfig::fields_optional). Refused, named: a source without a usable sample
+// (its bad entries are in `errors`), a needed field none of the kFieldLookups samples looked
+// at per source has.
 Result<Catalog> LoadMixture(const std::vector<SourceConfig>& sources, const MixConfig& mix,
                             const SourceConfig& order, int consumers,
                             const std::set<std::string>& needed,

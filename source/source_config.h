@@ -64,6 +64,9 @@ struct SourceConfig {
   std::string name;
   double weight = 0;  // mix mode weighted
   double repeat = 0;  // mix mode epochs
+  // Set for the sources of a mixture (not a YAML key): a sample may lack some of the fields the
+  // stages read (a text-only sample in an image pipeline); one that has none is unusable.
+  bool fields_optional = false;
 };
 
 // `mix:` with `sources:` (source/mixture.h). The order's seed, shuffle, epochs and the node's

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include "engine/batch_plan.h"
 #include "engine/config_schema.h"
 #include "tests/test_util.h"
 
@@ -431,6 +432,44 @@ TEST_F(ConfigTest, AMixtureOfSourcesIsParsedWithItsOrderFromMix) {
   ASSERT_TRUE(epochs.ok()) << epochs.status().message();
   EXPECT_EQ(epochs->sources[0].repeat, 0.5);
   EXPECT_EQ(epochs->sources[1].repeat, 1) << "epochs mode: each sample once by default";
+}
+
+// A mixture's batch has each row's source and a mask per fixed-shape stage (BatchPlan).
+TEST_F(ConfigTest, AMixturesBatchNamesEachRowsSourceAndWhetherItHadAField) {
+  WriteFile(dir_ / "b.jsonl", "{\"id\":\"b\",\"text\":\"q\"}\n");
+  const std::string sources =
+      "  - {name: a, type: manifest, path: manifest.jsonl, weight: 1}\n"
+      "  - {name: b, type: manifest, path: b.jsonl, weight: 1}\n";
+  Result<PipelineConfig> r = ParseConfig(MixYaml(sources), dir_ / "p.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  Result<BatchPlan> plan = PlanBatch(*r);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  std::vector<std::string> names;
+  for (const TensorSpec& t : plan->specs) names.push_back(t.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"text", "text_lengths", "text_present", "source"}));
+  EXPECT_EQ(plan->present, std::vector<int>{2});
+  EXPECT_EQ(plan->source, 3);
+  EXPECT_EQ(plan->specs[2].dtype, DType::kUInt8);
+  EXPECT_EQ(plan->specs[3].dtype, DType::kInt32);
+  Result<PipelineConfig> one = ParseConfig(kCanonical, dir_ / "p.yaml");
+  ASSERT_TRUE(one.ok());
+  Result<BatchPlan> plain = PlanBatch(*one);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->source, -1) << "one source: no source column";
+  EXPECT_EQ(plain->TensorIndex("text_present"), -1);
+  // A stage whose output takes the column's name is refused, saying why.
+  std::string yaml = MixYaml(sources);
+  for (auto [from, to] : {std::pair<std::string, std::string>{"name: text,", "name: source,"},
+                          {"inputs: [text]", "inputs: [source]"}})
+    yaml.replace(yaml.find(from), from.size(), to);
+  Result<PipelineConfig> clash = ParseConfig(yaml, dir_ / "p.yaml");
+  ASSERT_TRUE(clash.ok()) << clash.status().message();
+  Result<BatchPlan> refused = PlanBatch(*clash);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("two tensors of the batch are named 'source' (a "
+                                            "mixture adds `source`"),
+            std::string::npos)
+      << refused.status().message();
 }
 
 TEST_F(ConfigTest, MixtureMistakesNameTheirLineAndColumn) {

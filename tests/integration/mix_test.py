@@ -280,10 +280,10 @@ class QwenMixTest(dt.DaemonCase):
         lines = {
             "captions": [{"id": f"c{i}", "image": photos[i % 5]["name"], "video": [], "text": f"Describe {i}.",
                           "answer": f"Photo {i}."} for i in range(10)],
-            "video_qa": [{"id": f"v{i}", "image": [], "clip": f"clip{i % 2}.mp4", "question": f"What moves {i}?",
+            # A modality a sample lacks: an empty list (captions' video) or no key at all.
+            "video_qa": [{"id": f"v{i}", "clip": f"clip{i % 2}.mp4", "question": f"What moves {i}?",
                           "reply": "Colours."} for i in range(4)],
-            "chat": [{"id": f"t{i}", "image": [], "video": [], "text": f"Say {i}.", "answer": f"{i}."}
-                     for i in range(6)],
+            "chat": [{"id": f"t{i}", "text": f"Say {i}.", "answer": f"{i}."} for i in range(6)],
         }
         for name, rows in lines.items():
             (self.dir / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -304,12 +304,81 @@ class QwenMixTest(dt.DaemonCase):
             images, videos = np.load(path / "image_grid_thw.npy"), np.load(path / "video_grid_thw.npy")
             self.assertEqual(len(images), sum(1 for i in meta["ids"] if i[0] == "c"), meta["ids"])
             self.assertEqual(len(videos), sum(1 for i in meta["ids"] if i[0] == "v"), meta["ids"])
-            ids = np.load(path / "input_ids.npy")
+            ids, source = np.load(path / "input_ids.npy"), np.load(path / "source.npy")
             for k, sid in enumerate(meta["ids"]):
                 seen.append(sid)
+                self.assertEqual(int(source[k]), "cvt".index(sid[0]), sid)
                 self.assertEqual(bool((ids[k] == 151655).any()), sid[0] == "c", f"{sid}: <|image_pad|>")
                 self.assertEqual(bool((ids[k] == 151656).any()), sid[0] == "v", f"{sid}: <|video_pad|>")
         self.assertEqual(sorted(seen), sorted(r["id"] for rows in lines.values() for r in rows))
+
+
+class ColumnsTest(MixCase):
+    """What a trainer sees of the mixture in each batch: `source` (each row's index in
+    `sources:`) and, for a source whose samples lack a field, zero rows and a 0 in
+    `<stage>_present`."""
+
+    IMAGE_MIX = """pipeline: image-mix
+sources:
+  - {name: photos, type: manifest, path: photos.jsonl, weight: 1}
+  - {name: chat, type: manifest, path: chat.jsonl, weight: 1}
+mix: {seed: 3, epochs: 1}
+stages:
+  - {name: image, type: image, field: image, params: {size: [32, 32]}}
+  - {name: text, type: text, field: text, params: {tokenizer: bytes, max_len: 16}}
+  - {name: batch, type: batch, inputs: [image, text], params: {batch_size: 5}}
+output: {ring_slots: 3}
+"""
+
+    def test_each_row_names_its_source(self):
+        got, _ = self.run_all(mix_config())
+        rows = 0
+        for rank in got:
+            for meta, path in rank:
+                source = np.load(path / "source.npy")
+                self.assertEqual(source.dtype, np.int32)
+                self.assertEqual(source.tolist(), [0 if i[0] == "c" else 1 for i in meta["ids"]], meta["ids"])
+                self.assertEqual(np.load(path / "text_present.npy").tolist(), [1] * len(meta["ids"]))
+                rows += len(meta["ids"])
+        self.assertEqual(rows, 1600)
+
+    def test_samples_without_a_field_get_zero_rows_and_a_present_mask(self):
+        photos = dt.make_dataset(self.dir, 24)  # manifest.jsonl: image + text
+        (self.dir / "manifest.jsonl").rename(self.dir / "photos.jsonl")
+        with open(self.dir / "chat.jsonl", "w") as f:  # text only: no image key at all
+            for i in range(24):
+                f.write(json.dumps({"id": f"t{i:02d}", "text": f"say {i}"}) + "\n")
+        d = dt.Daemon(self.dir, self.IMAGE_MIX)
+        dt.finish(d.consume(0, "--json", "--dump", str(self.dir / "dump")))
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertIn("chat lacks 'image' in 100% of 24 samples looked at", d.log())
+        self.assertIn("0 failed); chat 24 (50%, planned 50%, 0 failed)", d.log())
+        seen = []
+        for meta, path in dt.dumped_batches(self.dir / "dump"):
+            image, present = np.load(path / "image.npy"), np.load(path / "image_present.npy")
+            source, text_present = np.load(path / "source.npy"), np.load(path / "text_present.npy")
+            for k, sid in enumerate(meta["ids"]):
+                seen.append(sid)
+                photo = sid[0] == "s"
+                self.assertEqual(int(present[k]), int(photo), sid)
+                self.assertEqual(int(source[k]), 0 if photo else 1, sid)
+                self.assertEqual(int(text_present[k]), 1, sid)
+                # A photo's pixels; a text-only sample's image is zeros, whatever the slot held
+                # (rows alternate between the sources, and 3 slots of 5 rows put each row of a
+                # slot's next batch on the other source).
+                self.assertEqual(bool(image[k].any()), photo, sid)
+        self.assertEqual(sorted(seen), sorted(photos + [f"t{i:02d}" for i in range(24)]))
+
+    def test_a_field_no_source_has_is_refused_naming_it(self):
+        dt.make_dataset(self.dir, 8)
+        (self.dir / "manifest.jsonl").rename(self.dir / "photos.jsonl")
+        (self.dir / "chat.jsonl").write_text('{"id": "t0", "text": "hello"}\n')
+        (self.dir / "p.yaml").write_text(self.IMAGE_MIX.replace("field: image", "field: picture"))
+        import subprocess
+        r = subprocess.run([f"{dt.BIN}/mmfeedd", "--check", str(self.dir / "p.yaml")], capture_output=True,
+                           text=True)
+        self.assertEqual(r.returncode, 2, r.stdout)
+        self.assertIn("no source of the mixture has field 'picture'", r.stderr)
 
 
 class CheckTest(MixCase):

@@ -321,6 +321,26 @@ TEST(ManifestTest, MalformedLinesAreReportedWithLineNumbers) {
   EXPECT_EQ(cat->errors[3].origin, dir / "m.jsonl:7");
 }
 
+// A mixture's source (SourceConfig::fields_optional): a sample may lack some of the fields the
+// stages read, not all of them.
+TEST(ManifestTest, AMixturesSampleMayLackSomeFieldsNotAll) {
+  TempDir dir;
+  WriteFile(dir / "m.jsonl",
+            "{\"id\": \"a\", \"image\": \"x.jpg\", \"text\": \"hi\"}\n"
+            "{\"id\": \"b\", \"text\": \"text only\"}\n"
+            "{\"id\": \"c\", \"answer\": \"neither\"}\n");
+  Result<Catalog> cat = LoadManifest(dir / "m.jsonl", {"image", "text"}, {"image"}, {}, true);
+  ASSERT_TRUE(cat.ok());
+  ASSERT_EQ(cat->entries.size(), 2u);
+  ASSERT_EQ(cat->entries[1].fields.size(), 1u);
+  EXPECT_EQ(cat->entries[1].fields[0].first, "text");
+  ASSERT_EQ(cat->errors.size(), 1u);
+  EXPECT_EQ(cat->errors[0].reason, "has none of the fields the stages read (image, text)");
+  Result<Catalog> strict = LoadManifest(dir / "m.jsonl", {"image", "text"}, {"image"});
+  ASSERT_TRUE(strict.ok());
+  EXPECT_EQ(strict->entries.size(), 1u) << "one source: every field is needed";
+}
+
 TEST(ManifestTest, AFieldMayListSeveralValues) {
   TempDir dir;
   std::string many = "[";
