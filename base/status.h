@@ -24,6 +24,7 @@ class [[nodiscard]] Status {
     kUnavailable,       // the peer (the daemon) is gone
     kResourceExhausted  // out of file descriptors or memory: the machine's state, not the data's
   };
+  static constexpr size_t kCodes = static_cast<size_t>(Code::kResourceExhausted) + 1;
 
   Status() = default;
   Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}

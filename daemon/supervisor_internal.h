@@ -279,10 +279,17 @@ class Supervisor {
   };
   std::map<std::string, StageTotals> retired_stages_;  // of pipelines reloads replaced
   std::map<std::string, uint64_t> retired_errors_;
-  // A mixture's per-source counts of pipelines reloads replaced: name -> (samples, errors).
-  std::map<std::string, std::pair<uint64_t, uint64_t>> retired_sources_;
-  // Per source, the counts of every pipeline so far: name -> (samples, errors).
-  std::map<std::string, std::pair<uint64_t, uint64_t>> SourceTotals(
+  // A mixture's source, over every pipeline so far: samples committed in batches, failed (also
+  // by reason), and passes (samples over the source's size then).
+  struct SourceTotal {
+    uint64_t samples = 0, errors = 0;
+    double passes = 0;
+    std::map<std::string, uint64_t> reasons;
+  };
+  std::map<std::string, SourceTotal> retired_sources_;  // of pipelines reloads replaced
+  // Per source, the counts of every pipeline so far: the current `sources:` in order, then
+  // those reloads removed, by name.
+  std::vector<std::pair<std::string, SourceTotal>> SourceTotals(
       const nlohmann::json& profile) const;
   uint64_t watchdog_progress_ = 0;                   // Heartbeat's last sign of life
   std::chrono::steady_clock::time_point status_at_;  // the last STATUS= line, and its count

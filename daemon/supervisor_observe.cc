@@ -25,10 +25,17 @@ nlohmann::json Supervisor::StatusJson() {
   // A mixture: per source, what it gave since the start (over reloads) and its planned share.
   nlohmann::json sources = nlohmann::json::array();
   for (const auto& [name, n] : SourceTotals(profile)) {
-    nlohmann::json s = {{"name", name}, {"samples", n.first}, {"errors", n.second}};
+    nlohmann::json s = {{"name", name},
+                        {"samples", n.samples},
+                        {"errors", n.errors},
+                        {"errors_by_reason", n.reasons},
+                        {"passes", n.passes}};
     if (profile.contains("sources"))
-      for (const auto& now : profile["sources"])
-        if (now["name"] == name) s["planned_share"] = now["planned_share"];
+      for (size_t k = 0; k < profile["sources"].size(); ++k)
+        if (profile["sources"][k]["name"] == name) {  // in the config now: batches' `source` k
+          s["index"] = k;
+          s["planned_share"] = profile["sources"][k]["planned_share"];
+        }
     sources.push_back(std::move(s));
   }
   return {{"pipeline", cfg_.name},
@@ -192,18 +199,28 @@ void Supervisor::Retire(const nlohmann::json& profile) {
   }
   for (const auto& [reason, n] : profile["errors"]["by_reason"].items())
     retired_errors_[reason] += n.get<uint64_t>();
-  retired_sources_ = SourceTotals(profile);
+  for (auto& [name, total] : SourceTotals(profile)) retired_sources_[name] = std::move(total);
 }
 
-std::map<std::string, std::pair<uint64_t, uint64_t>> Supervisor::SourceTotals(
+std::vector<std::pair<std::string, Supervisor::SourceTotal>> Supervisor::SourceTotals(
     const nlohmann::json& profile) const {
-  auto totals = retired_sources_;
+  std::vector<std::pair<std::string, SourceTotal>> totals;
+  std::set<std::string> current;
   if (profile.contains("sources"))
     for (const auto& s : profile["sources"]) {
-      auto& [samples, errors] = totals[s["name"].get<std::string>()];
-      samples += s["samples"].get<uint64_t>();
-      errors += s["errors"].get<uint64_t>();
+      const std::string name = s["name"].get<std::string>();
+      auto retired = retired_sources_.find(name);
+      SourceTotal t = retired == retired_sources_.end() ? SourceTotal() : retired->second;
+      t.samples += s["samples"].get<uint64_t>();
+      t.errors += s["errors"].get<uint64_t>();
+      t.passes += s["passes"].get<double>();
+      for (const auto& [reason, n] : s["errors_by_reason"].items())
+        t.reasons[reason] += n.get<uint64_t>();
+      totals.emplace_back(name, std::move(t));
+      current.insert(name);
     }
+  for (const auto& [name, t] : retired_sources_)
+    if (!current.count(name)) totals.emplace_back(name, t);
   return totals;
 }
 
@@ -291,10 +308,20 @@ std::string Supervisor::MetricsText() {
     t.Family("mmfeed_source_samples_total", "counter",
              "A mixture's samples committed in batches, by source.");
     for (const auto& [name, n] : sources)
-      t.Sample("mmfeed_source_samples_total", {{"source", name}}, static_cast<double>(n.first));
+      t.Sample("mmfeed_source_samples_total", {{"source", name}}, static_cast<double>(n.samples));
     t.Family("mmfeed_source_errors_total", "counter", "A mixture's failed samples, by source.");
     for (const auto& [name, n] : sources)
-      t.Sample("mmfeed_source_errors_total", {{"source", name}}, static_cast<double>(n.second));
+      t.Sample("mmfeed_source_errors_total", {{"source", name}}, static_cast<double>(n.errors));
+    t.Family("mmfeed_source_errors_by_reason_total", "counter",
+             "A mixture's failed samples, by source and reason.");
+    for (const auto& [name, n] : sources)
+      for (const auto& [reason, count] : n.reasons)
+        t.Sample("mmfeed_source_errors_by_reason_total", {{"source", name}, {"reason", reason}},
+                 static_cast<double>(count));
+    t.Family("mmfeed_source_passes", "gauge",
+             "A mixture's passes over a source: samples delivered over the source's size.");
+    for (const auto& [name, n] : sources)
+      t.Sample("mmfeed_source_passes", {{"source", name}}, n.passes);
   }
   t.Family("mmfeed_reloads_total", "counter", "Config reloads, applied or refused.");
   t.Sample("mmfeed_reloads_total", {{"result", "ok"}}, static_cast<double>(reloads_ok_));

@@ -89,7 +89,11 @@ class Pipeline::Collator {
     } else {
       o.entries[s.row] = s.entry;  // a mixture refills the row from the same source
       (*known_bad_)[s.entry] = true;
-      if (p_->source_counts_) p_->CountsOf(s.entry).errors.fetch_add(1, std::memory_order_relaxed);
+      if (p_->source_counts_) {
+        Pipeline::SourceCounts& c = p_->CountsOf(s.entry);
+        c.errors.fetch_add(1, std::memory_order_relaxed);
+        c.by_code[static_cast<size_t>(status.code())].fetch_add(1, std::memory_order_relaxed);
+      }
       if (p_->budgeted()) {  // its cost leaves the batch with it
         o.tokens -= p_->costs_[s.entry].tokens;
         o.patches -= p_->costs_[s.entry].patches;

@@ -636,13 +636,22 @@ nlohmann::json Pipeline::Profile() const {
     j["sources"] = nlohmann::json::array();
     uint64_t planned = 0;
     for (uint64_t d : catalog_->mixture->dealt()) planned += d;
-    for (size_t k = 0; k < catalog_->parts.size(); ++k)
+    for (size_t k = 0; k < catalog_->parts.size(); ++k) {
+      const SourceCounts& c = source_counts_[k];
+      nlohmann::json reasons = nlohmann::json::object();
+      for (size_t code = 0; code < Status::kCodes; ++code)
+        if (const uint64_t n = c.by_code[code].load())
+          reasons[Status(static_cast<Status::Code>(code), "").CodeName()] = n;
+      const uint64_t samples = c.samples.load(), size = catalog_->parts[k]->size();
       j["sources"].push_back({{"name", cfg_.sources[k].name},
-                              {"samples", source_counts_[k].samples.load()},
-                              {"errors", source_counts_[k].errors.load()},
-                              {"size", catalog_->parts[k]->size()},
+                              {"samples", samples},
+                              {"errors", c.errors.load()},
+                              {"errors_by_reason", std::move(reasons)},
+                              {"size", size},
+                              {"passes", static_cast<double>(samples) / static_cast<double>(size)},
                               {"planned_share", static_cast<double>(catalog_->mixture->dealt()[k]) /
                                                     static_cast<double>(planned)}});
+    }
   }
   return j;
 }

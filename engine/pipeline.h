@@ -15,6 +15,7 @@
 // pipeline's own threads only touch their stage's state, the mailboxes and relaxed counters.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <functional>
 #include <map>
@@ -325,9 +326,10 @@ class Pipeline {
   // Sample accounting: dealt = first-time positions; refill draws are counted apart.
   std::atomic<uint64_t> dealt_{0}, failed_{0}, refills_ok_{0}, refills_failed_{0};
   // A mixture: per source, samples committed in batches and samples that failed (refill draws
-  // included), counted by the collators.
+  // included; also by Status code), counted by the collators.
   struct SourceCounts {
     std::atomic<uint64_t> samples{0}, errors{0};
+    std::array<std::atomic<uint64_t>, Status::kCodes> by_code{};
   };
   std::unique_ptr<SourceCounts[]> source_counts_;
   SourceCounts& CountsOf(uint32_t entry) const;

@@ -151,6 +151,7 @@ class WeightedTest(MixCase):
 
     def test_status_and_metrics_count_each_sources_samples(self):
         import service_test
+        BrokenSourceTest.break_questions(self, set(range(0, QA, 5)))  # 20 name missing files
         port = service_test.free_port()
         config = mix_config(mix="{seed: 7, epochs: 0, samples_per_epoch: 800}") + \
             f'metrics: {{listen: "127.0.0.1:{port}"}}\n'
@@ -164,20 +165,26 @@ class WeightedTest(MixCase):
             if sum(s["samples"] for s in got.values()) >= 800 or time.time() > deadline:
                 break
             time.sleep(0.05)
-        self.assertEqual(sorted(got), ["captions", "qa"])
+        self.assertEqual([s["name"] for s in status["sources"]], ["captions", "qa"])
+        self.assertEqual([got["captions"]["index"], got["qa"]["index"]], [0, 1], "batch['source'] values")
         self.assertEqual(got["captions"]["planned_share"], 0.75)
-        self.assertEqual(got["qa"]["errors"], 0)
+        self.assertEqual((got["captions"]["errors"], got["captions"]["errors_by_reason"]), (0, {}))
+        self.assertGreater(got["qa"]["errors"], 0)
+        self.assertEqual(got["qa"]["errors_by_reason"], {"not_found": got["qa"]["errors"]})
+        self.assertAlmostEqual(got["captions"]["passes"], got["captions"]["samples"] / CAPTIONS)
         total = got["captions"]["samples"] + got["qa"]["samples"]
         self.assertGreaterEqual(total, 800)
         self.assertLessEqual(abs(got["qa"]["samples"] - total / 4), 4, got)
         deadline = time.time() + 10
         while True:  # the page is rendered every 500 ms
             page = service_test.scrape(port)[2]
-            if 'mmfeed_source_samples_total{source="qa"}' in page or time.time() > deadline:
+            if 'mmfeed_source_errors_by_reason_total{reason=' in page or time.time() > deadline:
                 break
             time.sleep(0.1)
         self.assertIn('mmfeed_source_samples_total{source="captions"}', page)
-        self.assertIn('mmfeed_source_errors_total{source="qa"} 0', page)
+        self.assertIn('mmfeed_source_errors_total{source="captions"} 0', page)
+        self.assertRegex(page, r'mmfeed_source_errors_by_reason_total\{reason="not_found",source="qa"\} [1-9]')
+        self.assertRegex(page, r'mmfeed_source_passes\{source="captions"\} [1-9]')
         d.proc.send_signal(signal.SIGTERM)
         d.wait()
 
