@@ -1085,6 +1085,60 @@ TEST(PipelineTest, StartingAtACursorRegeneratesTheSameBatches) {
   EXPECT_FALSE(bad.ok());
 }
 
+// A mixture resumed at 100 random cursors (issue #30): each resumed stream, refills of failed
+// samples included, is the uninterrupted one from that cursor on, byte for byte.
+TEST(PipelineTest, AMixtureResumedAtAnyCursorIsTheUninterruptedStream) {
+  TempDir dir;
+  {
+    std::ofstream a(dir / "a.jsonl"), b(dir / "b.jsonl");
+    for (int i = 0; i < 70; ++i)
+      a << "{\"id\": \"a" << i << "\", \"text\": \"caption " << i << "\"}\n";
+    for (int i = 0; i < 30; ++i)  // every sixth question names a missing file: refilled
+      b << "{\"id\": \"b" << i << "\", \"question\": "
+        << (i % 6 == 1 ? "{\"path\": \"gone.txt\"}" : "\"question " + std::to_string(i) + "\"")
+        << "}\n";
+  }
+  const std::string yaml =
+      "sources:\n"
+      "  - {name: a, type: manifest, path: a.jsonl, weight: 2}\n"
+      "  - {name: b, type: manifest, path: b.jsonl, weight: 1, fields: {text: question}}\n"
+      "mix: {seed: 11, epochs: 3, samples_per_epoch: 120}\n"
+      "consumers: 2\n"
+      "stages:\n"
+      "  - {name: text, type: text, field: text, workers: 2, params: {max_len: 16}}\n"
+      "  - {name: batch, type: batch, inputs: [text], params: {batch_size: 4}}\n";
+  PipelineRun full = RunPipeline(dir, yaml);
+  ASSERT_TRUE(full.pipeline);
+  const uint64_t total = 3 * full.pipeline->batches_per_epoch();
+  ASSERT_EQ(full.sinks[0]->batches.size(), total);
+  ASSERT_EQ(full.sinks[1]->batches.size(), total);
+  Result<PipelineConfig> cfg = LoadConfigFile(dir / "p.yaml");
+  ASSERT_TRUE(cfg.ok());
+  Rng rng(5, 0, "", "cursors");
+  for (int trial = 0; trial < 100; ++trial) {
+    const uint64_t s0 = rng.Below(total), s1 = rng.Below(total);
+    MemorySink r0(BatchSpecs(*cfg), 4), r1(BatchSpecs(*cfg), 4);
+    auto p = Pipeline::Create(*cfg, {&r0, &r1},
+                              {full.pipeline->CursorAt(s0), full.pipeline->CursorAt(s1)});
+    ASSERT_TRUE(p.ok()) << p.status().message();
+    ASSERT_TRUE((*p)->Start().ok());
+    (*p)->Wait();
+    const MemorySink* resumed[] = {&r0, &r1};
+    const uint64_t from[] = {s0, s1};
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(resumed[r]->batches.size(), total - from[r]) << "trial " << trial;
+      for (size_t i = 0; i < resumed[r]->batches.size(); ++i) {
+        const MemBatch &got = *resumed[r]->batches[i], &want = *full.sinks[r]->batches[from[r] + i];
+        ASSERT_EQ(got.seq, want.seq);
+        ASSERT_EQ(got.ids, want.ids) << "trial " << trial << ", rank " << r << ", seq " << got.seq;
+        ASSERT_EQ(got.tensors.size(), want.tensors.size());
+        for (size_t k = 0; k < got.tensors.size(); ++k)
+          ASSERT_EQ(got.tensors[k].data, want.tensors[k].data) << "tensor " << k;
+      }
+    }
+  }
+}
+
 // Token-budget batches over texts of 1 to 60 bytes (the bytes tokenizer: a token a byte), in
 // files t<i>.txt; sample i's file is missing when i % 50 == 7.
 int BudgetTextLength(int i) { return 1 + static_cast<int>(HashString(std::to_string(i)) % 60); }
