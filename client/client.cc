@@ -6,8 +6,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <array>
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "base/clock.h"
@@ -70,8 +74,85 @@ const shm::TensorView* Batch::tensor(std::string_view name) const {
   return nullptr;
 }
 
+Result<std::optional<JobShape>> JobShapeFromEnvironment() {
+  // A variable's value: a non-negative integer, or -1 when it is not set.
+  auto get = [](const char* name) -> Result<int> {
+    const char* v = std::getenv(name);
+    if (!v || !*v) return -1;
+    char* end = nullptr;
+    errno = 0;
+    const long x = std::strtol(v, &end, 10);
+    if (*end || errno || x < 0 || x > (1 << 24))
+      return Status::Invalid(fmt::format("${} is '{}', not a rank or a count", name, v));
+    return static_cast<int>(x);
+  };
+  // One launcher's five variables: nullopt when its sizes (the second and fourth or fifth,
+  // `sizes`) are not set (a LOCAL_RANK set by hand is not a job); else all must be.
+  using Five = std::array<int, 5>;
+  auto read = [&](const std::array<const char*, 5>& names, const std::array<size_t, 2>& sizes,
+                  const char* from) -> Result<std::optional<Five>> {
+    Five v;
+    for (size_t k = 0; k < names.size(); ++k) {
+      MMFEED_ASSIGN_OR_RETURN(v[k], get(names[k]));
+    }
+    if (v[sizes[0]] < 0 && v[sizes[1]] < 0) return std::optional<Five>();
+    for (size_t k = 0; k < names.size(); ++k)
+      if (v[k] < 0)
+        return Status::Invalid(
+            fmt::format("{}'s variables are set but ${} is not", from, names[k]));
+    return std::optional<Five>(v);
+  };
+  JobShape s;
+  MMFEED_ASSIGN_OR_RETURN(std::optional<Five> torchrun, read({"RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                              "LOCAL_WORLD_SIZE", "GROUP_RANK"},
+                                                             {1, 3}, "torchrun"));
+  if (torchrun) {
+    const auto [rank, world, local_rank, local_world, node] = *torchrun;
+    if (local_world == 0 || world % local_world)
+      return Status::Invalid(fmt::format(
+          "$WORLD_SIZE {} is not a multiple of $LOCAL_WORLD_SIZE {}: mmfeed needs as many "
+          "trainers on every node",
+          world, local_world));
+    s = {rank, world, local_rank, local_world, node, world / local_world, "torchrun"};
+  } else {
+    MMFEED_ASSIGN_OR_RETURN(
+        std::optional<Five> slurm,
+        read({"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NNODES"},
+             {1, 4}, "Slurm"));
+    if (!slurm) return std::optional<JobShape>();
+    const auto [rank, tasks, local_rank, node, nodes] = *slurm;
+    MMFEED_ASSIGN_OR_RETURN(int per_node, get("SLURM_NTASKS_PER_NODE"));
+    if (per_node < 0 && nodes > 0 && tasks % nodes == 0) per_node = tasks / nodes;
+    if (per_node <= 0)
+      return Status::Invalid(fmt::format(
+          "$SLURM_NTASKS {} is not a multiple of $SLURM_NNODES {}: run as many tasks on every "
+          "node (srun --ntasks-per-node)",
+          tasks, nodes));
+    s = {rank, tasks, local_rank, per_node, node, nodes, "slurm"};
+  }
+  MMFEED_ASSIGN_OR_RETURN(JobShape checked, JobShape::FromJson(s.ToJson()));
+  return std::optional<JobShape>(checked);
+}
+
 Result<std::unique_ptr<Client>> Client::Attach(const std::string& socket_path, int rank,
                                                AttachOptions options) {
+  if (!options.job) {
+    MMFEED_ASSIGN_OR_RETURN(options.job, JobShapeFromEnvironment());
+    // An explicit rank other than the launcher's: the environment is not this attach's job.
+    if (options.job && rank >= 0 && rank != options.job->local_rank) options.job.reset();
+  }
+  if (rank < 0 && options.job) rank = options.job->local_rank;
+  if (const char* local = std::getenv("LOCAL_RANK"); rank < 0 && local && *local) {
+    char* end = nullptr;
+    const long r = std::strtol(local, &end, 10);
+    if (*end || r < 0 || r > INT32_MAX)
+      return Status::Invalid(fmt::format("$LOCAL_RANK is '{}', not a rank", local));
+    rank = static_cast<int>(r);
+  }
+  if (rank < 0)
+    return Status::Invalid(
+        "no rank given and no launcher's variables to take it from (torchrun's LOCAL_RANK, "
+        "Slurm's SLURM_LOCALID...): give the trainer's consumer rank");
   std::unique_ptr<Client> c(new Client());
   c->socket_path_ = socket_path;
   c->rank_ = rank;
@@ -99,6 +180,7 @@ Status Client::Connect(const std::optional<StreamCursor>& resume) {
   conn->owner_pid = pid_;
   nlohmann::json req = {{"cmd", "attach"}, {"rank", rank_}};
   if (resume) req["resume"] = CursorToJson(*resume);
+  if (options_.job) req["job"] = options_.job->ToJson();
   MMFEED_RETURN_IF_ERROR(SendControlLine(conn->sock, req));
   std::vector<int> fds;
   Result<nlohmann::json> reply = RecvControlReply(conn->sock, &fds, 10000);

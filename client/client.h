@@ -69,16 +69,28 @@ class Batch {
   shm::BatchView view_;
 };
 
+// The job shape the launcher put in this process's environment: torchrun's RANK, WORLD_SIZE,
+// LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK (the node's rank; the node count is WORLD_SIZE /
+// LOCAL_WORLD_SIZE), else Slurm's SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID,
+// SLURM_NNODES and SLURM_NTASKS_PER_NODE (else SLURM_NTASKS / SLURM_NNODES). nullopt when
+// neither launcher's variables are set; an error names a variable that is malformed or
+// inconsistent with the others.
+Result<std::optional<JobShape>> JobShapeFromEnvironment();
+
 struct AttachOptions {
   // Serve from the batch after this one (the cursor of the last batch the trainer finished);
   // without it the daemon's own acknowledged position is used.
   std::optional<StreamCursor> resume;
   // When the daemon goes away, keep trying to re-attach for this long (0: report it at once).
   double reconnect_s = 0;
+  // The trainer's job, sent with the attach (a daemon with `consumers: auto` adopts it). Unset:
+  // JobShapeFromEnvironment(), sent when its local rank is the rank attached.
+  std::optional<JobShape> job;
 };
 
 class Client {
  public:
+  // `rank` < 0: the job's local rank (AttachOptions::job, or the launcher's environment).
   static Result<std::unique_ptr<Client>> Attach(const std::string& socket_path, int rank,
                                                 AttachOptions options = {});
   ~Client();

@@ -1,9 +1,14 @@
 // mmfeed-consume: attaches to mmfeedd like a trainer would and consumes batches.
 //
-//   mmfeed-consume --socket PATH --rank R [--batches N] [--json] [--dump DIR]
+//   mmfeed-consume --socket PATH [--rank R] [--batches N] [--json] [--dump DIR]
 //                  [--cursor FILE] [--reconnect SECONDS] [--hold-ms MS] [--pause-ms MS]
 //                  [--abort-after N] [--timeout SECONDS]
+//                  [--job NUM_NODES,NODE_RANK,LOCAL_WORLD_SIZE]
 //
+// Without --rank the rank is the launcher's local rank (torchrun's or Slurm's variables, as
+// the client library reads them), and the attach declares the launcher's job shape; --job
+// declares one explicitly (with --rank, the local rank): a daemon with `consumers: auto`
+// adopts the first shape declared.
 // --json prints one line: {"batches":..,"samples":..,"seconds":..,"samples_per_s":..,
 // "sample_ids_sha256":"..","batch_us_median":..} (the hash is over the sample ids in received
 // order, each followed by '\n'; batch_us_median is the median time of Next() plus the release,
@@ -44,11 +49,14 @@ using namespace mmfeed;
 namespace {
 
 [[noreturn]] void Usage(int code) {
-  std::fprintf(stderr,
-               "usage: mmfeed-consume --socket PATH --rank R [--batches N] [--json] [--dump DIR]\n"
-               "                      [--cursor FILE] [--reconnect SECONDS] [--hold-ms MS] "
-               "[--pause-ms MS]\n"
-               "                      [--abort-after N] [--timeout SECONDS]\n");
+  std::fprintf(
+      stderr,
+      "usage: mmfeed-consume --socket PATH [--rank R] [--batches N] [--json] [--dump DIR]\n"
+      "                      [--cursor FILE] [--reconnect SECONDS] [--hold-ms MS] "
+      "[--pause-ms MS]\n"
+      "                      [--abort-after N] [--timeout SECONDS]\n"
+      "                      [--job NUM_NODES,NODE_RANK,LOCAL_WORLD_SIZE]\n"
+      "without --rank: the launcher's local rank ($LOCAL_RANK, $SLURM_LOCALID)\n");
   std::exit(code);
 }
 
@@ -103,6 +111,7 @@ int main(int argc, char** argv) {
   int64_t max_batches = -1, abort_after = -1, hold_ms = 0, pause_ms = 0;
   int timeout_ms = -1;
   bool json = false;
+  std::string job;
   AttachOptions options;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -132,10 +141,26 @@ int main(int argc, char** argv) {
       timeout_ms = static_cast<int>(Flag(ParseDouble(a, value(), 0.001, 86400)) * 1000);
     else if (a == "--abort-after")
       abort_after = Flag(ParseInt(a, value(), 0, INT64_MAX));
+    else if (a == "--job")
+      job = value();
     else
       Usage(a == "--help" ? 0 : 2);
   }
-  if (rank < 0) Usage(2);
+  if (!job.empty()) {
+    int nodes = 0, node = 0, per_node = 0;
+    char end = 0;
+    if (rank < 0 || std::sscanf(job.c_str(), "%d,%d,%d%c", &nodes, &node, &per_node, &end) != 3)
+      Usage(2);
+    Result<JobShape> shape = JobShape::FromJson({{"rank", node * per_node + rank},
+                                                 {"world_size", nodes * per_node},
+                                                 {"local_rank", rank},
+                                                 {"local_world_size", per_node},
+                                                 {"node_rank", node},
+                                                 {"num_nodes", nodes},
+                                                 {"from", "arguments"}});
+    if (!shape.ok()) return Fail(shape.status().WithContext("--job"));
+    options.job = *shape;
+  }
   if (!cursor_file.empty()) {
     Result<std::optional<StreamCursor>> c = ReadCursor(cursor_file);
     if (!c.ok()) return Fail(c.status());
@@ -199,7 +224,7 @@ int main(int argc, char** argv) {
         {"sample_ids_sha256", hex}, {"batch_us_median", median_us}};
     std::printf("%s\n", out.dump().c_str());
   } else {
-    std::printf("rank %d: %lu batches, %lu samples in %.2fs (%.0f samples/s)\n", rank,
+    std::printf("rank %d: %lu batches, %lu samples in %.2fs (%.0f samples/s)\n", (*client)->rank(),
                 static_cast<unsigned long>(batches), static_cast<unsigned long>(samples), seconds,
                 seconds > 0 ? samples / seconds : 0.0);
   }

@@ -14,6 +14,49 @@
 
 namespace mmfeed {
 
+std::string JobShape::Describe() const {
+  return fmt::format("{} node(s) x {} rank(s), this node {}", num_nodes, local_world_size,
+                     node_rank);
+}
+
+nlohmann::json JobShape::ToJson() const {
+  return {{"rank", rank},
+          {"world_size", world_size},
+          {"local_rank", local_rank},
+          {"local_world_size", local_world_size},
+          {"node_rank", node_rank},
+          {"num_nodes", num_nodes},
+          {"from", from}};
+}
+
+Result<JobShape> JobShape::FromJson(const nlohmann::json& j) {
+  if (!j.is_object()) return Status::Invalid("\"job\" must be an object");
+  JobShape s;
+  auto field = [&](const char* name, int* out, int64_t least, int64_t most) -> Status {
+    if (!j.contains(name)) return Status::Invalid(fmt::format("\"job\" needs \"{}\"", name));
+    const nlohmann::json& v = j[name];
+    if (!v.is_number_integer() || v.get<int64_t>() < least || v.get<int64_t>() > most)
+      return Status::Invalid(fmt::format("job's \"{}\" must be an integer from {} to {}, not {}",
+                                         name, least, most, v.dump()));
+    *out = static_cast<int>(v.get<int64_t>());
+    return Status::Ok();
+  };
+  constexpr int64_t kMost = 1 << 24;
+  MMFEED_RETURN_IF_ERROR(field("world_size", &s.world_size, 1, kMost));
+  MMFEED_RETURN_IF_ERROR(field("rank", &s.rank, 0, s.world_size - 1));
+  MMFEED_RETURN_IF_ERROR(field("local_world_size", &s.local_world_size, 1, kMost));
+  MMFEED_RETURN_IF_ERROR(field("local_rank", &s.local_rank, 0, s.local_world_size - 1));
+  MMFEED_RETURN_IF_ERROR(field("num_nodes", &s.num_nodes, 1, kMost));
+  MMFEED_RETURN_IF_ERROR(field("node_rank", &s.node_rank, 0, s.num_nodes - 1));
+  if (static_cast<int64_t>(s.num_nodes) * s.local_world_size != s.world_size)
+    return Status::Invalid(fmt::format(
+        "job: world_size {} is not num_nodes {} x local_world_size {} (every node must run as "
+        "many trainers)",
+        s.world_size, s.num_nodes, s.local_world_size));
+  if (j.contains("from") && j["from"].is_string()) s.from = j["from"].get<std::string>();
+  return s;
+}
+
 Result<ControlCommand> ParseControlRequest(std::string_view line) {
   nlohmann::json req = nlohmann::json::parse(line, nullptr, false);
   if (req.is_discarded() || !req.is_object() || !req.contains("cmd") || !req["cmd"].is_string())
@@ -60,6 +103,16 @@ Result<ControlCommand> ParseControlRequest(std::string_view line) {
       Result<StreamCursor> c = CursorFromJson(req["resume"]);
       if (!c.ok()) return c.status().WithContext("resume");
       r.resume = *c;
+    }
+    if (req.contains("job")) {
+      Result<JobShape> job = JobShape::FromJson(req["job"]);
+      if (!job.ok()) return job.status();
+      if (job->local_rank != r.rank)
+        return Status::Invalid(fmt::format(
+            "attach: rank {} is not the job's local_rank {} (a node's trainers attach with their "
+            "local rank)",
+            r.rank, job->local_rank));
+      r.job = *job;
     }
   } else {
     return Status::Invalid(

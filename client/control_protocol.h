@@ -23,11 +23,33 @@ namespace mmfeed {
 inline constexpr char kDefaultSocket[] = "/tmp/mmfeed.sock";
 inline constexpr char kServiceSocket[] = "/run/mmfeed/mmfeed.sock";
 
+// The job a trainer process belongs to, as its launcher says (torchrun's or Slurm's variables,
+// or explicit arguments; client/client.h, JobShapeFromEnvironment): what a daemon with
+// `consumers: auto` adopts (issue #31). A node runs `local_world_size` trainers, one per
+// consumer rank; the job has `num_nodes` such nodes, this one is `node_rank`.
+struct JobShape {
+  int rank = 0, world_size = 1;              // the trainer's global rank, of world_size
+  int local_rank = 0, local_world_size = 1;  // on this node
+  int node_rank = 0, num_nodes = 1;
+  std::string from;  // "torchrun", "slurm" or "arguments"
+
+  bool operator==(const JobShape& o) const {  // the shape, not who said it
+    return world_size == o.world_size && local_world_size == o.local_world_size &&
+           node_rank == o.node_rank && num_nodes == o.num_nodes;
+  }
+  // "2 node(s) x 2 rank(s), this node 1".
+  std::string Describe() const;
+  nlohmann::json ToJson() const;
+  // Refuses fields out of range or inconsistent (world_size != num_nodes x local_world_size).
+  static Result<JobShape> FromJson(const nlohmann::json& j);
+};
+
 struct ControlCommand {
   enum class Cmd { kAttach, kStatus, kStop, kReload, kProfile };
   Cmd cmd = Cmd::kStatus;
   int rank = -1;                       // attach
   std::optional<StreamCursor> resume;  // attach: serve from this cursor
+  std::optional<JobShape> job;         // attach: the trainer's job, when it declares one
   std::string config;                  // reload: the config file; empty: the running one's
   double seconds = 5;                  // profile: the window
   bool trace = false;                  // profile: record a trace of the window too

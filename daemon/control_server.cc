@@ -197,7 +197,7 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
     // A process that is gone cannot hold a rank (without a pidfd its death could not be seen).
     if (peer_gone_) return Disconnect();
     Result<AttachGrant> r = server_.handler_.attach(
-        req->rank, pid_, pidfd_.is_open() ? pidfd_.native_handle() : -1, req->resume);
+        req->rank, pid_, pidfd_.is_open() ? pidfd_.native_handle() : -1, req->resume, req->job);
     if (!r.ok()) return Reply({{"ok", false}, {"error", r.status().message()}});
     attached_rank_ = req->rank;
     generation_ = r->reply.value("generation", 0u);

@@ -22,6 +22,7 @@
 
 #include "base/cursor.h"
 #include "base/status.h"
+#include "client/control_protocol.h"
 
 namespace mmfeed {
 
@@ -34,8 +35,10 @@ class ControlServer {
  public:
   struct Handler {
     // `pidfd` refers to the peer process (-1 if pidfd_open failed); the daemon may keep a dup.
+    // `job`: the trainer's job, when it declared one.
     std::function<Result<AttachGrant>(int rank, int pid, int pidfd,
-                                      const std::optional<StreamCursor>& resume)>
+                                      const std::optional<StreamCursor>& resume,
+                                      const std::optional<JobShape>& job)>
         attach;
     // The attached trainer died (or was disconnected): `generation` is the one attach gave.
     std::function<void(int rank, int pid, uint32_t generation)> detach;

@@ -78,10 +78,24 @@ void PrintConsumers(const nlohmann::json& s) {
     }
 }
 
+// The job's shape in force and where it came from (status "job").
+std::string JobLine(const nlohmann::json& s) {
+  const auto& j = s["job"];
+  return fmt::format("job: {} consumer rank(s), node {} of {} (from {})", j["consumers"].get<int>(),
+                     j["node_rank"].get<int>(), j["num_nodes"].get<int>(),
+                     j["from"].get<std::string>());
+}
+
 void PrintStatus(const nlohmann::json& s) {
+  if (!s.contains("profile")) {  // consumers: auto, before the first trainer
+    std::printf("pipeline %s (pid %d): %s\n%s\n", s["pipeline"].get<std::string>().c_str(),
+                s["pid"].get<int>(), s["state"].get<std::string>().c_str(), JobLine(s).c_str());
+    return;
+  }
   std::printf("pipeline %s (pid %d): %s, up %.0fs\n", s["pipeline"].get<std::string>().c_str(),
               s["pid"].get<int>(), s["state"].get<std::string>().c_str(),
               s["uptime_s"].get<double>());
+  std::printf("%s\n", JobLine(s).c_str());
   std::printf("config %s (hash %s); reloads: %lu ok, %lu refused%s\n",
               s["config"].get<std::string>().c_str(), s["config_hash"].get<std::string>().c_str(),
               static_cast<unsigned long>(s["reloads"]["ok"].get<uint64_t>()),
@@ -124,6 +138,10 @@ class Top {
  public:
   // Renders one screen from a status and the previous one (empty the first time).
   std::string Render(const nlohmann::json& s, double dt) {
+    if (!s.contains("profile"))
+      return fmt::format("mmfeedd {} (pid {}): {}  [q quits]\n{}\n",
+                         s["pipeline"].get<std::string>(), s["pid"].get<int>(),
+                         s["state"].get<std::string>(), JobLine(s));
     std::string out = fmt::format("mmfeedd {} (pid {}): {}, up {:.0f}s  [q quits]\n\n",
                                   s["pipeline"].get<std::string>(), s["pid"].get<int>(),
                                   s["state"].get<std::string>(), s["uptime_s"].get<double>());

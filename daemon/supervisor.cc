@@ -17,16 +17,53 @@ Result<std::unique_ptr<Pipeline>> BuildOnly(const PipelineConfig& cfg,
 }
 
 int Supervisor::Run() {
-  std::optional<StreamState> saved;
-  std::string then_reload;
   if (!opt_.state_dir.empty()) {
-    Result<std::optional<StreamState>> read = SavedStream(&then_reload);
+    Result<std::optional<StreamState>> read = SavedStream(&then_reload_);
     if (!read.ok()) {
       spdlog::error("{}", read.status().message());
       return kExitConfig;
     }
-    saved = std::move(read.value());
+    saved_ = std::move(read.value());
   }
+  if (!cfg_.shape_from_trainers())
+    if (int failed = Build()) return failed;
+  server_ = std::make_unique<ControlServer>(
+      io_, opt_.socket, opt_.socket_group,
+      ControlServer::Handler{
+          [this](int rank, int pid, int pidfd, const std::optional<StreamCursor>& resume,
+                 const std::optional<JobShape>& job) {
+            return Attach(rank, pid, pidfd, resume, job);
+          },
+          [this](int rank, int pid, uint32_t generation) { Detach(rank, pid, generation); },
+          [this] { return StatusJson(); },
+          [this] { BeginDrain("stop requested"); },
+          [this](const std::string& file, ReloadDone done) { Reload(file, std::move(done)); },
+          [this](double seconds, bool trace, std::function<void(Result<nlohmann::json>)> done) {
+            Profile(seconds, trace, std::move(done));
+          },
+      });
+  Status st = server_->Listen();
+  if (!st.ok()) {
+    spdlog::error("{}", st.message());
+    return st.code() == Status::Code::kInvalid ? kExitConfig : 1;  // a bad --socket
+  }
+  asio::signal_set signals(io_, SIGINT, SIGTERM, SIGHUP);
+  WaitSignal(signals);
+  if (pipeline_) {
+    if (int failed = Serve()) return failed;
+  } else {
+    spdlog::info(
+        "serving on {}; the job's shape comes from the first trainer to attach ({}: "
+        "consumers: auto{})",
+        opt_.socket, cfg_.file, cfg_.source.node_auto ? ", node_rank/num_nodes: auto" : "");
+    notify_.Ready("waiting for the first trainer to declare the job's shape");
+  }
+  Tick();
+  io_.run();
+  return Exit();
+}
+
+int Supervisor::Build() {
   // Rings first: their size is known from the stage specs, and running out of memory
   // must be an error now, not later.
   Result<RingPlan> planned = PlanRings(cfg_);
@@ -74,7 +111,7 @@ int Supervisor::Run() {
   if (!files.ok()) spdlog::warn("{}", files.message());
   for (auto& s : sinks_) pipeline_->AddProfiledStage(s->info());
   if (!opt_.state_dir.empty()) {
-    Status st = LoadState(saved);
+    Status st = LoadState(saved_);
     // The state is written once now: a --state-dir that cannot be written is an error at
     // start, not a stale file found by the next restart.
     if (st.ok()) st = SaveState();
@@ -97,29 +134,11 @@ int Supervisor::Run() {
     metrics_->Publish(MetricsText());  // before the first scrape can come
     spdlog::info("serving Prometheus metrics on http://{}/metrics", cfg_.metrics_listen);
   }
+  return 0;
+}
 
-  server_ = std::make_unique<ControlServer>(
-      io_, opt_.socket, opt_.socket_group,
-      ControlServer::Handler{
-          [this](int rank, int pid, int pidfd, const std::optional<StreamCursor>& resume) {
-            return Attach(rank, pid, pidfd, resume);
-          },
-          [this](int rank, int pid, uint32_t generation) { Detach(rank, pid, generation); },
-          [this] { return StatusJson(); },
-          [this] { BeginDrain("stop requested"); },
-          [this](const std::string& file, ReloadDone done) { Reload(file, std::move(done)); },
-          [this](double seconds, bool trace, std::function<void(Result<nlohmann::json>)> done) {
-            Profile(seconds, trace, std::move(done));
-          },
-      });
-  Status st = server_->Listen();
-  if (!st.ok()) {
-    spdlog::error("{}", st.message());
-    return st.code() == Status::Code::kInvalid ? kExitConfig : 1;  // a bad --socket
-  }
-  asio::signal_set signals(io_, SIGINT, SIGTERM, SIGHUP);
-  WaitSignal(signals);
-  st = pipeline_->Start();
+int Supervisor::Serve() {
+  Status st = pipeline_->Start();
   if (!st.ok()) {
     spdlog::error("{}", st.message());
     return 1;
@@ -128,11 +147,59 @@ int Supervisor::Run() {
   notify_.Ready(StatusLine());
   // The edited config is reloaded once every rank's trainer is back: their cursors, possibly
   // ahead of the saved ones, decide where the epoch boundary of the switch is.
-  then_reload_ = then_reload;
   if (!then_reload_.empty() && unseen_since_restart_.empty()) EveryRankBack();  // started fresh
-  Tick();
-  io_.run();
-  return Exit();
+  return 0;
+}
+
+Status Supervisor::AdoptJob(const JobShape& job, int pid) {
+  MMFEED_RETURN_IF_ERROR(cfg_.AdoptShape(job.local_world_size, job.node_rank, job.num_nodes));
+  job_ = job;
+  job_from_ = fmt::format("pid {} ({})", pid, job.from.empty() ? "declared" : job.from);
+  spdlog::info("the job, as {} declares it: {}; serving {} consumer rank(s) as node {} of {}",
+               job_from_, job.Describe(), cfg_.consumers, cfg_.source.node_rank,
+               cfg_.source.num_nodes);
+  int failed = Build();
+  if (!failed) failed = Serve();
+  if (failed) {
+    failed_exit_ = failed;
+    io_.stop();
+    return Status::Unavailable(fmt::format(
+        "mmfeedd could not start the pipeline for the job {} (its log says why); it stops",
+        job.Describe()));
+  }
+  return Status::Ok();
+}
+
+Status Supervisor::CheckJob(const JobShape& job, int pid) {
+  if (cfg_.shape_from_trainers()) {  // adopted from the first trainer's
+    if (job == *job_) return Status::Ok();
+    return Status::Invalid(fmt::format(
+        "the trainer's job ({}: {}) conflicts with the job this daemon serves ({}: {}); a node's "
+        "trainers must belong to one job (restart the daemon for another)",
+        job.from.empty() ? "declared" : job.from, job.Describe(), job_from_, job_->Describe()));
+  }
+  const bool consumers_differ = job.local_world_size != cfg_.consumers;
+  const bool node_differs =
+      job.node_rank != cfg_.source.node_rank || job.num_nodes != cfg_.source.num_nodes;
+  if ((consumers_differ || node_differs) && job_warned_.insert(job.Describe()).second)
+    spdlog::warn(
+        "pid {}'s job ({}) is not the shape {} sets ({} consumer rank(s), node {} of {}); the "
+        "config's values are served. `consumers: auto` and `node_rank: auto` take the "
+        "trainers' shape instead",
+        pid, job.Describe(), cfg_.file, cfg_.consumers, cfg_.source.node_rank,
+        cfg_.source.num_nodes);
+  return Status::Ok();
+}
+
+nlohmann::json Supervisor::JobJson() const {
+  nlohmann::json j = {
+      {"consumers", cfg_.consumers},
+      {"node_rank", cfg_.source.node_rank},
+      {"num_nodes", cfg_.source.num_nodes},
+      {"from", cfg_.shape_from_trainers() ? (job_ ? job_from_ : "waiting for the first trainer")
+                                          : "config"}};
+  if (job_) j["declared"] = job_->ToJson();
+  return j;
 }
 
 void Supervisor::WarnRanksWithoutTrainers() {
@@ -207,6 +274,7 @@ int Supervisor::Exit() {
     std::_Exit(kExitLost);
   }
 
+  if (!pipeline_) return failed_exit_;  // stopped before a trainer declared the job
   pipeline_->Wait();
   (void)SaveState();  // logged
   const int code = Report();
@@ -244,6 +312,11 @@ void Supervisor::BeginDrain(const std::string& why) {
   if (draining_) return;
   draining_ = true;
   notify_.Stopping();
+  if (!pipeline_) {  // no trainer declared the job yet: nothing to drain
+    spdlog::info("{}: stopping (no trainer declared the job's shape yet)", why);
+    io_.stop();
+    return;
+  }
   drain_deadline_ = std::chrono::steady_clock::now() +
                     std::chrono::milliseconds(static_cast<int>(opt_.drain_timeout * 1000));
   spdlog::info("{}: draining (up to {:.0f}s for trainers to take the produced batches)", why,
@@ -255,6 +328,10 @@ void Supervisor::Tick() {
   timer_.expires_after(std::chrono::milliseconds(100));
   timer_.async_wait([this](std::error_code ec) {
     if (ec) return;
+    if (!pipeline_) {  // waiting for the first trainer's job: alive, nothing to watch yet
+      notify_.Watchdog(true);
+      return Tick();
+    }
     if (ReadyToSwap()) CompleteReload();
     (void)SaveState();  // logged
     Heartbeat();
@@ -405,9 +482,15 @@ Result<std::string> CheckPipeline(const PipelineConfig& cfg) {
   const PathCheck files = p->CheckSamplePaths(kCheckedSamples);
   MMFEED_RETURN_IF_ERROR(CheckSampleFiles(cfg, files));
   return fmt::format(
-      "({} stages, {} consumer rank(s), {} batches per rank {}, rings {:.2f} GiB, {} sample "
+      "({} stages, {} consumer rank(s){}, {} batches per rank {}, rings {:.2f} GiB, {} sample "
       "files checked){}",
-      cfg.stages.size(), cfg.consumers, p->batches_per_epoch(),
+      cfg.stages.size(), cfg.consumers,
+      cfg.shape_from_trainers()
+          ? fmt::format(" of node {} of {} as checked: consumers: auto takes the first "
+                        "trainer's job",
+                        cfg.source.node_rank, cfg.source.num_nodes)
+          : "",
+      p->batches_per_epoch(),
       p->budgeted() ? "in epoch 0 (token budget: the count varies by epoch)" : "per epoch",
       plan.total_bytes / 1073741824.0, files.files,
       cfg.mixed() ? "\nthe mixture, per epoch:\n" + p->MixPlan() : "");

@@ -75,6 +75,11 @@ class Supervisor {
   // Run's steps: the saved stream to continue (--state-dir), and what follows the io_context.
   Result<std::optional<StreamState>> SavedStream(std::string* then_reload);
   int Exit();
+  std::optional<StreamState> saved_;  // Run's, for Build
+  std::optional<JobShape> job_;       // adopted (consumers: auto) or the first declared
+  std::string job_from_;              // "pid 123 (torchrun)"
+  std::set<std::string> job_warned_;
+  int failed_exit_ = 0;  // a failure after the start ended the daemon with this status
 
   // Ranks with a ring: the config's consumers, then any a reload removed (their rings end).
   int ranks() const { return static_cast<int>(sinks_.size()); }
@@ -88,7 +93,23 @@ class Supervisor {
   };
 
   Result<AttachGrant> Attach(int rank, int pid, int pidfd,
-                             const std::optional<StreamCursor>& resume);
+                             const std::optional<StreamCursor>& resume,
+                             const std::optional<JobShape>& job);
+
+  // Run's steps. Build: the rings, the pipeline (not started), the saved state, the metrics
+  // endpoint; Serve: starts the pipeline. Both return 0, or the exit status of a failure. With
+  // `consumers: auto` (PipelineConfig::shape_from_trainers) they run once the first trainer
+  // declared its job (AdoptJob), the control socket serving meanwhile.
+  int Build();
+  int Serve();
+  // The first declared job: the config takes its shape, then Build and Serve. A failure ends
+  // the daemon with its exit status (failed_exit_).
+  Status AdoptJob(const JobShape& job, int pid);
+  // A job declared to a daemon whose shape is known: refused if it conflicts with the adopted
+  // one (naming both); against the config's own values only warned of (once per shape).
+  Status CheckJob(const JobShape& job, int pid);
+  // What status says of the job: the shape in force and where it came from.
+  nlohmann::json JobJson() const;
 
   // The trainer finished the batches before `cursor`: those in the ring are not delivered
   // again; if the rest starts at the cursor it is reused, else the rank is rewound there. A

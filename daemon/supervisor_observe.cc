@@ -5,6 +5,14 @@
 namespace mmfeed {
 
 nlohmann::json Supervisor::StatusJson() {
+  if (!pipeline_)  // consumers: auto, before the first trainer
+    return {{"pipeline", cfg_.name},
+            {"config", cfg_.file},
+            {"state", draining_ ? "draining" : "waiting for the job"},
+            {"pid", getpid()},
+            {"job", JobJson()},
+            {"consumers", nlohmann::json::array()},
+            {"sources", nlohmann::json::array()}};
   nlohmann::json ranks = nlohmann::json::array();
   for (int r = 0; r < this->ranks(); ++r) {
     shm::RingWriter::Backlog b = sinks_[r]->ring().backlog();
@@ -57,6 +65,7 @@ nlohmann::json Supervisor::StatusJson() {
                     : pipeline_->Finished() ? "finished"
                                             : "running"},
           {"pid", getpid()},
+          {"job", JobJson()},
           {"consumers", ranks},
           {"rings",
            {{"bytes", ring_bytes_},
@@ -137,6 +146,9 @@ void Supervisor::Tune() {
 
 void Supervisor::Profile(double seconds, bool trace,
                          std::function<void(Result<nlohmann::json>)> done) {
+  if (!pipeline_)
+    return done(Status::Unavailable(
+        "no pipeline runs yet: it starts when the first trainer declares the job's shape"));
   if (trace) {
     Status st = trace::Start();
     if (!st.ok()) return done(st);

@@ -48,9 +48,16 @@ Result<std::shared_ptr<Supervisor::PreparedReload>> Supervisor::PrepareReload(
                           "trainers of rank(s) {} are back after the restart",
                           UnseenRanks())
             : std::string("the previous reload is waiting for the epoch boundary"));
+  if (!pipeline_)
+    return Status::Unavailable(
+        "no trainer has declared the job's shape yet (consumers: auto): nothing runs to reload; "
+        "restart the daemon to start on another config");
   if (pipeline_->Finished()) return Status::Closed("the run has ended");
   Result<PipelineConfig> cfg = LoadDaemonConfig(file, opt_);
   if (!cfg.ok()) return cfg.status();
+  // What is auto keeps the shape in force (the trainers' job, or the config's before).
+  MMFEED_RETURN_IF_ERROR(
+      cfg->AdoptShape(cfg_.consumers, cfg_.source.node_rank, cfg_.source.num_nodes));
   auto p = std::make_shared<PreparedReload>();
   p->changes = DiffConfigs(cfg_, *cfg);
   if (!p->changes.needs_restart.empty())

@@ -5,7 +5,21 @@
 namespace mmfeed {
 
 Result<AttachGrant> Supervisor::Attach(int rank, int pid, int pidfd,
-                                       const std::optional<StreamCursor>& resume) {
+                                       const std::optional<StreamCursor>& resume,
+                                       const std::optional<JobShape>& job) {
+  if (!pipeline_) {  // consumers: auto, and this is the first trainer
+    if (!job)
+      return Status::Invalid(fmt::format(
+          "this daemon takes the job's shape from its trainers (`consumers: auto` in {}) and "
+          "none has declared one yet: start the trainer under torchrun or srun (the client "
+          "reads their variables), or declare it (mmfeed-consume --job "
+          "NUM_NODES,NODE_RANK,LOCAL_WORLD_SIZE)",
+          cfg_.file));
+    if (draining_) return Status::Unavailable("mmfeedd is stopping");
+    MMFEED_RETURN_IF_ERROR(AdoptJob(*job, pid));
+  } else if (job) {
+    MMFEED_RETURN_IF_ERROR(CheckJob(*job, pid));
+  }
   // A rank a reload removed is still served the batches its ring holds.
   if (rank >= ranks() || (rank >= cfg_.consumers && sinks_[rank]->ring().unreleased() == 0))
     return Status::Invalid(fmt::format(
@@ -57,6 +71,7 @@ Result<AttachGrant> Supervisor::Attach(int rank, int pid, int pidfd,
                       {"generation", h.generation},
                       {"ring_bytes", ring.size()},
                       {"consumers", cfg_.consumers},
+                      {"job", JobJson()},
                       {"pipeline", cfg_.name}}};
 }
 

@@ -151,9 +151,23 @@ int EnvInt(const char* name, int fallback) {
   return static_cast<int>(x);
 }
 
+bool IsAuto(const YAML::Node& n) { return n && n.IsScalar() && n.Scalar() == "auto"; }
+
 // This node's share: `node_rank` and `num_nodes` of `n` (source: or mix:), else NODE_RANK and
-// NUM_NODES.
+// NUM_NODES; `auto` (both, or one and the other left out): the trainers' job says (node 0 of 1
+// until one does).
 void ParseNodeShare(const YAML::Node& n, const std::string& what, SourceConfig* s) {
+  if (IsAuto(n["node_rank"]) || IsAuto(n["num_nodes"])) {
+    for (const char* key : {"node_rank", "num_nodes"})
+      if (n[key] && !IsAuto(n[key]))
+        Fail(n[key], fmt::format("{}.node_rank and {}.num_nodes are auto together (the "
+                                 "trainers' job gives both)",
+                                 what, what));
+    s->node_auto = true;
+    s->node_rank = 0;
+    s->num_nodes = 1;
+    return;
+  }
   s->node_rank = EnvInt("NODE_RANK", 0);
   s->num_nodes = EnvInt("NUM_NODES", 1);
   if (n["node_rank"])
@@ -644,9 +658,12 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
     cfg.source = ParseSource(root["source"], cfg.base_dir);
   else
     Fail(root, "the config needs a 'source' (or 'sources', a mixture)");
-  if (root["consumers"])
+  if (IsAuto(root["consumers"]))
+    cfg.consumers_auto = true;  // one until the first trainer declares its job
+  else if (root["consumers"])
     cfg.consumers = static_cast<int>(IntAtLeast(root["consumers"], "consumers", 1));
-  if (cfg.consumers > 64) Fail(root["consumers"], "consumers must be at most 64");
+  if (cfg.consumers > kMaxConsumers)
+    Fail(root["consumers"], fmt::format("consumers must be at most {}", kMaxConsumers));
   if (root["on_error"]) {
     std::string p = Str(root["on_error"], "on_error");
     if (p == "skip")
@@ -762,6 +779,22 @@ Result<PipelineConfig> LoadConfigFile(const std::string& file) {
     return Status::Invalid(fmt::format("config: {}", bytes.status().message()));
   }
   return ParseConfig(text, file);
+}
+
+Status PipelineConfig::AdoptShape(int local_world_size, int node_rank, int num_nodes) {
+  if (consumers_auto) {
+    if (local_world_size > kMaxConsumers)
+      return Status::Invalid(
+          fmt::format("the job runs {} trainers a node; consumers: auto takes "
+                      "at most {}",
+                      local_world_size, kMaxConsumers));
+    consumers = local_world_size;
+  }
+  if (source.node_auto) {
+    source.node_rank = node_rank;
+    source.num_nodes = num_nodes;
+  }
+  return Status::Ok();
 }
 
 }  // namespace mmfeed

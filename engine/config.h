@@ -49,6 +49,8 @@ struct FaultConfig {
   ConfigMark mark;
 };
 
+constexpr int kMaxConsumers = 64;  // rings (trainer ranks) per daemon
+
 struct PipelineConfig {
   std::string file;      // the config file's path
   std::string text;      // the YAML it was parsed from (--state-dir keeps it with the cursors)
@@ -66,6 +68,13 @@ struct PipelineConfig {
     for (SourceConfig& s : sources) s.index_dir = dir;
   }
   int consumers = 1;
+  // `consumers: auto` (and source.node_auto: `node_rank`/`num_nodes: auto`): the job's shape
+  // comes from the trainers' attach (issue #31); consumers 1 (node 0 of 1) until AdoptShape.
+  bool consumers_auto = false;
+  bool shape_from_trainers() const { return consumers_auto || source.node_auto; }
+  // Takes a declared job's values for what is auto: local_world_size consumers, this node's
+  // rank of num_nodes. Refuses more than kMaxConsumers.
+  Status AdoptShape(int local_world_size, int node_rank, int num_nodes);
   std::vector<StageConfig> stages;  // in file order; the batch stage is `batch_stage`
   int batch_stage = -1;
   int64_t batch_size = 0;

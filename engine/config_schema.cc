@@ -3,6 +3,7 @@
 #include <string>
 #include <variant>
 
+#include "engine/config.h"
 #include "engine/registry.h"
 
 namespace mmfeed {
@@ -19,6 +20,12 @@ json Object(json properties, json required = json::array()) {
 
 json Int(const char* doc, int64_t minimum) {
   return {{"type", "integer"}, {"minimum", minimum}, {"description", doc}};
+}
+
+// An integer of at least `minimum`, or "auto".
+json IntOrAuto(const char* doc, int64_t minimum) {
+  return {{"anyOf", {{{"type", "integer"}, {"minimum", minimum}}, {{"const", "auto"}}}},
+          {"description", doc}};
 }
 
 json ParamValueJson(const ParamValue& v) {
@@ -88,8 +95,11 @@ json SourceSchema() {
        {"shuffle", {{"type", "boolean"}, {"default", false}}},
        {"seed", Int("the order's seed", 0)},
        {"epochs", Int("epochs to run; 0: forever", 0)},
-       {"node_rank", Int("this node's rank (default: NODE_RANK, else 0)", 0)},
-       {"num_nodes", Int("nodes sharing the data (default: NUM_NODES, else 1)", 1)},
+       {"node_rank",
+        IntOrAuto("this node's rank (default: NODE_RANK, else 0; auto: the trainers' job)", 0)},
+       {"num_nodes",
+        IntOrAuto("nodes sharing the data (default: NUM_NODES, else 1; auto: the trainers' job)",
+                  1)},
        {"fields",
         {{"description",
           "webdataset: field name -> the member extensions that provide it; manifest: field "
@@ -139,8 +149,11 @@ json MixSchema() {
        {"samples_per_epoch", Int("mode weighted: an epoch's samples (default: the sum of the "
                                  "sources' sizes)",
                                  1)},
-       {"node_rank", Int("this node's rank (default: NODE_RANK, else 0)", 0)},
-       {"num_nodes", Int("nodes sharing the data (default: NUM_NODES, else 1)", 1)}});
+       {"node_rank",
+        IntOrAuto("this node's rank (default: NODE_RANK, else 0; auto: the trainers' job)", 0)},
+       {"num_nodes",
+        IntOrAuto("nodes sharing the data (default: NUM_NODES, else 1; auto: the trainers' job)",
+                  1)}});
 }
 
 // One stage: the keys every stage has, and for each registered type its params.
@@ -197,7 +210,10 @@ json ConfigSchema() {
          {"description", "a mixture of sources (instead of source), drawn as mix says"}}},
        {"mix", MixSchema()},
        {"consumers",
-        {{"type", "integer"}, {"minimum", 1}, {"maximum", 64}, {"description", "trainer ranks"}}},
+        {{"anyOf",
+          {{{"type", "integer"}, {"minimum", 1}, {"maximum", kMaxConsumers}}, {{"const", "auto"}}}},
+         {"description",
+          "trainer ranks on this node; auto: as many as the first trainer's job runs a node"}}},
        {"stages", {{"type", "array"}, {"minItems", 1}, {"items", StageSchemaJson()}}},
        {"output",
         Object({{"ring_slots",

@@ -40,6 +40,7 @@ struct SourceConfig {
   uint64_t max_bytes = 256ull << 20;  // largest file a sample field may read
   int node_rank = 0;
   int num_nodes = 1;
+  bool node_auto = false;  // `node_rank: auto`: the trainers' job gives both (PipelineConfig)
   // webdataset: logical field name -> member extensions that provide it
   std::map<std::string, std::vector<std::string>> fields;
   // "on" keeps only each manifest line's offset (source/manifest_index.h), or each tar

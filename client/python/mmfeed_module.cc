@@ -205,11 +205,16 @@ class PyClient {
       path = s;
     else
       path = DefaultSocket();
-    int r = 0;
-    if (!rank.is_none())
+    // No rank: the launcher's local rank (torchrun's or Slurm's variables, which the attach
+    // also declares as the job's shape), else 0.
+    int r = -1;
+    if (!rank.is_none()) {
       r = rank.cast<int>();
-    else if (const char* s = std::getenv("LOCAL_RANK"))
-      r = std::atoi(s);
+    } else {
+      mmfeed::Result<std::optional<mmfeed::JobShape>> job = mmfeed::JobShapeFromEnvironment();
+      if (!job.ok()) Raise(job.status(), /*attaching=*/true);
+      if (!*job && !std::getenv("LOCAL_RANK")) r = 0;  // else Client::Attach reads it
+    }
     mmfeed::AttachOptions opt;
     opt.reconnect_s = reconnect_s;
     if (!resume.is_none()) {

@@ -159,6 +159,83 @@ TEST(ClientTest, TheEndOfTheDataIsANullBatch) {
 #ifdef MMFEED_HAVE_CUDA
 // The CUDA feeder. Without a GPU (as in CI) the cases that copy skip with the reason; the
 // error a trainer gets, and its CPU path, are tested everywhere.
+// The job a trainer declares (issue #31): read from torchrun's or Slurm's variables, sent with
+// the attach and checked by the daemon's parser.
+class JobShapeTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Clear(); }
+  void TearDown() override { Clear(); }
+  static void Clear() {
+    for (const char* v :
+         {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "SLURM_PROCID",
+          "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE"})
+      unsetenv(v);
+  }
+  static void Set(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (auto [k, v] : vars) setenv(k, v, 1);
+  }
+};
+
+TEST_F(JobShapeTest, TorchrunsAndSlurmsVariablesGiveTheShape) {
+  Result<std::optional<JobShape>> none = JobShapeFromEnvironment();
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(*none);
+  Set({{"LOCAL_RANK", "1"}});  // set by hand: a rank, not a job
+  ASSERT_TRUE(JobShapeFromEnvironment().ok());
+  EXPECT_FALSE(*JobShapeFromEnvironment());
+  Set({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"}});
+  Result<std::optional<JobShape>> t = JobShapeFromEnvironment();
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  ASSERT_TRUE(*t);
+  EXPECT_EQ((*t)->from, "torchrun");
+  EXPECT_EQ((*t)->local_rank, 1);
+  EXPECT_EQ((*t)->num_nodes, 2);
+  EXPECT_EQ((*t)->node_rank, 1);
+  EXPECT_EQ((*t)->Describe(), "2 node(s) x 4 rank(s), this node 1");
+  Clear();
+  Set({{"SLURM_PROCID", "7"},
+       {"SLURM_NTASKS", "9"},
+       {"SLURM_LOCALID", "1"},
+       {"SLURM_NODEID", "2"},
+       {"SLURM_NNODES", "3"}});
+  Result<std::optional<JobShape>> s = JobShapeFromEnvironment();
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ((*s)->from, "slurm");
+  EXPECT_EQ((*s)->local_world_size, 3);
+  EXPECT_EQ((*s)->node_rank, 2);
+  Set({{"SLURM_NTASKS", "8"}});
+  EXPECT_NE(JobShapeFromEnvironment().status().message().find(
+                "$SLURM_NTASKS 8 is not a multiple of $SLURM_NNODES 3"),
+            std::string::npos);
+  Clear();
+  Set({{"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}});
+  EXPECT_EQ(JobShapeFromEnvironment().status().message(),
+            "torchrun's variables are set but $RANK is not");
+}
+
+TEST_F(JobShapeTest, AnAttachCarriesAShapeTheParserChecks) {
+  auto parse = [](const std::string& job) {
+    return ParseControlRequest(R"({"cmd":"attach","rank":1,"job":)" + job + "}");
+  };
+  Result<ControlCommand> ok = parse(
+      R"({"rank":3,"world_size":4,"local_rank":1,"local_world_size":2,"node_rank":1,"num_nodes":2,"from":"torchrun"})");
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  ASSERT_TRUE(ok->job);
+  EXPECT_EQ(ok->job->num_nodes, 2);
+  EXPECT_EQ(ok->job->from, "torchrun");
+  EXPECT_FALSE(ParseControlRequest(R"({"cmd":"attach","rank":1})")->job);
+  // Out of range, inconsistent, another rank than the attach's, missing, not an object.
+  for (
+      const char* bad :
+      {R"({"rank":3,"world_size":4,"local_rank":1,"local_world_size":2,"node_rank":2,"num_nodes":2})",
+       R"({"rank":3,"world_size":5,"local_rank":1,"local_world_size":2,"node_rank":1,"num_nodes":2})",
+       R"({"rank":2,"world_size":4,"local_rank":0,"local_world_size":2,"node_rank":1,"num_nodes":2})",
+       R"({"rank":3,"world_size":4,"local_rank":1,"local_world_size":2,"node_rank":1})",
+       R"({"rank":-1,"world_size":4,"local_rank":1,"local_world_size":2,"node_rank":1,"num_nodes":2})",
+       R"([1, 2])"})
+    EXPECT_FALSE(parse(bad).ok()) << bad;
+}
+
 TEST(CudaFeederTest, WithoutAGpuTheErrorNamesTheCauseAndTheCpuPathGoesOn) {
   RealDaemon d(16, 2);
   auto c = Client::Attach(d.socket(), 0);

@@ -394,6 +394,36 @@ TEST_F(ConfigTest, NodeRankFromEnvironment) {
   EXPECT_EQ(r->source.num_nodes, 4);
 }
 
+// `consumers: auto` and `node_rank`/`num_nodes: auto`: the trainers' job gives the shape (#31).
+TEST_F(ConfigTest, AutoShapeWaitsForTheTrainersJob) {
+  std::string yaml = kCanonical;
+  yaml.replace(yaml.find("consumers: 2"), 12, "consumers: auto");
+  yaml.replace(yaml.find("epochs: 1}"), 10, "epochs: 1, node_rank: auto, num_nodes: auto}");
+  setenv("NODE_RANK", "3", 1);  // auto is the trainers' word, not the daemon's environment
+  setenv("NUM_NODES", "4", 1);
+  Result<PipelineConfig> r = ParseConfig(yaml, dir_ / "p.yaml");
+  unsetenv("NODE_RANK");
+  unsetenv("NUM_NODES");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_TRUE(r->shape_from_trainers());
+  EXPECT_EQ((std::tuple{r->consumers, r->source.node_rank, r->source.num_nodes}),
+            (std::tuple{1, 0, 1}));
+  ASSERT_TRUE(r->AdoptShape(8, 2, 3).ok());
+  EXPECT_EQ((std::tuple{r->consumers, r->source.node_rank, r->source.num_nodes}),
+            (std::tuple{8, 2, 3}));
+  EXPECT_FALSE(r->AdoptShape(65, 0, 1).ok()) << "at most 64 consumers";
+  std::string half = kCanonical;
+  half.replace(half.find("epochs: 1}"), 10, "epochs: 1, node_rank: auto, num_nodes: 2}");
+  EXPECT_NE(Error(half).find("source.node_rank and source.num_nodes are auto together"),
+            std::string::npos)
+      << Error(half);
+  Result<PipelineConfig> fixed = ParseConfig(kCanonical, dir_ / "p.yaml");
+  ASSERT_TRUE(fixed.ok());
+  EXPECT_FALSE(fixed->shape_from_trainers());
+  ASSERT_TRUE(fixed->AdoptShape(8, 2, 3).ok());
+  EXPECT_EQ(fixed->consumers, 2) << "explicit values stay";
+}
+
 // A mixture of two manifests (issue #30); `sources` replaces `source`.
 std::string MixYaml(const std::string& sources, const std::string& mix = "") {
   return "sources:\n" + sources + (mix.empty() ? "" : "mix: " + mix + "\n") +

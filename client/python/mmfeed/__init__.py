@@ -23,7 +23,10 @@ class Client(_Client):
 
     socket: the daemon's socket (default $MMFEED_SOCKET, then /run/mmfeed/mmfeed.sock, the
         service's, or /tmp/mmfeed.sock, mmfeedd's own default, whichever exists).
-    rank: the consumer rank (default $LOCAL_RANK, as torchrun sets it, then 0).
+    rank: the consumer rank (default: the launcher's local rank, $LOCAL_RANK as torchrun sets
+        it or $SLURM_LOCALID under srun, then 0). Under torchrun or srun the attach also
+        declares the job's shape (nodes, trainers per node, this node's rank), which a daemon
+        with `consumers: auto` adopts.
     resume: a cursor (batch.cursor of the last batch finished, or its "seq"): serve the
         batches after it.
     reconnect_s: if the daemon goes away, keep re-attaching for this long and continue after

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""Elastic jobs, first part (issue #31): the trainers declare the job. The real mmfeedd with
+`consumers: auto` and `node_rank`/`num_nodes: auto` adopts the shape the first trainer's
+launcher put in its environment (torchrun's or Slurm's variables, read by the client library
+in mmfeed-consume), serves exactly what an explicit config of that shape serves, refuses a
+conflicting shape naming both, and tells a trainer without a job how to declare one.
+
+usage: job_test.py --bin BUILD/bin
+"""
+import json, os, pathlib, shutil, subprocess, sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import daemon_test as dt  # noqa: E402
+
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "SLURM_PROCID",
+                 "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE")
+
+
+def config(consumers="auto", node="node_rank: auto, num_nodes: auto"):
+    return f"""pipeline: job
+source: {{type: manifest, path: manifest.jsonl, shuffle: true, seed: 5, epochs: 2, {node}}}
+consumers: {consumers}
+stages:
+  - {{name: text, type: text, field: text, params: {{tokenizer: bytes, max_len: 16}}}}
+  - {{name: batch, type: batch, inputs: [text], params: {{batch_size: 4}}}}
+output: {{ring_slots: 4}}
+"""
+
+
+def torchrun(node, local_rank, nodes=2, per_node=2):
+    return {"RANK": str(node * per_node + local_rank), "WORLD_SIZE": str(nodes * per_node),
+            "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(node)}
+
+
+def slurm(node, local_rank, nodes=2, per_node=2):
+    return {"SLURM_PROCID": str(node * per_node + local_rank), "SLURM_NTASKS": str(nodes * per_node),
+            "SLURM_LOCALID": str(local_rank), "SLURM_NODEID": str(node), "SLURM_NNODES": str(nodes)}
+
+
+class JobTest(dt.DaemonCase):
+    def setUp(self):
+        super().setUp()
+        with open(self.dir / "manifest.jsonl", "w") as f:
+            for i in range(96):
+                f.write(json.dumps({"id": f"s{i:03d}", "text": f"caption {i}"}) + "\n")
+
+    def consume(self, d, env, *args):
+        """mmfeed-consume without --rank, in a launcher's environment `env`."""
+        clean = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+        return subprocess.Popen([f"{dt.BIN}/mmfeed-consume", "--socket", d.socket, *args], env={**clean, **env},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def explicit_ids(self):
+        """Per rank, the ids node 1 of 2 with 2 consumer ranks serves, from an explicit config."""
+        d = dt.Daemon(self.dir, config(2, "node_rank: 1, num_nodes: 2"))
+        outs = [dt.finish(c) for c in [d.consume(r, "--json") for r in (0, 1)]]
+        self.assertEqual(d.wait(), 0, d.log())
+        return [o["sample_ids_sha256"] for o in outs], [o["samples"] for o in outs]
+
+    def run_declared(self, env_of):
+        d = dt.Daemon(self.dir, config())
+        status = json.loads(d.ctl("status", "--json").stdout)
+        self.assertEqual(status["state"], "waiting for the job")
+        self.assertEqual(status["job"]["from"], "waiting for the first trainer")
+        self.assertIn("the job's shape comes from the first trainer", d.ctl("status").stdout + d.log())
+        cs = [self.consume(d, env_of(1, r), "--json", "--hold-ms", "2") for r in (0, 1)]
+        outs = [dt.finish(c) for c in cs]
+        self.assertEqual(d.wait(), 0, d.log())
+        return [o["sample_ids_sha256"] for o in outs], [o["samples"] for o in outs], d
+
+    def test_consumers_auto_adopts_torchruns_shape_and_serves_what_an_explicit_config_does(self):
+        want = self.explicit_ids()
+        got_hash, got_samples, d = self.run_declared(torchrun)
+        self.assertEqual((got_hash, got_samples), want)
+        self.assertEqual(got_samples, [48, 48], "96 samples over 2 nodes x 2 ranks, 2 epochs")
+        self.assertRegex(d.log(), r"the job, as pid \d+ \(torchrun\) declares it: 2 node\(s\) x 2 rank\(s\), "
+                                  r"this node 1; serving 2 consumer rank\(s\) as node 1 of 2")
+
+    def test_slurm_variables_are_read_as_well(self):
+        want = self.explicit_ids()
+        got_hash, got_samples, d = self.run_declared(slurm)
+        self.assertEqual((got_hash, got_samples), want)
+        self.assertIn("(slurm) declares it", d.log())
+
+    def test_a_conflicting_shape_is_refused_naming_both_and_status_shows_the_job(self):
+        d = dt.Daemon(self.dir, config())
+        first = self.consume(d, torchrun(1, 0), "--json", "--hold-ms", "20")
+        for _ in range(200):  # until the first attach made the pipeline
+            status = json.loads(d.ctl("status", "--json").stdout)
+            if status["state"] != "waiting for the job":
+                break
+            import time
+            time.sleep(0.05)
+        self.assertEqual((status["job"]["consumers"], status["job"]["node_rank"], status["job"]["num_nodes"]),
+                         (2, 1, 2))
+        self.assertRegex(status["job"]["from"], r"pid \d+ \(torchrun\)")
+        self.assertEqual(status["job"]["declared"]["world_size"], 4)
+        self.assertIn("job: 2 consumer rank(s), node 1 of 2 (from pid", d.ctl("status").stdout)
+        other = self.consume(d, torchrun(0, 1, nodes=1, per_node=4), "--json")
+        _, err = other.communicate(timeout=30)
+        self.assertEqual(other.returncode, 1)
+        self.assertIn("the trainer's job (torchrun: 1 node(s) x 4 rank(s), this node 0) conflicts with the job "
+                      "this daemon serves (pid", err)
+        self.assertIn("(torchrun): 2 node(s) x 2 rank(s), this node 1)", err)
+        second = self.consume(d, torchrun(1, 1), "--json")
+        for c in (first, second):
+            dt.finish(c)
+        self.assertEqual(d.wait(), 0, d.log())
+
+    def test_an_attach_without_a_job_is_told_how_to_declare_one_and_job_declares_it(self):
+        d = dt.Daemon(self.dir, config())
+        bare = self.consume(d, {}, "--rank", "0", "--batches", "1")
+        _, err = bare.communicate(timeout=30)
+        self.assertEqual(bare.returncode, 1)
+        self.assertIn("this daemon takes the job's shape from its trainers (`consumers: auto`", err)
+        self.assertIn("mmfeed-consume --job NUM_NODES,NODE_RANK,LOCAL_WORLD_SIZE", err)
+        outs = [dt.finish(self.consume(d, {}, "--rank", "0", "--job", "1,0,1", "--json"))]
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEqual(outs[0]["samples"], 192, "one node, one rank: every sample of both epochs")
+        self.assertIn("(arguments) declares it: 1 node(s) x 1 rank(s), this node 0", d.log())
+
+    def test_an_explicit_config_keeps_its_shape_and_warns_of_another(self):
+        d = dt.Daemon(self.dir, config(2, "node_rank: 0, num_nodes: 1"))
+        outs = [dt.finish(c) for c in [self.consume(d, torchrun(0, r, nodes=1, per_node=4), "--rank", str(r),
+                                                    "--json") for r in (0, 1)]]
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEqual([o["samples"] for o in outs], [96, 96])
+        self.assertIn("'s job (1 node(s) x 4 rank(s), this node 0) is not the shape", d.log())
+        self.assertEqual(d.log().count("is not the shape"), 1, "warned once per shape")
+
+    def test_a_malformed_launcher_variable_is_named(self):
+        d = dt.Daemon(self.dir, config())
+        env = torchrun(0, 0)
+        env["WORLD_SIZE"] = "four"
+        bad = self.consume(d, env)
+        _, err = bad.communicate(timeout=30)
+        self.assertEqual(bad.returncode, 1)
+        self.assertIn("$WORLD_SIZE is 'four', not a rank or a count", err)
+        env = torchrun(0, 0)
+        env["WORLD_SIZE"] = "3"
+        bad = self.consume(d, env)
+        _, err = bad.communicate(timeout=30)
+        self.assertIn("$WORLD_SIZE 3 is not a multiple of $LOCAL_WORLD_SIZE 2", err)
+        d.ctl("stop")
+        self.assertEqual(d.wait(), 0, d.log())
+
+    def test_trainers_started_by_a_real_torchrun_declare_the_job(self):
+        """torchrun (python3-torch's, --standalone) starts two Python trainers using
+        mmfeed.Client() with no rank: each attaches with its LOCAL_RANK and declares the job;
+        together they get every sample once an epoch."""
+        torchrun, pydir = shutil.which("torchrun", path="/usr/bin:/usr/local/bin"), pathlib.Path(dt.BIN).parent / "python"
+        if not torchrun or not (pydir / "mmfeed").is_dir():
+            self.skipTest(f"needs /usr/bin/torchrun (python3-torch) and the Python client in {pydir}")
+        d = dt.Daemon(self.dir, config())
+        worker = self.dir / "worker.py"
+        worker.write_text(f"""import json, os, sys
+sys.path.insert(0, {str(pydir)!r})
+import mmfeed
+ids = []
+for batch in mmfeed.Client(socket={d.socket!r}, timeout_s=60):
+    ids.append((batch.epoch, list(batch.ids)))
+    del batch
+with open(os.path.join({str(self.dir)!r}, "rank%s.json" % os.environ["LOCAL_RANK"]), "w") as f:
+    json.dump(ids, f)
+""")
+        clean = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+        # --redirects/--tee 1: Debian's torch 1.13 cannot parse their default "0" under Python 3.11.
+        r = subprocess.run([torchrun, "--standalone", "--nnodes", "1", "--nproc_per_node", "2", "--redirects", "1",
+                            "--tee", "1", "--log_dir", str(self.dir / "torchrun"), str(worker)],
+                           env=clean, capture_output=True, text=True, timeout=240)
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertIn("(torchrun) declares it: 1 node(s) x 2 rank(s), this node 0", d.log())
+        for epoch in (0, 1):
+            got = [i for rank in (0, 1) for e, ids in json.loads((self.dir / f"rank{rank}.json").read_text())
+                   if e == epoch for i in ids]
+            self.assertEqual(sorted(got), [f"s{i:03d}" for i in range(96)], f"epoch {epoch}")
+
+    def test_check_says_what_consumers_auto_was_checked_as(self):
+        (self.dir / "p.yaml").write_text(config())
+        r = subprocess.run([f"{dt.BIN}/mmfeedd", "--check", str(self.dir / "p.yaml")], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("1 consumer rank(s) of node 0 of 1 as checked: consumers: auto takes the first trainer's job",
+                      r.stdout)
+
+
+if __name__ == "__main__":
+    dt.main()
