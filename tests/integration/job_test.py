@@ -128,6 +128,18 @@ class JobTest(dt.DaemonCase):
         self.assertIn("'s job (1 node(s) x 4 rank(s), this node 0) is not the shape", d.log())
         self.assertEqual(d.log().count("is not the shape"), 1, "warned once per shape")
 
+    def test_before_the_first_trainer_reload_and_profile_say_why_not_and_stop_ends_it(self):
+        d = dt.Daemon(self.dir, config())
+        r = d.ctl("reload")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("no trainer has declared the job's shape yet (consumers: auto)", r.stderr)
+        r = d.ctl("profile", "--seconds", "0.1")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("it starts when the first trainer declares the job's shape", r.stderr)
+        self.assertIn("waiting for the job", d.ctl("status").stdout)
+        self.assertEqual(d.ctl("stop").returncode, 0)
+        self.assertEqual(d.wait(), 0, d.log())
+
     def test_a_malformed_launcher_variable_is_named(self):
         d = dt.Daemon(self.dir, config())
         env = torchrun(0, 0)
