@@ -25,8 +25,13 @@ int Supervisor::Run() {
     }
     saved_ = std::move(read.value());
   }
-  if (!cfg_.shape_from_trainers())
-    if (int failed = Build()) return failed;
+  if (!cfg_.shape_from_trainers()) {
+    std::string why;
+    if (int failed = Build(&why)) {
+      spdlog::error("{}", why);
+      return failed;
+    }
+  }
   server_ = std::make_unique<ControlServer>(
       io_, opt_.socket, opt_.socket_group,
       ControlServer::Handler{
@@ -63,29 +68,24 @@ int Supervisor::Run() {
   return Exit();
 }
 
-int Supervisor::Build() {
+int Supervisor::Build(std::string* why) {
+  auto fail = [why](int code, std::string message) {
+    *why = std::move(message);
+    return code;
+  };
   // Rings first: their size is known from the stage specs, and running out of memory
   // must be an error now, not later.
   Result<RingPlan> planned = PlanRings(cfg_);
-  if (!planned.ok()) {
-    spdlog::error("{}", planned.status().message());
-    return kExitConfig;
-  }
+  if (!planned.ok()) return fail(kExitConfig, planned.status().message());
   const RingPlan& plan = *planned;
   Status fits = CheckMemory(plan);
-  if (!fits.ok()) {
-    spdlog::error("{}", fits.message());
-    return 1;
-  }
+  if (!fits.ok()) return fail(1, fits.message());
   const shm::SlotLayout& layout = plan.layout;
   ring_bytes_ = plan.total_bytes;
   const StageConfig* packed = cfg_.packed_stage >= 0 ? &cfg_.stages[cfg_.packed_stage] : nullptr;
   std::vector<BatchSink*>& sinks = pipeline_sinks_;
   auto rings = MakeRings(cfg_, plan);
-  if (!rings.ok()) {
-    spdlog::error("{}", rings.status().message());
-    return 1;
-  }
+  if (!rings.ok()) return fail(1, rings.status().message());
   sinks_ = std::move(rings.value());
   moved_from_.resize(cfg_.consumers);
   awaiting_reattach_.resize(cfg_.consumers);
@@ -101,10 +101,7 @@ int Supervisor::Build() {
   spdlog::info("{} ring(s) of {} slots x {:.1f} MiB: {:.2f} GiB of ring memory", cfg_.consumers,
                cfg_.ring_slots, layout.slot_bytes / 1048576.0, plan.total_bytes / 1073741824.0);
   auto pipeline = Pipeline::Create(cfg_, sinks);
-  if (!pipeline.ok()) {
-    spdlog::error("{}", pipeline.status().message());
-    return kExitConfig;
-  }
+  if (!pipeline.ok()) return fail(kExitConfig, pipeline.status().message());
   pipeline_ = std::move(pipeline.value());
   // What --check refuses is only warned of here: the run counts and skips those samples.
   Status files = CheckSampleFiles(cfg_, pipeline_->CheckSamplePaths(kCheckedSamples));
@@ -115,21 +112,16 @@ int Supervisor::Build() {
     // The state is written once now: a --state-dir that cannot be written is an error at
     // start, not a stale file found by the next restart.
     if (st.ok()) st = SaveState();
-    if (!st.ok()) {
-      spdlog::error("{}", st.message());
-      return kExitConfig;
-    }
+    if (!st.ok()) return fail(kExitConfig, st.message());
   }
   holders_.resize(cfg_.consumers);
   rates_.resize(cfg_.consumers);
   config_hash_ = HashFile(cfg_.file);
   if (!cfg_.metrics_listen.empty()) {
     auto m = MetricsServer::Start(io_, cfg_.metrics_listen);
-    if (!m.ok()) {
-      spdlog::error("{}:{}:{}: {}", cfg_.file, cfg_.metrics_mark.line, cfg_.metrics_mark.column,
-                    m.status().message());
-      return kExitConfig;
-    }
+    if (!m.ok())
+      return fail(kExitConfig, fmt::format("{}:{}:{}: {}", cfg_.file, cfg_.metrics_mark.line,
+                                           cfg_.metrics_mark.column, m.status().message()));
     metrics_ = std::move(m.value());
     metrics_->Publish(MetricsText());  // before the first scrape can come
     spdlog::info("serving Prometheus metrics on http://{}/metrics", cfg_.metrics_listen);
@@ -152,20 +144,37 @@ int Supervisor::Serve() {
 }
 
 Status Supervisor::AdoptJob(const JobShape& job, int pid) {
+  const PipelineConfig before = cfg_;
   MMFEED_RETURN_IF_ERROR(cfg_.AdoptShape(job.local_world_size, job.node_rank, job.num_nodes));
+  const std::string from =
+      fmt::format("pid {} ({})", pid, job.from.empty() ? "declared" : job.from);
+  spdlog::info("the job, as {} declares it: {}; serving {} consumer rank(s) as node {} of {}", from,
+               job.Describe(), cfg_.consumers, cfg_.source.node_rank, cfg_.source.num_nodes);
+  std::string why;
+  if (Build(&why) != 0) {
+    // Refused, and the daemon waits on for a job it can serve: a trainer's wrong shape must not
+    // end a node's service.
+    spdlog::error("the job {} cannot be served: {}", job.Describe(), why);
+    pipeline_.reset();
+    metrics_.reset();
+    pipeline_sinks_.clear();
+    packers_.clear();
+    sinks_.clear();
+    moved_from_.clear();
+    awaiting_reattach_.clear();
+    holders_.clear();
+    rates_.clear();
+    unseen_since_restart_.clear();
+    ring_bytes_ = 0;
+    cfg_ = before;
+    return Status::Invalid(fmt::format("the job {} cannot be served: {}", job.Describe(), why));
+  }
   job_ = job;
-  job_from_ = fmt::format("pid {} ({})", pid, job.from.empty() ? "declared" : job.from);
-  spdlog::info("the job, as {} declares it: {}; serving {} consumer rank(s) as node {} of {}",
-               job_from_, job.Describe(), cfg_.consumers, cfg_.source.node_rank,
-               cfg_.source.num_nodes);
-  int failed = Build();
-  if (!failed) failed = Serve();
-  if (failed) {
+  job_from_ = from;
+  if (int failed = Serve()) {  // the pipeline's threads did not start: the daemon cannot go on
     failed_exit_ = failed;
     io_.stop();
-    return Status::Unavailable(fmt::format(
-        "mmfeedd could not start the pipeline for the job {} (its log says why); it stops",
-        job.Describe()));
+    return Status::Unavailable("mmfeedd could not start its pipeline (its log says why); it stops");
   }
   return Status::Ok();
 }

@@ -97,13 +97,16 @@ class Supervisor {
                              const std::optional<JobShape>& job);
 
   // Run's steps. Build: the rings, the pipeline (not started), the saved state, the metrics
-  // endpoint; Serve: starts the pipeline. Both return 0, or the exit status of a failure. With
-  // `consumers: auto` (PipelineConfig::shape_from_trainers) they run once the first trainer
-  // declared its job (AdoptJob), the control socket serving meanwhile.
-  int Build();
+  // endpoint; returns 0, or the exit status of a failure and `why`. Serve: starts the pipeline;
+  // returns 0 or the exit status (logged). With `consumers: auto`
+  // (PipelineConfig::shape_from_trainers) they run once the first trainer declared its job
+  // (AdoptJob), the control socket serving meanwhile.
+  int Build(std::string* why);
   int Serve();
-  // The first declared job: the config takes its shape, then Build and Serve. A failure ends
-  // the daemon with its exit status (failed_exit_).
+  // The first declared job: the config takes its shape, then Build and Serve. A job Build
+  // refuses (its rings do not fit in memory, the data cannot be dealt to its ranks) is refused
+  // and everything undone: the daemon waits on. A failure to start ends the daemon with its
+  // exit status (failed_exit_).
   Status AdoptJob(const JobShape& job, int pid);
   // A job declared to a daemon whose shape is known: refused if it conflicts with the adopted
   // one (naming both); against the config's own values only warned of (once per shape).

@@ -140,6 +140,19 @@ class JobTest(dt.DaemonCase):
         self.assertEqual(d.ctl("stop").returncode, 0)
         self.assertEqual(d.wait(), 0, d.log())
 
+    def test_a_job_that_cannot_be_served_is_refused_and_the_daemon_waits_for_another(self):
+        d = dt.Daemon(self.dir, config())
+        # 96 samples cannot be dealt to 100 nodes of 2 ranks: refused, nothing made, still waiting.
+        bad = self.consume(d, {}, "--rank", "0", "--job", "100,3,2")
+        _, err = bad.communicate(timeout=30)
+        self.assertEqual(bad.returncode, 1)
+        self.assertIn("the job 100 node(s) x 2 rank(s), this node 3 cannot be served: ", err)
+        self.assertIn("cannot be dealt to 100 node(s) x 2 consumer(s)", err)
+        self.assertEqual(json.loads(d.ctl("status", "--json").stdout)["state"], "waiting for the job")
+        out = dt.finish(self.consume(d, {}, "--rank", "0", "--job", "1,0,1", "--json"))
+        self.assertEqual(out["samples"], 192)
+        self.assertEqual(d.wait(), 0, d.log())
+
     def test_a_malformed_launcher_variable_is_named(self):
         d = dt.Daemon(self.dir, config())
         env = torchrun(0, 0)
