@@ -58,13 +58,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update
   $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
 fi
-# Servers the tests start themselves on loopback: promtool (tests check the /metrics page with
-# it) comes only with the Prometheus server, and nginx-light serves shards to the remote-storage
-# tests. They are installed with their services kept from starting (policy-rc.d) and left
-# disabled.
+# Servers the tests start themselves: promtool (tests check the /metrics page with it) comes
+# only with the Prometheus server, nginx-light serves shards to the remote-storage tests, and
+# Slurm (slurmctld, slurmd, munge) runs the simulated two-node cluster of the Slurm test. They
+# are installed with their services kept from starting (policy-rc.d) and left disabled.
 services=()
 command -v promtool > /dev/null || services+=(prometheus)
 command -v nginx > /dev/null || services+=(nginx-light)
+command -v slurmctld > /dev/null || services+=(slurmctld slurmd slurm-client munge)
 if [ ${#services[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   policy=/usr/sbin/policy-rc.d
@@ -76,7 +77,9 @@ if [ ${#services[@]} -gt 0 ]; then
   if [ ${#missing[@]} -eq 0 ]; then $SUDO apt-get update; fi
   $SUDO apt-get install -y --no-install-recommends "${services[@]}"
   if [ -d /run/systemd/system ]; then
-    for unit in prometheus nginx; do $SUDO systemctl disable --now "$unit" 2> /dev/null || true; done
+    for unit in prometheus nginx slurmctld slurmd munge; do
+      $SUDO systemctl disable --now "$unit" 2> /dev/null || true
+    done
   fi
 fi
 # s3rver (npm): the S3-compatible server the remote-storage tests start on loopback.
