@@ -86,26 +86,21 @@ Result<std::optional<JobShape>> JobShapeFromEnvironment() {
       return Status::Invalid(fmt::format("${} is '{}', not a rank or a count", name, v));
     return static_cast<int>(x);
   };
-  // One launcher's five variables: nullopt when its sizes (the second and fourth or fifth,
-  // `sizes`) are not set (a LOCAL_RANK set by hand is not a job); else all must be.
+  // One launcher's five variables, or nullopt unless all are set: other launchers set some of
+  // them (RANK, WORLD_SIZE and LOCAL_RANK alone are not torchrun's job, and a LOCAL_RANK set by
+  // hand is not a job at all).
   using Five = std::array<int, 5>;
-  auto read = [&](const std::array<const char*, 5>& names, const std::array<size_t, 2>& sizes,
-                  const char* from) -> Result<std::optional<Five>> {
+  auto read = [&](const std::array<const char*, 5>& names) -> Result<std::optional<Five>> {
     Five v;
     for (size_t k = 0; k < names.size(); ++k) {
       MMFEED_ASSIGN_OR_RETURN(v[k], get(names[k]));
+      if (v[k] < 0) return std::optional<Five>();
     }
-    if (v[sizes[0]] < 0 && v[sizes[1]] < 0) return std::optional<Five>();
-    for (size_t k = 0; k < names.size(); ++k)
-      if (v[k] < 0)
-        return Status::Invalid(
-            fmt::format("{}'s variables are set but ${} is not", from, names[k]));
     return std::optional<Five>(v);
   };
   JobShape s;
   MMFEED_ASSIGN_OR_RETURN(std::optional<Five> torchrun, read({"RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                                              "LOCAL_WORLD_SIZE", "GROUP_RANK"},
-                                                             {1, 3}, "torchrun"));
+                                                              "LOCAL_WORLD_SIZE", "GROUP_RANK"}));
   if (torchrun) {
     const auto [rank, world, local_rank, local_world, node] = *torchrun;
     if (local_world == 0 || world % local_world)
@@ -117,8 +112,7 @@ Result<std::optional<JobShape>> JobShapeFromEnvironment() {
   } else {
     MMFEED_ASSIGN_OR_RETURN(
         std::optional<Five> slurm,
-        read({"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NNODES"},
-             {1, 4}, "Slurm"));
+        read({"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NNODES"}));
     if (!slurm) return std::optional<JobShape>();
     const auto [rank, tasks, local_rank, node, nodes] = *slurm;
     MMFEED_ASSIGN_OR_RETURN(int per_node, get("SLURM_NTASKS_PER_NODE"));
@@ -137,9 +131,11 @@ Result<std::optional<JobShape>> JobShapeFromEnvironment() {
 Result<std::unique_ptr<Client>> Client::Attach(const std::string& socket_path, int rank,
                                                AttachOptions options) {
   if (!options.job) {
-    MMFEED_ASSIGN_OR_RETURN(options.job, JobShapeFromEnvironment());
-    // An explicit rank other than the launcher's: the environment is not this attach's job.
-    if (options.job && rank >= 0 && rank != options.job->local_rank) options.job.reset();
+    // With an explicit rank the environment only adds the job, when it is one and of that rank:
+    // it never stops an attach that worked without it.
+    Result<std::optional<JobShape>> env = JobShapeFromEnvironment();
+    if (!env.ok() && rank < 0) return env.status();
+    if (env.ok() && *env && (rank < 0 || rank == (*env)->local_rank)) options.job = **env;
   }
   if (rank < 0 && options.job) rank = options.job->local_rank;
   if (const char* local = std::getenv("LOCAL_RANK"); rank < 0 && local && *local) {

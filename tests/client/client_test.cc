@@ -208,9 +208,10 @@ TEST_F(JobShapeTest, TorchrunsAndSlurmsVariablesGiveTheShape) {
                 "$SLURM_NTASKS 8 is not a multiple of $SLURM_NNODES 3"),
             std::string::npos);
   Clear();
-  Set({{"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}});
-  EXPECT_EQ(JobShapeFromEnvironment().status().message(),
-            "torchrun's variables are set but $RANK is not");
+  // Another launcher's (RANK, WORLD_SIZE, LOCAL_RANK without the rest): not torchrun's job.
+  Set({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}});
+  ASSERT_TRUE(JobShapeFromEnvironment().ok());
+  EXPECT_FALSE(*JobShapeFromEnvironment());
 }
 
 TEST_F(JobShapeTest, AnAttachCarriesAShapeTheParserChecks) {

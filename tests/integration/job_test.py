@@ -153,6 +153,18 @@ class JobTest(dt.DaemonCase):
         self.assertEqual(out["samples"], 192)
         self.assertEqual(d.wait(), 0, d.log())
 
+    def test_another_launchers_variables_do_not_stop_an_attach(self):
+        """RANK, WORLD_SIZE and LOCAL_RANK without the rest (DeepSpeed's, MPI wrappers') are no
+        job: the rank comes from LOCAL_RANK as before; with --rank even a malformed one is
+        ignored."""
+        d = dt.Daemon(self.dir, config(2, "node_rank: 0, num_nodes: 1"))
+        partial = self.consume(d, {"RANK": "1", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}, "--json")
+        explicit = self.consume(d, {"WORLD_SIZE": "eight"}, "--rank", "0", "--json")
+        outs = [dt.finish(c) for c in (partial, explicit)]
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEqual([o["samples"] for o in outs], [96, 96])
+        self.assertNotIn("declares it", d.log())
+
     def test_a_malformed_launcher_variable_is_named(self):
         d = dt.Daemon(self.dir, config())
         env = torchrun(0, 0)
