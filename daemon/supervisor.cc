@@ -180,7 +180,9 @@ Status Supervisor::AdoptJob(const JobShape& job, int pid) {
 }
 
 Status Supervisor::CheckJob(const JobShape& job, int pid) {
-  if (cfg_.shape_from_trainers()) {  // adopted from the first trainer's
+  // Adopted from the first trainer's (a config reloaded to `auto` keeps the shape in force,
+  // which no trainer declared: compared with the config's values below).
+  if (job_ && cfg_.shape_from_trainers()) {
     if (job == *job_) return Status::Ok();
     return Status::Invalid(fmt::format(
         "the trainer's job ({}: {}) conflicts with the job this daemon serves ({}: {}); a node's "
@@ -201,12 +203,12 @@ Status Supervisor::CheckJob(const JobShape& job, int pid) {
 }
 
 nlohmann::json Supervisor::JobJson() const {
-  nlohmann::json j = {
-      {"consumers", cfg_.consumers},
-      {"node_rank", cfg_.source.node_rank},
-      {"num_nodes", cfg_.source.num_nodes},
-      {"from", cfg_.shape_from_trainers() ? (job_ ? job_from_ : "waiting for the first trainer")
-                                          : "config"}};
+  nlohmann::json j = {{"consumers", cfg_.consumers},
+                      {"node_rank", cfg_.source.node_rank},
+                      {"num_nodes", cfg_.source.num_nodes},
+                      {"from", job_        ? job_from_
+                               : pipeline_ ? "config"
+                                           : "waiting for the first trainer"}};
   if (job_) j["declared"] = job_->ToJson();
   return j;
 }

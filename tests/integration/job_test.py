@@ -165,6 +165,18 @@ class JobTest(dt.DaemonCase):
         self.assertEqual([o["samples"] for o in outs], [96, 96])
         self.assertNotIn("declares it", d.log())
 
+    def test_a_config_reloaded_to_auto_keeps_its_shape_and_takes_declared_jobs(self):
+        d = dt.Daemon(self.dir, config(2, "node_rank: 0, num_nodes: 1"))
+        (self.dir / "auto.yaml").write_text(config())
+        r = d.ctl("reload", "--config", str(self.dir / "auto.yaml"), "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        status = json.loads(d.ctl("status", "--json").stdout)
+        self.assertEqual((status["job"]["consumers"], status["job"]["from"]), (2, "config"))
+        outs = [dt.finish(c) for c in [self.consume(d, torchrun(0, r, nodes=1, per_node=2), "--json")
+                                       for r in (0, 1)]]
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEqual([o["samples"] for o in outs], [96, 96])
+
     def test_a_malformed_launcher_variable_is_named(self):
         d = dt.Daemon(self.dir, config())
         env = torchrun(0, 0)
