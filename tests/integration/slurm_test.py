@@ -54,7 +54,7 @@ class SlurmTest(dt.DaemonCase):
         super().setUp()
         if os.geteuid() != 0:
             self.skipTest("a simulated Slurm cluster needs root (network namespaces, the daemons as root)")
-        tools = ["slurmctld", "slurmd", "sbatch", "sinfo", "munged", "ip", "nsenter", "unshare"]
+        tools = ["slurmctld", "slurmd", "sbatch", "sinfo", "scancel", "munged", "ip", "nsenter", "unshare"]
         missing = [t for t in tools if not shutil.which(t, path="/usr/sbin:/usr/bin:/sbin:/bin")]
         if missing or not os.path.exists("/etc/munge/munge.key"):
             self.skipTest(f"needs Slurm and munge (missing: {', '.join(missing) or '/etc/munge/munge.key'}; "
@@ -126,6 +126,10 @@ class SlurmTest(dt.DaemonCase):
                        if p.is_file())
 
     def teardown_cluster(self):
+        # Jobs first, while the controller can end them; then everything in the namespaces
+        # (slurmstepd outlives its slurmd, and the tasks it runs with it).
+        if self.procs:
+            self.in_ns(self.ns[1], "node0", "scancel", "--full", "--partition=debug", timeout=30)
         for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -136,6 +140,12 @@ class SlurmTest(dt.DaemonCase):
                 p.kill()
         self.procs = []
         for ns in getattr(self, "ns", []):
+            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=30)
+            for pid in pids.stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
         self.ns = []
 
@@ -156,18 +166,26 @@ stages:
   - {name: batch, type: batch, inputs: [text], params: {batch_size: 4}}
 """)
         # The README's script; every simulated node shares /tmp, so sockets are named per node.
+        # --time bounds a job that hangs: the test then fails with the logs, not ctest's timeout.
         (d / "job.sbatch").write_text(f"""#!/bin/bash
-#SBATCH --nodes={NODES} --ntasks-per-node=2 --output={d}/job.out
-srun --ntasks-per-node=1 --overlap sh -c 'exec {b}/mmfeedd --config {d}/p.yaml --socket {d}/$SLURMD_NODENAME.sock' \\
-  2> {d}/daemons.log &
+#SBATCH --nodes={NODES} --ntasks-per-node=2 --time=2 --output={d}/job.out
+srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES --overlap \\
+  sh -c 'exec {b}/mmfeedd --config {d}/p.yaml --socket {d}/$SLURMD_NODENAME.sock' 2> {d}/daemons.log &
 srun --ntasks-per-node=2 --overlap sh -c \\
   'exec {b}/mmfeed-consume --socket {d}/$SLURMD_NODENAME.sock --reconnect 60 --json --dump {d}/dump$SLURM_PROCID'
-wait
 """)
-        r = self.in_ns(self.ns[1], "node0", "sbatch", "--wait", str(d / "job.sbatch"), timeout=300)
+        try:
+            r = self.in_ns(self.ns[1], "node0", "sbatch", "--wait", str(d / "job.sbatch"), timeout=200)
+            said = r.stdout + r.stderr
+        except subprocess.TimeoutExpired as e:
+            r, said = None, f"sbatch --wait still waiting after {e.timeout} s\n"
         job_out = (d / "job.out").read_text() if (d / "job.out").exists() else ""
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr + job_out + self.logs())
+        self.assertEqual(r and r.returncode, 0, said + job_out + self.logs())
         daemons = (d / "daemons.log").read_text()
+        # One daemon per node: srun takes the job's task count unless --ntasks says otherwise,
+        # and a second daemon on a node would serve its socket once the first has ended.
+        self.assertEqual(daemons.count("the job's shape comes from the first trainer"), NODES, daemons)
+        self.assertNotIn("another mmfeedd", daemons)
         for k in range(NODES):
             self.assertIn(f"(slurm) declares it: {NODES} node(s) x 2 rank(s), this node {k}; serving 2 consumer "
                           f"rank(s) as node {k} of {NODES}", daemons)
