@@ -18,7 +18,7 @@ PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev clang clang-format libclang-rt-14-dev
   python3 python3-dev python3-numpy python3-av ffmpeg pybind11-dev python3-torch
   python3-torchvision python3-pil python3-yaml python3-jsonschema systemd
-  python3-venv python3-pip python3-setuptools python3-wheel
+  python3-venv python3-pip python3-setuptools python3-wheel lintian dpkg-dev
 )
 bench=0
 cuda=0
