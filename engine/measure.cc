@@ -67,20 +67,16 @@ Status Pipeline::MeasureEntries(const std::vector<bool>& measured, MeasuredCatal
           const Branch& br = *branches_[b];
           if (!measured[b] || br.reads_others != (pass == 1)) continue;
           stage = br.cfg->name;
-          // As WorkerLoop: a mixture's sample may lack fields.
-          auto find = [&](const std::string& name) {
-            const FieldValue* f = FieldOf(*e, name);
-            return !f && catalog_->mixture ? &kAbsentField : f;
-          };
-          fields.clear();
-          for (const std::string& f : br.read_fields) fields.push_back(find(f));
+          fields.clear();  // as WorkerLoop: a mixture's sample may lack fields
+          for (const std::string& f : br.read_fields)
+            fields.push_back(FieldOrAbsent(*catalog_, *e, f));
           tensors.clear();
           tensor_specs.clear();
           for (size_t t : br.read_tensors) {
             tensors.push_back(out[t]);
             tensor_specs.push_back(&plan_.specs[t]);
           }
-          const FieldValue* field = find(br.cfg->field);
+          const FieldValue* field = FieldOrAbsent(*catalog_, *e, br.cfg->field);
           if (!field || std::find(fields.begin(), fields.end(), nullptr) != fields.end()) {
             st = Status::NotFound("sample lacks a field a stage needs");
             break;

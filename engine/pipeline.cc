@@ -442,11 +442,8 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
     std::string missing, absent;
     const int present = plan_.present[item->branch];
     auto find = [&](const std::string& name) {
-      const FieldValue* f = FieldOf(e, name);
-      if (!f && catalog_->mixture) {
-        absent = name;
-        return &kAbsentField;
-      }
+      const FieldValue* f = FieldOrAbsent(*catalog_, e, name);
+      if (f == &kAbsentField) absent = name;
       if (!f) missing = name;
       return f;
     };

@@ -63,6 +63,14 @@ inline const FieldValue* FieldOf(const CatalogEntry& e, const std::string& name)
 // the stage has no `<stage>_present` mask: no value, as a manifest's "images": [] says.
 inline const FieldValue kAbsentField{FieldValue::Kind::kList};
 
+// The sample's field `name`; for a mixture's sample without it kAbsentField; else nullptr (a
+// missing field, the sample's error).
+inline const FieldValue* FieldOrAbsent(const Catalog& catalog, const CatalogEntry& e,
+                                       const std::string& name) {
+  const FieldValue* f = FieldOf(e, name);
+  return !f && catalog.mixture ? &kAbsentField : f;
+}
+
 constexpr int kMaxOutputs = 16;  // tensors per stage (the ring holds 16 per batch anyway)
 
 // One sample's field on its way through one branch, and back to the join.

@@ -314,16 +314,19 @@ Result<Catalog> LoadMixture(const std::vector<SourceConfig>& sources, const MixC
     else
       for (const CatalogEntry& e : part->entries) h = HashString(e.id, HashString("\n", h));
     // Which fields its samples lack (a spread of up to kFieldLookups, read as dealt).
-    const uint64_t n = part->size(), looked = std::min<uint64_t>(n, kFieldLookups);
+    // Samples whose indexed read fails are not counted: their errors are the run's to report.
+    const uint64_t n = part->size(), lookups = std::min<uint64_t>(n, kFieldLookups);
+    uint64_t looked = 0;
     std::map<std::string, uint64_t> has;
     CatalogEntry read;
-    for (uint64_t k = 0; k < looked; ++k) {
-      const uint64_t i = k * n / looked;
+    for (uint64_t k = 0; k < lookups; ++k) {
+      const uint64_t i = k * n / lookups;
       const CatalogEntry* e = &read;
       if (!part->indexed())
         e = &part->entries[i];
       else if (!part->Read(i, &read).ok())
         continue;
+      ++looked;
       for (const auto& [field, value] : e->fields) ++has[field];
     }
     std::vector<std::string> lacks;

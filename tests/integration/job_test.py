@@ -7,7 +7,7 @@ conflicting shape naming both, and tells a trainer without a job how to declare 
 
 usage: job_test.py --bin BUILD/bin
 """
-import json, os, pathlib, shutil, subprocess, sys
+import json, os, pathlib, shutil, subprocess, sys, time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import daemon_test as dt  # noqa: E402
@@ -50,6 +50,13 @@ class JobTest(dt.DaemonCase):
         return subprocess.Popen([f"{dt.BIN}/mmfeed-consume", "--socket", d.socket, *args], env={**clean, **env},
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
+    def refused(self, d, env, *args):
+        """mmfeed-consume's error when its attach is refused (exit status 1)."""
+        c = self.consume(d, env, *args)
+        _, err = c.communicate(timeout=30)
+        self.assertEqual(c.returncode, 1, err)
+        return err
+
     def explicit_ids(self):
         """Per rank, the ids node 1 of 2 with 2 consumer ranks serves, from an explicit config."""
         d = dt.Daemon(self.dir, config(2, "node_rank: 1, num_nodes: 2"))
@@ -89,16 +96,13 @@ class JobTest(dt.DaemonCase):
             status = json.loads(d.ctl("status", "--json").stdout)
             if status["state"] != "waiting for the job":
                 break
-            import time
             time.sleep(0.05)
         self.assertEqual((status["job"]["consumers"], status["job"]["node_rank"], status["job"]["num_nodes"]),
                          (2, 1, 2))
         self.assertRegex(status["job"]["from"], r"pid \d+ \(torchrun\)")
         self.assertEqual(status["job"]["declared"]["world_size"], 4)
         self.assertIn("job: 2 consumer rank(s), node 1 of 2 (from pid", d.ctl("status").stdout)
-        other = self.consume(d, torchrun(0, 1, nodes=1, per_node=4), "--json")
-        _, err = other.communicate(timeout=30)
-        self.assertEqual(other.returncode, 1)
+        err = self.refused(d, torchrun(0, 1, nodes=1, per_node=4), "--json")
         self.assertIn("the trainer's job (torchrun: 1 node(s) x 4 rank(s), this node 0) conflicts with the job "
                       "this daemon serves (pid", err)
         self.assertIn("(torchrun): 2 node(s) x 2 rank(s), this node 1)", err)
@@ -109,9 +113,7 @@ class JobTest(dt.DaemonCase):
 
     def test_an_attach_without_a_job_is_told_how_to_declare_one_and_job_declares_it(self):
         d = dt.Daemon(self.dir, config())
-        bare = self.consume(d, {}, "--rank", "0", "--batches", "1")
-        _, err = bare.communicate(timeout=30)
-        self.assertEqual(bare.returncode, 1)
+        err = self.refused(d, {}, "--rank", "0", "--batches", "1")
         self.assertIn("this daemon takes the job's shape from its trainers (`consumers: auto`", err)
         self.assertIn("mmfeed-consume --job NUM_NODES,NODE_RANK,LOCAL_WORLD_SIZE", err)
         outs = [dt.finish(self.consume(d, {}, "--rank", "0", "--job", "1,0,1", "--json"))]
@@ -143,9 +145,7 @@ class JobTest(dt.DaemonCase):
     def test_a_job_that_cannot_be_served_is_refused_and_the_daemon_waits_for_another(self):
         d = dt.Daemon(self.dir, config())
         # 96 samples cannot be dealt to 100 nodes of 2 ranks: refused, nothing made, still waiting.
-        bad = self.consume(d, {}, "--rank", "0", "--job", "100,3,2")
-        _, err = bad.communicate(timeout=30)
-        self.assertEqual(bad.returncode, 1)
+        err = self.refused(d, {}, "--rank", "0", "--job", "100,3,2")
         self.assertIn("the job 100 node(s) x 2 rank(s), this node 3 cannot be served: ", err)
         self.assertIn("cannot be dealt to 100 node(s) x 2 consumer(s)", err)
         self.assertEqual(json.loads(d.ctl("status", "--json").stdout)["state"], "waiting for the job")
@@ -181,14 +181,11 @@ class JobTest(dt.DaemonCase):
         d = dt.Daemon(self.dir, config())
         env = torchrun(0, 0)
         env["WORLD_SIZE"] = "four"
-        bad = self.consume(d, env)
-        _, err = bad.communicate(timeout=30)
-        self.assertEqual(bad.returncode, 1)
+        err = self.refused(d, env)
         self.assertIn("$WORLD_SIZE is 'four', not a rank or a count", err)
         env = torchrun(0, 0)
         env["WORLD_SIZE"] = "3"
-        bad = self.consume(d, env)
-        _, err = bad.communicate(timeout=30)
+        err = self.refused(d, env)
         self.assertIn("$WORLD_SIZE 3 is not a multiple of $LOCAL_WORLD_SIZE 2", err)
         d.ctl("stop")
         self.assertEqual(d.wait(), 0, d.log())
