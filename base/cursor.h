@@ -1,7 +1,9 @@
 // StreamCursor: a consumer rank's position in its own stream of batches — the batch it is
 // served next. The daemon's pipeline starts ranks from cursors, every ring slot carries the
 // cursor after its batch, trainers checkpoint the one they finished, and attach, restart and
-// reconnect resume from one. Its JSON form is {"epoch": E, "batch": B, "seq": S}.
+// reconnect resume from one. Its JSON form is {"epoch": E, "batch": B, "seq": S}, plus
+// "stream" (the stream's tag) and, from clients of a daemon whose order is one global sequence,
+// the job's position: "order" and "position" (below).
 #pragma once
 
 #include <cstdint>
@@ -18,12 +20,26 @@ struct StreamCursor {
   // The stream the batch before the cursor belongs to (Pipeline::Origin::stream): a daemon
   // refuses to resume a cursor of another stream. 0: not named (not checked).
   uint32_t stream = 0;
-  bool operator==(const StreamCursor&) const = default;
+  // The job's position, independent of its shape: when every rank has finished the batches
+  // before this cursor, the samples dealt are positions [0, position) of epoch `epoch`'s global
+  // order, the order tagged `order` (Pipeline::order_tag: the data, seed and shuffle, not the
+  // shape). A job restarted at another shape resumes there (docs/control_protocol.md,
+  // "Resuming at another shape"). Set by the client from the attach's "position" rule; 0 (no
+  // order): not known. Not part of the cursor's identity (operator==).
+  uint32_t order = 0;
+  uint64_t position = 0;
+  bool operator==(const StreamCursor& o) const {
+    return epoch == o.epoch && batch == o.batch && seq == o.seq && stream == o.stream;
+  }
 };
 
 inline nlohmann::json CursorToJson(const StreamCursor& c) {
   nlohmann::json j = {{"epoch", c.epoch}, {"batch", c.batch}, {"seq", c.seq}};
   if (c.stream) j["stream"] = c.stream;
+  if (c.order) {
+    j["order"] = c.order;
+    j["position"] = c.position;
+  }
   return j;
 }
 
@@ -40,6 +56,16 @@ inline Result<StreamCursor> CursorFromJson(const nlohmann::json& j) {
     if (!j["stream"].is_number_unsigned() || j["stream"].get<uint64_t>() > UINT32_MAX)
       return Status::Invalid("a cursor's \"stream\" is a 32-bit unsigned tag");
     c.stream = j["stream"].get<uint32_t>();
+  }
+  if (j.contains("order") || j.contains("position")) {
+    if (!j.contains("order") || !j["order"].is_number_unsigned() ||
+        j["order"].get<uint64_t>() > UINT32_MAX || j["order"].get<uint64_t>() == 0 ||
+        !j.contains("position") || !j["position"].is_number_unsigned())
+      return Status::Invalid(
+          "a cursor's \"order\" (a non-zero 32-bit tag) and \"position\" (a non-negative "
+          "integer) come together");
+    c.order = j["order"].get<uint32_t>();
+    c.position = j["position"].get<uint64_t>();
   }
   return c;
 }

@@ -30,6 +30,13 @@ class Connection {
   int sock = -1;
   std::unique_ptr<shm::RingReader> ring;
   int owner_pid = 0;
+  // The attach reply's "position" rule (docs/control_protocol.md): how a cursor of epoch >=
+  // `epoch` maps to the job's position. Unset when the daemon's order has none.
+  struct PositionRule {
+    uint32_t order = 0, epoch = 0;
+    uint64_t streams = 0, batch_size = 0, base = 0;
+  };
+  std::optional<PositionRule> position;
 };
 
 namespace {
@@ -53,6 +60,15 @@ Status ForkedChild(int owner) {
 }
 
 }  // namespace
+
+StreamCursor Batch::cursor() const {
+  StreamCursor c = view_.next;
+  if (const auto& p = conn_->position; p && c.epoch >= p->epoch) {
+    c.order = p->order;
+    c.position = (c.epoch == p->epoch ? p->base : 0) + c.batch * p->batch_size * p->streams;
+  }
+  return c;
+}
 
 Batch::~Batch() {
   // A forked child's copy of a lease is not the parent's slot to free.
@@ -188,6 +204,17 @@ Status Client::Connect(const std::optional<StreamCursor>& resume) {
   Result<std::unique_ptr<shm::RingReader>> ring = shm::RingReader::Map(fds[0], fds[1]);
   if (!ring.ok()) return ring.status();
   conn->ring = std::move(ring.value());
+  if (const nlohmann::json& p = reply->value("position", nlohmann::json()); p.is_object()) {
+    try {
+      conn->position = Connection::PositionRule{
+          p.at("order").get<uint32_t>(), p.at("epoch").get<uint32_t>(),
+          p.at("streams").get<uint64_t>(), p.at("batch_size").get<uint64_t>(),
+          p.at("base").get<uint64_t>()};
+    } catch (const nlohmann::json::exception& e) {
+      return Status::Invalid(
+          fmt::format("mmfeedd's attach reply has a malformed \"position\": {}", e.what()));
+    }
+  }
   conn_ = std::move(conn);
   info_ = *reply;
   return Status::Ok();

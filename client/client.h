@@ -45,7 +45,8 @@ class Batch {
   // nullptr if there is no tensor of that name.
   const shm::TensorView* tensor(std::string_view name) const;
   // The rank's cursor after this batch: attach with it to be served the batch after this one.
-  StreamCursor cursor() const { return view_.next; }
+  // With the job's position (StreamCursor::order, position) when the daemon's order has one.
+  StreamCursor cursor() const;
   // The ring mapping the batch lives in (one per attach: every batch of it shares it), with a
   // reference that keeps it mapped while held: what registering the ring with the CUDA runtime
   // needs (client/cuda_feeder.h).

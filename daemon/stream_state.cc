@@ -15,6 +15,7 @@ nlohmann::json StreamStateToJson(const StreamState& s) {
   for (const StreamCursor& c : s.ranks) ranks.push_back(CursorToJson(c));
   nlohmann::json origin = CursorToJson({s.origin_epoch, 0, s.origin_seq, s.origin_stream});
   if (s.origin_previous) origin["previous_stream"] = s.origin_previous;
+  if (s.origin_base) origin["base"] = s.origin_base;
   return {{"version", 2},
           {"pipeline", s.pipeline},
           {"fingerprint", s.fingerprint},
@@ -52,6 +53,11 @@ Result<StreamState> StreamStateFromJson(const nlohmann::json& j, const std::stri
       if (!p.is_number_unsigned() || p.get<uint64_t>() > UINT32_MAX)
         return bad("\"origin\".\"previous_stream\" is not a 32-bit tag");
       s.origin_previous = p.get<uint32_t>();
+    }
+    if (j["origin"].contains("base")) {
+      if (!j["origin"]["base"].is_number_unsigned())
+        return bad("\"origin\".\"base\" is not a position");
+      s.origin_base = j["origin"]["base"].get<uint64_t>();
     }
   }
   if (!j.contains("ranks") || !j["ranks"].is_array() || j["ranks"].empty())

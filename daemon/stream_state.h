@@ -2,7 +2,8 @@
 // (DIR/cursors.json, written atomically by the supervisor's thread every tick it changed):
 //
 //   {"version": 2, "pipeline": NAME, "fingerprint": FP,
-//    "origin": {"epoch": E, "batch": 0, "seq": S, "stream": T, "previous_stream": P},
+//    "origin": {"epoch": E, "batch": 0, "seq": S, "stream": T, "previous_stream": P,
+//               "base": POSITION},              // base: a job resumed at another shape
 //    "ranks": [CURSOR, ...],                      // each rank's acknowledged cursor
 //    "config": {"file": PATH, "text": YAML}}      // the config that makes the batches from S on
 //
@@ -34,6 +35,7 @@ struct StreamState {
   uint32_t origin_stream = 0, origin_previous = 0;  // Pipeline::Origin (0: not kept)
   std::vector<StreamCursor> ranks;
   std::string config_file, config_text;  // empty text: a version 1 file
+  uint64_t origin_base = 0;              // Pipeline::Origin::base
 };
 
 nlohmann::json StreamStateToJson(const StreamState& s);

@@ -143,7 +143,8 @@ int Supervisor::Serve() {
   return 0;
 }
 
-Status Supervisor::AdoptJob(const JobShape& job, int pid) {
+Status Supervisor::AdoptJob(const JobShape& job, int pid,
+                            const std::optional<StreamCursor>& resume) {
   const PipelineConfig before = cfg_;
   MMFEED_RETURN_IF_ERROR(cfg_.AdoptShape(job.local_world_size, job.node_rank, job.num_nodes));
   const std::string from =
@@ -171,12 +172,32 @@ Status Supervisor::AdoptJob(const JobShape& job, int pid) {
   }
   job_ = job;
   job_from_ = from;
+  if (resume) ResumeJobAt(*resume, pid);
   if (int failed = Serve()) {  // the pipeline's threads did not start: the daemon cannot go on
     failed_exit_ = failed;
     io_.stop();
     return Status::Unavailable("mmfeedd could not start its pipeline (its log says why); it stops");
   }
   return Status::Ok();
+}
+
+void Supervisor::ResumeJobAt(const StreamCursor& c, int pid) {
+  const uint32_t epochs = static_cast<uint32_t>(cfg_.source.epochs);
+  if (!c.order || !c.stream || c.stream == pipeline_->StreamBefore(c.seq) ||
+      c.order != pipeline_->order_tag() || !pipeline_->positional() ||
+      c.epoch >= (epochs ? epochs : UINT32_MAX - 1))
+    return;  // this stream's own cursor, or one Attach refuses (CheckResume says why)
+  const Pipeline::Origin o = pipeline_->Rebased(c.epoch, c.position);
+  pipeline_->SetOrigin(o);
+  const StreamCursor start = pipeline_->CursorAt(o.seq);
+  for (auto& s : sinks_) s->ring().set_acked(start);
+  unseen_since_restart_.clear();  // saved cursors of another stream no longer apply
+  resumed_ = Resumed{c.epoch, c.position, fmt::format("pid {}", pid)};
+  spdlog::info(
+      "pid {}'s cursor is at epoch {}, position {} of the job's order (taken at another shape or "
+      "in another run): the job resumes there, {} batch(es) a rank left in epoch {}",
+      pid, c.epoch, c.position, pipeline_->EpochBatches(o.epoch), o.epoch);
+  (void)SaveState();  // its failure is logged; the run goes on
 }
 
 Status Supervisor::CheckJob(const JobShape& job, int pid) {
@@ -210,6 +231,9 @@ nlohmann::json Supervisor::JobJson() const {
                                : pipeline_ ? "config"
                                            : "waiting for the first trainer"}};
   if (job_) j["declared"] = job_->ToJson();
+  if (resumed_)
+    j["resumed"] = {
+        {"epoch", resumed_->epoch}, {"position", resumed_->position}, {"from", resumed_->from}};
   return j;
 }
 

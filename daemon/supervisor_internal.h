@@ -79,6 +79,14 @@ class Supervisor {
   std::optional<JobShape> job_;       // adopted (consumers: auto) or the first declared
   std::string job_from_;              // "pid 123 (torchrun)"
   std::set<std::string> job_warned_;
+  // The job's position the first trainer's cursor resumed this daemon's stream at (a job
+  // restarted at another shape): every rank's cursor at it starts at the origin.
+  struct Resumed {
+    uint32_t epoch = 0;
+    uint64_t position = 0;
+    std::string from;  // "pid 123"
+  };
+  std::optional<Resumed> resumed_;
   int failed_exit_ = 0;  // a failure after the start ended the daemon with this status
 
   // Ranks with a ring: the config's consumers, then any a reload removed (their rings end).
@@ -107,7 +115,14 @@ class Supervisor {
   // refuses (its rings do not fit in memory, the data cannot be dealt to its ranks) is refused
   // and everything undone: the daemon waits on. A failure to start ends the daemon with its
   // exit status (failed_exit_).
-  Status AdoptJob(const JobShape& job, int pid);
+  Status AdoptJob(const JobShape& job, int pid, const std::optional<StreamCursor>& resume);
+  // AdoptJob's step before Serve: a first trainer's cursor of another stream of the same order,
+  // with the job's position (taken at another shape, or in a run since gone), starts the
+  // stream there (Pipeline::Rebased) instead of at the beginning.
+  void ResumeJobAt(const StreamCursor& c, int pid);
+  // An attach's cursor as this daemon serves it: one at the position the job resumed at is
+  // the origin's; any other unchanged (CheckResume refuses one of another stream).
+  StreamCursor Served(const StreamCursor& c) const;
   // A job declared to a daemon whose shape is known: refused if it conflicts with the adopted
   // one (naming both); against the config's own values only warned of (once per shape).
   Status CheckJob(const JobShape& job, int pid);

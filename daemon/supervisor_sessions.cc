@@ -16,10 +16,11 @@ Result<AttachGrant> Supervisor::Attach(int rank, int pid, int pidfd,
           "NUM_NODES,NODE_RANK,LOCAL_WORLD_SIZE)",
           cfg_.file));
     if (draining_) return Status::Unavailable("mmfeedd is stopping");
-    MMFEED_RETURN_IF_ERROR(AdoptJob(*job, pid));
+    MMFEED_RETURN_IF_ERROR(AdoptJob(*job, pid, resume));
   } else if (job) {
     MMFEED_RETURN_IF_ERROR(CheckJob(*job, pid));
   }
+  const std::optional<StreamCursor> at = resume ? std::optional(Served(*resume)) : std::nullopt;
   // A rank a reload removed is still served the batches its ring holds.
   if (rank >= ranks() || (rank >= cfg_.consumers && sinks_[rank]->ring().unreleased() == 0))
     return Status::Invalid(fmt::format(
@@ -45,18 +46,18 @@ Result<AttachGrant> Supervisor::Attach(int rank, int pid, int pidfd,
     // A reload replaced the rank's ring. Its batches the trainer has not finished are served
     // from it first (the trainer then attaches again by itself); unless the trainer asks for
     // earlier ones, which the running pipeline makes again.
-    if (resume) {
-      MMFEED_RETURN_IF_ERROR(CheckResume(rank, old->ring(), *resume));
-      old->ring().DropReady(resume->seq);
+    if (at) {
+      MMFEED_RETURN_IF_ERROR(CheckResume(rank, old->ring(), *at));
+      old->ring().DropReady(at->seq);
     }
     uint64_t first = old->ring().MinReadySeq();
-    if (old->ring().unreleased() > 0 && (!resume || resume->seq == first)) {
+    if (old->ring().unreleased() > 0 && (!at || at->seq == first)) {
       sink = old.get();
     } else {
       old.reset();
     }
   }
-  if (resume && sink == sinks_[rank].get()) MMFEED_RETURN_IF_ERROR(Resume(rank, *resume));
+  if (at && sink == sinks_[rank].get()) MMFEED_RETURN_IF_ERROR(Resume(rank, *at));
   shm::RingWriter& ring = sink->ring();
   MMFEED_ASSIGN_OR_RETURN(int control, ring.Attach(++last_generation_));
   h = {pid, pidfd >= 0 ? fcntl(pidfd, F_DUPFD_CLOEXEC, 0) : -1, last_generation_, sink};
@@ -72,6 +73,7 @@ Result<AttachGrant> Supervisor::Attach(int rank, int pid, int pidfd,
                       {"ring_bytes", ring.size()},
                       {"consumers", cfg_.consumers},
                       {"job", JobJson()},
+                      {"position", pipeline_->PositionJson()},
                       {"pipeline", cfg_.name}}};
 }
 
@@ -99,15 +101,43 @@ Status Supervisor::Resume(int rank, const StreamCursor& c) {
   return Status::Ok();
 }
 
+StreamCursor Supervisor::Served(const StreamCursor& c) const {
+  if (!resumed_ || !c.order || c.order != pipeline_->order_tag() ||
+      c.stream == pipeline_->StreamBefore(c.seq) || c.epoch != resumed_->epoch ||
+      c.position != resumed_->position)
+    return c;
+  return pipeline_->CursorAt(pipeline_->origin().seq);  // stream 0: the origin is every rank's
+}
+
 Status Supervisor::CheckResume(int rank, shm::RingWriter& ring, const StreamCursor& c) {
   const uint64_t seq = c.seq;
-  if (const uint32_t ours = pipeline_->StreamBefore(seq); c.stream && ours && c.stream != ours)
-    return Status::Invalid(fmt::format(
-        "rank {}: resume refused: the cursor (batch {}) is of stream {:08x}, but this "
-        "daemon's batch {} is of stream {:08x}: the cursor was saved in another run or with "
-        "another config or data (restart the daemon with that run's config and --state-dir, "
-        "or attach without it to start the rank over)",
-        rank, seq, c.stream, seq - 1, ours));
+  if (const uint32_t ours = pipeline_->StreamBefore(seq); c.stream && ours && c.stream != ours) {
+    std::string why =
+        "the cursor was saved in another run or with another config or data (restart the "
+        "daemon with that run's config and --state-dir, or attach without it to start the "
+        "rank over)";
+    if (c.order && c.order != pipeline_->order_tag())
+      why += "; its order differs too (other data, seed or shuffle)";
+    else if (c.order && resumed_)
+      why = fmt::format(
+          "the cursor is at epoch {}, position {} of the job's order, but this daemon resumed "
+          "the job at epoch {}, position {} ({}'s cursor): every rank resumes from the "
+          "checkpoint of the same step",
+          c.epoch, c.position, resumed_->epoch, resumed_->position, resumed_->from);
+    else if (c.order && !pipeline_->positional())
+      why += fmt::format("; this pipeline cannot resume a job at a position: {}",
+                         pipeline_->why_not_positional());
+    else if (c.order)
+      why = fmt::format(
+          "the cursor is at epoch {}, position {} of the job's order, taken at another shape "
+          "or in another run: a daemon resumes a job there when it takes the job's shape from "
+          "its trainers (`consumers: auto`), from the first trainer's cursor",
+          c.epoch, c.position);
+    return Status::Invalid(
+        fmt::format("rank {}: resume refused: the cursor (batch {}) is of stream {:08x}, but this "
+                    "daemon's batch {} is of stream {:08x}: {}",
+                    rank, seq, c.stream, seq - 1, ours, why));
+  }
   const uint64_t first = ring.MinReadySeq(), next = pipeline_->NextCommit(rank);
   if (seq <= next && (first == UINT64_MAX ? seq == next : first <= seq)) return Status::Ok();
   Status st = pipeline_->CheckCursor(seq);

@@ -42,10 +42,17 @@ Status Supervisor::LoadState(std::optional<StreamState> saved) {
         StatePath(), saved->fingerprint, pipeline_->fingerprint());
     return Status::Ok();
   }
+  if (saved->origin_base &&
+      (!pipeline_->positional() ||
+       pipeline_->Rebased(saved->origin_epoch, saved->origin_base).base != saved->origin_base))
+    return Status::Invalid(fmt::format(
+        "{}: the origin's base {} is not a position this pipeline resumes at (move the file "
+        "away to start every rank at the beginning)",
+        StatePath(), saved->origin_base));
   // A reload that changed the order or the numbering started this config's batches there.
   pipeline_->SetOrigin({saved->origin_epoch, saved->origin_seq,
                         saved->origin_stream ? saved->origin_stream : pipeline_->origin().stream,
-                        saved->origin_previous});
+                        saved->origin_previous, saved->origin_base});
   for (size_t r = 0; r < saved->ranks.size(); ++r) {
     StreamCursor& c = saved->ranks[r];
     if (c.seq < saved->origin_seq) {
@@ -80,6 +87,7 @@ Status Supervisor::SaveState() {
   StreamState state{cfg_.name,     pipeline_->fingerprint(), origin.epoch, origin.seq,
                     origin.stream, origin.previous,          {},           cfg_.file,
                     cfg_.text};
+  state.origin_base = origin.base;
   for (int r = 0; r < cfg_.consumers; ++r) state.ranks.push_back(AckedOf(r));
   std::string text = StreamStateToJson(state).dump() + "\n";
   if (text == saved_state_) return Status::Ok();

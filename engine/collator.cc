@@ -198,7 +198,10 @@ class Pipeline::Collator {
 
   void Refill(Open& o) {
     const uint64_t limit = 4 * p_->per_rank_ + 256;
-    const EpochOrder order(*p_->catalog_, p_->cfg_.source, o.batch->epoch, p_->cfg_.consumers);
+    const uint32_t epoch = o.batch->epoch;
+    const EpochOrder order(*p_->catalog_, p_->cfg_.source, epoch, p_->cfg_.consumers,
+                           epoch == p_->origin_.epoch ? p_->origin_.base : 0);
+    const uint64_t per_rank = p_->PerRank(epoch);
     std::vector<Pipeline::Refill> requests;
     bool give_up = false;
     while (!give_up && o.outstanding == 0 && !o.holes.empty()) {  // one round per pass
@@ -227,7 +230,7 @@ class Pipeline::Collator {
           ++o.tries[row];
           entry = order.SameSource(o.entries[row], static_cast<int>(rank_), o.draws.Next());
         } else {
-          uint64_t pos = o.draws.Below(p_->per_rank_);
+          uint64_t pos = o.draws.Below(per_rank);
           entry = order[pos * p_->cfg_.consumers + rank_];
         }
         if ((*known_bad_)[entry]) {

@@ -249,7 +249,8 @@ void Pipeline::Deal(const std::shared_ptr<Provisional>& pb, int r, const StreamC
   pb->epoch = at.epoch;
   pb->index = at.batch;
   pb->seq = at.seq;
-  const EpochOrder order(*catalog_, cfg_.source, pb->epoch, consumers);
+  const EpochOrder order(*catalog_, cfg_.source, pb->epoch, consumers,
+                         pb->epoch == origin_.epoch ? origin_.base : 0);
   std::vector<uint32_t> entries;
   if (plan) {
     const RankPlan& rp = plan->ranks[r];
@@ -259,7 +260,7 @@ void Pipeline::Deal(const std::shared_ptr<Provisional>& pb, int r, const StreamC
       pb->patches += costs_[entries.back()].patches;
     }
   } else {
-    for (int row = 0; row < RowsOf(pb->index); ++row)
+    for (int row = 0; row < RowsOf(pb->epoch, pb->index); ++row)
       entries.push_back(order[(pb->index * bs + row) * consumers + r]);
   }
   pb->rows = static_cast<int>(entries.size());

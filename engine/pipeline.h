@@ -144,10 +144,13 @@ class Pipeline {
   // batches from the origin on (StreamCursor::stream), `previous` the batches before it (0:
   // unknown). A fresh stream's tag is FirstStreamTag of the order; an order-changing reload
   // chains NextStreamTag, so equal tags mean the same order and reload history.
+  // `base`: the origin epoch is dealt from that position of its global order on, the rest of
+  // it over this pipeline's ranks (a job resumed at another shape: Rebased); later epochs whole.
   struct Origin {
     uint32_t epoch = 0;
     uint64_t seq = 0;
     uint32_t stream = 0, previous = 0;
+    uint64_t base = 0;
   };
   static uint32_t FirstStreamTag(const std::string& order_fingerprint);
   static uint32_t NextStreamTag(const Origin& before, uint64_t seq,
@@ -158,6 +161,20 @@ class Pipeline {
   }
   void SetOrigin(Origin origin);
   Origin origin() const { return origin_; }
+  // Positions (StreamCursor::order, position) need an order that is one global sequence dealt
+  // round-robin over the job's streams: one source in permutation mode, fixed-size batches
+  // (not a mixture, shard windows, token budgets or packing). Else the reason it has none.
+  bool positional() const { return why_not_positional().empty(); }
+  std::string why_not_positional() const;
+  // The data, seed and shuffle (not the shape): what a cursor's `order` must match.
+  uint32_t order_tag() const { return order_tag_; }
+  // The origin of a stream that resumes the job at `position` of epoch `epoch`'s global order
+  // with this pipeline's shape (an epoch with no full row a stream left is skipped: the next
+  // epoch's start). REQUIRES: positional().
+  Origin Rebased(uint32_t epoch, uint64_t position) const;
+  // The attach reply's "position" rule: how a client turns the cursors of epochs >= the
+  // origin's into positions (null when not positional()).
+  nlohmann::json PositionJson() const;
   Status Start();
   // The source stops dealing at a batch boundary; batches already dealt are completed
   // (refilled where samples fail) and committed, then the sinks are finished.
@@ -214,7 +231,9 @@ class Pipeline {
   // With a token budget (budgeted()) the count depends on the epoch (EpochBatches) and this is
   // the origin epoch's.
   uint64_t batches_per_epoch() const { return batches_per_epoch_; }
-  int RowsOf(uint64_t index) const;
+  int RowsOf(uint32_t epoch, uint64_t index) const;
+  // Samples in each rank's share of epoch `epoch` (fewer in a rebased origin epoch).
+  uint64_t PerRank(uint32_t epoch) const;
   bool budgeted() const { return cfg_.budgeted(); }
   // Every rank's batches in epoch `epoch` (>= origin().epoch).
   uint64_t EpochBatches(uint32_t epoch) const;
@@ -322,6 +341,7 @@ class Pipeline {
   std::atomic<bool> rewind_pending_{false};
   std::unique_ptr<std::atomic<uint64_t>[]> next_commit_;
   std::string fingerprint_, order_fingerprint_;
+  uint32_t order_tag_ = 0;
   uint64_t next_key_ = 0;  // source thread: one per dispatched sample
   // Sample accounting: dealt = first-time positions; refill draws are counted apart.
   std::atomic<uint64_t> dealt_{0}, failed_{0}, refills_ok_{0}, refills_failed_{0};

@@ -265,7 +265,18 @@ void Pipeline::Fingerprint() {
                                     costs_.size() * sizeof(SampleCost)),
                    h);
   }
-  for (const CatalogEntry& e : catalog_->entries) h = HashString(e.id, HashString("\n", h));
+  // The order tag: what decides the epochs' global order, without the shape.
+  uint64_t o = HashString(fmt::format("position 1|{}|{}|{}", cfg_.source.seed, cfg_.source.shuffle,
+                                      cfg_.source.epochs));
+  for (const auto& [field, key] : cfg_.source.keys)
+    o = HashString(fmt::format("key {}={}", field, key), o);
+  if (catalog_->indexed())
+    o = HashString(fmt::format("index {:016x}", catalog_->index_fingerprint()), o);
+  for (const CatalogEntry& e : catalog_->entries) {
+    h = HashString(e.id, HashString("\n", h));
+    o = HashString(e.id, HashString("\n", o));
+  }
+  order_tag_ = static_cast<uint32_t>(o) | 1;  // never 0
   order_fingerprint_ = fmt::format("{:016x}", h);
   origin_.stream = FirstStreamTag(order_fingerprint_);
   for (const StageConfig& s : cfg_.stages)
@@ -317,17 +328,67 @@ void Pipeline::SetOrigin(Origin origin) {
   for (int r = 0; r < cfg_.consumers; ++r) next_commit_[r] = origin.seq;
 }
 
-int Pipeline::RowsOf(uint64_t index) const {
+uint64_t Pipeline::PerRank(uint32_t epoch) const {
+  if (epoch != origin_.epoch || origin_.base == 0) return per_rank_;
+  const uint64_t streams = static_cast<uint64_t>(cfg_.consumers) * cfg_.source.num_nodes;
+  return (catalog_->size() - std::min<uint64_t>(origin_.base, catalog_->size())) / streams;
+}
+
+int Pipeline::RowsOf(uint32_t epoch, uint64_t index) const {
   const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size);
-  return static_cast<int>(std::min(bs, per_rank_ - index * bs));
+  return static_cast<int>(std::min(bs, PerRank(epoch) - index * bs));
+}
+
+std::string Pipeline::why_not_positional() const {
+  if (catalog_->mixture) return "a mixture deals each rank its own sequence";
+  if (budgeted()) return "token-budget batches take each rank's samples by their costs";
+  if (cfg_.source.shuffle_window > 0 && catalog_->shards)
+    return "shard windows order each node's part";
+  if (cfg_.packed_stage >= 0) return "a packed text stream's rows cross batches";
+  return "";
+}
+
+Pipeline::Origin Pipeline::Rebased(uint32_t epoch, uint64_t position) const {
+  Origin o;
+  o.epoch = epoch;
+  o.base = position;
+  const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size);
+  const uint64_t streams = static_cast<uint64_t>(cfg_.consumers) * cfg_.source.num_nodes;
+  const uint64_t left = catalog_->size() - std::min<uint64_t>(position, catalog_->size());
+  if (position == 0 || (cfg_.drop_last ? left / streams / bs : left / streams) == 0) {
+    o.epoch = position == 0 ? epoch : epoch + 1;  // nothing a rank could have: the next epoch
+    o.base = 0;
+  }
+  o.stream = o.base == 0 ? FirstStreamTag(order_fingerprint_)
+                         : static_cast<uint32_t>(HashString(fmt::format(
+                               "rebased|{}|{}|{}", o.epoch, o.base, order_fingerprint_))) |
+                               1;
+  return o;
+}
+
+nlohmann::json Pipeline::PositionJson() const {
+  if (!positional()) return nullptr;
+  return {{"order", order_tag_},
+          {"epoch", origin_.epoch},
+          {"base", origin_.base},
+          {"streams", static_cast<uint64_t>(cfg_.consumers) * cfg_.source.num_nodes},
+          {"batch_size", cfg_.batch_size}};
 }
 
 StreamCursor Pipeline::CursorAt(uint64_t seq) const {
   StreamCursor c;
   c.seq = seq;
   if (!budgeted()) {
-    c.epoch = origin_.epoch + static_cast<uint32_t>((seq - origin_.seq) / batches_per_epoch_);
-    c.batch = (seq - origin_.seq) % batches_per_epoch_;
+    uint64_t k = seq - origin_.seq;  // batches from the origin on
+    const uint64_t first = EpochBatches(origin_.epoch);
+    if (k < first) {
+      c.epoch = origin_.epoch;
+      c.batch = k;
+      return c;
+    }
+    k -= first;
+    c.epoch = origin_.epoch + 1 + static_cast<uint32_t>(k / batches_per_epoch_);
+    c.batch = k % batches_per_epoch_;
     return c;
   }
   uint64_t first = origin_.seq;
@@ -355,7 +416,11 @@ std::shared_ptr<const EpochPlan> Pipeline::PlanOf(uint32_t epoch) const {
 }
 
 uint64_t Pipeline::EpochBatches(uint32_t epoch) const {
-  if (!budgeted()) return batches_per_epoch_;
+  if (!budgeted()) {
+    if (epoch != origin_.epoch || origin_.base == 0) return batches_per_epoch_;
+    const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size), n = PerRank(epoch);
+    return cfg_.drop_last ? n / bs : (n + bs - 1) / bs;
+  }
   std::lock_guard<std::mutex> lock(plans_mu_);
   return EpochBatchesLocked(epoch);
 }
@@ -408,9 +473,11 @@ Status Pipeline::CheckCursor(uint64_t seq) const {
         seq, origin_.seq, origin_.epoch));
   const uint32_t epochs = static_cast<uint32_t>(cfg_.source.epochs);
   if (!budgeted()) {
-    const uint64_t total =
-        epochs ? origin_.seq + (epochs - std::min(epochs, origin_.epoch)) * batches_per_epoch_
-               : UINT64_MAX;
+    const uint64_t total = !epochs ? UINT64_MAX
+                           : origin_.epoch < epochs
+                               ? origin_.seq + EpochBatches(origin_.epoch) +
+                                     (epochs - origin_.epoch - 1) * batches_per_epoch_
+                               : origin_.seq;
     if (seq > total)
       return Status::Invalid(fmt::format(
           "cursor seq {} is past the end of the data ({} batches per rank)", seq, total));

@@ -369,10 +369,12 @@ Result<Catalog> LoadMixture(const std::vector<SourceConfig>& sources, const MixC
   return cat;
 }
 
-EpochOrder::EpochOrder(size_t n, const SourceConfig& source, uint32_t epoch, int consumers)
-    : size_(n / source.num_nodes / consumers * consumers),
+EpochOrder::EpochOrder(size_t n, const SourceConfig& source, uint32_t epoch, int consumers,
+                       uint64_t base)
+    : size_((n - std::min<uint64_t>(base, n)) / source.num_nodes / consumers * consumers),
       nodes_(static_cast<uint64_t>(source.num_nodes)),
       node_(static_cast<uint64_t>(source.node_rank)),
+      base_(base),
       shuffle_(source.shuffle),
       perm_(n, Rng(source.seed, epoch, "", "shuffle").Next()) {}
 
@@ -398,8 +400,8 @@ std::shared_ptr<const ShardWindows> Catalog::WindowsOf(const SourceConfig& sourc
 }
 
 EpochOrder::EpochOrder(const Catalog& cat, const SourceConfig& source, uint32_t epoch,
-                       int consumers)
-    : EpochOrder(cat.size(), source, epoch, consumers) {
+                       int consumers, uint64_t base)
+    : EpochOrder(cat.size(), source, epoch, consumers, base) {
   if (cat.mixture) {
     mix_ = cat.mixture.get();
     mixed_ = &cat;

@@ -151,16 +151,20 @@ Result<Catalog> LoadMixture(const std::vector<SourceConfig>& sources, const MixC
 //   is the drawn source's part_first plus the drawn sample.
 class EpochOrder {
  public:
-  // Permutation mode.
-  EpochOrder(size_t catalog_size, const SourceConfig& source, uint32_t epoch, int consumers);
-  // Window mode when source.shuffle_window > 0 and the catalog is of tar shards.
-  EpochOrder(const Catalog& catalog, const SourceConfig& source, uint32_t epoch, int consumers);
+  // Permutation mode. `base`: the order starts at that position of the epoch's global order (a
+  // job resumed at another shape mid-epoch; Pipeline::Origin::base).
+  EpochOrder(size_t catalog_size, const SourceConfig& source, uint32_t epoch, int consumers,
+             uint64_t base = 0);
+  // Window mode when source.shuffle_window > 0 and the catalog is of tar shards; mixture mode
+  // for a mixture's catalog (both with base 0).
+  EpochOrder(const Catalog& catalog, const SourceConfig& source, uint32_t epoch, int consumers,
+             uint64_t base = 0);
   size_t size() const { return size_; }
   // REQUIRES: i < size().
   uint32_t operator[](size_t i) const {
     if (mix_) return Mixed(i);
     if (windows_) return Windowed(i);
-    const uint64_t at = static_cast<uint64_t>(i) * nodes_ + node_;
+    const uint64_t at = base_ + static_cast<uint64_t>(i) * nodes_ + node_;
     return static_cast<uint32_t>(shuffle_ ? perm_(at) : at);
   }
   // Window mode: the shards (ShardIndex::shard indexes) of the window holding position i and
@@ -179,7 +183,7 @@ class EpochOrder {
   uint32_t Mixed(size_t i) const;
 
   size_t size_;
-  uint64_t nodes_, node_;
+  uint64_t nodes_, node_, base_;
   bool shuffle_;
   Permutation perm_;
   std::shared_ptr<const ShardWindows> windows_;

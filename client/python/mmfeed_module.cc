@@ -72,6 +72,10 @@ py::dict CursorDict(const StreamCursor& c) {
   d["batch"] = c.batch;
   d["seq"] = c.seq;
   if (c.stream) d["stream"] = c.stream;  // the stream the cursor belongs to (checked at resume)
+  if (c.order) {  // the job's position, from which a job at another shape resumes
+    d["order"] = c.order;
+    d["position"] = c.position;
+  }
   return d;
 }
 
@@ -220,12 +224,21 @@ class PyClient {
     if (!resume.is_none()) {
       // A cursor dict ({"seq": S, ...}, a Batch.cursor) or a seq: a non-negative integer that
       // fits 64 bits; anything else is a ValueError naming what was given.
-      py::object seq = resume, stream = py::int_(0);
+      py::object seq = resume, stream = py::int_(0), epoch = py::int_(0), order = py::int_(0),
+                 position = py::int_(0);
       if (py::isinstance<py::dict>(resume)) {
         py::dict d = resume.cast<py::dict>();
         if (!d.contains("seq")) throw py::value_error("resume: a cursor dict needs a \"seq\"");
         seq = d["seq"];
         if (d.contains("stream")) stream = d["stream"];
+        if (d.contains("order")) {  // with "position" and "epoch": the job's position
+          if (!d.contains("position") || !d.contains("epoch"))
+            throw py::value_error(
+                "resume: a cursor's \"order\" comes with its \"position\" and \"epoch\"");
+          order = d["order"];
+          position = d["position"];
+          epoch = d["epoch"];
+        }
       }
       auto integer_below = [](const py::object& v, unsigned long long bound) {
         return py::isinstance<py::int_>(v) && !py::isinstance<py::bool_>(v) && v >= py::int_(0) &&
@@ -239,9 +252,20 @@ class PyClient {
       if (!integer_below(stream, UINT32_MAX))
         throw py::value_error("resume: a cursor's \"stream\" is a 32-bit unsigned tag; got " +
                               py::repr(stream).cast<std::string>());
+      if (!integer_below(order, UINT32_MAX) || !integer_below(position, UINT64_MAX) ||
+          !integer_below(epoch, UINT32_MAX))
+        throw py::value_error(
+            "resume: a cursor's \"order\" and \"epoch\" are 32-bit and its \"position\" a "
+            "64-bit unsigned integer; got " +
+            py::repr(resume).cast<std::string>());
       StreamCursor c;
       c.seq = seq.cast<uint64_t>();        // the daemon derives the epoch and batch from it
       c.stream = stream.cast<uint32_t>();  // and refuses a cursor of another stream
+      c.order = order.cast<uint32_t>();
+      if (c.order) {
+        c.epoch = epoch.cast<uint32_t>();
+        c.position = position.cast<uint64_t>();
+      }
       opt.resume = c;
     }
     timeout_ms_ = timeout_s.is_none() ? -1 : static_cast<int>(timeout_s.cast<double>() * 1000);

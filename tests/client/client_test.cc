@@ -237,6 +237,29 @@ TEST_F(JobShapeTest, AnAttachCarriesAShapeTheParserChecks) {
     EXPECT_FALSE(parse(bad).ok()) << bad;
 }
 
+TEST(CursorTest, TheJobsPositionRoundTripsAndComesWholeOrNotAtAll) {
+  StreamCursor c{2, 5, 31, 0xabcd};
+  c.order = 77;
+  c.position = 1u << 20;
+  nlohmann::json j = CursorToJson(c);
+  EXPECT_EQ(j["order"], 77);
+  EXPECT_EQ(j["position"], 1u << 20);
+  Result<StreamCursor> back = CursorFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->order, 77u);
+  EXPECT_EQ(back->position, 1u << 20);
+  EXPECT_EQ(*back, c);
+  // The position is derived, not the cursor's identity; without an order it is not written.
+  StreamCursor plain{2, 5, 31, 0xabcd};
+  EXPECT_EQ(plain, c);
+  EXPECT_FALSE(CursorToJson(plain).contains("position"));
+  for (const char* bad : {R"({"seq": 1, "order": 5})", R"({"seq": 1, "position": 5})",
+                          R"({"seq": 1, "order": 0, "position": 5})",
+                          R"({"seq": 1, "order": 4294967296, "position": 5})",
+                          R"({"seq": 1, "order": 5, "position": -1})"})
+    EXPECT_FALSE(CursorFromJson(nlohmann::json::parse(bad)).ok()) << bad;
+}
+
 TEST(CudaFeederTest, WithoutAGpuTheErrorNamesTheCauseAndTheCpuPathGoesOn) {
   RealDaemon d(16, 2);
   auto c = Client::Attach(d.socket(), 0);

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Elastic jobs, first part (issue #31): the trainers declare the job. The real mmfeedd with
+"""Elastic jobs (issue #31): the trainers declare the job, and a job resumes at another shape. The real mmfeedd with
 `consumers: auto` and `node_rank`/`num_nodes: auto` adopts the shape the first trainer's
 launcher put in its environment (torchrun's or Slurm's variables, read by the client library
 in mmfeed-consume), serves exactly what an explicit config of that shape serves, refuses a
@@ -37,7 +37,9 @@ def slurm(node, local_rank, nodes=2, per_node=2):
             "SLURM_LOCALID": str(local_rank), "SLURM_NODEID": str(node), "SLURM_NNODES": str(nodes)}
 
 
-class JobTest(dt.DaemonCase):
+class JobCase(dt.DaemonCase):
+    """A manifest of 96 captions, and trainers in a launcher's environment."""
+
     def setUp(self):
         super().setUp()
         with open(self.dir / "manifest.jsonl", "w") as f:
@@ -57,6 +59,8 @@ class JobTest(dt.DaemonCase):
         self.assertEqual(c.returncode, 1, err)
         return err
 
+
+class JobTest(JobCase):
     def explicit_ids(self):
         """Per rank, the ids node 1 of 2 with 2 consumer ranks serves, from an explicit config."""
         d = dt.Daemon(self.dir, config(2, "node_rank: 1, num_nodes: 2"))
@@ -229,6 +233,110 @@ with open(os.path.join({str(self.dir)!r}, "rank%s.json" % os.environ["LOCAL_RANK
         self.assertIn("1 consumer rank(s) of node 0 of 1 as checked: consumers: auto takes the first trainer's job",
                       r.stdout)
 
+
+
+class ReshapeTest(JobCase):
+    """A job restarted at another shape resumes where it stood (issue #31): every daemon and
+    trainer killed halfway through an epoch, the job goes on at another number of nodes and
+    ranks from one rank's checkpoint (its cursor carries the job's position), and the union of
+    its lives is every sample of the epoch once; the next epoch is what a fresh run of the new
+    shape gives."""
+
+    def life(self, name, nodes, per_node, batches=None, resume_from=None):
+        """A daemon per node (`consumers: auto`), `per_node` trainers on each taking `batches`
+        batches (None: to the end) and keeping their cursors (--cursor); then the daemons are
+        killed (or, at the end of the data, exit). Returns the daemons."""
+        daemons = []
+        for n in range(nodes):
+            d = self.dir / f"{name}-node{n}"
+            d.mkdir()
+            daemons.append(dt.Daemon(d, config().replace("path: manifest.jsonl",
+                                                         f"path: {self.dir}/manifest.jsonl")))
+        procs = []
+        for n in range(nodes):
+            for r in range(per_node):
+                g = n * per_node + r
+                cursor = self.dir / f"{name}-cursor{g}.json"
+                if resume_from:
+                    shutil.copy(resume_from, cursor)
+                args = ["--json", "--dump", str(self.dir / f"{name}-dump{g}"), "--cursor", str(cursor)]
+                procs.append(self.consume(daemons[n], torchrun(n, r, nodes, per_node), *args,
+                                          *(["--batches", str(batches)] if batches else [])))
+        for p in procs:
+            dt.finish(p)
+        for d in daemons:
+            if batches:
+                d.proc.kill()
+                d.proc.wait()
+            else:
+                self.assertEqual(d.wait(), 0, d.log())
+        return daemons
+
+    def cursors(self, name, ranks):
+        return [json.loads((self.dir / f"{name}-cursor{g}.json").read_text()) for g in range(ranks)]
+
+    def delivered(self, name, ranks, epoch):
+        return [[i for meta, _ in dt.dumped_batches(self.dir / f"{name}-dump{g}") if meta["epoch"] == epoch
+                 for i in meta["ids"]] for g in range(ranks)]
+
+    def test_2x2_then_3x1_then_1x4_deliver_every_sample_of_the_epoch_once(self):
+        # Life 1: 2 nodes x 2 ranks, 3 batches of 4 each: positions [0, 48) of epoch 0.
+        self.life("a", 2, 2, batches=3)
+        cs = self.cursors("a", 4)
+        self.assertEqual({(c["epoch"], c["position"], c["order"]) for c in cs}, {(0, 48, cs[0]["order"])}, cs)
+        # Life 2: 3 nodes x 1 rank from rank 0's cursor: 48 left, 16 a rank; 2 batches each.
+        daemons = self.life("b", 3, 1, batches=2, resume_from=self.dir / "a-cursor0.json")
+        self.assertIn("the job resumes there, 4 batch(es) a rank left in epoch 0", daemons[0].log())
+        cs = self.cursors("b", 3)
+        self.assertEqual({(c["epoch"], c["position"]) for c in cs}, {(0, 72)}, cs)
+        # Life 3: 1 node x 4 ranks from life 2's rank 2 to the end: the last 24, 6 a rank.
+        self.life("c", 1, 4, resume_from=self.dir / "b-cursor2.json")
+        lives = [self.delivered("a", 4, 0), self.delivered("b", 3, 0), self.delivered("c", 4, 0)]
+        self.assertEqual([sum(map(len, life)) for life in lives], [48, 24, 24])
+        self.assertEqual({len(ids) for ids in lives[2]}, {6}, "equal shares in the resumed part")
+        every = sorted(i for life in lives for ids in life for i in ids)
+        self.assertEqual(every, [f"s{i:03d}" for i in range(96)], "every sample of epoch 0 once")
+        # Epoch 1 is what a fresh run of 1 node x 4 ranks gives, rank by rank.
+        fresh = dt.Daemon(self.dir, config(4, "node_rank: 0, num_nodes: 1"))
+        for c in [fresh.consume(r, "--dump", str(self.dir / f"fresh-dump{r}")) for r in range(4)]:
+            dt.finish(c)
+        self.assertEqual(fresh.wait(), 0, fresh.log())
+        self.assertEqual(self.delivered("c", 4, 1), self.delivered("fresh", 4, 1))
+
+    def test_a_rank_at_another_position_is_refused_naming_both(self):
+        self.life("a", 1, 2, batches=2)  # 1 node x 2 ranks: position 16
+        late = json.loads((self.dir / "a-cursor1.json").read_text())
+        late["position"] = 24  # as if rank 1 had checkpointed a step later
+        (self.dir / "late.json").write_text(json.dumps(late))
+        for r in range(3):  # each trainer's own copy of a life-1 checkpoint
+            shutil.copy(self.dir / f"a-cursor{min(r, 1)}.json", self.dir / f"r{r}.json")
+        d = dt.Daemon(self.dir, config())
+        # Resumed as 1 node x 3 ranks: 80 left, 26 a rank (the last 2 wait for epoch 1).
+        first = self.consume(d, torchrun(0, 0, 1, 3), "--cursor", str(self.dir / "r0.json"), "--json")
+        for _ in range(200):
+            status = json.loads(d.ctl("status", "--json").stdout)
+            if status["state"] != "waiting for the job":
+                break
+            time.sleep(0.05)
+        self.assertEqual((status["job"]["resumed"]["epoch"], status["job"]["resumed"]["position"]), (0, 16))
+        err = self.refused(d, torchrun(0, 1, 1, 3), "--cursor", str(self.dir / "late.json"))
+        self.assertIn("the cursor is at epoch 0, position 24 of the job's order, but this daemon resumed the "
+                      "job at epoch 0, position 16 (pid", err)
+        others = [self.consume(d, torchrun(0, r, 1, 3), "--cursor", str(self.dir / f"r{r}.json"), "--json")
+                  for r in (1, 2)]
+        outs = [dt.finish(c) for c in (first, *others)]
+        self.assertEqual([o["samples"] for o in outs], [26 + 32] * 3, "the rest of epoch 0, then epoch 1")
+        self.assertEqual(d.wait(), 0, d.log())
+
+    def test_an_explicit_shape_says_how_a_cursor_of_another_shape_resumes(self):
+        self.life("a", 1, 2, batches=2)
+        d = dt.Daemon(self.dir, config(1, "node_rank: 0, num_nodes: 1"))
+        err = self.refused(d, {}, "--rank", "0", "--cursor", str(self.dir / "a-cursor0.json"))
+        self.assertIn("the cursor is at epoch 0, position 16 of the job's order, taken at another shape or in "
+                      "another run: a daemon resumes a job there when it takes the job's shape from its "
+                      "trainers (`consumers: auto`)", err)
+        d.ctl("stop")
+        d.wait()
 
 if __name__ == "__main__":
     dt.main()

@@ -342,6 +342,62 @@ class PythonClientTest(dt.DaemonCase):
         del ds2
         self.assertEqual(d.wait(), 0, d.log())
 
+    def test_a_torch_state_dict_taken_at_one_shape_resumes_at_another(self):
+        """Two ranks (a Python trainer and mmfeed-consume) take 5 batches of 8 each and checkpoint
+        (positions [0, 80) of the epoch); the job then restarts as one trainer under torchrun
+        (`consumers: auto`), which load_state_dict()s rank 0's checkpoint: it gets the other
+        120 samples, and together every sample once."""
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            self.skipTest("torch is not installed (scripts/setup.sh installs python3-torch)")
+        make_texts(self.dir, 200)
+        trainer = """
+            import json, sys, torch, mmfeed.torch as mt
+            socket, state, out, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+            ds = mt.MmfeedDataset(socket=socket, reconnect_s=10)
+            try:
+                ds.load_state_dict(json.load(open(state)))
+            except FileNotFoundError:
+                pass
+            ids = []
+            for step, b in enumerate(torch.utils.data.DataLoader(ds, batch_size=None)):
+                ids += b["ids"]
+                if step + 1 == steps:
+                    break
+            json.dump(ds.state_dict(), open(state, "w"))
+            json.dump(ids, open(out, "w"))
+        """
+        first = self.dir / "first"
+        first.mkdir()
+        make_texts(first, 200)
+        d = dt.Daemon(first, self.config(consumers=2, epochs=1))
+        env = dict(os.environ, PYTHONPATH=PYDIR, LOCAL_RANK="0")
+        state = self.dir / "state.json"
+        py = subprocess.Popen([sys.executable, "-c", textwrap.dedent(trainer), d.socket, str(state),
+                               str(self.dir / "ids0.json"), "5"], env=env, stderr=subprocess.PIPE, text=True)
+        other = d.consume(1, "--batches", "5", "--dump", str(self.dir / "dump1"))
+        dt.finish(other)
+        self.assertEqual(py.wait(60), 0, py.communicate()[1])
+        d.proc.kill()
+        d.proc.wait()
+        cursor = json.loads(state.read_text())["cursor"]
+        self.assertEqual((cursor["epoch"], cursor["position"]), (0, 80), cursor)
+
+        d = dt.Daemon(self.dir, self.config(consumers="auto", epochs=1))
+        env.update(RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0")
+        py = subprocess.Popen([sys.executable, "-c", textwrap.dedent(trainer), d.socket, str(state),
+                               str(self.dir / "ids2.json"), "0"], env=env, stderr=subprocess.PIPE, text=True)
+        self.assertEqual(py.wait(60), 0, py.communicate()[1])
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertIn("the job resumes there", d.log())
+        lives = [json.loads((self.dir / "ids0.json").read_text()),
+                 [i for meta, _ in dt.dumped_batches(self.dir / "dump1") for i in meta["ids"]],
+                 json.loads((self.dir / "ids2.json").read_text())]
+        self.assertEqual([len(ids) for ids in lives], [40, 40, 120])
+        every = [json.loads(line)["id"] for line in (self.dir / "manifest.jsonl").read_text().splitlines()]
+        self.assertEqual(sorted(i for ids in lives for i in ids), sorted(every))
+
     def test_in_place_writes_to_torch_tensors_stay_in_the_trainer(self):
         """batch.torch() tensors are writable (a copy-on-write view of the ring): add_ works, the
         ring keeps the daemon's bytes, the slot's next batch reads them (not our writes), and
