@@ -210,9 +210,15 @@ void Supervisor::CompleteReload() {
       return;
     }
     const Pipeline::Origin& before = pipeline_->origin();
+    // At a resumed origin itself (no batch since the job resumed mid-epoch there), a config of
+    // the same order (another batch size or consumer count) deals the same rest of that epoch.
+    const bool at_base = at.epoch == before.epoch && at.seq == before.seq && before.base &&
+                         p->pipeline->positional() &&
+                         p->pipeline->order_tag() == pipeline_->order_tag();
     p->pipeline->SetOrigin(
         {at.epoch, at.seq,
-         Pipeline::NextStreamTag(before, at.seq, p->pipeline->order_fingerprint()), before.stream});
+         Pipeline::NextStreamTag(before, at.seq, p->pipeline->order_fingerprint()), before.stream,
+         at_base ? before.base : 0});
   } else {
     p->pipeline->SetOrigin(pipeline_->origin());  // the same numbering goes on
   }
