@@ -249,8 +249,7 @@ void Pipeline::Deal(const std::shared_ptr<Provisional>& pb, int r, const StreamC
   pb->epoch = at.epoch;
   pb->index = at.batch;
   pb->seq = at.seq;
-  const EpochOrder order(*catalog_, cfg_.source, pb->epoch, consumers,
-                         pb->epoch == origin_.epoch ? origin_.base : 0);
+  const EpochOrder order(*catalog_, cfg_.source, pb->epoch, consumers, BaseOf(pb->epoch));
   std::vector<uint32_t> entries;
   if (plan) {
     const RankPlan& rp = plan->ranks[r];

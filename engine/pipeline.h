@@ -302,6 +302,13 @@ class Pipeline {
   // The epoch holding batch `seq` (>= origin().seq) and its first batch's seq; false past
   // kMaxEpochsAhead epochs.
   bool Locate(uint64_t seq, uint32_t* epoch, uint64_t* first) const;
+  // The job's streams (every node's ranks), where epoch `epoch`'s order starts (Origin::base in
+  // the origin epoch, else 0), the samples a stream gets from position `base` of an epoch on,
+  // and the batches of a rank with `per_rank` samples.
+  uint64_t streams() const { return static_cast<uint64_t>(cfg_.consumers) * cfg_.source.num_nodes; }
+  uint64_t BaseOf(uint32_t epoch) const { return epoch == origin_.epoch ? origin_.base : 0; }
+  uint64_t PerRankFrom(uint64_t base) const;
+  uint64_t BatchesOf(uint64_t per_rank) const;
   Status Reachable(uint64_t seq) const;
   static constexpr size_t kMaxEpochsAhead = 1000;
   class ThreadTag;

@@ -220,7 +220,7 @@ Status Pipeline::LoadSource(const std::set<std::string>& needed,
   per_rank_ = catalog_->mixture ? catalog_->mixture->per_lane()
                                 : catalog_->size() / cfg_.source.num_nodes / cfg_.consumers;
   const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size);
-  batches_per_epoch_ = cfg_.drop_last ? per_rank_ / bs : (per_rank_ + bs - 1) / bs;
+  batches_per_epoch_ = BatchesOf(per_rank_);
   if (cfg_.budgeted()) {
     budget_ = {cfg_.batch_size, cfg_.max_tokens, cfg_.max_patches};
     MMFEED_RETURN_IF_ERROR(MeasureCatalog());
@@ -231,11 +231,10 @@ Status Pipeline::LoadSource(const std::set<std::string>& needed,
     // average of the usable samples dealt, at most batch_size a batch.
     const uint64_t usable = static_cast<uint64_t>(
         std::count_if(costs_.begin(), costs_.end(), [](auto& c) { return c.usable(); }));
-    const uint64_t streams = static_cast<uint64_t>(cfg_.consumers) * cfg_.source.num_nodes,
-                   dealt = streams * per_rank_,
+    const uint64_t dealt = streams() * per_rank_,
                    left_out = catalog_->size() > dealt ? catalog_->size() - dealt : 0;
     min_epoch_batches_ =
-        std::max<uint64_t>(1, (usable > left_out ? usable - left_out : 0) / streams / bs);
+        std::max<uint64_t>(1, (usable > left_out ? usable - left_out : 0) / streams() / bs);
   }
   if (batches_per_epoch_ == 0)
     return Status::Invalid(
@@ -328,10 +327,17 @@ void Pipeline::SetOrigin(Origin origin) {
   for (int r = 0; r < cfg_.consumers; ++r) next_commit_[r] = origin.seq;
 }
 
+uint64_t Pipeline::PerRankFrom(uint64_t base) const {
+  return (catalog_->size() - std::min<uint64_t>(base, catalog_->size())) / streams();
+}
+
+uint64_t Pipeline::BatchesOf(uint64_t per_rank) const {
+  const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size);
+  return cfg_.drop_last ? per_rank / bs : (per_rank + bs - 1) / bs;
+}
+
 uint64_t Pipeline::PerRank(uint32_t epoch) const {
-  if (epoch != origin_.epoch || origin_.base == 0) return per_rank_;
-  const uint64_t streams = static_cast<uint64_t>(cfg_.consumers) * cfg_.source.num_nodes;
-  return (catalog_->size() - std::min<uint64_t>(origin_.base, catalog_->size())) / streams;
+  return BaseOf(epoch) ? PerRankFrom(BaseOf(epoch)) : per_rank_;
 }
 
 int Pipeline::RowsOf(uint32_t epoch, uint64_t index) const {
@@ -352,10 +358,7 @@ Pipeline::Origin Pipeline::Rebased(uint32_t epoch, uint64_t position) const {
   Origin o;
   o.epoch = epoch;
   o.base = position;
-  const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size);
-  const uint64_t streams = static_cast<uint64_t>(cfg_.consumers) * cfg_.source.num_nodes;
-  const uint64_t left = catalog_->size() - std::min<uint64_t>(position, catalog_->size());
-  if (position == 0 || (cfg_.drop_last ? left / streams / bs : left / streams) == 0) {
+  if (position == 0 || BatchesOf(PerRankFrom(position)) == 0) {
     o.epoch = position == 0 ? epoch : epoch + 1;  // nothing a rank could have: the next epoch
     o.base = 0;
   }
@@ -371,7 +374,7 @@ nlohmann::json Pipeline::PositionJson() const {
   return {{"order", order_tag_},
           {"epoch", origin_.epoch},
           {"base", origin_.base},
-          {"streams", static_cast<uint64_t>(cfg_.consumers) * cfg_.source.num_nodes},
+          {"streams", streams()},
           {"batch_size", cfg_.batch_size}};
 }
 
@@ -417,9 +420,7 @@ std::shared_ptr<const EpochPlan> Pipeline::PlanOf(uint32_t epoch) const {
 
 uint64_t Pipeline::EpochBatches(uint32_t epoch) const {
   if (!budgeted()) {
-    if (epoch != origin_.epoch || origin_.base == 0) return batches_per_epoch_;
-    const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size), n = PerRank(epoch);
-    return cfg_.drop_last ? n / bs : (n + bs - 1) / bs;
+    return BaseOf(epoch) ? BatchesOf(PerRank(epoch)) : batches_per_epoch_;
   }
   std::lock_guard<std::mutex> lock(plans_mu_);
   return EpochBatchesLocked(epoch);
