@@ -88,7 +88,7 @@ int Supervisor::Build(std::string* why) {
   if (!rings.ok()) return fail(1, rings.status().message());
   sinks_ = std::move(rings.value());
   moved_from_.resize(cfg_.consumers);
-  awaiting_reattach_.resize(cfg_.consumers);
+  awaiting_reattach_.resize(cfg_.trainers());
   for (int r = 0; r < cfg_.consumers; ++r) {
     sinks.push_back(sinks_[r].get());
     if (packed) {
@@ -98,8 +98,11 @@ int Supervisor::Build(std::string* why) {
       sinks.back() = packers_.back().get();
     }
   }
-  spdlog::info("{} ring(s) of {} slots x {:.1f} MiB: {:.2f} GiB of ring memory", cfg_.consumers,
-               cfg_.ring_slots, layout.slot_bytes / 1048576.0, plan.total_bytes / 1073741824.0);
+  spdlog::info("{} ring(s) of {} slots x {:.1f} MiB: {:.2f} GiB of ring memory{}", cfg_.consumers,
+               cfg_.ring_slots, layout.slot_bytes / 1048576.0, plan.total_bytes / 1073741824.0,
+               cfg_.replicas > 1
+                   ? fmt::format(", each read by {} trainer ranks (replicas)", cfg_.replicas)
+                   : "");
   auto pipeline = Pipeline::Create(cfg_, sinks);
   if (!pipeline.ok()) return fail(kExitConfig, pipeline.status().message());
   pipeline_ = std::move(pipeline.value());
@@ -114,7 +117,7 @@ int Supervisor::Build(std::string* why) {
     if (st.ok()) st = SaveState();
     if (!st.ok()) return fail(kExitConfig, st.message());
   }
-  holders_.resize(cfg_.consumers);
+  holders_.resize(cfg_.trainers());
   rates_.resize(cfg_.consumers);
   config_hash_ = HashFile(cfg_.file);
   if (!cfg_.metrics_listen.empty()) {
@@ -150,7 +153,7 @@ Status Supervisor::AdoptJob(const JobShape& job, int pid,
   const std::string from =
       fmt::format("pid {} ({})", pid, job.from.empty() ? "declared" : job.from);
   spdlog::info("the job, as {} declares it: {}; serving {} consumer rank(s) as node {} of {}", from,
-               job.Describe(), cfg_.consumers, cfg_.source.node_rank, cfg_.source.num_nodes);
+               job.Describe(), cfg_.trainers(), cfg_.source.node_rank, cfg_.source.num_nodes);
   std::string why;
   if (Build(&why) != 0) {
     // Refused, and the daemon waits on for a job it can serve: a trainer's wrong shape must not
@@ -210,7 +213,7 @@ Status Supervisor::CheckJob(const JobShape& job, int pid) {
         "trainers must belong to one job (restart the daemon for another)",
         job.from.empty() ? "declared" : job.from, job.Describe(), job_from_, job_->Describe()));
   }
-  const bool consumers_differ = job.local_world_size != cfg_.consumers;
+  const bool consumers_differ = job.local_world_size != cfg_.trainers();
   const bool node_differs =
       job.node_rank != cfg_.source.node_rank || job.num_nodes != cfg_.source.num_nodes;
   if ((consumers_differ || node_differs) && job_warned_.insert(job.Describe()).second)
@@ -218,13 +221,14 @@ Status Supervisor::CheckJob(const JobShape& job, int pid) {
         "pid {}'s job ({}) is not the shape {} sets ({} consumer rank(s), node {} of {}); the "
         "config's values are served. `consumers: auto` and `node_rank: auto` take the "
         "trainers' shape instead",
-        pid, job.Describe(), cfg_.file, cfg_.consumers, cfg_.source.node_rank,
+        pid, job.Describe(), cfg_.file, cfg_.trainers(), cfg_.source.node_rank,
         cfg_.source.num_nodes);
   return Status::Ok();
 }
 
 nlohmann::json Supervisor::JobJson() const {
-  nlohmann::json j = {{"consumers", cfg_.consumers},
+  nlohmann::json j = {{"consumers", cfg_.trainers()},
+                      {"replicas", cfg_.replicas},
                       {"node_rank", cfg_.source.node_rank},
                       {"num_nodes", cfg_.source.num_nodes},
                       {"from", job_        ? job_from_
@@ -242,10 +246,29 @@ void Supervisor::WarnRanksWithoutTrainers() {
   std::vector<int> idle;
   int busy = -1;
   uint64_t taken = 0;
-  for (int r = 0; r < cfg_.consumers; ++r) {
-    const uint64_t released = sinks_[r]->ring().released();
-    if (released == 0 && !holders_[r].pid) idle.push_back(r);
-    if (released > taken) taken = released, busy = r;
+  for (int t = 0; t < cfg_.trainers(); ++t) {
+    const uint64_t released = sinks_[StreamOf(t)]->ring().released();
+    if (released == 0 && !holders_[t].pid) idle.push_back(t);
+    if (released > taken) taken = released, busy = t;
+  }
+  // Replicas: a group's slots are freed once every rank of it released them, so a rank without
+  // a trainer stops its peers as soon as their ring is full.
+  int waiting_peer = -1;
+  for (int t : idle) {
+    const int s = StreamOf(t);
+    if (!sinks_[s]->WaitingForTrainer()) continue;
+    for (int peer = s * cfg_.replicas; peer < (s + 1) * cfg_.replicas; ++peer)
+      if (peer != t && sinks_[s]->ring().backlog(MemberOf(peer)).seconds_since_take >= 0)
+        waiting_peer = peer;
+  }
+  if (waiting_peer >= 0) {
+    warned_missing_trainers_ = true;
+    spdlog::warn(
+        "rank(s) {} have had no trainer while rank {} of the same group (replicas: {} in {}) "
+        "waits for them: a group's ring frees a slot once every rank of the group released it. "
+        "Start a trainer for every rank, 0 to {}",
+        fmt::join(idle, ", "), waiting_peer, cfg_.replicas, cfg_.file, cfg_.trainers() - 1);
+    return;
   }
   if (idle.empty() || taken <= static_cast<uint64_t>(cfg_.ring_slots)) return;
   warned_missing_trainers_ = true;
@@ -254,7 +277,7 @@ void Supervisor::WarnRanksWithoutTrainers() {
       "makes one ring per trainer process, each attaching with its own rank (e.g. "
       "$LOCAL_RANK); a rank no trainer takes from keeps its ring full and the run cannot end. "
       "Start a trainer for every rank, or set `consumers:` to the number of trainers",
-      fmt::join(idle, ", "), busy, taken, cfg_.consumers, cfg_.file);
+      fmt::join(idle, ", "), busy, taken, cfg_.trainers(), cfg_.file);
 }
 
 // --state-dir: the stream the trainers are in. A restart on an edited config continues it
@@ -325,7 +348,7 @@ Result<std::vector<std::unique_ptr<RingSink>>> Supervisor::MakeRings(const Pipel
   std::vector<std::unique_ptr<RingSink>> rings;
   for (int r = 0; r < cfg.consumers; ++r) {
     auto ring = shm::RingWriter::Create(r, cfg.consumers, cfg.ring_slots, plan.layout,
-                                        cfg.placement.numa_node);
+                                        cfg.placement.numa_node, cfg.replicas);
     if (!ring.ok()) return ring.status();
     rings.push_back(std::make_unique<RingSink>(r, plan.specs, std::move(ring.value())));
   }
@@ -372,14 +395,14 @@ void Supervisor::Tick() {
     Heartbeat();
     Tune();
     WarnRanksWithoutTrainers();
-    for (int r = 0; r < ranks(); ++r) {
-      if (!holders_[r].pid) continue;
-      std::string why = holders_[r].sink->ring().TakeViolation();
+    for (int t = 0; t < static_cast<int>(holders_.size()); ++t) {
+      if (!holders_[t].pid) continue;
+      std::string why = holders_[t].sink->ring().TakeViolation(MemberOf(t));
       if (why.empty()) continue;
-      spdlog::error("rank {}: cutting off pid {}: {}; the rank is rebuilt for the next attach", r,
-                    holders_[r].pid, why);
-      server_->Disconnect(holders_[r].generation);
-      Detach(r, holders_[r].pid, holders_[r].generation);
+      spdlog::error("rank {}: cutting off pid {}: {}; the rank is rebuilt for the next attach", t,
+                    holders_[t].pid, why);
+      server_->Disconnect(holders_[t].generation);
+      Detach(t, holders_[t].pid, holders_[t].generation);
     }
     bool all_done = pipeline_->Finished();
     for (auto& s : sinks_) all_done = all_done && s->ring().Drained();
@@ -519,7 +542,10 @@ Result<std::string> CheckPipeline(const PipelineConfig& cfg) {
   return fmt::format(
       "({} stages, {} consumer rank(s){}, {} batches per rank {}, rings {:.2f} GiB, {} sample "
       "files checked){}",
-      cfg.stages.size(), cfg.consumers,
+      cfg.stages.size(),
+      cfg.replicas > 1 ? fmt::format("{} in groups of {} (replicas), {} stream(s)", cfg.trainers(),
+                                     cfg.replicas, cfg.consumers)
+                       : fmt::format("{}", cfg.consumers),
       cfg.shape_from_trainers()
           ? fmt::format(" of node {} of {} as checked: consumers: auto takes the first "
                         "trainer's job",

@@ -89,10 +89,16 @@ class Supervisor {
   std::optional<Resumed> resumed_;
   int failed_exit_ = 0;  // a failure after the start ended the daemon with this status
 
-  // Ranks with a ring: the config's consumers, then any a reload removed (their rings end).
+  // Ranks with a ring (streams): the config's consumers, then any a reload removed (their rings
+  // end).
   int ranks() const { return static_cast<int>(sinks_.size()); }
+  // Trainer rank t reads stream t / replicas as the ring's member t % replicas (`replicas:`;
+  // both t with one replica). holders_ is by trainer rank.
+  int StreamOf(int t) const { return t / cfg_.replicas; }
+  uint32_t MemberOf(int t) const { return static_cast<uint32_t>(t % cfg_.replicas); }
 
-  // The process attached for a rank: its pid, a pidfd on it, and the attach's generation.
+  // The process attached for a trainer rank: its pid, a pidfd on it, and the attach's
+  // generation.
   struct Holder {
     int pid = 0;
     int pidfd = -1;

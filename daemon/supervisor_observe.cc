@@ -14,13 +14,16 @@ nlohmann::json Supervisor::StatusJson() {
             {"consumers", nlohmann::json::array()},
             {"sources", nlohmann::json::array()}};
   nlohmann::json ranks = nlohmann::json::array();
-  for (int r = 0; r < this->ranks(); ++r) {
-    shm::RingWriter::Backlog b = sinks_[r]->ring().backlog();
-    ranks.push_back({{"rank", r},
+  // Per trainer rank; the ring's figures are its stream's (shared by its replicas).
+  for (int t = 0; t < static_cast<int>(holders_.size()); ++t) {
+    const int r = StreamOf(t);
+    shm::RingWriter::Backlog b = sinks_[r]->ring().backlog(MemberOf(t));
+    ranks.push_back({{"rank", t},
+                     {"stream", r},
                      {"removed", r >= cfg_.consumers},
-                     {"pid", holders_[r].pid},
-                     {"attached", holders_[r].pid != 0},
-                     {"generation", holders_[r].generation},
+                     {"pid", holders_[t].pid},
+                     {"attached", holders_[t].pid != 0},
+                     {"generation", holders_[t].generation},
                      {"published", sinks_[r]->ring().published()},
                      {"released", sinks_[r]->ring().released()},
                      {"acked", CursorToJson(sinks_[r]->ring().acked())},
@@ -89,11 +92,12 @@ WindowSample Supervisor::SampleWindow() {
     w.storage.retries = st["retries"].get<uint64_t>();
     w.storage.wait_s = st["wait_seconds"].get<double>();
   }
-  for (int r = 0; r < ranks(); ++r) {
-    shm::RingWriter::Backlog b = sinks_[r]->ring().backlog();
+  for (int t = 0; t < static_cast<int>(holders_.size()); ++t) {
+    const int r = StreamOf(t);
+    shm::RingWriter::Backlog b = sinks_[r]->ring().backlog(MemberOf(t));
     ConsumerSample c;
-    c.rank = r;
-    c.attached = holders_[r].pid != 0;
+    c.rank = t;
+    c.attached = holders_[t].pid != 0;
     c.removed = r >= cfg_.consumers;
     c.generation = b.generation;
     c.wait_ns = b.wait_ns;
@@ -190,10 +194,8 @@ std::string Supervisor::StatusLine() {
   auto now = std::chrono::steady_clock::now();
   uint64_t published = 0;
   int attached = 0;
-  for (int r = 0; r < ranks(); ++r) {
-    published += sinks_[r]->ring().published();
-    attached += r < cfg_.consumers && holders_[r].pid != 0;
-  }
+  for (int r = 0; r < ranks(); ++r) published += sinks_[r]->ring().published();
+  for (int t = 0; t < cfg_.trainers(); ++t) attached += holders_[t].pid != 0;
   double seconds = std::chrono::duration<double>(now - status_at_).count();
   double rate = status_at_.time_since_epoch().count() && seconds > 0
                     ? (published - status_published_) * cfg_.batch_size / seconds
@@ -201,7 +203,7 @@ std::string Supervisor::StatusLine() {
   status_at_ = now;
   status_published_ = published;
   return fmt::format("{:.0f} samples/s, {} batches published, {}/{} trainers attached", rate,
-                     published, attached, cfg_.consumers);
+                     published, attached, cfg_.trainers());
 }
 
 void Supervisor::Retire(const nlohmann::json& profile) {
@@ -291,10 +293,12 @@ std::string Supervisor::MetricsText() {
        "Seconds the attached trainer held batches, summed over batches, as its client reports "
        "(restarts at each attach)."}};
   std::vector<std::array<double, std::size(rows)>> values;
-  for (int r = 0; r < ranks(); ++r) {
-    shm::RingWriter& ring = sinks_[r]->ring();
+  // By trainer rank (replicas share their stream's ring figures).
+  const int trainers = static_cast<int>(holders_.size());
+  for (int r = 0; r < trainers; ++r) {
+    shm::RingWriter& ring = sinks_[StreamOf(r)]->ring();
     StreamCursor acked = ring.acked();
-    shm::RingWriter::Backlog b = ring.backlog();
+    shm::RingWriter::Backlog b = ring.backlog(MemberOf(r));
     values.push_back({static_cast<double>(ring.published()), static_cast<double>(ring.released()),
                       static_cast<double>(acked.epoch), static_cast<double>(acked.seq),
                       static_cast<double>(b.ready), b.seconds_since_take,
@@ -302,7 +306,7 @@ std::string Supervisor::MetricsText() {
   }
   for (size_t k = 0; k < std::size(rows); ++k) {
     t.Family(rows[k].name, rows[k].type, rows[k].help);
-    for (int r = 0; r < ranks(); ++r)
+    for (int r = 0; r < trainers; ++r)
       t.Sample(rows[k].name, {{"rank", std::to_string(r)}}, values[r][k]);
   }
 

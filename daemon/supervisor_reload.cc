@@ -57,7 +57,7 @@ Result<std::shared_ptr<Supervisor::PreparedReload>> Supervisor::PrepareReload(
   if (!cfg.ok()) return cfg.status();
   // What is auto keeps the shape in force (the trainers' job, or the config's before).
   MMFEED_RETURN_IF_ERROR(
-      cfg->AdoptShape(cfg_.consumers, cfg_.source.node_rank, cfg_.source.num_nodes));
+      cfg->AdoptShape(cfg_.trainers(), cfg_.source.node_rank, cfg_.source.num_nodes));
   auto p = std::make_shared<PreparedReload>();
   p->changes = DiffConfigs(cfg_, *cfg);
   if (!p->changes.needs_restart.empty())
@@ -132,7 +132,7 @@ Result<nlohmann::json> Supervisor::ApplyReload(PreparedReload& p) {
       {"rings", !grow       ? "unchanged"
                 : new_ranks ? fmt::format("re-made for {} consumer rank(s); trainers attach to "
                                           "them by themselves",
-                                          p.cfg.consumers)
+                                          p.cfg.trainers())
                             : "re-made larger; trainers attach to them by themselves"}};
   pending_ = std::make_unique<PendingReload>(PendingReload{std::move(next), std::move(p.cfg),
                                                            std::move(p.plan), std::move(p.rings),
@@ -227,9 +227,12 @@ void Supervisor::CompleteReload() {
   for (int r = p->cfg.consumers; r < cfg_.consumers; ++r) {
     sinks_[r]->Finish(true);
     spdlog::warn(
-        "rank {} is no longer served (consumers {} -> {}): its trainer gets the "
-        "batches its ring holds, then the end of its data",
-        r, cfg_.consumers, p->cfg.consumers);
+        "{} no longer served (consumers {} -> {}): its trainer(s) get the batches its ring "
+        "holds, then the end of its data",
+        cfg_.replicas == 1 ? fmt::format("rank {} is", r)
+                           : fmt::format("stream {} (ranks {} to {}) is", r, r * cfg_.replicas,
+                                         (r + 1) * cfg_.replicas - 1),
+        cfg_.trainers(), p->cfg.trainers());
   }
   std::vector<StreamCursor> start;
   for (int r = 0; r < p->cfg.consumers; ++r) {
@@ -267,22 +270,24 @@ void Supervisor::MoveRank(int r, std::unique_ptr<RingSink> ring, const StreamCur
   if (r == ranks()) {  // a rank a larger consumer count adds
     ring->ring().set_acked(next);
     sinks_.push_back(std::move(ring));
-    holders_.emplace_back();
+    holders_.resize(holders_.size() + cfg_.replicas);
+    awaiting_reattach_.resize(holders_.size(), false);
     rates_.emplace_back();
     moved_from_.emplace_back();
-    awaiting_reattach_.push_back(false);
     spdlog::info("rank {}: added, starting at batch {}", r, next.seq);
     return;
   }
   std::unique_ptr<RingSink> old = std::move(sinks_[r]);
-  // Its trainer comes back by itself: the daemon does not end before it has (the new ring
-  // may hold nothing but the end of the data).
-  awaiting_reattach_[r] = holders_[r].pid != 0;
-  if (holders_[r].pid) {
-    // The trainer keeps its connection to the old ring until it attaches again: its later
-    // close is then a stale generation and changes nothing.
-    if (holders_[r].pidfd >= 0) ::close(holders_[r].pidfd);
-    holders_[r] = Holder{};
+  for (int t = r * cfg_.replicas; t < (r + 1) * cfg_.replicas; ++t) {
+    // Its trainers come back by themselves: the daemon does not end before they have (the new
+    // ring may hold nothing but the end of the data).
+    awaiting_reattach_[t] = holders_[t].pid != 0;
+    if (holders_[t].pid) {
+      // The trainer keeps its connection to the old ring until it attaches again: its later
+      // close is then a stale generation and changes nothing.
+      if (holders_[t].pidfd >= 0) ::close(holders_[t].pidfd);
+      holders_[t] = Holder{};
+    }
   }
   ring->ring().set_acked(old->ring().acked());
   old->ring().CloseMoved();

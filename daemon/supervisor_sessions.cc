@@ -22,16 +22,19 @@ Result<AttachGrant> Supervisor::Attach(int rank, int pid, int pidfd,
   }
   const std::optional<StreamCursor> at = resume ? std::optional(Served(*resume)) : std::nullopt;
   // A rank a reload removed is still served the batches its ring holds.
-  if (rank >= ranks() || (rank >= cfg_.consumers && sinks_[rank]->ring().unreleased() == 0))
+  if (rank < 0 || rank >= static_cast<int>(holders_.size()) ||
+      (rank >= cfg_.trainers() && sinks_[StreamOf(rank)]->ring().Unfinished(MemberOf(rank)) == 0))
     return Status::Invalid(fmt::format(
         "rank {} out of range: this pipeline has {} consumer rank(s), 0 to {} (`consumers:` in "
         "{} sets how many; each trainer process attaches with its own rank, e.g. $LOCAL_RANK)",
-        rank, cfg_.consumers, cfg_.consumers - 1, cfg_.file));
+        rank, cfg_.trainers(), cfg_.trainers() - 1, cfg_.file));
+  const int stream = StreamOf(rank);
+  const uint32_t member = MemberOf(rank);
   Holder& h = holders_[rank];
   if (h.pid) {
     pollfd p{h.pidfd, POLLIN, 0};
     // The holder attaching again has drained the ring a reload replaced: it moves on.
-    const bool moves_on = h.pid == pid && h.sink != sinks_[rank].get();
+    const bool moves_on = h.pid == pid && h.sink != sinks_[stream].get();
     if (!moves_on && (h.pidfd < 0 || poll(&p, 1, 0) == 0))
       return Status::Invalid(fmt::format("rank {} is already attached (pid {})", rank, h.pid));
     if (!moves_on)
@@ -41,57 +44,82 @@ Result<AttachGrant> Supervisor::Attach(int rank, int pid, int pidfd,
   }
   if (ReadyToSwap()) CompleteReload();
   awaiting_reattach_[rank] = false;
-  RingSink* sink = sinks_[rank].get();
-  if (std::unique_ptr<RingSink>& old = moved_from_[rank]) {
+  RingSink* sink = sinks_[stream].get();
+  if (std::unique_ptr<RingSink>& old = moved_from_[stream]) {
     // A reload replaced the rank's ring. Its batches the trainer has not finished are served
     // from it first (the trainer then attaches again by itself); unless the trainer asks for
     // earlier ones, which the running pipeline makes again.
     if (at) {
       MMFEED_RETURN_IF_ERROR(CheckResume(rank, old->ring(), *at));
-      old->ring().DropReady(at->seq);
+      old->ring().ResumeMember(member, at->seq);
     }
-    uint64_t first = old->ring().MinReadySeq();
-    if (old->ring().unreleased() > 0 && (!at || at->seq == first)) {
+    uint64_t first = old->ring().MinReadySeq(static_cast<int>(member));
+    if (old->ring().Unfinished(member) > 0 && (!at || at->seq == first)) {
       sink = old.get();
     } else {
-      old.reset();
+      old->ring().ResumeMember(member, UINT64_MAX);    // none of it is this rank's any more
+      if (old->ring().unreleased() == 0) old.reset();  // nor any other replica's
     }
   }
-  if (at && sink == sinks_[rank].get()) MMFEED_RETURN_IF_ERROR(Resume(rank, *at));
+  if (at && sink == sinks_[stream].get()) MMFEED_RETURN_IF_ERROR(Resume(rank, *at));
   shm::RingWriter& ring = sink->ring();
-  MMFEED_ASSIGN_OR_RETURN(int control, ring.Attach(++last_generation_));
+  MMFEED_ASSIGN_OR_RETURN(int control, ring.Attach(++last_generation_, member));
   h = {pid, pidfd >= 0 ? fcntl(pidfd, F_DUPFD_CLOEXEC, 0) : -1, last_generation_, sink};
-  spdlog::info("rank {} attached (pid {}, generation {}{})", rank, pid, h.generation,
-               sink == sinks_[rank].get() ? "" : ", to the ring a reload replaced");
+  spdlog::info("rank {} attached (pid {}, generation {}{}{})", rank, pid, h.generation,
+               cfg_.replicas > 1
+                   ? fmt::format(", stream {} as replica {} of {}", stream, member, cfg_.replicas)
+                   : "",
+               sink == sinks_[stream].get() ? "" : ", to the ring a reload replaced");
   if (rank < static_cast<int>(unseen_since_restart_.size()) && unseen_since_restart_[rank]) {
     unseen_since_restart_[rank] = false;
     if (UnseenRanks().empty()) EveryRankBack();
   }
   return AttachGrant{{ring.data_fd(), control},
                      {{"rank", rank},
+                      {"stream", stream},
+                      {"replicas", cfg_.replicas},
                       {"generation", h.generation},
                       {"ring_bytes", ring.size()},
-                      {"consumers", cfg_.consumers},
+                      {"consumers", cfg_.trainers()},
                       {"job", JobJson()},
                       {"position", pipeline_->PositionJson()},
                       {"pipeline", cfg_.name}}};
 }
 
 Status Supervisor::Resume(int rank, const StreamCursor& c) {
-  shm::RingWriter& ring = sinks_[rank]->ring();
+  const int stream = StreamOf(rank);
+  const uint32_t member = MemberOf(rank);
+  shm::RingWriter& ring = sinks_[stream]->ring();
   MMFEED_RETURN_IF_ERROR(CheckResume(rank, ring, c));
-  int finished = ring.DropReady(c.seq);
-  uint64_t next = ring.MinReadySeq();
-  if (next == UINT64_MAX) next = pipeline_->NextCommit(rank);
+  // Served from the ring when the cursor lies within what it published (its replicas may have
+  // finished some of it), else the stream is rewound: only while no other replica reads it.
+  const uint64_t first = ring.MinPublishedSeq(), end = pipeline_->NextCommit(stream);
+  const bool in_ring = c.seq <= end && (first == UINT64_MAX ? c.seq == end : first <= c.seq);
+  if (!in_ring) {
+    std::vector<int> others;
+    for (int t = stream * cfg_.replicas; t < (stream + 1) * cfg_.replicas; ++t)
+      if (t != rank && holders_[t].pid) others.push_back(t);
+    if (!others.empty())
+      return Status::Invalid(fmt::format(
+          "rank {}: resume refused: its cursor (batch {}) is not where the stream its replicas "
+          "read stands (batches {} to {}), and rank(s) {} of its group (replicas: {}) are "
+          "attached: the ranks of a group resume from the checkpoint of the same step (stop "
+          "the group's trainers and start them again from one checkpoint)",
+          rank, c.seq, first == UINT64_MAX ? end : first, end, fmt::join(others, ", "),
+          cfg_.replicas));
+  }
+  int finished = ring.ResumeMember(member, c.seq);
+  uint64_t next = ring.MinReadySeq(static_cast<int>(member));
+  if (next == UINT64_MAX) next = end;
   if (next != c.seq) {
-    Status st = pipeline_->Rewind(rank, c.seq);
+    Status st = pipeline_->Rewind(stream, c.seq);
     if (st.code() == Status::Code::kClosed && ReadyToSwap()) {
       // The pipeline was handing over at the epoch boundary: its successor serves the rank,
       // if the cursor is of its stream (a trainer past the boundary in the old order is
       // refused, never fed the rest of the epoch in the new one).
       CompleteReload();
-      st = CheckResume(rank, sinks_[rank]->ring(), c);
-      if (st.ok()) st = pipeline_->Rewind(rank, c.seq);
+      st = CheckResume(rank, sinks_[stream]->ring(), c);
+      if (st.ok()) st = pipeline_->Rewind(stream, c.seq);
     }
     MMFEED_RETURN_IF_ERROR(st);
   }
@@ -138,7 +166,7 @@ Status Supervisor::CheckResume(int rank, shm::RingWriter& ring, const StreamCurs
                     "daemon's batch {} is of stream {:08x}: {}",
                     rank, seq, c.stream, seq - 1, ours, why));
   }
-  const uint64_t first = ring.MinReadySeq(), next = pipeline_->NextCommit(rank);
+  const uint64_t first = ring.MinPublishedSeq(), next = pipeline_->NextCommit(StreamOf(rank));
   if (seq <= next && (first == UINT64_MAX ? seq == next : first <= seq)) return Status::Ok();
   Status st = pipeline_->CheckCursor(seq);
   return st.ok() ? st : st.WithContext(fmt::format("rank {}: resume refused", rank));
@@ -150,10 +178,10 @@ void Supervisor::Detach(int rank, int pid, uint32_t generation) {
   if (h.pidfd >= 0) ::close(h.pidfd);
   RingSink* sink = h.sink;
   h = Holder{};
-  int n = sink->ring().Detach();
+  int n = sink->ring().Detach(MemberOf(rank));
   // A reader that scribbled over its control area and then died: its slots are taken back
   // all the same, and the next attach gets a fresh control area.
-  if (std::string why = sink->ring().TakeViolation(); !why.empty())
+  if (std::string why = sink->ring().TakeViolation(MemberOf(rank)); !why.empty())
     spdlog::warn(
         "rank {}: pid {} left its control area corrupt ({}); its batches are "
         "delivered again to the next attach",

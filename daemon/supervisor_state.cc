@@ -74,7 +74,7 @@ Status Supervisor::LoadState(std::optional<StreamState> saved) {
         "at the beginning)",
         StatePath()));
   for (int r = 0; r < cfg_.consumers; ++r) sinks_[r]->ring().set_acked(saved->ranks[r]);
-  unseen_since_restart_.assign(cfg_.consumers, true);
+  unseen_since_restart_.assign(cfg_.trainers(), true);
   std::string at;
   for (const StreamCursor& c : saved->ranks) at += fmt::format(" {}", c.seq);
   spdlog::info("continuing from the saved cursors in {}: ranks at batch{}", StatePath(), at);

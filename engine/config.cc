@@ -645,8 +645,9 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
   cfg.base_dir = std::filesystem::path(file).parent_path().string();
   if (cfg.base_dir.empty()) cfg.base_dir = ".";
   CheckKeys(root, "the pipeline config",
-            {"pipeline", "source", "sources", "mix", "consumers", "stages", "output", "on_error",
-             "placement", "data_roots", "metrics", "sample_timeout_s", "faults", "cpu_budget"});
+            {"pipeline", "source", "sources", "mix", "consumers", "replicas", "stages", "output",
+             "on_error", "placement", "data_roots", "metrics", "sample_timeout_s", "faults",
+             "cpu_budget"});
   if (root["pipeline"]) cfg.name = Str(root["pipeline"], "pipeline");
   if (root["source"] && root["sources"])
     Fail(root["sources"], "give either 'source' (one) or 'sources' (a mixture), not both");
@@ -664,6 +665,18 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
     cfg.consumers = static_cast<int>(IntAtLeast(root["consumers"], "consumers", 1));
   if (cfg.consumers > kMaxConsumers)
     Fail(root["consumers"], fmt::format("consumers must be at most {}", kMaxConsumers));
+  if (root["replicas"]) {
+    cfg.replicas = static_cast<int>(IntAtLeast(root["replicas"], "replicas", 1));
+    if (cfg.replicas > kMaxConsumers)
+      Fail(root["replicas"], fmt::format("replicas must be at most {}", kMaxConsumers));
+    if (!cfg.consumers_auto && cfg.consumers % cfg.replicas != 0)
+      Fail(root["replicas"],
+           fmt::format("consumers: {} is not a multiple of replicas: {} (each group of {} "
+                       "consecutive trainer ranks reads one stream): give consumers as the "
+                       "number of trainer processes on the node",
+                       cfg.consumers, cfg.replicas, cfg.replicas));
+    cfg.consumers /= cfg.replicas;
+  }
   if (root["on_error"]) {
     std::string p = Str(root["on_error"], "on_error");
     if (p == "skip")
@@ -788,7 +801,12 @@ Status PipelineConfig::AdoptShape(int local_world_size, int node_rank, int num_n
           fmt::format("the job runs {} trainers a node; consumers: auto takes "
                       "at most {}",
                       local_world_size, kMaxConsumers));
-    consumers = local_world_size;
+    if (local_world_size % replicas != 0)
+      return Status::Invalid(fmt::format(
+          "the job runs {} trainers a node, not a multiple of replicas: {} (each group of {} "
+          "consecutive local ranks reads one stream)",
+          local_world_size, replicas, replicas));
+    consumers = local_world_size / replicas;
   }
   if (source.node_auto) {
     source.node_rank = node_rank;

@@ -67,13 +67,19 @@ struct PipelineConfig {
     source.index_dir = dir;
     for (SourceConfig& s : sources) s.index_dir = dir;
   }
+  // The node's streams: one ring each, dealt its own share of the data. The YAML's `consumers:`
+  // counts trainer ranks, `replicas:` of which read each stream (model-parallel peers), so
+  // consumers = `consumers:` / replicas; trainer rank t reads stream t / replicas.
   int consumers = 1;
+  int replicas = 1;
+  int trainers() const { return consumers * replicas; }
   // `consumers: auto` (and source.node_auto: `node_rank`/`num_nodes: auto`): the job's shape
   // comes from the trainers' attach (issue #31); consumers 1 (node 0 of 1) until AdoptShape.
   bool consumers_auto = false;
   bool shape_from_trainers() const { return consumers_auto || source.node_auto; }
-  // Takes a declared job's values for what is auto: local_world_size consumers, this node's
-  // rank of num_nodes. Refuses more than kMaxConsumers.
+  // Takes a declared job's values for what is auto: local_world_size trainer ranks (streams:
+  // that over replicas), this node's rank of num_nodes. Refuses more than kMaxConsumers, and a
+  // local_world_size that is not a multiple of replicas.
   Status AdoptShape(int local_world_size, int node_rank, int num_nodes);
   std::vector<StageConfig> stages;  // in file order; the batch stage is `batch_stage`
   int batch_stage = -1;

@@ -113,6 +113,7 @@ ConfigChanges DiffConfigs(const PipelineConfig& a, const PipelineConfig& b) {
   setting("source.node_rank", a.source.node_rank != b.source.node_rank);
   setting("source.num_nodes", a.source.num_nodes != b.source.num_nodes);
   setting("consumers", a.consumers != b.consumers);
+  setting("replicas", a.replicas != b.replicas);
   setting("batch_size", a.batch_size != b.batch_size);
   setting("drop_last", a.drop_last != b.drop_last);
   setting("output.ring_slots", a.ring_slots != b.ring_slots);
@@ -133,6 +134,9 @@ ConfigChanges DiffConfigs(const PipelineConfig& a, const PipelineConfig& b) {
   };
   restart(a.ring_slots != b.ring_slots,
           fmt::format("output.ring_slots {} -> {} changes the rings", a.ring_slots, b.ring_slots));
+  restart(a.replicas != b.replicas,
+          fmt::format("replicas {} -> {} changes which trainer ranks share a ring", a.replicas,
+                      b.replicas));
   restart(a.placement.numa_node != b.placement.numa_node,
           "placement.numa_node changes the NUMA node the rings' memory is bound to");
   restart(a.source.node_rank != b.source.node_rank || a.source.num_nodes != b.source.num_nodes,

@@ -68,9 +68,12 @@ Status BindToNode(void* addr, uint64_t len, int node) {
 
 Result<std::unique_ptr<RingWriter>> RingWriter::Create(uint32_t rank, uint32_t num_ranks,
                                                        uint32_t slot_count,
-                                                       const SlotLayout& layout, int numa_node) {
+                                                       const SlotLayout& layout, int numa_node,
+                                                       uint32_t members) {
   if (slot_count == 0 || slot_count > kMaxSlots)
     return Status::Invalid(fmt::format("ring_slots must be 1..{}, not {}", kMaxSlots, slot_count));
+  if (members == 0 || members > kMaxMembers)
+    return Status::Invalid(fmt::format("a ring has 1..{} members, not {}", kMaxMembers, members));
   std::unique_ptr<RingWriter> w(new RingWriter());
   w->layout_ = layout;
   w->slot_count_ = slot_count;
@@ -78,6 +81,8 @@ Result<std::unique_ptr<RingWriter>> RingWriter::Create(uint32_t rank, uint32_t n
   w->payload_offset_ = AlignUp(sizeof(SlotDescriptor) + layout.ids_capacity, kPageBytes);
   w->size_ = kPageBytes + w->slot_stride_ * slot_count;
   w->state_.assign(slot_count, Slot::kFree);
+  w->members_.resize(members);
+  for (Member& m : w->members_) m.marks.assign(slot_count, Mark::kDone);
   std::string name = fmt::format("mmfeed-ring-{}", rank);
   w->fd_ = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (w->fd_ < 0) return Status::Io(fmt::format("memfd_create: {}", std::strerror(errno)));
@@ -140,8 +145,7 @@ Status RingWriter::SetLayout(const SlotLayout& layout) {
 }
 
 RingWriter::~RingWriter() {
-  if (control_base_) munmap(control_base_, kPageBytes);
-  if (control_fd_ >= 0) ::close(control_fd_);
+  for (Member& m : members_) DetachLocked(m);
   if (base_) munmap(base_, size_);
   if (fd_ >= 0) ::close(fd_);
   if (ro_fd_ >= 0) ::close(ro_fd_);
@@ -151,12 +155,14 @@ SlotDescriptor* RingWriter::slot(int i) const {
   return reinterpret_cast<SlotDescriptor*>(base_ + kPageBytes + slot_stride_ * i);
 }
 
-SlotControl* RingWriter::control(int i) const {
-  return reinterpret_cast<SlotControl*>(control_base_ + sizeof(ControlHeader)) + i;
+SlotControl* RingWriter::control(const Member& m, int i) const {
+  return reinterpret_cast<SlotControl*>(m.control_base + sizeof(ControlHeader)) + i;
 }
 
-Result<int> RingWriter::Attach(uint32_t generation) {
+Result<int> RingWriter::Attach(uint32_t generation, uint32_t member) {
   if (generation == 0) return Status::Invalid("attach generation 0 is reserved");
+  if (member >= members_.size())
+    return Status::Invalid(fmt::format("member {} of a ring of {}", member, members_.size()));
   int fd = memfd_create("mmfeed-ring-control", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return Status::Io(fmt::format("memfd_create: {}", std::strerror(errno)));
   void* p = MAP_FAILED;
@@ -168,95 +174,113 @@ Result<int> RingWriter::Attach(uint32_t generation) {
     return Status::Io(fmt::format("ring control area: {}", std::strerror(e)));
   }
   std::lock_guard<std::mutex> lock(mu_);
-  SyncLocked();  // what the previous reader released before it went is not delivered again
-  DetachLocked();
+  Member& m = members_[member];
+  SyncMemberLocked(m);  // what the previous reader released before it went is not delivered again
+  DetachLocked(m);
   // The previous generation is gone with its control area: whatever it scribbled there was
   // reported when it detached and must not cut off this reader.
-  violation_.clear();
-  control_fd_ = fd;
-  control_base_ = static_cast<uint8_t*>(p);
-  generation_ = generation;
-  auto* ch = new (control_base_) ControlHeader();
+  m.violation.clear();
+  m.control_fd = fd;
+  m.control_base = static_cast<uint8_t*>(p);
+  m.generation = generation;
+  auto* ch = new (m.control_base) ControlHeader();
   ch->magic = kControlMagic;
   ch->layout_version = kRingLayoutVersion;
   ch->slot_count = slot_count_;
   ch->generation = generation;
   for (uint32_t i = 0; i < slot_count_; ++i) {
-    SlotControl* c = new (control(static_cast<int>(i))) SlotControl();
-    c->word.store(state_[i] == Slot::kReady ? ControlWord(kSlotReady, generation) : 0,
-                  std::memory_order_release);
+    SlotControl* c = new (control(m, static_cast<int>(i))) SlotControl();
+    const bool ready = state_[i] == Slot::kPublished && m.marks[i] == Mark::kReady;
+    c->word.store(ready ? ControlWord(kSlotReady, generation) : 0, std::memory_order_release);
   }
   return fd;
 }
 
-int RingWriter::Detach() {
+int RingWriter::Detach(uint32_t member) {
   std::lock_guard<std::mutex> lock(mu_);
-  SyncLocked();
-  return DetachLocked();
+  Member& m = members_.at(member);
+  SyncMemberLocked(m);
+  return DetachLocked(m);
 }
 
-int RingWriter::DetachLocked() {
-  if (!control_base_) return 0;
+int RingWriter::DetachLocked(Member& m) {
+  if (!m.control_base) return 0;
   int held = 0;
-  for (Slot& s : state_)
-    if (s == Slot::kTaken) {
-      s = Slot::kReady;
+  for (Mark& k : m.marks)
+    if (k == Mark::kTaken) {
+      k = Mark::kReady;
       ++held;
     }
-  munmap(control_base_, kPageBytes);
-  ::close(control_fd_);
-  control_base_ = nullptr;
-  control_fd_ = -1;
+  munmap(m.control_base, kPageBytes);
+  ::close(m.control_fd);
+  m.control_base = nullptr;
+  m.control_fd = -1;
   return held;
 }
 
-std::string RingWriter::TakeViolation() {
+std::string RingWriter::TakeViolation(uint32_t member) {
   std::lock_guard<std::mutex> lock(mu_);
-  SyncLocked();
-  return std::exchange(violation_, std::string());
+  Member& m = members_.at(member);
+  SyncMemberLocked(m);
+  return std::exchange(m.violation, std::string());
 }
 
-void RingWriter::CutOff(std::string why) {
-  violation_ = std::move(why);
-  DetachLocked();
+void RingWriter::CutOff(Member& m, std::string why) {
+  m.violation = std::move(why);
+  DetachLocked(m);
 }
 
-// Reads every control word of the current reader. The reader may only have moved a slot
-// READY(g) -> TAKEN(g) -> RELEASED(g) for its generation g; anything else cuts it off.
+void RingWriter::FinishLocked(Member& m, uint32_t i, bool released) {
+  m.marks[i] = Mark::kDone;
+  for (const Member& other : members_)
+    if (other.marks[i] != Mark::kDone) return;
+  state_[i] = Slot::kFree;
+  if (!released) {
+    ++dropped_;
+    return;
+  }
+  ++released_;
+  const SlotDescriptor* d = slot(static_cast<int>(i));
+  if (d->next_seq > acked_.seq)
+    acked_ = {d->next_epoch, d->next_batch, d->next_seq, d->next_stream};
+}
+
 void RingWriter::SyncLocked() {
-  if (!control_base_) return;
-  const uint64_t ready = ControlWord(kSlotReady, generation_),
-                 taken = ControlWord(kSlotTaken, generation_),
-                 released = ControlWord(kSlotReleased, generation_);
+  for (Member& m : members_) SyncMemberLocked(m);
+}
+
+// Reads every control word of the member's reader. The reader may only have moved a slot
+// READY(g) -> TAKEN(g) -> RELEASED(g) for its generation g; anything else cuts it off.
+void RingWriter::SyncMemberLocked(Member& m) {
+  if (!m.control_base) return;
+  const uint64_t ready = ControlWord(kSlotReady, m.generation),
+                 taken = ControlWord(kSlotTaken, m.generation),
+                 released = ControlWord(kSlotReleased, m.generation);
   for (uint32_t i = 0; i < slot_count_; ++i) {
-    uint64_t w = control(static_cast<int>(i))->word.load(std::memory_order_acquire);
-    Slot& s = state_[i];
+    SlotControl* c = control(m, static_cast<int>(i));
+    uint64_t w = c->word.load(std::memory_order_acquire);
+    Mark& k = m.marks[i];
+    const bool published = state_[i] == Slot::kPublished;
     bool ok = true;
-    if (s == Slot::kFree || s == Slot::kWriting) {
+    if (!published || k == Mark::kDone) {
       ok = w == 0;
     } else if (w == taken) {
-      if (s == Slot::kReady) last_take_ = std::chrono::steady_clock::now();
-      s = Slot::kTaken;
+      if (k == Mark::kReady) m.last_take = std::chrono::steady_clock::now();
+      k = Mark::kTaken;
     } else if (w == released) {
-      // Free it only if the reader does not change the word meanwhile.
-      ok = control(static_cast<int>(i))
-               ->word.compare_exchange_strong(w, 0, std::memory_order_acq_rel);
+      // Finish it only if the reader does not change the word meanwhile.
+      ok = c->word.compare_exchange_strong(w, 0, std::memory_order_acq_rel);
       if (ok) {
-        if (s == Slot::kReady) last_take_ = std::chrono::steady_clock::now();
-        s = Slot::kFree;
-        ++released_;
-        const SlotDescriptor* d = slot(static_cast<int>(i));
-        if (d->next_seq > acked_.seq)
-          acked_ = {d->next_epoch, d->next_batch, d->next_seq, d->next_stream};
+        if (k == Mark::kReady) m.last_take = std::chrono::steady_clock::now();
+        FinishLocked(m, i, /*released=*/true);
       }
     } else {
-      ok = w == ready && s == Slot::kReady;
+      ok = w == ready && k == Mark::kReady;
     }
     if (!ok)
-      return CutOff(fmt::format(
-          "the reader of generation {} wrote {:#x} into the control word of slot {}, which "
-          "makes no sense there",
-          generation_, w, i));
+      return CutOff(m, fmt::format("the reader of generation {} wrote {:#x} into the control "
+                                   "word of slot {}, which makes no sense there",
+                                   m.generation, w, i));
   }
 }
 
@@ -273,7 +297,7 @@ int RingWriter::AcquireFree(int timeout_ms) {
           return static_cast<int>(i);
         }
     }
-    // The reader's futex word is untrusted memory that may go away with it: poll instead.
+    // The readers' futex words are untrusted memory that may go away with them: poll instead.
     if (std::chrono::steady_clock::now() >= deadline) return -1;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
@@ -332,9 +356,13 @@ Status RingWriter::Commit(int index, const BatchView& batch) {
     end = td.offset + t.nbytes;
   }
   d->payload_bytes = end - payload_offset_;
-  state_[index] = Slot::kReady;
-  if (control_base_)
-    control(index)->word.store(ControlWord(kSlotReady, generation_), std::memory_order_release);
+  state_[index] = Slot::kPublished;
+  for (Member& m : members_) {
+    m.marks[index] = Mark::kReady;
+    if (m.control_base)
+      control(m, index)->word.store(ControlWord(kSlotReady, m.generation),
+                                    std::memory_order_release);
+  }
   RingHeader* h = header();
   h->published.fetch_add(1, std::memory_order_release);
   h->publish_futex.fetch_add(1, std::memory_order_release);
@@ -376,21 +404,25 @@ uint64_t RingWriter::released() {
   return released_;
 }
 
-RingWriter::Backlog RingWriter::backlog() {
+RingWriter::Backlog RingWriter::backlog(uint32_t member) {
   std::lock_guard<std::mutex> lock(mu_);
   SyncLocked();
+  const Member& m = members_.at(member);
   Backlog b;
-  b.ready = static_cast<uint32_t>(std::count(state_.begin(), state_.end(), Slot::kReady));
-  b.taken = static_cast<uint32_t>(std::count(state_.begin(), state_.end(), Slot::kTaken));
-  if (control_base_) {
-    const auto* ch = reinterpret_cast<const ControlHeader*>(control_base_);
-    b.generation = generation_;
+  for (uint32_t i = 0; i < slot_count_; ++i) {
+    if (state_[i] != Slot::kPublished) continue;
+    b.ready += m.marks[i] == Mark::kReady;
+    b.taken += m.marks[i] == Mark::kTaken;
+  }
+  if (m.control_base) {
+    const auto* ch = reinterpret_cast<const ControlHeader*>(m.control_base);
+    b.generation = m.generation;
     b.wait_ns = ch->wait_ns.load(std::memory_order_relaxed);
     b.hold_ns = ch->hold_ns.load(std::memory_order_relaxed);
   }
-  if (last_take_.time_since_epoch().count())
+  if (m.last_take.time_since_epoch().count())
     b.seconds_since_take =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - last_take_).count();
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - m.last_take).count();
   return b;
 }
 
@@ -400,15 +432,42 @@ uint64_t RingWriter::unreleased() {
   return published() - released_ - dropped_;
 }
 
+uint64_t RingWriter::Unfinished(uint32_t member) {
+  std::lock_guard<std::mutex> lock(mu_);
+  SyncLocked();
+  const Member& m = members_.at(member);
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < slot_count_; ++i)
+    n += state_[i] == Slot::kPublished && m.marks[i] != Mark::kDone;
+  return n;
+}
+
 int RingWriter::DropReady(uint64_t seq) {
   std::lock_guard<std::mutex> lock(mu_);
   SyncLocked();
   int n = 0;
   for (uint32_t i = 0; i < slot_count_; ++i) {
-    if (state_[i] != Slot::kReady || slot(static_cast<int>(i))->seq >= seq) continue;
-    uint64_t ready = ControlWord(kSlotReady, generation_);
-    if (control_base_ && !control(static_cast<int>(i))->word.compare_exchange_strong(ready, 0))
-      continue;  // just taken
+    if (state_[i] != Slot::kPublished || slot(static_cast<int>(i))->seq >= seq) continue;
+    const auto held = [&](const Member& m) { return m.marks[i] == Mark::kTaken; };
+    if (std::any_of(members_.begin(), members_.end(), held)) continue;
+    // Withdraw it from every attached reader; one that took it meanwhile keeps it (and the
+    // others get it back).
+    size_t withdrawn = 0;
+    for (; withdrawn < members_.size(); ++withdrawn) {
+      Member& m = members_[withdrawn];
+      uint64_t ready = ControlWord(kSlotReady, m.generation);
+      if (m.marks[i] == Mark::kReady && m.control_base &&
+          !control(m, static_cast<int>(i))->word.compare_exchange_strong(ready, 0))
+        break;
+    }
+    if (withdrawn < members_.size()) {
+      for (size_t k = 0; k < withdrawn; ++k)
+        if (members_[k].marks[i] == Mark::kReady && members_[k].control_base)
+          control(members_[k], static_cast<int>(i))
+              ->word.store(ControlWord(kSlotReady, members_[k].generation));
+      continue;
+    }
+    for (Member& m : members_) m.marks[i] = Mark::kDone;
     state_[i] = Slot::kFree;
     ++n;
   }
@@ -416,12 +475,49 @@ int RingWriter::DropReady(uint64_t seq) {
   return n;
 }
 
-uint64_t RingWriter::MinReadySeq() {
+int RingWriter::ResumeMember(uint32_t member, uint64_t seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  SyncLocked();
+  Member& m = members_.at(member);
+  int n = 0;
+  for (uint32_t i = 0; i < slot_count_; ++i) {
+    if (state_[i] != Slot::kPublished) continue;
+    SlotControl* c = m.control_base ? control(m, static_cast<int>(i)) : nullptr;
+    if (slot(static_cast<int>(i))->seq >= seq) {
+      if (m.marks[i] != Mark::kDone) continue;
+      m.marks[i] = Mark::kReady;  // finished before, delivered again from the cursor on
+      if (c) c->word.store(ControlWord(kSlotReady, m.generation), std::memory_order_release);
+      continue;
+    }
+    if (m.marks[i] != Mark::kReady) continue;
+    uint64_t ready = ControlWord(kSlotReady, m.generation);
+    if (c && !c->word.compare_exchange_strong(ready, 0)) continue;  // just taken
+    FinishLocked(m, i, /*released=*/false);
+    ++n;
+  }
+  return n;
+}
+
+uint64_t RingWriter::MinPublishedSeq() {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t best = UINT64_MAX;
+  for (uint32_t i = 0; i < slot_count_; ++i)
+    if (state_[i] == Slot::kPublished) best = std::min(best, slot(static_cast<int>(i))->seq);
+  return best;
+}
+
+uint64_t RingWriter::MinReadySeq(int member) {
   std::lock_guard<std::mutex> lock(mu_);
   SyncLocked();
   uint64_t best = UINT64_MAX;
-  for (uint32_t i = 0; i < slot_count_; ++i)
-    if (state_[i] == Slot::kReady) best = std::min(best, slot(static_cast<int>(i))->seq);
+  for (uint32_t i = 0; i < slot_count_; ++i) {
+    if (state_[i] != Slot::kPublished) continue;
+    bool ready = false;
+    for (uint32_t k = 0; k < members_.size(); ++k)
+      ready |= (member < 0 || k == static_cast<uint32_t>(member)) &&
+               members_[k].marks[i] == Mark::kReady;
+    if (ready) best = std::min(best, slot(static_cast<int>(i))->seq);
+  }
   return best;
 }
 
@@ -433,6 +529,9 @@ StreamCursor RingWriter::acked() {
 
 void RingWriter::set_acked(const StreamCursor& c) {
   std::lock_guard<std::mutex> lock(mu_);
+  SyncLocked();
+  for (uint32_t i = 0; i < slot_count_; ++i)
+    if (state_[i] == Slot::kPublished && slot(static_cast<int>(i))->seq < c.seq) return;
   acked_ = c;
 }
 

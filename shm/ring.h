@@ -47,18 +47,26 @@ struct SlotLayout {
 };
 SlotLayout PlanSlot(uint64_t ids_capacity, const std::vector<uint64_t>& tensor_bytes);
 
+// The most readers one ring serves (`replicas:`).
+inline constexpr uint32_t kMaxMembers = 64;
+
 // The daemon's side. It keeps the geometry and every slot's true state to itself and reads the
-// reader's control area only as untrusted input: a value that makes no sense cuts that reader
+// readers' control areas only as untrusted input: a value that makes no sense cuts that reader
 // off (its control area is dropped, the batches it held become READY again for the next
 // attach), never the daemon. Thread-safe: the ring-sink threads and the control thread may
 // call any method at any time.
+//
+// A ring has `members` readers (model-parallel peers, `replicas:`; 1 by default), each with
+// its own control area and attach generation: every batch is delivered to each member, and
+// its slot is free once every member released it (or finished it: DropFinished). A member
+// that is not attached holds the slots it has not finished, as one reader does.
 class RingWriter {
  public:
   // Creates both memfds, reserves the data area's memory (bound to `numa_node` first when it
   // is >= 0), maps it, and seals it so that no one else can ever map it writable.
   static Result<std::unique_ptr<RingWriter>> Create(uint32_t rank, uint32_t num_ranks,
                                                     uint32_t slot_count, const SlotLayout& layout,
-                                                    int numa_node = -1);
+                                                    int numa_node = -1, uint32_t members = 1);
   ~RingWriter();
   RingWriter(const RingWriter&) = delete;
   RingWriter& operator=(const RingWriter&) = delete;
@@ -66,19 +74,21 @@ class RingWriter {
   // A read-only descriptor of the data area, for readers.
   int data_fd() const { return ro_fd_; }
   uint64_t size() const { return size_; }
+  uint32_t members() const { return static_cast<uint32_t>(members_.size()); }
 
-  // A new reader with attach generation `generation` (> 0): makes a fresh control area in
-  // which every published, unreleased batch is READY (including those the previous reader
-  // held) and returns its fd (owned by the writer until the next Attach or Detach).
-  Result<int> Attach(uint32_t generation);
-  // The reader is gone: drops its control area. Returns how many batches it held; they will
-  // be delivered to the next reader.
-  int Detach();
-  // Non-empty once the reader was cut off for writing nonsense (and the reason); cleared by
-  // reading it.
-  std::string TakeViolation();
+  // A new reader for `member` with attach generation `generation` (> 0): makes a fresh control
+  // area in which every published batch the member has not finished is READY (including those
+  // its previous reader held) and returns its fd (owned by the writer until the member's next
+  // Attach or Detach). REQUIRES: member < members().
+  Result<int> Attach(uint32_t generation, uint32_t member = 0);
+  // The member's reader is gone: drops its control area. Returns how many batches it held;
+  // they will be delivered to the member's next reader.
+  int Detach(uint32_t member = 0);
+  // Non-empty once the member's reader was cut off for writing nonsense (and the reason);
+  // cleared by reading it.
+  std::string TakeViolation(uint32_t member = 0);
 
-  // Takes the reader's releases, then claims a free slot for writing and returns its index;
+  // Takes the readers' releases, then claims a free slot for writing and returns its index;
   // waits up to `timeout_ms` for one, else returns -1.
   int AcquireFree(int timeout_ms);
   // Start of a claimed slot; tensor k lives at layout().tensor_offsets[k].
@@ -91,9 +101,9 @@ class RingWriter {
   // Whether `layout` fits the slots as they were made (SetLayout's check, without the change).
   Status Fits(const SlotLayout& layout) const;
   // Publishes a claimed slot whose tensors were written in place: writes the descriptor (seq,
-  // epoch, ids, cursor, the tensors' names, dtypes, shapes and sizes) and hands it to the
-  // reader. An error (too many tensors, ids or a tensor larger than planned) publishes
-  // nothing and leaves the slot claimed.
+  // epoch, ids, cursor, the tensors' names, dtypes, shapes and sizes) and hands it to every
+  // member. An error (too many tensors, ids or a tensor larger than planned) publishes nothing
+  // and leaves the slot claimed.
   Status Commit(int slot, const BatchView& batch);
   // Gives a claimed slot back unpublished.
   void Abandon(int slot);
@@ -106,13 +116,16 @@ class RingWriter {
   // Closed and every published batch released.
   bool Drained();
   uint64_t published() const;
+  // Batches released by every member.
   uint64_t released();
   // Published batches not yet released or dropped.
   uint64_t unreleased();
-  // What waits for the reader: batches published and not taken, and how long ago the reader
-  // last took one (-1: never); what the reader holds; and the reader's own stall accounting
-  // from its control area (untrusted: for the profile only), with the attach generation it
-  // belongs to (0: no reader; the counts start at 0 with every attach).
+  // Published batches `member` has not finished (not released, not dropped for it).
+  uint64_t Unfinished(uint32_t member);
+  // What waits for a member's reader: batches published and not taken, and how long ago the
+  // reader last took one (-1: never); what the reader holds; and the reader's own stall
+  // accounting from its control area (untrusted: for the profile only), with the attach
+  // generation it belongs to (0: no reader; the counts start at 0 with every attach).
   struct Backlog {
     uint32_t ready = 0;
     uint32_t taken = 0;
@@ -120,25 +133,50 @@ class RingWriter {
     uint32_t generation = 0;
     uint64_t wait_ns = 0, hold_ns = 0;
   };
-  Backlog backlog();
+  Backlog backlog(uint32_t member = 0);
   // Drops the published batches no reader holds whose seq is below `seq` (all of them for
-  // UINT64_MAX): they will not be delivered. Returns how many.
+  // UINT64_MAX): they will not be delivered to any member. Returns how many.
   int DropReady(uint64_t seq = UINT64_MAX);
-  // The smallest seq among the published batches no reader holds, or UINT64_MAX.
-  uint64_t MinReadySeq();
-  // The cursor after the last batch released, in seq order; settable when a trainer resumes.
+  // `member`'s trainer resumes at `seq` (its reader detached): the batches below it that it
+  // has not taken are finished for it (a slot every member finished is free), and those from
+  // `seq` on that it had finished are delivered to it again. Returns how many were finished.
+  int ResumeMember(uint32_t member, uint64_t seq);
+  // The smallest seq among the published batches, or UINT64_MAX.
+  uint64_t MinPublishedSeq();
+  // The smallest seq among the published batches waiting for `member` (any member: -1) and
+  // not held by it, or UINT64_MAX.
+  uint64_t MinReadySeq(int member = -1);
+  // The cursor after the last batch every member released, in seq order.
   StreamCursor acked();
+  // A trainer resumes at `c`: the acknowledged cursor, unless a batch before it is still
+  // published (another member has not finished it).
   void set_acked(const StreamCursor& c);
 
  private:
-  enum class Slot : uint8_t { kFree, kWriting, kReady, kTaken };
+  // A slot's state, private: free, being written, or published (then each member's Mark).
+  enum class Slot : uint8_t { kFree, kWriting, kPublished };
+  // A published slot as one member stands with it: finished (released or dropped), waiting for
+  // it, or held by its reader.
+  enum class Mark : uint8_t { kDone, kReady, kTaken };
+  struct Member {
+    int control_fd = -1;
+    uint8_t* control_base = nullptr;  // the current reader's control area, or null
+    uint32_t generation = 0;
+    std::vector<Mark> marks;  // per slot, meaningful while the slot is published
+    std::chrono::steady_clock::time_point last_take{};
+    std::string violation;
+  };
   RingWriter() = default;
   RingHeader* header() const { return reinterpret_cast<RingHeader*>(base_); }
   SlotDescriptor* slot(int i) const;
-  SlotControl* control(int i) const;
+  SlotControl* control(const Member& m, int i) const;
   void SyncLocked();
-  int DetachLocked();
-  void CutOff(std::string why);
+  void SyncMemberLocked(Member& m);
+  int DetachLocked(Member& m);
+  void CutOff(Member& m, std::string why);
+  // Member `m` is done with published slot i; frees it once every member is. `released`: by a
+  // release (the acknowledged cursor moves on), not a drop.
+  void FinishLocked(Member& m, uint32_t i, bool released);
   void SetClosed(uint32_t how);
 
   int fd_ = -1, ro_fd_ = -1;
@@ -150,13 +188,9 @@ class RingWriter {
   SlotLayout layout_;
   std::mutex mu_;
   std::vector<Slot> state_;
+  std::vector<Member> members_;
   uint64_t released_ = 0, dropped_ = 0;
-  std::chrono::steady_clock::time_point last_take_{};
   StreamCursor acked_;
-  int control_fd_ = -1;
-  uint8_t* control_base_ = nullptr;  // the current reader's control area, or null
-  uint32_t generation_ = 0;
-  std::string violation_;
 };
 
 // The trainer's side. Acquire is used by one thread; Release may be called from any thread.

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include "engine/batch_plan.h"
+#include "engine/config_diff.h"
 #include "engine/config_schema.h"
 #include "tests/test_util.h"
 
@@ -422,6 +423,33 @@ TEST_F(ConfigTest, AutoShapeWaitsForTheTrainersJob) {
   EXPECT_FALSE(fixed->shape_from_trainers());
   ASSERT_TRUE(fixed->AdoptShape(8, 2, 3).ok());
   EXPECT_EQ(fixed->consumers, 2) << "explicit values stay";
+}
+
+// `replicas: k`: consecutive groups of k trainer ranks read one stream (#31); `consumers:`
+// counts the trainer ranks.
+TEST_F(ConfigTest, ReplicasGroupTheTrainerRanksIntoStreams) {
+  std::string yaml = kCanonical;
+  yaml.replace(yaml.find("consumers: 2"), 12, "consumers: 4\nreplicas: 2");
+  Result<PipelineConfig> r = ParseConfig(yaml, dir_ / "p.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ((std::tuple{r->consumers, r->replicas, r->trainers()}), (std::tuple{2, 2, 4}));
+  std::string odd = kCanonical;
+  odd.replace(odd.find("consumers: 2"), 12, "consumers: 3\nreplicas: 2");
+  EXPECT_NE(Error(odd).find(":4:11: consumers: 3 is not a multiple of replicas: 2"),
+            std::string::npos)
+      << Error(odd);
+  std::string automatic = kCanonical;
+  automatic.replace(automatic.find("consumers: 2"), 12, "consumers: auto\nreplicas: 2");
+  Result<PipelineConfig> a = ParseConfig(automatic, dir_ / "p.yaml");
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  EXPECT_NE(a->AdoptShape(3, 0, 1).message().find("not a multiple of replicas: 2"),
+            std::string::npos);
+  ASSERT_TRUE(a->AdoptShape(4, 0, 1).ok());
+  EXPECT_EQ((std::tuple{a->consumers, a->trainers()}), (std::tuple{2, 4}));
+  Result<PipelineConfig> one = ParseConfig(kCanonical, dir_ / "p.yaml");
+  ASSERT_TRUE(one.ok());
+  EXPECT_NE(DiffConfigs(*one, *r).needs_restart.find("replicas 1 -> 2"), std::string::npos)
+      << "which ranks share a ring cannot change under attached trainers";
 }
 
 // A mixture of two manifests (issue #30); `sources` replaces `source`.

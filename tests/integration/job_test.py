@@ -338,5 +338,98 @@ class ReshapeTest(JobCase):
         d.ctl("stop")
         d.wait()
 
+class ReplicasTest(JobCase):
+    """Model-parallel groups (`replicas:`, issue #31): the trainer ranks of a group read one
+    stream from one ring and receive byte-identical batches; a member that dies holds its group
+    until its successor resumes; a member resuming at another step while its peer reads is
+    refused."""
+
+    def batches(self, dump):
+        """Per batch: its meta (less the rank) and every tensor's bytes."""
+        out = []
+        for meta, path in dt.dumped_batches(dump):
+            meta.pop("rank", None)
+            out.append((meta, {t.name: t.read_bytes() for t in sorted(path.glob("*.npy"))}))
+        return out
+
+    def wait_status(self, d, until):
+        for _ in range(400):
+            status = json.loads(d.ctl("status", "--json").stdout)
+            if until(status):
+                return status
+            time.sleep(0.05)
+        raise AssertionError(f"status never got there: {status}\n{d.log()}")
+
+    def test_a_group_reads_one_ring_and_gets_byte_identical_batches(self):
+        d = dt.Daemon(self.dir, config("4\nreplicas: 2", "node_rank: 0, num_nodes: 1"))
+        self.assertIn("2 ring(s) of 4 slots", d.log())
+        self.assertIn("each read by 2 trainer ranks (replicas)", d.log())
+        fds = [os.readlink(f) for f in pathlib.Path(f"/proc/{d.proc.pid}/fd").iterdir()]
+        self.assertEqual(sorted({f for f in fds if "mmfeed-ring-" in f and "control" not in f}),
+                         ["/memfd:mmfeed-ring-0 (deleted)", "/memfd:mmfeed-ring-1 (deleted)"], "a ring per group")
+        cs = [d.consume(r, "--json", "--dump", str(self.dir / f"dump{r}")) for r in range(4)]
+        outs = [dt.finish(c) for c in cs]
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEqual([o["samples"] for o in outs], [96] * 4, "two epochs of 48 for each stream")
+        for a, b in ((0, 1), (2, 3)):
+            self.assertEqual(self.batches(self.dir / f"dump{a}"), self.batches(self.dir / f"dump{b}"))
+        self.assertNotEqual(outs[0]["sample_ids_sha256"], outs[2]["sample_ids_sha256"])
+        # The two streams are what an explicit 2-consumer config deals, rank by rank.
+        ref = self.dir / "ref"
+        ref.mkdir()
+        r = dt.Daemon(ref, config(2, "node_rank: 0, num_nodes: 1").replace(
+            "path: manifest.jsonl", f"path: {self.dir}/manifest.jsonl"))
+        refs = [dt.finish(c) for c in [r.consume(k, "--json") for k in (0, 1)]]
+        self.assertEqual(r.wait(), 0, r.log())
+        self.assertEqual([outs[0]["sample_ids_sha256"], outs[2]["sample_ids_sha256"]],
+                         [o["sample_ids_sha256"] for o in refs])
+
+    def test_a_dead_member_holds_its_group_and_its_successor_resumes(self):
+        d = dt.Daemon(self.dir, config("2\nreplicas: 2", "node_rank: 0, num_nodes: 1"))
+        early, late = self.dir / "early.json", self.dir / "late.json"
+        peer = d.consume(0, "--json", "--dump", str(self.dir / "dump0"), "--hold-ms", "5")
+        dt.finish(d.consume(1, "--batches", "1", "--cursor", str(early), "--dump", str(self.dir / "a")))
+        shutil.copy(early, late)
+        died = d.consume(1, "--abort-after", "2", "--cursor", str(late), "--dump", str(self.dir / "b"))
+        self.assertEqual(died.wait(30), 3)
+        # Rank 0 takes what the ring holds, then waits for rank 1: the group is held.
+        status = self.wait_status(d, lambda s: s["consumers"][0]["lag_batches"] == 0 and
+                                  s["consumers"][0]["published"] == 6)
+        self.assertEqual([(c["rank"], c["stream"], c["attached"]) for c in status["consumers"]],
+                         [(0, 0, True), (1, 0, False)])
+        self.assertEqual(status["consumers"][1]["lag_batches"], 4, "its own batch 2 again, then 3 to 5")
+        self.assertIsNone(peer.poll())
+        # A checkpoint of an earlier step (its batches freed) cannot be served beside rank 0.
+        err = self.refused(d, {}, "--rank", "1", "--cursor", str(early))
+        self.assertIn("rank 1: resume refused: its cursor (batch 1) is not where the stream its replicas "
+                      "read stands (batches 2 to 6), and rank(s) 0 of its group (replicas: 2) are attached", err)
+        dt.finish(d.consume(1, "--cursor", str(late), "--dump", str(self.dir / "c")))
+        dt.finish(peer)
+        self.assertEqual(d.wait(), 0, d.log())
+        lives = self.batches(self.dir / "a") + self.batches(self.dir / "b") + self.batches(self.dir / "c")
+        self.assertEqual(lives, self.batches(self.dir / "dump0"), "rank 1's lives: rank 0's batches, once")
+
+    def test_a_rank_without_a_trainer_is_named_once_its_group_waits(self):
+        d = dt.Daemon(self.dir, config("2\nreplicas: 2", "node_rank: 0, num_nodes: 1"))
+        first = d.consume(0, "--json")
+        for _ in range(400):
+            if "have had no trainer" in d.log():
+                break
+            time.sleep(0.05)
+        self.assertIn("rank(s) 1 have had no trainer while rank 0 of the same group (replicas: 2 in", d.log())
+        outs = [dt.finish(c) for c in (first, d.consume(1, "--json"))]
+        self.assertEqual(outs[0]["sample_ids_sha256"], outs[1]["sample_ids_sha256"])
+        self.assertEqual(d.wait(), 0, d.log())
+
+    def test_consumers_auto_groups_the_declared_ranks(self):
+        d = dt.Daemon(self.dir, config("auto\nreplicas: 2"))
+        err = self.refused(d, torchrun(0, 0, 1, 3))
+        self.assertIn("the job runs 3 trainers a node, not a multiple of replicas: 2", err)
+        outs = [dt.finish(c) for c in [self.consume(d, torchrun(0, r, 1, 2), "--json") for r in (0, 1)]]
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEqual({o["sample_ids_sha256"] for o in outs}, {outs[0]["sample_ids_sha256"]})
+        self.assertEqual(outs[0]["samples"], 192)
+
+
 if __name__ == "__main__":
     dt.main()

@@ -35,9 +35,10 @@ std::unique_ptr<RingWriter> MakeRing(uint32_t slots) {
   return std::move(w.value());
 }
 
-// Attaches a reader of a new generation, as the daemon does for a trainer.
-std::unique_ptr<RingReader> Attach(RingWriter& w, uint32_t generation) {
-  Result<int> control = w.Attach(generation);
+// Attaches a reader of a new generation, as the daemon does for a trainer (of `member`, for a
+// ring read by replicas).
+std::unique_ptr<RingReader> Attach(RingWriter& w, uint32_t generation, uint32_t member = 0) {
+  Result<int> control = w.Attach(generation, member);
   EXPECT_TRUE(control.ok()) << control.status().message();
   auto r = RingReader::Map(dup(w.data_fd()), dup(*control));
   EXPECT_TRUE(r.ok()) << r.status().message();
@@ -427,6 +428,85 @@ TEST(RingTest, LayoutIsPageAlignedAfterTheIds) {
   EXPECT_EQ(l.tensor_offsets[1], l.tensor_offsets[0] + 602112);
   EXPECT_EQ(l.tensor_offsets[2], l.tensor_offsets[1] + 16384);
   EXPECT_EQ(l.slot_bytes, l.tensor_offsets[2] + kPageBytes);
+}
+
+// Replicas (a model-parallel group): every member reads every batch from the one data area,
+// and a slot is free only once each member released it.
+TEST(RingTest, MembersEachReadEveryBatchAndASlotFreesWhenAllReleased) {
+  auto made = RingWriter::Create(0, 1, 2, PlanSlot(64, {4000}), -1, /*members=*/2);
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  RingWriter& w = **made;
+  auto a = Attach(w, 1, 0), b = Attach(w, 2, 1);
+  Publish(w, 0);
+  Publish(w, 1);
+  int sa, sb;
+  const BatchView va = Take(*a, &sa), vb = Take(*b, &sb);
+  ExpectBatch(va, 0);
+  ExpectBatch(vb, 0);
+  EXPECT_EQ(sa, sb);
+  EXPECT_EQ(va.tensors[0].data - a->data(), vb.tensors[0].data - b->data()) << "the same bytes";
+  ASSERT_TRUE(a->Release(sa).ok());
+  EXPECT_EQ(w.AcquireFree(0), -1) << "member 1 still holds batch 0";
+  EXPECT_EQ(w.backlog(0).taken, 0u);
+  EXPECT_EQ(w.backlog(1).taken, 1u);
+  EXPECT_EQ(w.Unfinished(0), 1u);
+  EXPECT_EQ(w.Unfinished(1), 2u);
+  ASSERT_TRUE(b->Release(sb).ok());
+  EXPECT_EQ(w.released(), 1u);
+  EXPECT_EQ(w.acked().seq, 1u);
+  EXPECT_GE(w.AcquireFree(0), 0);
+  // A member cut off for scribbling leaves the other reading.
+  auto* word = reinterpret_cast<std::atomic<uint64_t>*>(
+      static_cast<uint8_t*>(mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                                 w.Attach(3, 1).value(), 0)) +
+      sizeof(ControlHeader));
+  b = nullptr;  // (its reader's mapping is gone with the attach above)
+  word->store(0xdead);
+  EXPECT_NE(w.TakeViolation(1), "");
+  EXPECT_EQ(w.TakeViolation(0), "");
+  ExpectBatch(Take(*a, &sa), 1);
+}
+
+// A member that is not attached holds its group: what it has not finished stays until its
+// next reader takes and releases it. A trainer resuming drops what is before its cursor and is
+// given again what it finished from the cursor on, while its peer still holds it.
+TEST(RingTest, AMemberResumingGetsItsBatchesFromItsCursor) {
+  auto made = RingWriter::Create(0, 1, 4, PlanSlot(64, {4000}), -1, /*members=*/2);
+  ASSERT_TRUE(made.ok());
+  RingWriter& w = **made;
+  auto a = Attach(w, 1, 0);
+  for (uint64_t seq = 0; seq < 4; ++seq) Publish(w, seq);
+  for (uint64_t seq = 0; seq < 4; ++seq) {
+    int slot;
+    ExpectBatch(Take(*a, &slot), seq);
+    ASSERT_TRUE(a->Release(slot).ok());
+  }
+  EXPECT_EQ(w.AcquireFree(0), -1) << "member 1 never came: every slot waits for it";
+  EXPECT_EQ(w.MinReadySeq(1), 0u);
+  EXPECT_EQ(w.MinReadySeq(0), UINT64_MAX);
+  auto b = Attach(w, 2, 1);
+  int slot;
+  ExpectBatch(Take(*b, &slot), 0);
+  ASSERT_TRUE(b->Release(slot).ok());
+  ExpectBatch(Take(*b, &slot), 1);
+  EXPECT_EQ(w.Detach(1), 1) << "its reader died holding batch 1";
+  // Member 0 resumes from an earlier checkpoint (batch 2: it is given 2 and 3 again); member 1
+  // from batch 2 (batch 1 finished for it, and free).
+  EXPECT_EQ(w.ResumeMember(0, 2), 0);
+  EXPECT_EQ(w.MinReadySeq(0), 2u);
+  EXPECT_EQ(w.ResumeMember(1, 2), 1);
+  EXPECT_EQ(w.MinPublishedSeq(), 2u);
+  EXPECT_GE(w.AcquireFree(0), 0) << "batches 0 and 1 are free";
+  a = Attach(w, 3, 0);
+  b = Attach(w, 4, 1);
+  for (auto* r : {a.get(), b.get()}) {
+    ExpectBatch(Take(*r, &slot), 2);
+    ASSERT_TRUE(r->Release(slot).ok());
+  }
+  EXPECT_EQ(w.acked().seq, 3u);
+  // Dropping what no reader holds (a rewind) takes it from every member.
+  EXPECT_EQ(w.DropReady(), 1);
+  EXPECT_EQ(w.unreleased(), 0u);
 }
 
 }  // namespace
