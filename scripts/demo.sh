@@ -6,9 +6,9 @@
 # on the same files (bench/train_loop_bench.py), with each one's data stall share.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --demo
 # Only what the demo runs: not the unit tests, benchmarks or tools (bash scripts/test.sh builds all).
-BUILD_TARGETS="mmfeedd mmfeed-consume _mmfeed" bash scripts/build.sh
+BUILD_TARGETS="mmfeedd mmfeed-consume _mmfeed" bash scripts/build.sh -DMMFEED_TESTS=OFF
 DATA=demo-data
 /usr/bin/python3 scripts/make_dataset.py "$DATA" --count 2048
 cp configs/demo.yaml "$DATA/demo.yaml"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs every Debian package mmfeed needs to build, test and run its demo.
-# Usage: scripts/setup.sh [--bench] [--cuda]
+# Usage: scripts/setup.sh [--demo] [--bench] [--cuda]
+#   --demo installs only what the demo builds and runs (scripts/demo.sh): no test tools, no
+#          servers the tests start, no s3rver
 #   --bench adds the other baselines: torchaudio, OpenCV, ...
 #   --cuda enables Debian's contrib and non-free components and installs the CUDA toolkit
 #          (nvidia-cuda-dev: the runtime and headers, CUDA 11.8; nvidia-cuda-toolkit: nvcc), so
@@ -8,27 +10,35 @@
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+# What the daemon, the client and the demo build from and run with.
 PKGS=(
-  build-essential cmake pkg-config ninja-build
+  build-essential cmake pkg-config
   libasio-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libconcurrentqueue-dev
   nlohmann-json3-dev libssl-dev
   libopencv-dev libturbojpeg0-dev libjpeg62-turbo-dev libnuma-dev libsystemd-dev libfftw3-dev
   libicu-dev zlib1g-dev libcurl4-openssl-dev
   libavformat-dev libavcodec-dev libavutil-dev libswscale-dev libswresample-dev
-  libgtest-dev libgmock-dev libbenchmark-dev clang clang-format libclang-rt-14-dev
-  python3 python3-dev python3-numpy python3-av ffmpeg pybind11-dev python3-torch
-  python3-torchvision python3-pil python3-yaml python3-jsonschema systemd
+  python3 python3-dev python3-numpy ffmpeg pybind11-dev python3-torch python3-torchvision
+  python3-pil systemd
+)
+# What the tests, the fuzzers and the package need besides.
+TEST_PKGS=(
+  ninja-build libgtest-dev libgmock-dev libbenchmark-dev clang clang-format libclang-rt-14-dev
+  python3-av python3-yaml python3-jsonschema
   python3-venv python3-pip python3-setuptools python3-wheel lintian dpkg-dev
 )
+demo=0
 bench=0
 cuda=0
 for arg in "$@"; do
   case "$arg" in
+    --demo) demo=1 ;;
     --bench) bench=1 ;;
     --cuda) cuda=1 ;;
-    *) echo "usage: scripts/setup.sh [--bench] [--cuda]" >&2; exit 2 ;;
+    *) echo "usage: scripts/setup.sh [--demo] [--bench] [--cuda]" >&2; exit 2 ;;
   esac
 done
+if [ $demo = 0 ]; then PKGS+=("${TEST_PKGS[@]}"); fi
 if [ $cuda = 1 ]; then
   # CUDA comes from non-free (its installer from contrib). Debian 12 lists components in
   # /etc/apt/sources.list.d/debian.sources (deb822) or /etc/apt/sources.list.
@@ -48,7 +58,7 @@ if [ $bench = 1 ]; then
 fi
 # Debian's nodejs and npm (the remote-storage tests run s3rver), unless a Node.js with npm is
 # there already (nodesource's nodejs bundles npm and conflicts with Debian's npm package).
-if ! command -v npm > /dev/null; then PKGS+=(nodejs npm); fi
+if [ $demo = 0 ] && ! command -v npm > /dev/null; then PKGS+=(nodejs npm); fi
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -58,6 +68,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update
   $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
 fi
+if [ $demo = 1 ]; then exit 0; fi
 # Servers the tests start themselves: promtool (tests check the /metrics page with it) comes
 # only with the Prometheus server, nginx-light serves shards to the remote-storage tests, and
 # Slurm (slurmctld, slurmd, munge) runs the simulated two-node cluster of the Slurm test. They

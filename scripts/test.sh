@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bash scripts/build.sh
+bash scripts/build.sh -DMMFEED_TESTS=ON  # (the demo's build leaves them off in the cache)
 (cd build && ctest --output-on-failure -j2)
 if [ "${MMFEED_SKIP_SANITIZERS:-0}" != 1 ]; then
   BUILD_DIR=build-asan bash scripts/build.sh -DMMFEED_SANITIZE=ON
