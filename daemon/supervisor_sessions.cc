@@ -91,26 +91,11 @@ Status Supervisor::Resume(int rank, const StreamCursor& c) {
   const uint32_t member = MemberOf(rank);
   shm::RingWriter& ring = sinks_[stream]->ring();
   MMFEED_RETURN_IF_ERROR(CheckResume(rank, ring, c));
-  // Served from the ring when the cursor lies within what it published (its replicas may have
-  // finished some of it), else the stream is rewound: only while no other replica reads it.
-  const uint64_t first = ring.MinPublishedSeq(), end = pipeline_->NextCommit(stream);
-  const bool in_ring = c.seq <= end && (first == UINT64_MAX ? c.seq == end : first <= c.seq);
-  if (!in_ring) {
-    std::vector<int> others;
-    for (int t = stream * cfg_.replicas; t < (stream + 1) * cfg_.replicas; ++t)
-      if (t != rank && holders_[t].pid) others.push_back(t);
-    if (!others.empty())
-      return Status::Invalid(fmt::format(
-          "rank {}: resume refused: its cursor (batch {}) is not where the stream its replicas "
-          "read stands (batches {} to {}), and rank(s) {} of its group (replicas: {}) are "
-          "attached: the ranks of a group resume from the checkpoint of the same step (stop "
-          "the group's trainers and start them again from one checkpoint)",
-          rank, c.seq, first == UINT64_MAX ? end : first, end, fmt::join(others, ", "),
-          cfg_.replicas));
-  }
+  // Served from the ring when it holds the cursor's batch (its replicas may have finished it),
+  // else the stream is rewound there; replicas past it do not get the batches made again.
   int finished = ring.ResumeMember(member, c.seq);
   uint64_t next = ring.MinReadySeq(static_cast<int>(member));
-  if (next == UINT64_MAX) next = end;
+  if (next == UINT64_MAX) next = pipeline_->NextCommit(stream);
   if (next != c.seq) {
     Status st = pipeline_->Rewind(stream, c.seq);
     if (st.code() == Status::Code::kClosed && ReadyToSwap()) {

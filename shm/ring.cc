@@ -245,6 +245,11 @@ void RingWriter::FinishLocked(Member& m, uint32_t i, bool released) {
     acked_ = {d->next_epoch, d->next_batch, d->next_seq, d->next_stream};
 }
 
+void RingWriter::Took(Member& m, uint32_t i) {
+  m.last_take = std::chrono::steady_clock::now();
+  m.floor = std::max(m.floor, slot(static_cast<int>(i))->seq + 1);
+}
+
 void RingWriter::SyncLocked() {
   for (Member& m : members_) SyncMemberLocked(m);
 }
@@ -265,13 +270,13 @@ void RingWriter::SyncMemberLocked(Member& m) {
     if (!published || k == Mark::kDone) {
       ok = w == 0;
     } else if (w == taken) {
-      if (k == Mark::kReady) m.last_take = std::chrono::steady_clock::now();
+      if (k == Mark::kReady) Took(m, i);
       k = Mark::kTaken;
     } else if (w == released) {
       // Finish it only if the reader does not change the word meanwhile.
       ok = c->word.compare_exchange_strong(w, 0, std::memory_order_acq_rel);
       if (ok) {
-        if (k == Mark::kReady) m.last_take = std::chrono::steady_clock::now();
+        if (k == Mark::kReady) Took(m, i);
         FinishLocked(m, i, /*released=*/true);
       }
     } else {
@@ -357,13 +362,21 @@ Status RingWriter::Commit(int index, const BatchView& batch) {
   }
   d->payload_bytes = end - payload_offset_;
   state_[index] = Slot::kPublished;
+  bool wanted = false;
   for (Member& m : members_) {
-    m.marks[index] = Mark::kReady;
+    // A batch made again after a rewind is not delivered again to a member past it.
+    m.marks[index] = batch.seq < m.floor ? Mark::kDone : Mark::kReady;
+    if (m.marks[index] == Mark::kDone) continue;
+    wanted = true;
     if (m.control_base)
       control(m, index)->word.store(ControlWord(kSlotReady, m.generation),
                                     std::memory_order_release);
   }
   RingHeader* h = header();
+  if (!wanted) {
+    state_[index] = Slot::kFree;
+    ++dropped_;
+  }
   h->published.fetch_add(1, std::memory_order_release);
   h->publish_futex.fetch_add(1, std::memory_order_release);
   FutexWakeAll(&h->publish_futex);
@@ -448,26 +461,19 @@ int RingWriter::DropReady(uint64_t seq) {
   int n = 0;
   for (uint32_t i = 0; i < slot_count_; ++i) {
     if (state_[i] != Slot::kPublished || slot(static_cast<int>(i))->seq >= seq) continue;
-    const auto held = [&](const Member& m) { return m.marks[i] == Mark::kTaken; };
-    if (std::any_of(members_.begin(), members_.end(), held)) continue;
-    // Withdraw it from every attached reader; one that took it meanwhile keeps it (and the
-    // others get it back).
-    size_t withdrawn = 0;
-    for (; withdrawn < members_.size(); ++withdrawn) {
-      Member& m = members_[withdrawn];
+    // Withdrawn from each member waiting for it; a reader that took it meanwhile (or before)
+    // keeps it, and the batch made again is not delivered to it a second time (its floor).
+    for (Member& m : members_) {
+      if (m.marks[i] != Mark::kReady) continue;
       uint64_t ready = ControlWord(kSlotReady, m.generation);
-      if (m.marks[i] == Mark::kReady && m.control_base &&
-          !control(m, static_cast<int>(i))->word.compare_exchange_strong(ready, 0))
-        break;
+      if (!m.control_base ||
+          control(m, static_cast<int>(i))->word.compare_exchange_strong(ready, 0))
+        m.marks[i] = Mark::kDone;
+      else
+        SyncMemberLocked(m);  // just taken: seen as such
     }
-    if (withdrawn < members_.size()) {
-      for (size_t k = 0; k < withdrawn; ++k)
-        if (members_[k].marks[i] == Mark::kReady && members_[k].control_base)
-          control(members_[k], static_cast<int>(i))
-              ->word.store(ControlWord(kSlotReady, members_[k].generation));
-      continue;
-    }
-    for (Member& m : members_) m.marks[i] = Mark::kDone;
+    const auto done = [&](const Member& m) { return m.marks[i] == Mark::kDone; };
+    if (!std::all_of(members_.begin(), members_.end(), done)) continue;
     state_[i] = Slot::kFree;
     ++n;
   }
@@ -479,6 +485,7 @@ int RingWriter::ResumeMember(uint32_t member, uint64_t seq) {
   std::lock_guard<std::mutex> lock(mu_);
   SyncLocked();
   Member& m = members_.at(member);
+  m.floor = seq;
   int n = 0;
   for (uint32_t i = 0; i < slot_count_; ++i) {
     if (state_[i] != Slot::kPublished) continue;

@@ -134,12 +134,14 @@ class RingWriter {
     uint64_t wait_ns = 0, hold_ns = 0;
   };
   Backlog backlog(uint32_t member = 0);
-  // Drops the published batches no reader holds whose seq is below `seq` (all of them for
-  // UINT64_MAX): they will not be delivered to any member. Returns how many.
+  // Drops the published batches below `seq` (all of them for UINT64_MAX) that no reader holds:
+  // they will not be delivered to any member (a rewind makes them again). A batch a member's
+  // reader holds stays with it and is withdrawn from the others. Returns how many slots freed.
   int DropReady(uint64_t seq = UINT64_MAX);
   // `member`'s trainer resumes at `seq` (its reader detached): the batches below it that it
   // has not taken are finished for it (a slot every member finished is free), and those from
-  // `seq` on that it had finished are delivered to it again. Returns how many were finished.
+  // `seq` on that it had finished are delivered to it again, as are batches made again from
+  // `seq` on after a rewind. Returns how many were finished.
   int ResumeMember(uint32_t member, uint64_t seq);
   // The smallest seq among the published batches, or UINT64_MAX.
   uint64_t MinPublishedSeq();
@@ -163,6 +165,9 @@ class RingWriter {
     uint8_t* control_base = nullptr;  // the current reader's control area, or null
     uint32_t generation = 0;
     std::vector<Mark> marks;  // per slot, meaningful while the slot is published
+    // The member finished every batch below it (took them, or resumed after them): a batch
+    // published again after a rewind below it is not delivered to it.
+    uint64_t floor = 0;
     std::chrono::steady_clock::time_point last_take{};
     std::string violation;
   };
@@ -171,6 +176,8 @@ class RingWriter {
   SlotDescriptor* slot(int i) const;
   SlotControl* control(const Member& m, int i) const;
   void SyncLocked();
+  // The member's reader took published slot i.
+  void Took(Member& m, uint32_t i);
   void SyncMemberLocked(Member& m);
   int DetachLocked(Member& m);
   void CutOff(Member& m, std::string why);

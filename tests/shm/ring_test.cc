@@ -222,6 +222,7 @@ TEST(RingTest, ReaderChecksDtypeAndShapeAgainstBytes) {
   EXPECT_NE(st.status().message().find("shape x element size"), std::string::npos)
       << st.status().message();
   slot = w->AcquireFree(100);
+  view.seq = 1;  // the next batch (the reader has taken batch 0)
   view.tensors[0] = {"values", 9, {4}, nullptr, 16};
   ASSERT_TRUE(w->Commit(slot, view).ok());
   st = r->Acquire(100, &got, &v);
