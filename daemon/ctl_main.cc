@@ -61,8 +61,14 @@ void PrintConsumers(const nlohmann::json& s) {
               "lag", "last take", "published", "released");
   for (const auto& r : s["consumers"]) {
     double since = r["seconds_since_take"].get<double>();
-    // A rank a reload removed: its trainer drains its ring, then sees the end.
-    const std::string rank = std::to_string(r["rank"].get<int>()) + (r["removed"] ? "*" : "");
+    // A rank a reload removed: its trainer drains its ring, then sees the end. A rank of a
+    // model-parallel group (replicas) names its stream: "3/1" reads stream 1.
+    const int stream = r.value("stream", r["rank"].get<int>());
+    const std::string rank = std::to_string(r["rank"].get<int>()) +
+                             (stream != r["rank"].get<int>() || s["job"].value("replicas", 1) > 1
+                                  ? "/" + std::to_string(stream)
+                                  : "") +
+                             (r["removed"] ? "*" : "");
     std::printf("%-5s %-8s %-34s %10.0f %5u %10s %10lu %10lu\n", rank.c_str(),
                 r["attached"].get<bool>() ? std::to_string(r["pid"].get<int>()).c_str() : "-",
                 Cursor(r["acked"]).c_str(), r["samples_per_s"].get<double>(),
@@ -76,14 +82,19 @@ void PrintConsumers(const nlohmann::json& s) {
       std::printf("*: removed by a reload; its trainer gets what its ring holds, then the end\n");
       break;
     }
+  if (s["job"].value("replicas", 1) > 1)
+    std::printf("rank/stream: replicas %d, each group of ranks reads one stream's ring\n",
+                s["job"]["replicas"].get<int>());
 }
 
 // The job's shape in force and where it came from (status "job").
 std::string JobLine(const nlohmann::json& s) {
   const auto& j = s["job"];
-  return fmt::format("job: {} consumer rank(s), node {} of {} (from {})", j["consumers"].get<int>(),
-                     j["node_rank"].get<int>(), j["num_nodes"].get<int>(),
-                     j["from"].get<std::string>());
+  const int replicas = j.value("replicas", 1);
+  return fmt::format(
+      "job: {} consumer rank(s){}, node {} of {} (from {})", j["consumers"].get<int>(),
+      replicas > 1 ? fmt::format(" in groups of {} (replicas)", replicas) : "",
+      j["node_rank"].get<int>(), j["num_nodes"].get<int>(), j["from"].get<std::string>());
 }
 
 void PrintStatus(const nlohmann::json& s) {

@@ -398,6 +398,10 @@ class ReplicasTest(JobCase):
         self.assertEqual([(c["rank"], c["stream"], c["attached"]) for c in status["consumers"]],
                          [(0, 0, True), (1, 0, False)])
         self.assertEqual(status["consumers"][1]["lag_batches"], 4, "its own batch 2 again, then 3 to 5")
+        table = d.ctl("consumers").stdout
+        self.assertRegex(table, r"\n1/0 +- ")
+        self.assertIn("rank/stream: replicas 2", table)
+        self.assertIn("job: 2 consumer rank(s) in groups of 2 (replicas)", d.ctl("status").stdout)
         self.assertIsNone(peer.poll())
         # Its successor resumes from an earlier checkpoint (batch 1, freed since): the stream is
         # rewound under rank 0, which does not get the batches made again.

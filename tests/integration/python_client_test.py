@@ -71,6 +71,31 @@ class PythonClientTest(dt.DaemonCase):
         every = got[0] + got[1]
         self.assertEqual(len(set(every)), len([i for i in range(300) if i % 13 != 12]), "every good sample")
 
+    def test_python_ranks_of_a_group_get_the_same_tensors_from_one_ring(self):
+        make_texts(self.dir, 200)
+        d = dt.Daemon(self.dir, self.config(consumers="2\nreplicas: 2"))
+        clients = [mmfeed.Client(socket=d.socket, rank=r) for r in range(2)]
+        got = [[], []]
+        done = [False, False]
+        while not all(done):  # side by side: the ring frees a slot once both released it
+            for r in range(2):
+                if done[r]:
+                    continue
+                b = clients[r].next(timeout_s=30)
+                if b is None:
+                    done[r] = True
+                    continue
+                with b:
+                    got[r].append((b.ids, {k: b[k].copy() for k in ("text", "text_lengths")}))
+        del clients
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertEqual(len(got[0]), 25)
+        for (ids0, t0), (ids1, t1) in zip(*got):
+            self.assertEqual(ids0, ids1)
+            for k in t0:
+                self.assertEqual(t0[k].tobytes(), t1[k].tobytes())
+        self.assertEqual(len({i for ids, _ in got[0] for i in ids}), 200, "the node's one stream: every sample")
+
     def test_a_reload_that_grows_the_ring_is_followed_by_the_client(self):
         make_texts(self.dir, 400)
         d = dt.Daemon(self.dir, self.config(consumers=1))
