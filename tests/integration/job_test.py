@@ -439,6 +439,26 @@ class ReplicasTest(JobCase):
         self.assertEqual(runs[0], runs[1])
         self.assertEqual([o["batches"] for o in outs], [48, 48])
 
+    def test_a_reload_that_needs_larger_rings_moves_the_whole_group(self):
+        cfg = config("2\nreplicas: 2", "node_rank: 0, num_nodes: 1")
+        d = dt.Daemon(self.dir, cfg)
+        cs = [d.consume(r, "--json", "--hold-ms", hold, "--dump", str(self.dir / f"r{r}"))
+              for r, hold in ((0, "10"), (1, "25"))]
+        self.wait_status(d, lambda s: s["consumers"][1]["released"] >= 4)
+        (self.dir / "p.yaml").write_text(cfg.replace("max_len: 16", "max_len: 4096"))
+        reply = json.loads(d.ctl("reload", "--json").stdout)
+        self.assertEqual(reply["rings"], "re-made larger; trainers attach to them by themselves", reply)
+        outs = [dt.finish(c) for c in cs]
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertIn("moved to a new ring", d.log())
+        runs = [self.batches(self.dir / f"r{r}") for r in (0, 1)]
+        self.assertEqual([meta["seq"] for meta, _ in runs[0]], list(range(48)), "no duplicate batch, no gap")
+        self.assertEqual(runs[0], runs[1], "the old ring drained by both, then the new one, byte for byte")
+        self.assertEqual({meta["dtypes"]["text"] for meta, _ in runs[0]}, {runs[0][0][0]["dtypes"]["text"]})
+        widths = [len(t["text.npy"]) for _, t in runs[0]]
+        self.assertLess(widths[0], widths[-1], "the reload took effect")
+        self.assertEqual([o["batches"] for o in outs], [48, 48])
+
     def test_a_rank_without_a_trainer_is_named_once_its_group_waits(self):
         d = dt.Daemon(self.dir, config("2\nreplicas: 2", "node_rank: 0, num_nodes: 1"))
         first = d.consume(0, "--json")
