@@ -31,6 +31,21 @@ def text_of(batch, row):
     return bytes(t[row, : n[row]].astype(np.uint8)).decode()
 
 
+def side_by_side(d, ranks, take):
+    """Python clients of `ranks` on daemon `d`, each taking a batch in turn (as trainers would)
+    until every one reached the end; `take(rank, batch)` sees each batch. The clients are gone
+    on return."""
+    clients = {r: mmfeed.Client(socket=d.socket, rank=r) for r in ranks}
+    while clients:
+        for r in list(clients):
+            b = clients[r].next(timeout_s=30)
+            if b is None:
+                del clients[r]
+                continue
+            with b:
+                take(r, b)
+
+
 class PythonClientTest(dt.DaemonCase):
     def config(self, consumers=2, slots=4, epochs=1):
         return CONFIG.format(consumers=consumers, slots=slots, epochs=epochs)
@@ -50,22 +65,14 @@ class PythonClientTest(dt.DaemonCase):
         self.assertEqual(d.wait(), 0)
         want = [[i for meta, _ in dt.dumped_batches(self.dir / f"ref{r}") for i in meta["ids"]] for r in range(2)]
         d = dt.Daemon(self.dir, self.config())
-        clients = [mmfeed.Client(socket=d.socket, rank=r) for r in range(2)]
         got = [[], []]
-        done = [False, False]
-        while not all(done):  # both ranks side by side, as two trainers would
-            for r in range(2):
-                if done[r]:
-                    continue
-                b = clients[r].next(timeout_s=30)
-                if b is None:
-                    done[r] = True
-                    continue
-                with b:
-                    for k, sid in enumerate(b.ids):
-                        self.assertEqual(text_of(b, k), f"caption {sid[1:]}")
-                    got[r] += b.ids
-        del clients
+
+        def take(r, b):
+            for k, sid in enumerate(b.ids):
+                self.assertEqual(text_of(b, k), f"caption {sid[1:]}")
+            got[r].extend(b.ids)
+
+        side_by_side(d, range(2), take)
         self.assertEqual(d.wait(), 0, d.log())
         self.assertEqual(got, want)
         every = got[0] + got[1]
@@ -74,20 +81,10 @@ class PythonClientTest(dt.DaemonCase):
     def test_python_ranks_of_a_group_get_the_same_tensors_from_one_ring(self):
         make_texts(self.dir, 200)
         d = dt.Daemon(self.dir, self.config(consumers="2\nreplicas: 2"))
-        clients = [mmfeed.Client(socket=d.socket, rank=r) for r in range(2)]
         got = [[], []]
-        done = [False, False]
-        while not all(done):  # side by side: the ring frees a slot once both released it
-            for r in range(2):
-                if done[r]:
-                    continue
-                b = clients[r].next(timeout_s=30)
-                if b is None:
-                    done[r] = True
-                    continue
-                with b:
-                    got[r].append((b.ids, {k: b[k].copy() for k in ("text", "text_lengths")}))
-        del clients
+        # Side by side: the group's ring frees a slot once both ranks released it.
+        side_by_side(d, range(2), lambda r, b: got[r].append(
+            (b.ids, {k: b[k].copy() for k in ("text", "text_lengths")})))
         self.assertEqual(d.wait(), 0, d.log())
         self.assertEqual(len(got[0]), 25)
         for (ids0, t0), (ids1, t1) in zip(*got):
