@@ -57,8 +57,12 @@ Result<AttachGrant> Supervisor::Attach(int rank, int pid, int pidfd,
     if (old->ring().Unfinished(member) > 0 && (!at || at->seq == first)) {
       sink = old.get();
     } else {
-      old->ring().ResumeMember(member, UINT64_MAX);    // none of it is this rank's any more
-      if (old->ring().unreleased() == 0) old.reset();  // nor any other replica's
+      old->ring().ResumeMember(member, UINT64_MAX);  // none of it is this rank's any more
+      // Nor any other replica's, and none of them is still attached to it.
+      bool read = old->ring().unreleased() > 0;
+      for (int t = stream * cfg_.replicas; t < (stream + 1) * cfg_.replicas; ++t)
+        read = read || (holders_[t].pid && holders_[t].sink == old.get());
+      if (!read) old.reset();
     }
   }
   if (at && sink == sinks_[stream].get()) MMFEED_RETURN_IF_ERROR(Resume(rank, *at));
