@@ -186,8 +186,7 @@ Status Supervisor::AdoptJob(const JobShape& job, int pid,
 
 void Supervisor::ResumeJobAt(const StreamCursor& c, int pid) {
   const uint32_t epochs = static_cast<uint32_t>(cfg_.source.epochs);
-  if (!c.order || !c.stream || c.stream == pipeline_->StreamBefore(c.seq) ||
-      c.order != pipeline_->order_tag() || !pipeline_->positional() ||
+  if (!c.stream || !OfAnotherStreamOfOurOrder(c) || !pipeline_->positional() ||
       c.epoch >= (epochs ? epochs : UINT32_MAX - 1))
     return;  // this stream's own cursor, or one Attach refuses (CheckResume says why)
   const Pipeline::Origin o = pipeline_->Rebased(c.epoch, c.position);

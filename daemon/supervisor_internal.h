@@ -129,6 +129,12 @@ class Supervisor {
   // An attach's cursor as this daemon serves it: one at the position the job resumed at is
   // the origin's; any other unchanged (CheckResume refuses one of another stream).
   StreamCursor Served(const StreamCursor& c) const;
+  // A cursor of another stream of this pipeline's order, carrying the job's position: what
+  // ResumeJobAt starts a job at and Served maps to the origin.
+  bool OfAnotherStreamOfOurOrder(const StreamCursor& c) const {
+    return c.order && c.order == pipeline_->order_tag() &&
+           c.stream != pipeline_->StreamBefore(c.seq);
+  }
   // A job declared to a daemon whose shape is known: refused if it conflicts with the adopted
   // one (naming both); against the config's own values only warned of (once per shape).
   Status CheckJob(const JobShape& job, int pid);

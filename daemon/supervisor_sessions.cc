@@ -119,8 +119,7 @@ Status Supervisor::Resume(int rank, const StreamCursor& c) {
 }
 
 StreamCursor Supervisor::Served(const StreamCursor& c) const {
-  if (!resumed_ || !c.order || c.order != pipeline_->order_tag() ||
-      c.stream == pipeline_->StreamBefore(c.seq) || c.epoch != resumed_->epoch ||
+  if (!resumed_ || !OfAnotherStreamOfOurOrder(c) || c.epoch != resumed_->epoch ||
       c.position != resumed_->position)
     return c;
   return pipeline_->CursorAt(pipeline_->origin().seq);  // stream 0: the origin is every rank's
