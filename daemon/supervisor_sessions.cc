@@ -96,11 +96,16 @@ Status Supervisor::Resume(int rank, const StreamCursor& c) {
   shm::RingWriter& ring = sinks_[stream]->ring();
   MMFEED_RETURN_IF_ERROR(CheckResume(rank, ring, c));
   // Served from the ring when it holds the cursor's batch (its replicas may have finished it),
-  // else the stream is rewound there; replicas past it do not get the batches made again.
+  // else the stream is rewound there; replicas past it do not get the batches made again. A
+  // replica's cursor past what the stream has made (a restarted daemon starts a stream where
+  // every rank of its group stood) waits for the stream there: its peers need what comes
+  // before it, and its floor skips it.
   int finished = ring.ResumeMember(member, c.seq);
+  const uint64_t made = pipeline_->NextCommit(stream);
   uint64_t next = ring.MinReadySeq(static_cast<int>(member));
-  if (next == UINT64_MAX) next = pipeline_->NextCommit(stream);
-  if (next != c.seq) {
+  if (next == UINT64_MAX) next = made;
+  const bool waits = cfg_.replicas > 1 && c.seq > made;
+  if (next != c.seq && !waits) {
     Status st = pipeline_->Rewind(stream, c.seq);
     if (st.code() == Status::Code::kClosed && ReadyToSwap()) {
       // The pipeline was handing over at the epoch boundary: its successor serves the rank,
@@ -112,9 +117,15 @@ Status Supervisor::Resume(int rank, const StreamCursor& c) {
     }
     MMFEED_RETURN_IF_ERROR(st);
   }
-  if (c.seq >= pipeline_->origin().seq) ring.set_acked(pipeline_->CursorAt(c.seq));
+  // The acknowledged cursor is where every rank of the group stands: a replica moves it back,
+  // never forward.
+  if (c.seq >= pipeline_->origin().seq && (cfg_.replicas == 1 || c.seq < ring.acked().seq))
+    ring.set_acked(pipeline_->CursorAt(c.seq));
   spdlog::info("rank {}: resuming at batch {} ({} finished batch(es) dropped from the ring, {})",
-               rank, c.seq, finished, next == c.seq ? "the rest reused" : "the rank rewound");
+               rank, c.seq, finished,
+               waits           ? "its group's stream is behind it: batches before it skipped"
+               : next == c.seq ? "the rest reused"
+                               : "the rank rewound");
   return Status::Ok();
 }
 

@@ -439,6 +439,32 @@ class ReplicasTest(JobCase):
         self.assertEqual(runs[0], runs[1])
         self.assertEqual([o["batches"] for o in outs], [48, 48])
 
+    def test_a_rank_ahead_of_its_group_waits_and_its_peer_misses_nothing(self):
+        # Rank 0's cursor is 6 batches into the stream (a checkpoint of an earlier run of the
+        # same config); a fresh daemon has made 4. Rank 0 must not move the stream past what
+        # rank 1, starting from the beginning, has not received.
+        cfg = config("2\nreplicas: 2", "node_rank: 0, num_nodes: 1")
+        ahead = self.dir / "ahead.json"
+        first = dt.Daemon(self.dir, cfg)
+        cs = [first.consume(r, "--batches", "6", *(["--cursor", str(ahead)] if r == 0 else [])) for r in (0, 1)]
+        for c in cs:
+            dt.finish(c)
+        first.proc.kill()
+        first.proc.wait()
+        d = dt.Daemon(self.dir, cfg)
+        self.wait_status(d, lambda s: s["consumers"][0]["published"] == 4)
+        c0 = d.consume(0, "--cursor", str(ahead), "--dump", str(self.dir / "r0"))
+        self.wait_status(d, lambda s: s["consumers"][0]["attached"])
+        c1 = d.consume(1, "--dump", str(self.dir / "r1"))
+        dt.finish(c0)
+        dt.finish(c1)
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertIn("rank 0: resuming at batch 6 (4 finished batch(es) dropped from the ring, its group's "
+                      "stream is behind it: batches before it skipped)", d.log())
+        rank1 = self.batches(self.dir / "r1")
+        self.assertEqual([meta["seq"] for meta, _ in rank1], list(range(48)), "rank 1: every batch, from the first")
+        self.assertEqual(self.batches(self.dir / "r0"), rank1[6:])
+
     def test_a_reload_that_needs_larger_rings_moves_the_whole_group(self):
         cfg = config("2\nreplicas: 2", "node_rank: 0, num_nodes: 1")
         d = dt.Daemon(self.dir, cfg)
