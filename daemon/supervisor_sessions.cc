@@ -30,8 +30,7 @@ Result<AttachGrant> Supervisor::Attach(int rank, int pid, int pidfd,
         rank, cfg_.trainers(), cfg_.trainers() - 1, cfg_.file));
   const int stream = StreamOf(rank);
   const uint32_t member = MemberOf(rank);
-  Holder& h = holders_[rank];
-  if (h.pid) {
+  if (const Holder h = holders_[rank]; h.pid) {
     pollfd p{h.pidfd, POLLIN, 0};
     // The holder attaching again has drained the ring a reload replaced: it moves on.
     const bool moves_on = h.pid == pid && h.sink != sinks_[stream].get();
@@ -68,6 +67,8 @@ Result<AttachGrant> Supervisor::Attach(int rank, int pid, int pidfd,
   if (at && sink == sinks_[stream].get()) MMFEED_RETURN_IF_ERROR(Resume(rank, *at));
   shm::RingWriter& ring = sink->ring();
   MMFEED_ASSIGN_OR_RETURN(int control, ring.Attach(++last_generation_, member));
+  // (Taken now: a reload completed above may have added ranks, moving holders_.)
+  Holder& h = holders_[rank];
   h = {pid, pidfd >= 0 ? fcntl(pidfd, F_DUPFD_CLOEXEC, 0) : -1, last_generation_, sink};
   spdlog::info("rank {} attached (pid {}, generation {}{}{})", rank, pid, h.generation,
                cfg_.replicas > 1
