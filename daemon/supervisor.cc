@@ -539,12 +539,12 @@ Result<std::string> CheckPipeline(const PipelineConfig& cfg) {
   const PathCheck files = p->CheckSamplePaths(kCheckedSamples);
   MMFEED_RETURN_IF_ERROR(CheckSampleFiles(cfg, files));
   return fmt::format(
-      "({} stages, {} consumer rank(s){}, {} batches per rank {}, rings {:.2f} GiB, {} sample "
+      "({} stages, {} consumer rank(s){}{}, {} batches per rank {}, rings {:.2f} GiB, {} sample "
       "files checked){}",
-      cfg.stages.size(),
-      cfg.replicas > 1 ? fmt::format("{} in groups of {} (replicas), {} stream(s)", cfg.trainers(),
-                                     cfg.replicas, cfg.consumers)
-                       : fmt::format("{}", cfg.consumers),
+      cfg.stages.size(), cfg.trainers(),
+      cfg.replicas > 1
+          ? fmt::format(" in groups of {} (replicas), {} stream(s)", cfg.replicas, cfg.consumers)
+          : "",
       cfg.shape_from_trainers()
           ? fmt::format(" of node {} of {} as checked: consumers: auto takes the first "
                         "trainer's job",

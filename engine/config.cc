@@ -675,7 +675,7 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
                        "consecutive trainer ranks reads one stream): give consumers as the "
                        "number of trainer processes on the node",
                        cfg.consumers, cfg.replicas, cfg.replicas));
-    cfg.consumers /= cfg.replicas;
+    if (!cfg.consumers_auto) cfg.consumers /= cfg.replicas;  // auto: one stream until adopted
   }
   if (root["on_error"]) {
     std::string p = Str(root["on_error"], "on_error");

@@ -442,6 +442,7 @@ TEST_F(ConfigTest, ReplicasGroupTheTrainerRanksIntoStreams) {
   automatic.replace(automatic.find("consumers: 2"), 12, "consumers: auto\nreplicas: 2");
   Result<PipelineConfig> a = ParseConfig(automatic, dir_ / "p.yaml");
   ASSERT_TRUE(a.ok()) << a.status().message();
+  EXPECT_EQ(a->consumers, 1) << "one stream until the job is adopted (--check builds it)";
   EXPECT_NE(a->AdoptShape(3, 0, 1).message().find("not a multiple of replicas: 2"),
             std::string::npos);
   ASSERT_TRUE(a->AdoptShape(4, 0, 1).ok());

@@ -498,6 +498,11 @@ class ReplicasTest(JobCase):
         self.assertEqual(d.wait(), 0, d.log())
 
     def test_consumers_auto_groups_the_declared_ranks(self):
+        (self.dir / "check.yaml").write_text(config("auto\nreplicas: 2"))
+        check = subprocess.run([f"{dt.BIN}/mmfeedd", "--check", str(self.dir / "check.yaml")],
+                               capture_output=True, text=True, timeout=60)
+        self.assertEqual(check.returncode, 0, check.stderr)
+        self.assertIn("2 consumer rank(s) in groups of 2 (replicas), 1 stream(s) of node 0 of 1", check.stdout + check.stderr)
         d = dt.Daemon(self.dir, config("auto\nreplicas: 2"))
         err = self.refused(d, torchrun(0, 0, 1, 3))
         self.assertIn("the job runs 3 trainers a node, not a multiple of replicas: 2", err)
