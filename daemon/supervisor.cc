@@ -256,7 +256,7 @@ void Supervisor::WarnRanksWithoutTrainers() {
   for (int t : idle) {
     const int s = StreamOf(t);
     if (!sinks_[s]->WaitingForTrainer()) continue;
-    for (int peer = s * cfg_.replicas; peer < (s + 1) * cfg_.replicas; ++peer)
+    for (int peer : GroupOf(s))
       if (peer != t && sinks_[s]->ring().backlog(MemberOf(peer)).seconds_since_take >= 0)
         waiting_peer = peer;
   }

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <ranges>
 #include <set>
 #include <thread>
 
@@ -96,6 +97,8 @@ class Supervisor {
   // both t with one replica). holders_ is by trainer rank.
   int StreamOf(int t) const { return t / cfg_.replicas; }
   uint32_t MemberOf(int t) const { return static_cast<uint32_t>(t % cfg_.replicas); }
+  // The trainer ranks that read stream s.
+  auto GroupOf(int s) const { return std::views::iota(s * cfg_.replicas, (s + 1) * cfg_.replicas); }
 
   // The process attached for a trainer rank: its pid, a pidfd on it, and the attach's
   // generation.

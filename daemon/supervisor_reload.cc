@@ -278,7 +278,7 @@ void Supervisor::MoveRank(int r, std::unique_ptr<RingSink> ring, const StreamCur
     return;
   }
   std::unique_ptr<RingSink> old = std::move(sinks_[r]);
-  for (int t = r * cfg_.replicas; t < (r + 1) * cfg_.replicas; ++t) {
+  for (int t : GroupOf(r)) {
     // Its trainers come back by themselves: the daemon does not end before they have (the new
     // ring may hold nothing but the end of the data).
     awaiting_reattach_[t] = holders_[t].pid != 0;

@@ -59,7 +59,7 @@ Result<AttachGrant> Supervisor::Attach(int rank, int pid, int pidfd,
       old->ring().ResumeMember(member, UINT64_MAX);  // none of it is this rank's any more
       // Nor any other replica's, and none of them is still attached to it.
       bool read = old->ring().unreleased() > 0;
-      for (int t = stream * cfg_.replicas; t < (stream + 1) * cfg_.replicas; ++t)
+      for (int t : GroupOf(stream))
         read = read || (holders_[t].pid && holders_[t].sink == old.get());
       if (!read) old.reset();
     }

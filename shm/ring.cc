@@ -232,8 +232,12 @@ void RingWriter::CutOff(Member& m, std::string why) {
 
 void RingWriter::FinishLocked(Member& m, uint32_t i, bool released) {
   m.marks[i] = Mark::kDone;
-  for (const Member& other : members_)
-    if (other.marks[i] != Mark::kDone) return;
+  FreeIfFinishedLocked(i, released);
+}
+
+void RingWriter::FreeIfFinishedLocked(uint32_t i, bool released) {
+  for (const Member& m : members_)
+    if (m.marks[i] != Mark::kDone) return;
   state_[i] = Slot::kFree;
   if (!released) {
     ++dropped_;
@@ -243,6 +247,22 @@ void RingWriter::FinishLocked(Member& m, uint32_t i, bool released) {
   const SlotDescriptor* d = slot(static_cast<int>(i));
   if (d->next_seq > acked_.seq)
     acked_ = {d->next_epoch, d->next_batch, d->next_seq, d->next_stream};
+}
+
+void RingWriter::OfferLocked(Member& m, uint32_t i) {
+  m.marks[i] = Mark::kReady;
+  if (m.control_base)
+    control(m, static_cast<int>(i))
+        ->word.store(ControlWord(kSlotReady, m.generation), std::memory_order_release);
+}
+
+bool RingWriter::WithdrawLocked(Member& m, uint32_t i) {
+  if (m.marks[i] != Mark::kReady) return false;
+  uint64_t ready = ControlWord(kSlotReady, m.generation);
+  if (!m.control_base || control(m, static_cast<int>(i))->word.compare_exchange_strong(ready, 0))
+    return true;
+  SyncMemberLocked(m);  // just taken: seen as such now, so its floor is past it
+  return false;
 }
 
 void RingWriter::Took(Member& m, uint32_t i) {
@@ -362,21 +382,15 @@ Status RingWriter::Commit(int index, const BatchView& batch) {
   }
   d->payload_bytes = end - payload_offset_;
   state_[index] = Slot::kPublished;
-  bool wanted = false;
   for (Member& m : members_) {
     // A batch made again after a rewind is not delivered again to a member past it.
-    m.marks[index] = batch.seq < m.floor ? Mark::kDone : Mark::kReady;
-    if (m.marks[index] == Mark::kDone) continue;
-    wanted = true;
-    if (m.control_base)
-      control(m, index)->word.store(ControlWord(kSlotReady, m.generation),
-                                    std::memory_order_release);
+    if (batch.seq < m.floor)
+      m.marks[index] = Mark::kDone;
+    else
+      OfferLocked(m, index);
   }
+  FreeIfFinishedLocked(index, /*released=*/false);
   RingHeader* h = header();
-  if (!wanted) {
-    state_[index] = Slot::kFree;
-    ++dropped_;
-  }
   h->published.fetch_add(1, std::memory_order_release);
   h->publish_futex.fetch_add(1, std::memory_order_release);
   FutexWakeAll(&h->publish_futex);
@@ -463,21 +477,10 @@ int RingWriter::DropReady(uint64_t seq) {
     if (state_[i] != Slot::kPublished || slot(static_cast<int>(i))->seq >= seq) continue;
     // Withdrawn from each member waiting for it; a reader that took it meanwhile (or before)
     // keeps it, and the batch made again is not delivered to it a second time (its floor).
-    for (Member& m : members_) {
-      if (m.marks[i] != Mark::kReady) continue;
-      uint64_t ready = ControlWord(kSlotReady, m.generation);
-      if (!m.control_base ||
-          control(m, static_cast<int>(i))->word.compare_exchange_strong(ready, 0))
-        m.marks[i] = Mark::kDone;
-      else
-        SyncMemberLocked(m);  // just taken: seen as such
-    }
-    const auto done = [&](const Member& m) { return m.marks[i] == Mark::kDone; };
-    if (!std::all_of(members_.begin(), members_.end(), done)) continue;
-    state_[i] = Slot::kFree;
-    ++n;
+    for (Member& m : members_)
+      if (WithdrawLocked(m, i)) FinishLocked(m, i, /*released=*/false);
+    n += state_[i] == Slot::kFree;
   }
-  dropped_ += n;
   return n;
 }
 
@@ -489,18 +492,13 @@ int RingWriter::ResumeMember(uint32_t member, uint64_t seq) {
   int n = 0;
   for (uint32_t i = 0; i < slot_count_; ++i) {
     if (state_[i] != Slot::kPublished) continue;
-    SlotControl* c = m.control_base ? control(m, static_cast<int>(i)) : nullptr;
     if (slot(static_cast<int>(i))->seq >= seq) {
-      if (m.marks[i] != Mark::kDone) continue;
-      m.marks[i] = Mark::kReady;  // finished before, delivered again from the cursor on
-      if (c) c->word.store(ControlWord(kSlotReady, m.generation), std::memory_order_release);
-      continue;
+      // Finished before: delivered again from the cursor on.
+      if (m.marks[i] == Mark::kDone) OfferLocked(m, i);
+    } else if (WithdrawLocked(m, i)) {
+      FinishLocked(m, i, /*released=*/false);
+      ++n;
     }
-    if (m.marks[i] != Mark::kReady) continue;
-    uint64_t ready = ControlWord(kSlotReady, m.generation);
-    if (c && !c->word.compare_exchange_strong(ready, 0)) continue;  // just taken
-    FinishLocked(m, i, /*released=*/false);
-    ++n;
   }
   return n;
 }

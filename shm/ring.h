@@ -184,6 +184,13 @@ class RingWriter {
   // Member `m` is done with published slot i; frees it once every member is. `released`: by a
   // release (the acknowledged cursor moves on), not a drop.
   void FinishLocked(Member& m, uint32_t i, bool released);
+  // The one way a published slot becomes free: once every member is done with it.
+  void FreeIfFinishedLocked(uint32_t i, bool released);
+  // Offers published slot i to member `m` (READY in its control word when its reader is there).
+  void OfferLocked(Member& m, uint32_t i);
+  // Takes back slot i's offer from `m`; false when it was not offered or its reader took it
+  // meanwhile.
+  bool WithdrawLocked(Member& m, uint32_t i);
   void SetClosed(uint32_t how);
 
   int fd_ = -1, ro_fd_ = -1;
