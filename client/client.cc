@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <chrono>
@@ -124,7 +125,7 @@ Result<std::optional<JobShape>> JobShapeFromEnvironment() {
           "$WORLD_SIZE {} is not a multiple of $LOCAL_WORLD_SIZE {}: mmfeed needs as many "
           "trainers on every node",
           world, local_world));
-    s = {rank, world, local_rank, local_world, node, world / local_world, "torchrun"};
+    s = {rank, world, local_rank, local_world, node, world / local_world, 0, "torchrun"};
   } else {
     MMFEED_ASSIGN_OR_RETURN(
         std::optional<Five> slurm,
@@ -138,8 +139,15 @@ Result<std::optional<JobShape>> JobShapeFromEnvironment() {
           "$SLURM_NTASKS {} is not a multiple of $SLURM_NNODES {}: run as many tasks on every "
           "node (srun --ntasks-per-node)",
           tasks, nodes));
-    s = {rank, tasks, local_rank, per_node, node, nodes, "slurm"};
+    s = {rank, tasks, local_rank, per_node, node, nodes, 0, "slurm"};
   }
+  // The model-parallel group size, which no launcher says: the trainer's own variable.
+  MMFEED_ASSIGN_OR_RETURN(s.replicas, get("MMFEED_REPLICAS"));
+  if (s.replicas == 0)
+    return Status::Invalid(
+        "$MMFEED_REPLICAS is 0: it is the number of consecutive local ranks "
+        "that receive the same batches (1 or more)");
+  s.replicas = std::max(s.replicas, 0);
   MMFEED_ASSIGN_OR_RETURN(JobShape checked, JobShape::FromJson(s.ToJson()));
   return std::optional<JobShape>(checked);
 }

@@ -73,7 +73,8 @@ class Batch {
 // The job shape the launcher put in this process's environment: torchrun's RANK, WORLD_SIZE,
 // LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK (the node's rank; the node count is WORLD_SIZE /
 // LOCAL_WORLD_SIZE), else Slurm's SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID,
-// SLURM_NNODES and SLURM_NTASKS_PER_NODE (else SLURM_NTASKS / SLURM_NNODES). nullopt unless
+// SLURM_NNODES and SLURM_NTASKS_PER_NODE (else SLURM_NTASKS / SLURM_NNODES); with either,
+// MMFEED_REPLICAS declares the model-parallel group size (JobShape::replicas). nullopt unless
 // one launcher's five variables are all set (other launchers set some of them); an error names
 // a variable that is malformed or inconsistent with the others.
 Result<std::optional<JobShape>> JobShapeFromEnvironment();

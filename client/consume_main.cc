@@ -3,12 +3,13 @@
 //   mmfeed-consume --socket PATH [--rank R] [--batches N] [--json] [--dump DIR]
 //                  [--cursor FILE] [--reconnect SECONDS] [--hold-ms MS] [--pause-ms MS]
 //                  [--abort-after N] [--timeout SECONDS]
-//                  [--job NUM_NODES,NODE_RANK,LOCAL_WORLD_SIZE]
+//                  [--job NUM_NODES,NODE_RANK,LOCAL_WORLD_SIZE[,REPLICAS]]
 //
 // Without --rank the rank is the launcher's local rank (torchrun's or Slurm's variables, as
 // the client library reads them), and the attach declares the launcher's job shape; --job
 // declares one explicitly (with --rank, the local rank): a daemon with `consumers: auto`
-// adopts the first shape declared.
+// adopts the first shape declared; REPLICAS (or $MMFEED_REPLICAS) declares the model-parallel
+// group size, which `replicas: auto` adopts.
 // --json prints one line: {"batches":..,"samples":..,"seconds":..,"samples_per_s":..,
 // "sample_ids_sha256":"..","batch_us_median":..} (the hash is over the sample ids in received
 // order, each followed by '\n'; batch_us_median is the median time of Next() plus the release,
@@ -55,7 +56,7 @@ namespace {
       "                      [--cursor FILE] [--reconnect SECONDS] [--hold-ms MS] "
       "[--pause-ms MS]\n"
       "                      [--abort-after N] [--timeout SECONDS]\n"
-      "                      [--job NUM_NODES,NODE_RANK,LOCAL_WORLD_SIZE]\n"
+      "                      [--job NUM_NODES,NODE_RANK,LOCAL_WORLD_SIZE[,REPLICAS]]\n"
       "without --rank: the launcher's local rank ($LOCAL_RANK, $SLURM_LOCALID)\n");
   std::exit(code);
 }
@@ -147,17 +148,20 @@ int main(int argc, char** argv) {
       Usage(a == "--help" ? 0 : 2);
   }
   if (!job.empty()) {
-    int nodes = 0, node = 0, per_node = 0;
+    int nodes = 0, node = 0, per_node = 0, replicas = 0;
     char end = 0;
-    if (rank < 0 || std::sscanf(job.c_str(), "%d,%d,%d%c", &nodes, &node, &per_node, &end) != 3)
-      Usage(2);
-    Result<JobShape> shape = JobShape::FromJson({{"rank", node * per_node + rank},
-                                                 {"world_size", nodes * per_node},
-                                                 {"local_rank", rank},
-                                                 {"local_world_size", per_node},
-                                                 {"node_rank", node},
-                                                 {"num_nodes", nodes},
-                                                 {"from", "arguments"}});
+    const int n =
+        std::sscanf(job.c_str(), "%d,%d,%d,%d%c", &nodes, &node, &per_node, &replicas, &end);
+    if (rank < 0 || (n != 3 && n != 4)) Usage(2);
+    nlohmann::json declared = {{"rank", node * per_node + rank},
+                               {"world_size", nodes * per_node},
+                               {"local_rank", rank},
+                               {"local_world_size", per_node},
+                               {"node_rank", node},
+                               {"num_nodes", nodes},
+                               {"from", "arguments"}};
+    if (n == 4) declared["replicas"] = replicas;
+    Result<JobShape> shape = JobShape::FromJson(declared);
     if (!shape.ok()) return Fail(shape.status().WithContext("--job"));
     options.job = *shape;
   }

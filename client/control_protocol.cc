@@ -15,18 +15,21 @@
 namespace mmfeed {
 
 std::string JobShape::Describe() const {
-  return fmt::format("{} node(s) x {} rank(s), this node {}", num_nodes, local_world_size,
-                     node_rank);
+  return fmt::format("{} node(s) x {} rank(s), this node {}{}", num_nodes, local_world_size,
+                     node_rank,
+                     replicas ? fmt::format(", in groups of {} (replicas)", replicas) : "");
 }
 
 nlohmann::json JobShape::ToJson() const {
-  return {{"rank", rank},
-          {"world_size", world_size},
-          {"local_rank", local_rank},
-          {"local_world_size", local_world_size},
-          {"node_rank", node_rank},
-          {"num_nodes", num_nodes},
-          {"from", from}};
+  nlohmann::json j = {{"rank", rank},
+                      {"world_size", world_size},
+                      {"local_rank", local_rank},
+                      {"local_world_size", local_world_size},
+                      {"node_rank", node_rank},
+                      {"num_nodes", num_nodes},
+                      {"from", from}};
+  if (replicas) j["replicas"] = replicas;
+  return j;
 }
 
 Result<JobShape> JobShape::FromJson(const nlohmann::json& j) {
@@ -53,6 +56,14 @@ Result<JobShape> JobShape::FromJson(const nlohmann::json& j) {
         "job: world_size {} is not num_nodes {} x local_world_size {} (every node must run as "
         "many trainers)",
         s.world_size, s.num_nodes, s.local_world_size));
+  if (j.contains("replicas")) {
+    MMFEED_RETURN_IF_ERROR(field("replicas", &s.replicas, 1, s.local_world_size));
+    if (s.local_world_size % s.replicas != 0)
+      return Status::Invalid(fmt::format(
+          "job: replicas {} does not divide local_world_size {} (each group of {} consecutive "
+          "local ranks receives the same batches)",
+          s.replicas, s.local_world_size, s.replicas));
+  }
   if (j.contains("from") && j["from"].is_string()) s.from = j["from"].get<std::string>();
   return s;
 }

@@ -31,13 +31,17 @@ struct JobShape {
   int rank = 0, world_size = 1;              // the trainer's global rank, of world_size
   int local_rank = 0, local_world_size = 1;  // on this node
   int node_rank = 0, num_nodes = 1;
+  // The model-parallel group size the trainers declare ($MMFEED_REPLICAS, mmfeed-consume --job's
+  // fourth field): that many consecutive local ranks receive the same batches, as `replicas:`
+  // says; 0: not declared. A divisor of local_world_size.
+  int replicas = 0;
   std::string from;  // "torchrun", "slurm" or "arguments"
 
-  bool operator==(const JobShape& o) const {  // the shape, not who said it
+  bool operator==(const JobShape& o) const {  // the shape, not who said it (nor replicas)
     return world_size == o.world_size && local_world_size == o.local_world_size &&
            node_rank == o.node_rank && num_nodes == o.num_nodes;
   }
-  // "2 node(s) x 2 rank(s), this node 1".
+  // "2 node(s) x 2 rank(s), this node 1" (", in groups of 2 (replicas)" when declared).
   std::string Describe() const;
   nlohmann::json ToJson() const;
   // Refuses fields out of range or inconsistent (world_size != num_nodes x local_world_size).

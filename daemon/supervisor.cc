@@ -149,7 +149,8 @@ int Supervisor::Serve() {
 Status Supervisor::AdoptJob(const JobShape& job, int pid,
                             const std::optional<StreamCursor>& resume) {
   const PipelineConfig before = cfg_;
-  MMFEED_RETURN_IF_ERROR(cfg_.AdoptShape(job.local_world_size, job.node_rank, job.num_nodes));
+  MMFEED_RETURN_IF_ERROR(
+      cfg_.AdoptShape(job.local_world_size, job.node_rank, job.num_nodes, job.replicas));
   const std::string from =
       fmt::format("pid {} ({})", pid, job.from.empty() ? "declared" : job.from);
   spdlog::info("the job, as {} declares it: {}; serving {} consumer rank(s) as node {} of {}", from,
@@ -203,6 +204,13 @@ void Supervisor::ResumeJobAt(const StreamCursor& c, int pid) {
 }
 
 Status Supervisor::CheckJob(const JobShape& job, int pid) {
+  // A model-parallel group of another size would receive other batches than its peers: refused.
+  if (job.replicas && job.replicas != cfg_.replicas)
+    return Status::Invalid(fmt::format(
+        "the trainer's job ({}: {}) declares groups of {} ranks receiving the same batches, but "
+        "this daemon serves replicas: {} ({}); a node's trainers must belong to one job",
+        job.from.empty() ? "declared" : job.from, job.Describe(), job.replicas, cfg_.replicas,
+        cfg_.replicas_auto ? fmt::format("adopted from {}", job_from_) : cfg_.file));
   // Adopted from the first trainer's (a config reloaded to `auto` keeps the shape in force,
   // which no trainer declared: compared with the config's values below).
   if (job_ && cfg_.shape_from_trainers()) {
@@ -547,8 +555,9 @@ Result<std::string> CheckPipeline(const PipelineConfig& cfg) {
           : "",
       cfg.shape_from_trainers()
           ? fmt::format(" of node {} of {} as checked: consumers: auto takes the first "
-                        "trainer's job",
-                        cfg.source.node_rank, cfg.source.num_nodes)
+                        "trainer's job{}",
+                        cfg.source.node_rank, cfg.source.num_nodes,
+                        cfg.replicas_auto ? ", replicas: auto its declared group size" : "")
           : "",
       p->batches_per_epoch(),
       p->budgeted() ? "in epoch 0 (token budget: the count varies by epoch)" : "per epoch",

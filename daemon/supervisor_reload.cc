@@ -56,8 +56,9 @@ Result<std::shared_ptr<Supervisor::PreparedReload>> Supervisor::PrepareReload(
   Result<PipelineConfig> cfg = LoadDaemonConfig(file, opt_);
   if (!cfg.ok()) return cfg.status();
   // What is auto keeps the shape in force (the trainers' job, or the config's before).
-  MMFEED_RETURN_IF_ERROR(
-      cfg->AdoptShape(cfg_.trainers(), cfg_.source.node_rank, cfg_.source.num_nodes));
+  MMFEED_RETURN_IF_ERROR(cfg->AdoptShape(cfg_.trainers(), cfg_.source.node_rank,
+                                         cfg_.source.num_nodes,
+                                         cfg->replicas_auto ? cfg_.replicas : 0));
   auto p = std::make_shared<PreparedReload>();
   p->changes = DiffConfigs(cfg_, *cfg);
   if (!p->changes.needs_restart.empty())

@@ -665,7 +665,14 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
     cfg.consumers = static_cast<int>(IntAtLeast(root["consumers"], "consumers", 1));
   if (cfg.consumers > kMaxConsumers)
     Fail(root["consumers"], fmt::format("consumers must be at most {}", kMaxConsumers));
-  if (root["replicas"]) {
+  if (IsAuto(root["replicas"])) {
+    if (!cfg.consumers_auto)
+      Fail(root["replicas"],
+           "replicas: auto takes the group size the trainers declare with their job "
+           "($MMFEED_REPLICAS), and so needs consumers: auto; with a fixed consumers: N, give "
+           "replicas: k (the tensor/context-parallel size)");
+    cfg.replicas_auto = true;  // one until the first trainer declares its job
+  } else if (root["replicas"]) {
     cfg.replicas = static_cast<int>(IntAtLeast(root["replicas"], "replicas", 1));
     if (cfg.replicas > kMaxConsumers)
       Fail(root["replicas"], fmt::format("replicas must be at most {}", kMaxConsumers));
@@ -794,20 +801,28 @@ Result<PipelineConfig> LoadConfigFile(const std::string& file) {
   return ParseConfig(text, file);
 }
 
-Status PipelineConfig::AdoptShape(int local_world_size, int node_rank, int num_nodes) {
+Status PipelineConfig::AdoptShape(int local_world_size, int node_rank, int num_nodes,
+                                  int declared_replicas) {
+  if (!replicas_auto && declared_replicas && declared_replicas != replicas)
+    return Status::Invalid(fmt::format(
+        "the job declares groups of {} ranks receiving the same batches ($MMFEED_REPLICAS), the "
+        "config replicas: {}: set replicas: {} (or auto) in {}, or declare {}",
+        declared_replicas, replicas, declared_replicas, file, replicas));
+  const int group = replicas_auto ? std::max(declared_replicas, 1) : replicas;
   if (consumers_auto) {
     if (local_world_size > kMaxConsumers)
       return Status::Invalid(
           fmt::format("the job runs {} trainers a node; consumers: auto takes "
                       "at most {}",
                       local_world_size, kMaxConsumers));
-    if (local_world_size % replicas != 0)
+    if (local_world_size % group != 0)
       return Status::Invalid(fmt::format(
           "the job runs {} trainers a node, not a multiple of replicas: {} (each group of {} "
           "consecutive local ranks reads one stream)",
-          local_world_size, replicas, replicas));
-    consumers = local_world_size / replicas;
+          local_world_size, group, group));
+    consumers = local_world_size / group;
   }
+  replicas = group;
   if (source.node_auto) {
     source.node_rank = node_rank;
     source.num_nodes = num_nodes;

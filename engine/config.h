@@ -76,11 +76,15 @@ struct PipelineConfig {
   // `consumers: auto` (and source.node_auto: `node_rank`/`num_nodes: auto`): the job's shape
   // comes from the trainers' attach (issue #31); consumers 1 (node 0 of 1) until AdoptShape.
   bool consumers_auto = false;
+  // `replicas: auto` (with consumers: auto): the group size the trainers declare (JobShape::
+  // replicas; 1 when they declare none); replicas 1 until AdoptShape.
+  bool replicas_auto = false;
   bool shape_from_trainers() const { return consumers_auto || source.node_auto; }
   // Takes a declared job's values for what is auto: local_world_size trainer ranks (streams:
-  // that over replicas), this node's rank of num_nodes. Refuses more than kMaxConsumers, and a
-  // local_world_size that is not a multiple of replicas.
-  Status AdoptShape(int local_world_size, int node_rank, int num_nodes);
+  // that over replicas), this node's rank of num_nodes, the group size `replicas` (0: not
+  // declared). Refuses more than kMaxConsumers, a local_world_size that is not a multiple of
+  // replicas, and a declared group size other than the config's `replicas: k`.
+  Status AdoptShape(int local_world_size, int node_rank, int num_nodes, int replicas);
   std::vector<StageConfig> stages;  // in file order; the batch stage is `batch_stage`
   int batch_stage = -1;
   int64_t batch_size = 0;

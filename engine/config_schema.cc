@@ -215,13 +215,13 @@ json ConfigSchema() {
          {"description",
           "trainer ranks on this node; auto: as many as the first trainer's job runs a node"}}},
        {"replicas",
-        {{"type", "integer"},
-         {"minimum", 1},
-         {"maximum", kMaxConsumers},
+        {{"anyOf",
+          {{{"type", "integer"}, {"minimum", 1}, {"maximum", kMaxConsumers}}, {{"const", "auto"}}}},
          {"default", 1},
          {"description",
           "trainer ranks that receive the same batches (a tensor/context-parallel group): ranks "
-          "k*g .. k*g+k-1 read stream g from one ring"}}},
+          "k*g .. k*g+k-1 read stream g from one ring; auto (with consumers: auto): the group "
+          "size the trainers declare ($MMFEED_REPLICAS)"}}},
        {"stages", {{"type", "array"}, {"minItems", 1}, {"items", StageSchemaJson()}}},
        {"output",
         Object({{"ring_slots",

@@ -166,9 +166,9 @@ class JobShapeTest : public ::testing::Test {
   void SetUp() override { Clear(); }
   void TearDown() override { Clear(); }
   static void Clear() {
-    for (const char* v :
-         {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "SLURM_PROCID",
-          "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE"})
+    for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                          "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID",
+                          "SLURM_NNODES", "SLURM_NTASKS_PER_NODE", "MMFEED_REPLICAS"})
       unsetenv(v);
   }
   static void Set(std::initializer_list<std::pair<const char*, const char*>> vars) {
@@ -192,6 +192,16 @@ TEST_F(JobShapeTest, TorchrunsAndSlurmsVariablesGiveTheShape) {
   EXPECT_EQ((*t)->num_nodes, 2);
   EXPECT_EQ((*t)->node_rank, 1);
   EXPECT_EQ((*t)->Describe(), "2 node(s) x 4 rank(s), this node 1");
+  EXPECT_EQ((*t)->replicas, 0) << "no group size declared";
+  Set({{"MMFEED_REPLICAS", "2"}});  // the model-parallel group size, which no launcher says
+  Result<std::optional<JobShape>> groups = JobShapeFromEnvironment();
+  ASSERT_TRUE(groups.ok()) << groups.status().message();
+  EXPECT_EQ((*groups)->replicas, 2);
+  EXPECT_EQ((*groups)->Describe(), "2 node(s) x 4 rank(s), this node 1, in groups of 2 (replicas)");
+  for (const char* bad : {"3", "0", "two"}) {
+    Set({{"MMFEED_REPLICAS", bad}});
+    EXPECT_FALSE(JobShapeFromEnvironment().ok()) << bad << " (4 ranks a node)";
+  }
   Clear();
   Set({{"SLURM_PROCID", "7"},
        {"SLURM_NTASKS", "9"},
@@ -224,6 +234,12 @@ TEST_F(JobShapeTest, AnAttachCarriesAShapeTheParserChecks) {
   ASSERT_TRUE(ok->job);
   EXPECT_EQ(ok->job->num_nodes, 2);
   EXPECT_EQ(ok->job->from, "torchrun");
+  EXPECT_EQ(ok->job->replicas, 0);
+  Result<ControlCommand> groups = parse(
+      R"({"rank":3,"world_size":4,"local_rank":1,"local_world_size":2,"node_rank":1,"num_nodes":2,"replicas":2})");
+  ASSERT_TRUE(groups.ok()) << groups.status().message();
+  EXPECT_EQ(groups->job->replicas, 2);
+  EXPECT_EQ(JobShape::FromJson(groups->job->ToJson())->replicas, 2) << "round trip";
   EXPECT_FALSE(ParseControlRequest(R"({"cmd":"attach","rank":1})")->job);
   // Out of range, inconsistent, another rank than the attach's, missing, not an object.
   for (
@@ -233,6 +249,8 @@ TEST_F(JobShapeTest, AnAttachCarriesAShapeTheParserChecks) {
        R"({"rank":2,"world_size":4,"local_rank":0,"local_world_size":2,"node_rank":1,"num_nodes":2})",
        R"({"rank":3,"world_size":4,"local_rank":1,"local_world_size":2,"node_rank":1})",
        R"({"rank":-1,"world_size":4,"local_rank":1,"local_world_size":2,"node_rank":1,"num_nodes":2})",
+       R"({"rank":3,"world_size":4,"local_rank":1,"local_world_size":2,"node_rank":1,"num_nodes":2,"replicas":3})",
+       R"({"rank":3,"world_size":4,"local_rank":1,"local_world_size":2,"node_rank":1,"num_nodes":2,"replicas":0})",
        R"([1, 2])"})
     EXPECT_FALSE(parse(bad).ok()) << bad;
 }

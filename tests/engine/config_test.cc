@@ -409,10 +409,10 @@ TEST_F(ConfigTest, AutoShapeWaitsForTheTrainersJob) {
   EXPECT_TRUE(r->shape_from_trainers());
   EXPECT_EQ((std::tuple{r->consumers, r->source.node_rank, r->source.num_nodes}),
             (std::tuple{1, 0, 1}));
-  ASSERT_TRUE(r->AdoptShape(8, 2, 3).ok());
+  ASSERT_TRUE(r->AdoptShape(8, 2, 3, 0).ok());
   EXPECT_EQ((std::tuple{r->consumers, r->source.node_rank, r->source.num_nodes}),
             (std::tuple{8, 2, 3}));
-  EXPECT_FALSE(r->AdoptShape(65, 0, 1).ok()) << "at most 64 consumers";
+  EXPECT_FALSE(r->AdoptShape(65, 0, 1, 0).ok()) << "at most 64 consumers";
   std::string half = kCanonical;
   half.replace(half.find("epochs: 1}"), 10, "epochs: 1, node_rank: auto, num_nodes: 2}");
   EXPECT_NE(Error(half).find("source.node_rank and source.num_nodes are auto together"),
@@ -421,7 +421,7 @@ TEST_F(ConfigTest, AutoShapeWaitsForTheTrainersJob) {
   Result<PipelineConfig> fixed = ParseConfig(kCanonical, dir_ / "p.yaml");
   ASSERT_TRUE(fixed.ok());
   EXPECT_FALSE(fixed->shape_from_trainers());
-  ASSERT_TRUE(fixed->AdoptShape(8, 2, 3).ok());
+  ASSERT_TRUE(fixed->AdoptShape(8, 2, 3, 0).ok());
   EXPECT_EQ(fixed->consumers, 2) << "explicit values stay";
 }
 
@@ -443,14 +443,45 @@ TEST_F(ConfigTest, ReplicasGroupTheTrainerRanksIntoStreams) {
   Result<PipelineConfig> a = ParseConfig(automatic, dir_ / "p.yaml");
   ASSERT_TRUE(a.ok()) << a.status().message();
   EXPECT_EQ(a->consumers, 1) << "one stream until the job is adopted (--check builds it)";
-  EXPECT_NE(a->AdoptShape(3, 0, 1).message().find("not a multiple of replicas: 2"),
+  EXPECT_NE(a->AdoptShape(3, 0, 1, 0).message().find("not a multiple of replicas: 2"),
             std::string::npos);
-  ASSERT_TRUE(a->AdoptShape(4, 0, 1).ok());
+  EXPECT_NE(
+      a->AdoptShape(4, 0, 1, 4)
+          .message()
+          .find("the job declares groups of 4 ranks receiving the same batches ($MMFEED_REPLICAS), "
+                "the config replicas: 2"),
+      std::string::npos)
+      << "a declared group size other than the config's";
+  ASSERT_TRUE(a->AdoptShape(4, 0, 1, 2).ok());
   EXPECT_EQ((std::tuple{a->consumers, a->trainers()}), (std::tuple{2, 4}));
   Result<PipelineConfig> one = ParseConfig(kCanonical, dir_ / "p.yaml");
   ASSERT_TRUE(one.ok());
   EXPECT_NE(DiffConfigs(*one, *r).needs_restart.find("replicas 1 -> 2"), std::string::npos)
       << "which ranks share a ring cannot change under attached trainers";
+}
+
+// `replicas: auto`: the group size the trainers declare with their job, with consumers: auto.
+TEST_F(ConfigTest, ReplicasAutoTakesTheDeclaredGroupSize) {
+  std::string yaml = kCanonical;
+  yaml.replace(yaml.find("consumers: 2"), 12, "consumers: auto\nreplicas: auto");
+  Result<PipelineConfig> r = ParseConfig(yaml, dir_ / "p.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ((std::tuple{r->replicas_auto, r->replicas, r->consumers}), (std::tuple{true, 1, 1}));
+  PipelineConfig undeclared = *r;
+  ASSERT_TRUE(undeclared.AdoptShape(4, 0, 1, 0).ok());
+  EXPECT_EQ((std::tuple{undeclared.replicas, undeclared.consumers}), (std::tuple{1, 4}))
+      << "a job declaring no group size: one rank a stream";
+  EXPECT_NE(r->AdoptShape(6, 0, 1, 4).message().find("not a multiple of replicas: 4"),
+            std::string::npos);
+  EXPECT_EQ((std::tuple{r->replicas, r->consumers}), (std::tuple{1, 1}))
+      << "a refused job changes nothing";
+  ASSERT_TRUE(r->AdoptShape(8, 0, 1, 4).ok());
+  EXPECT_EQ((std::tuple{r->replicas, r->consumers, r->trainers()}), (std::tuple{4, 2, 8}));
+  std::string fixed = kCanonical;
+  fixed.replace(fixed.find("consumers: 2"), 12, "consumers: 2\nreplicas: auto");
+  EXPECT_NE(Error(fixed).find(":4:11: replicas: auto takes the group size the trainers declare"),
+            std::string::npos)
+      << Error(fixed);
 }
 
 // A mixture of two manifests (issue #30); `sources` replaces `source`.

@@ -13,7 +13,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import daemon_test as dt  # noqa: E402
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "SLURM_PROCID",
-                 "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE")
+                 "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE",
+                 "MMFEED_REPLICAS")
 
 
 def config(consumers="auto", node="node_rank: auto, num_nodes: auto"):
@@ -510,6 +511,36 @@ class ReplicasTest(JobCase):
         self.assertEqual(d.wait(), 0, d.log())
         self.assertEqual({o["sample_ids_sha256"] for o in outs}, {outs[0]["sample_ids_sha256"]})
         self.assertEqual(outs[0]["samples"], 192)
+
+    def test_replicas_auto_takes_the_group_size_the_trainers_declare(self):
+        """`replicas: auto`: the tensor-parallel size the trainers declare ($MMFEED_REPLICAS);
+        a trainer declaring another is refused naming both, as is one declaring a size a fixed
+        `replicas:` does not give."""
+        d = dt.Daemon(self.dir, config("auto\nreplicas: auto"))
+        tp = lambda r, k="2": {**torchrun(0, r, 1, 4), "MMFEED_REPLICAS": k}
+        first = self.consume(d, tp(0), "--json")
+        deadline = time.time() + 30
+        while "declares it" not in d.log():
+            self.assertLess(time.time(), deadline, d.log())
+            time.sleep(0.05)
+        self.assertIn("1 node(s) x 4 rank(s), this node 0, in groups of 2 (replicas); serving 4 consumer rank(s)",
+                      d.log())
+        err = self.refused(d, tp(1, "4"))
+        self.assertIn("declares groups of 4 ranks receiving the same batches, but this daemon serves replicas: 2 "
+                      "(adopted from pid", err)
+        job = json.loads(d.ctl("status", "--json").stdout)["job"]
+        self.assertEqual((job["consumers"], job["replicas"], job["declared"]["replicas"]), (4, 2, 2))
+        outs = [dt.finish(c) for c in [first] + [self.consume(d, tp(r), "--json") for r in (1, 2, 3)]]
+        self.assertEqual(d.wait(), 0, d.log())
+        ids = [o["sample_ids_sha256"] for o in outs]
+        self.assertEqual((ids[0], ids[2]), (ids[1], ids[3]), "each group's two ranks get the same batches")
+        self.assertNotEqual(ids[0], ids[2])
+        self.assertEqual(outs[0]["samples"] + outs[2]["samples"], 192)
+
+        d = dt.Daemon(self.dir, config("2", "node_rank: 0, num_nodes: 1"))
+        err = self.refused(d, {**torchrun(0, 0, 1, 2), "MMFEED_REPLICAS": "2"})
+        self.assertIn("declares groups of 2 ranks receiving the same batches, but this daemon serves replicas: 1 (",
+                      err)
 
 
 if __name__ == "__main__":
