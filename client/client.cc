@@ -91,18 +91,33 @@ const shm::TensorView* Batch::tensor(std::string_view name) const {
   return nullptr;
 }
 
+namespace {
+
+// A launcher's variable: a non-negative integer, or -1 when it is not set.
+Result<int> EnvCount(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return -1;
+  char* end = nullptr;
+  errno = 0;
+  const long x = std::strtol(v, &end, 10);
+  if (*end || errno || x < 0 || x > (1 << 24))
+    return Status::Invalid(fmt::format("${} is '{}', not a rank or a count", name, v));
+  return static_cast<int>(x);
+}
+
+// $MMFEED_REPLICAS: the model-parallel group size the trainer declares (0 when unset).
+Result<int> EnvReplicas() {
+  MMFEED_ASSIGN_OR_RETURN(int k, EnvCount("MMFEED_REPLICAS"));
+  if (k == 0)
+    return Status::Invalid(
+        "$MMFEED_REPLICAS is 0: it is the number of consecutive local ranks that receive the "
+        "same batches (1 or more)");
+  return std::max(k, 0);
+}
+
+}  // namespace
+
 Result<std::optional<JobShape>> JobShapeFromEnvironment() {
-  // A variable's value: a non-negative integer, or -1 when it is not set.
-  auto get = [](const char* name) -> Result<int> {
-    const char* v = std::getenv(name);
-    if (!v || !*v) return -1;
-    char* end = nullptr;
-    errno = 0;
-    const long x = std::strtol(v, &end, 10);
-    if (*end || errno || x < 0 || x > (1 << 24))
-      return Status::Invalid(fmt::format("${} is '{}', not a rank or a count", name, v));
-    return static_cast<int>(x);
-  };
   // One launcher's five variables, or nullopt unless all are set: other launchers set some of
   // them (RANK, WORLD_SIZE and LOCAL_RANK alone are not torchrun's job, and a LOCAL_RANK set by
   // hand is not a job at all).
@@ -110,7 +125,7 @@ Result<std::optional<JobShape>> JobShapeFromEnvironment() {
   auto read = [&](const std::array<const char*, 5>& names) -> Result<std::optional<Five>> {
     Five v;
     for (size_t k = 0; k < names.size(); ++k) {
-      MMFEED_ASSIGN_OR_RETURN(v[k], get(names[k]));
+      MMFEED_ASSIGN_OR_RETURN(v[k], EnvCount(names[k]));
       if (v[k] < 0) return std::optional<Five>();
     }
     return std::optional<Five>(v);
@@ -132,7 +147,7 @@ Result<std::optional<JobShape>> JobShapeFromEnvironment() {
         read({"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NNODES"}));
     if (!slurm) return std::optional<JobShape>();
     const auto [rank, tasks, local_rank, node, nodes] = *slurm;
-    MMFEED_ASSIGN_OR_RETURN(int per_node, get("SLURM_NTASKS_PER_NODE"));
+    MMFEED_ASSIGN_OR_RETURN(int per_node, EnvCount("SLURM_NTASKS_PER_NODE"));
     if (per_node < 0 && nodes > 0 && tasks % nodes == 0) per_node = tasks / nodes;
     if (per_node <= 0)
       return Status::Invalid(fmt::format(
@@ -142,12 +157,7 @@ Result<std::optional<JobShape>> JobShapeFromEnvironment() {
     s = {rank, tasks, local_rank, per_node, node, nodes, 0, "slurm"};
   }
   // The model-parallel group size, which no launcher says: the trainer's own variable.
-  MMFEED_ASSIGN_OR_RETURN(s.replicas, get("MMFEED_REPLICAS"));
-  if (s.replicas == 0)
-    return Status::Invalid(
-        "$MMFEED_REPLICAS is 0: it is the number of consecutive local ranks "
-        "that receive the same batches (1 or more)");
-  s.replicas = std::max(s.replicas, 0);
+  MMFEED_ASSIGN_OR_RETURN(s.replicas, EnvReplicas());
   MMFEED_ASSIGN_OR_RETURN(JobShape checked, JobShape::FromJson(s.ToJson()));
   return std::optional<JobShape>(checked);
 }
@@ -160,6 +170,19 @@ Result<std::unique_ptr<Client>> Client::Attach(const std::string& socket_path, i
     Result<std::optional<JobShape>> env = JobShapeFromEnvironment();
     if (!env.ok() && rank < 0) return env.status();
     if (env.ok() && *env && (rank < 0 || rank == (*env)->local_rank)) options.job = **env;
+  }
+  // A declared model-parallel group is never dropped: a group fed other batches than its peers
+  // trains on garbage. A job declared without one takes it; with no job to carry it, refused.
+  MMFEED_ASSIGN_OR_RETURN(const int replicas, EnvReplicas());
+  if (replicas && !options.job)
+    return Status::Invalid(fmt::format(
+        "$MMFEED_REPLICAS is {} but this attach declares no job to carry it: run the trainer "
+        "under torchrun or srun (their variables give the job, with this rank as the local "
+        "rank), or declare the job (mmfeed-consume --job NODES,NODE,PER_NODE,{})",
+        replicas, replicas));
+  if (replicas && options.job->replicas == 0) {
+    options.job->replicas = replicas;
+    MMFEED_ASSIGN_OR_RETURN(options.job, JobShape::FromJson(options.job->ToJson()));
   }
   if (rank < 0 && options.job) rank = options.job->local_rank;
   if (const char* local = std::getenv("LOCAL_RANK"); rank < 0 && local && *local) {

@@ -23,7 +23,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <ranges>
+#include <numeric>
 #include <set>
 #include <thread>
 
@@ -98,7 +98,11 @@ class Supervisor {
   int StreamOf(int t) const { return t / cfg_.replicas; }
   uint32_t MemberOf(int t) const { return static_cast<uint32_t>(t % cfg_.replicas); }
   // The trainer ranks that read stream s.
-  auto GroupOf(int s) const { return std::views::iota(s * cfg_.replicas, (s + 1) * cfg_.replicas); }
+  std::vector<int> GroupOf(int s) const {
+    std::vector<int> ranks(cfg_.replicas);
+    std::iota(ranks.begin(), ranks.end(), s * cfg_.replicas);
+    return ranks;
+  }
 
   // The process attached for a trainer rank: its pid, a pidfd on it, and the attach's
   // generation.

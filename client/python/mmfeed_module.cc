@@ -198,6 +198,34 @@ std::string DefaultSocket() {
   return mmfeed::kServiceSocket;
 }
 
+// resume=: a cursor dict ({"seq": S, ...}, a Batch.cursor) or a seq, checked as the daemon
+// checks a cursor (CursorFromJson); anything else is a ValueError naming what was given.
+StreamCursor ResumeCursor(const py::object& resume) {
+  // A Python int (not a bool) as JSON; anything else, a negative one included, as null, which
+  // no cursor field accepts.
+  auto number = [](const py::handle& v) -> nlohmann::json {
+    if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v)) return nullptr;
+    const unsigned long long x = PyLong_AsUnsignedLongLong(v.ptr());
+    if (PyErr_Occurred()) {  // negative, or past 64 bits
+      PyErr_Clear();
+      return nullptr;
+    }
+    return static_cast<uint64_t>(x);
+  };
+  nlohmann::json j = nlohmann::json::object();
+  if (py::isinstance<py::dict>(resume)) {
+    for (auto [key, value] : resume.cast<py::dict>())
+      j[py::str(key).cast<std::string>()] = number(value);
+  } else {
+    j["seq"] = number(resume);
+  }
+  mmfeed::Result<StreamCursor> c = mmfeed::CursorFromJson(j);
+  if (!c.ok())
+    throw py::value_error("resume=" + py::repr(resume).cast<std::string>() + ": " +
+                          c.status().message() + " (a Batch.cursor, or a seq)");
+  return *c;
+}
+
 class PyClient {
  public:
   PyClient(py::object socket, py::object rank, py::object resume, double reconnect_s,
@@ -221,53 +249,7 @@ class PyClient {
     }
     mmfeed::AttachOptions opt;
     opt.reconnect_s = reconnect_s;
-    if (!resume.is_none()) {
-      // A cursor dict ({"seq": S, ...}, a Batch.cursor) or a seq: a non-negative integer that
-      // fits 64 bits; anything else is a ValueError naming what was given.
-      py::object seq = resume, stream = py::int_(0), epoch = py::int_(0), order = py::int_(0),
-                 position = py::int_(0);
-      if (py::isinstance<py::dict>(resume)) {
-        py::dict d = resume.cast<py::dict>();
-        if (!d.contains("seq")) throw py::value_error("resume: a cursor dict needs a \"seq\"");
-        seq = d["seq"];
-        if (d.contains("stream")) stream = d["stream"];
-        if (d.contains("order")) {  // with "position" and "epoch": the job's position
-          if (!d.contains("position") || !d.contains("epoch"))
-            throw py::value_error(
-                "resume: a cursor's \"order\" comes with its \"position\" and \"epoch\"");
-          order = d["order"];
-          position = d["position"];
-          epoch = d["epoch"];
-        }
-      }
-      auto integer_below = [](const py::object& v, unsigned long long bound) {
-        return py::isinstance<py::int_>(v) && !py::isinstance<py::bool_>(v) && v >= py::int_(0) &&
-               v <= py::reinterpret_steal<py::object>(PyLong_FromUnsignedLongLong(bound));
-      };
-      if (!integer_below(seq, UINT64_MAX))
-        throw py::value_error(
-            "resume must be a cursor (a dict with \"seq\") or a seq, a "
-            "non-negative integer below 2**64; got " +
-            py::repr(resume).cast<std::string>());
-      if (!integer_below(stream, UINT32_MAX))
-        throw py::value_error("resume: a cursor's \"stream\" is a 32-bit unsigned tag; got " +
-                              py::repr(stream).cast<std::string>());
-      if (!integer_below(order, UINT32_MAX) || !integer_below(position, UINT64_MAX) ||
-          !integer_below(epoch, UINT32_MAX))
-        throw py::value_error(
-            "resume: a cursor's \"order\" and \"epoch\" are 32-bit and its \"position\" a "
-            "64-bit unsigned integer; got " +
-            py::repr(resume).cast<std::string>());
-      StreamCursor c;
-      c.seq = seq.cast<uint64_t>();        // the daemon derives the epoch and batch from it
-      c.stream = stream.cast<uint32_t>();  // and refuses a cursor of another stream
-      c.order = order.cast<uint32_t>();
-      if (c.order) {
-        c.epoch = epoch.cast<uint32_t>();
-        c.position = position.cast<uint64_t>();
-      }
-      opt.resume = c;
-    }
+    if (!resume.is_none()) opt.resume = ResumeCursor(resume);
     timeout_ms_ = timeout_s.is_none() ? -1 : static_cast<int>(timeout_s.cast<double>() * 1000);
     mmfeed::Result<std::unique_ptr<Client>> c = [&] {
       py::gil_scoped_release nogil;

@@ -224,6 +224,31 @@ TEST_F(JobShapeTest, TorchrunsAndSlurmsVariablesGiveTheShape) {
   EXPECT_FALSE(*JobShapeFromEnvironment());
 }
 
+// $MMFEED_REPLICAS is never dropped: a job declared without a group size takes it, and an
+// attach with no job to carry it is refused (before it connects).
+TEST_F(JobShapeTest, ADeclaredGroupSizeIsNeverDropped) {
+  Set({{"MMFEED_REPLICAS", "2"}});
+  const std::string nowhere = "/nonexistent/mmfeed.sock";
+  Result<std::unique_ptr<Client>> alone = Client::Attach(nowhere, 0);
+  ASSERT_FALSE(alone.ok());
+  EXPECT_NE(alone.status().message().find("$MMFEED_REPLICAS is 2 but this attach declares no job"),
+            std::string::npos)
+      << alone.status().message();
+  AttachOptions three;
+  three.job = JobShape{0, 3, 0, 3, 0, 1, 0, "arguments"};
+  Result<std::unique_ptr<Client>> odd = Client::Attach(nowhere, 0, three);
+  ASSERT_FALSE(odd.ok());
+  EXPECT_NE(odd.status().message().find("replicas 2 does not divide local_world_size 3"),
+            std::string::npos)
+      << odd.status().message();
+  AttachOptions four;
+  four.job = JobShape{0, 4, 0, 4, 0, 1, 0, "arguments"};
+  Result<std::unique_ptr<Client>> fine = Client::Attach(nowhere, 0, four);
+  ASSERT_FALSE(fine.ok());
+  EXPECT_NE(fine.status().message().find("cannot connect"), std::string::npos)
+      << "the job with its group size is sent: " << fine.status().message();
+}
+
 TEST_F(JobShapeTest, AnAttachCarriesAShapeTheParserChecks) {
   auto parse = [](const std::string& job) {
     return ParseControlRequest(R"({"cmd":"attach","rank":1,"job":)" + job + "}");
