@@ -482,6 +482,14 @@ void ValidateGraph(PipelineConfig* cfg, const YAML::Node& stages) {
       Fail(stages[batches[0]],
            "token budgets (max_tokens, max_patches) need a permutation order: they are not "
            "available with source.shuffle_window (remote shards) yet");
+    for (const SourceConfig& s : cfg->sources)
+      if (s.shuffle_window > 0 && s.type == "webdataset")
+        Fail(stages[batches[0]],
+             fmt::format("token budgets (max_tokens, max_patches) need a permutation order: "
+                         "source '{}' is read in shard windows (shuffle_window: {}){}",
+                         s.name, s.shuffle_window,
+                         s.remote ? ", as remote shards must be: mix it without token budgets"
+                                  : ": give it shuffle_window: 0"));
     // Each budget must count something.
     bool tokens = false, patches = false;
     for (const std::string& in : batch.inputs) {
@@ -606,12 +614,6 @@ void ParseMixture(const YAML::Node& list, const YAML::Node& mix, PipelineConfig*
       Fail(n["path"], fmt::format("sources '{}' and '{}' read the same files ({}): give one "
                                   "source, with the share of both",
                                   it->second, s.name, s.path));
-    if (s.remote)
-      Fail(n["path"],
-           "remote shards in a mixture are not supported yet (issue #30): mix local "
-           "manifests and shards");
-    if (s.shuffle_window > 0)
-      Fail(n["shuffle_window"], "shuffle_window in a mixture is not supported yet (issue #30)");
     const char* share = weighted ? "weight" : "repeat";
     if (n[weighted ? "repeat" : "weight"])
       Fail(n[weighted ? "repeat" : "weight"],

@@ -237,6 +237,69 @@ void Pipeline::WantShards(const std::vector<StreamCursor>& next, const std::vect
   catalog_->remote->SetWanted(want);
 }
 
+// WantShards for a mixture's remote sources (each read in windows through its own store):
+// per rank, the windows of each source's draws from the rank's oldest batch not yet committed
+// through the batch it deals next, and kAhead windows after that. A rank's draws of a source
+// before position p are about p x its share (close enough to find their windows).
+void Pipeline::WantMixShards(const std::vector<StreamCursor>& next, const std::vector<bool>& done,
+                             std::vector<uint32_t>* last) {
+  constexpr int kAhead = 2, kMostWindows = 64;
+  const Mixture& mix = *catalog_->mixture;
+  const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size), len = mix.per_lane();
+  std::vector<std::vector<std::vector<uint32_t>>> per_part(catalog_->parts.size());
+  std::vector<uint32_t> key;
+  for (size_t k = 0; k < catalog_->parts.size(); ++k) {
+    const Catalog& part = *catalog_->parts[k];
+    if (!part.remote) continue;
+    const SourceConfig& source = catalog_->part_sources[k];
+    const uint32_t src = static_cast<uint32_t>(k);
+    for (int r = 0; r < cfg_.consumers; ++r) {
+      if (done[r]) continue;
+      const uint32_t lane = static_cast<uint32_t>(cfg_.source.node_rank * cfg_.consumers + r);
+      const uint64_t q = mix.LaneQuota(src, lane);
+      if (q == 0) continue;
+      // The rank's draw of the source about position p of `epoch`.
+      auto draw_at = [&](uint32_t epoch, uint64_t p) {
+        const uint64_t c = static_cast<uint64_t>(static_cast<unsigned __int128>(p) * q / len);
+        return mix.DrawOf(epoch, lane, src, std::min(c, q - 1)).draw;
+      };
+      const StreamCursor oldest = CursorAt(std::min(next[r].seq, NextCommit(r)));
+      const uint64_t a = draw_at(oldest.epoch, oldest.batch * bs),
+                     b = draw_at(next[r].epoch, next[r].batch * bs);
+      // Its last draw of the epoch: windows ahead stop at its node's part of the source.
+      const uint64_t a_end = draw_at(oldest.epoch, len), b_end = draw_at(next[r].epoch, len);
+      std::vector<uint32_t>& shards = per_part[k].emplace_back();
+      if (oldest.epoch == next[r].epoch) {
+        shards = part.PassShards(source, a, b, b_end, kAhead, kMostWindows);
+      } else {  // the rest of the earlier epoch, then the next one's first windows
+        shards = part.PassShards(source, a, a_end, a_end, 0, kMostWindows);
+        for (uint32_t shard : part.PassShards(source, b, b, b_end, kAhead, kMostWindows))
+          shards.push_back(shard);
+      }
+      key.insert(key.end(), shards.begin(), shards.end());
+      key.push_back(UINT32_MAX);
+    }
+  }
+  if (key == *last) return;
+  *last = key;
+  // Per store, round-robin over the ranks, shard by shard: every rank's oldest window first.
+  for (size_t k = 0; k < per_part.size(); ++k) {
+    if (!catalog_->parts[k]->remote) continue;
+    std::vector<RemoteStore::Want> want;
+    for (size_t i = 0;; ++i) {
+      bool any = false;
+      for (const auto& shards : per_part[k]) {
+        if (i >= shards.size()) continue;
+        any = true;
+        const ShardIndex::ShardSpan s = catalog_->parts[k]->shards->shard(shards[i]);
+        want.push_back({*s.path, s.bytes});
+      }
+      if (!any) break;
+    }
+    catalog_->parts[k]->remote->SetWanted(want);
+  }
+}
+
 // Fills in batch `at` of rank `r` (its sink's memory reserved in `pb`) and dispatches its
 // samples: the rank's share of the epoch's order is at positions r, r + consumers, ...; batch
 // `index` holds the share's positions index * batch_size ..., or (a budget) those `plan` says.
@@ -334,6 +397,7 @@ void Pipeline::SourceLoop() {
       }
     }
     if (catalog_->remote) WantShards(next, done, &wanted_windows);
+    if (catalog_->router) WantMixShards(next, done, &wanted_windows);
     bool progressed = false, any_full = false;
     for (Refill& f : refills_->Take()) {
       Dispatch(f.batch, f.row, f.entry, true);
@@ -571,8 +635,8 @@ uint64_t Pipeline::Progress() const {
 std::vector<StageInfo> Pipeline::StageInfos() const {
   std::vector<StageInfo> infos;
   infos.push_back({"source", cfg_.source.type, 1, 0, &source_counters_,
-                   catalog_->remote ? catalog_->remote->Metrics()
-                                    : std::vector<std::pair<std::string, double>>{}});
+                   catalog_->remote_reader() ? StorageMetrics(StorageStats())
+                                             : std::vector<std::pair<std::string, double>>{}});
   for (const auto& b : branches_)
     infos.push_back({b->cfg->name, b->cfg->type, b->active.load(), b->inbox.capacity(),
                      &b->counters, b->cfg->stage->Metrics(), b->inbox.SizeApprox(), b->threads,
@@ -628,7 +692,7 @@ nlohmann::json Pipeline::Profile() const {
                   {"refill_failed", refills_failed_.load()}};
   j["errors"] = errors_.ToJson();  // read after failed_: see where failed_ grows
   j["samples_in_catalog"] = catalog_->size();
-  if (catalog_->remote) j["storage"] = StorageStats();
+  if (catalog_->remote_reader()) j["storage"] = StorageStats();
   if (catalog_->mixture) {  // the realised mixture, and the plan's shares to compare with
     j["sources"] = nlohmann::json::array();
     uint64_t planned = 0;
@@ -676,7 +740,16 @@ PathCheck Pipeline::CheckSamplePaths(size_t max_samples) const {
 }
 
 nlohmann::json Pipeline::StorageStats() const {
-  return catalog_->remote ? catalog_->remote->Stats() : nlohmann::json();
+  if (catalog_->remote) return catalog_->remote->Stats();
+  // A mixture's remote sources: their sum, and each one's by name.
+  std::vector<nlohmann::json> parts;
+  nlohmann::json by_source = nlohmann::json::object();
+  for (size_t k = 0; k < catalog_->parts.size(); ++k)
+    if (catalog_->parts[k]->remote)
+      by_source[cfg_.sources[k].name] = parts.emplace_back(catalog_->parts[k]->remote->Stats());
+  nlohmann::json sum = SumStorageStats(parts);
+  if (!sum.is_null()) sum["sources"] = std::move(by_source);
+  return sum;
 }
 
 }  // namespace mmfeed

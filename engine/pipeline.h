@@ -280,6 +280,8 @@ class Pipeline {
   void Fingerprint();
   void WantShards(const std::vector<StreamCursor>& next, const std::vector<bool>& done,
                   std::vector<uint32_t>* last);
+  void WantMixShards(const std::vector<StreamCursor>& next, const std::vector<bool>& done,
+                     std::vector<uint32_t>* last);
   void SourceLoop();
   void Deal(const std::shared_ptr<Provisional>& batch, int rank, const StreamCursor& at,
             uint64_t gen, const EpochPlan* plan);

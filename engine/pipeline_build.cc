@@ -216,7 +216,7 @@ Status Pipeline::LoadSource(const std::set<std::string>& needed,
                                        cat.size(), cfg_.source.num_nodes, cfg_.consumers));
   catalog_ = std::make_shared<Catalog>(std::move(cat));
   if (catalog_->mixture) source_counts_ = std::make_unique<SourceCounts[]>(catalog_->parts.size());
-  for (auto& b : branches_) b->files.remote = catalog_->remote.get();
+  for (auto& b : branches_) b->files.remote = catalog_->remote_reader();
   per_rank_ = catalog_->mixture ? catalog_->mixture->per_lane()
                                 : catalog_->size() / cfg_.source.num_nodes / cfg_.consumers;
   const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size);

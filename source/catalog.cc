@@ -305,9 +305,11 @@ Result<Catalog> LoadMixture(const std::vector<SourceConfig>& sources, const MixC
     for (LoadError& e : part->errors) cat.errors.push_back(std::move(e));
     part->errors.clear();
     // What the mixture deals: each source's contents and share.
+    const bool windowed = part->shards && s.shuffle_window > 0;
     h = HashString(fmt::format("{}|{}|{}|{}|{}|{}", s.name, s.weight, s.repeat, s.shuffle, s.seed,
                                part->size()),
                    h);
+    if (windowed) h = HashString(fmt::format("window {}", s.shuffle_window), h);
     for (const auto& [field, key] : s.keys) h = HashString(fmt::format("key {}={}", field, key), h);
     if (part->indexed())
       h = HashString(fmt::format("index {:016x}", part->index_fingerprint()), h);
@@ -339,10 +341,16 @@ Result<Catalog> LoadMixture(const std::vector<SourceConfig>& sources, const MixC
     cat.part_lacks.push_back(lacks.empty() ? ""
                                            : fmt::format("{} lacks {} of {} samples looked at",
                                                          s.name, fmt::join(lacks, ", "), looked));
-    shares.push_back(MixSource{part->size(), s.weight, s.repeat, s.shuffle, s.seed});
+    shares.push_back(MixSource{part->size(), s.weight, s.repeat, s.shuffle, s.seed, windowed});
+    if (part->remote) {
+      if (!cat.router) cat.router = std::make_shared<RemoteRouter>();
+      for (size_t u = 0; u < part->shards->shard_count(); ++u)
+        cat.router->Add(*part->shards->shard(u).path, part->remote.get());
+    }
     cat.part_first.push_back(cat.parts.empty() ? 0
                                                : cat.part_first.back() + cat.parts.back()->size());
     cat.parts.push_back(std::make_shared<Catalog>(std::move(part.value())));
+    cat.part_sources.push_back(s);
   }
   for (const auto& [field, count] : seen)
     if (count == 0)
@@ -352,9 +360,9 @@ Result<Catalog> LoadMixture(const std::vector<SourceConfig>& sources, const MixC
           field, kFieldLookups));
   if (cat.size() > UINT32_MAX) return Status::TooLarge("more than 4G samples in one mixture");
   const uint32_t lanes = static_cast<uint32_t>(order.num_nodes * consumers);
-  Result<Mixture> m = Mixture::Create(std::move(shares),
-                                      mix.mode == "epochs" ? MixMode::kEpochs : MixMode::kWeighted,
-                                      mix.samples_per_epoch, lanes, order.seed);
+  Result<Mixture> m = Mixture::Create(
+      std::move(shares), mix.mode == "epochs" ? MixMode::kEpochs : MixMode::kWeighted,
+      mix.samples_per_epoch, lanes, order.seed, static_cast<uint32_t>(consumers));
   if (!m.ok()) {  // it names sources by number: give their names
     std::string msg = m.status().message();
     for (size_t i = sources.size(); i-- > 0;) {
@@ -367,6 +375,41 @@ Result<Catalog> LoadMixture(const std::vector<SourceConfig>& sources, const MixC
   cat.mixture = std::make_shared<const Mixture>(std::move(m.value()));
   cat.mix_fingerprint = h;
   return cat;
+}
+
+namespace {
+
+// The window [a, b) (sequence shards) holding position g of the window order `w`.
+std::pair<size_t, size_t> WindowAt(const ShardWindows& w, uint64_t g) {
+  const size_t t = std::upper_bound(w.starts.begin(), w.starts.end(), g) - w.starts.begin() - 1;
+  const size_t a = t / w.window * w.window;
+  return {a, std::min<size_t>(a + w.window, w.shards.size())};
+}
+
+// The sample (ShardIndex entry) at position g of the window order `w`: the samples of each
+// window permuted by `seed` (unless !shuffle).
+uint64_t WindowSample(const ShardWindows& w, const ShardIndex& shards, bool shuffle, uint64_t seed,
+                      uint64_t g) {
+  const auto [a, b] = WindowAt(w, g);
+  const uint64_t lo = w.starts[a], hi = w.starts[b];
+  uint64_t q = g;
+  if (shuffle) q = lo + Permutation(hi - lo, seed ^ (a * 0x9E3779B97F4A7C15ull))(g - lo);
+  const size_t u =
+      std::upper_bound(w.starts.begin() + a, w.starts.begin() + b + 1, q) - w.starts.begin() - 1;
+  return shards.shard(w.shards[u]).first + (q - w.starts[u]);
+}
+
+uint64_t WindowSeed(const SourceConfig& source, uint32_t epoch) {
+  return Rng(source.seed, epoch, "", "window shuffle").Next();
+}
+
+}  // namespace
+
+Result<FieldFile> RemoteRouter::OpenRange(const std::string& url, uint64_t offset, uint64_t size,
+                                          const std::string& member) {
+  auto it = by_url_.find(url);
+  if (it == by_url_.end()) return Status::Invalid(url + ": not a shard of a remote source");
+  return it->second->OpenRange(url, offset, size, member);
 }
 
 EpochOrder::EpochOrder(size_t n, const SourceConfig& source, uint32_t epoch, int consumers,
@@ -414,14 +457,25 @@ EpochOrder::EpochOrder(const Catalog& cat, const SourceConfig& source, uint32_t 
   windows_ = cat.WindowsOf(source, epoch);
   shards_ = cat.shards.get();
   part_ = static_cast<uint64_t>(cat.size()) / nodes_ * node_;
-  window_seed_ = Rng(source.seed, epoch, "", "window shuffle").Next();
+  window_seed_ = WindowSeed(source, epoch);
 }
 
 uint32_t EpochOrder::Mixed(size_t i) const {
   const uint64_t rank = i % consumers_;
-  const MixDraw d =
-      mix_->At(epoch_, static_cast<uint32_t>(node_ * consumers_ + rank), i / consumers_);
-  return static_cast<uint32_t>(mixed_->part_first[d.source] + d.sample);
+  return EntryOf(
+      mix_->At(epoch_, static_cast<uint32_t>(node_ * consumers_ + rank), i / consumers_));
+}
+
+uint32_t EpochOrder::EntryOf(const MixDraw& d) const {
+  uint64_t sample = d.sample;
+  if (mixed_->windowed(d.source)) {
+    const Catalog& part = *mixed_->parts[d.source];
+    const SourceConfig& source = mixed_->part_sources[d.source];
+    const uint32_t pass = static_cast<uint32_t>(d.draw / part.size());
+    sample = WindowSample(*part.WindowsOf(source, pass), *part.shards, source.shuffle,
+                          WindowSeed(source, pass), d.sample);
+  }
+  return static_cast<uint32_t>(mixed_->part_first[d.source] + sample);
 }
 
 uint32_t EpochOrder::SameSource(uint32_t entry, int rank, uint64_t random) const {
@@ -430,22 +484,28 @@ uint32_t EpochOrder::SameSource(uint32_t entry, int rank, uint64_t random) const
   const uint64_t quota = mix_->LaneQuota(k, lane);
   if (quota == 0)  // not one of this rank's sources (cannot happen): any of its positions
     return Mixed(random % mix_->per_lane() * consumers_ + static_cast<uint64_t>(rank));
-  return static_cast<uint32_t>(mixed_->part_first[k] +
-                               mix_->DrawOf(epoch_, lane, k, random % quota).sample);
+  return EntryOf(mix_->DrawOf(epoch_, lane, k, random % quota));
 }
 
 uint32_t EpochOrder::Windowed(size_t i) const {
-  const ShardWindows& w = *windows_;
-  const uint64_t g = part_ + i;
-  // The sequence shard holding g, its window [a, b) and the window's samples [lo, hi).
-  const size_t t = std::upper_bound(w.starts.begin(), w.starts.end(), g) - w.starts.begin() - 1;
-  const size_t a = t / w.window * w.window, b = std::min(a + w.window, w.shards.size());
-  const uint64_t lo = w.starts[a], hi = w.starts[b];
-  uint64_t q = g;
-  if (shuffle_) q = lo + Permutation(hi - lo, window_seed_ ^ (a * 0x9E3779B97F4A7C15ull))(g - lo);
-  const size_t u =
-      std::upper_bound(w.starts.begin() + a, w.starts.begin() + b + 1, q) - w.starts.begin() - 1;
-  return static_cast<uint32_t>(shards_->shard(w.shards[u]).first + (q - w.starts[u]));
+  return static_cast<uint32_t>(
+      WindowSample(*windows_, *shards_, shuffle_, window_seed_, part_ + i));
+}
+
+std::vector<uint32_t> Catalog::PassShards(const SourceConfig& source, uint64_t from, uint64_t to,
+                                          uint64_t limit, int ahead, int most) const {
+  std::vector<uint32_t> out;
+  const uint64_t n = size();
+  for (uint64_t d = from; most-- > 0 && (d <= to || d <= limit);) {
+    const uint64_t pass = d / n;
+    const std::shared_ptr<const ShardWindows> w = WindowsOf(source, static_cast<uint32_t>(pass));
+    const auto [a, b] = WindowAt(*w, d % n);
+    for (size_t u = a; u < b; ++u)
+      if (w->starts[u + 1] > w->starts[u]) out.push_back(w->shards[u]);
+    d = pass * n + w->starts[b];  // the next window's first draw
+    if (d > to && ahead-- == 0) break;
+  }
+  return out;
 }
 
 size_t EpochOrder::WindowOf(size_t i) const {

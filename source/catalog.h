@@ -57,6 +57,17 @@ struct ShardWindows {
   uint32_t window = 1;           // shards per window
 };
 
+// A mixture's remote sources: each shard's URL read through its own source's store.
+class RemoteRouter : public RemoteReader {
+ public:
+  void Add(const std::string& url, RemoteStore* store) { by_url_[url] = store; }
+  Result<FieldFile> OpenRange(const std::string& url, uint64_t offset, uint64_t size,
+                              const std::string& member) override;
+
+ private:
+  std::map<std::string, RemoteStore*> by_url_;
+};
+
 struct Catalog {
   std::vector<CatalogEntry> entries;  // parsed at start
   std::vector<LoadError> errors;
@@ -77,6 +88,11 @@ struct Catalog {
   // from part_first[k]), read through Read, dealt by `mixture` (EpochOrder).
   std::vector<std::shared_ptr<const Catalog>> parts;
   std::vector<uint64_t> part_first;
+  // Per part, its source's config; a part read in shard windows (windowed(k)) deals each pass
+  // of it in the window order WindowsOf(its config, pass) makes.
+  std::vector<SourceConfig> part_sources;
+  // Its remote parts' shards, read through their own stores.
+  std::shared_ptr<RemoteRouter> router;
   std::shared_ptr<const Mixture> mixture;
   uint64_t mix_fingerprint = 0;
   // Per part, the fields its samples lack, in words ("video_qa lacks 'image' in 100% of 40
@@ -88,6 +104,13 @@ struct Catalog {
     return std::upper_bound(part_first.begin(), part_first.end(), i) - part_first.begin() - 1;
   }
   bool indexed() const { return index || shards || !parts.empty(); }
+  // A mixture's part k read in shard windows (a source with shuffle_window over indexed tar
+  // shards). REQUIRES: k < parts.size().
+  bool windowed(size_t k) const { return parts[k]->shards && part_sources[k].shuffle_window > 0; }
+  // Where the pipeline's workers read remote shards' members (none: no remote source).
+  RemoteReader* remote_reader() const {
+    return router ? static_cast<RemoteReader*>(router.get()) : remote.get();
+  }
   size_t size() const {
     return !parts.empty() ? part_first.back() + parts.back()->size()
            : index        ? index->size()
@@ -105,6 +128,12 @@ struct Catalog {
   // Window mode's shard order of `epoch` (made once per epoch, the last few kept). REQUIRES:
   // shards.
   std::shared_ptr<const ShardWindows> WindowsOf(const SourceConfig& source, uint32_t epoch) const;
+  // A mixture's windowed source (this its part, `source` its config), whose draw d is position
+  // d % size() of pass d / size()'s window order: the shards of the windows holding draws
+  // `from` through `to`, then of up to `ahead` more windows that start at or before draw
+  // `limit`, at most `most` windows in all, in reading order. REQUIRES: shards.
+  std::vector<uint32_t> PassShards(const SourceConfig& source, uint64_t from, uint64_t to,
+                                   uint64_t limit, int ahead, int most) const;
 
  private:
   struct WindowCache {
@@ -148,7 +177,8 @@ Result<Catalog> LoadMixture(const std::vector<SourceConfig>& sources, const MixC
 //   holds W shards at a time. docs/remote.md compares it with a full permutation.
 // - Mixture mode (a catalog of LoadMixture): position i is rank i % consumers' position
 //   i / consumers in lane (node_rank x consumers + rank) of the catalog's Mixture; the entry
-//   is the drawn source's part_first plus the drawn sample.
+//   is the drawn source's part_first plus the drawn sample (a windowed part's: the drawn
+//   position of its pass's window order).
 class EpochOrder {
  public:
   // Permutation mode. `base`: the order starts at that position of the epoch's global order (a
@@ -181,6 +211,7 @@ class EpochOrder {
  private:
   uint32_t Windowed(size_t i) const;
   uint32_t Mixed(size_t i) const;
+  uint32_t EntryOf(const MixDraw& d) const;  // mixture mode: the catalog entry a draw is
 
   size_t size_;
   uint64_t nodes_, node_, base_;

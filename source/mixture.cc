@@ -30,11 +30,16 @@ uint64_t DrawsAfter(uint64_t t, uint64_t q, uint64_t phase, uint64_t len) {
 }  // namespace
 
 Result<Mixture> Mixture::Create(std::vector<MixSource> sources, MixMode mode,
-                                uint64_t samples_per_epoch, uint32_t lanes, uint64_t seed) {
+                                uint64_t samples_per_epoch, uint32_t lanes, uint64_t seed,
+                                uint32_t per_node) {
   if (sources.empty()) return Status::Invalid("a mixture needs at least one source");
   if (lanes == 0) return Status::Invalid("a mixture needs at least one lane");
+  if (per_node == 0) per_node = lanes;
+  if (lanes % per_node != 0)
+    return Status::Invalid(fmt::format("{} lanes are not nodes of {}", lanes, per_node));
   Mixture m;
   m.lanes_ = lanes;
+  m.per_node_ = per_node;
   m.seed_ = seed;
   uint64_t total_size = 0, units_sum = 0;
   std::vector<uint64_t> units;
@@ -111,6 +116,25 @@ uint64_t Mixture::ExtraOf(const Source& s, uint32_t lane) const {
   return o < s.extras && s.start + o < used_extras_ ? o : UINT64_MAX;
 }
 
+uint64_t Mixture::ExtrasBefore(const Source& s, uint32_t lane) const {
+  // The lanes with an extra are a run of `n` from lane start % lanes, wrapping around.
+  const uint64_t from = s.start % lanes_, x = lane;
+  const uint64_t n = used_extras_ > s.start ? std::min(s.extras, used_extras_ - s.start) : 0;
+  auto below = [x](uint64_t a, uint64_t b) { return b > a ? std::min(b, x) - std::min(a, x) : 0; };
+  return from + n <= lanes_ ? below(from, from + n)
+                            : below(from, lanes_) + below(0, from + n - lanes_);
+}
+
+uint64_t Mixture::InEpoch(const Source& s, uint32_t lane, uint64_t c) const {
+  if (!s.cfg.windowed) return c < s.base ? c * lanes_ + lane : s.base * lanes_ + ExtraOf(s, lane);
+  // Node by node: the node's run starts after the earlier nodes' lanes' draws; within it the
+  // base draws go to its lanes in turn, then its extras.
+  const uint32_t first = lane / per_node_ * per_node_, rank = lane - first;
+  const uint64_t run = first * s.base + ExtrasBefore(s, first);
+  return run + (c < s.base ? c * per_node_ + rank
+                           : s.base * per_node_ + ExtrasBefore(s, lane) - ExtrasBefore(s, first));
+}
+
 uint64_t Mixture::LaneQuota(uint32_t source, uint32_t lane) const {
   const Source& s = sources_[source];
   return s.base + (ExtraOf(s, lane) != UINT64_MAX ? 1 : 0);
@@ -159,12 +183,11 @@ MixDraw Mixture::At(uint32_t epoch, uint32_t lane, uint64_t p) const {
 MixDraw Mixture::DrawOf(uint32_t epoch, uint32_t lane, uint32_t source, uint64_t c) const {
   const Source& s = sources_[source];
   // The lane's draw c of the source, numbered over the lanes, then over the epochs.
-  const uint64_t in_epoch = c < s.base ? c * lanes_ + lane : s.base * lanes_ + ExtraOf(s, lane);
   MixDraw d;
   d.source = source;
-  d.draw = uint64_t{epoch} * dealt_[source] + in_epoch;
+  d.draw = uint64_t{epoch} * dealt_[source] + InEpoch(s, lane, c);
   const uint64_t pass = d.draw / s.cfg.size, at = d.draw % s.cfg.size;
-  d.sample = s.cfg.shuffle
+  d.sample = s.cfg.shuffle && !s.cfg.windowed
                  ? Permutation(s.cfg.size, Rng(s.cfg.seed, pass, "", "mix pass").Next())(at)
                  : at;
   return d;

@@ -23,6 +23,11 @@
 // Permutation(size_i, seed of pass d / size_i)(d % size_i) (in order without shuffle), so a
 // source that runs out starts its next pass in a fresh order and no sample repeats within a
 // pass. Position lookup costs O(sources x log sources) and no memory per sample.
+// A source read in shard windows (MixSource::windowed) numbers an epoch's draws node by node:
+// node n's lanes take one contiguous run of them, and the run's draws go to its lanes in turn,
+// so a node reads its own part of the source's shard order (as one windowed source does);
+// its draw's `sample` is the position in the pass, which the caller maps through the pass's
+// windows.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +45,8 @@ struct MixSource {
   double weight = 0;
   double repeat = 0;
   bool shuffle = true;
-  uint64_t seed = 0;  // of the source's own order
+  uint64_t seed = 0;      // of the source's own order
+  bool windowed = false;  // read in shard windows: numbered node by node, `sample` = at
 };
 
 enum class MixMode { kWeighted, kEpochs };
@@ -53,11 +59,12 @@ struct MixDraw {
 
 class Mixture {
  public:
-  // `samples_per_epoch` (weighted mode; 0 = the sum of the sizes) is over all lanes. Refused:
-  // no source, an empty source, a weight or repeat out of range, an epoch smaller than the
-  // lanes.
+  // `samples_per_epoch` (weighted mode; 0 = the sum of the sizes) is over all lanes, of which
+  // each node has `per_node` (0: one node). Refused: no source, an empty source, a weight or
+  // repeat out of range, an epoch smaller than the lanes.
   static Result<Mixture> Create(std::vector<MixSource> sources, MixMode mode,
-                                uint64_t samples_per_epoch, uint32_t lanes, uint64_t seed);
+                                uint64_t samples_per_epoch, uint32_t lanes, uint64_t seed,
+                                uint32_t per_node = 0);
 
   uint32_t lanes() const { return lanes_; }
   size_t sources() const { return sources_.size(); }
@@ -88,11 +95,16 @@ class Mixture {
   };
   // The slot of source i's extra draw in lane `lane`'s, or UINT64_MAX without one.
   uint64_t ExtraOf(const Source& s, uint32_t lane) const;
+  // The lanes before `lane` that have an extra draw of `s`.
+  uint64_t ExtrasBefore(const Source& s, uint32_t lane) const;
+  // Where lane `lane`'s draw c of `s` is among the epoch's draws of `s` (REQUIRES:
+  // c < LaneQuota).
+  uint64_t InEpoch(const Source& s, uint32_t lane, uint64_t c) const;
   uint64_t Phase(uint32_t epoch, uint32_t lane, uint32_t source) const;
 
   std::vector<Source> sources_;
   std::vector<uint64_t> dealt_;
-  uint32_t lanes_ = 1;
+  uint32_t lanes_ = 1, per_node_ = 1;
   uint64_t per_lane_ = 0;
   uint64_t used_extras_ = 0;  // extras dealt per epoch (a multiple of lanes_)
   uint64_t seed_ = 0;

@@ -606,17 +606,32 @@ nlohmann::json RemoteStore::Stats() const {
   return j;
 }
 
-std::vector<std::pair<std::string, double>> RemoteStore::Metrics() const {
-  const double fetch_s = fetch_ns_.load() / 1e9;
-  const double mb = bytes_.load() / 1e6;
-  std::lock_guard<std::mutex> l(mu_);
+nlohmann::json SumStorageStats(const std::vector<nlohmann::json>& stats) {
+  if (stats.empty()) return nullptr;
+  nlohmann::json sum = stats[0];
+  for (size_t k = 1; k < stats.size(); ++k)
+    for (const auto& [key, value] : stats[k].items()) {
+      nlohmann::json& into = sum[key];
+      if (value.is_number_unsigned())
+        into = into.get<uint64_t>() + value.get<uint64_t>();
+      else if (value.is_number())
+        into = into.get<double>() + value.get<double>();
+      else if (value.is_array())
+        into.insert(into.end(), value.begin(), value.end());
+    }
+  return sum;
+}
+
+std::vector<std::pair<std::string, double>> StorageMetrics(const nlohmann::json& stats) {
+  const double fetch_s = stats["fetch_seconds"].get<double>();
+  const double mb = stats["bytes"].get<double>() / 1e6;
   return {{"storage_mb", mb},
           {"storage_mb_per_fetch_s", fetch_s > 0 ? mb / fetch_s : 0},
-          {"storage_shards_fetched", static_cast<double>(shards_fetched_.load())},
-          {"storage_range_reads", static_cast<double>(range_reads_.load())},
-          {"storage_retries", static_cast<double>(retries_.load())},
-          {"storage_wait_s", wait_ns_.load() / 1e9},
-          {"storage_failed_shards", static_cast<double>(failed_total_)}};
+          {"storage_shards_fetched", stats["shards_fetched"].get<double>()},
+          {"storage_range_reads", stats["range_reads"].get<double>()},
+          {"storage_retries", stats["retries"].get<double>()},
+          {"storage_wait_s", stats["wait_seconds"].get<double>()},
+          {"storage_failed_shards", stats["failed_shard_fetches"].get<double>()}};
 }
 
 }  // namespace mmfeed

@@ -88,8 +88,6 @@ class RemoteStore : public RemoteReader {
   // bytes, shards fetched, range reads, retries, seconds fetching and readers' seconds waiting,
   // held bytes, failed shard fetches and the latest of them (url, reason).
   nlohmann::json Stats() const;
-  // For the profile: (name, value) pairs.
-  std::vector<std::pair<std::string, double>> Metrics() const;
 
  private:
   struct Shard {
@@ -136,5 +134,11 @@ class RemoteStore : public RemoteReader {
   std::atomic<uint64_t> bytes_{0}, shards_fetched_{0}, range_reads_{0}, retries_{0}, fetch_ns_{0},
       wait_ns_{0}, requests_{0};
 };
+
+// Stores' Stats() added up (a mixture's remote sources): the counts summed, the failed shards
+// listed together. Null when `stats` is empty.
+nlohmann::json SumStorageStats(const std::vector<nlohmann::json>& stats);
+// For the profile: (name, value) pairs of a Stats() (or a sum of them).
+std::vector<std::pair<std::string, double>> StorageMetrics(const nlohmann::json& stats);
 
 }  // namespace mmfeed

@@ -602,10 +602,20 @@ TEST_F(ConfigTest, MixtureMistakesNameTheirLineAndColumn) {
                 .find(":2:64: unknown key 'epochs' in a source of 'sources' (epochs and the node's "
                       "share are mix's)"),
             std::string::npos);
-  EXPECT_EQ(Error(MixYaml("  - {name: a, type: webdataset, path: \"http://h/s-{0..1}.tar\", "
-                          "weight: 1}\n")),
-            p + ":2:39: remote shards in a mixture are not supported yet (issue #30): mix local "
-                "manifests and shards");
+  // Remote shards in a mixture are read in windows, as one remote source's are: token budgets
+  // need a permutation order, and say which source has none.
+  const std::string remote =
+      "  - {name: web, type: webdataset, path: \"http://h/s-{0..1}.tar\", weight: 1}\n";
+  Result<PipelineConfig> mixed = ParseConfig(MixYaml(remote), dir_ / "p.yaml");
+  ASSERT_TRUE(mixed.ok()) << mixed.status().message();
+  EXPECT_EQ(mixed->sources[0].shuffle_window, 8) << "remote shards: windows of 8 by default";
+  EXPECT_NE(Error(MixYaml(Replace(remote, "weight: 1", "weight: 1, shuffle_window: 0")))
+                .find("remote shards are read whole: source.shuffle_window must be at least 1"),
+            std::string::npos);
+  EXPECT_EQ(Error(Replace(MixYaml(remote), "batch_size: 2", "batch_size: 2, max_tokens: 64")),
+            p + ":5:5: token budgets (max_tokens, max_patches) need a permutation order: source "
+                "'web' is read in shard windows (shuffle_window: 8), as remote shards must be: "
+                "mix it without token budgets");
   EXPECT_EQ(Error(MixYaml("  - {name: a, type: manifest, path: manifest.jsonl, weight: 1, "
                           "fields: {text: [a, b]}}\n")),
             p + ":2:79: the manifest key of field 'text' must be a string, got a list");

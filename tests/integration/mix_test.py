@@ -73,6 +73,32 @@ class MixCase(dt.DaemonCase):
                 by_epoch[meta["epoch"]].extend(meta["ids"])
         return by_epoch
 
+    def check_resumes(self, config):
+        """Runs `config` whole, then again with a trainer killed at batch 13 and the daemon killed
+        after rank 1's batch 21, both resumed from their cursors and --state-dir: every rank's
+        batches equal the uninterrupted run's."""
+        want, _ = self.run_all(config, "ref")
+        state = self.dir / "state"
+        d = dt.Daemon(self.dir, config, extra=("--state-dir", str(state)))
+        args = lambda r, life: ("--json", "--cursor", str(self.dir / f"c{r}"), "--reconnect", "60", "--dump",
+                                str(self.dir / f"r{r}_{life}"))
+        d.consume(0, *args(0, "a"), "--abort-after", "13").wait(timeout=60)  # dies holding batch 13
+        dt.finish(d.consume(1, *args(1, "a"), "--batches", "21"))
+        time.sleep(0.3)  # the state is written every 100 ms
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait()
+        d2 = dt.Daemon(self.dir, config, extra=("--state-dir", str(state)))
+        cs = [d2.consume(r, *args(r, "b")) for r in (0, 1)]
+        for c in cs:
+            dt.finish(c)
+        self.assertEqual(d2.wait(), 0, d2.log())
+        for r in (0, 1):
+            by_seq = {}
+            for dump in sorted(self.dir.glob(f"r{r}_*")):
+                for meta, _ in dt.dumped_batches(dump):
+                    self.assertEqual(by_seq.setdefault(meta["seq"], meta["ids"]), meta["ids"])
+            self.assertEqual([by_seq[k] for k in sorted(by_seq)], [m["ids"] for m, _ in want[r]], f"rank {r}")
+
     def check_rows(self, batches):
         """Every row's text is its own id's: captions from `text`, questions from `question`."""
         for meta, path in batches:
@@ -104,28 +130,7 @@ class WeightedTest(MixCase):
                 self.assertLessEqual(abs(sum(1 for i in window if i[0] == "q") - 25), 2, f"window at {start}")
 
     def test_a_killed_trainer_and_a_killed_daemon_resume_to_the_uninterrupted_stream(self):
-        config = mix_config()
-        want, _ = self.run_all(config, "ref")
-        state = self.dir / "state"
-        d = dt.Daemon(self.dir, config, extra=("--state-dir", str(state)))
-        args = lambda r, life: ("--json", "--cursor", str(self.dir / f"c{r}"), "--reconnect", "60", "--dump",
-                                str(self.dir / f"r{r}_{life}"))
-        d.consume(0, *args(0, "a"), "--abort-after", "13").wait(timeout=60)  # dies holding batch 13
-        dt.finish(d.consume(1, *args(1, "a"), "--batches", "21"))
-        time.sleep(0.3)  # the state is written every 100 ms
-        d.proc.send_signal(signal.SIGKILL)
-        d.proc.wait()
-        d2 = dt.Daemon(self.dir, config, extra=("--state-dir", str(state)))
-        cs = [d2.consume(r, *args(r, "b")) for r in (0, 1)]
-        for c in cs:
-            dt.finish(c)
-        self.assertEqual(d2.wait(), 0, d2.log())
-        for r in (0, 1):
-            by_seq = {}
-            for dump in sorted(self.dir.glob(f"r{r}_*")):
-                for meta, _ in dt.dumped_batches(dump):
-                    self.assertEqual(by_seq.setdefault(meta["seq"], meta["ids"]), meta["ids"])
-            self.assertEqual([by_seq[k] for k in sorted(by_seq)], [m["ids"] for m, _ in want[r]], f"rank {r}")
+        self.check_resumes(mix_config())
 
     def test_a_reload_of_the_weights_switches_at_the_next_epoch_boundary(self):
         by_epoch = self.reload_while_running(mix_config(), mix_config(captions="weight: 1", qa="weight: 1"))
@@ -217,6 +222,43 @@ class SourceKindsTest(MixCase):
             self.assertEqual(set(counts.values()), {2})
         for rank in got:
             self.check_rows(rank)
+
+    def test_a_source_read_in_shard_windows_deals_each_window_whole_and_resumes_exactly(self):
+        import io, tarfile
+        for k in range(10):  # the questions as ten shards of 10
+            with tarfile.open(self.dir / f"qa-{k}.tar", "w", format=tarfile.USTAR_FORMAT) as t:
+                for i in range(k * 10, (k + 1) * 10):
+                    data = f"question {i}".encode()
+                    info = tarfile.TarInfo(f"q{i:04d}.txt")
+                    info.size = len(data)
+                    t.addfile(info, io.BytesIO(data))
+        config = mix_config().replace(
+            "{name: qa, type: manifest, path: qa.jsonl, weight: 1, fields: {text: question}}",
+            '{name: qa, type: webdataset, path: "qa-{0..9}.tar", weight: 1, fields: {text: [txt]}, '
+            'index: on, shuffle_window: 1}')
+        got, d = self.run_all(config)
+        self.assertIn("qa: 100 samples, 25.00% of the stream, 200 draws an epoch (2 passes)", d.log())
+        for counts in self.shares_per_epoch(got):
+            self.assertEqual(sum(n for i, n in counts.items() if i[0] == "c"), 600)
+            self.assertEqual(set(n for i, n in counts.items() if i[0] == "q"), {2}, "each question once a pass")
+        # Rank r's c-th question of epoch e is draw e x 200 + 2c + r; each window of 10 draws is one
+        # shard's 10 questions (a window of one shard), in another order each pass.
+        windows = collections.defaultdict(list)
+        for r, rank in enumerate(got):
+            qs = collections.defaultdict(list)
+            for meta, _ in rank:
+                qs[meta["epoch"]].extend(i for i in meta["ids"] if i[0] == "q")
+            for e, ids in qs.items():
+                for c, sid in enumerate(ids):
+                    windows[(e * 200 + 2 * c + r) // 10].append(int(sid[1:]))
+        self.assertEqual(len(windows), 40)
+        for w, members in windows.items():
+            self.assertEqual(sorted(members), list(range(members[0] // 10 * 10, members[0] // 10 * 10 + 10)),
+                             f"window {w}")
+        self.assertNotEqual([windows[w] for w in range(10)], [windows[w] for w in range(10, 20)])
+        for rank in got:
+            self.check_rows(rank)
+        self.check_resumes(config)
 
     def test_a_reload_from_one_source_to_a_mixture_switches_at_an_epoch_boundary(self):
         one = mix_config().split("sources:")[0] + (

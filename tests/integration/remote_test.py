@@ -613,6 +613,56 @@ class MultiNodeTest(RemoteCase):
             self.assertEqual(len(dumped_batches(dump)), 6)
 
 
+MIX_CONFIG = """pipeline: remote-mix
+sources:
+  - {name: web, type: webdataset, path: "URL", weight: 3, shuffle_window: 2, fetch_retries: 5}
+  - {name: notes, type: manifest, path: NOTES, weight: 1}
+mix: {seed: 5, epochs: 2, samples_per_epoch: 160, node_rank: NODE, num_nodes: 2}
+consumers: 2
+""" + CONFIG.split("consumers: CONSUMERS\n")[1]
+
+
+class MixTest(RemoteCase):
+    def test_a_remote_source_mixes_with_a_local_one_and_each_node_fetches_its_part(self):
+        """Shards from nginx (120 samples, weight 3) and a local text-only manifest (40, weight 1)
+        on two nodes: every epoch holds every sample once over the nodes; a node fetches only
+        the windows of its own part of the shard order (4 of the 6 shards)."""
+        n = self.nginx()
+        url = n.url + "/shard-{000..005}.tar"
+        state = self.dir / "state"
+        self.build_index(url, state)  # so that the fetches counted are the windows read
+        notes = self.dir / "notes.jsonl"
+        notes.write_text("".join(json.dumps({"id": f"m{i:04d}", "text": f"caption {i:04d}"}) + "\n"
+                                 for i in range(40)))
+        daemons, dumps, procs = [], [], []
+        for k in range(2):
+            node = self.dir / f"node{k}"
+            shutil.copytree(state, node / "state")
+            daemons.append(Daemon(node, MIX_CONFIG.replace("URL", url).replace("NOTES", str(notes))
+                                  .replace("NODE", str(k)), extra=("--state-dir", str(node / "state"))))
+        for k, d in enumerate(daemons):
+            for r in range(2):
+                dumps.append(self.dir / f"n{k}r{r}")
+                procs.append(d.consume(r, "--json", "--dump", str(dumps[-1])))
+        for p in procs:
+            finish(p, timeout=120)
+        for d in daemons:
+            self.assertEqual(d.wait(), 0, d.log())
+            self.assertIn("web: 120 samples, 75.00% of the stream, 120 draws an epoch (1 passes)", d.log())
+        self.assertEveryEpochOnce(dumps, 2, self.ids + [f"m{i:04d}" for i in range(40)])
+        for k, d in enumerate(daemons):
+            figures = storage_figures(d.log())
+            self.assertEqual(figures["storage_failed_shards"], 0)
+            # Its half of each epoch's shard order: 2 windows of 2 shards an epoch (fewer when the
+            # next epoch's are still held), none of the other node's half.
+            self.assertTrue(4 <= figures["storage_shards_fetched"] <= 8, f"node {k}: {figures}")
+            for e in range(2):
+                web = {i for dump in dumps[2 * k:2 * k + 2] for meta, _ in dumped_batches(dump)
+                       if meta["epoch"] == e for i in meta["ids"] if i[0] == "s"}
+                self.assertEqual(len(web), 60)
+                self.assertLessEqual(len({int(i[1:]) // PER_SHARD for i in web}), 4, f"node {k}, epoch {e}")
+
+
 class Namespaces:
     """A store namespace and one namespace per node, each node joined to the store by a veth
     pair: node k is 10.213.k.2, the store 10.213.k.1 on that link. Made by the test, removed

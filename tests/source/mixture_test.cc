@@ -165,6 +165,39 @@ TEST(MixtureTest, LanesShareNoDrawAndDeepPositionsNeedNoReplay) {
   EXPECT_GE(deep.draw, 40'000ull * m->dealt()[deep.source]);
 }
 
+// A source read in shard windows: each node's lanes take one contiguous run of the epoch's
+// draws (so a node reads its own part of the shard order), in node order, every draw once;
+// its draw's sample is the position in the pass (mapped through the windows by the caller).
+TEST(MixtureTest, AWindowedSourceGivesEachNodeOneRunOfAnEpochsDraws) {
+  for (uint64_t epoch_size : {6000u, 6007u, 6011u}) {  // with and without extra draws
+    std::vector<MixSource> sources = Weighted({2, 1, 1}, 1000);
+    sources[1].windowed = true;
+    const uint32_t nodes = 3, per_node = 4;
+    auto m =
+        Mixture::Create(sources, MixMode::kWeighted, epoch_size, nodes * per_node, 8, per_node);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    for (uint32_t epoch : {0u, 1u, 7u}) {
+      std::vector<std::vector<uint64_t>> runs(nodes);
+      for (uint32_t lane = 0; lane < nodes * per_node; ++lane)
+        for (uint64_t p = 0; p < m->per_lane(); ++p) {
+          const MixDraw d = m->At(epoch, lane, p);
+          if (d.source != 1) continue;
+          runs[lane / per_node].push_back(d.draw);
+          EXPECT_EQ(d.sample, d.draw % sources[1].size);
+        }
+      uint64_t next = uint64_t{epoch} * m->dealt()[1];
+      for (uint32_t n = 0; n < nodes; ++n) {
+        std::sort(runs[n].begin(), runs[n].end());
+        for (uint64_t draw : runs[n])
+          EXPECT_EQ(draw, next++) << "node " << n << ", epoch " << epoch;
+      }
+      EXPECT_EQ(next, uint64_t{epoch + 1} * m->dealt()[1]) << "every draw of the epoch once";
+    }
+  }
+  EXPECT_FALSE(Mixture::Create(Weighted({1, 1}), MixMode::kWeighted, 0, 6, 1, 4).ok())
+      << "6 lanes are not nodes of 4";
+}
+
 TEST(MixtureTest, MistakesAreRefusedSayingWhy) {
   auto msg = [](Result<Mixture> r) { return r.ok() ? std::string("ok") : r.status().message(); };
   EXPECT_EQ(msg(Mixture::Create({}, MixMode::kWeighted, 0, 1, 0)),
