@@ -43,15 +43,23 @@ inline nlohmann::json CursorToJson(const StreamCursor& c) {
   return j;
 }
 
-// Needs a non-negative integer "seq"; "epoch" and "batch" are optional (the daemon derives
-// them from seq), "stream" too (a 32-bit tag).
+// Needs a non-negative integer "seq"; "epoch" (32 bits) and "batch" are optional (the daemon
+// derives them from seq), "stream" too (a 32-bit tag); each one given must be in range.
 inline Result<StreamCursor> CursorFromJson(const nlohmann::json& j) {
   if (!j.is_object() || !j.contains("seq") || !j["seq"].is_number_unsigned())
     return Status::Invalid("a cursor is a JSON object with a non-negative integer \"seq\"");
   StreamCursor c;
   c.seq = j["seq"].get<uint64_t>();
-  if (j.contains("epoch") && j["epoch"].is_number_unsigned()) c.epoch = j["epoch"].get<uint32_t>();
-  if (j.contains("batch") && j["batch"].is_number_unsigned()) c.batch = j["batch"].get<uint64_t>();
+  if (j.contains("epoch")) {
+    if (!j["epoch"].is_number_unsigned() || j["epoch"].get<uint64_t>() > UINT32_MAX)
+      return Status::Invalid("a cursor's \"epoch\" is a 32-bit unsigned integer");
+    c.epoch = j["epoch"].get<uint32_t>();
+  }
+  if (j.contains("batch")) {
+    if (!j["batch"].is_number_unsigned())
+      return Status::Invalid("a cursor's \"batch\" is a non-negative integer");
+    c.batch = j["batch"].get<uint64_t>();
+  }
   if (j.contains("stream")) {
     if (!j["stream"].is_number_unsigned() || j["stream"].get<uint64_t>() > UINT32_MAX)
       return Status::Invalid("a cursor's \"stream\" is a 32-bit unsigned tag");

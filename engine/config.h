@@ -81,10 +81,10 @@ struct PipelineConfig {
   bool replicas_auto = false;
   bool shape_from_trainers() const { return consumers_auto || source.node_auto; }
   // Takes a declared job's values for what is auto: local_world_size trainer ranks (streams:
-  // that over replicas), this node's rank of num_nodes, the group size `replicas` (0: not
+  // that over replicas), this node's rank of num_nodes, the group size `declared_replicas` (0: not
   // declared). Refuses more than kMaxConsumers, a local_world_size that is not a multiple of
   // replicas, and a declared group size other than the config's `replicas: k`.
-  Status AdoptShape(int local_world_size, int node_rank, int num_nodes, int replicas);
+  Status AdoptShape(int local_world_size, int node_rank, int num_nodes, int declared_replicas);
   std::vector<StageConfig> stages;  // in file order; the batch stage is `batch_stage`
   int batch_stage = -1;
   int64_t batch_size = 0;

@@ -296,10 +296,12 @@ TEST(CursorTest, TheJobsPositionRoundTripsAndComesWholeOrNotAtAll) {
   StreamCursor plain{2, 5, 31, 0xabcd};
   EXPECT_EQ(plain, c);
   EXPECT_FALSE(CursorToJson(plain).contains("position"));
-  for (const char* bad : {R"({"seq": 1, "order": 5})", R"({"seq": 1, "position": 5})",
-                          R"({"seq": 1, "order": 0, "position": 5})",
-                          R"({"seq": 1, "order": 4294967296, "position": 5})",
-                          R"({"seq": 1, "order": 5, "position": -1})"})
+  for (const char* bad :
+       {R"({"seq": 1, "order": 5})", R"({"seq": 1, "position": 5})",
+        R"({"seq": 1, "order": 0, "position": 5})",
+        R"({"seq": 1, "order": 4294967296, "position": 5})",
+        R"({"seq": 1, "order": 5, "position": -1})", R"({"seq": 1, "epoch": 4294967296})",
+        R"({"seq": 1, "epoch": -1})", R"({"seq": 1, "batch": "3"})"})
     EXPECT_FALSE(CursorFromJson(nlohmann::json::parse(bad)).ok()) << bad;
 }
 
