@@ -203,8 +203,8 @@ void Pipeline::WantShards(const std::vector<StreamCursor>& next, const std::vect
   for (int r = 0; r < consumers; ++r) {
     if (done[r]) continue;
     const StreamCursor oldest = CursorAt(std::min(next[r].seq, NextCommit(r)));
-    const EpochOrder from(*catalog_, cfg_.source, oldest.epoch, consumers);
-    const EpochOrder to(*catalog_, cfg_.source, next[r].epoch, consumers);
+    const EpochOrder from(*catalog_, cfg_.source, oldest.epoch, consumers, BaseOf(oldest.epoch));
+    const EpochOrder to(*catalog_, cfg_.source, next[r].epoch, consumers, BaseOf(next[r].epoch));
     const uint64_t a = oldest.batch * bs * consumers + r, b = next[r].batch * bs * consumers + r;
     if (!from.windowed() || a >= from.size()) continue;
     const size_t first = from.WindowOf(a);

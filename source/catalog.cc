@@ -456,7 +456,8 @@ EpochOrder::EpochOrder(const Catalog& cat, const SourceConfig& source, uint32_t 
   if (source.shuffle_window <= 0 || !cat.shards) return;
   windows_ = cat.WindowsOf(source, epoch);
   shards_ = cat.shards.get();
-  part_ = static_cast<uint64_t>(cat.size()) / nodes_ * node_;
+  part_ = base_ + (static_cast<uint64_t>(cat.size()) - std::min<uint64_t>(base_, cat.size())) /
+                      nodes_ * node_;
   window_seed_ = WindowSeed(source, epoch);
 }
 

@@ -185,8 +185,8 @@ class EpochOrder {
   // job resumed at another shape mid-epoch; Pipeline::Origin::base).
   EpochOrder(size_t catalog_size, const SourceConfig& source, uint32_t epoch, int consumers,
              uint64_t base = 0);
-  // Window mode when source.shuffle_window > 0 and the catalog is of tar shards; mixture mode
-  // for a mixture's catalog (both with base 0).
+  // Window mode when source.shuffle_window > 0 and the catalog is of tar shards (the nodes'
+  // parts split the sequence from `base` on); mixture mode for a mixture's catalog (base 0).
   EpochOrder(const Catalog& catalog, const SourceConfig& source, uint32_t epoch, int consumers,
              uint64_t base = 0);
   size_t size() const { return size_; }

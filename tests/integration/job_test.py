@@ -243,16 +243,16 @@ class ReshapeTest(JobCase):
     its lives is every sample of the epoch once; the next epoch is what a fresh run of the new
     shape gives."""
 
-    def life(self, name, nodes, per_node, batches=None, resume_from=None):
-        """A daemon per node (`consumers: auto`), `per_node` trainers on each taking `batches`
-        batches (None: to the end) and keeping their cursors (--cursor); then the daemons are
-        killed (or, at the end of the data, exit). Returns the daemons."""
+    def life(self, name, nodes, per_node, batches=None, resume_from=None, cfg=None):
+        """A daemon per node (`consumers: auto`, or `cfg`), `per_node` trainers on each taking
+        `batches` batches (None: to the end) and keeping their cursors (--cursor); then the
+        daemons are killed (or, at the end of the data, exit). Returns the daemons."""
         daemons = []
         for n in range(nodes):
             d = self.dir / f"{name}-node{n}"
             d.mkdir()
-            daemons.append(dt.Daemon(d, config().replace("path: manifest.jsonl",
-                                                         f"path: {self.dir}/manifest.jsonl")))
+            daemons.append(dt.Daemon(d, cfg or config().replace("path: manifest.jsonl",
+                                                                f"path: {self.dir}/manifest.jsonl")))
         procs = []
         for n in range(nodes):
             for r in range(per_node):
@@ -303,6 +303,44 @@ class ReshapeTest(JobCase):
             dt.finish(c)
         self.assertEqual(fresh.wait(), 0, fresh.log())
         self.assertEqual(self.delivered("c", 4, 1), self.delivered("fresh", 4, 1))
+
+    def test_one_node_reading_shard_windows_resumes_at_another_shape(self):
+        import io, tarfile
+        for k in range(8):  # the captions as 8 shards of 12, read in windows of 2 shards
+            with tarfile.open(self.dir / f"shard-{k}.tar", "w", format=tarfile.USTAR_FORMAT) as t:
+                for i in range(k * 12, (k + 1) * 12):
+                    data = f"caption {i}".encode()
+                    info = tarfile.TarInfo(f"s{i:03d}.txt")
+                    info.size = len(data)
+                    t.addfile(info, io.BytesIO(data))
+        cfg = config().replace("type: manifest, path: manifest.jsonl",
+                               f'type: webdataset, path: "{self.dir}/shard-{{0..7}}.tar", index: on, '
+                               'shuffle_window: 2')
+        # Life 1: 1 node x 2 ranks, 3 batches of 4 each: positions [0, 24) of epoch 0.
+        self.life("a", 1, 2, batches=3, cfg=cfg)
+        cs = self.cursors("a", 2)
+        self.assertEqual({(c["epoch"], c["position"]) for c in cs}, {(0, 24)}, cs)
+        # Life 2: 1 node x 3 ranks from rank 1's cursor to the end: 72 left, 24 a rank.
+        daemons = self.life("b", 1, 3, resume_from=self.dir / "a-cursor1.json", cfg=cfg)
+        self.assertIn("the job resumes there, 6 batch(es) a rank left in epoch 0", daemons[0].log())
+        lives = [self.delivered("a", 2, 0), self.delivered("b", 3, 0)]
+        self.assertEqual([sum(map(len, life)) for life in lives], [24, 72])
+        every = sorted(i for life in lives for ids in life for i in ids)
+        self.assertEqual(every, [f"s{i:03d}" for i in range(96)], "every sample of epoch 0 once")
+        # Life 1's 24 positions are the epoch's first window: 2 shards.
+        self.assertEqual(len({int(i[1:]) // 12 for ids in lives[0] for i in ids}), 2, lives[0])
+        # Epoch 1 is what a fresh run of 1 node x 3 ranks gives, rank by rank.
+        fresh = dt.Daemon(self.dir, cfg.replace("consumers: auto", "consumers: 3")
+                          .replace("node_rank: auto, num_nodes: auto", "node_rank: 0, num_nodes: 1"))
+        for c in [fresh.consume(r, "--dump", str(self.dir / f"fresh-dump{r}")) for r in range(3)]:
+            dt.finish(c)
+        self.assertEqual(fresh.wait(), 0, fresh.log())
+        self.assertEqual(self.delivered("b", 3, 1), self.delivered("fresh", 3, 1))
+        # Two nodes in windows give each its own part: no position rule, the resume refused.
+        d = dt.Daemon(self.dir / "b-node0", cfg)
+        shutil.copy(self.dir / "a-cursor0.json", self.dir / "two.json")
+        err = self.refused(d, torchrun(0, 0), "--cursor", str(self.dir / "two.json"))
+        self.assertIn("shard windows give each of several nodes its own part", err)
 
     def test_a_rank_at_another_position_is_refused_naming_both(self):
         self.life("a", 1, 2, batches=2)  # 1 node x 2 ranks: position 16
