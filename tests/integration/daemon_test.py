@@ -91,6 +91,18 @@ class Daemon:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def text_shards(d, name, shards, per_shard, key, text):
+    """Tar shards d/name-K.tar (K < shards) of per_shard samples each: sample i's id is key(i),
+    its one member `<id>.txt` holds text(i)."""
+    for k in range(shards):
+        with tarfile.open(d / f"{name}-{k}.tar", "w", format=tarfile.USTAR_FORMAT) as t:
+            for i in range(k * per_shard, (k + 1) * per_shard):
+                data = text(i).encode()
+                info = tarfile.TarInfo(f"{key(i)}.txt")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+
+
 def dumped_batches(d):
     out = []
     for b in sorted(pathlib.Path(d).iterdir()):

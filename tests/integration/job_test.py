@@ -305,14 +305,8 @@ class ReshapeTest(JobCase):
         self.assertEqual(self.delivered("c", 4, 1), self.delivered("fresh", 4, 1))
 
     def test_one_node_reading_shard_windows_resumes_at_another_shape(self):
-        import io, tarfile
-        for k in range(8):  # the captions as 8 shards of 12, read in windows of 2 shards
-            with tarfile.open(self.dir / f"shard-{k}.tar", "w", format=tarfile.USTAR_FORMAT) as t:
-                for i in range(k * 12, (k + 1) * 12):
-                    data = f"caption {i}".encode()
-                    info = tarfile.TarInfo(f"s{i:03d}.txt")
-                    info.size = len(data)
-                    t.addfile(info, io.BytesIO(data))
+        # the captions as 8 shards of 12, read in windows of 2 shards
+        dt.text_shards(self.dir, "shard", 8, 12, lambda i: f"s{i:03d}", lambda i: f"caption {i}")
         cfg = config().replace("type: manifest, path: manifest.jsonl",
                                f'type: webdataset, path: "{self.dir}/shard-{{0..7}}.tar", index: on, '
                                'shuffle_window: 2')

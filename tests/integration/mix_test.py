@@ -203,14 +203,8 @@ class SourceKindsTest(MixCase):
         return out
 
     def test_an_indexed_manifest_and_local_tar_shards_mix_like_parsed_manifests(self):
-        import io, tarfile
-        for k in range(2):  # the questions as two shards of 50, their text in .txt members
-            with tarfile.open(self.dir / f"qa-{k}.tar", "w", format=tarfile.USTAR_FORMAT) as t:
-                for i in range(k * 50, (k + 1) * 50):
-                    data = f"question {i}".encode()
-                    info = tarfile.TarInfo(f"q{i:04d}.txt")
-                    info.size = len(data)
-                    t.addfile(info, io.BytesIO(data))
+        # the questions as two shards of 50, their text in .txt members
+        dt.text_shards(self.dir, "qa", 2, 50, lambda i: f"q{i:04d}", lambda i: f"question {i}")
         config = mix_config(captions="weight: 3, index: on").replace(
             "{name: qa, type: manifest, path: qa.jsonl, weight: 1, fields: {text: question}}",
             '{name: qa, type: webdataset, path: "qa-{0..1}.tar", weight: 1, fields: {text: [txt]}}')
@@ -224,14 +218,7 @@ class SourceKindsTest(MixCase):
             self.check_rows(rank)
 
     def test_a_source_read_in_shard_windows_deals_each_window_whole_and_resumes_exactly(self):
-        import io, tarfile
-        for k in range(10):  # the questions as ten shards of 10
-            with tarfile.open(self.dir / f"qa-{k}.tar", "w", format=tarfile.USTAR_FORMAT) as t:
-                for i in range(k * 10, (k + 1) * 10):
-                    data = f"question {i}".encode()
-                    info = tarfile.TarInfo(f"q{i:04d}.txt")
-                    info.size = len(data)
-                    t.addfile(info, io.BytesIO(data))
+        dt.text_shards(self.dir, "qa", 10, 10, lambda i: f"q{i:04d}", lambda i: f"question {i}")
         config = mix_config().replace(
             "{name: qa, type: manifest, path: qa.jsonl, weight: 1, fields: {text: question}}",
             '{name: qa, type: webdataset, path: "qa-{0..9}.tar", weight: 1, fields: {text: [txt]}, '

@@ -152,15 +152,22 @@ class RemoteCase(DaemonCase):
             finish(p, timeout=120)
         return dumps
 
-    def run_nodes(self, urls, wraps=((), ())):
-        """Node k's daemon (under wraps[k]) reads the shards at urls[k] as node k of len(urls);
-        two ranks each consume 2 epochs. Checks every epoch holds every sample once over all
-        the ranks; returns the dump folders."""
+    def run_nodes(self, urls, wraps=((), ()), config_of=None, ids=None, state=None):
+        """Node k's daemon (under wraps[k]) reads the shards at urls[k] as node k of len(urls)
+        (config_of(k, url), if given, is its config; a copy of `state` its --state-dir); two
+        ranks each consume 2 epochs. Checks every epoch holds every sample (or `ids`) once over
+        all the ranks; returns the daemons and the dump folders."""
         daemons, dumps, procs = [], [], []
         for k, (url, wrap) in enumerate(zip(urls, wraps)):
-            (self.dir / f"node{k}").mkdir()
-            daemons.append(Daemon(self.dir / f"node{k}", config(url + "/shard-{000..005}.tar", epochs=2,
-                                  source=f"node_rank: {k}, num_nodes: {len(urls)}"), wrap=wrap))
+            node = self.dir / f"node{k}"
+            node.mkdir()
+            cfg = config_of(k, url) if config_of else config(
+                url + "/shard-{000..005}.tar", epochs=2, source=f"node_rank: {k}, num_nodes: {len(urls)}")
+            extra = ()
+            if state:
+                shutil.copytree(state, node / "state")
+                extra = ("--state-dir", str(node / "state"))
+            daemons.append(Daemon(node, cfg, wrap=wrap, extra=extra))
         for k, d in enumerate(daemons):
             for r in range(2):
                 dumps.append(self.dir / f"n{k}r{r}")
@@ -169,8 +176,8 @@ class RemoteCase(DaemonCase):
             finish(p, timeout=120)
         for d in daemons:
             self.assertEqual(d.wait(), 0, d.log())
-        self.assertEveryEpochOnce(dumps, 2)
-        return dumps
+        self.assertEveryEpochOnce(dumps, 2, ids)
+        return daemons, dumps
 
     def assertEveryEpochOnce(self, dumps, epochs, ids=None):
         """Per epoch, the ranks' batches hold every sample exactly once (each with its own text)."""
@@ -608,7 +615,7 @@ class S3Test(RemoteCase):
 class MultiNodeTest(RemoteCase):
     def test_two_nodes_deal_every_sample_once(self):
         n = self.nginx()
-        dumps = self.run_nodes([n.url] * 2)
+        _, dumps = self.run_nodes([n.url] * 2)
         for dump in dumps:  # 120 samples / 2 nodes / 2 ranks = 3 batches of 10 per epoch
             self.assertEqual(len(dumped_batches(dump)), 6)
 
@@ -628,29 +635,17 @@ class MixTest(RemoteCase):
         on two nodes: every epoch holds every sample once over the nodes; a node fetches only
         the windows of its own part of the shard order (4 of the 6 shards)."""
         n = self.nginx()
-        url = n.url + "/shard-{000..005}.tar"
         state = self.dir / "state"
-        self.build_index(url, state)  # so that the fetches counted are the windows read
+        self.build_index(n.url + "/shard-{000..005}.tar", state)  # the fetches counted: windows read
         notes = self.dir / "notes.jsonl"
         notes.write_text("".join(json.dumps({"id": f"m{i:04d}", "text": f"caption {i:04d}"}) + "\n"
                                  for i in range(40)))
-        daemons, dumps, procs = [], [], []
-        for k in range(2):
-            node = self.dir / f"node{k}"
-            shutil.copytree(state, node / "state")
-            daemons.append(Daemon(node, MIX_CONFIG.replace("URL", url).replace("NOTES", str(notes))
-                                  .replace("NODE", str(k)), extra=("--state-dir", str(node / "state"))))
+        daemons, dumps = self.run_nodes(
+            [n.url] * 2, config_of=lambda k, url: MIX_CONFIG.replace("URL", url + "/shard-{000..005}.tar")
+            .replace("NOTES", str(notes)).replace("NODE", str(k)),
+            ids=self.ids + [f"m{i:04d}" for i in range(40)], state=state)
         for k, d in enumerate(daemons):
-            for r in range(2):
-                dumps.append(self.dir / f"n{k}r{r}")
-                procs.append(d.consume(r, "--json", "--dump", str(dumps[-1])))
-        for p in procs:
-            finish(p, timeout=120)
-        for d in daemons:
-            self.assertEqual(d.wait(), 0, d.log())
             self.assertIn("web: 120 samples, 75.00% of the stream, 120 draws an epoch (1 passes)", d.log())
-        self.assertEveryEpochOnce(dumps, 2, self.ids + [f"m{i:04d}" for i in range(40)])
-        for k, d in enumerate(daemons):
             figures = storage_figures(d.log())
             self.assertEqual(figures["storage_failed_shards"], 0)
             # Its half of each epoch's shard order: 2 windows of 2 shards an epoch (fewer when the
