@@ -726,6 +726,13 @@ std::string Pipeline::MixPlan() const {
   std::vector<std::string> names;
   for (const SourceConfig& s : cfg_.sources) names.push_back(s.name);
   std::string plan = catalog_->mixture->Describe(names);
+  for (size_t k = 0; k < catalog_->parts.size(); ++k)
+    if (catalog_->windowed(k))
+      plan += fmt::format(
+          "\n  {} is read in windows of {} shard(s) (shuffle_window), each node its own part "
+          "of the shard order{}",
+          names[k], catalog_->part_sources[k].shuffle_window,
+          catalog_->parts[k]->remote ? ", fetched ahead within its prefetch_bytes" : "");
   for (const std::string& lacks : catalog_->part_lacks)
     if (!lacks.empty())
       plan += fmt::format(

@@ -225,6 +225,8 @@ class SourceKindsTest(MixCase):
             'index: on, shuffle_window: 1}')
         got, d = self.run_all(config)
         self.assertIn("qa: 100 samples, 25.00% of the stream, 200 draws an epoch (2 passes)", d.log())
+        self.assertIn("qa is read in windows of 1 shard(s) (shuffle_window), each node its own part of the shard "
+                      "order\n", d.log())
         for counts in self.shares_per_epoch(got):
             self.assertEqual(sum(n for i, n in counts.items() if i[0] == "c"), 600)
             self.assertEqual(set(n for i, n in counts.items() if i[0] == "q"), {2}, "each question once a pass")

@@ -646,6 +646,8 @@ class MixTest(RemoteCase):
             ids=self.ids + [f"m{i:04d}" for i in range(40)], state=state)
         for k, d in enumerate(daemons):
             self.assertIn("web: 120 samples, 75.00% of the stream, 120 draws an epoch (1 passes)", d.log())
+            self.assertIn("web is read in windows of 2 shard(s) (shuffle_window), each node its own part of the "
+                          "shard order, fetched ahead within its prefetch_bytes", d.log())
             figures = storage_figures(d.log())
             self.assertEqual(figures["storage_failed_shards"], 0)
             # Its half of each epoch's shard order: 2 windows of 2 shards an epoch (fewer when the
