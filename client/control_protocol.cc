@@ -85,6 +85,12 @@ Result<ControlCommand> ParseControlRequest(std::string_view line) {
         return Status::Invalid("reload's \"config\" must be a file path");
       r.config = req["config"].get<std::string>();
     }
+    if (req.contains("at")) {
+      const nlohmann::json& at = req["at"];
+      if (!at.is_string() || (at != "batch" && at != "epoch"))
+        return Status::Invalid("reload's \"at\" must be \"batch\" or \"epoch\"");
+      r.at_batch = at == "batch";
+    }
   } else if (cmd == "profile") {
     r.cmd = ControlCommand::Cmd::kProfile;
     if (req.contains("seconds")) {

@@ -55,6 +55,7 @@ struct ControlCommand {
   std::optional<StreamCursor> resume;  // attach: serve from this cursor
   std::optional<JobShape> job;         // attach: the trainer's job, when it declares one
   std::string config;                  // reload: the config file; empty: the running one's
+  bool at_batch = false;               // reload: "at": "batch" (a mixture's weights only)
   double seconds = 5;                  // profile: the window
   bool trace = false;                  // profile: record a trace of the window too
 };

@@ -173,7 +173,7 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
         return;
       case ControlCommand::Cmd::kReload:
         // No other request on this connection until the reload's reply is sent.
-        server_.handler_.reload(req->config,
+        server_.handler_.reload(req->config, req->at_batch,
                                 [this, self = shared_from_this()](Result<nlohmann::json> r) {
                                   if (!r.ok())
                                     return Reply({{"ok", false}, {"error", r.status().message()}});

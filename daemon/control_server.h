@@ -46,7 +46,8 @@ class ControlServer {
     std::function<void()> stop;
     // Reloads `config` (empty: the running config's file), then calls `done` with the reply, or
     // why not, on the io_context's thread. Returns at once.
-    std::function<void(const std::string& config, std::function<void(Result<nlohmann::json>)> done)>
+    std::function<void(const std::string& config, bool at_batch,
+                       std::function<void(Result<nlohmann::json>)> done)>
         reload;
     // Measures a window of `seconds` (and traces it when `trace`), then calls `done` with the
     // report, or why not, on the io_context's thread. Returns at once.

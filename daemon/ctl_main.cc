@@ -11,9 +11,12 @@
 //   mmfeedctl [--socket PATH] [--timeout SECONDS] top [--iterations N] [--json]
 //                                  a live view, refreshed every second; q quits (--json: one
 //                                  status object a line, every second)
-//   mmfeedctl [--socket PATH] [--timeout SECONDS] reload [--config FILE] [--json]
+//   mmfeedctl [--socket PATH] [--timeout SECONDS] reload [--config FILE] [--at batch|epoch]
+//                                  [--json]
 //                                  check FILE (default: the running config's) and swap it in;
-//                                  exit 1 with the daemon's reason (file:line:col) if refused
+//                                  exit 1 with the daemon's reason (file:line:col) if refused;
+//                                  --at batch: a mixture's new weights start at the next batch
+//                                  boundary (refused for any other change of the order)
 //   mmfeedctl [--socket PATH] [--timeout SECONDS] stop [--json]     drain and exit
 // A daemon that does not answer within the timeout (default 10 s) is an error, exit 1.
 #include <fmt/format.h>
@@ -46,7 +49,7 @@ int Usage() {
       "[--trace FILE]\n"
       "       mmfeedctl [--socket PATH] [--timeout SECONDS] top [--iterations N] [--json]\n"
       "       mmfeedctl [--socket PATH] [--timeout SECONDS] reload [--config FILE] "
-      "[--json]\n"
+      "[--at batch|epoch] [--json]\n"
       "       mmfeedctl [--socket PATH] [--timeout SECONDS] stop [--json]\n");
   return 2;
 }
@@ -111,7 +114,11 @@ void PrintStatus(const nlohmann::json& s) {
               s["config"].get<std::string>().c_str(), s["config_hash"].get<std::string>().c_str(),
               static_cast<unsigned long>(s["reloads"]["ok"].get<uint64_t>()),
               static_cast<unsigned long>(s["reloads"]["failed"].get<uint64_t>()),
-              s["reloads"]["pending"].get<bool>() ? ", one waiting for the epoch boundary" : "");
+              !s["reloads"]["pending"].get<bool>()
+                  ? ""
+                  : (", one waiting for the " +
+                     s["reloads"].value("pending_at", std::string("epoch boundary")))
+                        .c_str());
   PrintConsumers(s);
   const auto& rings = s["rings"];
   int node = rings["numa_node"].get<int>();
@@ -302,7 +309,7 @@ int RunProfile(const std::string& socket_path, int timeout_ms, double seconds,
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string socket_path = kDefaultSocket, cmd, config, trace_file;
+  std::string socket_path = kDefaultSocket, cmd, config, at, trace_file;
   double seconds = 5;
   if (const char* s = std::getenv("MMFEED_SOCKET")) socket_path = s;
   bool json = false;
@@ -323,7 +330,10 @@ int main(int argc, char** argv) {
       json = true;
     else if (a == "--config" && i + 1 < argc && cmd == "reload")
       config = argv[++i];
-    else if (a == "--iterations" && i + 1 < argc && cmd == "top") {
+    else if (a == "--at" && i + 1 < argc && cmd == "reload") {
+      at = argv[++i];
+      if (at != "batch" && at != "epoch") return Usage();
+    } else if (a == "--iterations" && i + 1 < argc && cmd == "top") {
       Result<int64_t> n = ParseInt(a, argv[++i], 1, 1 << 30);
       if (!n.ok()) {
         std::fprintf(stderr, "mmfeedctl: %s\n", n.status().message().c_str());
@@ -357,6 +367,7 @@ int main(int argc, char** argv) {
     std::filesystem::path abs = std::filesystem::absolute(config, ec);
     request["config"] = ec ? config : abs.lexically_normal().string();
   }
+  if (!at.empty()) request["at"] = at;
   Result<nlohmann::json> reply =
       ControlRequest(socket_path, request, static_cast<int>(timeout_s * 1000));
   if (!reply.ok()) {

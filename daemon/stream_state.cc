@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "base/atomic_file.h"
 
 namespace mmfeed {
@@ -16,12 +18,16 @@ nlohmann::json StreamStateToJson(const StreamState& s) {
   nlohmann::json origin = CursorToJson({s.origin_epoch, 0, s.origin_seq, s.origin_stream});
   if (s.origin_previous) origin["previous_stream"] = s.origin_previous;
   if (s.origin_base) origin["base"] = s.origin_base;
-  return {{"version", 2},
-          {"pipeline", s.pipeline},
-          {"fingerprint", s.fingerprint},
-          {"origin", origin},
-          {"ranks", std::move(ranks)},
-          {"config", {{"file", s.config_file}, {"text", s.config_text}}}};
+  nlohmann::json j = {{"version", 2},
+                      {"pipeline", s.pipeline},
+                      {"fingerprint", s.fingerprint},
+                      {"origin", origin},
+                      {"ranks", std::move(ranks)},
+                      {"config", {{"file", s.config_file}, {"text", s.config_text}}}};
+  for (const MixSwitch& w : s.mix_switches)
+    j["mix_switches"].push_back(
+        {{"epoch", w.epoch}, {"position", w.position}, {"weights", w.weights}});
+  return j;
 }
 
 Result<StreamState> StreamStateFromJson(const nlohmann::json& j, const std::string& path) {
@@ -74,6 +80,23 @@ Result<StreamState> StreamStateFromJson(const nlohmann::json& j, const std::stri
       return bad("no \"config\" with a \"file\" and a \"text\"");
     s.config_file = c["file"].get<std::string>();
     s.config_text = c["text"].get<std::string>();
+  }
+  if (j.contains("mix_switches")) {
+    const nlohmann::json& list = j["mix_switches"];
+    if (!list.is_array()) return bad("\"mix_switches\" is not an array");
+    for (const nlohmann::json& w : list) {
+      const bool ok = w.is_object() && w.contains("epoch") && w["epoch"].is_number_unsigned() &&
+                      w["epoch"].get<uint64_t>() <= UINT32_MAX && w.contains("position") &&
+                      w["position"].is_number_unsigned() && w.contains("weights") &&
+                      w["weights"].is_array() && !w["weights"].empty() &&
+                      std::all_of(w["weights"].begin(), w["weights"].end(),
+                                  [](const nlohmann::json& x) { return x.is_number(); });
+      if (!ok)
+        return bad(fmt::format("mix_switches[{}] is not {{\"epoch\", \"position\", \"weights\"}}",
+                               s.mix_switches.size()));
+      s.mix_switches.push_back({w["epoch"].get<uint32_t>(), w["position"].get<uint64_t>(),
+                                w["weights"].get<std::vector<double>>()});
+    }
   }
   return s;
 }

@@ -5,7 +5,10 @@
 //    "origin": {"epoch": E, "batch": 0, "seq": S, "stream": T, "previous_stream": P,
 //               "base": POSITION},              // base: a job resumed at another shape
 //    "ranks": [CURSOR, ...],                      // each rank's acknowledged cursor
-//    "config": {"file": PATH, "text": YAML}}      // the config that makes the batches from S on
+//    "config": {"file": PATH, "text": YAML},      // the config that makes the batches from S on
+//    "mix_switches": [{"epoch": E, "position": P, "weights": [W, ...]}, ...]}
+//                      // a mixture's weights reloads changed at batch boundaries (the weights
+//                      // in force before each; absent when none): MixConfig::switches
 //
 // The config's own text is kept (not its path alone) because the file may be edited before
 // the daemon restarts: a restart on an edited file first continues the stream with the kept
@@ -24,6 +27,7 @@
 
 #include "base/cursor.h"
 #include "base/status.h"
+#include "source/mixture.h"
 
 namespace mmfeed {
 
@@ -36,6 +40,7 @@ struct StreamState {
   std::vector<StreamCursor> ranks;
   std::string config_file, config_text;  // empty text: a version 1 file
   uint64_t origin_base = 0;              // Pipeline::Origin::base
+  std::vector<MixSwitch> mix_switches;   // MixConfig::switches of the config
 };
 
 nlohmann::json StreamStateToJson(const StreamState& s);

@@ -42,7 +42,9 @@ int Supervisor::Run() {
           [this](int rank, int pid, uint32_t generation) { Detach(rank, pid, generation); },
           [this] { return StatusJson(); },
           [this] { BeginDrain("stop requested"); },
-          [this](const std::string& file, ReloadDone done) { Reload(file, std::move(done)); },
+          [this](const std::string& file, bool at_batch, ReloadDone done) {
+            Reload(file, std::move(done), at_batch);
+          },
           [this](double seconds, bool trace, std::function<void(Result<nlohmann::json>)> done) {
             Profile(seconds, trace, std::move(done));
           },
@@ -104,8 +106,16 @@ int Supervisor::Build(std::string* why) {
                    ? fmt::format(", each read by {} trainer ranks (replicas)", cfg_.replicas)
                    : "");
   auto pipeline = Pipeline::Create(cfg_, sinks);
+  if (pipeline.ok() && saved_ && !cfg_.mix.switches.empty() &&
+      (*pipeline)->fingerprint() != saved_->fingerprint) {
+    // The saved weight switches belong to the saved stream: a stream started fresh (LoadState
+    // says why) has the config's own weights.
+    cfg_.mix.switches.clear();
+    pipeline = Pipeline::Create(cfg_, sinks);
+  }
   if (!pipeline.ok()) return fail(kExitConfig, pipeline.status().message());
   pipeline_ = std::move(pipeline.value());
+  cfg_.mix.switches = pipeline_->MixSwitches();  // those that fit the sources
   // What --check refuses is only warned of here: the run counts and skips those samples.
   Status files = CheckSampleFiles(cfg_, pipeline_->CheckSamplePaths(kCheckedSamples));
   if (!files.ok()) spdlog::warn("{}", files.message());
@@ -292,6 +302,8 @@ void Supervisor::WarnRanksWithoutTrainers() {
 // `then_reload` gets the edited file. A saved stream that cannot be continued is dropped.
 Result<std::optional<StreamState>> Supervisor::SavedStream(std::string* then_reload) {
   MMFEED_ASSIGN_OR_RETURN(std::optional<StreamState> saved, ReadState());
+  // The weights reloads switched at batch boundaries are part of the saved stream.
+  if (saved) cfg_.mix.switches = saved->mix_switches;
   if (saved && !saved->config_text.empty() &&
       (saved->config_text != cfg_.text || saved->config_file != cfg_.file)) {
     Result<PipelineConfig> kept = KeptConfig(*saved);
@@ -307,6 +319,7 @@ Result<std::optional<StreamState>> Supervisor::SavedStream(std::string* then_rel
       spdlog::warn("{}: the saved stream cannot be continued ({}): starting fresh", StatePath(),
                    kept.status().message());
       saved.reset();
+      cfg_.mix.switches.clear();
     }
   }
   return saved;

@@ -167,7 +167,9 @@ class Supervisor {
   // The new pipeline is built on a thread of its own (its catalog may wait on storage): the
   // control thread goes on serving, and `done` gets the reply on it when the build is over.
   using ReloadDone = std::function<void(Result<nlohmann::json>)>;
-  void Reload(const std::string& file, ReloadDone done);
+  // `at_batch`: the reload must switch at a batch boundary (only a mixture's weights change) or
+  // is refused; else a change of the order waits for an epoch boundary.
+  void Reload(const std::string& file, ReloadDone done, bool at_batch = false);
 
   void EndReload(const std::string& path, Result<nlohmann::json> r, ReloadDone done);
 
@@ -179,6 +181,7 @@ class Supervisor {
     std::vector<std::unique_ptr<RingSink>> rings;  // empty, or the rings every rank moves to
     std::vector<BatchSink*> sinks;                 // what the new pipeline feeds
     Result<std::unique_ptr<Pipeline>> next = Status::Unavailable("not built");
+    bool at_batch = false;  // asked to switch at a batch boundary (Reload)
   };
 
   // The checks and the rings, on the control thread (quick: no data is read).
@@ -195,6 +198,9 @@ class Supervisor {
   // instead would wait forever for a trainer that keeps its last batch while it asks for the
   // next, as mmfeed.torch's dataset and to_device do.)
   bool ReadyToSwap();
+
+  // The running pipeline goes on to the pending reload's boundary (of an epoch or a batch).
+  void QuiesceForPending();
 
   // The ranks whose trainer has not attached since the daemon continued from saved cursors,
   // as a list for messages ("1, 2"); empty when every one is back.
@@ -298,14 +304,17 @@ class Supervisor {
   std::vector<std::unique_ptr<PackingSink>> packers_;  // in front of sinks_ when the text is packed
   std::vector<BatchSink*> pipeline_sinks_;             // what the pipeline feeds, one per rank
   std::unique_ptr<Pipeline> pipeline_;
-  // A reload waiting for the running pipeline to quiesce (at the epoch boundary).
+  // A reload waiting for the running pipeline to quiesce (at the epoch boundary, or at one
+  // batch boundary for a weights-only change of a mixture).
   struct PendingReload {
     std::unique_ptr<Pipeline> pipeline;
     PipelineConfig cfg;
     RingPlan plan;
     std::vector<std::unique_ptr<RingSink>> rings;  // empty, or larger rings to move to
     bool at_epoch = false;  // the order or numbering changes: all ranks switch at one epoch
-    bool boundary_deferred = false;  // at_epoch, chosen once every rank's trainer is back
+    bool at_batch = false;  // only the mixture's weights change: all ranks switch at one batch
+    bool boundary_deferred = false;  // at_epoch or at_batch, chosen once every rank is back
+    std::string Boundary() const { return at_batch ? "batch boundary" : "epoch boundary"; }
   };
   // Per rank, the ring a reload replaced, until the rank's next attach.
   std::vector<std::unique_ptr<RingSink>> moved_from_;

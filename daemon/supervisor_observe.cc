@@ -63,6 +63,7 @@ nlohmann::json Supervisor::StatusJson() {
            {{"ok", reloads_ok_},
             {"failed", reloads_failed_},
             {"pending", pending_ != nullptr},
+            {"pending_at", pending_ ? pending_->Boundary() : ""},
             {"waiting_for_ranks", pending_ && pending_->boundary_deferred ? UnseenRanks() : ""}}},
           {"state", draining_               ? "draining"
                     : pipeline_->Finished() ? "finished"

@@ -5,11 +5,12 @@
 
 namespace mmfeed {
 
-void Supervisor::Reload(const std::string& file, ReloadDone done) {
+void Supervisor::Reload(const std::string& file, ReloadDone done, bool at_batch) {
   const std::string path = file.empty() ? cfg_.file : file;
   notify_.Reloading();  // READY=1 ends it, refused or not (EndReload)
   Result<std::shared_ptr<PreparedReload>> prep = PrepareReload(path);
   if (!prep.ok()) return EndReload(path, prep.status(), std::move(done));
+  (*prep)->at_batch = at_batch;
   reload_built_.store(false);
   reload_thread_ = std::thread([this, p = *prep, path, done = std::move(done)]() mutable {
     p->next = Pipeline::Create(p->cfg, p->sinks);
@@ -44,10 +45,10 @@ Result<std::shared_ptr<Supervisor::PreparedReload>> Supervisor::PrepareReload(
   if (pending_)
     return Status::Unavailable(
         pending_->boundary_deferred
-            ? fmt::format("the previous reload is waiting for the epoch boundary, chosen once the "
+            ? fmt::format("the previous reload is waiting for the {}, chosen once the "
                           "trainers of rank(s) {} are back after the restart",
-                          UnseenRanks())
-            : std::string("the previous reload is waiting for the epoch boundary"));
+                          pending_->Boundary(), UnseenRanks())
+            : "the previous reload is waiting for the " + pending_->Boundary());
   if (!pipeline_)
     return Status::Unavailable(
         "no trainer has declared the job's shape yet (consumers: auto): nothing runs to reload; "
@@ -59,6 +60,9 @@ Result<std::shared_ptr<Supervisor::PreparedReload>> Supervisor::PrepareReload(
   MMFEED_RETURN_IF_ERROR(cfg->AdoptShape(cfg_.trainers(), cfg_.source.node_rank,
                                          cfg_.source.num_nodes,
                                          cfg->replicas_auto ? cfg_.replicas : 0));
+  // The weights earlier reloads switched at batch boundaries stay part of the stream (dropped
+  // by the build where they no longer fit the sources: the order then changes at an epoch).
+  cfg->mix.switches = cfg_.mix.switches;
   auto p = std::make_shared<PreparedReload>();
   p->changes = DiffConfigs(cfg_, *cfg);
   if (!p->changes.needs_restart.empty())
@@ -103,7 +107,23 @@ Result<nlohmann::json> Supervisor::ApplyReload(PreparedReload& p) {
   if (renumber && p.cfg.packed_stage >= 0)
     return Status::Unsupported(std::string("a packed text stream's batch numbering cannot change") +
                                kRestartHint);
-  const bool at_epoch = renumber || next->order_fingerprint() != pipeline_->order_fingerprint();
+  bool at_epoch = renumber || next->order_fingerprint() != pipeline_->order_fingerprint();
+  // Asked for: only the mixture's weights change, and every rank switches at one batch
+  // boundary, each source going on from where it stood.
+  const bool at_batch = p.at_batch && at_epoch;
+  if (at_batch) {
+    const std::string why_not =
+        renumber || !p.changes.weights_only
+            ? fmt::format("it changes more than a weighted mixture's weights ({})",
+                          p.changes.Summary())
+            : next->WhyNotSwitchWeights(*pipeline_);
+    if (!why_not.empty())
+      return Status::Unsupported(fmt::format(
+          "reload at a batch boundary refused: {}; reload without --at batch to switch at the "
+          "next epoch boundary",
+          why_not));
+    at_epoch = false;
+  }
   // A new metrics endpoint is listening before anything changes, or the reload is refused.
   const bool new_metrics = p.cfg.metrics_listen != cfg_.metrics_listen;
   std::unique_ptr<MetricsServer> metrics;
@@ -117,15 +137,21 @@ Result<nlohmann::json> Supervisor::ApplyReload(PreparedReload& p) {
   const bool grow = !p.rings.empty();
   // After a restart from saved cursors a trainer may be past them: the boundary is the
   // furthest rank's once every trainer has said where it is.
-  const std::string unseen = at_epoch ? UnseenRanks() : std::string();
+  const std::string unseen = at_epoch || at_batch ? UnseenRanks() : std::string();
   nlohmann::json reply = {
       {"config", p.cfg.file},
       {"changes", p.changes.json},
       {"summary", p.changes.Summary()},
-      {"applied", std::string(!at_epoch  ? "now"
-                              : renumber ? "at the next epoch boundary, for every rank at once "
-                                           "(the batches per epoch or the ranks change)"
-                                         : "at the next epoch boundary") +
+      {"applied", std::string(at_batch    ? "at the next batch boundary, for every rank at once "
+                                            "(only the mixture's weights change: each source goes "
+                                            "on from where it stood)"
+                              : !at_epoch ? "now"
+                              : renumber  ? "at the next epoch boundary, for every rank at once "
+                                            "(the batches per epoch or the ranks change)"
+                              : p.changes.weights_only
+                                  ? "at the next epoch boundary (mmfeedctl reload --at batch "
+                                    "switches weights at the next batch boundary)"
+                                  : "at the next epoch boundary") +
                       (unseen.empty() ? ""
                                       : fmt::format(", chosen once the trainers of rank(s) {} "
                                                     "are back after the restart",
@@ -137,11 +163,11 @@ Result<nlohmann::json> Supervisor::ApplyReload(PreparedReload& p) {
                             : "re-made larger; trainers attach to them by themselves"}};
   pending_ = std::make_unique<PendingReload>(PendingReload{std::move(next), std::move(p.cfg),
                                                            std::move(p.plan), std::move(p.rings),
-                                                           at_epoch, !unseen.empty()});
-  if (at_epoch) {
+                                                           at_epoch, at_batch, !unseen.empty()});
+  if (at_epoch || at_batch) {
     // Every rank switches at one boundary, the furthest rank's next: a rank an epoch behind
     // the others must not make that epoch in another order than they did.
-    if (unseen.empty()) pipeline_->QuiesceAtEpochEnd(/*together=*/true);
+    if (unseen.empty()) QuiesceForPending();
   } else {
     pipeline_->Quiesce();
     pipeline_->Wait();
@@ -161,6 +187,13 @@ bool Supervisor::ReadyToSwap() {
   return true;
 }
 
+void Supervisor::QuiesceForPending() {
+  if (pending_->at_batch)
+    pipeline_->QuiesceAtBatch();
+  else
+    pipeline_->QuiesceAtEpochEnd(/*together=*/true);
+}
+
 std::string Supervisor::UnseenRanks() const {
   std::string out;
   for (size_t r = 0; r < unseen_since_restart_.size(); ++r)
@@ -174,8 +207,9 @@ void Supervisor::EveryRankBack() {
     pending_->boundary_deferred = false;
     spdlog::info(
         "every rank's trainer is back after the restart: the pending reload switches at the "
-        "furthest rank's next epoch boundary");
-    pipeline_->QuiesceAtEpochEnd(/*together=*/true);
+        "furthest rank's next {}",
+        pending_->Boundary());
+    QuiesceForPending();
   }
   if (!then_reload_.empty())
     asio::post(io_, [this, file = std::exchange(then_reload_, std::string())] {
@@ -221,8 +255,25 @@ void Supervisor::CompleteReload() {
          Pipeline::NextStreamTag(before, at.seq, p->pipeline->order_fingerprint()), before.stream,
          at_base ? before.base : 0});
   } else {
+    if (p->at_batch) {
+      // Every rank stands at the same batch: the new weights start there.
+      const uint64_t seq = pipeline_->NextCommit(0);
+      bool together = true;
+      for (int r = 1; r < cfg_.consumers; ++r) together &= pipeline_->NextCommit(r) == seq;
+      Status switched = together ? p->pipeline->SwitchWeightsAt(*pipeline_, seq)
+                                 : Status::Invalid("the ranks did not stop at one batch");
+      if (!switched.ok()) {  // QuiesceAtBatch and WhyNotSwitchWeights guarantee it: a bug
+        spdlog::error("the reload is abandoned: {}", switched.message());
+        for (BatchSink* s : pipeline_sinks_) s->Finish(false);
+        return;
+      }
+      const MixSwitch at = p->pipeline->MixSwitches().back();
+      spdlog::info("the mixture's weights change at batch {} (epoch {}, position {} of each rank)",
+                   seq, at.epoch, at.position);
+    }
     p->pipeline->SetOrigin(pipeline_->origin());  // the same numbering goes on
   }
+  p->cfg.mix.switches = p->pipeline->MixSwitches();  // kept in --state-dir
   // Ranks a smaller consumer count removes: their trainers take what their rings hold, then
   // see the end of their data. Added ranks start where the others are.
   for (int r = p->cfg.consumers; r < cfg_.consumers; ++r) {

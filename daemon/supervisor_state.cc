@@ -17,6 +17,7 @@ Result<PipelineConfig> Supervisor::KeptConfig(const StreamState& s) const {
   if (!cfg.ok()) return cfg;
   MMFEED_RETURN_IF_ERROR(CheckFaultsAllowed(*cfg, opt_.allow_faults));
   cfg->SetIndexDir(opt_.state_dir);
+  cfg->mix.switches = s.mix_switches;
   ConfigChanges changes = DiffConfigs(*cfg, cfg_);
   if (!changes.needs_restart.empty())
     return Status::Unsupported(
@@ -88,6 +89,7 @@ Status Supervisor::SaveState() {
                     origin.stream, origin.previous,          {},           cfg_.file,
                     cfg_.text};
   state.origin_base = origin.base;
+  state.mix_switches = cfg_.mix.switches;
   for (int r = 0; r < cfg_.consumers; ++r) state.ranks.push_back(AckedOf(r));
   std::string text = StreamStateToJson(state).dump() + "\n";
   if (text == saved_state_) return Status::Ok();

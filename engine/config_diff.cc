@@ -83,11 +83,11 @@ ConfigChanges DiffConfigs(const PipelineConfig& a, const PipelineConfig& b) {
                         a.source.fields != b.source.fields || a.source.keys != b.source.keys);
   // A mixture's sources and shares: what each epoch deals (the pipeline's order fingerprint
   // then differs, so the switch is at an epoch boundary).
-  auto mix_text = [](const PipelineConfig& c) {
+  auto mix_text = [](const PipelineConfig& c, bool weights = true) {
     std::string out = c.mix.mode + "|" + std::to_string(c.mix.samples_per_epoch);
     for (const SourceConfig& s : c.sources) {
-      out += fmt::format("|{}:{}:{}:{}:{}:{}:{}:{}", s.name, s.type, s.path, s.weight, s.repeat,
-                         s.shuffle, s.seed, s.index);
+      out += fmt::format("|{}:{}:{}:{}:{}:{}:{}:{}", s.name, s.type, s.path,
+                         weights ? s.weight : 0.0, s.repeat, s.shuffle, s.seed, s.index);
       for (const auto& [field, key] : s.keys) out += fmt::format(":{}={}", field, key);
       for (const auto& [field, exts] : s.fields)
         out += fmt::format(":{}={}", field, fmt::join(exts, ","));
@@ -95,6 +95,11 @@ ConfigChanges DiffConfigs(const PipelineConfig& a, const PipelineConfig& b) {
     return out;
   };
   setting("sources", mix_text(a) != mix_text(b));
+  c.weights_only = !a.sources.empty() && a.mix.mode == "weighted" && mix_text(a) != mix_text(b) &&
+                   mix_text(a, false) == mix_text(b, false) &&
+                   a.source.shuffle == b.source.shuffle && a.source.seed == b.source.seed &&
+                   a.source.epochs == b.source.epochs && a.consumers == b.consumers &&
+                   a.batch_size == b.batch_size && a.drop_last == b.drop_last;
   setting("source.shuffle", a.source.shuffle != b.source.shuffle);
   setting("source.seed", a.source.seed != b.source.seed);
   setting("source.shuffle_window", a.source.shuffle_window != b.source.shuffle_window);

@@ -16,6 +16,9 @@ struct ConfigChanges {
   // Non-empty when the change needs a restart (the rings or the stream's batch numbering
   // would change): says which setting, and why.
   std::string needs_restart;
+  // Of what decides the order, only a weighted mixture's weights change (a reload may then
+  // switch them at a batch boundary: Pipeline::SwitchWeightsAt).
+  bool weights_only = false;
   bool empty() const;
   // One line for the log and the reply: "workers of image 2 -> 1; text re-parameterised".
   std::string Summary() const;

@@ -119,6 +119,36 @@ void Pipeline::QuiesceAtEpochEnd(bool together) {
   stop_at_epoch_end_.store(true, std::memory_order_release);
 }
 
+void Pipeline::QuiesceAtBatch() {
+  finish_sinks_.store(false, std::memory_order_release);
+  stop_at_batch_.store(true, std::memory_order_release);
+}
+
+std::string Pipeline::WhyNotSwitchWeights(const Pipeline& running) const {
+  if (!catalog_->mixture || !running.catalog_->mixture) return "not a mixture";
+  if (budgeted()) return "token budgets plan whole epochs";
+  if (cfg_.packed_stage >= 0) return "a packed text stream's rows cross batches";
+  for (size_t k = 0; k < catalog_->parts.size(); ++k)
+    if (catalog_->windowed(k))
+      return fmt::format("source '{}' is read in shard windows", cfg_.sources[k].name);
+  const Status st = Mixture::CanSwitch(*running.catalog_->mixture, *catalog_->mixture);
+  return st.ok() ? "" : st.message();
+}
+
+Status Pipeline::SwitchWeightsAt(const Pipeline& running, uint64_t seq) {
+  const StreamCursor at = CursorAt(seq);
+  Result<Mixture> m = Mixture::Switched(running.catalog_->mixture, *catalog_->mixture, at.epoch,
+                                        at.batch * static_cast<uint64_t>(cfg_.batch_size));
+  if (!m.ok()) return m.status();
+  auto cat = std::make_shared<Catalog>(*catalog_);
+  cat->mixture = std::make_shared<const Mixture>(std::move(m.value()));
+  cfg_.mix.switches = cat->mixture->switches();
+  cat->mix_fingerprint = HashMixSwitch(cfg_.mix.switches.back(), cat->mix_fingerprint);
+  catalog_ = std::move(cat);
+  Fingerprint();
+  return Status::Ok();
+}
+
 void Pipeline::Wait() {
   for (auto& t : threads_)
     if (t.joinable()) t.join();
@@ -357,9 +387,13 @@ void Pipeline::SourceLoop() {
   // QuiesceAtEpochEnd: each rank stops at the first epoch boundary at or after where it is.
   std::vector<uint32_t> last_epoch(consumers, UINT32_MAX);
   bool at_epoch_end = false;
+  // QuiesceAtBatch: every rank stops at the furthest rank's next batch.
+  uint64_t last_seq = UINT64_MAX;
   std::vector<bool> done(consumers);
   std::vector<uint64_t> gen(consumers, 0);
-  auto is_done = [&](int r) { return past_end(next[r]) || next[r].epoch >= last_epoch[r]; };
+  auto is_done = [&](int r) {
+    return past_end(next[r]) || next[r].epoch >= last_epoch[r] || next[r].seq >= last_seq;
+  };
   for (int r = 0; r < consumers; ++r) done[r] = is_done(r);
   std::thread planner;  // token budgets: the next epoch's plan
   uint32_t planning = UINT32_MAX;
@@ -371,6 +405,11 @@ void Pipeline::SourceLoop() {
         last_epoch[r] = next[r].batch == 0 ? next[r].epoch : next[r].epoch + 1;
       if (epoch_end_together_.load(std::memory_order_acquire))
         last_epoch.assign(consumers, *std::max_element(last_epoch.begin(), last_epoch.end()));
+      for (int r = 0; r < consumers; ++r) done[r] = is_done(r);
+    }
+    if (last_seq == UINT64_MAX && stop_at_batch_.load(std::memory_order_acquire)) {
+      last_seq = 0;
+      for (int r = 0; r < consumers; ++r) last_seq = std::max(last_seq, next[r].seq);
       for (int r = 0; r < consumers; ++r) done[r] = is_done(r);
     }
     // Busy is the iteration less the time Push waited on full mailboxes (counted as blocked).
@@ -391,6 +430,10 @@ void Pipeline::SourceLoop() {
           const bool together = epoch_end_together_.load(std::memory_order_acquire);
           for (int q = 0; q < consumers; ++q)
             if ((together || q == r) && own > last_epoch[q]) last_epoch[q] = own;
+          for (int q = 0; q < consumers; ++q) done[q] = is_done(q);
+        }
+        if (last_seq != UINT64_MAX && next[r].seq > last_seq) {  // the same for a batch
+          last_seq = next[r].seq;
           for (int q = 0; q < consumers; ++q) done[q] = is_done(q);
         }
         done[r] = is_done(r);

@@ -190,6 +190,24 @@ class Pipeline {
   // furthest rank is (the successor's batch numbering differs, and all ranks switch to it at
   // one epoch).
   void QuiesceAtEpochEnd(bool together = false);
+  // Like Quiesce, but every rank's batches are dealt up to one batch boundary, the furthest
+  // rank's next batch (moved on by a rank resumed past it): a weights-only reload
+  // (SwitchWeightsAt) takes over there.
+  void QuiesceAtBatch();
+  // A weights-only reload of a mixture (ConfigChanges::weights_only) can take over from
+  // `running` at a batch boundary ("") or not, and why: not a weighted mixture on one node, a
+  // source read in shard windows, token budgets, a packed text stream, or the sources' data
+  // changed.
+  std::string WhyNotSwitchWeights(const Pipeline& running) const;
+  // Takes over from `running` at its batch `seq` (every rank's next): `running`'s mixture
+  // before it, this one's weights after, each source's draws going on from where it stood
+  // (Mixture::Switched). Its config's mix.switches then name every switch so far.
+  // REQUIRES: WhyNotSwitchWeights(running) is "", before Start().
+  Status SwitchWeightsAt(const Pipeline& running, uint64_t seq);
+  // The weight switches its mixture makes (MixConfig::switches).
+  std::vector<MixSwitch> MixSwitches() const {
+    return catalog_->mixture ? catalog_->mixture->switches() : std::vector<MixSwitch>();
+  }
   // True once every thread has finished and every sink was told so.
   bool Finished() const { return finished_.load(std::memory_order_acquire); }
   void Wait();
@@ -377,6 +395,7 @@ class Pipeline {
   std::atomic<bool> finish_sinks_{true};  // false after Quiesce
   std::atomic<bool> stop_at_epoch_end_{false};
   std::atomic<bool> epoch_end_together_{false};
+  std::atomic<bool> stop_at_batch_{false};
   std::atomic<bool> complete_{false};  // every rank dealt to the end of its data
   std::atomic<bool> unusable_data_{false};
   uint64_t start_ns_ = 0;

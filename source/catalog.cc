@@ -283,6 +283,44 @@ Result<Catalog> LoadCatalog(const SourceConfig& source, const std::set<std::stri
   return cat;
 }
 
+uint64_t HashMixSwitch(const MixSwitch& s, uint64_t h) {
+  return HashString(fmt::format("switch {}|{}|{}", s.epoch, s.position, fmt::join(s.weights, ":")),
+                    h);
+}
+
+namespace {
+
+// The mixture `plain` deals after the weight switches `switches` (each one's earlier weights
+// in place of `shares`' own), or null when they do not fit.
+std::shared_ptr<const Mixture> WithSwitches(std::shared_ptr<const Mixture> plain,
+                                            std::vector<MixSource> shares,
+                                            const std::vector<MixSwitch>& switches,
+                                            uint64_t samples_per_epoch, uint32_t lanes,
+                                            uint64_t seed, uint32_t per_node) {
+  std::shared_ptr<const Mixture> chain;
+  for (size_t j = 0; j <= switches.size(); ++j) {
+    std::shared_ptr<const Mixture> next = plain;
+    if (j < switches.size()) {
+      if (switches[j].weights.size() != shares.size()) return nullptr;
+      for (size_t i = 0; i < shares.size(); ++i) shares[i].weight = switches[j].weights[i];
+      Result<Mixture> m =
+          Mixture::Create(shares, MixMode::kWeighted, samples_per_epoch, lanes, seed, per_node);
+      if (!m.ok()) return nullptr;
+      next = std::make_shared<const Mixture>(std::move(m.value()));
+    }
+    if (chain) {
+      Result<Mixture> m =
+          Mixture::Switched(chain, *next, switches[j - 1].epoch, switches[j - 1].position);
+      if (!m.ok()) return nullptr;
+      next = std::make_shared<const Mixture>(std::move(m.value()));
+    }
+    chain = std::move(next);
+  }
+  return chain;
+}
+
+}  // namespace
+
 Result<Catalog> LoadMixture(const std::vector<SourceConfig>& sources, const MixConfig& mix,
                             const SourceConfig& order, int consumers,
                             const std::set<std::string>& needed,
@@ -360,9 +398,9 @@ Result<Catalog> LoadMixture(const std::vector<SourceConfig>& sources, const MixC
           field, kFieldLookups));
   if (cat.size() > UINT32_MAX) return Status::TooLarge("more than 4G samples in one mixture");
   const uint32_t lanes = static_cast<uint32_t>(order.num_nodes * consumers);
-  Result<Mixture> m = Mixture::Create(
-      std::move(shares), mix.mode == "epochs" ? MixMode::kEpochs : MixMode::kWeighted,
-      mix.samples_per_epoch, lanes, order.seed, static_cast<uint32_t>(consumers));
+  Result<Mixture> m =
+      Mixture::Create(shares, mix.mode == "epochs" ? MixMode::kEpochs : MixMode::kWeighted,
+                      mix.samples_per_epoch, lanes, order.seed, static_cast<uint32_t>(consumers));
   if (!m.ok()) {  // it names sources by number: give their names
     std::string msg = m.status().message();
     for (size_t i = sources.size(); i-- > 0;) {
@@ -373,6 +411,12 @@ Result<Catalog> LoadMixture(const std::vector<SourceConfig>& sources, const MixC
     return Status::Invalid(fmt::format("mix: {}", msg));
   }
   cat.mixture = std::make_shared<const Mixture>(std::move(m.value()));
+  if (!mix.switches.empty())
+    if (auto switched = WithSwitches(cat.mixture, shares, mix.switches, mix.samples_per_epoch,
+                                     lanes, order.seed, static_cast<uint32_t>(consumers))) {
+      cat.mixture = std::move(switched);
+      for (const MixSwitch& s : mix.switches) h = HashMixSwitch(s, h);
+    }
   cat.mix_fingerprint = h;
   return cat;
 }
@@ -482,10 +526,9 @@ uint32_t EpochOrder::EntryOf(const MixDraw& d) const {
 uint32_t EpochOrder::SameSource(uint32_t entry, int rank, uint64_t random) const {
   const uint32_t k = static_cast<uint32_t>(mixed_->PartOf(entry));
   const uint32_t lane = static_cast<uint32_t>(node_ * consumers_ + static_cast<uint64_t>(rank));
-  const uint64_t quota = mix_->LaneQuota(k, lane);
-  if (quota == 0)  // not one of this rank's sources (cannot happen): any of its positions
-    return Mixed(random % mix_->per_lane() * consumers_ + static_cast<uint64_t>(rank));
-  return EntryOf(mix_->DrawOf(epoch_, lane, k, random % quota));
+  if (const std::optional<MixDraw> d = mix_->Refill(epoch_, lane, k, random)) return EntryOf(*d);
+  // Not one of this rank's sources this epoch (cannot happen): any of its positions.
+  return Mixed(random % mix_->per_lane() * consumers_ + static_cast<uint64_t>(rank));
 }
 
 uint32_t EpochOrder::Windowed(size_t i) const {

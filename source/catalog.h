@@ -157,11 +157,15 @@ Result<Catalog> LoadCatalog(const SourceConfig& source, const std::set<std::stri
 // order.num_nodes nodes by a Mixture seeded with order.seed. A source's sample may lack some of
 // `needed` (SourceConfig::fields_optional). Refused, named: a source without a usable sample
 // (its bad entries are in `errors`), a needed field none of the kFieldLookups samples looked
-// at per source has.
+// at per source has. mix.switches are applied when they fit (Mixture::Switched), else dropped;
+// the fingerprint names those applied (HashMixSwitch).
 Result<Catalog> LoadMixture(const std::vector<SourceConfig>& sources, const MixConfig& mix,
                             const SourceConfig& order, int consumers,
                             const std::set<std::string>& needed,
                             const std::set<std::string>& path_fields);
+
+// A mixture's fingerprint `h` with one more weight switch folded in.
+uint64_t HashMixSwitch(const MixSwitch& s, uint64_t h);
 
 // The catalog positions this node deals in `epoch`, in dealing order: position i goes to
 // consumer rank i % consumers. A deterministic function of (seed, epoch, node_rank, num_nodes);

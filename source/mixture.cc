@@ -38,6 +38,7 @@ Result<Mixture> Mixture::Create(std::vector<MixSource> sources, MixMode mode,
   if (lanes % per_node != 0)
     return Status::Invalid(fmt::format("{} lanes are not nodes of {}", lanes, per_node));
   Mixture m;
+  m.mode_ = mode;
   m.lanes_ = lanes;
   m.per_node_ = per_node;
   m.seed_ = seed;
@@ -146,8 +147,15 @@ uint64_t Mixture::Phase(uint32_t epoch, uint32_t lane, uint32_t source) const {
   return rng.Next() % per_lane_;
 }
 
-MixDraw Mixture::At(uint32_t epoch, uint32_t lane, uint64_t p) const {
-  const uint64_t len = per_lane_, k = sources_.size();
+uint32_t Mixture::Counts(uint32_t epoch, uint32_t lane, uint64_t p,
+                         std::vector<uint64_t>* count) const {
+  const uint64_t len = per_lane_;
+  const uint32_t k = static_cast<uint32_t>(sources_.size());
+  count->assign(k, 0);
+  if (p >= len) {
+    for (uint32_t i = 0; i < k; ++i) (*count)[i] = LaneQuota(i, lane);
+    return k;
+  }
   // Per source: the lane's quota and phase (a few dozen sources at most: on the stack would
   // do, a vector keeps it simple).
   std::vector<uint64_t> q(k), phase(k);
@@ -171,26 +179,142 @@ MixDraw Mixture::At(uint32_t epoch, uint32_t lane, uint64_t p) const {
   }
   const uint64_t t = lo;
   uint64_t skip = p - draws(t);
+  uint32_t at = k;
   for (uint32_t i = 0; i < k; ++i) {
-    const uint64_t before = DrawsAfter(t, q[i], phase[i], len);
-    if (DrawsAfter(t + 1, q[i], phase[i], len) == before) continue;
-    if (skip-- > 0) continue;
-    return DrawOf(epoch, lane, i, before);
+    (*count)[i] = DrawsAfter(t, q[i], phase[i], len);
+    if (at == k && DrawsAfter(t + 1, q[i], phase[i], len) != (*count)[i] && skip-- == 0) at = i;
   }
-  return MixDraw{};  // unreachable: draws(t) <= p < draws(t + 1)
+  // The sources that step together at t + 1 are taken in source order: those before `at`
+  // were drawn before p.
+  for (uint32_t i = 0; i < at; ++i)
+    if (DrawsAfter(t + 1, q[i], phase[i], len) != (*count)[i]) ++(*count)[i];
+  return at;
+}
+
+MixDraw Mixture::At(uint32_t epoch, uint32_t lane, uint64_t p) const {
+  if (Before(epoch, p)) return before_->At(epoch, lane, p);
+  std::vector<uint64_t> count;
+  const uint32_t i = Counts(epoch, lane, p, &count);
+  return Draw(epoch, lane, i, count[i]);
 }
 
 MixDraw Mixture::DrawOf(uint32_t epoch, uint32_t lane, uint32_t source, uint64_t c) const {
-  const Source& s = sources_[source];
-  // The lane's draw c of the source, numbered over the lanes, then over the epochs.
+  return Draw(epoch, lane, source, c);
+}
+
+MixDraw Mixture::Draw(uint32_t epoch, uint32_t lane, uint32_t i, uint64_t c) const {
+  const Source& s = sources_[i];
   MixDraw d;
-  d.source = source;
-  d.draw = uint64_t{epoch} * dealt_[source] + InEpoch(s, lane, c);
+  d.source = i;
+  // The lane's draw c of the source, numbered over the lanes, then over the epochs; after a
+  // switch, on from the draws before it (lane by lane in the rest of the switch's epoch).
+  if (!before_)
+    d.draw = uint64_t{epoch} * dealt_[i] + InEpoch(s, lane, c);
+  else if (epoch == switch_epoch_)
+    d.draw =
+        tail_first_[i] + (c - at_switch_[uint64_t{lane} * sources_.size() + i]) * lanes_ + lane;
+  else
+    d.draw = next_first_[i] + uint64_t{epoch - switch_epoch_ - 1} * dealt_[i] + InEpoch(s, lane, c);
   const uint64_t pass = d.draw / s.cfg.size, at = d.draw % s.cfg.size;
   d.sample = s.cfg.shuffle && !s.cfg.windowed
                  ? Permutation(s.cfg.size, Rng(s.cfg.seed, pass, "", "mix pass").Next())(at)
                  : at;
   return d;
+}
+
+std::optional<MixDraw> Mixture::Refill(uint32_t epoch, uint32_t lane, uint32_t source,
+                                       uint64_t random) const {
+  if (before_ && epoch < switch_epoch_) return before_->Refill(epoch, lane, source, random);
+  // In the switch's epoch, one of the draws after it (or, without one, before it).
+  const uint64_t from = before_ && epoch == switch_epoch_
+                            ? at_switch_[uint64_t{lane} * sources_.size() + source]
+                            : 0,
+                 to = LaneQuota(source, lane);
+  if (to > from) return Draw(epoch, lane, source, from + random % (to - from));
+  if (before_ && epoch == switch_epoch_) return before_->Refill(epoch, lane, source, random);
+  return std::nullopt;
+}
+
+uint64_t Mixture::DrawsBefore(uint32_t epoch, uint64_t p, uint32_t i) const {
+  if (Before(epoch, p) || (before_ && epoch == switch_epoch_ && p == switch_at_))
+    return before_->DrawsBefore(epoch, p, i);
+  // Every earlier epoch's draws are below the first of this one; of this one, those each lane
+  // made before p.
+  const bool tail = before_ && epoch == switch_epoch_;
+  uint64_t above = !before_ ? uint64_t{epoch} * dealt_[i]
+                   : tail   ? tail_first_[i]
+                            : next_first_[i] + uint64_t{epoch - switch_epoch_ - 1} * dealt_[i];
+  std::vector<uint64_t> count;
+  for (uint32_t lane = 0; lane < lanes_; ++lane) {
+    Counts(epoch, lane, p, &count);
+    const uint64_t from = tail ? at_switch_[uint64_t{lane} * sources_.size() + i] : 0;
+    if (count[i] > from) above = std::max(above, Draw(epoch, lane, i, count[i] - 1).draw + 1);
+  }
+  return above;
+}
+
+Status Mixture::CanSwitch(const Mixture& b, const Mixture& after) {
+  if (b.mode_ != MixMode::kWeighted || after.mode_ != MixMode::kWeighted)
+    return Status::Unsupported("only weights change at a batch boundary (mode: weighted)");
+  if (b.lanes_ != after.lanes_ || b.per_node_ != b.lanes_ || after.per_node_ != after.lanes_)
+    return Status::Unsupported("weights change at a batch boundary on one node only");
+  if (b.per_lane_ != after.per_lane_ || b.sources_.size() != after.sources_.size())
+    return Status::Unsupported(
+        "only weights change at a batch boundary: the epoch's length or the sources differ");
+  for (size_t i = 0; i < b.sources_.size(); ++i) {
+    const MixSource &x = b.sources_[i].cfg, &y = after.sources_[i].cfg;
+    if (x.size != y.size || x.shuffle != y.shuffle || x.seed != y.seed)
+      return Status::Unsupported(fmt::format(
+          "only weights change at a batch boundary: source {}'s samples or order differ", i));
+    if (x.windowed || y.windowed)
+      return Status::Unsupported(
+          fmt::format("source {} is read in shard windows: its weight changes at an epoch "
+                      "boundary",
+                      i));
+  }
+  if (b.seed_ != after.seed_)
+    return Status::Unsupported("only weights change at a batch boundary: the seed differs");
+  return Status::Ok();
+}
+
+Result<Mixture> Mixture::Switched(std::shared_ptr<const Mixture> before, Mixture after,
+                                  uint32_t epoch, uint64_t position) {
+  const Mixture& b = *before;
+  MMFEED_RETURN_IF_ERROR(CanSwitch(b, after));
+  if (position >= b.per_lane_ ||
+      (b.before_ &&
+       (epoch < b.switch_epoch_ || (epoch == b.switch_epoch_ && position < b.switch_at_))))
+    return Status::Invalid(fmt::format("no switch at position {} of epoch {}", position, epoch));
+  Mixture m = std::move(after);
+  const size_t k = m.sources_.size();
+  m.switch_epoch_ = epoch;
+  m.switch_at_ = position;
+  m.at_switch_.assign(m.lanes_ * k, 0);
+  m.tail_first_.assign(k, 0);
+  m.next_first_.assign(k, 0);
+  std::vector<uint64_t> count, most(k, 0);
+  for (uint32_t lane = 0; lane < m.lanes_; ++lane) {
+    m.Counts(epoch, lane, position, &count);
+    for (size_t i = 0; i < k; ++i) {
+      m.at_switch_[lane * k + i] = count[i];
+      most[i] = std::max(most[i], m.LaneQuota(static_cast<uint32_t>(i), lane) - count[i]);
+    }
+  }
+  for (size_t i = 0; i < k; ++i) {
+    m.tail_first_[i] = b.DrawsBefore(epoch, position, static_cast<uint32_t>(i));
+    m.next_first_[i] = m.tail_first_[i] + most[i] * m.lanes_;
+  }
+  m.before_ = std::move(before);
+  return m;
+}
+
+std::vector<MixSwitch> Mixture::switches() const {
+  if (!before_) return {};
+  std::vector<MixSwitch> out = before_->switches();
+  MixSwitch s{switch_epoch_, switch_at_, {}};
+  for (const Source& x : before_->sources_) s.weights.push_back(x.cfg.weight);
+  out.push_back(std::move(s));
+  return out;
 }
 
 std::string Mixture::Describe(const std::vector<std::string>& names) const {
@@ -205,6 +329,9 @@ std::string Mixture::Describe(const std::vector<std::string>& names) const {
         100.0 * dealt_[i] / total, dealt_[i], static_cast<double>(dealt_[i]) / s.cfg.size);
   }
   out += fmt::format("  an epoch: {} positions per rank x {} rank(s)", per_lane_, lanes_);
+  for (const MixSwitch& w : switches())
+    out += fmt::format("\n  weights before position {} of epoch {}: {}", w.position, w.epoch,
+                       fmt::join(w.weights, ":"));
   return out;
 }
 

@@ -28,9 +28,19 @@
 // so a node reads its own part of the source's shard order (as one windowed source does);
 // its draw's `sample` is the position in the pass, which the caller maps through the pass's
 // windows.
+//
+// Switches. A weights-only reload may apply at a batch boundary (Switched): positions before
+// (epoch, position) of every lane are the earlier mixture's, the rest the new weights'
+// interleave. Each source's draws after the switch are numbered on from above the highest any
+// lane made of it before (in the rest of the switch's epoch lane by lane in turn, later epochs
+// as above), so no draw repeats and no sample repeats within a pass; the numbers lanes with
+// fewer draws than the others leave unused are samples that pass skips (a few per lane, source
+// and switch).
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +61,15 @@ struct MixSource {
 
 enum class MixMode { kWeighted, kEpochs };
 
+// A weights-only reload applied at a batch boundary: `weights` (one per source) were in force
+// up to position `position` of every lane in `epoch` (Mixture::Switched).
+struct MixSwitch {
+  uint32_t epoch = 0;
+  uint64_t position = 0;
+  std::vector<double> weights;
+  bool operator==(const MixSwitch&) const = default;
+};
+
 struct MixDraw {
   uint32_t source = 0;
   uint64_t sample = 0;  // index in the source's catalog
@@ -66,6 +85,17 @@ class Mixture {
                                 uint64_t samples_per_epoch, uint32_t lanes, uint64_t seed,
                                 uint32_t per_node = 0);
 
+  // `after`'s weights from `position` (a batch boundary: the same in every lane) of `epoch` on,
+  // `before`'s before it. Refused unless both deal the same sources (sizes, orders) to the same
+  // lanes with the same positions per lane, in weighted mode on one node, none of them in shard
+  // windows; and at a position within the epoch, not before `before`'s last switch. `after`'s
+  // own switches, if any, give way to `before`'s.
+  static Result<Mixture> Switched(std::shared_ptr<const Mixture> before, Mixture after,
+                                  uint32_t epoch, uint64_t position);
+  // Whether `after` may take over from `before` at some batch boundary (Switched's checks but
+  // the position's), else why not.
+  static Status CanSwitch(const Mixture& before, const Mixture& after);
+
   uint32_t lanes() const { return lanes_; }
   size_t sources() const { return sources_.size(); }
   // Positions per lane and epoch.
@@ -78,9 +108,15 @@ class Mixture {
   // What position `p` of lane `lane` in `epoch` draws. REQUIRES: lane < lanes(),
   // p < per_lane().
   MixDraw At(uint32_t epoch, uint32_t lane, uint64_t p) const;
-  // Lane `lane`'s draw `c` of `source` in `epoch` (REQUIRES: c < LaneQuota(source, lane)): what
-  // a failed sample's row is refilled with, drawn from the same source.
+  // Lane `lane`'s draw `c` of `source` in `epoch` of this mixture's own interleave (REQUIRES:
+  // c < LaneQuota(source, lane); not a switched mixture's epoch up to its switch).
   MixDraw DrawOf(uint32_t epoch, uint32_t lane, uint32_t source, uint64_t c) const;
+  // What a failed sample's row of lane `lane` in `epoch` is refilled with: one of the lane's
+  // draws of `source` that epoch, picked by `random`; none when the lane has none.
+  std::optional<MixDraw> Refill(uint32_t epoch, uint32_t lane, uint32_t source,
+                                uint64_t random) const;
+  // Where the weights changed (Switched), oldest first.
+  std::vector<MixSwitch> switches() const;
 
   // The plan, one line per source: size, share, draws per epoch, passes per epoch.
   std::string Describe(const std::vector<std::string>& names) const;
@@ -101,13 +137,33 @@ class Mixture {
   // c < LaneQuota).
   uint64_t InEpoch(const Source& s, uint32_t lane, uint64_t c) const;
   uint64_t Phase(uint32_t epoch, uint32_t lane, uint32_t source) const;
+  // Lane `lane`'s draws of each source at positions [0, p) of `epoch` in its own interleave
+  // (REQUIRES: p <= per_lane()), and the source position p draws (sources() at the end).
+  uint32_t Counts(uint32_t epoch, uint32_t lane, uint64_t p, std::vector<uint64_t>* count) const;
+  // Lane `lane`'s draw c of source i in `epoch` of its own interleave: its number over all
+  // lanes and epochs (after a switch: see Switched), and the sample it takes.
+  MixDraw Draw(uint32_t epoch, uint32_t lane, uint32_t i, uint64_t c) const;
+  // Above every draw of source i made before position p of `epoch` in any lane.
+  uint64_t DrawsBefore(uint32_t epoch, uint64_t p, uint32_t i) const;
+  bool Before(uint32_t epoch, uint64_t p) const {
+    return before_ && (epoch < switch_epoch_ || (epoch == switch_epoch_ && p < switch_at_));
+  }
 
   std::vector<Source> sources_;
   std::vector<uint64_t> dealt_;
+  MixMode mode_ = MixMode::kWeighted;
   uint32_t lanes_ = 1, per_node_ = 1;
   uint64_t per_lane_ = 0;
   uint64_t used_extras_ = 0;  // extras dealt per epoch (a multiple of lanes_)
   uint64_t seed_ = 0;
+  // A switched mixture: `before_` up to position switch_at_ of epoch switch_epoch_. Per source,
+  // the first number of its draws after the switch (tail_first_) and of the next epoch
+  // (next_first_); per lane and source (lane x sources() + source), its draws before the
+  // switch in this interleave (at_switch_).
+  std::shared_ptr<const Mixture> before_;
+  uint32_t switch_epoch_ = 0;
+  uint64_t switch_at_ = 0;
+  std::vector<uint64_t> tail_first_, next_first_, at_switch_;
 };
 
 }  // namespace mmfeed

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "source/mixture.h"
+
 namespace mmfeed {
 
 // Where a config item was written, for error messages.
@@ -75,6 +77,9 @@ struct SourceConfig {
 struct MixConfig {
   std::string mode = "weighted";   // weighted | epochs
   uint64_t samples_per_epoch = 0;  // weighted: over all ranks and nodes; 0 = the sum of sizes
+  // Not YAML: the weights reloads changed at batch boundaries before (oldest first), kept in
+  // --state-dir; LoadMixture drops them when they no longer fit the sources.
+  std::vector<MixSwitch> switches;
 };
 
 }  // namespace mmfeed

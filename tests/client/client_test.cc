@@ -280,6 +280,17 @@ TEST_F(JobShapeTest, AnAttachCarriesAShapeTheParserChecks) {
     EXPECT_FALSE(parse(bad).ok()) << bad;
 }
 
+TEST(ControlRequestTest, AReloadMaySayAtWhichBoundary) {
+  EXPECT_FALSE(ParseControlRequest(R"({"cmd":"reload"})")->at_batch);
+  EXPECT_TRUE(ParseControlRequest(R"({"cmd":"reload","at":"batch"})")->at_batch);
+  EXPECT_FALSE(ParseControlRequest(R"({"cmd":"reload","at":"epoch"})")->at_batch);
+  for (const char* bad : {R"({"cmd":"reload","at":"now"})", R"({"cmd":"reload","at":1})"}) {
+    Result<ControlCommand> r = ParseControlRequest(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().message(), "reload's \"at\" must be \"batch\" or \"epoch\"");
+  }
+}
+
 TEST(CursorTest, TheJobsPositionRoundTripsAndComesWholeOrNotAtAll) {
   StreamCursor c{2, 5, 31, 0xabcd};
   c.order = 77;

@@ -55,5 +55,34 @@ TEST_F(ConfigDiffTest, NamesWhatChangedAndWhatNeedsARestart) {
   EXPECT_EQ(c.Summary(), "faults changed");
 }
 
+// Of what decides the order, only a weighted mixture's weights: a reload may switch them at a
+// batch boundary (`mmfeedctl reload --at batch`).
+TEST_F(ConfigDiffTest, AWeightsOnlyChangeOfAMixtureIsNamed) {
+  testing::WriteFile(dir_ / "b.jsonl", "{\"id\":\"b\",\"text\":\"t\"}\n");
+  auto mix = [&](const std::string& wa, const std::string& wb, const std::string& mix = "{}",
+                 const std::string& batch_size = "4") {
+    const std::string yaml =
+        "pipeline: p\nsources:\n  - {name: a, type: manifest, path: manifest.jsonl, " + wa +
+        "}\n  - {name: b, type: manifest, path: b.jsonl, " + wb + "}\nmix: " + mix +
+        "\nconsumers: 2\nstages:\n  - {name: text, type: text, field: text}\n"
+        "  - {name: batch, type: batch, inputs: [text], params: {batch_size: " +
+        batch_size + "}}\n";
+    Result<PipelineConfig> c = ParseConfig(yaml, dir_ / "p.yaml");
+    EXPECT_TRUE(c.ok()) << c.status().message();
+    return std::move(c.value());
+  };
+  const PipelineConfig a = mix("weight: 3", "weight: 1");
+  ConfigChanges c = DiffConfigs(a, mix("weight: 1", "weight: 1"));
+  EXPECT_TRUE(c.weights_only);
+  EXPECT_EQ(c.json["settings"], nlohmann::json::array({"sources"}));
+  EXPECT_FALSE(DiffConfigs(a, mix("weight: 3", "weight: 1")).weights_only) << "no change";
+  EXPECT_FALSE(DiffConfigs(a, mix("weight: 1", "weight: 1", "{seed: 9}")).weights_only);
+  EXPECT_FALSE(DiffConfigs(a, mix("weight: 1", "weight: 1", "{}", "8")).weights_only);
+  EXPECT_FALSE(DiffConfigs(a, mix("weight: 1", "weight: 1, shuffle: false")).weights_only);
+  EXPECT_FALSE(DiffConfigs(mix("repeat: 1", "repeat: 1", "{mode: epochs}"),
+                           mix("repeat: 2", "repeat: 1", "{mode: epochs}"))
+                   .weights_only);
+}
+
 }  // namespace
 }  // namespace mmfeed

@@ -7,7 +7,7 @@ trainer and a killed daemon equal to an uninterrupted run, reloads of the weight
 
 usage: mix_test.py --bin BUILD/bin
 """
-import collections, json, pathlib, signal, sys, time
+import collections, json, pathlib, signal, subprocess, sys, time
 
 import numpy as np
 
@@ -192,6 +192,93 @@ class WeightedTest(MixCase):
         self.assertRegex(page, r'mmfeed_source_passes\{source="captions"\} [1-9]')
         d.proc.send_signal(signal.SIGTERM)
         d.wait()
+
+
+class WeightsAtBatchTest(MixCase):
+    """`mmfeedctl reload --at batch` with only the weights changed: every rank switches at one
+    batch boundary, each source going on from where it stood, exactly through kills."""
+
+    def switched_run(self, name, state=None, kill=False):
+        """Both ranks take 20 batches and leave (the rings then hold batches 20-23, so the
+        switch is at batch 24), the weights go from 3:1 to 1:1 at a batch boundary, and the
+        ranks run to the end; with `kill`, trainer 0 dies holding batch 33 and the daemon is
+        SIGKILLed after rank 1's batch 40, then both resume from --state-dir and their cursors.
+        Per rank, the ids of each batch by seq."""
+        extra = ("--state-dir", str(state)) if state else ()
+        d = dt.Daemon(self.dir, mix_config(), extra=extra)
+        cursor = lambda r: ("--json", "--cursor", str(self.dir / f"{name}c{r}"), "--reconnect", "60")
+        dump = lambda r, life: ("--dump", str(self.dir / f"{name}{r}_{life}"))
+        for c in [d.consume(r, *cursor(r), *dump(r, "a"), "--batches", "20") for r in (0, 1)]:
+            dt.finish(c)
+        deadline = time.time() + 20
+        while [c["published"] for c in json.loads(d.ctl("status", "--json").stdout)["consumers"]] != [24, 24]:
+            self.assertLess(time.time(), deadline, "the rings did not fill")
+            time.sleep(0.05)
+        # More than weights (another seed) is refused and changes nothing.
+        (self.dir / "p.yaml").write_text(mix_config(mix="{seed: 8, epochs: 2, samples_per_epoch: 800}"))
+        r = d.ctl("reload", "--at", "batch")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("reload at a batch boundary refused: it changes more than a weighted mixture's weights",
+                      r.stderr)
+        (self.dir / "p.yaml").write_text(mix_config(captions="weight: 1", qa="weight: 1"))
+        r = d.ctl("reload", "--at", "batch", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(json.loads(r.stdout)["applied"].startswith("at the next batch boundary"), r.stdout)
+        if not kill:
+            for c in [d.consume(r, *cursor(r), *dump(r, "b")) for r in (0, 1)]:
+                dt.finish(c)
+            self.assertEqual(d.wait(), 0, d.log())
+        else:
+            d.consume(0, *cursor(0), *dump(0, "b"), "--abort-after", "13").wait(timeout=60)
+            dt.finish(d.consume(1, *cursor(1), *dump(1, "b"), "--batches", "21"))
+            time.sleep(0.3)  # the state is written every 100 ms
+            d.proc.send_signal(signal.SIGKILL)
+            d.proc.wait()
+            saved = json.loads((state / "cursors.json").read_text())
+            self.assertEqual(saved["mix_switches"], [{"epoch": 0, "position": 240, "weights": [3.0, 1.0]}])
+            d = dt.Daemon(self.dir, (self.dir / "p.yaml").read_text(), extra=extra)
+            for c in [d.consume(r, *cursor(r), *dump(r, "c")) for r in (0, 1)]:
+                dt.finish(c)
+            self.assertEqual(d.wait(), 0, d.log())
+            self.assertIn("continuing from the saved cursors", d.log())
+        self.assertIn("weights before position 240 of epoch 0: 3:1", d.log())
+        out = []
+        for r in (0, 1):
+            by_seq = {}
+            for dump_dir in sorted(self.dir.glob(f"{name}{r}_*")):
+                for meta, _ in dt.dumped_batches(dump_dir):
+                    self.assertEqual(by_seq.setdefault(meta["seq"], meta["ids"]), meta["ids"], f"batch {meta['seq']}")
+            self.assertEqual(sorted(by_seq), list(range(80)), f"rank {r}: every batch")
+            out.append([by_seq[k] for k in range(80)])
+        return out, d
+
+    def test_a_reload_of_the_weights_at_a_batch_boundary_goes_on_exactly_through_kills(self):
+        got, d = self.switched_run("s")
+        self.assertIn("the mixture's weights change at batch 24 (epoch 0, position 240 of each rank)", d.log())
+        before, _ = self.run_all(mix_config(), "old")
+        for r in (0, 1):
+            self.assertEqual(got[r][:24], [m["ids"] for m, _ in before[r][:24]], f"rank {r}: the old weights' stream")
+            questions = lambda batches: sum(1 for b in batches for i in b if i[0] == "q")
+            self.assertLessEqual(abs(questions(got[r][:24]) - 60), 2, "3:1 before the switch")
+            self.assertLessEqual(abs(questions(got[r][24:40]) - 80), 2, "1:1 after it")
+            self.assertEqual(questions(got[r][40:]), 200, "epoch 1: 1:1 exactly")
+        # No sample repeats within a pass: in epoch 0 (520 caption draws of 300, 280 question
+        # draws of 100) none is drawn more often than the passes the draws span.
+        counts = collections.Counter(i for rank in got for b in rank[:40] for i in b)
+        for source, size in (("c", CAPTIONS), ("q", QA)):
+            drawn = sum(n for i, n in counts.items() if i[0] == source)
+            self.assertEqual(max(n for i, n in counts.items() if i[0] == source), -(-drawn // size), source)
+        killed, _ = self.switched_run("k", state=self.dir / "state", kill=True)
+        self.assertEqual(killed, got, "a killed trainer and daemon resume to the same stream")
+        # A forged list of switches is refused, naming it.
+        saved = json.loads((self.dir / "state" / "cursors.json").read_text())
+        saved["mix_switches"] = [{"epoch": 0, "position": 240, "weights": "3:1"}]
+        (self.dir / "state" / "cursors.json").write_text(json.dumps(saved))
+        r = subprocess.run([f"{dt.BIN}/mmfeedd", "--config", str(self.dir / "p.yaml"), "--socket",
+                            str(self.dir / "x.sock"), "--state-dir", str(self.dir / "state")],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn('mix_switches[0] is not {"epoch", "position", "weights"}', r.stderr)
 
 
 class SourceKindsTest(MixCase):

@@ -119,7 +119,8 @@ class ReloadTest(ReloadCase):
         self.assertEqual(r.returncode, 1)
         self.assertIn("output.ring_slots 4 -> 8 changes the rings; restart the daemon", r.stderr)
         status = json.loads(d.ctl("status", "--json").stdout)
-        self.assertEqual(status["reloads"], {"ok": 0, "failed": 3, "pending": False, "waiting_for_ranks": ""})
+        self.assertEqual(status["reloads"], {"ok": 0, "failed": 3, "pending": False, "pending_at": "",
+                                             "waiting_for_ranks": ""})
         got = self.finish_all(d, cs)
         self.assertIn("refused, the running pipeline is unchanged", d.log())
         for rank in (0, 1):

@@ -198,6 +198,90 @@ TEST(MixtureTest, AWindowedSourceGivesEachNodeOneRunOfAnEpochsDraws) {
       << "6 lanes are not nodes of 4";
 }
 
+// Weights changed at batch boundaries (a reload): before each switch the stream is the earlier
+// weights', after it the new weights' interleave; every source's draws go on from where it
+// stood, so no draw repeats, no sample repeats within a pass, and only a few are skipped.
+TEST(MixtureTest, WeightsSwitchedMidEpochContinueEachSourceWithoutRepeats) {
+  const uint32_t lanes = 4;
+  const std::vector<std::vector<double>> weights = {{5, 2, 1}, {1, 1, 6}, {2, 3, 2}};
+  std::vector<std::shared_ptr<const Mixture>> plain;
+  for (const auto& w : weights)
+    plain.push_back(std::make_shared<const Mixture>(
+        Mixture::Create(Weighted(w, 300), MixMode::kWeighted, 4000, lanes, 5).value()));
+  // Switches at epoch 1 position 300, then at epoch 2's start... position 0 of epoch 3.
+  auto first = Mixture::Switched(plain[0], *plain[1], 1, 300);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  auto shared_first = std::make_shared<const Mixture>(std::move(first.value()));
+  auto second = Mixture::Switched(shared_first, *plain[2], 3, 0);
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  const Mixture& m = *second;
+  ASSERT_EQ(m.switches().size(), 2u);
+  EXPECT_EQ(m.switches()[0].weights, weights[0]);
+  EXPECT_EQ(m.switches()[1].position, 0u);
+  EXPECT_NE(m.Describe({"a", "b", "c"}).find("weights before position 300 of epoch 1: 5:2:1"),
+            std::string::npos)
+      << m.Describe({"a", "b", "c"});
+  std::vector<std::set<uint64_t>> draws(3);
+  std::vector<std::map<uint64_t, std::set<uint64_t>>> passes(3);  // pass -> samples
+  for (uint32_t epoch = 0; epoch < 5; ++epoch)
+    for (uint32_t lane = 0; lane < lanes; ++lane)
+      for (uint64_t p = 0; p < m.per_lane(); ++p) {
+        const MixDraw d = m.At(epoch, lane, p);
+        const size_t segment = epoch < 1 || (epoch == 1 && p < 300) ? 0 : epoch < 3 ? 1 : 2;
+        const MixDraw own = plain[segment]->At(epoch, lane, p);
+        ASSERT_EQ(d.source, own.source) << "epoch " << epoch << " lane " << lane << " p " << p;
+        if (segment == 0) EXPECT_EQ(d.draw, own.draw);
+        EXPECT_TRUE(draws[d.source].insert(d.draw).second) << "draw " << d.draw << " twice";
+        const uint64_t size = 300 + 37 * d.source;
+        EXPECT_TRUE(passes[d.source][d.draw / size].insert(d.sample).second)
+            << "sample " << d.sample << " twice in pass " << d.draw / size;
+        const std::optional<MixDraw> refill = m.Refill(epoch, lane, d.source, p * 7919);
+        ASSERT_TRUE(refill.has_value());
+        EXPECT_EQ(refill->source, d.source);
+      }
+  for (uint32_t i = 0; i < 3; ++i) {
+    const uint64_t skipped = *draws[i].rbegin() + 1 - draws[i].size();
+    EXPECT_LE(skipped, 2u * 4 * lanes) << "source " << i << ": a few per lane and switch";
+  }
+  // A pure function: the same switches made again give the same stream.
+  auto again = Mixture::Switched(
+      std::make_shared<const Mixture>(Mixture::Switched(plain[0], *plain[1], 1, 300).value()),
+      *plain[2], 3, 0);
+  for (uint64_t p : {0u, 299u, 300u, 999u}) EXPECT_EQ(again->At(4, 3, p).draw, m.At(4, 3, p).draw);
+}
+
+TEST(MixtureTest, OnlyWeightsSwitchMidEpoch) {
+  auto make = [](std::vector<MixSource> s, MixMode mode, uint32_t lanes, uint32_t per_node = 0) {
+    return std::make_shared<const Mixture>(
+        Mixture::Create(std::move(s), mode, 4000, lanes, 5, per_node).value());
+  };
+  auto msg = [](Result<Mixture> r) { return r.ok() ? std::string("ok") : r.status().message(); };
+  auto base = make(Weighted({1, 1}), MixMode::kWeighted, 2);
+  EXPECT_EQ(msg(Mixture::Switched(base, *make(Weighted({1, 3}), MixMode::kWeighted, 2), 0, 10)),
+            "ok");
+  EXPECT_NE(msg(Mixture::Switched(base, *make(Weighted({1, 3}), MixMode::kWeighted, 4), 0, 10))
+                .find("one node"),
+            std::string::npos);
+  EXPECT_NE(msg(Mixture::Switched(make(Weighted({1, 1}), MixMode::kWeighted, 4, 2),
+                                  *make(Weighted({1, 3}), MixMode::kWeighted, 4, 2), 0, 10))
+                .find("one node"),
+            std::string::npos);
+  EXPECT_NE(msg(Mixture::Switched(base, *make(Weighted({1, 1, 1}), MixMode::kWeighted, 2), 0, 10))
+                .find("sources differ"),
+            std::string::npos);
+  EXPECT_NE(msg(Mixture::Switched(base, *make(Weighted({1, 3}, 99), MixMode::kWeighted, 2), 0, 10))
+                .find("source 0's samples or order differ"),
+            std::string::npos);
+  std::vector<MixSource> windowed = Weighted({1, 3});
+  windowed[1].windowed = true;
+  EXPECT_NE(msg(Mixture::Switched(base, *make(windowed, MixMode::kWeighted, 2), 0, 10))
+                .find("source 1 is read in shard windows"),
+            std::string::npos);
+  EXPECT_NE(msg(Mixture::Switched(base, *make(Weighted({1, 3}), MixMode::kWeighted, 2), 0, 2000))
+                .find("no switch at position 2000"),
+            std::string::npos);
+}
+
 TEST(MixtureTest, MistakesAreRefusedSayingWhy) {
   auto msg = [](Result<Mixture> r) { return r.ok() ? std::string("ok") : r.status().message(); };
   EXPECT_EQ(msg(Mixture::Create({}, MixMode::kWeighted, 0, 1, 0)),
