@@ -34,7 +34,15 @@ all its lives, is checked against a small model of the stream:
 
 Even seeds read the data as WebDataset tar shards from an HTTP server (range requests, the
 remote store's window-mode order; token budgets, which that order refuses, left out), odd seeds
-from a manifest. Seeds 2, 5, 8, ... (seed % 3 == 2: one in CI's short runs, sanitizers
+from a manifest; seeds 3, 7, 11, ... (seed % 4 == 3: one in CI's short runs) from a weighted
+mixture of two manifests instead, with one more operation and no edit-data:
+
+  reweigh     the mixture's weights changed (3:1, 1:1, 1:3), mostly by `mmfeedctl reload
+              --at batch` (every rank switches at one batch boundary), else at the next epoch
+
+and, for its epochs, the model's "one order's samples" becomes: every id is one of the
+mixture's, and no id comes more often in an epoch than the passes its source's draws there
+span (no sample repeats within a pass). Seeds 2, 5, 8, ... (seed % 3 == 2: one in CI's short runs, sanitizers
 included) run with `replicas: 2`: every stream is read by
 two trainer ranks of a model-parallel group (ranks 2s and 2s + 1 read stream s; `consumers`
 4 <-> 6), each killed, stopped and resumed on its own, and the two must receive the same
@@ -84,6 +92,22 @@ EPOCHS = 5  # set per run from the operations (run): the data must outlast them
 
 
 def config(p):
+    if p["mix"]:
+        a, b = p["weights"].split(":")
+        budget = f", max_tokens: {p['max_tokens']}" if p["max_tokens"] else ""
+        return f"""pipeline: stateful
+sources:
+  - {{name: a, type: manifest, path: a.jsonl, weight: {a}}}
+  - {{name: b, type: manifest, path: b.jsonl, weight: {b}}}
+mix: {{seed: {p['seed']}, epochs: {EPOCHS}, samples_per_epoch: {SAMPLES}}}
+consumers: {p['consumers'] * p['replicas']}
+replicas: {p['replicas']}
+stages:
+  - {{name: text, type: text, field: text, workers: {p['workers']}, params: {{tokenizer: bytes, max_len: {p['max_len']}}}}}
+  - {{name: batch, type: batch, inputs: [text], params: {{batch_size: {p['batch']}, drop_last: {str(p['drop_last']).lower()}{budget}}}}}
+output: {{ring_slots: 4}}
+on_error: fail
+"""
     budget = f", max_tokens: {p['max_tokens']}" if p["max_tokens"] and not p["remote"] else ""
     source = "type: webdataset, fields: {text: [txt]}" if p["remote"] else "type: manifest"
     return f"""pipeline: stateful
@@ -106,7 +130,9 @@ FIELDS = {
     "max_len": [24, 32],
     "max_tokens": [0, 0, 120],
     "consumers": [2, 3],
+    "weights": ["3:1", "1:1", "1:3"],  # a mixture's only
 }
+MIX_A = 300  # a mixture's source a: the first 300 ids; b: the other 180
 
 
 SHARDS = 10  # of 48 samples each, in the remote runs
@@ -164,11 +190,12 @@ class ShardServer:
 class World:
     """The daemon, the trainers and the files of one run."""
 
-    def __init__(self, bin_dir, work, rng, log, remote, replicas):
+    def __init__(self, bin_dir, work, rng, log, remote, replicas, mix=False):
         self.bin, self.dir, self.rng, self.oplog = bin_dir, work, rng, log
         self.sock = str(work / "mmfeed.sock")
         self.params = {k: v[0] for k, v in FIELDS.items()}
         self.params["remote"] = remote
+        self.params["mix"] = self.mix = mix
         self.params["replicas"] = self.replicas = replicas
         # Trainer ranks: those of the streams always served, then those of stream 2.
         self.ranks = list(range(CONSUMERS * replicas))
@@ -183,10 +210,19 @@ class World:
         self.stopped = set()
         self.write_data([f"s{i:04d}" for i in range(SAMPLES)])
         self.write_config()
+        # The config the daemon runs (or will, at a pending reload's boundary), None when not
+        # known (after a SIGHUP, or a restart on a file that differs from it): reweighs start
+        # from it, so that they change the weights alone.
+        self.accepted = dict(self.params)
 
     def write_data(self, ids):
         """Writes version len(versions) of the data and points the config at it."""
-        if self.server:
+        if self.mix:  # written once: a mixture's data is not edited
+            for name, part in (("a.jsonl", ids[:MIX_A]), ("b.jsonl", ids[MIX_A:])):
+                with open(self.dir / name, "w") as m:
+                    for sid in part:
+                        m.write(json.dumps({"id": sid, "text": f"caption {int(sid[1:])}"}) + "\n")
+        elif self.server:
             import io, tarfile
             folder = self.dir / f"v{len(self.versions)}"
             folder.mkdir()
@@ -270,12 +306,13 @@ class World:
         return subprocess.run([f"{self.bin}/mmfeedctl", "--socket", self.sock, "--timeout", "60", *args],
                               capture_output=True, text=True, timeout=120)
 
-    def daemon_log(self):
+    def daemon_log(self, tail=6000):
         text = ""
         for f in self.daemon_logs:
             f.flush()
             f.seek(0)
-            text += f"--- {f.name}\n" + f.read()[-6000:]
+            log = f.read()
+            text += f"--- {f.name}\n" + (log[-tail:] if tail else log)
         return text
 
     def close(self):
@@ -301,7 +338,7 @@ def removed_rank(err):
 def mutate(w, n_fields):
     """Changes n random reloadable fields of the config file; returns what changed."""
     changed = {}
-    for field in w.rng.sample(sorted(FIELDS), n_fields):
+    for field in w.rng.sample(sorted(f for f in FIELDS if w.mix or f != "weights"), n_fields):
         choices = [v for v in FIELDS[field] if v != w.params[field]]
         if choices:
             w.params[field] = w.rng.choice(choices)
@@ -318,8 +355,11 @@ def op_reload(w):
     changed = mutate(w, w.rng.choice([1, 1, 2]))
     if w.rng.random() < 0.3:
         w.daemon.send_signal(signal.SIGHUP)
+        w.accepted = None
         return f"reload by SIGHUP {changed}"
     r = w.ctl("reload", "--json")
+    if r.returncode == 0:
+        w.accepted = dict(w.params)
     what = json.loads(r.stdout)["applied"] if r.returncode == 0 else r.stderr.strip()[-120:]
     return f"reload {changed}: {what}"
 
@@ -330,7 +370,21 @@ def op_storm(w):
         mutate(w, 1)
         r = w.ctl("reload")
         outcomes.append("ok" if r.returncode == 0 else "refused")
+        if r.returncode == 0:
+            w.accepted = dict(w.params)
     return f"storm of {len(outcomes)} reloads: {' '.join(outcomes)}"
+
+
+def op_reweigh(w):
+    w.params = dict(w.accepted or w.params)
+    w.params["weights"] = w.rng.choice([v for v in FIELDS["weights"] if v != w.params["weights"]])
+    w.write_config()
+    at = ["--at", "batch"] if w.rng.random() < 0.8 else []
+    r = w.ctl("reload", *at, "--json")
+    if r.returncode == 0:
+        w.accepted = dict(w.params)
+    what = json.loads(r.stdout)["applied"] if r.returncode == 0 else r.stderr.strip()[-160:]
+    return f"reweigh to {w.params['weights']} {' '.join(at)}: {what}"
 
 
 def op_kill_daemon(w):
@@ -340,6 +394,8 @@ def op_kill_daemon(w):
     if w.rng.random() < 0.5:
         edited = f", restarted on an edited config {mutate(w, 1)}"
     time.sleep(w.rng.choice([0, 0.05, 0.3]))
+    if w.params != w.accepted:  # the daemon reloads the file once the trainers are back
+        w.accepted = None
     w.start_daemon()
     return "kill -9 the daemon" + edited
 
@@ -393,6 +449,9 @@ def op_wait(w):
 
 OPS = [(op_reload, 5), (op_storm, 1), (op_edit_data, 1), (op_kill_daemon, 2), (op_kill_rank, 3), (op_stop_rank, 2),
        (op_wait, 4)]
+# A mixture's: reweighs most, other reloads less (their epoch boundaries hold reweighs off).
+MIX_OPS = [(op_reweigh, 6), (op_reload, 2), (op_kill_daemon, 2), (op_kill_rank, 3), (op_stop_rank, 2),
+           (op_wait, 4)]
 
 
 def received(w, rank):
@@ -455,6 +514,12 @@ def check(w):
         raise Failure(f"epochs received: {sorted(set(labels[0]))}, want 0..{EPOCHS - 1}")
     # drop_last leaves out each rank's last partial batch (token budgets never drop)
     allowed = {0} | {n * (SAMPLES // n % b) for b in FIELDS["batch"] for n in FIELDS["consumers"]}
+    if w.mix:
+        # Its data never changes: every restart continues the saved stream, switches and all.
+        if "starting fresh" in w.daemon_log(tail=None):
+            raise Failure("a restarted daemon did not continue the saved stream (starting fresh)")
+        check_mix_epochs(ranks + [extra], allowed)
+        return counts[0], [], len(extra)
     version, by_epoch = 0, []
     for e in range(EPOCHS):
         got = [i for r in ranks + [extra] for s in sorted(r) if r[s][0] == e for i in r[s][1]]
@@ -482,18 +547,41 @@ def check(w):
     return counts[0], by_epoch, len(extra)
 
 
+def check_mix_epochs(streams, allowed):
+    """A mixture's epochs: every id one of the mixture's, none more often than the passes its
+    source's draws in the epoch span (a pass repeats no sample; after a switch of the weights
+    at a batch boundary the draws go on in the pass they were in), all positions but what
+    drop_last leaves out."""
+    for e in range(EPOCHS):
+        got = [i for r in streams for s in sorted(r) if r[s][0] == e for i in r[s][1]]
+        counts = {}
+        for i in got:
+            if not (i[0] == "s" and 0 <= int(i[1:]) < SAMPLES):
+                raise Failure(f"epoch {e}: {i} is none of the mixture's samples")
+            counts[i] = counts.get(i, 0) + 1
+        for name, ids in (("a", range(MIX_A)), ("b", range(MIX_A, SAMPLES))):
+            drawn = sum(counts.get(f"s{k:04d}", 0) for k in ids)
+            most = max(counts.get(f"s{k:04d}", 0) for k in ids)
+            if most > -(-drawn // len(ids)) + 1:
+                raise Failure(f"epoch {e}: a sample of source {name} came {most} times in {drawn} draws of "
+                              f"{len(ids)}: a pass repeated it")
+        if SAMPLES - len(got) not in allowed:
+            raise Failure(f"epoch {e}: {SAMPLES - len(got)} position(s) missing")
+
+
 def run(bin_dir, seed, n_ops):
     global EPOCHS
     EPOCHS = max(5, n_ops // 4)
     rng = random.Random(seed)
     work = pathlib.Path(tempfile.mkdtemp(prefix=f"mmfeed-stateful-{seed}-"))
     log = []
-    w = World(bin_dir, work, rng, log, remote=seed % 2 == 0, replicas=2 if seed % 3 == 2 else 1)
+    w = World(bin_dir, work, rng, log, remote=seed % 2 == 0, replicas=2 if seed % 3 == 2 else 1,
+              mix=seed % 4 == 3)
     try:
         w.start_daemon()
         for r in w.ranks:
             w.start_trainer(r)
-        ops, weights = zip(*OPS)
+        ops, weights = zip(*(OPS if not w.mix else MIX_OPS))
         done = 0
         for i in range(n_ops):
             if w.daemon.poll() is not None:
@@ -541,11 +629,11 @@ def run(bin_dir, seed, n_ops):
             if code != 0:
                 raise Failure(f"the daemon exited {code}")
         batches, versions, rank2 = check(w)
-        print(f"seed {seed} ({'remote shards' if w.server else 'a manifest'}"
+        print(f"seed {seed} ({'remote shards' if w.server else 'a mixture' if w.mix else 'a manifest'}"
               f"{', replicas 2' if w.replicas > 1 else ''}): {done} of {n_ops} operations before the end of the data, "
               f"{batches} batches per stream in {EPOCHS} epochs ({rank2} on stream 2 while consumers was 3), "
-              f"every epoch exact (data "
-              f"versions by epoch: {versions})", flush=True)
+              + ("every epoch within its passes" if w.mix else f"every epoch exact (data versions by epoch: {versions})"),
+              flush=True)
         shutil.rmtree(work, ignore_errors=True)
         return True
     except Failure as e:
