@@ -483,7 +483,7 @@ void ValidateGraph(PipelineConfig* cfg, const YAML::Node& stages) {
            "token budgets (max_tokens, max_patches) need a permutation order: they are not "
            "available with source.shuffle_window (remote shards) yet");
     for (const SourceConfig& s : cfg->sources)
-      if (s.shuffle_window > 0 && s.type == "webdataset")
+      if (s.shuffle_window > 0)  // webdataset sources only (checked above)
         Fail(stages[batches[0]],
              fmt::format("token budgets (max_tokens, max_patches) need a permutation order: "
                          "source '{}' is read in shard windows (shuffle_window: {}){}",

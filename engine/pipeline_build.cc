@@ -267,7 +267,7 @@ void Pipeline::Fingerprint() {
   // The order tag: what decides the epochs' global order, without the shape.
   uint64_t o = HashString(fmt::format("position 1|{}|{}|{}", cfg_.source.seed, cfg_.source.shuffle,
                                       cfg_.source.epochs));
-  if (cfg_.source.shuffle_window > 0 && catalog_->shards)
+  if (catalog_->InWindows(cfg_.source))
     o = HashString(fmt::format("windows {}", cfg_.source.shuffle_window), o);
   for (const auto& [field, key] : cfg_.source.keys)
     o = HashString(fmt::format("key {}={}", field, key), o);
@@ -350,7 +350,7 @@ int Pipeline::RowsOf(uint32_t epoch, uint64_t index) const {
 std::string Pipeline::why_not_positional() const {
   if (catalog_->mixture) return "a mixture deals each rank its own sequence";
   if (budgeted()) return "token-budget batches take each rank's samples by their costs";
-  if (cfg_.source.shuffle_window > 0 && catalog_->shards && cfg_.source.num_nodes > 1)
+  if (catalog_->InWindows(cfg_.source) && cfg_.source.num_nodes > 1)
     return "shard windows give each of several nodes its own part of the order (one node's "
            "order is one sequence)";
   if (cfg_.packed_stage >= 0) return "a packed text stream's rows cross batches";

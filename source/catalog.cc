@@ -343,7 +343,7 @@ Result<Catalog> LoadMixture(const std::vector<SourceConfig>& sources, const MixC
     for (LoadError& e : part->errors) cat.errors.push_back(std::move(e));
     part->errors.clear();
     // What the mixture deals: each source's contents and share.
-    const bool windowed = part->shards && s.shuffle_window > 0;
+    const bool windowed = part->InWindows(s);
     h = HashString(fmt::format("{}|{}|{}|{}|{}|{}", s.name, s.weight, s.repeat, s.shuffle, s.seed,
                                part->size()),
                    h);
@@ -497,7 +497,7 @@ EpochOrder::EpochOrder(const Catalog& cat, const SourceConfig& source, uint32_t 
     size_ = mix_->per_lane() * consumers_;
     return;
   }
-  if (source.shuffle_window <= 0 || !cat.shards) return;
+  if (!cat.InWindows(source)) return;
   windows_ = cat.WindowsOf(source, epoch);
   shards_ = cat.shards.get();
   part_ = base_ + (static_cast<uint64_t>(cat.size()) - std::min<uint64_t>(base_, cat.size())) /

@@ -106,7 +106,10 @@ struct Catalog {
   bool indexed() const { return index || shards || !parts.empty(); }
   // A mixture's part k read in shard windows (a source with shuffle_window over indexed tar
   // shards). REQUIRES: k < parts.size().
-  bool windowed(size_t k) const { return parts[k]->shards && part_sources[k].shuffle_window > 0; }
+  bool windowed(size_t k) const { return parts[k]->InWindows(part_sources[k]); }
+  // Whether `source` (this catalog's config) deals its samples in shard windows: indexed tar
+  // shards with a shuffle_window.
+  bool InWindows(const SourceConfig& source) const { return shards && source.shuffle_window > 0; }
   // Where the pipeline's workers read remote shards' members (none: no remote source).
   RemoteReader* remote_reader() const {
     return router ? static_cast<RemoteReader*>(router.get()) : remote.get();

@@ -104,23 +104,22 @@ Result<Mixture> Mixture::Create(std::vector<MixSource> sources, MixMode mode,
         fmt::format("an epoch of {} samples is fewer than the {} consumer rank(s) it is dealt to",
                     total, lanes));
   m.used_extras_ = extras / lanes * lanes;
-  for (const Source& s : m.sources_) {
-    const uint64_t used =
-        m.used_extras_ > s.start ? std::min(s.extras, m.used_extras_ - s.start) : 0;
-    m.dealt_.push_back(s.base * lanes + used);
-  }
+  for (const Source& s : m.sources_) m.dealt_.push_back(s.base * lanes + m.ExtrasDealt(s));
   return m;
+}
+
+uint64_t Mixture::ExtrasDealt(const Source& s) const {
+  return used_extras_ > s.start ? std::min(s.extras, used_extras_ - s.start) : 0;
 }
 
 uint64_t Mixture::ExtraOf(const Source& s, uint32_t lane) const {
   const uint64_t o = (lane + lanes_ - s.start % lanes_) % lanes_;
-  return o < s.extras && s.start + o < used_extras_ ? o : UINT64_MAX;
+  return o < ExtrasDealt(s) ? o : UINT64_MAX;
 }
 
 uint64_t Mixture::ExtrasBefore(const Source& s, uint32_t lane) const {
-  // The lanes with an extra are a run of `n` from lane start % lanes, wrapping around.
-  const uint64_t from = s.start % lanes_, x = lane;
-  const uint64_t n = used_extras_ > s.start ? std::min(s.extras, used_extras_ - s.start) : 0;
+  // The lanes with an extra are a run of ExtrasDealt from lane start % lanes, wrapping around.
+  const uint64_t from = s.start % lanes_, x = lane, n = ExtrasDealt(s);
   auto below = [x](uint64_t a, uint64_t b) { return b > a ? std::min(b, x) - std::min(a, x) : 0; };
   return from + n <= lanes_ ? below(from, from + n)
                             : below(from, lanes_) + below(0, from + n - lanes_);

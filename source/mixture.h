@@ -129,6 +129,8 @@ class Mixture {
     uint64_t extras = 0;  // lanes with base + 1 (the first `extras` of its run, see ExtraOf)
     uint64_t start = 0;   // where its extras start in the epoch's sequence of extras
   };
+  // Its extra draws dealt each epoch (those past used_extras_ are left out).
+  uint64_t ExtrasDealt(const Source& s) const;
   // The slot of source i's extra draw in lane `lane`'s, or UINT64_MAX without one.
   uint64_t ExtraOf(const Source& s, uint32_t lane) const;
   // The lanes before `lane` that have an extra draw of `s`.
