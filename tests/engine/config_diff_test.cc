@@ -23,6 +23,9 @@ class ConfigDiffTest : public ::testing::Test {
                        "}}\n"
                        "  - {name: batch, type: batch, inputs: [text], params: {batch_size: " +
                        batch_size + "}}\n";
+    return ParseYaml(yaml);
+  }
+  PipelineConfig ParseYaml(const std::string& yaml) {
     Result<PipelineConfig> c = ParseConfig(yaml, dir_ / "p.yaml");
     EXPECT_TRUE(c.ok()) << c.status().message();
     return std::move(c.value());
@@ -67,9 +70,7 @@ TEST_F(ConfigDiffTest, AWeightsOnlyChangeOfAMixtureIsNamed) {
         "\nconsumers: 2\nstages:\n  - {name: text, type: text, field: text}\n"
         "  - {name: batch, type: batch, inputs: [text], params: {batch_size: " +
         batch_size + "}}\n";
-    Result<PipelineConfig> c = ParseConfig(yaml, dir_ / "p.yaml");
-    EXPECT_TRUE(c.ok()) << c.status().message();
-    return std::move(c.value());
+    return ParseYaml(yaml);
   };
   const PipelineConfig a = mix("weight: 3", "weight: 1");
   ConfigChanges c = DiffConfigs(a, mix("weight: 1", "weight: 1"));

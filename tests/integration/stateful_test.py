@@ -94,24 +94,16 @@ EPOCHS = 5  # set per run from the operations (run): the data must outlast them
 def config(p):
     if p["mix"]:
         a, b = p["weights"].split(":")
-        budget = f", max_tokens: {p['max_tokens']}" if p["max_tokens"] else ""
-        return f"""pipeline: stateful
-sources:
+        source = f"""sources:
   - {{name: a, type: manifest, path: a.jsonl, weight: {a}}}
   - {{name: b, type: manifest, path: b.jsonl, weight: {b}}}
-mix: {{seed: {p['seed']}, epochs: {EPOCHS}, samples_per_epoch: {SAMPLES}}}
-consumers: {p['consumers'] * p['replicas']}
-replicas: {p['replicas']}
-stages:
-  - {{name: text, type: text, field: text, workers: {p['workers']}, params: {{tokenizer: bytes, max_len: {p['max_len']}}}}}
-  - {{name: batch, type: batch, inputs: [text], params: {{batch_size: {p['batch']}, drop_last: {str(p['drop_last']).lower()}{budget}}}}}
-output: {{ring_slots: 4}}
-on_error: fail
-"""
+mix: {{seed: {p['seed']}, epochs: {EPOCHS}, samples_per_epoch: {SAMPLES}}}"""
+    else:
+        kind = "type: webdataset, fields: {text: [txt]}" if p["remote"] else "type: manifest"
+        source = f"""source: {{{kind}, path: "{p['path']}", shuffle: true, seed: {p['seed']}, epochs: {EPOCHS}}}"""
     budget = f", max_tokens: {p['max_tokens']}" if p["max_tokens"] and not p["remote"] else ""
-    source = "type: webdataset, fields: {text: [txt]}" if p["remote"] else "type: manifest"
     return f"""pipeline: stateful
-source: {{{source}, path: "{p['path']}", shuffle: true, seed: {p['seed']}, epochs: {EPOCHS}}}
+{source}
 consumers: {p['consumers'] * p['replicas']}
 replicas: {p['replicas']}
 stages:
