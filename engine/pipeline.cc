@@ -136,7 +136,7 @@ std::string Pipeline::WhyNotSwitchWeights(const Pipeline& running) const {
 }
 
 Status Pipeline::SwitchWeightsAt(const Pipeline& running, uint64_t seq) {
-  const StreamCursor at = CursorAt(seq);
+  const StreamCursor at = running.CursorAt(seq);  // this one's origin is not set yet
   Result<Mixture> m = Mixture::Switched(running.catalog_->mixture, *catalog_->mixture, at.epoch,
                                         at.batch * static_cast<uint64_t>(cfg_.batch_size));
   if (!m.ok()) return m.status();

@@ -281,6 +281,42 @@ class WeightsAtBatchTest(MixCase):
         self.assertIn('mix_switches[0] is not {"epoch", "position", "weights"}', r.stderr)
 
 
+    def test_a_switch_after_a_renumbering_reload_is_where_the_new_numbering_puts_it(self):
+        """batch_size 10 -> 20 at the end of epoch 0 (seq 40: the new numbering's origin), then
+        the weights at batch 44: epoch 1's batch 4, position 80 of each rank."""
+        d = dt.Daemon(self.dir, mix_config())
+        cursor = lambda r, life: ("--json", "--cursor", str(self.dir / f"c{r}"), "--dump",
+                                  str(self.dir / f"r{r}_{life}"))
+
+        def take(n, published):
+            for c in [d.consume(r, *cursor(r, published), "--batches", str(n)) for r in (0, 1)]:
+                dt.finish(c)
+            deadline = time.time() + 20
+            while [c["published"] for c in json.loads(d.ctl("status", "--json").stdout)["consumers"]] != [published] * 2:
+                self.assertLess(time.time(), deadline, "the rings did not fill")
+                time.sleep(0.05)
+
+        take(20, 24)
+        (self.dir / "p.yaml").write_text(mix_config(batch=20))
+        r = d.ctl("reload", "--json")
+        self.assertTrue(json.loads(r.stdout)["applied"].startswith("at the next epoch boundary, for every rank"), r.stdout)
+        take(20, 44)  # epoch 0's last batches: the swap, then epoch 1's first four batches of 20
+        (self.dir / "p.yaml").write_text(mix_config(batch=20, captions="weight: 1", qa="weight: 1"))
+        r = d.ctl("reload", "--at", "batch")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for c in [d.consume(r, *cursor(r, "end")) for r in (0, 1)]:
+            dt.finish(c)
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertIn("the mixture's weights change at batch 44 (epoch 1, position 80 of each rank)", d.log())
+        for r in (0, 1):
+            batches = {m["seq"]: m for life in self.dir.glob(f"r{r}_*") for m, _ in dt.dumped_batches(life)}
+            self.assertEqual(sorted(batches), list(range(60)), f"rank {r}")
+            questions = lambda seqs: sum(1 for q in seqs for i in batches[q]["ids"] if i[0] == "q")
+            self.assertEqual((batches[44]["epoch"], len(batches[44]["ids"])), (1, 20))
+            self.assertLessEqual(abs(questions(range(40, 44)) - 20), 2, "3:1 before the switch")
+            self.assertLessEqual(abs(questions(range(44, 60)) - 160), 2, "1:1 after it")
+
+
 class SourceKindsTest(MixCase):
     def shares_per_epoch(self, got):
         out = []
