@@ -115,7 +115,6 @@ int Supervisor::Build(std::string* why) {
   }
   if (!pipeline.ok()) return fail(kExitConfig, pipeline.status().message());
   pipeline_ = std::move(pipeline.value());
-  cfg_.mix.switches = pipeline_->MixSwitches();  // those that fit the sources
   // What --check refuses is only warned of here: the run counts and skips those samples.
   Status files = CheckSampleFiles(cfg_, pipeline_->CheckSamplePaths(kCheckedSamples));
   if (!files.ok()) spdlog::warn("{}", files.message());

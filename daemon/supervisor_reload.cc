@@ -62,7 +62,7 @@ Result<std::shared_ptr<Supervisor::PreparedReload>> Supervisor::PrepareReload(
                                          cfg->replicas_auto ? cfg_.replicas : 0));
   // The weights earlier reloads switched at batch boundaries stay part of the stream (dropped
   // by the build where they no longer fit the sources: the order then changes at an epoch).
-  cfg->mix.switches = cfg_.mix.switches;
+  cfg->mix.switches = pipeline_->MixSwitches();
   auto p = std::make_shared<PreparedReload>();
   p->changes = DiffConfigs(cfg_, *cfg);
   if (!p->changes.needs_restart.empty())
@@ -233,13 +233,15 @@ void Supervisor::CompleteReload() {
     for (BatchSink* s : pipeline_sinks_) s->Finish(false);
     return;
   }
+  // At an epoch or a batch boundary, every rank stopped at the same batch.
+  const uint64_t stop = pipeline_->NextCommit(0);
+  bool together = true;
+  for (int r = 1; r < cfg_.consumers; ++r) together &= pipeline_->NextCommit(r) == stop;
   if (p->at_epoch) {
     // Every rank stands at the same epoch boundary: the new order or numbering starts there,
     // and cursors before it are refused (the batches before it came from another config).
-    StreamCursor at = pipeline_->CursorAt(pipeline_->NextCommit(0));
-    bool together = at.batch == 0;
-    for (int r = 1; r < cfg_.consumers; ++r) together &= pipeline_->NextCommit(r) == at.seq;
-    if (!together) {  // QuiesceAtEpochEnd(true) guarantees it: a bug
+    StreamCursor at = pipeline_->CursorAt(stop);
+    if (!together || at.batch != 0) {  // QuiesceAtEpochEnd(true) guarantees it: a bug
       spdlog::error("the reload is abandoned: the ranks did not stop at one epoch boundary");
       for (BatchSink* s : pipeline_sinks_) s->Finish(false);
       return;
@@ -257,10 +259,7 @@ void Supervisor::CompleteReload() {
   } else {
     if (p->at_batch) {
       // Every rank stands at the same batch: the new weights start there.
-      const uint64_t seq = pipeline_->NextCommit(0);
-      bool together = true;
-      for (int r = 1; r < cfg_.consumers; ++r) together &= pipeline_->NextCommit(r) == seq;
-      Status switched = together ? p->pipeline->SwitchWeightsAt(*pipeline_, seq)
+      Status switched = together ? p->pipeline->SwitchWeightsAt(*pipeline_, stop)
                                  : Status::Invalid("the ranks did not stop at one batch");
       if (!switched.ok()) {  // QuiesceAtBatch and WhyNotSwitchWeights guarantee it: a bug
         spdlog::error("the reload is abandoned: {}", switched.message());
@@ -269,11 +268,10 @@ void Supervisor::CompleteReload() {
       }
       const MixSwitch at = p->pipeline->MixSwitches().back();
       spdlog::info("the mixture's weights change at batch {} (epoch {}, position {} of each rank)",
-                   seq, at.epoch, at.position);
+                   stop, at.epoch, at.position);
     }
     p->pipeline->SetOrigin(pipeline_->origin());  // the same numbering goes on
   }
-  p->cfg.mix.switches = p->pipeline->MixSwitches();  // kept in --state-dir
   // Ranks a smaller consumer count removes: their trainers take what their rings hold, then
   // see the end of their data. Added ranks start where the others are.
   for (int r = p->cfg.consumers; r < cfg_.consumers; ++r) {

@@ -89,7 +89,7 @@ Status Supervisor::SaveState() {
                     origin.stream, origin.previous,          {},           cfg_.file,
                     cfg_.text};
   state.origin_base = origin.base;
-  state.mix_switches = cfg_.mix.switches;
+  state.mix_switches = pipeline_->MixSwitches();
   for (int r = 0; r < cfg_.consumers; ++r) state.ranks.push_back(AckedOf(r));
   std::string text = StreamStateToJson(state).dump() + "\n";
   if (text == saved_state_) return Status::Ok();

@@ -142,8 +142,7 @@ Status Pipeline::SwitchWeightsAt(const Pipeline& running, uint64_t seq) {
   if (!m.ok()) return m.status();
   auto cat = std::make_shared<Catalog>(*catalog_);
   cat->mixture = std::make_shared<const Mixture>(std::move(m.value()));
-  cfg_.mix.switches = cat->mixture->switches();
-  cat->mix_fingerprint = HashMixSwitch(cfg_.mix.switches.back(), cat->mix_fingerprint);
+  cat->mix_fingerprint = HashMixSwitch(cat->mixture->switches().back(), cat->mix_fingerprint);
   catalog_ = std::move(cat);
   Fingerprint();
   return Status::Ok();

@@ -201,7 +201,7 @@ class Pipeline {
   std::string WhyNotSwitchWeights(const Pipeline& running) const;
   // Takes over from `running` at its batch `seq` (every rank's next): `running`'s mixture
   // before it, this one's weights after, each source's draws going on from where it stood
-  // (Mixture::Switched). Its config's mix.switches then name every switch so far.
+  // (Mixture::Switched); MixSwitches() then names every switch so far.
   // REQUIRES: WhyNotSwitchWeights(running) is "", before Start().
   Status SwitchWeightsAt(const Pipeline& running, uint64_t seq);
   // The weight switches its mixture makes (MixConfig::switches).

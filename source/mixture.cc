@@ -194,26 +194,28 @@ MixDraw Mixture::At(uint32_t epoch, uint32_t lane, uint64_t p) const {
   if (Before(epoch, p)) return before_->At(epoch, lane, p);
   std::vector<uint64_t> count;
   const uint32_t i = Counts(epoch, lane, p, &count);
-  return Draw(epoch, lane, i, count[i]);
+  return DrawOf(epoch, lane, i, count[i]);
 }
 
-MixDraw Mixture::DrawOf(uint32_t epoch, uint32_t lane, uint32_t source, uint64_t c) const {
-  return Draw(epoch, lane, source, c);
+uint64_t Mixture::EpochFirst(uint32_t epoch, uint32_t i) const {
+  if (!before_) return uint64_t{epoch} * dealt_[i];
+  return epoch == switch_epoch_ ? tail_first_[i]
+                                : next_first_[i] + uint64_t{epoch - switch_epoch_ - 1} * dealt_[i];
 }
 
-MixDraw Mixture::Draw(uint32_t epoch, uint32_t lane, uint32_t i, uint64_t c) const {
+uint64_t Mixture::FirstOwn(uint32_t epoch, uint32_t lane, uint32_t i) const {
+  return before_ && epoch == switch_epoch_ ? at_switch_[uint64_t{lane} * sources_.size() + i] : 0;
+}
+
+MixDraw Mixture::DrawOf(uint32_t epoch, uint32_t lane, uint32_t i, uint64_t c) const {
   const Source& s = sources_[i];
   MixDraw d;
   d.source = i;
   // The lane's draw c of the source, numbered over the lanes, then over the epochs; after a
   // switch, on from the draws before it (lane by lane in the rest of the switch's epoch).
-  if (!before_)
-    d.draw = uint64_t{epoch} * dealt_[i] + InEpoch(s, lane, c);
-  else if (epoch == switch_epoch_)
-    d.draw =
-        tail_first_[i] + (c - at_switch_[uint64_t{lane} * sources_.size() + i]) * lanes_ + lane;
-  else
-    d.draw = next_first_[i] + uint64_t{epoch - switch_epoch_ - 1} * dealt_[i] + InEpoch(s, lane, c);
+  d.draw = before_ && epoch == switch_epoch_
+               ? EpochFirst(epoch, i) + (c - FirstOwn(epoch, lane, i)) * lanes_ + lane
+               : EpochFirst(epoch, i) + InEpoch(s, lane, c);
   const uint64_t pass = d.draw / s.cfg.size, at = d.draw % s.cfg.size;
   d.sample = s.cfg.shuffle && !s.cfg.windowed
                  ? Permutation(s.cfg.size, Rng(s.cfg.seed, pass, "", "mix pass").Next())(at)
@@ -225,11 +227,8 @@ std::optional<MixDraw> Mixture::Refill(uint32_t epoch, uint32_t lane, uint32_t s
                                        uint64_t random) const {
   if (before_ && epoch < switch_epoch_) return before_->Refill(epoch, lane, source, random);
   // In the switch's epoch, one of the draws after it (or, without one, before it).
-  const uint64_t from = before_ && epoch == switch_epoch_
-                            ? at_switch_[uint64_t{lane} * sources_.size() + source]
-                            : 0,
-                 to = LaneQuota(source, lane);
-  if (to > from) return Draw(epoch, lane, source, from + random % (to - from));
+  const uint64_t from = FirstOwn(epoch, lane, source), to = LaneQuota(source, lane);
+  if (to > from) return DrawOf(epoch, lane, source, from + random % (to - from));
   if (before_ && epoch == switch_epoch_) return before_->Refill(epoch, lane, source, random);
   return std::nullopt;
 }
@@ -239,15 +238,12 @@ uint64_t Mixture::DrawsBefore(uint32_t epoch, uint64_t p, uint32_t i) const {
     return before_->DrawsBefore(epoch, p, i);
   // Every earlier epoch's draws are below the first of this one; of this one, those each lane
   // made before p.
-  const bool tail = before_ && epoch == switch_epoch_;
-  uint64_t above = !before_ ? uint64_t{epoch} * dealt_[i]
-                   : tail   ? tail_first_[i]
-                            : next_first_[i] + uint64_t{epoch - switch_epoch_ - 1} * dealt_[i];
+  uint64_t above = EpochFirst(epoch, i);
   std::vector<uint64_t> count;
   for (uint32_t lane = 0; lane < lanes_; ++lane) {
     Counts(epoch, lane, p, &count);
-    const uint64_t from = tail ? at_switch_[uint64_t{lane} * sources_.size() + i] : 0;
-    if (count[i] > from) above = std::max(above, Draw(epoch, lane, i, count[i] - 1).draw + 1);
+    if (count[i] > FirstOwn(epoch, lane, i))
+      above = std::max(above, DrawOf(epoch, lane, i, count[i] - 1).draw + 1);
   }
   return above;
 }

@@ -108,8 +108,10 @@ class Mixture {
   // What position `p` of lane `lane` in `epoch` draws. REQUIRES: lane < lanes(),
   // p < per_lane().
   MixDraw At(uint32_t epoch, uint32_t lane, uint64_t p) const;
-  // Lane `lane`'s draw `c` of `source` in `epoch` of this mixture's own interleave (REQUIRES:
-  // c < LaneQuota(source, lane); not a switched mixture's epoch up to its switch).
+  // Lane `lane`'s draw `c` of `source` in `epoch` of this mixture's own interleave: its number
+  // over all lanes and epochs (after a switch: see Switched), and the sample it takes.
+  // REQUIRES: c < LaneQuota(source, lane); of a switched mixture, not an epoch before the
+  // switch's, and in the switch's epoch not a draw before the switch.
   MixDraw DrawOf(uint32_t epoch, uint32_t lane, uint32_t source, uint64_t c) const;
   // What a failed sample's row of lane `lane` in `epoch` is refilled with: one of the lane's
   // draws of `source` that epoch, picked by `random`; none when the lane has none.
@@ -142,9 +144,12 @@ class Mixture {
   // Lane `lane`'s draws of each source at positions [0, p) of `epoch` in its own interleave
   // (REQUIRES: p <= per_lane()), and the source position p draws (sources() at the end).
   uint32_t Counts(uint32_t epoch, uint32_t lane, uint64_t p, std::vector<uint64_t>* count) const;
-  // Lane `lane`'s draw c of source i in `epoch` of its own interleave: its number over all
-  // lanes and epochs (after a switch: see Switched), and the sample it takes.
-  MixDraw Draw(uint32_t epoch, uint32_t lane, uint32_t i, uint64_t c) const;
+  // The number of source i's first draw of `epoch` in this mixture's own numbering (the
+  // switch's epoch: its first after the switch). REQUIRES: `epoch` is not before the switch's.
+  uint64_t EpochFirst(uint32_t epoch, uint32_t i) const;
+  // Lane `lane`'s draws of source i in `epoch` that are `before_`'s (those before the switch in
+  // its epoch; 0 otherwise): its own draws there are counted from this one.
+  uint64_t FirstOwn(uint32_t epoch, uint32_t lane, uint32_t i) const;
   // Above every draw of source i made before position p of `epoch` in any lane.
   uint64_t DrawsBefore(uint32_t epoch, uint64_t p, uint32_t i) const;
   bool Before(uint32_t epoch, uint64_t p) const {
