@@ -28,6 +28,10 @@ struct StreamCursor {
   // order): not known. Not part of the cursor's identity (operator==).
   uint32_t order = 0;
   uint64_t position = 0;
+  // A mixture's global order interleaves its lanes (position g is lane g % lanes' position
+  // g / lanes), so its positions count in the lanes of the shape that numbered them (the job's
+  // consumer ranks then, over all nodes); 0: an order that does not depend on the shape.
+  uint32_t lanes = 0;
   bool operator==(const StreamCursor& o) const {
     return epoch == o.epoch && batch == o.batch && seq == o.seq && stream == o.stream;
   }
@@ -39,6 +43,7 @@ inline nlohmann::json CursorToJson(const StreamCursor& c) {
   if (c.order) {
     j["order"] = c.order;
     j["position"] = c.position;
+    if (c.lanes) j["lanes"] = c.lanes;
   }
   return j;
 }
@@ -74,6 +79,12 @@ inline Result<StreamCursor> CursorFromJson(const nlohmann::json& j) {
           "integer) come together");
     c.order = j["order"].get<uint32_t>();
     c.position = j["position"].get<uint64_t>();
+    if (j.contains("lanes")) {
+      if (!j["lanes"].is_number_unsigned() || j["lanes"].get<uint64_t>() > UINT32_MAX ||
+          j["lanes"].get<uint64_t>() == 0)
+        return Status::Invalid("a cursor's \"lanes\" is a positive 32-bit integer");
+      c.lanes = j["lanes"].get<uint32_t>();
+    }
   }
   return c;
 }

@@ -36,6 +36,9 @@ class Connection {
   struct PositionRule {
     uint32_t order = 0, epoch = 0;
     uint64_t streams = 0, batch_size = 0, base = 0;
+    // A mixture's: the lanes numbering the positions of epoch `epoch` from `base` on, and of
+    // the other epochs (0: an order independent of the shape).
+    uint32_t base_lanes = 0, lanes = 0;
   };
   std::optional<PositionRule> position;
 };
@@ -66,7 +69,9 @@ StreamCursor Batch::cursor() const {
   StreamCursor c = view_.next;
   if (const auto& p = conn_->position; p && c.epoch >= p->epoch) {
     c.order = p->order;
-    c.position = (c.epoch == p->epoch ? p->base : 0) + c.batch * p->batch_size * p->streams;
+    const bool from_base = c.epoch == p->epoch && p->base;
+    c.position = (from_base ? p->base : 0) + c.batch * p->batch_size * p->streams;
+    c.lanes = from_base ? p->base_lanes : p->lanes;
   }
   return c;
 }
@@ -237,10 +242,13 @@ Status Client::Connect(const std::optional<StreamCursor>& resume) {
   conn->ring = std::move(ring.value());
   if (const nlohmann::json& p = reply->value("position", nlohmann::json()); p.is_object()) {
     try {
-      conn->position = Connection::PositionRule{
-          p.at("order").get<uint32_t>(), p.at("epoch").get<uint32_t>(),
-          p.at("streams").get<uint64_t>(), p.at("batch_size").get<uint64_t>(),
-          p.at("base").get<uint64_t>()};
+      conn->position = Connection::PositionRule{p.at("order").get<uint32_t>(),
+                                                p.at("epoch").get<uint32_t>(),
+                                                p.at("streams").get<uint64_t>(),
+                                                p.at("batch_size").get<uint64_t>(),
+                                                p.at("base").get<uint64_t>(),
+                                                p.value("base_lanes", 0u),
+                                                p.value("lanes", 0u)};
     } catch (const nlohmann::json::exception& e) {
       return Status::Invalid(
           fmt::format("mmfeedd's attach reply has a malformed \"position\": {}", e.what()));

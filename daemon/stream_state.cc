@@ -18,6 +18,7 @@ nlohmann::json StreamStateToJson(const StreamState& s) {
   nlohmann::json origin = CursorToJson({s.origin_epoch, 0, s.origin_seq, s.origin_stream});
   if (s.origin_previous) origin["previous_stream"] = s.origin_previous;
   if (s.origin_base) origin["base"] = s.origin_base;
+  if (s.origin_lanes) origin["base_lanes"] = s.origin_lanes;
   nlohmann::json j = {{"version", 2},
                       {"pipeline", s.pipeline},
                       {"fingerprint", s.fingerprint},
@@ -64,6 +65,12 @@ Result<StreamState> StreamStateFromJson(const nlohmann::json& j, const std::stri
       if (!j["origin"]["base"].is_number_unsigned())
         return bad("\"origin\".\"base\" is not a position");
       s.origin_base = j["origin"]["base"].get<uint64_t>();
+    }
+    if (j["origin"].contains("base_lanes")) {
+      const nlohmann::json& l = j["origin"]["base_lanes"];
+      if (!l.is_number_unsigned() || l.get<uint64_t>() > UINT32_MAX)
+        return bad("\"origin\".\"base_lanes\" is not a 32-bit count");
+      s.origin_lanes = l.get<uint32_t>();
     }
   }
   if (!j.contains("ranks") || !j["ranks"].is_array() || j["ranks"].empty())

@@ -3,7 +3,8 @@
 //
 //   {"version": 2, "pipeline": NAME, "fingerprint": FP,
 //    "origin": {"epoch": E, "batch": 0, "seq": S, "stream": T, "previous_stream": P,
-//               "base": POSITION},              // base: a job resumed at another shape
+//               "base": POSITION,               // base: a job resumed at another shape
+//               "base_lanes": LANES},           // a mixture's: the lanes base counts in
 //    "ranks": [CURSOR, ...],                      // each rank's acknowledged cursor
 //    "config": {"file": PATH, "text": YAML},      // the config that makes the batches from S on
 //    "mix_switches": [{"epoch": E, "position": P, "weights": [W, ...]}, ...]}
@@ -40,6 +41,7 @@ struct StreamState {
   std::vector<StreamCursor> ranks;
   std::string config_file, config_text;  // empty text: a version 1 file
   uint64_t origin_base = 0;              // Pipeline::Origin::base
+  uint32_t origin_lanes = 0;             // Pipeline::Origin::lanes
   std::vector<MixSwitch> mix_switches;   // MixConfig::switches of the config
 };
 

@@ -199,8 +199,14 @@ void Supervisor::ResumeJobAt(const StreamCursor& c, int pid) {
   if (!c.stream || !OfAnotherStreamOfOurOrder(c) || !pipeline_->positional() ||
       c.epoch >= (epochs ? epochs : UINT32_MAX - 1))
     return;  // this stream's own cursor, or one Attach refuses (CheckResume says why)
-  const Pipeline::Origin o = pipeline_->Rebased(c.epoch, c.position);
-  pipeline_->SetOrigin(o);
+  Result<Pipeline::Origin> rebased = pipeline_->Rebased(c.epoch, c.position, c.lanes);
+  Status st = rebased.ok() ? pipeline_->SetOrigin(*rebased) : rebased.status();
+  if (!st.ok()) {  // the rank's attach is refused: its cursor is of another stream
+    spdlog::error("pid {}'s cursor (epoch {}, position {}) cannot resume the job: {}", pid, c.epoch,
+                  c.position, st.message());
+    return;
+  }
+  const Pipeline::Origin o = *rebased;
   const StreamCursor start = pipeline_->CursorAt(o.seq);
   for (auto& s : sinks_) s->ring().set_acked(start);
   unseen_since_restart_.clear();  // saved cursors of another stream no longer apply

@@ -252,10 +252,15 @@ void Supervisor::CompleteReload() {
     const bool at_base = at.epoch == before.epoch && at.seq == before.seq && before.base &&
                          p->pipeline->positional() &&
                          p->pipeline->order_tag() == pipeline_->order_tag();
-    p->pipeline->SetOrigin(
+    const Status st = p->pipeline->SetOrigin(
         {at.epoch, at.seq,
          Pipeline::NextStreamTag(before, at.seq, p->pipeline->order_fingerprint()), before.stream,
-         at_base ? before.base : 0});
+         at_base ? before.base : 0, at_base ? before.lanes : 0});
+    if (!st.ok()) {  // the same order deals to the lanes it dealt to before: a bug
+      spdlog::error("the reload is abandoned: {}", st.message());
+      for (BatchSink* s : pipeline_sinks_) s->Finish(false);
+      return;
+    }
   } else {
     if (p->at_batch) {
       // Every rank stands at the same batch: the new weights start there.
@@ -270,7 +275,13 @@ void Supervisor::CompleteReload() {
       spdlog::info("the mixture's weights change at batch {} (epoch {}, position {} of each rank)",
                    stop, at.epoch, at.position);
     }
-    p->pipeline->SetOrigin(pipeline_->origin());  // the same numbering goes on
+    // The same numbering goes on (a mixture's switch waits for an epoch boundary while the
+    // origin has a base: WhyNotSwitchWeights).
+    if (const Status st = p->pipeline->SetOrigin(pipeline_->origin()); !st.ok()) {  // a bug
+      spdlog::error("the reload is abandoned: {}", st.message());
+      for (BatchSink* s : pipeline_sinks_) s->Finish(false);
+      return;
+    }
   }
   // Ranks a smaller consumer count removes: their trainers take what their rings hold, then
   // see the end of their data. Added ranks start where the others are.

@@ -155,6 +155,9 @@ Status Supervisor::CheckResume(int rank, shm::RingWriter& ring, const StreamCurs
     else if (c.order && !pipeline_->positional())
       why += fmt::format("; this pipeline cannot resume a job at a position: {}",
                          pipeline_->why_not_positional());
+    else if (Result<Pipeline::Origin> o = pipeline_->Rebased(c.epoch, c.position, c.lanes);
+             c.order && !o.ok())
+      why += fmt::format("; the job cannot resume at its position: {}", o.status().message());
     else if (c.order)
       why = fmt::format(
           "the cursor is at epoch {}, position {} of the job's order, taken at another shape "

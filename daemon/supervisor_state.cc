@@ -43,17 +43,24 @@ Status Supervisor::LoadState(std::optional<StreamState> saved) {
         StatePath(), saved->fingerprint, pipeline_->fingerprint());
     return Status::Ok();
   }
-  if (saved->origin_base &&
-      (!pipeline_->positional() ||
-       pipeline_->Rebased(saved->origin_epoch, saved->origin_base).base != saved->origin_base))
+  const auto bad_base = [&](const std::string& why) {
     return Status::Invalid(fmt::format(
-        "{}: the origin's base {} is not a position this pipeline resumes at (move the file "
+        "{}: the origin's base {} is not a position this pipeline resumes at{} (move the file "
         "away to start every rank at the beginning)",
-        StatePath(), saved->origin_base));
+        StatePath(), saved->origin_base, why));
+  };
+  if (saved->origin_base) {
+    if (!pipeline_->positional()) return bad_base(": " + pipeline_->why_not_positional());
+    Result<Pipeline::Origin> o =
+        pipeline_->Rebased(saved->origin_epoch, saved->origin_base, saved->origin_lanes);
+    if (!o.ok()) return bad_base(": " + o.status().message());
+    if (o->base != saved->origin_base) return bad_base("");
+  }
   // A reload that changed the order or the numbering started this config's batches there.
-  pipeline_->SetOrigin({saved->origin_epoch, saved->origin_seq,
-                        saved->origin_stream ? saved->origin_stream : pipeline_->origin().stream,
-                        saved->origin_previous, saved->origin_base});
+  MMFEED_RETURN_IF_ERROR(pipeline_->SetOrigin(
+      {saved->origin_epoch, saved->origin_seq,
+       saved->origin_stream ? saved->origin_stream : pipeline_->origin().stream,
+       saved->origin_previous, saved->origin_base, saved->origin_lanes}));
   for (size_t r = 0; r < saved->ranks.size(); ++r) {
     StreamCursor& c = saved->ranks[r];
     if (c.seq < saved->origin_seq) {
@@ -89,6 +96,7 @@ Status Supervisor::SaveState() {
                     origin.stream, origin.previous,          {},           cfg_.file,
                     cfg_.text};
   state.origin_base = origin.base;
+  state.origin_lanes = origin.lanes;
   state.mix_switches = pipeline_->MixSwitches();
   for (int r = 0; r < cfg_.consumers; ++r) state.ranks.push_back(AckedOf(r));
   std::string text = StreamStateToJson(state).dump() + "\n";

@@ -199,8 +199,7 @@ class Pipeline::Collator {
   void Refill(Open& o) {
     const uint64_t limit = 4 * p_->per_rank_ + 256;
     const uint32_t epoch = o.batch->epoch;
-    const EpochOrder order(*p_->catalog_, p_->cfg_.source, epoch, p_->cfg_.consumers,
-                           p_->BaseOf(epoch));
+    const EpochOrder order = p_->OrderOf(epoch);
     const uint64_t per_rank = p_->PerRank(epoch);
     std::vector<Pipeline::Refill> requests;
     bool give_up = false;

@@ -131,6 +131,12 @@ std::string Pipeline::WhyNotSwitchWeights(const Pipeline& running) const {
   for (size_t k = 0; k < catalog_->parts.size(); ++k)
     if (catalog_->windowed(k))
       return fmt::format("source '{}' is read in shard windows", cfg_.sources[k].name);
+  if (running.origin_.base)
+    return fmt::format(
+        "the job resumed at another shape in epoch {} (position {}), whose rest is dealt in the "
+        "order of the shape it stood at; weights change at batch boundaries again after the "
+        "next epoch-boundary reload",
+        running.origin_.epoch, running.origin_.base);
   const Status st = Mixture::CanSwitch(*running.catalog_->mixture, *catalog_->mixture);
   return st.ok() ? "" : st.message();
 }
@@ -232,8 +238,7 @@ void Pipeline::WantShards(const std::vector<StreamCursor>& next, const std::vect
   for (int r = 0; r < consumers; ++r) {
     if (done[r]) continue;
     const StreamCursor oldest = CursorAt(std::min(next[r].seq, NextCommit(r)));
-    const EpochOrder from(*catalog_, cfg_.source, oldest.epoch, consumers, BaseOf(oldest.epoch));
-    const EpochOrder to(*catalog_, cfg_.source, next[r].epoch, consumers, BaseOf(next[r].epoch));
+    const EpochOrder from = OrderOf(oldest.epoch), to = OrderOf(next[r].epoch);
     const uint64_t a = oldest.batch * bs * consumers + r, b = next[r].batch * bs * consumers + r;
     if (!from.windowed() || a >= from.size()) continue;
     const size_t first = from.WindowOf(a);
@@ -341,7 +346,7 @@ void Pipeline::Deal(const std::shared_ptr<Provisional>& pb, int r, const StreamC
   pb->epoch = at.epoch;
   pb->index = at.batch;
   pb->seq = at.seq;
-  const EpochOrder order(*catalog_, cfg_.source, pb->epoch, consumers, BaseOf(pb->epoch));
+  const EpochOrder order = OrderOf(pb->epoch);
   std::vector<uint32_t> entries;
   if (plan) {
     const RankPlan& rp = plan->ranks[r];

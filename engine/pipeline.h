@@ -39,6 +39,8 @@
 namespace mmfeed {
 
 struct Catalog;
+class EpochOrder;
+class Mixture;
 struct CatalogEntry;
 
 // Memory for one batch, reserved from a sink before the batch's samples are dealt, so that
@@ -146,11 +148,14 @@ class Pipeline {
   // chains NextStreamTag, so equal tags mean the same order and reload history.
   // `base`: the origin epoch is dealt from that position of its global order on, the rest of
   // it over this pipeline's ranks (a job resumed at another shape: Rebased); later epochs whole.
+  // A mixture's `lanes`: those of the shape whose global order `base` counts in
+  // (StreamCursor::lanes).
   struct Origin {
     uint32_t epoch = 0;
     uint64_t seq = 0;
     uint32_t stream = 0, previous = 0;
     uint64_t base = 0;
+    uint32_t lanes = 0;
   };
   static uint32_t FirstStreamTag(const std::string& order_fingerprint);
   static uint32_t NextStreamTag(const Origin& before, uint64_t seq,
@@ -159,19 +164,23 @@ class Pipeline {
   uint32_t StreamBefore(uint64_t seq) const {
     return seq == 0 ? 0 : seq > origin_.seq ? origin_.stream : origin_.previous;
   }
-  void SetOrigin(Origin origin);
+  // Refused (nothing changed): a mixture's base in lanes it cannot be dealt to.
+  Status SetOrigin(Origin origin);
   Origin origin() const { return origin_; }
   // Positions (StreamCursor::order, position) need an order that is one global sequence dealt
-  // round-robin over the job's streams: one source in permutation mode, fixed-size batches
-  // (not a mixture, shard windows, token budgets or packing). Else the reason it has none.
+  // round-robin over the job's streams, fixed-size batches (not token budgets or packing): one
+  // source in permutation mode or, on one node, in shard windows; a mixture (its lanes
+  // interleaved) without a source in shard windows or a weight switch. Else the reason it has
+  // none.
   bool positional() const { return why_not_positional().empty(); }
   std::string why_not_positional() const;
   // The data, seed and shuffle (not the shape): what a cursor's `order` must match.
   uint32_t order_tag() const { return order_tag_; }
   // The origin of a stream that resumes the job at `position` of epoch `epoch`'s global order
-  // with this pipeline's shape (an epoch with no full row a stream left is skipped: the next
-  // epoch's start). REQUIRES: positional().
-  Origin Rebased(uint32_t epoch, uint64_t position) const;
+  // (a mixture's in `lanes` lanes) with this pipeline's shape (an epoch with no full row a
+  // stream left is skipped: the next epoch's start). Refused: a mixture's cursor without its
+  // lanes, or lanes the mixture cannot be dealt to. REQUIRES: positional().
+  Result<Origin> Rebased(uint32_t epoch, uint64_t position, uint32_t lanes) const;
   // The attach reply's "position" rule: how a client turns the cursors of epochs >= the
   // origin's into positions (null when not positional()).
   nlohmann::json PositionJson() const;
@@ -327,7 +336,12 @@ class Pipeline {
   // and the batches of a rank with `per_rank` samples.
   uint64_t streams() const { return static_cast<uint64_t>(cfg_.consumers) * cfg_.source.num_nodes; }
   uint64_t BaseOf(uint32_t epoch) const { return epoch == origin_.epoch ? origin_.base : 0; }
-  uint64_t PerRankFrom(uint64_t base) const;
+  // `numbering`: a mixture's in the lanes `base` counts in.
+  uint64_t PerRankFrom(uint64_t base, const Mixture* numbering) const;
+  // Epoch `epoch`'s order of this node (from the origin's base in the origin epoch).
+  EpochOrder OrderOf(uint32_t epoch) const;
+  // A mixture's catalog Mixture dealt to `lanes` (Origin::lanes).
+  Result<std::shared_ptr<const Mixture>> NumberingOf(uint32_t lanes) const;
   uint64_t BatchesOf(uint64_t per_rank) const;
   Status Reachable(uint64_t seq) const;
   static constexpr size_t kMaxEpochsAhead = 1000;
@@ -339,7 +353,8 @@ class Pipeline {
   int read_stages_ = 0;  // stages whose outputs other stages read
   std::vector<int> control_cpus_;  // where the source and batch threads run (top-level placement)
   std::shared_ptr<const Catalog> catalog_;
-  uint64_t per_rank_ = 0;  // samples in a rank's share of an epoch
+  std::shared_ptr<const Mixture> numbering_;  // a mixture's origin base's (NumberingOf)
+  uint64_t per_rank_ = 0;                     // samples in a rank's share of an epoch
   uint64_t batches_per_epoch_ = 0;
   // Token-budget batches: every catalog entry's cost, and the epochs' plans (computed when
   // first asked for; the last few kept) and batch counts (all kept), guarded by plans_mu_.

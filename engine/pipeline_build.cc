@@ -319,7 +319,29 @@ uint32_t Pipeline::NextStreamTag(const Origin& before, uint64_t seq,
          1;
 }
 
-void Pipeline::SetOrigin(Origin origin) {
+Result<std::shared_ptr<const Mixture>> Pipeline::NumberingOf(uint32_t lanes) const {
+  const std::shared_ptr<const Mixture>& own = catalog_->mixture;
+  if (lanes == 0)
+    return Status::Invalid(
+        "the cursor does not name the shape its mixture position counts in (its \"lanes\"; a "
+        "cursor saved by an older client)");
+  if (lanes == own->lanes()) return own;
+  Result<Mixture> m = own->WithLanes(lanes);
+  if (!m.ok())
+    return m.status().WithContext(
+        fmt::format("the mixture dealt to the cursor's {} consumer rank(s)", lanes));
+  return std::make_shared<const Mixture>(std::move(m.value()));
+}
+
+Status Pipeline::SetOrigin(Origin origin) {
+  std::shared_ptr<const Mixture> numbering;
+  if (catalog_->mixture && origin.base) {
+    Result<std::shared_ptr<const Mixture>> m = NumberingOf(origin.lanes);
+    if (!m.ok()) return m.status();
+    numbering = std::move(m.value());
+  }
+  if (!catalog_->mixture) origin.lanes = 0;
+  numbering_ = std::move(numbering);
   origin_ = origin;
   {
     std::lock_guard<std::mutex> lock(plans_mu_);
@@ -327,10 +349,18 @@ void Pipeline::SetOrigin(Origin origin) {
   }
   start_.assign(cfg_.consumers, CursorAt(origin.seq));
   for (int r = 0; r < cfg_.consumers; ++r) next_commit_[r] = origin.seq;
+  return Status::Ok();
 }
 
-uint64_t Pipeline::PerRankFrom(uint64_t base) const {
-  return (catalog_->size() - std::min<uint64_t>(base, catalog_->size())) / streams();
+uint64_t Pipeline::PerRankFrom(uint64_t base, const Mixture* numbering) const {
+  const uint64_t n =
+      numbering ? numbering->per_lane() * numbering->lanes() : uint64_t{catalog_->size()};
+  return (n - std::min(base, n)) / streams();
+}
+
+EpochOrder Pipeline::OrderOf(uint32_t epoch) const {
+  return EpochOrder(*catalog_, cfg_.source, epoch, cfg_.consumers, BaseOf(epoch),
+                    BaseOf(epoch) ? numbering_.get() : nullptr);
 }
 
 uint64_t Pipeline::BatchesOf(uint64_t per_rank) const {
@@ -339,7 +369,7 @@ uint64_t Pipeline::BatchesOf(uint64_t per_rank) const {
 }
 
 uint64_t Pipeline::PerRank(uint32_t epoch) const {
-  return BaseOf(epoch) ? PerRankFrom(BaseOf(epoch)) : per_rank_;
+  return BaseOf(epoch) ? PerRankFrom(BaseOf(epoch), numbering_.get()) : per_rank_;
 }
 
 int Pipeline::RowsOf(uint32_t epoch, uint64_t index) const {
@@ -348,7 +378,14 @@ int Pipeline::RowsOf(uint32_t epoch, uint64_t index) const {
 }
 
 std::string Pipeline::why_not_positional() const {
-  if (catalog_->mixture) return "a mixture deals each rank its own sequence";
+  if (catalog_->mixture) {
+    for (size_t k = 0; k < catalog_->parts.size(); ++k)
+      if (catalog_->windowed(k))
+        return fmt::format("source '{}' of the mixture is read in shard windows",
+                           cfg_.sources[k].name);
+    if (!catalog_->mixture->switches().empty())
+      return "the mixture's weights changed at a batch boundary";
+  }
   if (budgeted()) return "token-budget batches take each rank's samples by their costs";
   if (catalog_->InWindows(cfg_.source) && cfg_.source.num_nodes > 1)
     return "shard windows give each of several nodes its own part of the order (one node's "
@@ -357,28 +394,43 @@ std::string Pipeline::why_not_positional() const {
   return "";
 }
 
-Pipeline::Origin Pipeline::Rebased(uint32_t epoch, uint64_t position) const {
+Result<Pipeline::Origin> Pipeline::Rebased(uint32_t epoch, uint64_t position,
+                                           uint32_t lanes) const {
+  std::shared_ptr<const Mixture> numbering;
+  if (catalog_->mixture && position) {
+    Result<std::shared_ptr<const Mixture>> m = NumberingOf(lanes);
+    if (!m.ok()) return m.status();
+    numbering = std::move(m.value());
+  }
   Origin o;
   o.epoch = epoch;
   o.base = position;
-  if (position == 0 || BatchesOf(PerRankFrom(position)) == 0) {
+  o.lanes = numbering ? lanes : 0;
+  if (position == 0 || BatchesOf(PerRankFrom(position, numbering.get())) == 0) {
     o.epoch = position == 0 ? epoch : epoch + 1;  // nothing a rank could have: the next epoch
     o.base = 0;
+    o.lanes = 0;
   }
-  o.stream = o.base == 0 ? FirstStreamTag(order_fingerprint_)
-                         : static_cast<uint32_t>(HashString(fmt::format(
-                               "rebased|{}|{}|{}", o.epoch, o.base, order_fingerprint_))) |
-                               1;
+  o.stream = o.base == 0
+                 ? FirstStreamTag(order_fingerprint_)
+                 : static_cast<uint32_t>(HashString(fmt::format(
+                       "rebased|{}|{}|{}|{}", o.epoch, o.base, o.lanes, order_fingerprint_))) |
+                       1;
   return o;
 }
 
 nlohmann::json Pipeline::PositionJson() const {
   if (!positional()) return nullptr;
-  return {{"order", order_tag_},
-          {"epoch", origin_.epoch},
-          {"base", origin_.base},
-          {"streams", streams()},
-          {"batch_size", cfg_.batch_size}};
+  nlohmann::json j = {{"order", order_tag_},
+                      {"epoch", origin_.epoch},
+                      {"base", origin_.base},
+                      {"streams", streams()},
+                      {"batch_size", cfg_.batch_size}};
+  if (catalog_->mixture) {
+    j["lanes"] = catalog_->mixture->lanes();
+    if (origin_.base) j["base_lanes"] = origin_.lanes;
+  }
+  return j;
 }
 
 StreamCursor Pipeline::CursorAt(uint64_t seq) const {

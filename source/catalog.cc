@@ -487,7 +487,7 @@ std::shared_ptr<const ShardWindows> Catalog::WindowsOf(const SourceConfig& sourc
 }
 
 EpochOrder::EpochOrder(const Catalog& cat, const SourceConfig& source, uint32_t epoch,
-                       int consumers, uint64_t base)
+                       int consumers, uint64_t base, const Mixture* numbering)
     : EpochOrder(cat.size(), source, epoch, consumers, base) {
   if (cat.mixture) {
     mix_ = cat.mixture.get();
@@ -495,6 +495,11 @@ EpochOrder::EpochOrder(const Catalog& cat, const SourceConfig& source, uint32_t 
     epoch_ = epoch;
     consumers_ = static_cast<uint64_t>(consumers);
     size_ = mix_->per_lane() * consumers_;
+    if (base_) {
+      numbering_ = numbering ? numbering : mix_;
+      const uint64_t n = numbering_->per_lane() * numbering_->lanes();
+      size_ = (n - std::min(base_, n)) / (nodes_ * consumers_) * consumers_;
+    }
     return;
   }
   if (!cat.InWindows(source)) return;
@@ -506,9 +511,11 @@ EpochOrder::EpochOrder(const Catalog& cat, const SourceConfig& source, uint32_t 
 }
 
 uint32_t EpochOrder::Mixed(size_t i) const {
-  const uint64_t rank = i % consumers_;
-  return EntryOf(
-      mix_->At(epoch_, static_cast<uint32_t>(node_ * consumers_ + rank), i / consumers_));
+  const uint64_t lane = node_ * consumers_ + i % consumers_;
+  if (!numbering_) return EntryOf(mix_->At(epoch_, static_cast<uint32_t>(lane), i / consumers_));
+  const uint64_t g = base_ + i / consumers_ * nodes_ * consumers_ + lane,
+                 lanes = numbering_->lanes();
+  return EntryOf(numbering_->At(epoch_, static_cast<uint32_t>(g % lanes), g / lanes));
 }
 
 uint32_t EpochOrder::EntryOf(const MixDraw& d) const {
@@ -525,10 +532,17 @@ uint32_t EpochOrder::EntryOf(const MixDraw& d) const {
 
 uint32_t EpochOrder::SameSource(uint32_t entry, int rank, uint64_t random) const {
   const uint32_t k = static_cast<uint32_t>(mixed_->PartOf(entry));
+  if (numbering_) {  // any lane's draw of the source in the epoch's numbering
+    const uint32_t lanes = numbering_->lanes();
+    for (uint32_t t = 0; t < lanes; ++t)
+      if (auto d =
+              numbering_->Refill(epoch_, static_cast<uint32_t>((random + t) % lanes), k, random))
+        return EntryOf(*d);
+  }
   const uint32_t lane = static_cast<uint32_t>(node_ * consumers_ + static_cast<uint64_t>(rank));
   if (const std::optional<MixDraw> d = mix_->Refill(epoch_, lane, k, random)) return EntryOf(*d);
   // Not one of this rank's sources this epoch (cannot happen): any of its positions.
-  return Mixed(random % mix_->per_lane() * consumers_ + static_cast<uint64_t>(rank));
+  return Mixed(random % (size_ / consumers_) * consumers_ + static_cast<uint64_t>(rank));
 }
 
 uint32_t EpochOrder::Windowed(size_t i) const {

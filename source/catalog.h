@@ -185,7 +185,11 @@ uint64_t HashMixSwitch(const MixSwitch& s, uint64_t h);
 // - Mixture mode (a catalog of LoadMixture): position i is rank i % consumers' position
 //   i / consumers in lane (node_rank x consumers + rank) of the catalog's Mixture; the entry
 //   is the drawn source's part_first plus the drawn sample (a windowed part's: the drawn
-//   position of its pass's window order).
+//   position of its pass's window order). The epoch's global order interleaves the lanes:
+//   position g is lane g % lanes' position g / lanes. From a `base` (a job resumed at another
+//   shape), the rest of that global order in the lanes of the shape it was taken at (the
+//   `numbering` mixture) is dealt round-robin over this shape's lanes, as permutation mode
+//   deals its order.
 class EpochOrder {
  public:
   // Permutation mode. `base`: the order starts at that position of the epoch's global order (a
@@ -193,9 +197,11 @@ class EpochOrder {
   EpochOrder(size_t catalog_size, const SourceConfig& source, uint32_t epoch, int consumers,
              uint64_t base = 0);
   // Window mode when source.shuffle_window > 0 and the catalog is of tar shards (the nodes'
-  // parts split the sequence from `base` on); mixture mode for a mixture's catalog (base 0).
+  // parts split the sequence from `base` on); mixture mode for a mixture's catalog (from a
+  // `base`, `numbering` is the catalog's Mixture dealt to the lanes the base counts in;
+  // REQUIRES: it outlives this order).
   EpochOrder(const Catalog& catalog, const SourceConfig& source, uint32_t epoch, int consumers,
-             uint64_t base = 0);
+             uint64_t base = 0, const Mixture* numbering = nullptr);
   size_t size() const { return size_; }
   // REQUIRES: i < size().
   uint32_t operator[](size_t i) const {
@@ -229,8 +235,9 @@ class EpochOrder {
   uint64_t part_ = 0;  // window mode: where this node's part starts in the sequence
   uint64_t window_seed_ = 0;
   // Mixture mode: position i is rank i % consumers' position i / consumers, a lane of the
-  // mixture (node x consumers + rank).
+  // mixture (node x consumers + rank); from a base, in numbering_'s lanes.
   const Mixture* mix_ = nullptr;
+  const Mixture* numbering_ = nullptr;
   const Catalog* mixed_ = nullptr;  // the mixture's catalog (parts, part_first)
   uint32_t epoch_ = 0;
   uint64_t consumers_ = 1;

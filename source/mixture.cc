@@ -42,6 +42,7 @@ Result<Mixture> Mixture::Create(std::vector<MixSource> sources, MixMode mode,
   m.lanes_ = lanes;
   m.per_node_ = per_node;
   m.seed_ = seed;
+  m.samples_per_epoch_ = samples_per_epoch;
   uint64_t total_size = 0, units_sum = 0;
   std::vector<uint64_t> units;
   for (size_t i = 0; i < sources.size(); ++i) {
@@ -270,6 +271,17 @@ Status Mixture::CanSwitch(const Mixture& b, const Mixture& after) {
   if (b.seed_ != after.seed_)
     return Status::Unsupported("only weights change at a batch boundary: the seed differs");
   return Status::Ok();
+}
+
+Result<Mixture> Mixture::WithLanes(uint32_t lanes) const {
+  if (before_) return Status::Unsupported("its weights changed at a batch boundary");
+  std::vector<MixSource> sources;
+  for (size_t i = 0; i < sources_.size(); ++i) {
+    if (sources_[i].cfg.windowed)
+      return Status::Unsupported(fmt::format("source {} is read in shard windows", i));
+    sources.push_back(sources_[i].cfg);
+  }
+  return Create(std::move(sources), mode_, samples_per_epoch_, lanes, seed_);
 }
 
 Result<Mixture> Mixture::Switched(std::shared_ptr<const Mixture> before, Mixture after,

@@ -95,6 +95,11 @@ class Mixture {
   // Whether `after` may take over from `before` at some batch boundary (Switched's checks but
   // the position's), else why not.
   static Status CanSwitch(const Mixture& before, const Mixture& after);
+  // This mixture dealt to `lanes` lanes: a job resumed at another shape deals the rest of an
+  // epoch in the numbering of the shape it stood at (EpochOrder). Refused for a mixture that
+  // switched weights or reads a source in shard windows (their draws depend on more than the
+  // lanes), and as Create refuses.
+  Result<Mixture> WithLanes(uint32_t lanes) const;
 
   uint32_t lanes() const { return lanes_; }
   size_t sources() const { return sources_.size(); }
@@ -163,6 +168,7 @@ class Mixture {
   uint64_t per_lane_ = 0;
   uint64_t used_extras_ = 0;  // extras dealt per epoch (a multiple of lanes_)
   uint64_t seed_ = 0;
+  uint64_t samples_per_epoch_ = 0;  // as Create was given it
   // A switched mixture: `before_` up to position switch_at_ of epoch switch_epoch_. Per source,
   // the first number of its draws after the switch (tail_first_) and of the next epoch
   // (next_first_); per lane and source (lane x sources() + source), its draws before the

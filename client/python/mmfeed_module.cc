@@ -75,6 +75,7 @@ py::dict CursorDict(const StreamCursor& c) {
   if (c.order) {  // the job's position, from which a job at another shape resumes
     d["order"] = c.order;
     d["position"] = c.position;
+    if (c.lanes) d["lanes"] = c.lanes;  // a mixture's: the shape that numbered the position
   }
   return d;
 }

@@ -302,7 +302,13 @@ TEST(CursorTest, TheJobsPositionRoundTripsAndComesWholeOrNotAtAll) {
   ASSERT_TRUE(back.ok()) << back.status().message();
   EXPECT_EQ(back->order, 77u);
   EXPECT_EQ(back->position, 1u << 20);
+  EXPECT_EQ(back->lanes, 0u);
+  EXPECT_FALSE(j.contains("lanes")) << "an order independent of the shape";
   EXPECT_EQ(*back, c);
+  c.lanes = 6;  // a mixture's: the shape that numbered the position
+  back = CursorFromJson(CursorToJson(c));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->lanes, 6u);
   // The position is derived, not the cursor's identity; without an order it is not written.
   StreamCursor plain{2, 5, 31, 0xabcd};
   EXPECT_EQ(plain, c);
@@ -312,7 +318,9 @@ TEST(CursorTest, TheJobsPositionRoundTripsAndComesWholeOrNotAtAll) {
         R"({"seq": 1, "order": 0, "position": 5})",
         R"({"seq": 1, "order": 4294967296, "position": 5})",
         R"({"seq": 1, "order": 5, "position": -1})", R"({"seq": 1, "epoch": 4294967296})",
-        R"({"seq": 1, "epoch": -1})", R"({"seq": 1, "batch": "3"})"})
+        R"({"seq": 1, "epoch": -1})", R"({"seq": 1, "batch": "3"})",
+        R"({"seq": 1, "order": 5, "position": 5, "lanes": 0})",
+        R"({"seq": 1, "order": 5, "position": 5, "lanes": 4294967296})"})
     EXPECT_FALSE(CursorFromJson(nlohmann::json::parse(bad)).ok()) << bad;
 }
 

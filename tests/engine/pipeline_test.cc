@@ -1001,7 +1001,7 @@ TEST(PipelineTest, ABatchSizeChangeHandsOverAtOneEpochForEveryRank) {
   const uint32_t next = Pipeline::NextStreamTag(o, 2 * per_a, (*second)->order_fingerprint());
   EXPECT_NE(next, Pipeline::FirstStreamTag((*second)->order_fingerprint()));
   EXPECT_NE(next, 0u);
-  (*second)->SetOrigin({2, 2 * per_a, next, o.stream});
+  ASSERT_TRUE((*second)->SetOrigin({2, 2 * per_a, next, o.stream}).ok());
   EXPECT_EQ((*second)->StreamBefore(2 * per_a), o.stream);  // batch 2 per_a - 1: config a's
   EXPECT_EQ((*second)->StreamBefore(2 * per_a + 1), next);
   EXPECT_EQ((*second)->StreamBefore(0), 0u);

@@ -243,23 +243,26 @@ class ReshapeTest(JobCase):
     its lives is every sample of the epoch once; the next epoch is what a fresh run of the new
     shape gives."""
 
-    def life(self, name, nodes, per_node, batches=None, resume_from=None, cfg=None):
-        """A daemon per node (`consumers: auto`, or `cfg`), `per_node` trainers on each taking
-        `batches` batches (None: to the end) and keeping their cursors (--cursor); then the
-        daemons are killed (or, at the end of the data, exit). Returns the daemons."""
+    def life(self, name, nodes, per_node, batches=None, resume_from=None, cfg=None, state=None, cursors_of=None):
+        """A daemon per node (`consumers: auto`, or `cfg`; with `state`, in STATE-nodeN with
+        --state-dir STATE-stateN, as a node service restarted on its own config), `per_node` trainers on each taking `batches` batches (None: to the end) and
+        keeping their cursors (--cursor: a copy of `resume_from`, or of each rank's own cursor
+        in life `cursors_of`); then the daemons are SIGKILLed (or, at the end of the data,
+        exit). Returns the daemons."""
         daemons = []
         for n in range(nodes):
-            d = self.dir / f"{name}-node{n}"
-            d.mkdir()
+            d = self.dir / f"{state or name}-node{n}"
+            d.mkdir(exist_ok=bool(state))
+            extra = ("--state-dir", str(self.dir / f"{state}-state{n}")) if state else ()
             daemons.append(dt.Daemon(d, cfg or config().replace("path: manifest.jsonl",
-                                                                f"path: {self.dir}/manifest.jsonl")))
+                                                                f"path: {self.dir}/manifest.jsonl"), extra=extra))
         procs = []
         for n in range(nodes):
             for r in range(per_node):
                 g = n * per_node + r
                 cursor = self.dir / f"{name}-cursor{g}.json"
-                if resume_from:
-                    shutil.copy(resume_from, cursor)
+                if resume_from or cursors_of:
+                    shutil.copy(resume_from or self.dir / f"{cursors_of}-cursor{g}.json", cursor)
                 args = ["--json", "--dump", str(self.dir / f"{name}-dump{g}"), "--cursor", str(cursor)]
                 procs.append(self.consume(daemons[n], torchrun(n, r, nodes, per_node), *args,
                                           *(["--batches", str(batches)] if batches else [])))
@@ -335,6 +338,58 @@ class ReshapeTest(JobCase):
         shutil.copy(self.dir / "a-cursor0.json", self.dir / "two.json")
         err = self.refused(d, torchrun(0, 0), "--cursor", str(self.dir / "two.json"))
         self.assertIn("shard windows give each of several nodes its own part", err)
+
+    def test_a_mixture_resumes_at_another_shape_in_the_numbering_it_stood_at(self):
+        # The 96 captions (weight 3) and 40 questions (weight 1), 96 draws an epoch: a mixture's
+        # global order interleaves its lanes, so its cursors name the lanes (4) of their position.
+        with open(self.dir / "qa.jsonl", "w") as f:
+            for i in range(40):
+                f.write(json.dumps({"id": f"q{i:03d}", "text": f"question {i}"}) + "\n")
+        cfg = config().replace(
+            "source: {type: manifest, path: manifest.jsonl, shuffle: true, seed: 5, epochs: 2, "
+            "node_rank: auto, num_nodes: auto}",
+            f"sources:\n  - {{name: captions, type: manifest, path: {self.dir}/manifest.jsonl, weight: 3}}\n"
+            f"  - {{name: qa, type: manifest, path: {self.dir}/qa.jsonl, weight: 1}}\n"
+            "mix: {seed: 5, epochs: 2, samples_per_epoch: 96, node_rank: auto, num_nodes: auto}")
+        self.assertIn("sources:", cfg)
+        self.life("whole", 2, 2, cfg=cfg)  # uninterrupted, for the epoch's draws
+        # Life 1: 2 nodes x 2 ranks, 3 batches of 4 each: positions [0, 48) of epoch 0.
+        self.life("a", 2, 2, batches=3, cfg=cfg)
+        cs = self.cursors("a", 4)
+        self.assertEqual({(c["epoch"], c["position"], c["lanes"]) for c in cs}, {(0, 48, 4)}, cs)
+        # Life 2: 3 nodes x 1 rank from rank 0's cursor: 48 left, 16 a rank; one batch each,
+        # then the daemons are killed and restarted from their --state-dir (which keeps the
+        # base and its lanes), the trainers from their own cursors: one more batch each.
+        daemons = self.life("b", 3, 1, batches=1, resume_from=self.dir / "a-cursor0.json", cfg=cfg, state="b")
+        self.assertIn("the job resumes there, 4 batch(es) a rank left in epoch 0", daemons[0].log())
+        self.assertEqual(json.loads((self.dir / "b-state0" / "cursors.json").read_text())["origin"]["base_lanes"], 4)
+        daemons = self.life("b2", 3, 1, batches=1, cursors_of="b", cfg=cfg, state="b")
+        self.assertIn("continuing from the saved cursors", daemons[0].log())
+        cs = self.cursors("b2", 3)
+        self.assertEqual({(c["epoch"], c["position"], c["lanes"]) for c in cs}, {(0, 72, 4)}, cs)
+        # Life 3: 1 node x 4 ranks from life 2's rank 2 to the end: the last 24, 6 a rank.
+        self.life("c", 1, 4, resume_from=self.dir / "b2-cursor2.json", cfg=cfg)
+        lives = [self.delivered(*life, 0) for life in (("a", 4), ("b", 3), ("b2", 3), ("c", 4))]
+        self.assertEqual([sum(map(len, life)) for life in lives], [48, 12, 12, 24])
+        every = sorted(i for life in lives for ids in life for i in ids)
+        whole = sorted(i for ids in self.delivered("whole", 4, 0) for i in ids)
+        self.assertEqual(every, whole, "the epoch's draws, each once over the lives")
+        self.assertEqual(sum(i.startswith("q") for i in every), 24, "the questions' quarter")
+        # Epoch 1 is what a fresh run of 1 node x 4 ranks gives, rank by rank.
+        fresh = dt.Daemon(self.dir, cfg.replace("consumers: auto", "consumers: 4")
+                          .replace("node_rank: auto, num_nodes: auto", "node_rank: 0, num_nodes: 1"))
+        for c in [fresh.consume(r, "--dump", str(self.dir / f"fresh-dump{r}")) for r in range(4)]:
+            dt.finish(c)
+        self.assertEqual(fresh.wait(), 0, fresh.log())
+        self.assertEqual(self.delivered("c", 4, 1), self.delivered("fresh", 4, 1))
+        # A mixture's cursor without its lanes (an older client's) is refused, saying why.
+        old = json.loads((self.dir / "a-cursor0.json").read_text())
+        del old["lanes"]
+        (self.dir / "old.json").write_text(json.dumps(old))
+        d = dt.Daemon(self.dir / "c-node0", cfg)
+        err = self.refused(d, torchrun(0, 0, 1, 1), "--cursor", str(self.dir / "old.json"))
+        self.assertIn("the job cannot resume at its position: the cursor does not name the shape its "
+                      "mixture position counts in", err)
 
     def test_a_rank_at_another_position_is_refused_naming_both(self):
         self.life("a", 1, 2, batches=2)  # 1 node x 2 ranks: position 16

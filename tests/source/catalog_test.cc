@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <set>
+#include <tuple>
 
 #include "source/brace.h"
 #include "source/shard_index.h"
@@ -564,6 +565,65 @@ TEST(EpochOrderTest, NodesGetDisjointEqualShares) {
   s.num_nodes = 1;
   s.node_rank = 0;
   EXPECT_EQ(Positions(EpochOrder(5, s, 0, 1)), (std::vector<uint32_t>{0, 1, 2, 3, 4}));
+}
+
+// A mixture resumed at another shape (issue #31): a job of `before` lanes stopped with every
+// lane at position 7 (the first 7 x lanes positions of the epoch's global order delivered); the
+// nodes and ranks of the new shape deal the rest of that epoch in the numbering of the shape it
+// stood at: together with what was delivered, each draw of the epoch at most once, and all but
+// fewer than one per new lane (the remainder, left out as an epoch's is).
+TEST(EpochOrderTest, AMixtureResumedAtAnotherShapeDealsTheRestOfItsEpochOnce) {
+  auto part = [](size_t n) {
+    auto c = std::make_shared<Catalog>();
+    c->entries.resize(n);
+    return c;
+  };
+  Catalog cat;
+  cat.parts = {part(64), part(40)};
+  cat.part_first = {0, 64};
+  cat.part_sources.resize(2);
+  // Weights 3:1 over an epoch of 101 draws: source 0 runs past its size (its next pass).
+  const std::vector<MixSource> sources = {{64, 3, 0, true, 11}, {40, 1, 0, true, 12}};
+  for (const auto& [before, nodes, consumers] :
+       {std::tuple{4u, 3, 1}, std::tuple{4u, 1, 4}, std::tuple{3u, 2, 2}, std::tuple{6u, 1, 5}}) {
+    SCOPED_TRACE(fmt::format("{} lanes -> {} x {}", before, nodes, consumers));
+    const uint32_t lanes = static_cast<uint32_t>(nodes * consumers);
+    Result<Mixture> own = Mixture::Create(sources, MixMode::kWeighted, 101, lanes, 9,
+                                          static_cast<uint32_t>(consumers));
+    ASSERT_TRUE(own.ok()) << own.status().message();
+    cat.mixture = std::make_shared<const Mixture>(std::move(own.value()));
+    Result<Mixture> numbering = cat.mixture->WithLanes(before);
+    ASSERT_TRUE(numbering.ok()) << numbering.status().message();
+    // The epoch's draws at the old shape, less the delivered ones.
+    const uint32_t epoch = 1;
+    std::multiset<uint32_t> left;
+    for (uint32_t l = 0; l < before; ++l)
+      for (uint64_t p = 7; p < numbering->per_lane(); ++p) {
+        const MixDraw d = numbering->At(epoch, l, p);
+        left.insert(static_cast<uint32_t>(cat.part_first[d.source] + d.sample));
+      }
+    const uint64_t base = 7 * before, rest = left.size();
+    SourceConfig s;
+    s.num_nodes = nodes;
+    uint64_t dealt = 0;
+    for (int node = 0; node < nodes; ++node) {
+      s.node_rank = node;
+      const EpochOrder order(cat, s, epoch, consumers, base, &*numbering);
+      EXPECT_EQ(order.size(), rest / lanes * consumers) << "equal shares, the remainder out";
+      for (size_t i = 0; i < order.size(); ++i) {
+        auto it = left.find(order[i]);
+        ASSERT_NE(it, left.end()) << "position " << i << " of node " << node
+                                  << ": delivered already, or dealt twice";
+        left.erase(it);
+        ++dealt;
+        // A refill comes from the failed sample's source.
+        EXPECT_EQ(cat.PartOf(order.SameSource(order[i], static_cast<int>(i % consumers), i * 7919)),
+                  cat.PartOf(order[i]));
+      }
+    }
+    EXPECT_EQ(dealt, rest - rest % lanes);
+    EXPECT_EQ(left.size(), rest % lanes);
+  }
 }
 
 // Window mode: shards in a seeded order, samples permuted within runs of W shards, each node a
