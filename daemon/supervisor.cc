@@ -18,12 +18,13 @@ Result<std::unique_ptr<Pipeline>> BuildOnly(const PipelineConfig& cfg,
 
 int Supervisor::Run() {
   if (!opt_.state_dir.empty()) {
-    Result<std::optional<StreamState>> read = SavedStream(&then_reload_);
+    Result<std::optional<StreamState>> read = SavedStream();
     if (!read.ok()) {
       spdlog::error("{}", read.status().message());
       return kExitConfig;
     }
     saved_ = std::move(read.value());
+    KeepSavedConfig(nullptr);
   }
   if (!cfg_.shape_from_trainers()) {
     std::string why;
@@ -160,6 +161,8 @@ Status Supervisor::AdoptJob(const JobShape& job, int pid,
   const PipelineConfig before = cfg_;
   MMFEED_RETURN_IF_ERROR(
       cfg_.AdoptShape(job.local_world_size, job.node_rank, job.num_nodes, job.replicas));
+  const bool kept_waited = kept_waits_for_job_;
+  if (kept_waited) KeepSavedConfig(&job);
   const std::string from =
       fmt::format("pid {} ({})", pid, job.from.empty() ? "declared" : job.from);
   spdlog::info("the job, as {} declares it: {}; serving {} consumer rank(s) as node {} of {}", from,
@@ -181,6 +184,8 @@ Status Supervisor::AdoptJob(const JobShape& job, int pid,
     unseen_since_restart_.clear();
     ring_bytes_ = 0;
     cfg_ = before;
+    then_reload_.clear();
+    kept_waits_for_job_ = kept_waited && saved_.has_value();
     return Status::Invalid(fmt::format("the job {} cannot be served: {}", job.Describe(), why));
   }
   job_ = job;
@@ -303,31 +308,42 @@ void Supervisor::WarnRanksWithoutTrainers() {
 }
 
 // --state-dir: the stream the trainers are in. A restart on an edited config continues it
-// with the config it was made from (cfg_ becomes that one), then switches as a reload would:
-// `then_reload` gets the edited file. A saved stream that cannot be continued is dropped.
-Result<std::optional<StreamState>> Supervisor::SavedStream(std::string* then_reload) {
+// with the config it was made from, then switches as a reload would (KeepSavedConfig).
+Result<std::optional<StreamState>> Supervisor::SavedStream() {
   MMFEED_ASSIGN_OR_RETURN(std::optional<StreamState> saved, ReadState());
   // The weights reloads switched at batch boundaries are part of the saved stream.
   if (saved) cfg_.mix.switches = saved->mix_switches;
-  if (saved && !saved->config_text.empty() &&
-      (saved->config_text != cfg_.text || saved->config_file != cfg_.file)) {
-    Result<PipelineConfig> kept = KeptConfig(*saved);
-    if (kept.ok()) {
-      spdlog::info(
-          "{} differs from the config the saved stream in {} was made with: continuing the "
-          "stream with that config, then reloading {} (applied as a reload would: at once or "
-          "at the next epoch boundary)",
-          cfg_.file, StatePath(), cfg_.file);
-      *then_reload = cfg_.file;
-      cfg_ = std::move(kept.value());
-    } else {
-      spdlog::warn("{}: the saved stream cannot be continued ({}): starting fresh", StatePath(),
-                   kept.status().message());
-      saved.reset();
-      cfg_.mix.switches.clear();
-    }
-  }
   return saved;
+}
+
+void Supervisor::KeepSavedConfig(const JobShape* job) {
+  kept_waits_for_job_ = false;
+  if (!saved_ || saved_->config_text.empty() ||
+      (saved_->config_text == cfg_.text && saved_->config_file == cfg_.file))
+    return;
+  if (!job && cfg_.shape_from_trainers()) {
+    kept_waits_for_job_ = true;
+    spdlog::info(
+        "{} differs from the config the saved stream in {} was made with: whether that config "
+        "continues the stream is decided when the first trainer declares the job",
+        cfg_.file, StatePath());
+    return;
+  }
+  Result<PipelineConfig> kept = KeptConfig(*saved_, job);
+  if (kept.ok()) {
+    spdlog::info(
+        "{} differs from the config the saved stream in {} was made with: continuing the "
+        "stream with that config, then reloading {} (applied as a reload would: at once or "
+        "at the next epoch boundary)",
+        cfg_.file, StatePath(), cfg_.file);
+    then_reload_ = cfg_.file;
+    cfg_ = std::move(kept.value());
+  } else {
+    spdlog::warn("{}: the saved stream cannot be continued ({}): starting fresh", StatePath(),
+                 kept.status().message());
+    saved_.reset();
+    cfg_.mix.switches.clear();
+  }
 }
 
 // After the io_context stopped (drained or failed): shuts the servers, waits for the pipeline

@@ -74,7 +74,13 @@ class Supervisor {
 
  private:
   // Run's steps: the saved stream to continue (--state-dir), and what follows the io_context.
-  Result<std::optional<StreamState>> SavedStream(std::string* then_reload);
+  Result<std::optional<StreamState>> SavedStream();
+  // A saved stream made with another config than the daemon's (an edited file) continues with
+  // that config (cfg_ becomes it, then_reload_ the daemon's file) if it still makes the stream,
+  // else is dropped. A config taking its shape from the trainers waits for the first declared
+  // job (`job`, adopted by cfg_ already): the stream's fingerprint names the shape.
+  void KeepSavedConfig(const JobShape* job);
+  bool kept_waits_for_job_ = false;
   int Exit();
   std::optional<StreamState> saved_;  // Run's, for Build
   std::optional<JobShape> job_;       // adopted (consumers: auto) or the first declared
@@ -234,8 +240,8 @@ class Supervisor {
   Result<std::optional<StreamState>> ReadState();
 
   // The config a saved stream was made with, loaded as the daemon loads its file (relative
-  // paths from where that file was).
-  Result<PipelineConfig> KeptConfig(const StreamState& s) const;
+  // paths from where that file was), with `job`'s shape when it takes it from the trainers.
+  Result<PipelineConfig> KeptConfig(const StreamState& s, const JobShape* job) const;
 
   // Starts every rank from its saved cursor when `saved` is this pipeline's stream.
   Status LoadState(std::optional<StreamState> saved);

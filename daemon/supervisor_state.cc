@@ -12,11 +12,14 @@ Result<std::optional<StreamState>> Supervisor::ReadState() {
   return ReadStreamState(StatePath());
 }
 
-Result<PipelineConfig> Supervisor::KeptConfig(const StreamState& s) const {
+Result<PipelineConfig> Supervisor::KeptConfig(const StreamState& s, const JobShape* job) const {
   Result<PipelineConfig> cfg = ParseConfig(s.config_text, s.config_file);
   if (!cfg.ok()) return cfg;
   MMFEED_RETURN_IF_ERROR(CheckFaultsAllowed(*cfg, opt_.allow_faults));
   cfg->SetIndexDir(opt_.state_dir);
+  if (job && cfg->shape_from_trainers())
+    MMFEED_RETURN_IF_ERROR(
+        cfg->AdoptShape(job->local_world_size, job->node_rank, job->num_nodes, job->replicas));
   cfg->mix.switches = s.mix_switches;
   ConfigChanges changes = DiffConfigs(*cfg, cfg_);
   if (!changes.needs_restart.empty())

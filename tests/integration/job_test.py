@@ -227,6 +227,32 @@ with open(os.path.join({str(self.dir)!r}, "rank%s.json" % os.environ["LOCAL_RANK
                    if e == epoch for i in ids]
             self.assertEqual(sorted(got), [f"s{i:03d}" for i in range(96)], f"epoch {epoch}")
 
+    def test_a_node_service_restarted_on_an_edited_config_continues_its_stream_then_reloads(self):
+        # A consumers: auto daemon's saved stream names the job's shape, which only the first
+        # trainer declares: the edited config waits for it, then the kept config continues the
+        # stream and the edit (batch_size 4 -> 8) applies at the epoch boundary.
+        state = ("--state-dir", str(self.dir / "state"))
+        d = dt.Daemon(self.dir, config(), extra=state)
+        args = lambda r, life: ("--json", "--cursor", str(self.dir / f"c{r}.json"), "--dump",
+                                str(self.dir / f"{life}{r}"))
+        for p in [self.consume(d, torchrun(0, r, 1, 2), *args(r, "a"), "--batches", "3") for r in range(2)]:
+            dt.finish(p)
+        d.proc.kill()
+        d.proc.wait()
+        d = dt.Daemon(self.dir, config().replace("batch_size: 4", "batch_size: 8"), extra=state)
+        for p in [self.consume(d, torchrun(0, r, 1, 2), *args(r, "b")) for r in range(2)]:
+            dt.finish(p)
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertIn("decided when the first trainer declares the job", d.log())
+        self.assertIn("continuing the stream with that config", d.log())
+        self.assertNotIn("starting fresh", d.log())
+        later = [meta for r in range(2) for meta, _ in dt.dumped_batches(self.dir / f"b{r}")]
+        self.assertEqual({len(m["ids"]) for m in later if m["epoch"] == 0}, {4}, "epoch 0: the kept config")
+        self.assertEqual({len(m["ids"]) for m in later if m["epoch"] == 1}, {8}, "epoch 1: the edited one")
+        ids = [i for r in range(2) for life in "ab" for meta, _ in dt.dumped_batches(self.dir / f"{life}{r}")
+               if meta["epoch"] == 0 for i in meta["ids"]]
+        self.assertEqual(sorted(ids), [f"s{i:03d}" for i in range(96)], "every sample of epoch 0 once")
+
     def test_check_says_what_consumers_auto_was_checked_as(self):
         (self.dir / "p.yaml").write_text(config())
         r = subprocess.run([f"{dt.BIN}/mmfeedd", "--check", str(self.dir / "p.yaml")], capture_output=True, text=True)
