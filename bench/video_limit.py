@@ -1,0 +1,104 @@
+#!/usr/bin/python3
+"""Video clips against their true limit (issue #34): for each video config, clips/s of mmfeed's
+video stage (mmfeed-video --bench: the stage's own code, 2 workers, 1 decoder thread each) and,
+in the same run on the same files and the same picks, the least work any exact loader must do
+(mmfeed-bench-video-limit, bench/video_limit.cc: demux, seek to the keyframe before each group
+of picks, decode the reference frames and the picked ones with the same decoder, threads and
+workers, convert nothing). Reported: both rates, mmfeed as a fraction of the limit, and each
+one's decoded frames per picked frame (equal when mmfeed decodes nothing it need not).
+Medians of alternating rounds (mmfeed, limit, mmfeed, ...), as bench/image_bench runs.
+
+Configs: configs/wan2.2-t2v.yaml and configs/wan2.2-ti2v-5b.yaml (clip sampler), the uniform
+sampler of configs/video-text.yaml, and bench/video_bench.py's clip sampler (16 frames at
+4 fps, 224x224). Not covered: configs/qwen3.5-vl-video.yaml (its qwen_video stage is not the
+video stage mmfeed-video runs). Sources: bench/wan_bench.py's 8 s 30 fps videos at 720p and
+1080p (x264 veryfast, default GOP), made once.
+
+usage: video_limit.py [--build BUILD] [--out DIR] [--videos N] [--repeat R] [--rounds K]
+"""
+import argparse, json, os, pathlib, statistics, subprocess, sys
+
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import video_bench  # noqa: E402  (make_video)
+
+
+def video_params(config):
+    cfg = yaml.safe_load((ROOT / "configs" / config).read_text())
+    return next(s for s in cfg["stages"] if s["type"] == "video")["params"]
+
+
+CONFIGS = {
+    "wan2.2-t2v": video_params("wan2.2-t2v.yaml"),
+    "wan2.2-ti2v-5b": video_params("wan2.2-ti2v-5b.yaml"),
+    "video-text (uniform 16)": video_params("video-text.yaml"),
+    "clip 16 at 4 fps, 224": {"sampling": "clip", "frames": 16, "fps": 4, "clip_start": "random",
+                              "size": [224, 224], "dtype": "uint8"},
+}
+
+
+def mmfeed(build, files, params, repeat):
+    out = subprocess.run([f"{build}/bin/mmfeed-video", "--bench", "--workers", "2", "--repeat", str(repeat),
+                          "--params", json.dumps(params), *map(str, files)], capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def clips(build, files, params, repeat, path):
+    """The picks mmfeed-video --bench makes (epoch = repetition), one line per clip."""
+    lines = []
+    for epoch in range(repeat):
+        out = subprocess.run([f"{build}/bin/mmfeed-video", "--epoch", str(epoch), "--params", json.dumps(params),
+                              *map(str, files)], capture_output=True, text=True, check=True)
+        lines += out.stdout.splitlines()
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def limit(build, clip_file):
+    out = subprocess.run([f"{build}/bin/mmfeed-bench-video-limit", "--workers", "2", "--threads", "1",
+                          str(clip_file)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=str(ROOT / "build"))
+    ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "wan"))
+    ap.add_argument("--videos", type=int, default=2, help="videos per resolution")
+    ap.add_argument("--repeat", type=int, default=3, help="clips per video in a run")
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    out = pathlib.Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    photos = video_bench.PHOTOS
+    results = {"cores": os.cpu_count(), "repeat": a.repeat, "rounds": a.rounds, "rows": []}
+    for w, h in ((1280, 720), (1920, 1080)):
+        files = [video_bench.make_video(photos[i % len(photos)], out / f"wan{i}_{h}p.mp4", w, h, 8)
+                 for i in range(a.videos)]
+        for name, params in CONFIGS.items():
+            clip_file = clips(a.build, files, params, a.repeat, out / f"picks_{h}p.jsonl")
+            runs = {"mmfeed": [], "limit": []}
+            for _ in range(a.rounds):
+                runs["mmfeed"].append(mmfeed(a.build, files, params, a.repeat))
+                runs["limit"].append(limit(a.build, clip_file))
+            med = {k: statistics.median(r["clips_per_s"] for r in v) for k, v in runs.items()}
+            results["rows"].append({
+                "config": name, "source": f"{h}p", "mmfeed_clips_per_s": med["mmfeed"],
+                "limit_clips_per_s": med["limit"], "of_limit": med["mmfeed"] / med["limit"],
+                "mmfeed_decoded_per_sampled": runs["mmfeed"][0]["decoded_per_sampled"],
+                "limit_decoded_per_sampled": runs["limit"][0]["decoded_per_sampled"]})
+    print(json.dumps(results, indent=2))
+    print("\n| config | source | mmfeed clips/s | limit clips/s | mmfeed / limit | decoded per picked frame "
+          "(mmfeed, limit) |")
+    print("|---|---|---|---|---|---|")
+    for r in results["rows"]:
+        print(f"| {r['config']} | {r['source']} 30 fps | {r['mmfeed_clips_per_s']:.2f} | "
+              f"{r['limit_clips_per_s']:.2f} | **{r['of_limit']:.2f}** | "
+              f"{r['mmfeed_decoded_per_sampled']:.2f}, {r['limit_decoded_per_sampled']:.2f} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
