@@ -52,6 +52,11 @@ def make_video(photo, out, width, height, seconds):
     return out
 
 
+def clip_videos(out, width, height, n):
+    """n 8 s videos at width x height, from the first photos (bench/wan_bench.py's sources)."""
+    return [make_video(PHOTOS[i % len(PHOTOS)], out / f"wan{i}_{height}p.mp4", width, height, 8) for i in range(n)]
+
+
 def make_videos(out, quick):
     out.mkdir(parents=True, exist_ok=True)
     short, long = [], []

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Video clips against their true limit (issue #34): for each video config, clips/s of mmfeed's
-video stage (mmfeed-video --bench: the stage's own code, 2 workers, 1 decoder thread each) and,
+video stage (mmfeed-video --bench: the stage's own code, a worker per core, 1 decoder thread each) and,
 in the same run on the same files and the same picks, the least work any exact loader must do
 (mmfeed-bench-video-limit, bench/video_limit.cc: demux, seek to the keyframe before each group
 of picks, decode the reference frames and the picked ones with the same decoder, threads and
@@ -16,7 +16,7 @@ video stage mmfeed-video runs). Sources: bench/wan_bench.py's 8 s 30 fps videos 
 
 usage: video_limit.py [--build BUILD] [--out DIR] [--videos N] [--repeat R] [--rounds K]
 """
-import argparse, json, os, pathlib, statistics, subprocess, sys
+import argparse, json, os, pathlib, subprocess, sys
 
 import yaml
 
@@ -39,13 +39,6 @@ CONFIGS = {
 }
 
 
-def mmfeed(build, files, params, repeat):
-    out = subprocess.run([f"{build}/bin/mmfeed-video", "--bench", "--workers", "2", "--repeat", str(repeat),
-                          "--params", json.dumps(params), *map(str, files)], capture_output=True, text=True,
-                         check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def clips(build, files, params, repeat, path):
     """The picks mmfeed-video --bench makes (epoch = repetition), one line per clip."""
     lines = []
@@ -58,8 +51,8 @@ def clips(build, files, params, repeat, path):
 
 
 def limit(build, clip_file):
-    out = subprocess.run([f"{build}/bin/mmfeed-bench-video-limit", "--workers", "2", "--threads", "1",
-                          str(clip_file)], capture_output=True, text=True, check=True)
+    out = subprocess.run([f"{build}/bin/mmfeed-bench-video-limit", "--workers", str(video_bench.CORES),
+                          "--threads", "1", str(clip_file)], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -73,23 +66,20 @@ def main():
     a = ap.parse_args()
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    photos = video_bench.PHOTOS
     results = {"cores": os.cpu_count(), "repeat": a.repeat, "rounds": a.rounds, "rows": []}
     for w, h in ((1280, 720), (1920, 1080)):
-        files = [video_bench.make_video(photos[i % len(photos)], out / f"wan{i}_{h}p.mp4", w, h, 8)
-                 for i in range(a.videos)]
+        files = video_bench.clip_videos(out, w, h, a.videos)
         for name, params in CONFIGS.items():
             clip_file = clips(a.build, files, params, a.repeat, out / f"picks_{h}p.jsonl")
-            runs = {"mmfeed": [], "limit": []}
-            for _ in range(a.rounds):
-                runs["mmfeed"].append(mmfeed(a.build, files, params, a.repeat))
-                runs["limit"].append(limit(a.build, clip_file))
-            med = {k: statistics.median(r["clips_per_s"] for r in v) for k, v in runs.items()}
+            med = video_bench.interleaved(a.rounds, {
+                "mmfeed": lambda: video_bench.run_mmfeed(a.build, params, files, a.repeat),
+                "limit": lambda: limit(a.build, clip_file)})
             results["rows"].append({
-                "config": name, "source": f"{h}p", "mmfeed_clips_per_s": med["mmfeed"],
-                "limit_clips_per_s": med["limit"], "of_limit": med["mmfeed"] / med["limit"],
-                "mmfeed_decoded_per_sampled": runs["mmfeed"][0]["decoded_per_sampled"],
-                "limit_decoded_per_sampled": runs["limit"][0]["decoded_per_sampled"]})
+                "config": name, "source": f"{h}p", "mmfeed_clips_per_s": med["mmfeed"]["clips_per_s"],
+                "limit_clips_per_s": med["limit"]["clips_per_s"],
+                "of_limit": med["mmfeed"]["clips_per_s"] / med["limit"]["clips_per_s"],
+                "mmfeed_decoded_per_sampled": med["mmfeed"]["decoded_per_sampled"],
+                "limit_decoded_per_sampled": med["limit"]["decoded_per_sampled"]})
     print(json.dumps(results, indent=2))
     print("\n| config | source | mmfeed clips/s | limit clips/s | mmfeed / limit | decoded per picked frame "
           "(mmfeed, limit) |")

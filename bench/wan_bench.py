@@ -15,7 +15,7 @@ clips to its last frame; an estimate of the most an exact CPU loader can reach).
 
 usage: wan_bench.py [--build BUILD] [--out DIR] [--videos N] [--repeat R]
 """
-import argparse, json, os, pathlib, subprocess, sys, time
+import argparse, json, os, pathlib, sys, time
 
 import av
 import numpy as np
@@ -25,7 +25,7 @@ from PIL import Image
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-import video_bench  # noqa: E402  (make_video)
+import video_bench  # noqa: E402  (make_video, run_mmfeed)
 
 CONFIG = ROOT / "configs" / "wan2.2-t2v.yaml"
 
@@ -80,12 +80,6 @@ def run_reference(files, params, repeat):
     return {"clips_per_s": n / secs, "decoded_per_sampled": ds.decoded.item() / (n * params["frames"])}
 
 
-def run_mmfeed(build, files, params, repeat):
-    out = subprocess.run([f"{build}/bin/mmfeed-video", "--bench", "--workers", "2", "--repeat", str(repeat),
-                          "--params", json.dumps(params), *map(str, files)], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=str(ROOT / "build"))
@@ -95,13 +89,12 @@ def main():
     a = ap.parse_args()
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    photos = video_bench.PHOTOS
     params = stage_params()
     torch.set_num_threads(1)
     results = {"cores": os.cpu_count(), "params": params}
     for w, h in ((1280, 720), (1920, 1080)):
-        files = [video_bench.make_video(photos[i % len(photos)], out / f"wan{i}_{h}p.mp4", w, h, 8) for i in range(a.videos)]
-        mm = run_mmfeed(a.build, files, params, a.repeat)
+        files = video_bench.clip_videos(out, w, h, a.videos)
+        mm = video_bench.run_mmfeed(a.build, params, files, a.repeat)
         ref = run_reference(files, params, a.repeat)
         limit = video_bench.ffmpeg_refs_only(video_bench.sampled_clips(a.build, params, files, a.repeat))
         results[f"{h}p"] = {"mmfeed": mm, "pyav_dataloader": ref, "ffmpeg_refs_only": limit,

@@ -155,15 +155,17 @@ Status Supervisor::CheckResume(int rank, shm::RingWriter& ring, const StreamCurs
     else if (c.order && !pipeline_->positional())
       why += fmt::format("; this pipeline cannot resume a job at a position: {}",
                          pipeline_->why_not_positional());
-    else if (Result<Pipeline::Origin> o = pipeline_->Rebased(c.epoch, c.position, c.lanes);
-             c.order && !o.ok())
-      why += fmt::format("; the job cannot resume at its position: {}", o.status().message());
-    else if (c.order)
-      why = fmt::format(
-          "the cursor is at epoch {}, position {} of the job's order, taken at another shape "
-          "or in another run: a daemon resumes a job there when it takes the job's shape from "
-          "its trainers (`consumers: auto`), from the first trainer's cursor",
-          c.epoch, c.position);
+    else if (c.order) {
+      const Result<Pipeline::Origin> o = pipeline_->Rebased(c.epoch, c.position, c.lanes);
+      why = !o.ok() ? fmt::format("{}; the job cannot resume at its position: {}", why,
+                                  o.status().message())
+                    : fmt::format(
+                          "the cursor is at epoch {}, position {} of the job's order, taken at "
+                          "another shape or in another run: a daemon resumes a job there when it "
+                          "takes the job's shape from its trainers (`consumers: auto`), from the "
+                          "first trainer's cursor",
+                          c.epoch, c.position);
+    }
     return Status::Invalid(
         fmt::format("rank {}: resume refused: the cursor (batch {}) is of stream {:08x}, but this "
                     "daemon's batch {} is of stream {:08x}: {}",

@@ -411,10 +411,12 @@ Result<Pipeline::Origin> Pipeline::Rebased(uint32_t epoch, uint64_t position,
     o.base = 0;
     o.lanes = 0;
   }
+  // A mixture's tag names the lanes its base counts in.
+  const std::string tagged = o.lanes ? fmt::format("{}|", o.lanes) : "";
   o.stream = o.base == 0
                  ? FirstStreamTag(order_fingerprint_)
                  : static_cast<uint32_t>(HashString(fmt::format(
-                       "rebased|{}|{}|{}|{}", o.epoch, o.base, o.lanes, order_fingerprint_))) |
+                       "rebased|{}|{}|{}{}", o.epoch, o.base, tagged, order_fingerprint_))) |
                        1;
   return o;
 }

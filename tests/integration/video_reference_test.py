@@ -58,6 +58,8 @@ MODES = [
 def make_videos():
     for name, (src, seconds, args) in VIDEOS.items():
         path = os.path.join(TMP, name)
+        if os.path.exists(path):
+            continue
         cmd = ["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", src, "-t", str(seconds)] + args
         if args[-1] == "-":
             with open(path, "wb") as out:
@@ -268,6 +270,29 @@ class CoverTest(unittest.TestCase):
             _, tchw = run_stage(path, p, layout="TCHW")
             np.testing.assert_array_equal(thwc, clip.transpose(1, 2, 3, 0), err_msg=name)
             np.testing.assert_array_equal(tchw, clip.transpose(1, 0, 2, 3), err_msg=name)
+
+
+class LimitBenchTest(unittest.TestCase):
+    """bench/video_limit.cc, the least work an exact loader must do for the stage's picks: it
+    decodes at least every picked frame and never more than the stage does (which decodes only
+    reference frames and picks)."""
+
+    def test_the_limit_decodes_the_picks_and_no_more_than_the_stage(self):
+        make_videos()
+        for name in ("h264.mp4", "hevc.mkv", "h264_shortgop.mkv"):
+            for mode, params in MODES[:3]:
+                with self.subTest(video=name, mode=mode):
+                    got, _ = run_stage(os.path.join(TMP, name), params)
+                    picks = sorted({t for t, m in zip(got["pts"], got["mask"]) if m})
+                    clips = os.path.join(TMP, "clips.jsonl")
+                    with open(clips, "w") as f:
+                        f.write(json.dumps(got) + "\n")
+                    r = subprocess.run([os.path.join(BIN, "mmfeed-bench-video-limit"), "--workers", "1", clips],
+                                       capture_output=True, text=True, check=True)
+                    limit = json.loads(r.stdout)
+                    decoded = limit["decoded_per_sampled"] * len(picks)
+                    self.assertGreaterEqual(decoded, len(picks) - 1e-6, r.stdout)
+                    self.assertLessEqual(decoded, got["decoded"] + 1e-6, r.stdout)
 
 
 def main():
