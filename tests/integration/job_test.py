@@ -309,6 +309,16 @@ class ReshapeTest(JobCase):
         return [[i for meta, _ in dt.dumped_batches(self.dir / f"{name}-dump{g}") if meta["epoch"] == epoch
                  for i in meta["ids"]] for g in range(ranks)]
 
+    def fresh_epoch(self, cfg, ranks, epoch):
+        """What each rank of a fresh run of `cfg` (auto made explicit: one node of `ranks`
+        ranks) gets in `epoch`."""
+        fresh = dt.Daemon(self.dir, cfg.replace("consumers: auto", f"consumers: {ranks}")
+                          .replace("node_rank: auto, num_nodes: auto", "node_rank: 0, num_nodes: 1"))
+        for c in [fresh.consume(r, "--dump", str(self.dir / f"fresh-dump{r}")) for r in range(ranks)]:
+            dt.finish(c)
+        self.assertEqual(fresh.wait(), 0, fresh.log())
+        return self.delivered("fresh", ranks, epoch)
+
     def test_2x2_then_3x1_then_1x4_deliver_every_sample_of_the_epoch_once(self):
         # Life 1: 2 nodes x 2 ranks, 3 batches of 4 each: positions [0, 48) of epoch 0.
         self.life("a", 2, 2, batches=3)
@@ -327,11 +337,7 @@ class ReshapeTest(JobCase):
         every = sorted(i for life in lives for ids in life for i in ids)
         self.assertEqual(every, [f"s{i:03d}" for i in range(96)], "every sample of epoch 0 once")
         # Epoch 1 is what a fresh run of 1 node x 4 ranks gives, rank by rank.
-        fresh = dt.Daemon(self.dir, config(4, "node_rank: 0, num_nodes: 1"))
-        for c in [fresh.consume(r, "--dump", str(self.dir / f"fresh-dump{r}")) for r in range(4)]:
-            dt.finish(c)
-        self.assertEqual(fresh.wait(), 0, fresh.log())
-        self.assertEqual(self.delivered("c", 4, 1), self.delivered("fresh", 4, 1))
+        self.assertEqual(self.delivered("c", 4, 1), self.fresh_epoch(config(), 4, 1))
 
     def test_one_node_reading_shard_windows_resumes_at_another_shape(self):
         # the captions as 8 shards of 12, read in windows of 2 shards
@@ -353,12 +359,7 @@ class ReshapeTest(JobCase):
         # Life 1's 24 positions are the epoch's first window: 2 shards.
         self.assertEqual(len({int(i[1:]) // 12 for ids in lives[0] for i in ids}), 2, lives[0])
         # Epoch 1 is what a fresh run of 1 node x 3 ranks gives, rank by rank.
-        fresh = dt.Daemon(self.dir, cfg.replace("consumers: auto", "consumers: 3")
-                          .replace("node_rank: auto, num_nodes: auto", "node_rank: 0, num_nodes: 1"))
-        for c in [fresh.consume(r, "--dump", str(self.dir / f"fresh-dump{r}")) for r in range(3)]:
-            dt.finish(c)
-        self.assertEqual(fresh.wait(), 0, fresh.log())
-        self.assertEqual(self.delivered("b", 3, 1), self.delivered("fresh", 3, 1))
+        self.assertEqual(self.delivered("b", 3, 1), self.fresh_epoch(cfg, 3, 1))
         # Two nodes in windows give each its own part: no position rule, the resume refused.
         d = dt.Daemon(self.dir / "b-node0", cfg)
         shutil.copy(self.dir / "a-cursor0.json", self.dir / "two.json")
@@ -402,12 +403,7 @@ class ReshapeTest(JobCase):
         self.assertEqual(every, whole, "the epoch's draws, each once over the lives")
         self.assertEqual(sum(i.startswith("q") for i in every), 24, "the questions' quarter")
         # Epoch 1 is what a fresh run of 1 node x 4 ranks gives, rank by rank.
-        fresh = dt.Daemon(self.dir, cfg.replace("consumers: auto", "consumers: 4")
-                          .replace("node_rank: auto, num_nodes: auto", "node_rank: 0, num_nodes: 1"))
-        for c in [fresh.consume(r, "--dump", str(self.dir / f"fresh-dump{r}")) for r in range(4)]:
-            dt.finish(c)
-        self.assertEqual(fresh.wait(), 0, fresh.log())
-        self.assertEqual(self.delivered("c", 4, 1), self.delivered("fresh", 4, 1))
+        self.assertEqual(self.delivered("c", 4, 1), self.fresh_epoch(cfg, 4, 1))
         # A mixture's cursor without its lanes (an older client's) is refused, saying why.
         old = json.loads((self.dir / "a-cursor0.json").read_text())
         del old["lanes"]
