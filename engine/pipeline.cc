@@ -128,9 +128,8 @@ std::string Pipeline::WhyNotSwitchWeights(const Pipeline& running) const {
   if (!catalog_->mixture || !running.catalog_->mixture) return "not a mixture";
   if (budgeted()) return "token budgets plan whole epochs";
   if (cfg_.packed_stage >= 0) return "a packed text stream's rows cross batches";
-  for (size_t k = 0; k < catalog_->parts.size(); ++k)
-    if (catalog_->windowed(k))
-      return fmt::format("source '{}' is read in shard windows", cfg_.sources[k].name);
+  if (const std::string windowed = WindowedSource(); !windowed.empty())
+    return fmt::format("source '{}' is read in shard windows", windowed);
   if (running.origin_.base)
     return fmt::format(
         "the job resumed at another shape in epoch {} (position {}), whose rest is dealt in the "

@@ -340,8 +340,11 @@ class Pipeline {
   uint64_t PerRankFrom(uint64_t base, const Mixture* numbering) const;
   // Epoch `epoch`'s order of this node (from the origin's base in the origin epoch).
   EpochOrder OrderOf(uint32_t epoch) const;
-  // A mixture's catalog Mixture dealt to `lanes` (Origin::lanes).
-  Result<std::shared_ptr<const Mixture>> NumberingOf(uint32_t lanes) const;
+  // What numbers a base's positions (Origin::base, lanes): a mixture's catalog Mixture dealt to
+  // `lanes`; null without a mixture or a base.
+  Result<std::shared_ptr<const Mixture>> NumberingOf(uint64_t base, uint32_t lanes) const;
+  // The first source of a mixture read in shard windows, or "".
+  std::string WindowedSource() const;
   uint64_t BatchesOf(uint64_t per_rank) const;
   Status Reachable(uint64_t seq) const;
   static constexpr size_t kMaxEpochsAhead = 1000;

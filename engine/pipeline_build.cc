@@ -319,8 +319,9 @@ uint32_t Pipeline::NextStreamTag(const Origin& before, uint64_t seq,
          1;
 }
 
-Result<std::shared_ptr<const Mixture>> Pipeline::NumberingOf(uint32_t lanes) const {
+Result<std::shared_ptr<const Mixture>> Pipeline::NumberingOf(uint64_t base, uint32_t lanes) const {
   const std::shared_ptr<const Mixture>& own = catalog_->mixture;
+  if (!own || base == 0) return std::shared_ptr<const Mixture>();
   if (lanes == 0)
     return Status::Invalid(
         "the cursor does not name the shape its mixture position counts in (its \"lanes\"; a "
@@ -334,14 +335,8 @@ Result<std::shared_ptr<const Mixture>> Pipeline::NumberingOf(uint32_t lanes) con
 }
 
 Status Pipeline::SetOrigin(Origin origin) {
-  std::shared_ptr<const Mixture> numbering;
-  if (catalog_->mixture && origin.base) {
-    Result<std::shared_ptr<const Mixture>> m = NumberingOf(origin.lanes);
-    if (!m.ok()) return m.status();
-    numbering = std::move(m.value());
-  }
+  MMFEED_ASSIGN_OR_RETURN(numbering_, NumberingOf(origin.base, origin.lanes));
   if (!catalog_->mixture) origin.lanes = 0;
-  numbering_ = std::move(numbering);
   origin_ = origin;
   {
     std::lock_guard<std::mutex> lock(plans_mu_);
@@ -378,14 +373,10 @@ int Pipeline::RowsOf(uint32_t epoch, uint64_t index) const {
 }
 
 std::string Pipeline::why_not_positional() const {
-  if (catalog_->mixture) {
-    for (size_t k = 0; k < catalog_->parts.size(); ++k)
-      if (catalog_->windowed(k))
-        return fmt::format("source '{}' of the mixture is read in shard windows",
-                           cfg_.sources[k].name);
-    if (!catalog_->mixture->switches().empty())
-      return "the mixture's weights changed at a batch boundary";
-  }
+  if (const std::string windowed = WindowedSource(); !windowed.empty())
+    return fmt::format("source '{}' of the mixture is read in shard windows", windowed);
+  if (catalog_->mixture && !catalog_->mixture->switches().empty())
+    return "the mixture's weights changed at a batch boundary";
   if (budgeted()) return "token-budget batches take each rank's samples by their costs";
   if (catalog_->InWindows(cfg_.source) && cfg_.source.num_nodes > 1)
     return "shard windows give each of several nodes its own part of the order (one node's "
@@ -394,14 +385,16 @@ std::string Pipeline::why_not_positional() const {
   return "";
 }
 
+std::string Pipeline::WindowedSource() const {
+  for (size_t k = 0; k < catalog_->parts.size(); ++k)
+    if (catalog_->windowed(k)) return cfg_.sources[k].name;
+  return "";
+}
+
 Result<Pipeline::Origin> Pipeline::Rebased(uint32_t epoch, uint64_t position,
                                            uint32_t lanes) const {
-  std::shared_ptr<const Mixture> numbering;
-  if (catalog_->mixture && position) {
-    Result<std::shared_ptr<const Mixture>> m = NumberingOf(lanes);
-    if (!m.ok()) return m.status();
-    numbering = std::move(m.value());
-  }
+  MMFEED_ASSIGN_OR_RETURN(const std::shared_ptr<const Mixture> numbering,
+                          NumberingOf(position, lanes));
   Origin o;
   o.epoch = epoch;
   o.base = position;
