@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -88,6 +90,28 @@ int64_t IntAtLeast(const YAML::Node& n, const std::string& what, int64_t min) {
   int64_t v = Int(n, what);
   if (v < min) Fail(n, fmt::format("{} must be at least {}, got {}", what, min, v));
   return v;
+}
+
+// A size in bytes: an integer, or a number with a binary unit (K, M, G, T; "500G", "1.5TiB").
+uint64_t ByteSize(const YAML::Node& n, const std::string& what) {
+  const std::string text = Str(n, what);
+  size_t used = 0;
+  double v = -1;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+  }
+  std::string unit = text.substr(used);
+  if (!unit.empty() && unit.back() == 'B') unit.pop_back();
+  if (unit.size() == 2 && unit[1] == 'i') unit.pop_back();
+  const std::string units = "KMGT";
+  const size_t power = unit.empty() ? 0 : units.find(unit) + 1;
+  if (!(v >= 1) || unit.size() > 1 || (power == 0 && !unit.empty()) || !std::isdigit(text[0]))
+    Fail(n, fmt::format("{} must be a size in bytes, like 1073741824, 500G or 1.5TiB; got {}", what,
+                        Describe(n)));
+  const double bytes = v * std::pow(1024.0, static_cast<double>(power));
+  if (bytes > 9e18) Fail(n, fmt::format("{} is too large", what));
+  return static_cast<uint64_t>(bytes);
 }
 
 Placement ParsePlacement(const YAML::Node& n, const std::string& what) {
@@ -196,7 +220,8 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir, bool 
                                    "fetch_retries",
                                    "fetch_timeout_s",
                                    "max_shard_bytes",
-                                   "s3"};
+                                   "s3",
+                                   "cache"};
   for (const char* k : in_mix ? std::vector<const char*>{"name", "weight", "repeat"}
                               : std::vector<const char*>{"epochs", "node_rank", "num_nodes"})
     keys.push_back(k);
@@ -215,7 +240,7 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir, bool 
   if (s.remote && s.type != "webdataset")
     Fail(n["path"], "a URL path needs type: webdataset (manifests are read from files)");
   for (const char* key : {"prefetch_bytes", "fetch_concurrency", "fetch_retries", "fetch_timeout_s",
-                          "max_shard_bytes", "s3"})
+                          "max_shard_bytes", "s3", "cache"})
     if (n[key] && !s.remote)
       Fail(n[key], fmt::format("source.{} applies to http://, https:// and s3:// paths only", key));
   if (n["prefetch_bytes"])
@@ -233,6 +258,13 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir, bool 
     s.fetch.timeout_s = Float(n["fetch_timeout_s"], "source.fetch_timeout_s");
     if (!(s.fetch.timeout_s >= 0.1))
       Fail(n["fetch_timeout_s"], "source.fetch_timeout_s must be at least 0.1");
+  }
+  if (const YAML::Node c = n["cache"]) {
+    CheckKeys(c, "source.cache", {"dir", "max_bytes"});
+    if (!c["dir"] || !c["max_bytes"])
+      Fail(c, "source.cache needs a 'dir' (a folder on local disk) and 'max_bytes' (like 500G)");
+    s.fetch.cache_dir = ResolvePath(base_dir, Str(c["dir"], "source.cache.dir"));
+    s.fetch.cache_max_bytes = ByteSize(c["max_bytes"], "source.cache.max_bytes");
   }
   if (const YAML::Node s3 = n["s3"]) {
     if (!s3.IsMap())

@@ -113,6 +113,8 @@ ConfigChanges DiffConfigs(const PipelineConfig& a, const PipelineConfig& b) {
               a.source.fetch.s3_region != b.source.fetch.s3_region ||
               a.source.fetch.s3_credentials_file != b.source.fetch.s3_credentials_file ||
               a.source.fetch.s3_profile != b.source.fetch.s3_profile);
+  setting("source.cache", a.source.fetch.cache_dir != b.source.fetch.cache_dir ||
+                              a.source.fetch.cache_max_bytes != b.source.fetch.cache_max_bytes);
   setting("source.epochs", a.source.epochs != b.source.epochs);
   setting("source.max_bytes", a.source.max_bytes != b.source.max_bytes);
   setting("source.node_rank", a.source.node_rank != b.source.node_rank);

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <set>
 #include <thread>
@@ -223,6 +224,67 @@ void Pipeline::Dispatch(const std::shared_ptr<const Provisional>& batch, int row
   }
 }
 
+namespace {
+
+// RemoteStore::Future of a source read in shard windows: epoch first + e's reads are
+// reads[e] (a position per shard), a time is e x span + position.
+class WindowFuture : public RemoteStore::Future {
+ public:
+  WindowFuture(std::shared_ptr<const std::unordered_map<std::string, uint32_t>> ids,
+               std::vector<std::shared_ptr<const std::vector<uint32_t>>> reads, uint64_t span,
+               uint64_t now)
+      : ids_(std::move(ids)), reads_(std::move(reads)), span_(span), now_(now) {}
+  uint64_t ReadTime(const std::string& url) const override { return FirstFrom(url, now_); }
+  uint64_t NextAfter(const std::string& url, uint64_t t) const override {
+    return t == kNever ? kNever : FirstFrom(url, t + 1);
+  }
+
+ private:
+  uint64_t FirstFrom(const std::string& url, uint64_t t) const {
+    auto it = ids_->find(url);
+    if (it == ids_->end()) return kNever;
+    for (uint64_t e = t / span_; e < reads_.size(); ++e) {
+      const uint32_t pos = (*reads_[e])[it->second];
+      if (pos != UINT32_MAX && e * span_ + pos >= t) return e * span_ + pos;
+    }
+    return kNever;
+  }
+  std::shared_ptr<const std::unordered_map<std::string, uint32_t>> ids_;
+  std::vector<std::shared_ptr<const std::vector<uint32_t>>> reads_;
+  uint64_t span_, now_;
+};
+
+}  // namespace
+
+std::shared_ptr<const RemoteStore::Future> Pipeline::FutureFrom(uint32_t epoch, uint32_t shard) {
+  constexpr uint32_t kFutureEpochs = 3;
+  const ShardIndex& index = *catalog_->shards;
+  const size_t n = index.shard_count();
+  if (!shard_ids_) {
+    auto ids = std::make_shared<std::unordered_map<std::string, uint32_t>>();
+    for (size_t k = 0; k < n; ++k) ids->emplace(*index.shard(k).path, static_cast<uint32_t>(k));
+    shard_ids_ = std::move(ids);
+  }
+  std::vector<std::shared_ptr<const std::vector<uint32_t>>> reads;
+  for (uint32_t e = epoch; e < epoch + kFutureEpochs; ++e) {
+    if (cfg_.source.epochs > 0 && e >= static_cast<uint32_t>(cfg_.source.epochs)) break;
+    auto& table = shard_reads_[e];
+    if (!table) {
+      auto t = std::make_shared<std::vector<uint32_t>>(n, UINT32_MAX);
+      const std::vector<uint32_t> order =
+          OrderOf(e).WindowShards(0, std::numeric_limits<int>::max());
+      for (size_t pos = 0; pos < order.size(); ++pos)
+        if ((*t)[order[pos]] == UINT32_MAX) (*t)[order[pos]] = static_cast<uint32_t>(pos);
+      table = std::move(t);
+    }
+    reads.push_back(table);
+  }
+  shard_reads_.erase(shard_reads_.begin(), shard_reads_.lower_bound(epoch));
+  const uint64_t now = reads.empty() ? 0 : (*reads[0])[shard];
+  return std::make_shared<WindowFuture>(shard_ids_, std::move(reads), n + 1,
+                                        now == UINT32_MAX ? 0 : now);
+}
+
 // Remote shards: asks the store for the shards each rank reads from its oldest batch not yet
 // committed (its samples may still be read) through the window of the batch it deals next and
 // kAhead windows after that (the store keeps what fits prefetch_bytes, most urgent first).
@@ -234,6 +296,9 @@ void Pipeline::WantShards(const std::vector<StreamCursor>& next, const std::vect
   const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size);
   std::vector<std::vector<uint32_t>> per_rank(consumers);
   std::vector<uint32_t> key;
+  // The oldest window any rank reads (the store's future starts at its first shard).
+  uint32_t now_epoch = UINT32_MAX, now_shard = 0;
+  size_t now_window = 0;
   for (int r = 0; r < consumers; ++r) {
     if (done[r]) continue;
     const StreamCursor oldest = CursorAt(std::min(next[r].seq, NextCommit(r)));
@@ -250,12 +315,18 @@ void Pipeline::WantShards(const std::vector<StreamCursor>& next, const std::vect
       if (b < to.size())
         for (uint32_t shard : to.WindowShards(b, kAhead)) per_rank[r].push_back(shard);
     }
+    if (!per_rank[r].empty() &&
+        (oldest.epoch < now_epoch || (oldest.epoch == now_epoch && first < now_window))) {
+      now_epoch = oldest.epoch;
+      now_window = first;
+      now_shard = per_rank[r][0];
+    }
     key.insert(key.end(), {oldest.epoch, static_cast<uint32_t>(first), next[r].epoch,
                            static_cast<uint32_t>(b < to.size() ? to.WindowOf(b) : UINT32_MAX)});
   }
   if (key == *last) return;
   *last = key;
-  // Round-robin over the ranks, shard by shard: every rank's oldest window comes first.
+  if (now_epoch != UINT32_MAX) catalog_->remote->SetFuture(FutureFrom(now_epoch, now_shard));
   std::vector<RemoteStore::Want> want;
   for (size_t k = 0;; ++k) {
     bool any = false;

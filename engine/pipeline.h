@@ -309,6 +309,9 @@ class Pipeline {
                   std::vector<uint32_t>* last);
   void WantMixShards(const std::vector<StreamCursor>& next, const std::vector<bool>& done,
                      std::vector<uint32_t>* last);
+  // When this node reads each remote shard from epoch `epoch`'s read of shard `shard` on, over
+  // kFutureEpochs epochs (WantShards tells the store, for its eviction).
+  std::shared_ptr<const RemoteStore::Future> FutureFrom(uint32_t epoch, uint32_t shard);
   void SourceLoop();
   void Deal(const std::shared_ptr<Provisional>& batch, int rank, const StreamCursor& at,
             uint64_t gen, const EpochPlan* plan);
@@ -372,6 +375,10 @@ class Pipeline {
   std::vector<StreamCursor> start_;
   Origin origin_;
   std::unique_ptr<RefillQueue> refills_;
+  // FutureFrom's tables (source thread only): per epoch, each shard's position in this node's
+  // reading order (UINT32_MAX: not read); shard ids by URL.
+  std::map<uint32_t, std::shared_ptr<const std::vector<uint32_t>>> shard_reads_;
+  std::shared_ptr<const std::unordered_map<std::string, uint32_t>> shard_ids_;
   std::atomic<int64_t> open_batches_{0};  // dealt and not yet committed or discarded
   // Rewinds, guarded by rewind_mu_: per rank the stream generation, where it restarts, and
   // whether the source and the collator have taken it up yet.

@@ -16,6 +16,20 @@
 
 namespace mmfeed::index_file {
 
+bool FullPwrite(int fd, const void* buf, size_t n, uint64_t off) {
+  auto* p = static_cast<const char*>(buf);
+  while (n > 0) {
+    ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(off));
+    if (w < 0 && errno == EINTR) continue;
+    if (w == 0) errno = ENOSPC;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+    off += static_cast<uint64_t>(w);
+  }
+  return true;
+}
+
 bool FullPread(int fd, void* buf, size_t n, uint64_t off) {
   auto* p = static_cast<char*>(buf);
   while (n > 0) {

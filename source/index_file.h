@@ -58,6 +58,8 @@ class MappedFile {
 };
 
 bool FullPread(int fd, void* buf, size_t n, uint64_t off);
+// All n bytes at `off`; false with errno set (ENOSPC when the file system took nothing) when not.
+bool FullPwrite(int fd, const void* buf, size_t n, uint64_t off);
 bool FullWrite(int fd, const void* buf, size_t n);
 
 }  // namespace mmfeed::index_file

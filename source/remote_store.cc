@@ -19,6 +19,7 @@
 #include <set>
 
 #include "base/clock.h"
+#include "source/index_file.h"
 #include "source/shard_index.h"
 
 namespace mmfeed {
@@ -78,6 +79,7 @@ struct RemoteStore::Request {
   BodySink* sink = nullptr;       // ...or to whom
   // Filled in by Perform.
   uint64_t written = 0;
+  int write_errno = 0;  // writing the body to fd failed
   bool overflow = false;
   long status = 0;
   ObjectInfo info;
@@ -90,6 +92,7 @@ struct Transfer {
   int fd;
   RemoteStore::BodySink* sink;
   uint64_t limit, *written;
+  int* write_errno;
   bool* overflow;
   CURL* curl;
   const std::atomic<bool>* stop;
@@ -111,12 +114,9 @@ size_t OnBody(char* data, size_t size, size_t n, void* user) {
     *t->written += bytes;
     return bytes;
   }
-  size_t done = 0;
-  while (done < bytes) {
-    ssize_t w = ::pwrite(t->fd, data + done, bytes - done, static_cast<off_t>(*t->written + done));
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return 0;
-    done += static_cast<size_t>(w);
+  if (!index_file::FullPwrite(t->fd, data, bytes, *t->written)) {
+    *t->write_errno = errno;
+    return 0;
   }
   *t->written += bytes;
   return bytes;
@@ -251,6 +251,9 @@ Result<std::unique_ptr<RemoteStore>> RemoteStore::Create(const RemoteConfig& cfg
       MMFEED_RETURN_IF_ERROR(
           ReadCredentialsFile(file, profile, &s->s3_key_, &s->s3_secret_, &s->s3_token_));
   }
+  if (!cfg.cache_dir.empty()) {
+    MMFEED_ASSIGN_OR_RETURN(s->cache_, ShardCache::Open(cfg.cache_dir, cfg.cache_max_bytes));
+  }
   for (int i = 0; i < cfg.concurrency; ++i)
     s->fetchers_.emplace_back([p = s.get()] { p->FetchLoop(); });
   return s;
@@ -322,14 +325,15 @@ Status RemoteStore::Perform(Request* req) {
             fmt::format("{}: {}; gave up retrying at the sample's deadline", req->url, last_error));
     }
     req->written = 0;
+    req->write_errno = 0;
     req->overflow = false;
     req->status = 0;
     req->info = ObjectInfo{};
     if (req->fd >= 0 && ::ftruncate(req->fd, 0) != 0)
       return Status::Io(fmt::format("{}: {}", req->url, std::strerror(errno)));
     if (req->sink) req->sink->Reset();
-    Transfer t{&req->info,     req->fd, req->sink,  req->size, &req->written,
-               &req->overflow, curl,    &stopping_, !req->head};
+    Transfer t{&req->info,        req->fd,        req->sink, req->size,  &req->written,
+               &req->write_errno, &req->overflow, curl,      &stopping_, !req->head};
     curl_slist* headers = SetOptions(curl, http_url, req->head, range, cfg_.timeout_s, &t,
                                      s3_ ? &sigv4 : nullptr, userpwd, s3_token_);
     requests_.fetch_add(1, std::memory_order_relaxed);
@@ -399,21 +403,24 @@ Result<RemoteStore::ObjectInfo> RemoteStore::Head(const std::string& url) {
   req.url = url;
   req.head = true;
   MMFEED_RETURN_IF_ERROR(Perform(&req));
+  std::lock_guard<std::mutex> l(mu_);
+  stamps_[url] = {req.info.size, fmt::format("{}|{}", req.info.etag, req.info.mtime_s)};
   return req.info;
 }
 
 Result<int> RemoteStore::Get(const std::string& url, bool range, uint64_t offset, uint64_t size,
-                             std::atomic<uint64_t>* ns) {
+                             std::atomic<uint64_t>* ns, int into, int* write_errno) {
   Request req;
   req.url = url;
   req.range = range;
   req.offset = offset;
   req.size = size;
-  req.fd = memfd_create(range ? "mmfeed-member" : "mmfeed-shard", MFD_CLOEXEC);
+  req.fd = into >= 0 ? into : memfd_create(range ? "mmfeed-member" : "mmfeed-shard", MFD_CLOEXEC);
   if (req.fd < 0) return Status::ResourceExhausted(fmt::format("memfd: {}", std::strerror(errno)));
   const uint64_t t0 = NowNs();
   Status st = Perform(&req);
   ns->fetch_add(NowNs() - t0, std::memory_order_relaxed);
+  if (write_errno) *write_errno = req.write_errno;
   if (!st.ok()) {
     ::close(req.fd);
     return st;
@@ -426,26 +433,124 @@ Result<int> RemoteStore::FetchAll(const std::string& url, uint64_t size) {
   return Get(url, false, 0, size, &fetch_ns_);
 }
 
+bool RemoteStore::CacheKey(const std::string& url, ShardCache::Key* key) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = stamps_.find(url);
+  if (!cache_ || it == stamps_.end()) return false;
+  *key = {url, it->second.first, it->second.second};
+  return true;
+}
+
+Result<int> RemoteStore::Load(const std::string& url, uint64_t size) {
+  ShardCache::Key key;
+  if (!CacheKey(url, &key) || key.size != size) return FetchAll(url, size);
+  if (const int fd = cache_->Find(key); fd >= 0) return fd;
+  const int into = cache_->Begin();
+  if (into < 0) return FetchAll(url, size);
+  int write_errno = 0;
+  Result<int> fd = Get(url, false, 0, size, &fetch_ns_, into, &write_errno);
+  if (!fd.ok()) {
+    if (write_errno == 0) return fd.status();
+    cache_->WriteFailed(write_errno);  // a full disk: this shard into memory
+    return FetchAll(url, size);
+  }
+  Keep(*fd, key);
+  return fd;
+}
+
+void RemoteStore::Keep(int fd, const ShardCache::Key& key) {
+  std::shared_ptr<const Future> future;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    future = future_;
+  }
+  if (!future) {
+    cache_->Commit(fd, key, nullptr, 0);
+    return;
+  }
+  const uint64_t t = future->ReadTime(key.url);
+  cache_->Commit(
+      fd, key, [&](const std::string& u) { return future->NextAfter(u, t); },
+      future->NextAfter(key.url, t));
+}
+
+void RemoteStore::SetFuture(std::shared_ptr<const Future> future) {
+  std::lock_guard<std::mutex> l(mu_);
+  future_ = std::move(future);
+}
+
 Status RemoteStore::Stream(const std::string& url, uint64_t size, BodySink* sink) {
   if (size > cfg_.max_shard_bytes)
     return Status::ResourceExhausted(
         fmt::format("the server says the shard is {} bytes, over source.max_shard_bytes ({}): "
                     "raise it if the shard really is that large",
                     size, cfg_.max_shard_bytes));
+  // A cached copy is read instead; a fetched one is written to the cache as it streams.
+  ShardCache::Key key;
+  const bool cached = CacheKey(url, &key) && key.size == size;
+  if (const int fd = cached ? cache_->Find(key) : -1; fd >= 0) {
+    std::vector<char> buf(1 << 20);
+    bool ok = true;
+    sink->Reset();
+    for (uint64_t at = 0; ok && at < size; at += buf.size()) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), size - at));
+      ok = index_file::FullPread(fd, buf.data(), n, at) && sink->Add(buf.data(), n);
+    }
+    ::close(fd);
+    if (ok) return Status::Ok();
+  }
+  struct Tee : BodySink {
+    BodySink* sink;
+    int fd;
+    uint64_t at = 0;
+    int write_errno = 0;
+    void Reset() override {
+      sink->Reset();
+      at = 0;
+      write_errno = ::ftruncate(fd, 0) == 0 ? 0 : errno;
+    }
+    bool Add(const char* data, size_t n) override {
+      if (write_errno == 0 && !index_file::FullPwrite(fd, data, n, at)) write_errno = errno;
+      at += n;
+      return sink->Add(data, n);
+    }
+  } tee;
+  tee.sink = sink;
+  tee.fd = cached ? cache_->Begin() : -1;
   Request req;
   req.url = url;
   req.size = size;
-  req.sink = sink;
+  req.sink = tee.fd >= 0 ? &tee : sink;
   const uint64_t t0 = NowNs();
   Status st = Perform(&req);
   fetch_ns_.fetch_add(NowNs() - t0, std::memory_order_relaxed);
   if (st.ok()) shards_fetched_.fetch_add(1, std::memory_order_relaxed);
+  if (tee.fd >= 0) {
+    if (tee.write_errno != 0)
+      cache_->WriteFailed(tee.write_errno);
+    else if (st.ok())
+      Keep(tee.fd, key);
+    ::close(tee.fd);
+  }
   return st;
 }
 
 Result<FieldFile> RemoteStore::OpenRange(const std::string& url, uint64_t offset, uint64_t size,
                                          const std::string& member) {
   const std::string identity = fmt::format("{}@{}+{}", url, offset, size);
+  // The member in a whole shard's copy (`fd`, taken over), its header checked.
+  auto from_shard = [&](int fd, uint64_t shard_size) -> Result<FieldFile> {
+    Status st = offset + size > shard_size
+                    ? Status::Corrupt(fmt::format(
+                          "{}: member at offset {} runs past the end of the shard", url, offset))
+                    : CheckHeaderAt(fd, offset - std::min<uint64_t>(offset, kTarBlock), offset,
+                                    size, member, url);
+    if (!st.ok()) {
+      ::close(fd);
+      return st;
+    }
+    return FieldFile::Adopt(fd, offset, size, identity);
+  };
   {
     std::unique_lock<std::mutex> l(mu_);
     const uint64_t t0 = NowNs();
@@ -461,25 +566,20 @@ Result<FieldFile> RemoteStore::OpenRange(const std::string& url, uint64_t offset
     }
     wait_ns_.fetch_add(NowNs() - t0, std::memory_order_relaxed);
     if (it != shards_.end() && it->second.state == Shard::State::kReady) {
-      if (offset + size > it->second.size)
-        return Status::Corrupt(
-            fmt::format("{}: member at offset {} runs past the end of the shard", url, offset));
       it->second.last_use_ns = NowNs();
       const int fd = ::fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
       if (fd < 0)
         return Status::ResourceExhausted(fmt::format("{}: {}", url, std::strerror(errno)));
-      Status header = CheckHeaderAt(fd, offset - std::min<uint64_t>(offset, kTarBlock), offset,
-                                    size, member, url);
-      if (!header.ok()) {
-        ::close(fd);
-        return header;
-      }
-      return FieldFile::Adopt(fd, offset, size, identity);
+      return from_shard(fd, it->second.size);
     }
     if (it != shards_.end() && it->second.state == Shard::State::kFailed)
       return Status::Io(it->second.reason);
   }
-  // Not held and not coming: just this member (an empty one needs no request).
+  // Not held and not coming: the cached copy's member, else just this member (an empty one needs
+  // no request).
+  if (ShardCache::Key key; size > 0 && CacheKey(url, &key)) {
+    if (const int fd = cache_->Find(key); fd >= 0) return from_shard(fd, key.size);
+  }
   if (size == 0) {
     const int fd = memfd_create("mmfeed-member", MFD_CLOEXEC);
     if (fd < 0) return Status::ResourceExhausted(fmt::format("memfd: {}", std::strerror(errno)));
@@ -532,14 +632,20 @@ void RemoteStore::FetchLoop() {
       auto it = shards_.find(u);
       if (it == shards_.end() || !it->second.wanted || it->second.state != Shard::State::kIdle)
         continue;
-      // Room is made by dropping the shards no longer wanted, least recently read first
-      // (workers may still read the last window's shards while the source deals the next).
+      // Room is made by dropping the shards no longer wanted: the one read next furthest in the
+      // future first, or without a future the least recently read (workers may still read the
+      // last window's shards while the source deals the next).
+      const uint64_t now = future_ ? future_->ReadTime(u) : 0;
       while (held_bytes_ + it->second.size > cfg_.prefetch_bytes) {
         Shard* victim = nullptr;
-        for (auto& [vu, v] : shards_)
-          if (!v.wanted && v.state == Shard::State::kReady &&
-              (!victim || v.last_use_ns < victim->last_use_ns))
-            victim = &v;
+        uint64_t victim_next = 0;
+        for (auto& [vu, v] : shards_) {
+          if (v.wanted || v.state != Shard::State::kReady) continue;
+          const uint64_t next = future_ ? future_->NextAfter(vu, now) : 0;
+          if (!victim || next > victim_next ||
+              (next == victim_next && v.last_use_ns < victim->last_use_ns))
+            victim = &v, victim_next = next;
+        }
         if (!victim) break;
         ::close(victim->fd);
         victim->fd = -1;
@@ -558,7 +664,7 @@ void RemoteStore::FetchLoop() {
     const uint64_t size = s.size;
     held_bytes_ += size;
     l.unlock();
-    Result<int> fd = FetchAll(url, size);
+    Result<int> fd = Load(url, size);
     l.lock();
     Shard& done = shards_[url];  // still there: a fetching shard is never erased
     if (fd.ok() && done.wanted) {
@@ -603,6 +709,10 @@ nlohmann::json RemoteStore::Stats() const {
   j["failed_shards"] = nlohmann::json::array();  // the most recent
   for (const auto& [url, reason] : failed_)
     j["failed_shards"].push_back({{"url", url}, {"reason", reason}});
+  if (cache_) {
+    const nlohmann::json cache = cache_->Stats();
+    for (const auto& [key, value] : cache.items()) j["cache_" + key] = value;
+  }
   return j;
 }
 
@@ -625,13 +735,19 @@ nlohmann::json SumStorageStats(const std::vector<nlohmann::json>& stats) {
 std::vector<std::pair<std::string, double>> StorageMetrics(const nlohmann::json& stats) {
   const double fetch_s = stats["fetch_seconds"].get<double>();
   const double mb = stats["bytes"].get<double>() / 1e6;
-  return {{"storage_mb", mb},
-          {"storage_mb_per_fetch_s", fetch_s > 0 ? mb / fetch_s : 0},
-          {"storage_shards_fetched", stats["shards_fetched"].get<double>()},
-          {"storage_range_reads", stats["range_reads"].get<double>()},
-          {"storage_retries", stats["retries"].get<double>()},
-          {"storage_wait_s", stats["wait_seconds"].get<double>()},
-          {"storage_failed_shards", stats["failed_shard_fetches"].get<double>()}};
+  std::vector<std::pair<std::string, double>> m = {
+      {"storage_mb", mb},
+      {"storage_mb_per_fetch_s", fetch_s > 0 ? mb / fetch_s : 0},
+      {"storage_shards_fetched", stats["shards_fetched"].get<double>()},
+      {"storage_range_reads", stats["range_reads"].get<double>()},
+      {"storage_retries", stats["retries"].get<double>()},
+      {"storage_wait_s", stats["wait_seconds"].get<double>()},
+      {"storage_failed_shards", stats["failed_shard_fetches"].get<double>()}};
+  if (stats.contains("cache_hits"))
+    for (const char* k : {"hits", "misses", "evicted_bytes", "not_kept", "damaged"})
+      m.emplace_back(std::string("storage_cache_") + k,
+                     stats[std::string("cache_") + k].get<double>());
+  return m;
 }
 
 }  // namespace mmfeed

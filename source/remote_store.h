@@ -10,6 +10,12 @@
 // is wanted, and otherwise reads just the member with a range request (a refill drawn from an
 // earlier window, a shard larger than the budget).
 //
+// With `cache: {dir, max_bytes}` (source/shard_cache.h) a shard is looked for on local disk
+// before it is fetched, fetched into the cache's folder, and kept there when it earns the room:
+// the pipeline tells the store when each shard is read next (SetFuture), so both the disk
+// cache and the choice of which held shard to drop for a wanted one go by next use (Belady's
+// MIN) rather than by recency.
+//
 // Every request is retried with exponential backoff and jitter on connection errors, timeouts
 // (a connect or a transfer stalled for timeout_s), 5xx, 408 and 429; other answers fail at once.
 // A shard whose whole fetch fails for good is logged with its URL and reason once, listed in
@@ -32,6 +38,7 @@
 
 #include "base/status.h"
 #include "source/sample.h"
+#include "source/shard_cache.h"
 #include "source/source_config.h"
 
 namespace mmfeed {
@@ -68,7 +75,8 @@ class RemoteStore : public RemoteReader {
   };
   // The whole object, `size` bytes as Head said, handed to `sink` as it arrives (what keeps
   // memory bounded while a shard is indexed: the sink keeps what it needs). Refused before any
-  // byte is asked for when `size` is over max_shard_bytes.
+  // byte is asked for when `size` is over max_shard_bytes. With a cache, read from the cached
+  // copy when there is one, else written to the cache as it streams.
   Status Stream(const std::string& url, uint64_t size, BodySink* sink);
 
   // A member read by a range request asks for its tar header too (the 512 bytes before it) and
@@ -81,12 +89,26 @@ class RemoteStore : public RemoteReader {
     std::string url;
     uint64_t size;
   };
+  // When shards are read, from the pipeline's order: times grow along it. Immutable: a new one
+  // is set as the order moves on.
+  class Future {
+   public:
+    static constexpr uint64_t kNever = UINT64_MAX;
+    virtual ~Future() = default;
+    // The time of the read `url` is being fetched for: its first at or after the oldest read
+    // not yet done (kNever when it is not read in the order foreseen).
+    virtual uint64_t ReadTime(const std::string& url) const = 0;
+    // Its first read after time t.
+    virtual uint64_t NextAfter(const std::string& url, uint64_t t) const = 0;
+  };
+  void SetFuture(std::shared_ptr<const Future> future);
   // The shards wanted next, most urgent first: those that fit prefetch_bytes are fetched (in
   // that order) and kept; the others held may be dropped to make room.
   void SetWanted(const std::vector<Want>& shards);
 
   // bytes, shards fetched, range reads, retries, seconds fetching and readers' seconds waiting,
-  // held bytes, failed shard fetches and the latest of them (url, reason).
+  // held bytes, failed shard fetches and the latest of them (url, reason); with a cache, its
+  // ShardCache::Stats() prefixed "cache_".
   nlohmann::json Stats() const;
 
  private:
@@ -105,10 +127,18 @@ class RemoteStore : public RemoteReader {
   explicit RemoteStore(const RemoteConfig& cfg);
   // The http(s) URL a request for `url` goes to (s3:// mapped to the endpoint).
   std::string HttpUrl(const std::string& url) const;
-  // GETs `size` bytes of `url` (from `offset` when `range`, else the whole object) into a new
-  // memfd, adding the time taken to *ns.
+  // GETs `size` bytes of `url` (from `offset` when `range`, else the whole object) into `into`
+  // (-1: a new memfd), adding the time taken to *ns. *write_errno: why writing `into` failed.
   Result<int> Get(const std::string& url, bool range, uint64_t offset, uint64_t size,
-                  std::atomic<uint64_t>* ns);
+                  std::atomic<uint64_t>* ns, int into = -1, int* write_errno = nullptr);
+  // A whole shard: from the cache when it holds it, else fetched (into the cache when it can
+  // take it, then kept there if it earns the room, else into memory).
+  Result<int> Load(const std::string& url, uint64_t size);
+  // The cache's key of `url` as its HEAD described it (false: no cache, or not HEADed).
+  bool CacheKey(const std::string& url, ShardCache::Key* key) const;
+  // Commits `fd` (from ShardCache::Begin, holding `key`'s bytes) to the cache, ranked by the
+  // future when there is one.
+  void Keep(int fd, const ShardCache::Key& key);
   // Performs `req` with retries; the body goes to `fd` at `fd_offset` (none for HEAD).
   Status Perform(Request* req);
   void FetchLoop();
@@ -128,6 +158,10 @@ class RemoteStore : public RemoteReader {
   bool stop_ = false;
   std::atomic<bool> stopping_{false};  // stop_, for transfers to check without the lock
   std::vector<std::thread> fetchers_;
+  std::unique_ptr<ShardCache> cache_;
+  // url -> its HEAD's size, and its ETag and Last-Modified (the cache's stamp)
+  std::map<std::string, std::pair<uint64_t, std::string>> stamps_;
+  std::shared_ptr<const Future> future_;
   std::mutex handles_mu_;
   std::vector<void*> handles_;  // idle curl easy handles (each keeps its connections open)
 

@@ -31,6 +31,9 @@ struct RemoteConfig {
   // AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN variables, then
   // AWS_SHARED_CREDENTIALS_FILE or ~/.aws/credentials and AWS_PROFILE.
   std::string s3_endpoint, s3_region, s3_credentials_file, s3_profile;
+  // `cache: {dir, max_bytes}`: shards kept on local disk (source/shard_cache.h); empty: none.
+  std::string cache_dir;
+  uint64_t cache_max_bytes = 0;
 };
 
 struct SourceConfig {

@@ -363,6 +363,27 @@ stages:
             std::string::npos);
   EXPECT_NE(error(R"({type: manifest, path: "http://h/m.jsonl"})").find("needs type: webdataset"),
             std::string::npos);
+  // source.cache: a folder (relative to the config) and a size with or without a unit.
+  for (const auto& [size, bytes] : std::vector<std::pair<std::string, uint64_t>>{
+           {"4096", 4096}, {"500G", 500ull << 30}, {"1.5TiB", 3ull << 39}, {"2MB", 2ull << 20}}) {
+    r = parse(R"({type: webdataset, path: "http://h/s.tar", cache: {dir: c, max_bytes: )" + size +
+              "}}");
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_EQ(r->source.fetch.cache_dir, dir_ / "c");
+    EXPECT_EQ(r->source.fetch.cache_max_bytes, bytes) << size;
+  }
+  for (const char* bad : {"0", "-5", "12X", "G", "1.5Q", "many"})
+    EXPECT_NE(error(std::string(R"({type: webdataset, path: "http://h/s.tar", cache: {dir: c, )") +
+                    "max_bytes: " + bad + "}}")
+                  .find("source.cache.max_bytes must be a size in bytes, like 1073741824, 500G"),
+              std::string::npos)
+        << bad;
+  EXPECT_NE(error(R"({type: webdataset, path: "http://h/s.tar", cache: {dir: c}})")
+                .find("source.cache needs a 'dir'"),
+            std::string::npos);
+  EXPECT_NE(error("{type: webdataset, path: shard-0.tar, cache: {dir: c, max_bytes: 1G}}")
+                .find("source.cache applies to http://, https:// and s3:// paths only"),
+            std::string::npos);
   {  // token budgets plan with the full permutation
     Result<PipelineConfig> e =
         ParseConfig(std::string("source: {type: webdataset, path: \"http://h/s-{0..1}.tar\"}") +

@@ -1,0 +1,314 @@
+#include "source/shard_cache.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "base/clock.h"
+#include "base/rng.h"
+#include "source/index_file.h"
+
+namespace mmfeed {
+namespace {
+
+constexpr char kMagic[8] = {'M', 'M', 'F', 'S', 'H', 'R', 'D', '1'};
+constexpr uint64_t kTail = 16;  // the trailer's length, then the magic
+constexpr uint64_t kMostTrailer = 1 << 16;
+constexpr int64_t kAsideNs = 60'000'000'000;
+constexpr const char* kSuffix = ".shard";
+
+// The trailer of a cached file of `file_size` bytes, null when it has none.
+nlohmann::json ReadTrailer(int fd, uint64_t file_size) {
+  char tail[kTail];
+  if (file_size < kTail || !index_file::FullPread(fd, tail, kTail, file_size - kTail) ||
+      std::memcmp(tail + 8, kMagic, 8) != 0)
+    return nullptr;
+  uint64_t n;
+  std::memcpy(&n, tail, 8);
+  if (n > kMostTrailer || n > file_size - kTail) return nullptr;
+  std::string text(n, '\0');
+  if (!index_file::FullPread(fd, text.data(), n, file_size - kTail - n)) return nullptr;
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_object() || !j["url"].is_string() || !j["size"].is_number_unsigned() ||
+      !j["stamp"].is_string() || j["size"].get<uint64_t>() != file_size - kTail - n)
+    return nullptr;
+  return j;
+}
+
+// An exclusive flock on `<dir>/.lock` while alive (re-creating the folder if it was deleted).
+class FolderLock {
+ public:
+  explicit FolderLock(const std::string& dir) {
+    const std::string path = dir + "/.lock";
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd_ < 0 && errno == ENOENT) {
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    }
+    if (fd_ >= 0)
+      while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+      }
+  }
+  ~FolderLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  bool ok() const { return fd_ >= 0; }
+
+ private:
+  int fd_;
+};
+
+struct Cached {
+  std::string name;
+  uint64_t bytes, inode;
+  int64_t mtime_ns;
+  uint64_t rank = 0;
+};
+
+// The cached files in `dir` (names of 16 hex digits and the suffix, regular files).
+std::vector<Cached> List(const std::string& dir) {
+  std::vector<Cached> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() != 16 + std::strlen(kSuffix) || name.compare(16, std::string::npos, kSuffix))
+      continue;
+    struct stat st;
+    if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
+      continue;
+    out.push_back({name, static_cast<uint64_t>(st.st_size), static_cast<uint64_t>(st.st_ino),
+                   st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec});
+  }
+  ::closedir(d);
+  return out;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ShardCache>> ShardCache::Open(const std::string& dir, uint64_t max_bytes) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const int probe = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
+  if (probe < 0)
+    return Status::Io(fmt::format(
+        "source.cache.dir {}: cannot create files there ({}); name a folder on a local file "
+        "system the daemon's user may write",
+        dir, ec ? ec.message() : std::strerror(errno)));
+  ::close(probe);
+  std::unique_ptr<ShardCache> c(new ShardCache(dir, max_bytes));
+  for (const Cached& f : List(dir)) {
+    c->held_bytes_ += f.bytes;
+    ++c->held_files_;
+  }
+  spdlog::info("shard cache {}: {} shards, {:.0f} of {:.0f} MB", dir, c->held_files_,
+               c->held_bytes_ / 1e6, max_bytes / 1e6);
+  return c;
+}
+
+std::string ShardCache::PathOf(const std::string& url) const {
+  return fmt::format("{}/{:016x}{}", dir_, HashString(url), kSuffix);
+}
+
+std::string ShardCache::UrlOf(int fd) const {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return "";
+  const nlohmann::json t = ReadTrailer(fd, static_cast<uint64_t>(st.st_size));
+  return t.is_null() ? "" : t["url"].get<std::string>();
+}
+
+int ShardCache::Find(const Key& key) {
+  const std::string path = PathOf(key.url);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  std::string why;
+  struct stat st {};
+  if (fd < 0) {
+    if (errno == ENOENT || errno == ENOTDIR) {
+      std::lock_guard<std::mutex> l(mu_);
+      ++misses_;
+      return -1;
+    }
+    why = std::strerror(errno);
+  } else if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    why = "not a regular file";
+  } else {
+    const nlohmann::json t = ReadTrailer(fd, static_cast<uint64_t>(st.st_size));
+    if (t.is_null())
+      why = "truncated or damaged (no valid trailer)";
+    else if (t["url"] != key.url)
+      why = fmt::format("holds another URL ({})", t["url"].get<std::string>());
+    else if (t["size"] != key.size || t["stamp"] != key.stamp)
+      why = fmt::format("stale (size {}, stamp '{}'; the store now says size {}, stamp '{}')",
+                        t["size"].get<uint64_t>(), t["stamp"].get<std::string>(), key.size,
+                        key.stamp);
+  }
+  if (why.empty()) {
+    ::futimens(fd, nullptr);  // recently used (the order-less eviction reads mtimes)
+    std::lock_guard<std::mutex> l(mu_);
+    ++hits_;
+    return fd;
+  }
+  if (fd >= 0) ::close(fd);
+  spdlog::warn("shard cache: {} for {}: {}; removed, fetching it again", path, key.url, why);
+  {
+    FolderLock lock(dir_);
+    struct stat now;
+    // Only the file just checked: another daemon may have put a good one there since.
+    if (lock.ok() && ::lstat(path.c_str(), &now) == 0 && (fd < 0 || now.st_ino == st.st_ino))
+      ::unlink(path.c_str());
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  ++misses_;
+  ++damaged_;
+  return -1;
+}
+
+bool ShardCache::Usable() {
+  std::lock_guard<std::mutex> l(mu_);
+  return static_cast<int64_t>(NowNs()) >= aside_until_ns_;
+}
+
+int ShardCache::Begin() {
+  if (!Usable()) return -1;
+  int fd = ::open(dir_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == ENOENT) {  // the folder was deleted: made again
+    std::error_code ec;
+    std::filesystem::create_directories(dir_, ec);
+    fd = ::open(dir_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
+  }
+  if (fd < 0) WriteFailed(errno);
+  return fd;
+}
+
+void ShardCache::WriteFailed(int err) {
+  std::lock_guard<std::mutex> l(mu_);
+  ++write_failures_;
+  const int64_t now = static_cast<int64_t>(NowNs());
+  if (now < aside_until_ns_) return;
+  aside_until_ns_ = now + kAsideNs;
+  spdlog::warn(
+      "shard cache {}: cannot write ({}): fetching shards into memory for the next {} s, then "
+      "trying again",
+      dir_, std::strerror(err), kAsideNs / 1000000000);
+}
+
+void ShardCache::Commit(int fd, const Key& key, const Rank& next, uint64_t self) {
+  const std::string trailer =
+      nlohmann::json{{"url", key.url}, {"size", key.size}, {"stamp", key.stamp}}.dump();
+  std::string tail = trailer;
+  const uint64_t n = trailer.size();
+  tail.append(reinterpret_cast<const char*>(&n), 8).append(kMagic, 8);
+  if (::pwrite(fd, tail.data(), tail.size(), static_cast<off_t>(key.size)) !=
+          static_cast<ssize_t>(tail.size()) ||
+      ::fdatasync(fd) != 0) {
+    WriteFailed(errno);
+    return;
+  }
+  const uint64_t bytes = key.size + tail.size();
+  const std::string path = PathOf(key.url);
+  const std::string name = path.substr(dir_.size() + 1);
+  FolderLock lock(dir_);
+  if (!lock.ok()) {
+    WriteFailed(errno);
+    return;
+  }
+  // The folder's listing is the truth (other daemons write it too); each file ranked by when
+  // its shard is needed next, or, without an order, by how long ago it was used.
+  std::vector<Cached> files = List(dir_);
+  uint64_t total = bytes;
+  std::vector<Cached> others;
+  for (Cached& f : files) {
+    if (f.name == name) continue;  // replaced
+    total += f.bytes;
+    if (next) {
+      std::string url;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        auto it = urls_.find(f.name);
+        if (it != urls_.end() && it->second.first == f.inode) url = it->second.second;
+      }
+      if (url.empty()) {
+        const int rfd = ::openat(AT_FDCWD, (dir_ + "/" + f.name).c_str(),
+                                 O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        if (rfd >= 0) {
+          url = UrlOf(rfd);
+          ::close(rfd);
+        }
+        std::lock_guard<std::mutex> l(mu_);
+        urls_[f.name] = {f.inode, url};
+      }
+      f.rank = url.empty() ? UINT64_MAX : next(url);  // a file without a trailer goes first
+    } else {
+      f.rank = UINT64_MAX - static_cast<uint64_t>(std::max<int64_t>(f.mtime_ns, 0));
+    }
+    others.push_back(f);
+  }
+  // The victims: needed furthest in the future first. A shard needed later than one of them is
+  // not kept instead (MIN); without an order the new shard always stays.
+  std::sort(others.begin(), others.end(),
+            [](const Cached& a, const Cached& b) { return a.rank > b.rank; });
+  size_t victims = 0;
+  uint64_t freed = 0;
+  bool keep = bytes <= max_bytes_;
+  while (keep && total - freed > max_bytes_ && victims < others.size()) {
+    if (next && others[victims].rank < self) keep = false;
+    freed += others[victims++].bytes;
+  }
+  uint64_t held = total - bytes, evicted = 0;
+  if (keep) {
+    for (size_t v = 0; v < victims; ++v) {
+      struct stat st;
+      const std::string p = dir_ + "/" + others[v].name;
+      if (::lstat(p.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_ino) == others[v].inode &&
+          ::unlink(p.c_str()) == 0) {
+        evicted += others[v].bytes;
+        held -= others[v].bytes;
+      }
+    }
+    ::unlink(path.c_str());
+    const std::string proc = fmt::format("/proc/self/fd/{}", fd);
+    if (::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, path.c_str(), AT_SYMLINK_FOLLOW) != 0) {
+      WriteFailed(errno);
+      keep = false;
+    } else {
+      held += bytes;
+    }
+  }
+  struct stat own;
+  const uint64_t inode = ::fstat(fd, &own) == 0 ? static_cast<uint64_t>(own.st_ino) : 0;
+  std::lock_guard<std::mutex> l(mu_);
+  held_bytes_ = held;
+  held_files_ = others.size() + (keep ? 1 : 0) - (keep ? victims : 0);
+  evicted_bytes_ += evicted;
+  evicted_files_ += keep ? victims : 0;
+  if (!keep) ++not_kept_;
+  if (keep) urls_[name] = {inode, key.url};
+}
+
+nlohmann::json ShardCache::Stats() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return {{"dir", dir_},
+          {"hits", hits_},
+          {"misses", misses_},
+          {"bytes", held_bytes_},
+          {"files", held_files_},
+          {"max_bytes", max_bytes_},
+          {"evicted_bytes", evicted_bytes_},
+          {"evicted_files", evicted_files_},
+          {"not_kept", not_kept_},
+          {"damaged", damaged_},
+          {"write_failures", write_failures_}};
+}
+
+}  // namespace mmfeed

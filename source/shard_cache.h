@@ -1,0 +1,87 @@
+// ShardCache: whole remote shards kept in a local folder (`source.cache: {dir, max_bytes}`,
+// docs/remote.md "Disk cache"), so that a shard fetched once is read from disk in later epochs
+// and after restarts, by every daemon of the node that reads the same store.
+//
+// A cached shard is one file, `<dir>/<16 hex digits of a hash of its URL>.shard`: the shard's
+// bytes, then a trailer (JSON {url, size, stamp}, its length, a magic). It is written unnamed
+// (O_TMPFILE), synced, and linked under its name only when whole, so a reader never sees a
+// partial file; on use it is checked against the URL, size and stamp (ETag and Last-Modified)
+// of the HEAD the store made at start: a truncated, damaged or stale file is removed and the
+// shard fetched again, never served.
+//
+// Eviction keeps the folder under max_bytes. With a Rank (the order's future: larger = needed
+// later) it is Belady's MIN: room for a new shard is made by removing the shards needed furthest
+// in the future, and a shard needed later than every one it would displace is not kept.
+// Without one, the least recently used go first (file mtimes; a hit touches its file).
+//
+// Several daemons may share a folder: commits and removals hold an flock on `<dir>/.lock` and
+// take the folder's listing as the truth. A file removed while a reader has it open stays
+// readable through its descriptor. A write that fails (a full disk, the folder deleted) makes
+// the cache step aside for a minute, logged once, and shards are fetched into memory: a full
+// disk slows the job, it never fails it.
+//
+// Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "base/status.h"
+
+namespace mmfeed {
+
+class ShardCache {
+ public:
+  struct Key {
+    std::string url;
+    uint64_t size = 0;
+    std::string stamp;  // what the HEAD said about the object (ETag, Last-Modified)
+  };
+  // When a shard is needed next, larger is later (UINT64_MAX: not in the foreseen order).
+  using Rank = std::function<uint64_t(const std::string& url)>;
+
+  // Creates `dir` when missing; an error names it when it cannot be created or written.
+  static Result<std::unique_ptr<ShardCache>> Open(const std::string& dir, uint64_t max_bytes);
+  ShardCache(const ShardCache&) = delete;
+  ShardCache& operator=(const ShardCache&) = delete;
+
+  // A read-only descriptor of `key`'s cached copy (the shard's bytes from offset 0), or -1 when
+  // there is none (a damaged or stale copy is removed). Counts a hit or a miss.
+  int Find(const Key& key);
+  // An unnamed file in the folder to fetch a shard into, or -1 when the cache steps aside (the
+  // disk was full or the folder unwritable within the last minute).
+  int Begin();
+  // `fd` (from Begin) holds `key`'s bytes: keeps it under its name when its rank earns the room
+  // (see above; `next` ranks the shards, `self` is this shard's own next use after the read it
+  // was fetched for). The descriptor stays the caller's and readable either way.
+  void Commit(int fd, const Key& key, const Rank& next, uint64_t self);
+  // A fetch into a file from Begin failed writing it (errno `err`): the cache steps aside.
+  void WriteFailed(int err);
+
+  // hits, misses, bytes and files held, bytes and files evicted, shards not kept (needed later
+  // than all they would displace), damaged or stale copies removed, write failures.
+  nlohmann::json Stats() const;
+  const std::string& dir() const { return dir_; }
+
+ private:
+  ShardCache(std::string dir, uint64_t max_bytes) : dir_(std::move(dir)), max_bytes_(max_bytes) {}
+  std::string PathOf(const std::string& url) const;
+  // The URL a cached file's trailer names, "" when it has none readable.
+  std::string UrlOf(int fd) const;
+  bool Usable();  // false while stepping aside
+
+  const std::string dir_;
+  const uint64_t max_bytes_;
+  mutable std::mutex mu_;
+  int64_t aside_until_ns_ = 0;
+  std::map<std::string, std::pair<uint64_t, std::string>> urls_;  // name -> (inode, URL) seen
+  uint64_t hits_ = 0, misses_ = 0, held_bytes_ = 0, held_files_ = 0, evicted_bytes_ = 0,
+           evicted_files_ = 0, not_kept_ = 0, damaged_ = 0, write_failures_ = 0;
+};
+
+}  // namespace mmfeed

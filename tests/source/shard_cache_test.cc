@@ -1,0 +1,173 @@
+#include "source/shard_cache.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+
+#include "tests/test_util.h"
+
+namespace mmfeed {
+namespace {
+
+using testing::TempDir;
+
+std::string Bytes(int fd, size_t n) {
+  std::string s(n, '\0');
+  EXPECT_EQ(::pread(fd, s.data(), n, 0), static_cast<ssize_t>(n));
+  return s;
+}
+
+// Fetches `body` for `url` into the cache as the store does: Begin, write, Commit.
+void Put(ShardCache* c, const std::string& url, const std::string& body,
+         const ShardCache::Rank& rank = nullptr, uint64_t self = 0) {
+  const int fd = c->Begin();
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, body.data(), body.size(), 0), static_cast<ssize_t>(body.size()));
+  c->Commit(fd, {url, body.size(), "etag-1|5"}, rank, self);
+  EXPECT_EQ(Bytes(fd, body.size()), body);  // readable whether kept or not
+  ::close(fd);
+}
+
+bool Has(ShardCache* c, const std::string& url, size_t size) {
+  const int fd = c->Find({url, size, "etag-1|5"});
+  if (fd >= 0) ::close(fd);
+  return fd >= 0;
+}
+
+std::vector<std::string> CachedFiles(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().extension() == ".shard") out.push_back(e.path().string());
+  return out;
+}
+
+TEST(ShardCacheTest, KeepsAShardAndServesItToTheNextOpenerOnly) {
+  TempDir tmp;
+  const std::string body(5000, 'x');
+  {
+    auto c = ShardCache::Open(tmp / "cache", 1 << 20);
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    EXPECT_EQ((*c)->Find({"http://h/a.tar", body.size(), "etag-1|5"}), -1);
+    Put(c->get(), "http://h/a.tar", body);
+  }
+  auto c = ShardCache::Open(tmp / "cache", 1 << 20);  // a restart finds it
+  const int fd = (*c)->Find({"http://h/a.tar", body.size(), "etag-1|5"});
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(Bytes(fd, body.size()), body);
+  ::close(fd);
+  const nlohmann::json st = (*c)->Stats();
+  EXPECT_EQ(st["hits"], 1u);
+  EXPECT_EQ(st["files"], 1u);
+  // Another stamp (the object changed), another size, another URL: not served; a stale copy is
+  // removed.
+  EXPECT_FALSE(Has(c->get(), "http://h/b.tar", body.size()));
+  EXPECT_EQ((*c)->Find({"http://h/a.tar", body.size(), "etag-2|6"}), -1);
+  EXPECT_TRUE(CachedFiles(tmp / "cache").empty());
+  EXPECT_EQ((*c)->Stats()["damaged"], 1u);
+}
+
+TEST(ShardCacheTest, ADamagedFileIsRemovedNeverServed) {
+  TempDir tmp;
+  auto c = ShardCache::Open(tmp / "cache", 1 << 20);
+  const std::string body(4096, 'y');
+  for (const char* damage : {"truncate", "zero tail", "extend"}) {
+    Put(c->get(), "http://h/a.tar", body);
+    const std::vector<std::string> files = CachedFiles(tmp / "cache");
+    ASSERT_EQ(files.size(), 1u);
+    const auto size = std::filesystem::file_size(files[0]);
+    if (std::string(damage) == "truncate") std::filesystem::resize_file(files[0], size - 3);
+    if (std::string(damage) == "extend") std::filesystem::resize_file(files[0], size + 1);
+    if (std::string(damage) == "zero tail") {
+      const int fd = ::open(files[0].c_str(), O_WRONLY);
+      ASSERT_EQ(::pwrite(fd, "\0\0\0\0", 4, static_cast<off_t>(size - 4)), 4);
+      ::close(fd);
+    }
+    EXPECT_FALSE(Has(c->get(), "http://h/a.tar", body.size())) << damage;
+    EXPECT_TRUE(CachedFiles(tmp / "cache").empty()) << damage;
+  }
+  // A symlink or a folder planted under a shard's name is not followed or served.
+  Put(c->get(), "http://h/a.tar", body);
+  const std::string name = CachedFiles(tmp / "cache")[0];
+  std::filesystem::remove(name);
+  testing::WriteFile(tmp / "secret", std::string(body.size() + 200, 's'));
+  std::filesystem::create_symlink(tmp / "secret", name);
+  EXPECT_FALSE(Has(c->get(), "http://h/a.tar", body.size()));
+  EXPECT_TRUE(std::filesystem::exists(tmp / "secret"));
+  EXPECT_FALSE(std::filesystem::is_symlink(name));
+}
+
+// Room for two shards: the one needed furthest in the future goes (Belady's MIN), and a shard
+// needed later than both is not kept at all.
+TEST(ShardCacheTest, EvictsTheShardNeededFurthestInTheFuture) {
+  TempDir tmp;
+  const std::string body(1000, 'z');
+  // Each file is the body plus a trailer of under 100 bytes: room for two.
+  auto c = ShardCache::Open(tmp / "cache", 2 * 1100);
+  std::map<std::string, uint64_t> next = {{"u/a", 10}, {"u/b", 30}, {"u/c", 20}, {"u/d", 99}};
+  ShardCache::Rank rank = [&](const std::string& url) { return next.at(url); };
+  Put(c->get(), "u/a", body, rank, next["u/a"]);
+  Put(c->get(), "u/b", body, rank, next["u/b"]);
+  Put(c->get(), "u/c", body, rank, next["u/c"]);  // b (30) is needed last: it goes
+  EXPECT_TRUE(Has(c->get(), "u/a", 1000));
+  EXPECT_FALSE(Has(c->get(), "u/b", 1000));
+  EXPECT_TRUE(Has(c->get(), "u/c", 1000));
+  Put(c->get(), "u/d", body, rank, next["u/d"]);  // needed after a and c: not kept
+  EXPECT_FALSE(Has(c->get(), "u/d", 1000));
+  EXPECT_TRUE(Has(c->get(), "u/a", 1000));
+  EXPECT_TRUE(Has(c->get(), "u/c", 1000));
+  const nlohmann::json st = (*c)->Stats();
+  EXPECT_EQ(st["evicted_files"], 1u);
+  EXPECT_EQ(st["not_kept"], 1u);
+  EXPECT_LE(st["bytes"].get<uint64_t>(), 2200u);
+  // A shard larger than the whole cache is never kept, and evicts nothing.
+  Put(c->get(), "u/e", std::string(3000, 'e'), rank, 0);
+  EXPECT_EQ(CachedFiles(tmp / "cache").size(), 2u);
+}
+
+// Without an order, the least recently used go first; a hit counts as a use.
+TEST(ShardCacheTest, WithoutAnOrderTheLeastRecentlyUsedGoFirst) {
+  TempDir tmp;
+  const std::string body(1000, 'z');
+  auto c = ShardCache::Open(tmp / "cache", 2 * 1100);
+  Put(c->get(), "u/a", body);
+  Put(c->get(), "u/b", body);
+  ::usleep(20000);
+  EXPECT_TRUE(Has(c->get(), "u/a", 1000));  // a used after b
+  Put(c->get(), "u/c", body);
+  EXPECT_TRUE(Has(c->get(), "u/a", 1000));
+  EXPECT_FALSE(Has(c->get(), "u/b", 1000));
+  EXPECT_TRUE(Has(c->get(), "u/c", 1000));
+}
+
+// Two daemons on one folder: each sees the other's shards and keeps the folder under the size
+// between them; a folder deleted while running is made again.
+TEST(ShardCacheTest, TwoCachesShareAFolderAndSurviveItsRemoval) {
+  TempDir tmp;
+  const std::string body(1000, 'q');
+  auto one = ShardCache::Open(tmp / "cache", 2 * 1100);
+  auto two = ShardCache::Open(tmp / "cache", 2 * 1100);
+  Put(one->get(), "u/a", body);
+  EXPECT_TRUE(Has(two->get(), "u/a", 1000));
+  Put(two->get(), "u/b", body);
+  Put(one->get(), "u/c", body);
+  EXPECT_EQ(CachedFiles(tmp / "cache").size(), 2u);
+  std::filesystem::remove_all(tmp / "cache");
+  EXPECT_FALSE(Has(one->get(), "u/c", 1000));
+  Put(one->get(), "u/c", body);
+  EXPECT_TRUE(Has(two->get(), "u/c", 1000));
+}
+
+TEST(ShardCacheTest, AFolderThatCannotBeWrittenIsNamed) {
+  TempDir tmp;
+  testing::WriteFile(tmp / "file", "not a folder");
+  auto c = ShardCache::Open(tmp / "file/cache", 1 << 20);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("source.cache.dir"), std::string::npos);
+  EXPECT_NE(c.status().message().find(tmp / "file/cache"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mmfeed
