@@ -224,39 +224,40 @@ void Pipeline::Dispatch(const std::shared_ptr<const Provisional>& batch, int row
   }
 }
 
-namespace {
-
 // RemoteStore::Future of a source read in shard windows: epoch first + e's reads are
-// reads[e] (a position per shard), a time is e x span + position.
-class WindowFuture : public RemoteStore::Future {
+// reads[e] (a position per shard); a time is epoch x span + position, the same whatever the
+// first epoch foreseen (a store may compare a time taken from an earlier future).
+class Pipeline::WindowFuture : public RemoteStore::Future {
  public:
   WindowFuture(std::shared_ptr<const std::unordered_map<std::string, uint32_t>> ids,
-               std::vector<std::shared_ptr<const std::vector<uint32_t>>> reads, uint64_t span,
-               uint64_t now)
-      : ids_(std::move(ids)), reads_(std::move(reads)), span_(span), now_(now) {}
-  uint64_t ReadTime(const std::string& url) const override { return FirstFrom(url, now_); }
-  uint64_t NextAfter(const std::string& url, uint64_t t) const override {
-    return t == kNever ? kNever : FirstFrom(url, t + 1);
+               std::vector<std::shared_ptr<const std::vector<uint32_t>>> reads, uint32_t first,
+               uint64_t span)
+      : ids_(std::move(ids)), reads_(std::move(reads)), first_(first), span_(span) {}
+  // The time of epoch `epoch`'s read of `shard` (kNever: not read then, or past the horizon).
+  uint64_t Time(uint32_t epoch, uint32_t shard) const {
+    const uint64_t e = epoch - first_;
+    if (epoch < first_ || e >= reads_.size() || (*reads_[e])[shard] == UINT32_MAX) return kNever;
+    return epoch * span_ + (*reads_[e])[shard];
   }
-
- private:
-  uint64_t FirstFrom(const std::string& url, uint64_t t) const {
+  uint64_t NextAfter(const std::string& url, uint64_t t) const override {
     auto it = ids_->find(url);
-    if (it == ids_->end()) return kNever;
-    for (uint64_t e = t / span_; e < reads_.size(); ++e) {
+    if (it == ids_->end() || t == kNever) return kNever;
+    for (uint64_t e = std::max<uint64_t>(first_, t / span_) - first_; e < reads_.size(); ++e) {
       const uint32_t pos = (*reads_[e])[it->second];
-      if (pos != UINT32_MAX && e * span_ + pos >= t) return e * span_ + pos;
+      const uint64_t time = (first_ + e) * span_ + pos;
+      if (pos != UINT32_MAX && time > t) return time;
     }
     return kNever;
   }
+
+ private:
   std::shared_ptr<const std::unordered_map<std::string, uint32_t>> ids_;
   std::vector<std::shared_ptr<const std::vector<uint32_t>>> reads_;
-  uint64_t span_, now_;
+  uint32_t first_;
+  uint64_t span_;
 };
 
-}  // namespace
-
-std::shared_ptr<const RemoteStore::Future> Pipeline::FutureFrom(uint32_t epoch, uint32_t shard) {
+std::shared_ptr<const Pipeline::WindowFuture> Pipeline::FutureFrom(uint32_t epoch) {
   constexpr uint32_t kFutureEpochs = 3;
   const ShardIndex& index = *catalog_->shards;
   const size_t n = index.shard_count();
@@ -280,9 +281,7 @@ std::shared_ptr<const RemoteStore::Future> Pipeline::FutureFrom(uint32_t epoch, 
     reads.push_back(table);
   }
   shard_reads_.erase(shard_reads_.begin(), shard_reads_.lower_bound(epoch));
-  const uint64_t now = reads.empty() ? 0 : (*reads[0])[shard];
-  return std::make_shared<WindowFuture>(shard_ids_, std::move(reads), n + 1,
-                                        now == UINT32_MAX ? 0 : now);
+  return std::make_shared<WindowFuture>(shard_ids_, std::move(reads), epoch, n + 1);
 }
 
 // Remote shards: asks the store for the shards each rank reads from its oldest batch not yet
@@ -294,11 +293,9 @@ void Pipeline::WantShards(const std::vector<StreamCursor>& next, const std::vect
   constexpr int kAhead = 2, kMostWindows = 64;
   const int consumers = cfg_.consumers;
   const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size);
-  std::vector<std::vector<uint32_t>> per_rank(consumers);
+  std::vector<std::vector<std::pair<uint32_t, uint32_t>>> per_rank(consumers);  // (shard, epoch)
   std::vector<uint32_t> key;
-  // The oldest window any rank reads (the store's future starts at its first shard).
-  uint32_t now_epoch = UINT32_MAX, now_shard = 0;
-  size_t now_window = 0;
+  uint32_t oldest_epoch = UINT32_MAX;
   for (int r = 0; r < consumers; ++r) {
     if (done[r]) continue;
     const StreamCursor oldest = CursorAt(std::min(next[r].seq, NextCommit(r)));
@@ -306,35 +303,37 @@ void Pipeline::WantShards(const std::vector<StreamCursor>& next, const std::vect
     const uint64_t a = oldest.batch * bs * consumers + r, b = next[r].batch * bs * consumers + r;
     if (!from.windowed() || a >= from.size()) continue;
     const size_t first = from.WindowOf(a);
-    if (oldest.epoch == next[r].epoch) {
-      const int more = static_cast<int>(std::min<uint64_t>(
+    int more = kMostWindows;
+    if (oldest.epoch == next[r].epoch)
+      more = static_cast<int>(std::min<uint64_t>(
           kMostWindows, to.WindowOf(std::min<uint64_t>(b, to.size() - 1)) - first + kAhead));
-      per_rank[r] = from.WindowShards(a, more);
-    } else {  // the rest of the earlier epoch, then the next one's first windows
-      per_rank[r] = from.WindowShards(a, kMostWindows);
-      if (b < to.size())
-        for (uint32_t shard : to.WindowShards(b, kAhead)) per_rank[r].push_back(shard);
-    }
-    if (!per_rank[r].empty() &&
-        (oldest.epoch < now_epoch || (oldest.epoch == now_epoch && first < now_window))) {
-      now_epoch = oldest.epoch;
-      now_window = first;
-      now_shard = per_rank[r][0];
-    }
+    for (uint32_t shard : from.WindowShards(a, more)) per_rank[r].emplace_back(shard, oldest.epoch);
+    // Across an epoch's end: the rest of the earlier epoch, then the next one's first windows.
+    if (oldest.epoch != next[r].epoch && b < to.size())
+      for (uint32_t shard : to.WindowShards(b, kAhead))
+        per_rank[r].emplace_back(shard, next[r].epoch);
+    oldest_epoch = std::min(oldest_epoch, oldest.epoch);
     key.insert(key.end(), {oldest.epoch, static_cast<uint32_t>(first), next[r].epoch,
                            static_cast<uint32_t>(b < to.size() ? to.WindowOf(b) : UINT32_MAX)});
   }
   if (key == *last) return;
   *last = key;
-  if (now_epoch != UINT32_MAX) catalog_->remote->SetFuture(FutureFrom(now_epoch, now_shard));
+  // Each shard with the time of the read it is wanted for, on the future's clock.
+  std::shared_ptr<const WindowFuture> future;
+  if (oldest_epoch != UINT32_MAX) {
+    future = FutureFrom(oldest_epoch);
+    catalog_->remote->SetFuture(future);
+  }
+  // Round-robin over the ranks, shard by shard: every rank's oldest window comes first.
   std::vector<RemoteStore::Want> want;
   for (size_t k = 0;; ++k) {
     bool any = false;
     for (const auto& shards : per_rank) {
       if (k >= shards.size()) continue;
       any = true;
-      const ShardIndex::ShardSpan s = catalog_->shards->shard(shards[k]);
-      want.push_back({*s.path, s.bytes});
+      const auto [shard, epoch] = shards[k];
+      const ShardIndex::ShardSpan s = catalog_->shards->shard(shard);
+      want.push_back({*s.path, s.bytes, future->Time(epoch, shard)});
     }
     if (!any) break;
   }

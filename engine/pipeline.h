@@ -309,9 +309,10 @@ class Pipeline {
                   std::vector<uint32_t>* last);
   void WantMixShards(const std::vector<StreamCursor>& next, const std::vector<bool>& done,
                      std::vector<uint32_t>* last);
-  // When this node reads each remote shard from epoch `epoch`'s read of shard `shard` on, over
-  // kFutureEpochs epochs (WantShards tells the store, for its eviction).
-  std::shared_ptr<const RemoteStore::Future> FutureFrom(uint32_t epoch, uint32_t shard);
+  // When this node reads each remote shard, from epoch `epoch` on over kFutureEpochs epochs
+  // (WantShards tells the store, for its eviction).
+  class WindowFuture;
+  std::shared_ptr<const WindowFuture> FutureFrom(uint32_t epoch);
   void SourceLoop();
   void Deal(const std::shared_ptr<Provisional>& batch, int rank, const StreamCursor& at,
             uint64_t gen, const EpochPlan* plan);

@@ -441,7 +441,7 @@ bool RemoteStore::CacheKey(const std::string& url, ShardCache::Key* key) const {
   return true;
 }
 
-Result<int> RemoteStore::Load(const std::string& url, uint64_t size) {
+Result<int> RemoteStore::Load(const std::string& url, uint64_t size, uint64_t time) {
   ShardCache::Key key;
   if (!CacheKey(url, &key) || key.size != size) return FetchAll(url, size);
   if (const int fd = cache_->Find(key); fd >= 0) return fd;
@@ -454,24 +454,34 @@ Result<int> RemoteStore::Load(const std::string& url, uint64_t size) {
     cache_->WriteFailed(write_errno);  // a full disk: this shard into memory
     return FetchAll(url, size);
   }
-  Keep(*fd, key);
+  Keep(*fd, key, time);
   return fd;
 }
 
-void RemoteStore::Keep(int fd, const ShardCache::Key& key) {
+void RemoteStore::Keep(int fd, const ShardCache::Key& key, uint64_t time) {
   std::shared_ptr<const Future> future;
+  std::set<std::string> held;  // in memory: their reads within the fetch lead come from there
+  uint64_t lead = 0;
   {
     std::lock_guard<std::mutex> l(mu_);
     future = future_;
+    lead = order_.size();
+    for (const auto& [url, s] : shards_)
+      if (s.state == Shard::State::kReady || s.state == Shard::State::kFetching) held.insert(url);
   }
-  if (!future) {
+  if (!future || time == Future::kNever) {
     cache_->Commit(fd, key, nullptr, 0);
     return;
   }
-  const uint64_t t = future->ReadTime(key.url);
-  cache_->Commit(
-      fd, key, [&](const std::string& u) { return future->NextAfter(u, t); },
-      future->NextAfter(key.url, t));
+  // A shard's next read from disk: a held shard's next read within the lead is served from
+  // memory (it stays held while wanted), so its disk copy is next needed for the read after.
+  auto next = [&](const std::string& url) {
+    const uint64_t n = future->NextAfter(url, time);
+    if (n != Future::kNever && n - time <= lead && held.count(url))
+      return future->NextAfter(url, n);
+    return n;
+  };
+  cache_->Commit(fd, key, next, next(key.url));
 }
 
 void RemoteStore::SetFuture(std::shared_ptr<const Future> future) {
@@ -529,7 +539,7 @@ Status RemoteStore::Stream(const std::string& url, uint64_t size, BodySink* sink
     if (tee.write_errno != 0)
       cache_->WriteFailed(tee.write_errno);
     else if (st.ok())
-      Keep(tee.fd, key);
+      Keep(tee.fd, key, Future::kNever);
     ::close(tee.fd);
   }
   return st;
@@ -610,6 +620,7 @@ void RemoteStore::SetWanted(const std::vector<Want>& shards) {
     order_.push_back(w.url);
     Shard& s = shards_[w.url];
     s.size = w.size;
+    s.read_time = w.time;
   }
   for (auto it = shards_.begin(); it != shards_.end();) {
     Shard& s = it->second;
@@ -635,13 +646,13 @@ void RemoteStore::FetchLoop() {
       // Room is made by dropping the shards no longer wanted: the one read next furthest in the
       // future first, or without a future the least recently read (workers may still read the
       // last window's shards while the source deals the next).
-      const uint64_t now = future_ ? future_->ReadTime(u) : 0;
+      const uint64_t now = it->second.read_time;
       while (held_bytes_ + it->second.size > cfg_.prefetch_bytes) {
         Shard* victim = nullptr;
         uint64_t victim_next = 0;
         for (auto& [vu, v] : shards_) {
           if (v.wanted || v.state != Shard::State::kReady) continue;
-          const uint64_t next = future_ ? future_->NextAfter(vu, now) : 0;
+          const uint64_t next = future_ && now != Future::kNever ? future_->NextAfter(vu, now) : 0;
           if (!victim || next > victim_next ||
               (next == victim_next && v.last_use_ns < victim->last_use_ns))
             victim = &v, victim_next = next;
@@ -661,10 +672,10 @@ void RemoteStore::FetchLoop() {
     }
     Shard& s = shards_[url];
     s.state = Shard::State::kFetching;
-    const uint64_t size = s.size;
+    const uint64_t size = s.size, time = s.read_time;
     held_bytes_ += size;
     l.unlock();
-    Result<int> fd = Load(url, size);
+    Result<int> fd = Load(url, size, time);
     l.lock();
     Shard& done = shards_[url];  // still there: a fetching shard is never erased
     if (fd.ok() && done.wanted) {

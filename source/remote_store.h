@@ -85,21 +85,19 @@ class RemoteStore : public RemoteReader {
   Result<FieldFile> OpenRange(const std::string& url, uint64_t offset, uint64_t size,
                               const std::string& member) override;
 
-  struct Want {
-    std::string url;
-    uint64_t size;
-  };
   // When shards are read, from the pipeline's order: times grow along it. Immutable: a new one
   // is set as the order moves on.
   class Future {
    public:
     static constexpr uint64_t kNever = UINT64_MAX;
     virtual ~Future() = default;
-    // The time of the read `url` is being fetched for: its first at or after the oldest read
-    // not yet done (kNever when it is not read in the order foreseen).
-    virtual uint64_t ReadTime(const std::string& url) const = 0;
-    // Its first read after time t.
+    // The time of `url`'s first read after time t (kNever: none foreseen).
     virtual uint64_t NextAfter(const std::string& url, uint64_t t) const = 0;
+  };
+  struct Want {
+    std::string url;
+    uint64_t size;
+    uint64_t time = Future::kNever;  // of the read it is wanted for, on the future's clock
   };
   void SetFuture(std::shared_ptr<const Future> future);
   // The shards wanted next, most urgent first: those that fit prefetch_bytes are fetched (in
@@ -118,9 +116,10 @@ class RemoteStore : public RemoteReader {
     uint64_t size = 0;
     int fd = -1;  // kReady
     bool wanted = false;
-    std::string reason;        // kFailed
-    int64_t failed_ns = 0;     // kFailed: when
-    uint64_t last_use_ns = 0;  // kReady: when it was last read (or arrived)
+    std::string reason;                   // kFailed
+    int64_t failed_ns = 0;                // kFailed: when
+    uint64_t last_use_ns = 0;             // kReady: when it was last read (or arrived)
+    uint64_t read_time = Future::kNever;  // wanted: of the read it is wanted for
   };
   struct Request;
 
@@ -131,14 +130,14 @@ class RemoteStore : public RemoteReader {
   // (-1: a new memfd), adding the time taken to *ns. *write_errno: why writing `into` failed.
   Result<int> Get(const std::string& url, bool range, uint64_t offset, uint64_t size,
                   std::atomic<uint64_t>* ns, int into = -1, int* write_errno = nullptr);
-  // A whole shard: from the cache when it holds it, else fetched (into the cache when it can
-  // take it, then kept there if it earns the room, else into memory).
-  Result<int> Load(const std::string& url, uint64_t size);
+  // A whole shard for its read at `time`: from the cache when it holds it, else fetched (into the
+  // cache when it can take it, then kept there if it earns the room, else into memory).
+  Result<int> Load(const std::string& url, uint64_t size, uint64_t time);
   // The cache's key of `url` as its HEAD described it (false: no cache, or not HEADed).
   bool CacheKey(const std::string& url, ShardCache::Key* key) const;
-  // Commits `fd` (from ShardCache::Begin, holding `key`'s bytes) to the cache, ranked by the
-  // future when there is one.
-  void Keep(int fd, const ShardCache::Key& key);
+  // Commits `fd` (from ShardCache::Begin, holding `key`'s bytes, read at `time`) to the cache,
+  // ranked by the future when there is one and the time is known.
+  void Keep(int fd, const ShardCache::Key& key, uint64_t time);
   // Performs `req` with retries; the body goes to `fd` at `fd_offset` (none for HEAD).
   Status Perform(Request* req);
   void FetchLoop();

@@ -155,6 +155,7 @@ int ShardCache::Find(const Key& key) {
   }
   if (why.empty()) {
     ::futimens(fd, nullptr);  // recently used (the order-less eviction reads mtimes)
+    spdlog::debug("shard cache: hit {}", key.url);
     std::lock_guard<std::mutex> l(mu_);
     ++hits_;
     return fd;
@@ -265,6 +266,8 @@ void ShardCache::Commit(int fd, const Key& key, const Rank& next, uint64_t self)
     if (next && others[victims].rank < self) keep = false;
     freed += others[victims++].bytes;
   }
+  spdlog::debug("shard cache: {} (next use {}): {}, {} evicted", key.url, self,
+                keep ? "kept" : "not kept", keep ? victims : 0);
   uint64_t held = total - bytes, evicted = 0;
   if (keep) {
     for (size_t v = 0; v < victims; ++v) {
