@@ -87,10 +87,17 @@ std::string FormatWindowReport(const nlohmann::json& r) {
       pressure += fmt::format("{}{} {}", pressure.empty() ? "" : ", ", k,
                               Percent(h["pressure"][k].get<double>()));
   s += fmt::format("pressure (some): {}\n", pressure.empty() ? "not available" : pressure);
-  if (r.contains("storage"))
-    s += fmt::format("object storage: {}/s fetched, workers waited {:.2f} s/s, {:.0f} retries\n",
-                     Megabytes(num(r["storage"], "read_bytes_per_s")),
-                     num(r["storage"], "wait_share"), num(r["storage"], "retries"));
+  if (r.contains("storage")) {
+    const nlohmann::json& st = r["storage"];
+    s += fmt::format("object storage: {}/s fetched, workers waited {:.2f} s/s, {:.0f} retries",
+                     Megabytes(num(st, "read_bytes_per_s")), num(st, "wait_share"),
+                     num(st, "retries"));
+    if (st.contains("cache"))
+      s += fmt::format("; disk cache: {} of shard reads hit, {} of {} held",
+                       Percent(num(st["cache"], "hit_share")), Megabytes(num(st["cache"], "bytes")),
+                       Megabytes(num(st["cache"], "max_bytes")));
+    s += "\n";
+  }
   std::string threads;
   int shown = 0;
   for (const auto& t : h["threads"]) {

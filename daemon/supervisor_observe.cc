@@ -92,6 +92,14 @@ WindowSample Supervisor::SampleWindow() {
     w.storage.bytes = st["bytes"].get<uint64_t>();
     w.storage.retries = st["retries"].get<uint64_t>();
     w.storage.wait_s = st["wait_seconds"].get<double>();
+    w.storage.data_bytes = st["data_bytes"].get<uint64_t>();
+    if (st.contains("cache_hits")) {
+      w.storage.cache = true;
+      w.storage.cache_hits = st["cache_hits"].get<uint64_t>();
+      w.storage.cache_misses = st["cache_misses"].get<uint64_t>();
+      w.storage.cache_bytes = st["cache_bytes"].get<uint64_t>();
+      w.storage.cache_max_bytes = st["cache_max_bytes"].get<uint64_t>();
+    }
   }
   for (int t = 0; t < static_cast<int>(holders_.size()); ++t) {
     const int r = StreamOf(t);
@@ -321,6 +329,31 @@ std::string Supervisor::MetricsText() {
   t.Sample("mmfeed_read_bytes_total", {{"source", "all"}}, static_cast<double>(p.read_bytes));
   t.Sample("mmfeed_read_bytes_total", {{"source", "storage"}},
            static_cast<double>(p.storage_read_bytes));
+  if (const nlohmann::json st = pipeline_->StorageStats(); !st.is_null()) {
+    const auto counter = [&](const char* name, const char* help, double v) {
+      t.Family(name, "counter", help);
+      t.Sample(name, v);
+    };
+    counter("mmfeed_storage_fetched_bytes_total",
+            "Bytes fetched from object storage (whole shards and member reads).",
+            st["bytes"].get<double>());
+    counter("mmfeed_storage_wait_seconds_total",
+            "Seconds worker threads waited for shards from object storage.",
+            st["wait_seconds"].get<double>());
+    if (st.contains("cache_hits")) {
+      counter("mmfeed_shard_cache_hits_total", "Shards read from the disk cache (source.cache).",
+              st["cache_hits"].get<double>());
+      counter("mmfeed_shard_cache_misses_total", "Shards the disk cache did not hold.",
+              st["cache_misses"].get<double>());
+      counter("mmfeed_shard_cache_evicted_bytes_total",
+              "Bytes the disk cache removed to make room (the shards needed furthest ahead).",
+              st["cache_evicted_bytes"].get<double>());
+      t.Family("mmfeed_shard_cache_bytes", "gauge",
+               "Bytes in the disk cache's folder, and its max_bytes.");
+      t.Sample("mmfeed_shard_cache_bytes", {{"of", "held"}}, st["cache_bytes"].get<double>());
+      t.Sample("mmfeed_shard_cache_bytes", {{"of", "max"}}, st["cache_max_bytes"].get<double>());
+    }
+  }
   if (const auto sources = SourceTotals(profile); !sources.empty()) {
     t.Family("mmfeed_source_samples_total", "counter",
              "A mixture's samples committed in batches, by source.");

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "base/units.h"
@@ -233,11 +234,22 @@ nlohmann::json BuildWindowReport(const WindowSample& a, const WindowSample& b) {
   report["stages"] = StageReport(a, b, window_ns, replaced, per_stage);
   report["host"] = HostReport(a, b, window_ns, per_stage, std::move(threads), thread_faults);
   report["consumers"] = ConsumerReport(a, b, window_ns);
-  if (a.storage.remote && b.storage.remote && !replaced)
+  if (a.storage.remote && b.storage.remote && !replaced) {
     report["storage"] = {
         {"read_bytes_per_s", Delta(b.storage.bytes, a.storage.bytes) / window_s},
         {"wait_share", std::max(0.0, b.storage.wait_s - a.storage.wait_s) / window_s},
-        {"retries", Delta(b.storage.retries, a.storage.retries)}};
+        {"retries", Delta(b.storage.retries, a.storage.retries)},
+        {"data_bytes", b.storage.data_bytes}};
+    if (b.storage.cache) {
+      const double hits = Delta(b.storage.cache_hits, a.storage.cache_hits),
+                   misses = Delta(b.storage.cache_misses, a.storage.cache_misses);
+      report["storage"]["cache"] = {{"hits", hits},
+                                    {"misses", misses},
+                                    {"hit_share", hits + misses > 0 ? hits / (hits + misses) : 0},
+                                    {"bytes", b.storage.cache_bytes},
+                                    {"max_bytes", b.storage.cache_max_bytes}};
+    }
+  }
   report["diagnosis"] = Diagnose(report);
   return report;
 }
@@ -316,6 +328,24 @@ nlohmann::json BusyStageVerdict(const nlohmann::json& r, const nlohmann::json* b
     storage_advice =
         "; the shards come from object storage: raise source.fetch_concurrency and "
         "prefetch_bytes, or bring the data nearer (a closer bucket, a local copy)";
+    // Whether a disk cache (more of it) would take storage off the path after the first epoch.
+    const double data = Num(st, "data_bytes");
+    if (!st.contains("cache"))
+      storage_advice += fmt::format(
+          "; a disk cache would read every epoch after the first from local disk: source.cache: "
+          "{{dir: /a/local/disk, max_bytes: {:.0f}M}} holds all {} of shards",
+          std::ceil(data / (1 << 20)), Megabytes(data));
+    else if (Num(st["cache"], "max_bytes") < data)
+      storage_advice += fmt::format(
+          "; the disk cache ({} of it filled, {} hit) is smaller than the data ({}): "
+          "max_bytes: {:.0f}M would read every epoch after the first from disk",
+          Megabytes(Num(st["cache"], "bytes")), Percent(Num(st["cache"], "hit_share")),
+          Megabytes(data), std::ceil(data / (1 << 20)));
+    else
+      storage_advice += fmt::format(
+          "; the disk cache holds all the data ({} hit in this window): once each shard has been "
+          "fetched, storage stops limiting the job",
+          Percent(Num(st["cache"], "hit_share")));
   }
   const std::string name = (*busiest)["name"].get<std::string>();
   const int workers = (*busiest)["workers"].get<int>();

@@ -32,7 +32,10 @@ struct ConsumerSample {
 struct StorageSample {
   bool remote = false;
   uint64_t bytes = 0, retries = 0;
-  double wait_s = 0;  // worker threads' time waiting for shards or member reads
+  double wait_s = 0;        // worker threads' time waiting for shards or member reads
+  uint64_t data_bytes = 0;  // the shards' total size
+  bool cache = false;       // source.cache (source/shard_cache.h)
+  uint64_t cache_hits = 0, cache_misses = 0, cache_bytes = 0, cache_max_bytes = 0;
 };
 
 struct WindowSample {

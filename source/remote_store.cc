@@ -715,6 +715,9 @@ nlohmann::json RemoteStore::Stats() const {
   j["wait_seconds"] = wait_ns_.load() / 1e9;
   std::lock_guard<std::mutex> l(mu_);
   j["held_bytes"] = held_bytes_;
+  uint64_t data = 0;
+  for (const auto& [url, stamp] : stamps_) data += stamp.first;
+  j["data_bytes"] = data;
   j["prefetch_bytes"] = cfg_.prefetch_bytes;
   j["failed_shard_fetches"] = failed_total_;
   j["failed_shards"] = nlohmann::json::array();  // the most recent

@@ -105,8 +105,8 @@ class RemoteStore : public RemoteReader {
   void SetWanted(const std::vector<Want>& shards);
 
   // bytes, shards fetched, range reads, retries, seconds fetching and readers' seconds waiting,
-  // held bytes, failed shard fetches and the latest of them (url, reason); with a cache, its
-  // ShardCache::Stats() prefixed "cache_".
+  // held bytes, the shards' total size (data_bytes), failed shard fetches and the latest of them
+  // (url, reason); with a cache, its ShardCache::Stats() prefixed "cache_".
   nlohmann::json Stats() const;
 
  private:

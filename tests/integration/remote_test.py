@@ -338,6 +338,8 @@ class HttpTest(RemoteCase):
         self.assertIn("waited", dx["evidence"])
         self.assertIn("for object storage", dx["evidence"])
         self.assertIn("fetch_concurrency", dx["advice"])
+        self.assertIn("a disk cache would read every epoch after the first from local disk: source.cache: "
+                      "{dir: /a/local/disk, max_bytes: ", dx["advice"])
         self.assertGreater(report["storage"]["wait_share"], 0.5, json.dumps(report["storage"]))
         self.assertGreater(report["storage"]["read_bytes_per_s"], 100e3, json.dumps(report["storage"]))
 
@@ -495,6 +497,41 @@ class CacheTest(RemoteCase):
         self.assertSameBatches(want, full)
         self.assertIn("cannot write (No space left on device): fetching shards into memory", log)
         self.assertGreaterEqual(len(gets), SHARDS)
+
+    def test_the_profile_and_metrics_say_whether_more_cache_would_help(self):
+        """Storage-bound (1 MB/s a connection) with a cache of two of the six shards: the
+        diagnosis names the cache as smaller than the data and the max_bytes that would hold it;
+        /metrics counts fetches, hits and misses."""
+        import service_test
+        url, state, _ = self.indexed_then(server="    limit_rate 1m;")
+        shard_bytes = (self.data / "shard-000.tar").stat().st_size
+        port = free_port()
+        cfg = self.cached_config(url, cache=f"max_bytes: {shard_bytes * 2 + 600}", epochs=0) + \
+            f'metrics: {{listen: "127.0.0.1:{port}"}}\n'
+        d = Daemon(self.dir, cfg, extra=("--state-dir", str(state)))
+        procs = [d.consume(r, "--batches", "1000000") for r in range(2)]
+        try:
+            time.sleep(1.0)
+            r = d.ctl("profile", "--seconds", "4", "--json")
+            self.assertEqual(r.returncode, 0, r.stderr + d.log())
+            report = json.loads(r.stdout)
+            text = d.ctl("profile", "--seconds", "1").stdout
+            metrics = service_test.samples(service_test.scrape(port)[2])
+        finally:
+            for p in procs:
+                p.kill()
+                p.communicate()
+        dx = report["diagnosis"]
+        self.assertEqual(dx["kind"], "io", json.dumps(report, indent=1))
+        total = sum(p.stat().st_size for p in self.data.glob("shard-*.tar"))
+        self.assertIn(f"is smaller than the data ({total / 1e6:.0f} MB): max_bytes: "
+                      f"{-(-total // (1 << 20))}M would read every epoch after the first from disk", dx["advice"])
+        self.assertEqual(report["storage"]["data_bytes"], total)
+        self.assertIn("disk cache:", text)
+        self.assertGreater(metrics["mmfeed_storage_fetched_bytes_total"], 0)
+        self.assertGreater(metrics["mmfeed_shard_cache_misses_total"], 0)
+        self.assertIn("mmfeed_shard_cache_hits_total", metrics)
+        self.assertEqual(metrics['mmfeed_shard_cache_bytes{of="max"}'], shard_bytes * 2 + 600)
 
     def test_two_daemons_share_one_cache_folder(self):
         n = self.nginx()
