@@ -282,7 +282,8 @@ void ShardCache::Commit(int fd, const Key& key, const Rank& next, uint64_t self)
     ::unlink(path.c_str());
     const std::string proc = fmt::format("/proc/self/fd/{}", fd);
     if (::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, path.c_str(), AT_SYMLINK_FOLLOW) != 0) {
-      WriteFailed(errno);
+      // Something that is not a file sits under the name (a folder): this shard is not kept.
+      if (errno != EEXIST) WriteFailed(errno);
       keep = false;
     } else {
       held += bytes;

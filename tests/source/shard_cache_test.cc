@@ -97,6 +97,13 @@ TEST(ShardCacheTest, ADamagedFileIsRemovedNeverServed) {
   EXPECT_FALSE(Has(c->get(), "http://h/a.tar", body.size()));
   EXPECT_TRUE(std::filesystem::exists(tmp / "secret"));
   EXPECT_FALSE(std::filesystem::is_symlink(name));
+  // A folder under the name: that shard is not kept, and the cache goes on for the others.
+  std::filesystem::create_directory(name);
+  Put(c->get(), "http://h/a.tar", body);
+  EXPECT_FALSE(Has(c->get(), "http://h/a.tar", body.size()));
+  Put(c->get(), "http://h/b.tar", body);
+  EXPECT_TRUE(Has(c->get(), "http://h/b.tar", body.size()));
+  EXPECT_EQ((*c)->Stats()["write_failures"], 0u);
 }
 
 // Room for two shards: the one needed furthest in the future goes (Belady's MIN), and a shard
