@@ -225,63 +225,102 @@ void Pipeline::Dispatch(const std::shared_ptr<const Provisional>& batch, int row
 }
 
 // RemoteStore::Future of a source read in shard windows: epoch first + e's reads are
-// reads[e] (a position per shard); a time is epoch x span + position, the same whatever the
-// first epoch foreseen (a store may compare a time taken from an earlier future).
+// reads[e] (a position per shard: its first read in the epoch's reading order); a time is
+// epoch x span + position, the same whatever the first epoch foreseen (a store may compare a
+// time taken from an earlier future), and the distance between two times counts reads.
 class Pipeline::WindowFuture : public RemoteStore::Future {
  public:
   WindowFuture(std::shared_ptr<const std::unordered_map<std::string, uint32_t>> ids,
-               std::vector<std::shared_ptr<const std::vector<uint32_t>>> reads, uint32_t first,
-               uint64_t span)
+               std::vector<std::shared_ptr<const EpochReads>> reads, uint32_t first, uint64_t span)
       : ids_(std::move(ids)), reads_(std::move(reads)), first_(first), span_(span) {}
   // The time of epoch `epoch`'s read of `shard` (kNever: not read then, or past the horizon).
   uint64_t Time(uint32_t epoch, uint32_t shard) const {
     const uint64_t e = epoch - first_;
-    if (epoch < first_ || e >= reads_.size() || (*reads_[e])[shard] == UINT32_MAX) return kNever;
-    return epoch * span_ + (*reads_[e])[shard];
+    if (epoch < first_ || e >= reads_.size() || reads_[e]->at[shard] == UINT32_MAX) return kNever;
+    return epoch * span_ + reads_[e]->at[shard];
   }
   uint64_t NextAfter(const std::string& url, uint64_t t) const override {
     auto it = ids_->find(url);
     if (it == ids_->end() || t == kNever) return kNever;
     for (uint64_t e = std::max<uint64_t>(first_, t / span_) - first_; e < reads_.size(); ++e) {
-      const uint32_t pos = (*reads_[e])[it->second];
+      const uint32_t pos = reads_[e]->at[it->second];
       const uint64_t time = (first_ + e) * span_ + pos;
       if (pos != UINT32_MAX && time > t) return time;
     }
     return kNever;
   }
+  uint64_t ReadsBetween(uint64_t a, uint64_t b) const override {
+    if (a == kNever || b == kNever || b < a) return kNever;
+    uint64_t n = 0;
+    for (uint64_t e = a / span_; e < b / span_; ++e) {  // to the end of each epoch before b's
+      const uint64_t k = e - first_;
+      n += (e < first_ || k >= reads_.size() ? span_ : reads_[k]->count) -
+           (e == a / span_ ? a % span_ : 0);
+    }
+    return n + b % span_ - (a / span_ == b / span_ ? a % span_ : 0);
+  }
 
  private:
   std::shared_ptr<const std::unordered_map<std::string, uint32_t>> ids_;
-  std::vector<std::shared_ptr<const std::vector<uint32_t>>> reads_;
+  std::vector<std::shared_ptr<const EpochReads>> reads_;
   uint32_t first_;
   uint64_t span_;
 };
 
-std::shared_ptr<const Pipeline::WindowFuture> Pipeline::FutureFrom(uint32_t epoch) {
+std::vector<uint32_t> Pipeline::ReadingOrder(uint32_t epoch, size_t part) const {
+  constexpr int kAll = std::numeric_limits<int>::max();
+  if (!catalog_->mixture) return OrderOf(epoch).WindowShards(0, kAll);
+  // A mixture's source: this node's draws of it in `epoch` are one run (its lanes' first to
+  // last draw), read in its passes' window orders.
+  const Mixture& mix = *catalog_->mixture;
+  const uint32_t src = static_cast<uint32_t>(part);
+  uint64_t lo = UINT64_MAX, hi = 0;
+  for (int r = 0; r < cfg_.consumers; ++r) {
+    const uint32_t lane = static_cast<uint32_t>(cfg_.source.node_rank * cfg_.consumers + r);
+    const uint64_t q = mix.LaneQuota(src, lane);
+    if (q == 0) continue;
+    lo = std::min(lo, mix.DrawOf(epoch, lane, src, 0).draw);
+    hi = std::max(hi, mix.DrawOf(epoch, lane, src, q - 1).draw);
+  }
+  if (lo > hi) return {};
+  return catalog_->parts[part]->PassShards(catalog_->part_sources[part], lo, hi, hi, 0, kAll);
+}
+
+std::shared_ptr<const Pipeline::WindowFuture> Pipeline::FutureFrom(uint32_t epoch, size_t part) {
   constexpr uint32_t kFutureEpochs = 3;
-  const ShardIndex& index = *catalog_->shards;
+  const ShardIndex& index = catalog_->mixture ? *catalog_->parts[part]->shards : *catalog_->shards;
   const size_t n = index.shard_count();
-  if (!shard_ids_) {
+  ReadTables& tables = read_tables_[part];
+  if (!tables.ids) {
     auto ids = std::make_shared<std::unordered_map<std::string, uint32_t>>();
     for (size_t k = 0; k < n; ++k) ids->emplace(*index.shard(k).path, static_cast<uint32_t>(k));
-    shard_ids_ = std::move(ids);
+    tables.ids = std::move(ids);
   }
-  std::vector<std::shared_ptr<const std::vector<uint32_t>>> reads;
+  std::vector<std::shared_ptr<const EpochReads>> reads;
   for (uint32_t e = epoch; e < epoch + kFutureEpochs; ++e) {
     if (cfg_.source.epochs > 0 && e >= static_cast<uint32_t>(cfg_.source.epochs)) break;
-    auto& table = shard_reads_[e];
+    auto& table = tables.reads[e];
     if (!table) {
-      auto t = std::make_shared<std::vector<uint32_t>>(n, UINT32_MAX);
-      const std::vector<uint32_t> order =
-          OrderOf(e).WindowShards(0, std::numeric_limits<int>::max());
+      auto t = std::make_shared<EpochReads>();
+      t->at.assign(n, UINT32_MAX);
+      const std::vector<uint32_t> order = ReadingOrder(e, part);
+      t->count = order.size();
       for (size_t pos = 0; pos < order.size(); ++pos)
-        if ((*t)[order[pos]] == UINT32_MAX) (*t)[order[pos]] = static_cast<uint32_t>(pos);
+        if (t->at[order[pos]] == UINT32_MAX) t->at[order[pos]] = static_cast<uint32_t>(pos);
       table = std::move(t);
     }
     reads.push_back(table);
   }
-  shard_reads_.erase(shard_reads_.begin(), shard_reads_.lower_bound(epoch));
-  return std::make_shared<WindowFuture>(shard_ids_, std::move(reads), epoch, n + 1);
+  tables.reads.erase(tables.reads.begin(), tables.reads.lower_bound(epoch));
+  // Above any position: a node reads each shard of a single source at most once an epoch, a
+  // mixture's source at most once a pass.
+  uint64_t span = n + 1;
+  if (catalog_->mixture)
+    span =
+        n * (catalog_->mixture->dealt()[part] / std::max<size_t>(1, catalog_->parts[part]->size()) +
+             2) +
+        1;
+  return std::make_shared<WindowFuture>(tables.ids, std::move(reads), epoch, span);
 }
 
 // Remote shards: asks the store for the shards each rank reads from its oldest batch not yet
@@ -321,7 +360,7 @@ void Pipeline::WantShards(const std::vector<StreamCursor>& next, const std::vect
   // Each shard with the time of the read it is wanted for, on the future's clock.
   std::shared_ptr<const WindowFuture> future;
   if (oldest_epoch != UINT32_MAX) {
-    future = FutureFrom(oldest_epoch);
+    future = FutureFrom(oldest_epoch, 0);
     catalog_->remote->SetFuture(future);
   }
   // Round-robin over the ranks, shard by shard: every rank's oldest window comes first.
@@ -349,8 +388,11 @@ void Pipeline::WantMixShards(const std::vector<StreamCursor>& next, const std::v
   constexpr int kAhead = 2, kMostWindows = 64;
   const Mixture& mix = *catalog_->mixture;
   const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size), len = mix.per_lane();
-  std::vector<std::vector<std::vector<uint32_t>>> per_part(catalog_->parts.size());
+  // Per part, per rank: (shard, epoch of the read it is wanted for).
+  std::vector<std::vector<std::vector<std::pair<uint32_t, uint32_t>>>> per_part(
+      catalog_->parts.size());
   std::vector<uint32_t> key;
+  uint32_t oldest_epoch = UINT32_MAX;
   for (size_t k = 0; k < catalog_->parts.size(); ++k) {
     const Catalog& part = *catalog_->parts[k];
     if (!part.remote) continue;
@@ -371,31 +413,41 @@ void Pipeline::WantMixShards(const std::vector<StreamCursor>& next, const std::v
                      b = draw_at(next[r].epoch, next[r].batch * bs);
       // Its last draw of the epoch: windows ahead stop at its node's part of the source.
       const uint64_t a_end = draw_at(oldest.epoch, len), b_end = draw_at(next[r].epoch, len);
-      std::vector<uint32_t>& shards = per_part[k].emplace_back();
+      auto& shards = per_part[k].emplace_back();
       if (oldest.epoch == next[r].epoch) {
-        shards = part.PassShards(source, a, b, b_end, kAhead, kMostWindows);
+        for (uint32_t shard : part.PassShards(source, a, b, b_end, kAhead, kMostWindows))
+          shards.emplace_back(shard, oldest.epoch);
       } else {  // the rest of the earlier epoch, then the next one's first windows
-        shards = part.PassShards(source, a, a_end, a_end, 0, kMostWindows);
+        for (uint32_t shard : part.PassShards(source, a, a_end, a_end, 0, kMostWindows))
+          shards.emplace_back(shard, oldest.epoch);
         for (uint32_t shard : part.PassShards(source, b, b, b_end, kAhead, kMostWindows))
-          shards.push_back(shard);
+          shards.emplace_back(shard, next[r].epoch);
       }
-      key.insert(key.end(), shards.begin(), shards.end());
+      oldest_epoch = std::min(oldest_epoch, oldest.epoch);
+      for (const auto& [shard, epoch] : shards) key.insert(key.end(), {shard, epoch});
       key.push_back(UINT32_MAX);
     }
   }
   if (key == *last) return;
   *last = key;
-  // Per store, round-robin over the ranks, shard by shard: every rank's oldest window first.
+  // Per store, round-robin over the ranks, shard by shard: every rank's oldest window first,
+  // each with the time of the read it is wanted for.
   for (size_t k = 0; k < per_part.size(); ++k) {
     if (!catalog_->parts[k]->remote) continue;
+    std::shared_ptr<const WindowFuture> future;
+    if (oldest_epoch != UINT32_MAX) {  // else no rank reads on: nothing is wanted
+      future = FutureFrom(oldest_epoch, k);
+      catalog_->parts[k]->remote->SetFuture(future);
+    }
     std::vector<RemoteStore::Want> want;
     for (size_t i = 0;; ++i) {
       bool any = false;
       for (const auto& shards : per_part[k]) {
         if (i >= shards.size()) continue;
         any = true;
-        const ShardIndex::ShardSpan s = catalog_->parts[k]->shards->shard(shards[i]);
-        want.push_back({*s.path, s.bytes});
+        const auto [shard, epoch] = shards[i];
+        const ShardIndex::ShardSpan s = catalog_->parts[k]->shards->shard(shard);
+        want.push_back({*s.path, s.bytes, future->Time(epoch, shard)});
       }
       if (!any) break;
     }

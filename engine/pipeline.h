@@ -309,10 +309,13 @@ class Pipeline {
                   std::vector<uint32_t>* last);
   void WantMixShards(const std::vector<StreamCursor>& next, const std::vector<bool>& done,
                      std::vector<uint32_t>* last);
-  // When this node reads each remote shard, from epoch `epoch` on over kFutureEpochs epochs
-  // (WantShards tells the store, for its eviction).
+  // When this node reads each remote shard of the source (`part` 0), or of a mixture's source
+  // `part`, from epoch `epoch` on over kFutureEpochs epochs (WantShards and WantMixShards tell
+  // the store, for its eviction).
   class WindowFuture;
-  std::shared_ptr<const WindowFuture> FutureFrom(uint32_t epoch);
+  std::shared_ptr<const WindowFuture> FutureFrom(uint32_t epoch, size_t part);
+  // The shards this node reads in `epoch`, in reading order (with repeats at windows' edges).
+  std::vector<uint32_t> ReadingOrder(uint32_t epoch, size_t part) const;
   void SourceLoop();
   void Deal(const std::shared_ptr<Provisional>& batch, int rank, const StreamCursor& at,
             uint64_t gen, const EpochPlan* plan);
@@ -376,10 +379,17 @@ class Pipeline {
   std::vector<StreamCursor> start_;
   Origin origin_;
   std::unique_ptr<RefillQueue> refills_;
-  // FutureFrom's tables (source thread only): per epoch, each shard's position in this node's
-  // reading order (UINT32_MAX: not read); shard ids by URL.
-  std::map<uint32_t, std::shared_ptr<const std::vector<uint32_t>>> shard_reads_;
-  std::shared_ptr<const std::unordered_map<std::string, uint32_t>> shard_ids_;
+  // FutureFrom's tables per part (source thread only): per epoch, each shard's position in this
+  // node's reading order (UINT32_MAX: not read); shard ids by URL.
+  struct EpochReads {
+    std::vector<uint32_t> at;  // per shard: its first read's position (UINT32_MAX: none)
+    uint64_t count = 0;        // reads in the epoch
+  };
+  struct ReadTables {
+    std::map<uint32_t, std::shared_ptr<const EpochReads>> reads;
+    std::shared_ptr<const std::unordered_map<std::string, uint32_t>> ids;
+  };
+  std::map<size_t, ReadTables> read_tables_;
   std::atomic<int64_t> open_batches_{0};  // dealt and not yet committed or discarded
   // Rewinds, guarded by rewind_mu_: per rank the stream generation, where it restarts, and
   // whether the source and the collator have taken it up yet.

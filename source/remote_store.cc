@@ -477,7 +477,7 @@ void RemoteStore::Keep(int fd, const ShardCache::Key& key, uint64_t time) {
   // memory (it stays held while wanted), so its disk copy is next needed for the read after.
   auto next = [&](const std::string& url) {
     const uint64_t n = future->NextAfter(url, time);
-    if (n != Future::kNever && n - time <= lead && held.count(url))
+    if (n != Future::kNever && future->ReadsBetween(time, n) <= lead && held.count(url))
       return future->NextAfter(url, n);
     return n;
   };

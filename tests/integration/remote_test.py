@@ -467,6 +467,27 @@ class CacheTest(RemoteCase):
         self.assertLessEqual(sum(f.stat().st_size for f in (self.dir / "cache").glob("*.shard")),
                              shard_bytes * 3 + 900)
 
+    def test_a_mixtures_remote_source_evicts_by_its_order_too(self):
+        """The same with the shards as one source of a mixture (3:1 with a local manifest, one
+        node): the store is told the mixture's order, and fetches what MIN would."""
+        url, state, n = self.indexed_then()
+        shard_bytes = (self.data / "shard-000.tar").stat().st_size
+        notes = self.dir / "notes.jsonl"
+        notes.write_text("".join(json.dumps({"id": f"m{i:04d}", "text": f"caption {i:04d}"}) + "\n"
+                                 for i in range(40)))
+        def mix(extra):
+            return (MIX_CONFIG.replace("URL", url).replace("NOTES", str(notes))
+                    .replace("fetch_retries: 5", f"prefetch_bytes: {shard_bytes * 5 // 2}, fetch_concurrency: 1{extra}")
+                    .replace("epochs: 2", "epochs: 3").replace("node_rank: NODE, num_nodes: 2", "node_rank: 0")
+                    .replace("consumers: 2", "consumers: 1"))
+        _, reads, _ = self.run_and_count(url, state, mix(""), "plain", consumers=1)
+        mins, lrus = min_and_lru_misses(reads, 3)
+        room = f", cache: {{dir: {self.dir / 'cache'}, max_bytes: {shard_bytes * 3 + 900}}}"
+        _, gets, _ = self.run_and_count(url, state, mix(room), "half", consumers=1)
+        print(f"\n{self.id()}: reads {len(reads)}, fetched {len(gets)}, MIN {mins}, LRU {lrus}", file=sys.stderr)
+        self.assertLessEqual(len(gets), mins + 1, (reads, gets))
+        self.assertLess(len(gets), lrus, (reads, gets))
+
     def test_a_deleted_folder_and_a_full_disk_slow_the_job_never_fail_it(self):
         url, state, n = self.indexed_then(server="    limit_rate 4m;")
         want, _, _ = self.run_and_count(url, state, self.cached_config(url), "first")
