@@ -47,18 +47,20 @@ struct Work {
   std::exit(1);
 }
 
-// The file opened with its video stream's decoder (one per clip, as the stage opens them).
+// The file opened with its video stream's decoder (one per clip, as the stage opens them;
+// `threads` -1: demuxed only, no decoder).
 struct Input {
   AVFormatContext* fmt = nullptr;
   AVCodecContext* ctx = nullptr;
   int si = -1;
-  explicit Input(const std::string& path, int threads) {
+  Input(const std::string& path, int threads) {
     if (avformat_open_input(&fmt, path.c_str(), nullptr, nullptr) < 0) Fail("cannot open " + path);
     const AVCodec* dec = nullptr;
     si = av_find_best_stream(fmt, AVMEDIA_TYPE_VIDEO, -1, -1, &dec, 0);
     if (si < 0 || !dec) Fail("no video stream in " + path);
     for (unsigned i = 0; i < fmt->nb_streams; ++i)
       if (static_cast<int>(i) != si) fmt->streams[i]->discard = AVDISCARD_ALL;
+    if (threads < 0) return;
     ctx = avcodec_alloc_context3(dec);
     avcodec_parameters_to_context(ctx, fmt->streams[si]->codecpar);
     ctx->thread_count = threads;
@@ -77,7 +79,7 @@ struct Input {
 // index the loader may keep, as the stage's keyframe index cache does; a container's own index
 // may hold decode times, which differ from them with B-frames).
 std::vector<int64_t> KeyframePts(const std::string& path) {
-  Input in(path, 1);
+  Input in(path, -1);
   std::vector<int64_t> keys;
   AVPacket* pkt = av_packet_alloc();
   while (av_read_frame(in.fmt, pkt) >= 0) {
