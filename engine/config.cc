@@ -1,11 +1,13 @@
 #include "engine/config.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -264,6 +266,18 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir, bool 
     if (!c["dir"] || !c["max_bytes"])
       Fail(c, "source.cache needs a 'dir' (a folder on local disk) and 'max_bytes' (like 500G)");
     s.fetch.cache_dir = ResolvePath(base_dir, Str(c["dir"], "source.cache.dir"));
+    // Caught here (and by --check) rather than at the start: the nearest existing folder on
+    // the way must be one the daemon's user may write.
+    std::filesystem::path p = std::filesystem::absolute(s.fetch.cache_dir);
+    std::error_code ec;
+    while (!std::filesystem::exists(p, ec) && p.has_parent_path() && p != p.parent_path())
+      p = p.parent_path();
+    if (!std::filesystem::is_directory(p, ec))
+      Fail(c["dir"],
+           fmt::format("source.cache.dir {}: {} is not a folder", s.fetch.cache_dir, p.string()));
+    if (::access(p.c_str(), W_OK | X_OK) != 0)
+      Fail(c["dir"], fmt::format("source.cache.dir {}: the daemon's user cannot write {} ({})",
+                                 s.fetch.cache_dir, p.string(), std::strerror(errno)));
     s.fetch.cache_max_bytes = ByteSize(c["max_bytes"], "source.cache.max_bytes");
   }
   if (const YAML::Node s3 = n["s3"]) {

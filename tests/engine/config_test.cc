@@ -381,6 +381,15 @@ stages:
   EXPECT_NE(error(R"({type: webdataset, path: "http://h/s.tar", cache: {dir: c}})")
                 .find("source.cache needs a 'dir'"),
             std::string::npos);
+  // A folder that cannot be made is caught with the config's position, before any start.
+  WriteFile(dir_ / "plain-file", "x");
+  EXPECT_NE(error(R"({type: webdataset, path: "http://h/s.tar", cache: {dir: plain-file/c, )"
+                  "max_bytes: 1G}}")
+                .find("p.yaml:1:65: source.cache.dir " + dir_ / "plain-file/c" + ": " +
+                      dir_ / "plain-file" + " is not a folder"),
+            std::string::npos)
+      << error(
+             R"({type: webdataset, path: "http://h/s.tar", cache: {dir: plain-file/c, max_bytes: 1G}})");
   EXPECT_NE(error("{type: webdataset, path: shard-0.tar, cache: {dir: c, max_bytes: 1G}}")
                 .find("source.cache applies to http://, https:// and s3:// paths only"),
             std::string::npos);
