@@ -473,11 +473,12 @@ void RemoteStore::Keep(int fd, const ShardCache::Key& key, uint64_t time) {
     cache_->Commit(fd, key, nullptr, 0);
     return;
   }
-  // A shard's next read from disk: a held shard's next read within the lead is served from
-  // memory (it stays held while wanted), so its disk copy is next needed for the read after.
+  // A shard's next read from disk: a held shard's next read within the lead (the shards wanted
+  // now, this one included) is served from memory (it stays held while wanted), so its disk
+  // copy is next needed for the read after.
   auto next = [&](const std::string& url) {
     const uint64_t n = future->NextAfter(url, time);
-    if (n != Future::kNever && future->ReadsBetween(time, n) <= lead && held.count(url))
+    if (n != Future::kNever && future->ReadsBetween(time, n) < lead && held.count(url))
       return future->NextAfter(url, n);
     return n;
   };

@@ -93,7 +93,7 @@ class RemoteStore : public RemoteReader {
     virtual ~Future() = default;
     // The time of `url`'s first read after time t (kNever: none foreseen).
     virtual uint64_t NextAfter(const std::string& url, uint64_t t) const = 0;
-    // How many shard reads come from time a to time b (kNever when not known).
+    // How many shard reads come after time a up to time b (kNever when not known).
     virtual uint64_t ReadsBetween(uint64_t a, uint64_t b) const = 0;
   };
   struct Want {
