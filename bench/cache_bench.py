@@ -15,48 +15,15 @@ so the runs fetch only to read.
 
 usage: cache_bench.py [--build BUILD] [--out DIR] [--shards 32] [--per-shard 64] [--rate 8m]
 """
-import argparse, json, pathlib, re, shutil, subprocess, sys, time
+import argparse, json, pathlib, shutil, subprocess, sys, time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 import remote_bench  # noqa: E402
-from remote_test import Nginx  # noqa: E402
+from remote_test import Nginx, min_and_lru, shard_gets  # noqa: E402
 
 EPOCHS, RANKS, BATCH = 3, 2, 32
-
-
-def shard_gets(log, since):
-    text = pathlib.Path(log).read_text()[since:]
-    return re.findall(r'"GET /(shard-\d+\.tar) HTTP/[\d.]+" 200 ', text)
-
-
-def offline(accesses, sizes, capacity):
-    """Bytes fetched by MIN (evict the shard needed furthest ahead; do not keep one needed later
-    than all it would displace) and by LRU, each with `capacity` bytes, on `accesses`."""
-    def next_use(i, x):
-        for j in range(i + 1, len(accesses)):
-            if accesses[j] == x:
-                return j
-        return len(accesses) + 1
-    held, fetched = set(), 0
-    for i, x in enumerate(accesses):
-        if x in held:
-            continue
-        fetched += sizes[x]
-        held.add(x)
-        while sum(sizes[y] for y in held) > capacity:
-            held.remove(max(held, key=lambda y: next_use(i, y)))
-    lru, lru_fetched = [], 0
-    for x in accesses:
-        if x in lru:
-            lru.remove(x)
-        else:
-            lru_fetched += sizes[x]
-        lru.append(x)
-        while sum(sizes[y] for y in lru) > capacity:
-            lru.pop(0)
-    return fetched, lru_fetched
 
 
 def run(name, build, work, url, source, batches_per_epoch, log):
@@ -121,11 +88,9 @@ def main():
                                 f"{budget}, cache: {{dir: {work / 'full'}, max_bytes: {total * 2}}}", batches, log)
     finally:
         n.kill()
-    (work / "sequences.json").write_text(json.dumps({"reads": reads, "half": half_gets, "full": full_gets,
-                                                     "sizes": sizes, "half_bytes": half}))
     # Cache files carry a trailer of under 300 bytes: MIN and LRU get the same room per shard.
     room = half - 300 * a.shards
-    min_bytes, lru_bytes = offline(reads, sizes, room)
+    min_bytes, lru_bytes = min_and_lru(reads, room, sizes.get)
     got = sum(sizes[s] for s in half_gets)
     first = sum(sizes[s] for s in dict.fromkeys(reads))  # every shard once: no cache avoids that
     print(f"{a.shards} shards x {a.per_shard} samples ({total / 1e6:.0f} MB, ImageNet-sized photos), nginx "

@@ -179,6 +179,20 @@ class RemoteCase(DaemonCase):
         self.assertEveryEpochOnce(dumps, 2, ids)
         return daemons, dumps
 
+    def profile_under_load(self, d, then=lambda: None):
+        """Two ranks consume without end; after a second, a 4 s `mmfeedctl profile` is taken,
+        then `then()`; returns (the profile's report, what `then` returned)."""
+        procs = [d.consume(r, "--batches", "1000000") for r in range(2)]
+        try:
+            time.sleep(1.0)
+            r = d.ctl("profile", "--seconds", "4", "--json")
+            self.assertEqual(r.returncode, 0, r.stderr + d.log())
+            return json.loads(r.stdout), then()
+        finally:
+            for p in procs:
+                p.kill()
+                p.communicate()
+
     def assertEveryEpochOnce(self, dumps, epochs, ids=None):
         """Per epoch, the ranks' batches hold every sample exactly once (each with its own text)."""
         ids = sorted(ids or self.ids)
@@ -320,16 +334,7 @@ class HttpTest(RemoteCase):
         shard_bytes = (self.data / "shard-000.tar").stat().st_size
         d = Daemon(self.dir, config(url, epochs=0, source=f"fetch_concurrency: 1, prefetch_bytes: {shard_bytes * 2}"),
                    extra=("--state-dir", str(state)))
-        procs = [d.consume(r, "--batches", "1000000") for r in range(2)]
-        try:
-            time.sleep(1.0)
-            r = d.ctl("profile", "--seconds", "4", "--json")
-            self.assertEqual(r.returncode, 0, r.stderr + d.log())
-            report = json.loads(r.stdout)
-        finally:
-            for p in procs:
-                p.kill()
-                p.communicate()
+        report, _ = self.profile_under_load(d)
         dx = report["diagnosis"]
         print(f"\n{self.id()}: {dx['stage']} ({dx['kind']}): {dx['evidence']}", file=sys.stderr)
         # The stages reading the shards wait: the busiest of them is named, with storage as the cause.
@@ -350,30 +355,32 @@ def shard_gets(access_log, since=0):
     return re.findall(r'"GET /(shard-\d+\.tar) HTTP/[\d.]+" 200 ', text)
 
 
-def min_and_lru_misses(accesses, capacity):
-    """Misses of Belady's MIN (with bypass: a shard needed later than all it would displace is
-    not kept) and of LRU over `accesses`, each cache holding `capacity` shards."""
+def min_and_lru(accesses, capacity, size=lambda shard: 1):
+    """What Belady's MIN (with bypass: a shard needed later than all it would displace is not
+    kept) and LRU fetch over `accesses`, each cache holding `capacity` (shards, or what `size`
+    counts): (MIN's, LRU's), summed in `size`."""
     def next_use(i, x):
         for j in range(i + 1, len(accesses)):
             if accesses[j] == x:
                 return j
-        return len(accesses)
+        return len(accesses) + 1
     held, mins = set(), 0
     for i, x in enumerate(accesses):
         if x in held:
             continue
-        mins += 1
+        mins += size(x)
         held.add(x)
-        if len(held) > capacity:
+        while sum(size(y) for y in held) > capacity:
             held.remove(max(held, key=lambda y: next_use(i, y)))
     lru, lrus = [], 0
     for x in accesses:
         if x in lru:
             lru.remove(x)
         else:
-            lrus += 1
+            lrus += size(x)
         lru.append(x)
-        del lru[:-capacity]
+        while sum(size(y) for y in lru) > capacity:
+            lru.pop(0)
     return mins, lrus
 
 
@@ -457,7 +464,7 @@ class CacheTest(RemoteCase):
         uncached = config(url, epochs=3, consumers=1,
                           source=f"prefetch_bytes: {shard_bytes * 5 // 2}, fetch_concurrency: 1")
         _, reads, _ = self.run_and_count(url, state, uncached, "plain", consumers=1)
-        mins, lrus = min_and_lru_misses(reads, 3)
+        mins, lrus = min_and_lru(reads, 3)
         room = f"max_bytes: {shard_bytes * 3 + 3 * 300}"  # three files with their trailers
         _, gets, log = self.run_and_count(url, state, self.cached_config(url, cache=room, consumers=1), "half",
                                           consumers=1)
@@ -481,7 +488,7 @@ class CacheTest(RemoteCase):
                     .replace("epochs: 2", "epochs: 3").replace("node_rank: NODE, num_nodes: 2", "node_rank: 0")
                     .replace("consumers: 2", "consumers: 1"))
         _, reads, _ = self.run_and_count(url, state, mix(""), "plain", consumers=1)
-        mins, lrus = min_and_lru_misses(reads, 3)
+        mins, lrus = min_and_lru(reads, 3)
         room = f", cache: {{dir: {self.dir / 'cache'}, max_bytes: {shard_bytes * 3 + 900}}}"
         _, gets, _ = self.run_and_count(url, state, mix(room), "half", consumers=1)
         print(f"\n{self.id()}: reads {len(reads)}, fetched {len(gets)}, MIN {mins}, LRU {lrus}", file=sys.stderr)
@@ -530,18 +537,8 @@ class CacheTest(RemoteCase):
         cfg = self.cached_config(url, cache=f"max_bytes: {shard_bytes * 2 + 600}", epochs=0) + \
             f'metrics: {{listen: "127.0.0.1:{port}"}}\n'
         d = Daemon(self.dir, cfg, extra=("--state-dir", str(state)))
-        procs = [d.consume(r, "--batches", "1000000") for r in range(2)]
-        try:
-            time.sleep(1.0)
-            r = d.ctl("profile", "--seconds", "4", "--json")
-            self.assertEqual(r.returncode, 0, r.stderr + d.log())
-            report = json.loads(r.stdout)
-            text = d.ctl("profile", "--seconds", "1").stdout
-            metrics = service_test.samples(service_test.scrape(port)[2])
-        finally:
-            for p in procs:
-                p.kill()
-                p.communicate()
+        report, (text, metrics) = self.profile_under_load(d, lambda: (
+            d.ctl("profile", "--seconds", "1").stdout, service_test.samples(service_test.scrape(port)[2])))
         dx = report["diagnosis"]
         self.assertEqual(dx["kind"], "io", json.dumps(report, indent=1))
         total = sum(p.stat().st_size for p in self.data.glob("shard-*.tar"))
