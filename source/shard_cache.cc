@@ -134,12 +134,14 @@ int ShardCache::Find(const Key& key) {
   std::string why;
   struct stat st {};
   if (fd < 0) {
-    if (errno == ENOENT || errno == ENOTDIR) {
+    // Not there, or not openable now (out of descriptors, no permission): a miss that removes
+    // nothing. A symlink planted under the name (ELOOP) is removed below.
+    if (errno != ELOOP) {
       std::lock_guard<std::mutex> l(mu_);
       ++misses_;
       return -1;
     }
-    why = std::strerror(errno);
+    why = "a symbolic link (not followed)";
   } else if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     why = "not a regular file";
   } else {
@@ -228,10 +230,13 @@ void ShardCache::Commit(int fd, const Key& key, const Rank& next, uint64_t self)
   // its shard is needed next, or, without an order, by how long ago it was used.
   std::vector<Cached> files = List(dir_);
   uint64_t total = bytes;
+  size_t listed = 0;
   std::vector<Cached> others;
   for (Cached& f : files) {
     if (f.name == name) continue;  // replaced
     total += f.bytes;
+    ++listed;
+    bool readable = true;
     if (next) {
       std::string url;
       {
@@ -245,15 +250,17 @@ void ShardCache::Commit(int fd, const Key& key, const Rank& next, uint64_t self)
         if (rfd >= 0) {
           url = UrlOf(rfd);
           ::close(rfd);
+          std::lock_guard<std::mutex> l(mu_);
+          urls_[f.name] = {f.inode, url};
         }
-        std::lock_guard<std::mutex> l(mu_);
-        urls_[f.name] = {f.inode, url};
+        readable = rfd >= 0;
       }
       f.rank = url.empty() ? UINT64_MAX : next(url);  // a file without a trailer goes first
     } else {
       f.rank = UINT64_MAX - static_cast<uint64_t>(std::max<int64_t>(f.mtime_ns, 0));
     }
-    others.push_back(f);
+    // One that cannot be opened now (out of descriptors) is never a victim for that.
+    if (readable) others.push_back(f);
   }
   // The victims: needed furthest in the future first. A shard needed later than one of them is
   // not kept instead (MIN); without an order the new shard always stays.
@@ -293,7 +300,7 @@ void ShardCache::Commit(int fd, const Key& key, const Rank& next, uint64_t self)
   const uint64_t inode = ::fstat(fd, &own) == 0 ? static_cast<uint64_t>(own.st_ino) : 0;
   std::lock_guard<std::mutex> l(mu_);
   held_bytes_ = held;
-  held_files_ = others.size() + (keep ? 1 : 0) - (keep ? victims : 0);
+  held_files_ = listed + (keep ? 1 : 0) - (keep ? victims : 0);
   evicted_bytes_ += evicted;
   evicted_files_ += keep ? victims : 0;
   if (!keep) ++not_kept_;

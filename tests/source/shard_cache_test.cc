@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -165,6 +166,27 @@ TEST(ShardCacheTest, TwoCachesShareAFolderAndSurviveItsRemoval) {
   EXPECT_FALSE(Has(one->get(), "u/c", 1000));
   Put(one->get(), "u/c", body);
   EXPECT_TRUE(Has(two->get(), "u/c", 1000));
+}
+
+// Out of descriptors, a cached shard cannot be opened: a miss that removes nothing.
+TEST(ShardCacheTest, OutOfDescriptorsAMissRemovesNothing) {
+  TempDir tmp;
+  auto c = ShardCache::Open(tmp / "cache", 1 << 20);
+  const std::string body(1000, 'f');
+  Put(c->get(), "u/a", body);
+  rlimit old;
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  rlimit low = old;
+  low.rlim_cur = 256;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::vector<int> fds;
+  for (int fd; (fd = ::dup(0)) >= 0;) fds.push_back(fd);
+  const bool found = Has(c->get(), "u/a", 1000);
+  for (int fd : fds) ::close(fd);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);
+  EXPECT_FALSE(found);
+  EXPECT_EQ((*c)->Stats()["damaged"], 0u);
+  EXPECT_TRUE(Has(c->get(), "u/a", 1000)) << "the file is still there";
 }
 
 TEST(ShardCacheTest, AFolderThatCannotBeWrittenIsNamed) {
