@@ -332,7 +332,7 @@ void Pipeline::WantShards(const std::vector<StreamCursor>& next, const std::vect
   constexpr int kAhead = 2, kMostWindows = 64;
   const int consumers = cfg_.consumers;
   const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size);
-  std::vector<std::vector<std::pair<uint32_t, uint32_t>>> per_rank(consumers);  // (shard, epoch)
+  std::vector<RankWants> per_rank(consumers);
   std::vector<uint32_t> key;
   uint32_t oldest_epoch = UINT32_MAX;
   for (int r = 0; r < consumers; ++r) {
@@ -357,26 +357,31 @@ void Pipeline::WantShards(const std::vector<StreamCursor>& next, const std::vect
   }
   if (key == *last) return;
   *last = key;
+  AskStore(catalog_->remote.get(), *catalog_->shards, 0, oldest_epoch, per_rank);
+}
+
+void Pipeline::AskStore(RemoteStore* store, const ShardIndex& index, size_t part,
+                        uint32_t oldest_epoch, const std::vector<RankWants>& per_rank) {
   // Each shard with the time of the read it is wanted for, on the future's clock.
   std::shared_ptr<const WindowFuture> future;
-  if (oldest_epoch != UINT32_MAX) {
-    future = FutureFrom(oldest_epoch, 0);
-    catalog_->remote->SetFuture(future);
+  if (oldest_epoch != UINT32_MAX) {  // else no rank reads on: nothing is wanted
+    future = FutureFrom(oldest_epoch, part);
+    store->SetFuture(future);
   }
   // Round-robin over the ranks, shard by shard: every rank's oldest window comes first.
   std::vector<RemoteStore::Want> want;
   for (size_t k = 0;; ++k) {
     bool any = false;
-    for (const auto& shards : per_rank) {
+    for (const RankWants& shards : per_rank) {
       if (k >= shards.size()) continue;
       any = true;
       const auto [shard, epoch] = shards[k];
-      const ShardIndex::ShardSpan s = catalog_->shards->shard(shard);
+      const ShardIndex::ShardSpan s = index.shard(shard);
       want.push_back({*s.path, s.bytes, future->Time(epoch, shard)});
     }
     if (!any) break;
   }
-  catalog_->remote->SetWanted(want);
+  store->SetWanted(want);
 }
 
 // WantShards for a mixture's remote sources (each read in windows through its own store):
@@ -388,9 +393,7 @@ void Pipeline::WantMixShards(const std::vector<StreamCursor>& next, const std::v
   constexpr int kAhead = 2, kMostWindows = 64;
   const Mixture& mix = *catalog_->mixture;
   const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size), len = mix.per_lane();
-  // Per part, per rank: (shard, epoch of the read it is wanted for).
-  std::vector<std::vector<std::vector<std::pair<uint32_t, uint32_t>>>> per_part(
-      catalog_->parts.size());
+  std::vector<std::vector<RankWants>> per_part(catalog_->parts.size());
   std::vector<uint32_t> key;
   uint32_t oldest_epoch = UINT32_MAX;
   for (size_t k = 0; k < catalog_->parts.size(); ++k) {
@@ -430,29 +433,10 @@ void Pipeline::WantMixShards(const std::vector<StreamCursor>& next, const std::v
   }
   if (key == *last) return;
   *last = key;
-  // Per store, round-robin over the ranks, shard by shard: every rank's oldest window first,
-  // each with the time of the read it is wanted for.
-  for (size_t k = 0; k < per_part.size(); ++k) {
-    if (!catalog_->parts[k]->remote) continue;
-    std::shared_ptr<const WindowFuture> future;
-    if (oldest_epoch != UINT32_MAX) {  // else no rank reads on: nothing is wanted
-      future = FutureFrom(oldest_epoch, k);
-      catalog_->parts[k]->remote->SetFuture(future);
-    }
-    std::vector<RemoteStore::Want> want;
-    for (size_t i = 0;; ++i) {
-      bool any = false;
-      for (const auto& shards : per_part[k]) {
-        if (i >= shards.size()) continue;
-        any = true;
-        const auto [shard, epoch] = shards[i];
-        const ShardIndex::ShardSpan s = catalog_->parts[k]->shards->shard(shard);
-        want.push_back({*s.path, s.bytes, future->Time(epoch, shard)});
-      }
-      if (!any) break;
-    }
-    catalog_->parts[k]->remote->SetWanted(want);
-  }
+  for (size_t k = 0; k < per_part.size(); ++k)
+    if (catalog_->parts[k]->remote)
+      AskStore(catalog_->parts[k]->remote.get(), *catalog_->parts[k]->shards, k, oldest_epoch,
+               per_part[k]);
 }
 
 // Fills in batch `at` of rank `r` (its sink's memory reserved in `pb`) and dispatches its

@@ -212,9 +212,7 @@ void ShardCache::Commit(int fd, const Key& key, const Rank& next, uint64_t self)
   std::string tail = trailer;
   const uint64_t n = trailer.size();
   tail.append(reinterpret_cast<const char*>(&n), 8).append(kMagic, 8);
-  if (::pwrite(fd, tail.data(), tail.size(), static_cast<off_t>(key.size)) !=
-          static_cast<ssize_t>(tail.size()) ||
-      ::fdatasync(fd) != 0) {
+  if (!index_file::FullPwrite(fd, tail.data(), tail.size(), key.size) || ::fdatasync(fd) != 0) {
     WriteFailed(errno);
     return;
   }

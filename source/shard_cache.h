@@ -66,7 +66,6 @@ class ShardCache {
   // hits, misses, bytes and files held, bytes and files evicted, shards not kept (needed later
   // than all they would displace), damaged or stale copies removed, write failures.
   nlohmann::json Stats() const;
-  const std::string& dir() const { return dir_; }
 
  private:
   ShardCache(std::string dir, uint64_t max_bytes) : dir_(std::move(dir)), max_bytes_(max_bytes) {}
