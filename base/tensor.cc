@@ -1,5 +1,8 @@
 #include "base/tensor.h"
 
+#include <algorithm>
+#include <cstring>
+
 namespace mmfeed {
 
 size_t DTypeSize(DType t) {
@@ -64,6 +67,22 @@ size_t TensorSpec::NumBytes() const {
   size_t n = DTypeSize(dtype);
   for (int64_t d : shape) n *= static_cast<size_t>(d);
   return n;
+}
+
+int64_t RaggedRows(const TensorSpec& s, const TensorSpec& from, const uint8_t* counts) {
+  const size_t values = from.NumBytes() / sizeof(int32_t);
+  const size_t width = from.shape.empty() ? 1 : static_cast<size_t>(from.shape.back());
+  int64_t total = 0;
+  for (size_t v = 0; v + width <= values; v += width) {
+    int64_t n = 1;
+    for (size_t k = 0; k < width; ++k) {
+      int32_t c;
+      std::memcpy(&c, counts + (v + k) * sizeof c, sizeof c);
+      n = std::min<int64_t>(n * std::max(c, 0), s.shape[0]);
+    }
+    total = std::min<int64_t>(total + n, s.shape[0]);
+  }
+  return total;
 }
 
 }  // namespace mmfeed

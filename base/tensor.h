@@ -51,4 +51,10 @@ struct TensorSpec {
   size_t NumBytes() const;
 };
 
+// A sample's rows of a ragged tensor: the sum, over its rows_from tensor's last-axis vectors
+// (one for a scalar or a vector), of each vector's product: an image's [t, h, w] grid gives
+// t*h*w patches, several images' [n, 3] grids the sum of theirs, a count the count. Bounded by
+// the tensor's most rows (a stage's bug stays in bounds).
+int64_t RaggedRows(const TensorSpec& s, const TensorSpec& from, const uint8_t* counts);
+
 }  // namespace mmfeed

@@ -26,6 +26,17 @@ std::string FormatProfile(const nlohmann::json& p) {
       line += fmt::format("{}{} {:.4g}", line.empty() ? "" : ", ", k, v.get<double>());
     s += fmt::format("{}: {}\n", st["name"].get<std::string>(), line);
   }
+  for (const auto& st : p["stages"]) {  // a stage's `cache:`
+    if (!st.contains("cache")) continue;
+    const auto& c = st["cache"];
+    s += fmt::format(
+        "{}: cache hits {}, misses {} ({} hit), {} samples in {:.1f} of {:.1f} MiB, {:.1f} MiB "
+        "evicted, {} not kept\n",
+        st["name"].get<std::string>(), c["hits"].get<uint64_t>(), c["misses"].get<uint64_t>(),
+        Percent(c["hit_rate"].get<double>()), c["samples"].get<uint64_t>(),
+        c["bytes"].get<double>() / 1048576, c["max_bytes"].get<double>() / 1048576,
+        c["evicted_bytes"].get<double>() / 1048576, c["not_kept"].get<uint64_t>());
+  }
   if (p.contains("sources")) {  // a mixture: each source's realised share against the plan
     double total = 0;
     for (const auto& src : p["sources"]) total += src["samples"].get<double>();

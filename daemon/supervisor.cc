@@ -81,7 +81,7 @@ int Supervisor::Build(std::string* why) {
   Result<RingPlan> planned = PlanRings(cfg_);
   if (!planned.ok()) return fail(kExitConfig, planned.status().message());
   const RingPlan& plan = *planned;
-  Status fits = CheckMemory(plan);
+  Status fits = CheckMemory(plan, cfg_.CacheBytes());
   if (!fits.ok()) return fail(1, fits.message());
   const shm::SlotLayout& layout = plan.layout;
   ring_bytes_ = plan.total_bytes;
@@ -519,15 +519,19 @@ Result<RingPlan> PlanRings(const PipelineConfig& cfg) {
                   static_cast<uint64_t>(cfg.consumers) * batch.ring_bytes};
 }
 
-Status CheckMemory(const RingPlan& plan) {
+Status CheckMemory(const RingPlan& plan, uint64_t cache_bytes) {
   constexpr uint64_t kMargin = 512ull << 20;  // for the daemon's own heap and the page cache
   const uint64_t avail = AvailableBytes();
-  if (plan.total_bytes + kMargin > avail)
-    return Status::TooLarge(
-        fmt::format("the rings need {:.2f} GiB, {:.2f} GiB available (MemAvailable and the "
-                    "cgroup's memory.max, less a 0.5 GiB margin): lower output.ring_slots, "
-                    "batch_size or consumers",
-                    plan.total_bytes / 1073741824.0, avail / 1073741824.0));
+  if (plan.total_bytes + cache_bytes + kMargin > avail)
+    return Status::TooLarge(fmt::format(
+        "the rings need {:.2f} GiB{}, {:.2f} GiB available (MemAvailable and the cgroup's "
+        "memory.max, less a 0.5 GiB margin): lower output.ring_slots, batch_size or "
+        "consumers{}",
+        plan.total_bytes / 1073741824.0,
+        cache_bytes
+            ? fmt::format(" and the stages' caches up to {:.2f} GiB", cache_bytes / 1073741824.0)
+            : "",
+        avail / 1073741824.0, cache_bytes ? ", or the caches' max_bytes (cache_budget)" : ""));
   return Status::Ok();
 }
 
@@ -577,7 +581,7 @@ Result<std::string> CheckPipeline(const PipelineConfig& cfg) {
   std::vector<std::unique_ptr<UnusedSink>> owned;
   MMFEED_ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> p, BuildOnly(cfg, &owned));
   MMFEED_ASSIGN_OR_RETURN(RingPlan plan, PlanRings(cfg));
-  MMFEED_RETURN_IF_ERROR(CheckMemory(plan));
+  MMFEED_RETURN_IF_ERROR(CheckMemory(plan, cfg.CacheBytes()));
   const PathCheck files = p->CheckSamplePaths(kCheckedSamples);
   MMFEED_RETURN_IF_ERROR(CheckSampleFiles(cfg, files));
   return fmt::format(

@@ -35,9 +35,10 @@ struct RingPlan {
 // The rings of `cfg` (engine/batch_plan.h: what a slot holds), for every consumer rank.
 Result<RingPlan> PlanRings(const PipelineConfig& cfg);
 
-// Refuses rings larger than the memory available (MemAvailable, and the cgroup's memory.max)
+// Refuses rings, and the stages' caches of `cache_bytes` (PipelineConfig::CacheBytes) at
+// their fullest, larger than the memory available (MemAvailable, and the cgroup's memory.max)
 // less a margin: "needs X GiB, Y GiB available".
-Status CheckMemory(const RingPlan& plan);
+Status CheckMemory(const RingPlan& plan, uint64_t cache_bytes = 0);
 
 // What --check (and, as a warning, the start) looks at of the samples' files: this many
 // samples, spread over the catalog.

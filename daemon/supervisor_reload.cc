@@ -1,6 +1,7 @@
 // Supervisor: reloads. A config is checked and its pipeline built on a thread of its own,
 // then takes over at once or at an epoch boundary; ranks move to new rings. See
 // daemon/supervisor_internal.h and docs/threads.md.
+#include "base/malloc_tuning.h"
 #include "daemon/supervisor_internal.h"
 
 namespace mmfeed {
@@ -69,6 +70,10 @@ Result<std::shared_ptr<Supervisor::PreparedReload>> Supervisor::PrepareReload(
     return Status::Unsupported(p->changes.needs_restart + kRestartHint);
   Result<RingPlan> plan = PlanRings(*cfg);
   if (!plan.ok()) return plan.status();
+  if (cfg->CacheBytes() > cfg_.CacheBytes()) {  // the old caches' memory is freed at the switch
+    Status memory = CheckMemory(RingPlan{}, cfg->CacheBytes() - cfg_.CacheBytes());
+    if (!memory.ok()) return memory.WithContext("the stages' caches grow");
+  }
   p->plan = std::move(plan.value());
   p->sinks = pipeline_sinks_;
   // Batches larger than the slots, or another number of ranks: every rank moves to a new
@@ -322,7 +327,11 @@ void Supervisor::CompleteReload() {
   spdlog::info("the reloaded pipeline took over: ranks at batch{}", at);
   config_hash_ = HashFile(p->cfg.file);
   Retire(pipeline_->Profile());
-  pipeline_ = std::move(p->pipeline);
+  // The old pipeline's stage caches are freed with it, and given back to the system.
+  if (cfg_.CacheBytes() > 0)
+    FreeAndGiveBack([&] { pipeline_ = std::move(p->pipeline); });
+  else
+    pipeline_ = std::move(p->pipeline);
   ++pipeline_id_;
   cfg_ = std::move(p->cfg);
 }

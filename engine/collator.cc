@@ -336,26 +336,6 @@ TensorSpec CommittedTensor(const TensorSpec& s, const BatchInfo& info, size_t k)
   return t;
 }
 
-// A sample's rows of a ragged tensor: the sum, over its rows_from tensor's last-axis vectors
-// (one for a scalar or a vector), of each vector's product: an image's [t, h, w] grid gives
-// t*h*w patches, several images' [n, 3] grids the sum of theirs, a count the count. Bounded by
-// the tensor's most rows (a stage's bug stays in bounds).
-static int64_t RaggedRows(const TensorSpec& s, const TensorSpec& from, const uint8_t* counts) {
-  const size_t values = from.NumBytes() / sizeof(int32_t);
-  const size_t width = from.shape.empty() ? 1 : static_cast<size_t>(from.shape.back());
-  int64_t total = 0;
-  for (size_t v = 0; v + width <= values; v += width) {
-    int64_t n = 1;
-    for (size_t k = 0; k < width; ++k) {
-      int32_t c;
-      std::memcpy(&c, counts + (v + k) * sizeof c, sizeof c);
-      n = std::min<int64_t>(n * std::max(c, 0), s.shape[0]);
-    }
-    total = std::min<int64_t>(total + n, s.shape[0]);
-  }
-  return total;
-}
-
 // Each row of a ragged tensor was written at row * (its most rows); the rows it used move down
 // to follow the previous row's (towards lower addresses: memmove is safe). Every count is
 // taken before anything moves: one ragged tensor may count another's rows (images' grids).

@@ -399,8 +399,9 @@ void ParseStageParams(StageConfig* sc, const YAML::Node& stage_node, const std::
 }
 
 StageConfig ParseStage(const YAML::Node& n, const std::string& base_dir) {
-  CheckKeys(n, "a stage",
-            {"name", "type", "field", "inputs", "workers", "queue", "params", "placement"});
+  CheckKeys(
+      n, "a stage",
+      {"name", "type", "field", "inputs", "workers", "queue", "params", "placement", "cache"});
   StageConfig sc;
   sc.mark = ToMark(n.Mark());
   if (!n["name"]) Fail(n, "stage needs a 'name'");
@@ -442,7 +443,50 @@ StageConfig ParseStage(const YAML::Node& n, const std::string& base_dir) {
   if (n["queue"]) sc.queue = static_cast<int>(IntAtLeast(n["queue"], "queue", 1));
   if (n["placement"]) sc.placement = ParsePlacement(n["placement"], "placement");
   ParseStageParams(&sc, n, base_dir);
+  if (const YAML::Node& c = n["cache"]) {
+    if (!c.IsMap()) Fail(c, "cache must be a mapping {max_bytes}, e.g. cache: {max_bytes: 16G}");
+    CheckKeys(c, "cache", {"max_bytes"});
+    if (sc.schema->kind == StageKind::kBatch)
+      Fail(c, "a batch stage keeps no per-sample outputs: put 'cache' on the stages it joins");
+    if (sc.stage) {
+      const std::string why = sc.stage->WhyNotCacheable();
+      if (!why.empty())
+        Fail(c, fmt::format("stage '{}' ({}) cannot be cached: {}", sc.name, sc.type, why));
+    }
+    sc.cache = true;
+    sc.cache_mark = ToMark(c.Mark());
+    if (c["max_bytes"]) sc.cache_max_bytes = ByteSize(c["max_bytes"], "cache.max_bytes");
+  }
   return sc;
+}
+
+// cache_budget: the stages with `cache: {}` share what those with their own max_bytes leave.
+void ShareCacheBudget(const YAML::Node& root, const YAML::Node& stages, PipelineConfig* cfg) {
+  const YAML::Node& b = root["cache_budget"];
+  if (b) cfg->cache_budget = ByteSize(b, "cache_budget");
+  uint64_t fixed = 0;
+  int shares = 0;
+  for (size_t i = 0; i < cfg->stages.size(); ++i) {
+    const StageConfig& s = cfg->stages[i];
+    if (!s.cache) continue;
+    if (s.cache_max_bytes == 0 && !b)
+      Fail(stages[i]["cache"],
+           fmt::format("stage '{}': cache needs max_bytes (cache: {{max_bytes: 4G}}) or a "
+                       "top-level cache_budget to share",
+                       s.name));
+    fixed += s.cache_max_bytes;
+    shares += s.cache_max_bytes == 0;
+  }
+  if (!b) return;
+  if (fixed == 0 && shares == 0)
+    Fail(b, "cache_budget is shared by the stages with 'cache:', and there is none");
+  if (fixed > cfg->cache_budget || (shares > 0 && fixed == cfg->cache_budget))
+    Fail(b, fmt::format("cache_budget {} is less than the stages' own cache max_bytes ({}){}",
+                        cfg->cache_budget, fixed,
+                        shares ? " with room left for the stages with cache: {}" : ""));
+  for (StageConfig& s : cfg->stages)
+    if (s.cache && s.cache_max_bytes == 0)
+      s.cache_max_bytes = (cfg->cache_budget - fixed) / static_cast<uint64_t>(shares);
 }
 
 // Checks names, inputs and cycles over the whole graph.
@@ -695,7 +739,7 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
   CheckKeys(root, "the pipeline config",
             {"pipeline", "source", "sources", "mix", "consumers", "replicas", "stages", "output",
              "on_error", "placement", "data_roots", "metrics", "sample_timeout_s", "faults",
-             "cpu_budget"});
+             "cpu_budget", "cache_budget"});
   if (root["pipeline"]) cfg.name = Str(root["pipeline"], "pipeline");
   if (root["source"] && root["sources"])
     Fail(root["sources"], "give either 'source' (one) or 'sources' (a mixture), not both");
@@ -805,6 +849,7 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
                           "the {} stage(s) with workers: auto",
                           cfg.cpu_budget, fixed, autos));
   }
+  ShareCacheBudget(root, stages, &cfg);
   if (const YAML::Node& f = root["faults"]) ParseFaults(f, &cfg);
   return cfg;
 }

@@ -33,6 +33,12 @@ struct StageConfig {
   bool workers_auto = false;
   int queue = 0;  // mailbox capacity; 0 = default (4 x workers, at least 8)
   Placement placement;
+  // `cache: {max_bytes: 16G}`: keep the stage's outputs per sample in memory (SampleCache,
+  // docs/cache.md). `cache: {}` under a top-level cache_budget takes an equal share of what the
+  // stages with their own max_bytes leave. 0: no cache.
+  bool cache = false;
+  uint64_t cache_max_bytes = 0;
+  ConfigMark cache_mark;
   const StageSchema* schema = nullptr;
   std::shared_ptr<Stage> stage;  // built by the factory during validation
   Params params;
@@ -112,6 +118,15 @@ struct PipelineConfig {
   // 0: the CPUs of the top-level placement.
   int cpu_budget = 0;
   ConfigMark cpu_budget_mark;
+  // `cache_budget: 32G`: the stages' caches together (shared out at parse: each stage's
+  // cache_max_bytes is set). 0: none.
+  uint64_t cache_budget = 0;
+  // The stages' caches together, counted in the memory check at start.
+  uint64_t CacheBytes() const {
+    uint64_t sum = 0;
+    for (const StageConfig& s : stages) sum += s.cache_max_bytes;
+    return sum;
+  }
 };
 
 // Refuses a config with `faults:` unless `allowed` (mmfeedd --allow-faults), naming where.

@@ -24,6 +24,8 @@ std::string StageDifference(const StageConfig& a, const StageConfig& b) {
   if (a.params.Canonical() != b.params.Canonical()) what.push_back("params");
   if (a.queue != b.queue) what.push_back(fmt::format("queue {} -> {}", a.queue, b.queue));
   if (PlacementText(a.placement) != PlacementText(b.placement)) what.push_back("placement");
+  if (a.cache_max_bytes != b.cache_max_bytes)
+    what.push_back(fmt::format("cache {} -> {} bytes", a.cache_max_bytes, b.cache_max_bytes));
   return fmt::format("{}", fmt::join(what, ", "));
 }
 
@@ -130,6 +132,7 @@ ConfigChanges DiffConfigs(const PipelineConfig& a, const PipelineConfig& b) {
   setting("metrics.listen", a.metrics_listen != b.metrics_listen);
   setting("sample_timeout_s", a.sample_timeout_s != b.sample_timeout_s);
   setting("cpu_budget", a.cpu_budget != b.cpu_budget);
+  setting("cache_budget", a.cache_budget != b.cache_budget);
   setting("faults", a.faults.stage != b.faults.stage ||
                         a.faults.read_delay_ms != b.faults.read_delay_ms ||
                         a.faults.leak_bytes_per_item != b.faults.leak_bytes_per_item);

@@ -18,6 +18,14 @@ json Object(json properties, json required = json::array()) {
   return o;
 }
 
+// A size: bytes, or a number with a binary unit (engine/config.cc's ByteSize).
+json ByteSizeSchema(const std::string& doc) {
+  return {{"description", doc + ": bytes, or with a unit (500G, 1.5TiB)"},
+          {"anyOf",
+           {{{"type", "integer"}, {"minimum", 1}},
+            {{"type", "string"}, {"pattern", "^[0-9]+(\\.[0-9]+)?([KMGT](i?B)?)?$"}}}}};
+}
+
 json Int(const char* doc, int64_t minimum) {
   return {{"type", "integer"}, {"minimum", minimum}, {"description", doc}};
 }
@@ -116,11 +124,7 @@ json SourceSchema() {
        {"max_shard_bytes", Int("remote: a larger shard is refused", 1)},
        {"cache",
         Object({{"dir", {{"type", "string"}, {"description", "remote: a folder on local disk"}}},
-                {"max_bytes",
-                 {{"description", "its size: bytes, or with a unit (500G, 1.5TiB)"},
-                  {"anyOf",
-                   {{{"type", "integer"}, {"minimum", 1}},
-                    {{"type", "string"}, {"pattern", "^[0-9]+(\\.[0-9]+)?([KMGT](i?B)?)?$"}}}}}}})},
+                {"max_bytes", ByteSizeSchema("its size")}})},
        {"s3", Object({{"endpoint", {{"type", "string"}}},
                       {"region", {{"type", "string"}}},
                       {"credentials_file", {{"type", "string"}}},
@@ -197,6 +201,7 @@ json StageSchemaJson() {
         {{"oneOf", {{{"type", "integer"}, {"minimum", 1}, {"maximum", 4096}}, {{"const", "auto"}}}},
          {"description", "worker threads, or auto (moved within cpu_budget while running)"}}},
        {"queue", Int("mailbox capacity; default 4 x workers, at least 8", 1)},
+       {"cache", Object({{"max_bytes", ByteSizeSchema("the most memory its kept outputs take")}})},
        {"params", {{"type", "object"}}},
        {"placement", PlacementSchema()}},
       {"name", "type"});
@@ -249,7 +254,8 @@ json ConfigSchema() {
                           {"read_delay_ms", Int("injected delay before each open", 0)},
                           {"leak_bytes_per_item", Int("injected memory kept per item", 0)}},
                          {"stage"})},
-       {"cpu_budget", {{"type", "integer"}, {"minimum", 1}, {"maximum", 4096}}}},
+       {"cpu_budget", {{"type", "integer"}, {"minimum", 1}, {"maximum", 4096}}},
+       {"cache_budget", ByteSizeSchema("the stages' caches together; cache: {} takes a share")}},
       {"stages"});
   schema["oneOf"] = {{{"required", {"source"}}}, {{"required", {"sources"}}}};
   schema["$schema"] = "https://json-schema.org/draft/2020-12/schema";

@@ -680,6 +680,8 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
     } else if (zero_rows) {
       for (size_t k = 0; k < b->specs.size(); ++k)
         std::memset(item->out[k], 0, b->specs[k].NumBytes());
+    } else if (b->cache && FromCache(b, item.get())) {
+      // the stage's outputs for this sample, made in an earlier epoch
     } else {
       // A sample that outlives sample_timeout_s is given up, whatever the stage made of it.
       auto process = [&]() -> Status {
@@ -710,6 +712,7 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
       }
       if (item->status.code() == Status::Code::kResourceExhausted)
         Fail(item->status.WithContext("out of resources, not a bad sample"));
+      if (b->cache && item->status.ok()) ToCache(b, *item);
     }
     if (b->leak_bytes_per_item > 0) {  // touched, so that it is resident
       auto kept = std::make_unique_for_overwrite<char[]>(b->leak_bytes_per_item);
@@ -737,6 +740,44 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
   }
   if (live_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1)
     join_->Close();  // the last worker of all
+}
+
+// A cached sample is its outputs' byte counts (uint64 each), then those bytes one after another.
+bool Pipeline::FromCache(Branch* b, WorkItem* item) {
+  std::shared_ptr<const std::string> kept = b->cache->Find(item->entry, item->batch->epoch);
+  if (!kept) return false;
+  const size_t n = b->specs.size();
+  size_t at = n * sizeof(uint64_t);
+  for (size_t k = 0; k < n; ++k) {
+    uint64_t used;
+    std::memcpy(&used, kept->data() + k * sizeof used, sizeof used);
+    std::memcpy(item->out[k], kept->data() + at, used);
+    at += used;
+  }
+  return true;
+}
+
+void Pipeline::ToCache(Branch* b, const WorkItem& item) {
+  const size_t n = b->specs.size();
+  std::array<uint64_t, kMaxOutputs> used{};
+  uint64_t total = n * sizeof(uint64_t);
+  for (size_t k = 0; k < n; ++k) {
+    const TensorSpec& s = b->specs[k];
+    used[k] = s.NumBytes();
+    const int from = b->cache_rows_from[k];
+    if (from >= 0 && !s.shape.empty() && s.shape[0] > 0)
+      used[k] = static_cast<uint64_t>(RaggedRows(s, b->specs[from], item.out[from])) *
+                (used[k] / static_cast<uint64_t>(s.shape[0]));
+    total += used[k];
+  }
+  std::string bytes(total, '\0');
+  std::memcpy(bytes.data(), used.data(), n * sizeof(uint64_t));
+  size_t at = n * sizeof(uint64_t);
+  for (size_t k = 0; k < n; ++k) {
+    std::memcpy(bytes.data() + at, item.out[k], used[k]);
+    at += used[k];
+  }
+  b->cache->Offer(item.entry, item.batch->epoch, std::move(bytes));
 }
 
 // The stages a sample's readers read have all finished it: the readers run on it, or, when one
@@ -789,10 +830,24 @@ std::vector<StageInfo> Pipeline::StageInfos() const {
   infos.push_back({"source", cfg_.source.type, 1, 0, &source_counters_,
                    catalog_->remote_reader() ? StorageMetrics(StorageStats())
                                              : std::vector<std::pair<std::string, double>>{}});
-  for (const auto& b : branches_)
+  for (const auto& b : branches_) {
     infos.push_back({b->cfg->name, b->cfg->type, b->active.load(), b->inbox.capacity(),
                      &b->counters, b->cfg->stage->Metrics(), b->inbox.SizeApprox(), b->threads,
                      b->cfg->workers_auto});
+    if (b->cache) {
+      const SampleCache::Stats c = b->cache->stats();
+      infos.back().cache = {
+          {"hits", c.hits},
+          {"misses", c.misses},
+          {"hit_rate", c.hits + c.misses ? static_cast<double>(c.hits) / (c.hits + c.misses) : 0.0},
+          {"bytes", c.bytes},
+          {"max_bytes", c.max_bytes},
+          {"fill", c.max_bytes ? static_cast<double>(c.bytes) / c.max_bytes : 0.0},
+          {"samples", c.samples},
+          {"evicted_bytes", c.evicted_bytes},
+          {"not_kept", c.not_kept}};
+    }
+  }
   infos.push_back({cfg_.stages[cfg_.batch_stage].name,
                    "batch",
                    1,

@@ -329,6 +329,10 @@ class Pipeline {
   void Dispatch(const std::shared_ptr<const Provisional>& batch, int row, uint32_t entry,
                 bool refill);
   void WorkerLoop(Branch* b, int worker);
+  // A cached stage (`cache:`): copies the sample's kept outputs into its row (false: a miss);
+  // offers the outputs the stage just made (a ragged output's rows only).
+  static bool FromCache(Branch* b, WorkItem* item);
+  static void ToCache(Branch* b, const WorkItem& item);
   void BatchLoop();
   void Fail(const Status& st);
   void SampleFailed(const CatalogEntry& e, const std::string& stage, const Status& st);
@@ -353,6 +357,15 @@ class Pipeline {
   uint64_t PerRankFrom(uint64_t base, const Mixture* numbering) const;
   // Epoch `epoch`'s order of this node (from the origin's base in the origin epoch).
   EpochOrder OrderOf(uint32_t epoch) const;
+  // For the stages' caches (SampleCache::NextUse): when this node reads catalog entry `entry`
+  // next after epoch `after`, over kFutureEpochs epochs: epoch << 32 | its position. A
+  // permutation order is inverted per entry (EpochOrder::PositionOf); a window or mixture order
+  // is walked once per epoch into a table (4 bytes per catalog entry).
+  uint64_t NextUse(uint32_t entry, uint32_t after) const;
+  struct EpochInverse;
+  std::shared_ptr<const EpochInverse> InverseOf(uint32_t epoch) const;
+  // Makes the stages' caches (`cache:`), once their reads are linked.
+  Status MakeCaches();
   // What numbers a base's positions (Origin::base, lanes): a mixture's catalog Mixture dealt to
   // `lanes`; null without a mixture or a base.
   Result<std::shared_ptr<const Mixture>> NumberingOf(uint64_t base, uint32_t lanes) const;
@@ -396,6 +409,8 @@ class Pipeline {
     std::shared_ptr<const std::unordered_map<std::string, uint32_t>> ids;
   };
   std::map<size_t, ReadTables> read_tables_;
+  mutable std::mutex inverse_mu_;  // InverseOf's, the last few epochs
+  mutable std::map<uint32_t, std::shared_ptr<const EpochInverse>> inverses_;
   std::atomic<int64_t> open_batches_{0};  // dealt and not yet committed or discarded
   // Rewinds, guarded by rewind_mu_: per rank the stream generation, where it restarts, and
   // whether the source and the collator have taken it up yet.

@@ -43,6 +43,7 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& cfg,
   MMFEED_ASSIGN_OR_RETURN(BatchPlan plan, PlanBatch(p->cfg_));
   p->plan_ = std::move(plan);
   MMFEED_RETURN_IF_ERROR(p->LinkReaders());
+  MMFEED_RETURN_IF_ERROR(p->MakeCaches());
   MMFEED_RETURN_IF_ERROR(p->ApplyPolicies());
   MMFEED_RETURN_IF_ERROR(p->LoadSource(needed, path_fields));
   p->rewinds_.resize(cfg.consumers);
@@ -356,6 +357,75 @@ uint64_t Pipeline::PerRankFrom(uint64_t base, const Mixture* numbering) const {
 EpochOrder Pipeline::OrderOf(uint32_t epoch) const {
   return EpochOrder(*catalog_, cfg_.source, epoch, cfg_.consumers, BaseOf(epoch),
                     BaseOf(epoch) ? numbering_.get() : nullptr);
+}
+
+struct Pipeline::EpochInverse {
+  explicit EpochInverse(EpochOrder o) : order(std::move(o)) {}
+  EpochOrder order;
+  std::vector<uint32_t> at;  // not invertible(): per entry its first position (UINT32_MAX: none)
+  uint64_t PositionOf(uint32_t entry) const {
+    if (order.invertible()) return order.PositionOf(entry);
+    return entry < at.size() && at[entry] != UINT32_MAX ? at[entry] : EpochOrder::kNowhere;
+  }
+};
+
+std::shared_ptr<const Pipeline::EpochInverse> Pipeline::InverseOf(uint32_t epoch) const {
+  {
+    std::lock_guard<std::mutex> lock(inverse_mu_);
+    auto it = inverses_.find(epoch);
+    if (it != inverses_.end()) return it->second;
+  }
+  auto inv = std::make_shared<EpochInverse>(OrderOf(epoch));
+  if (!inv->order.invertible()) {
+    inv->at.assign(catalog_->size(), UINT32_MAX);
+    for (size_t i = inv->order.size(); i-- > 0;) inv->at[inv->order[i]] = static_cast<uint32_t>(i);
+  }
+  std::lock_guard<std::mutex> lock(inverse_mu_);
+  auto& kept = inverses_[epoch];
+  if (!kept) kept = std::move(inv);
+  while (inverses_.size() > 8) inverses_.erase(inverses_.begin());  // the oldest epochs
+  return kept;
+}
+
+uint64_t Pipeline::NextUse(uint32_t entry, uint32_t after) const {
+  constexpr uint32_t kFutureEpochs = 3;
+  for (uint32_t e = after + 1; e <= after + kFutureEpochs; ++e) {
+    if (cfg_.source.epochs > 0 && e >= static_cast<uint32_t>(cfg_.source.epochs)) break;
+    const uint64_t pos = InverseOf(e)->PositionOf(entry);
+    if (pos != EpochOrder::kNowhere) return (uint64_t{e} << 32) | pos;
+  }
+  return SampleCache::kNever;
+}
+
+// A cached stage's outputs must be the same in every epoch, and so must the tensors it reads.
+Status Pipeline::MakeCaches() {
+  for (auto& b : branches_) {
+    if (!b->cfg->cache) continue;
+    for (size_t from : b->read_branches) {
+      const StageConfig& read = *branches_[from]->cfg;
+      const std::string why = read.stage->WhyNotCacheable();
+      if (!why.empty())
+        return Status::Invalid(fmt::format(
+            "{}:{}:{}: stage '{}' cannot be cached: it reads stage '{}', whose outputs change "
+            "per epoch ({})",
+            cfg_.file, b->cfg->cache_mark.line, b->cfg->cache_mark.column, b->cfg->name, read.name,
+            why));
+    }
+    // A ragged output keeps its rows only, unless another output counts its rows by it (an
+    // image grid whose unused rows must stay zero: RaggedRows reads all of them).
+    for (const TensorSpec& s : b->specs) {
+      int from = -1;
+      for (size_t j = 0; j < b->specs.size() && !s.rows_from.empty(); ++j)
+        if (b->specs[j].name == s.rows_from) from = static_cast<int>(j);
+      b->cache_rows_from.push_back(from);
+    }
+    for (int from : std::vector<int>(b->cache_rows_from))
+      if (from >= 0) b->cache_rows_from[from] = -1;
+    b->cache = std::make_unique<SampleCache>(
+        b->cfg->cache_max_bytes,
+        [this](uint32_t entry, uint32_t after) { return NextUse(entry, after); });
+  }
+  return Status::Ok();
 }
 
 uint64_t Pipeline::BatchesOf(uint64_t per_rank) const {

@@ -24,6 +24,7 @@
 
 #include "engine/mailbox.h"
 #include "engine/pipeline.h"
+#include "engine/sample_cache.h"
 #include "source/catalog.h"
 
 namespace mmfeed {
@@ -157,6 +158,10 @@ struct Pipeline::Branch {
   std::vector<size_t> read_branches;  // the branch making each of read_tensors
   bool reads_others = false;
   bool read_by_others = false;
+  // `cache:`: the stage's outputs kept per sample; per output, the index of the output of this
+  // stage that counts its ragged rows (only those rows are kept), or -1 (kept whole).
+  std::unique_ptr<SampleCache> cache;
+  std::vector<int> cache_rows_from;
   // faults.leak_bytes_per_item: memory kept per item until the pipeline ends.
   int64_t leak_bytes_per_item = 0;
   std::mutex leak_mu;

@@ -178,6 +178,7 @@ nlohmann::json BuildProfile(const std::vector<StageInfo>& stages, double wall_se
       j["metrics"] = nlohmann::json::object();
       for (const auto& [k, v] : s.metrics) j["metrics"][k] = v;
     }
+    if (!s.cache.is_null()) j["cache"] = s.cache;
     list.push_back(j);
     if (s.type == "ring") {
       if (blocked > ring_blocked_share) {

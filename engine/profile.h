@@ -57,6 +57,7 @@ struct StageInfo {
   // 0: `workers`.
   int threads = 0;
   bool auto_workers = false;
+  nlohmann::json cache;  // the stage's `cache:` (SampleCache::Stats), or null
 };
 
 StageSample SampleStage(const StageInfo& info);

@@ -91,6 +91,12 @@ class Stage {
     std::string tokens, patches;
   };
   virtual CostOutputs Costs() const { return {}; }
+  // Why a `cache:` cannot keep this stage's outputs, or "" when they are a function of the
+  // sample alone (its fields, and the tensors it reads of other such stages): the same in every
+  // epoch, so that a later epoch may copy them (engine/sample_cache.h).
+  virtual std::string WhyNotCacheable() const {
+    return "its outputs are not declared the same in every epoch";
+  }
 };
 
 }  // namespace mmfeed

@@ -465,6 +465,14 @@ EpochOrder::EpochOrder(size_t n, const SourceConfig& source, uint32_t epoch, int
       shuffle_(source.shuffle),
       perm_(n, Rng(source.seed, epoch, "", "shuffle").Next()) {}
 
+uint64_t EpochOrder::PositionOf(uint32_t entry) const {
+  if (entry >= perm_.size()) return kNowhere;
+  const uint64_t at = shuffle_ ? perm_.Inverse(entry) : entry;
+  if (at < base_ + node_ || (at - base_ - node_) % nodes_ != 0) return kNowhere;
+  const uint64_t i = (at - base_ - node_) / nodes_;
+  return i < size_ ? i : kNowhere;
+}
+
 std::shared_ptr<const ShardWindows> Catalog::WindowsOf(const SourceConfig& source,
                                                        uint32_t epoch) const {
   std::lock_guard<std::mutex> lock(window_cache_->mu);

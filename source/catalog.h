@@ -210,6 +210,12 @@ class EpochOrder {
     const uint64_t at = base_ + static_cast<uint64_t>(i) * nodes_ + node_;
     return static_cast<uint32_t>(shuffle_ ? perm_(at) : at);
   }
+  // Permutation mode: the position at which this node deals catalog entry `entry`, or kNowhere
+  // when another node deals it or it is left out (the remainder). O(1) (Permutation::Inverse).
+  // Window and mixture modes are not invertible() so (their inverse is the order walked once).
+  static constexpr uint64_t kNowhere = UINT64_MAX;
+  bool invertible() const { return !mix_ && !windows_; }
+  uint64_t PositionOf(uint32_t entry) const;  // REQUIRES: invertible()
   // Window mode: the shards (ShardIndex::shard indexes) of the window holding position i and
   // of up to `more` windows after it in this node's part, in reading order.
   bool windowed() const { return windows_ != nullptr; }

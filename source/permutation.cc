@@ -33,9 +33,25 @@ uint64_t Permutation::Encrypt(uint64_t x) const {
   return (left << half_bits_) | right;
 }
 
+uint64_t Permutation::Decrypt(uint64_t x) const {
+  uint64_t left = x >> half_bits_, right = x & half_mask_;
+  for (int r = kRounds - 1; r >= 0; --r) {
+    const uint64_t prev = right ^ (Fmix64(left ^ keys_[r]) & half_mask_);
+    right = left;
+    left = prev;
+  }
+  return (left << half_bits_) | right;
+}
+
 uint64_t Permutation::operator()(uint64_t i) const {
   uint64_t x = Encrypt(i);
   while (x >= n_) x = Encrypt(x);  // cycle walking: stays on i's cycle, so it ends below n
+  return x;
+}
+
+uint64_t Permutation::Inverse(uint64_t j) const {
+  uint64_t x = Decrypt(j);
+  while (x >= n_) x = Decrypt(x);
   return x;
 }
 

@@ -23,10 +23,14 @@ class Permutation {
   uint64_t size() const { return n_; }
   // The position i goes to. REQUIRES: i < size().
   uint64_t operator()(uint64_t i) const;
+  // The position that goes to j: Inverse((*this)(i)) == i. The rounds run backwards, walking
+  // the same cycle the other way; O(1) expected like operator(). REQUIRES: j < size().
+  uint64_t Inverse(uint64_t j) const;
 
  private:
   static constexpr int kRounds = 6;
   uint64_t Encrypt(uint64_t x) const;
+  uint64_t Decrypt(uint64_t x) const;
 
   uint64_t n_;
   int half_bits_ = 1;

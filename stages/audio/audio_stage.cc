@@ -90,6 +90,10 @@ class AudioStage : public Stage {
   std::unique_ptr<StageWorker> NewWorker() const override {
     return std::make_unique<AudioWorker>(p_);
   }
+  std::string WhyNotCacheable() const override {
+    return p_.random_crop ? "crop: random draws a new window every epoch (crop: head is cacheable)"
+                          : "";
+  }
 
  private:
   AudioParams p_;

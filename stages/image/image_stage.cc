@@ -164,6 +164,13 @@ class ImageStage : public Stage {
   std::unique_ptr<StageWorker> NewWorker() const override {
     return std::make_unique<ImageWorker>(p_);
   }
+  std::string WhyNotCacheable() const override {
+    if (p_.crop == Crop::kRandomResized)
+      return "crop: random_resized_crop draws a new crop every epoch (crop: center or none is "
+             "cacheable)";
+    if (p_.flip > 0) return "flip draws a new flip every epoch";
+    return "";
+  }
 
  private:
   ImageParams p_;

@@ -342,6 +342,7 @@ class QwenVisionStage : public Stage {
     return std::make_unique<QwenVisionWorker>(p_);
   }
   CostOutputs Costs() const override { return {"", p_.q.name}; }
+  std::string WhyNotCacheable() const override { return ""; }
 
  private:
   QwenParams p_;

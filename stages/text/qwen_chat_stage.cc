@@ -231,6 +231,7 @@ class ChatStage : public Stage {
   }
   CostOutputs Costs() const override { return {p_.name + "_lengths", ""}; }
   Inputs ExtraInputs() const override { return p_.inputs; }
+  std::string WhyNotCacheable() const override { return ""; }
 
  private:
   ChatParams p_;

@@ -214,6 +214,7 @@ class QwenVideoStage : public Stage {
   }
   std::vector<std::pair<std::string, double>> Metrics() const override { return shared_.Metrics(); }
   CostOutputs Costs() const override { return {"", p_.q.name}; }
+  std::string WhyNotCacheable() const override { return ""; }
 
  private:
   QwenVideoParams p_;

@@ -203,6 +203,46 @@ TEST_F(ConfigTest, WorkersAutoAndTheCpuBudget) {
       std::string::npos);
 }
 
+// A stage's cache: its own max_bytes, or a share of cache_budget; refused where it cannot work.
+TEST_F(ConfigTest, StageCachesAndTheCacheBudget) {
+  const std::string center =
+      Replace(Replace(kCanonical, "random_resized_crop", "center"), "flip: 0.5,", "flip: 0,");
+  const std::string both =
+      Replace(Replace(center, "workers: 2,", "workers: 2, cache: {max_bytes: 1G},"), "field: text,",
+              "field: text, cache: {},");
+  Result<PipelineConfig> r = ParseConfig(both + "cache_budget: 4G\n", dir_ / "p.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->stages[0].cache_max_bytes, 1ull << 30);
+  EXPECT_EQ(r->stages[1].cache_max_bytes, 3ull << 30) << "what the image stage leaves";
+  EXPECT_FALSE(r->stages[2].cache);
+  EXPECT_EQ(r->CacheBytes(), 4ull << 30);
+  EXPECT_NE(Error(both).find("p.yaml:8:50: stage 'text': cache needs max_bytes"), std::string::npos)
+      << Error(both);
+  EXPECT_NE(Error(both + "cache_budget: 1G\n")
+                .find("12:15: cache_budget 1073741824 is less than the stages' own cache "
+                      "max_bytes (1073741824) with room left for the stages with cache: {}"),
+            std::string::npos)
+      << Error(both + "cache_budget: 1G\n");
+  EXPECT_NE(Error(center + "cache_budget: 1G\n").find("there is none"), std::string::npos);
+  EXPECT_NE(Error(Replace(kCanonical, "workers: 2,", "workers: 2, cache: {max_bytes: 1G},"))
+                .find("p.yaml:5:65: stage 'image' (image) cannot be cached: crop: "
+                      "random_resized_crop draws a new crop every epoch"),
+            std::string::npos)
+      << Error(Replace(kCanonical, "workers: 2,", "workers: 2, cache: {max_bytes: 1G},"));
+  EXPECT_NE(Error(Replace(both, "flip: 0,", "flip: 0.5,") + "cache_budget: 4G\n")
+                .find("cannot be cached: flip draws a new flip every epoch"),
+            std::string::npos);
+  EXPECT_NE(Error(Replace(center, "inputs: [image, text],", "inputs: [image, text], cache: {},"))
+                .find("a batch stage keeps no per-sample outputs"),
+            std::string::npos);
+  EXPECT_NE(Error(Replace(center, "workers: 2,", "workers: 2, cache: {max_bytes: 1G, disk: x},"))
+                .find("disk"),
+            std::string::npos);
+  EXPECT_NE(Error(Replace(center, "workers: 2,", "workers: 2, cache: 1G,"))
+                .find("cache must be a mapping {max_bytes}"),
+            std::string::npos);
+}
+
 TEST_F(ConfigTest, TokenBudgetsCountWhatTheirStagesMake) {
   Result<PipelineConfig> r = ParseConfig(
       Replace(kCanonical, "batch_size: 32}", "batch_size: 32, max_tokens: 4096}"), dir_ / "p.yaml");

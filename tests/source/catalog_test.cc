@@ -572,6 +572,31 @@ TEST(EpochOrderTest, NodesGetDisjointEqualShares) {
 // nodes and ranks of the new shape deal the rest of that epoch in the numbering of the shape it
 // stood at: together with what was delivered, each draw of the epoch at most once, and all but
 // fewer than one per new lane (the remainder, left out as an epoch's is).
+// PositionOf is the order's inverse on each node, from a base too; other nodes' entries and the
+// remainder are nowhere.
+TEST(EpochOrderTest, PositionOfInvertsThePermutationOrder) {
+  for (bool shuffle : {true, false})
+    for (uint64_t base : {0ull, 37ull}) {
+      SourceConfig s;
+      s.shuffle = shuffle;
+      s.seed = 5;
+      s.num_nodes = 3;
+      const size_t n = 1001;
+      for (int node = 0; node < 3; ++node) {
+        s.node_rank = node;
+        const EpochOrder order(n, s, 2, 4, base);
+        std::vector<bool> here(n);
+        for (size_t i = 0; i < order.size(); ++i) {
+          ASSERT_EQ(order.PositionOf(order[i]), i);
+          here[order[i]] = true;
+        }
+        for (uint32_t e = 0; e < n; ++e) {
+          if (!here[e]) ASSERT_EQ(order.PositionOf(e), EpochOrder::kNowhere) << e;
+        }
+      }
+    }
+}
+
 TEST(EpochOrderTest, AMixtureResumedAtAnotherShapeDealsTheRestOfItsEpochOnce) {
   auto part = [](size_t n) {
     auto c = std::make_shared<Catalog>();
@@ -711,6 +736,18 @@ TEST(PermutationTest, IsABijectionForManySizes) {
       }
     }
   }
+}
+
+// The inverse undoes the permutation for every position (sizes with and without cycle walking),
+// so that a cache finds a sample's next position in O(1).
+TEST(PermutationTest, InverseUndoesIt) {
+  for (uint64_t n : {1ull, 2ull, 3ull, 5ull, 16ull, 33ull, 1000ull, 1025ull, 65536ull, 100003ull})
+    for (uint64_t seed : {0ull, 9ull}) {
+      Permutation p(n, seed);
+      for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(p.Inverse(p(i)), i) << "n " << n;
+    }
+  Permutation big(1000000000, 1);
+  EXPECT_EQ(big.Inverse(big(123456789)), 123456789u);
 }
 
 // Positions are computed one at a time and equal whichever order they are asked in (a cursor

@@ -1,0 +1,89 @@
+#include "engine/sample_cache.h"
+
+#include <iterator>
+#include <utility>
+#include <vector>
+
+namespace mmfeed {
+
+SampleCache::SampleCache(uint64_t max_bytes, NextUse next_use)
+    : max_bytes_(max_bytes), next_use_(std::move(next_use)) {
+  stats_.max_bytes = max_bytes;
+}
+
+void SampleCache::Advance(uint32_t epoch) {
+  if (epoch <= epoch_) return;
+  epoch_ = epoch;
+  const uint64_t now = uint64_t{epoch} << 32;
+  std::vector<uint32_t> stale;
+  for (auto it = by_next_.begin(); it != by_next_.end() && it->first < now; ++it)
+    stale.push_back(it->second);
+  for (uint32_t entry : stale) {
+    Kept& k = kept_[entry];
+    by_next_.erase({k.next, entry});
+    k.next = next_use_(entry, epoch - 1);
+    by_next_.emplace(k.next, entry);
+  }
+}
+
+std::shared_ptr<const std::string> SampleCache::Find(uint32_t entry, uint32_t epoch) {
+  std::shared_ptr<const std::string> bytes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Advance(epoch);
+    auto it = kept_.find(entry);
+    if (it == kept_.end()) {
+      ++stats_.misses;
+      return nullptr;
+    }
+    ++stats_.hits;
+    bytes = it->second.bytes;
+  }
+  const uint64_t next = next_use_(entry, epoch);  // outside the lock: it may walk an order
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = kept_.find(entry);
+  if (it != kept_.end() && it->second.bytes == bytes) {
+    by_next_.erase({it->second.next, entry});
+    it->second.next = next;
+    by_next_.emplace(next, entry);
+  }
+  return bytes;
+}
+
+void SampleCache::Offer(uint32_t entry, uint32_t epoch, std::string bytes) {
+  const uint64_t size = bytes.size();
+  const uint64_t next = next_use_(entry, epoch);
+  std::lock_guard<std::mutex> lock(mu_);
+  Advance(epoch);
+  if (kept_.count(entry)) return;  // another worker's copy of the same sample (a refill)
+  // MIN with bypass: make room from the samples needed after this one, furthest first; if they
+  // cannot free enough, keeping this one would displace samples needed sooner. One needed by
+  // no read in sight takes only free room.
+  uint64_t freed = 0;
+  auto first_out = by_next_.end();
+  while (stats_.bytes - freed + size > max_bytes_ && first_out != by_next_.begin() &&
+         next != kNever) {
+    auto prev = std::prev(first_out);
+    if (prev->first <= next) break;
+    freed += kept_[prev->second].bytes->size();
+    first_out = prev;
+  }
+  if (stats_.bytes - freed + size > max_bytes_) {
+    ++stats_.not_kept;
+    return;
+  }
+  for (auto it = first_out; it != by_next_.end(); ++it) kept_.erase(it->second);
+  stats_.evicted_bytes += freed;
+  by_next_.erase(first_out, by_next_.end());
+  stats_.bytes += size - freed;
+  kept_[entry] = Kept{std::make_shared<const std::string>(std::move(bytes)), next};
+  by_next_.emplace(next, entry);
+  stats_.samples = kept_.size();
+}
+
+SampleCache::Stats SampleCache::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace mmfeed

@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""Processed-sample caches (a stage's `cache:`, docs/cache.md): the real mmfeedd keeping stage
+outputs across epochs, against uncached runs of the same config on the same files.
+
+usage: cache_test.py --bin BUILD/bin
+"""
+import json, pathlib, re, subprocess, sys, time
+
+import numpy as np
+
+import daemon_test
+from daemon_test import Daemon, DaemonCase, dumped_batches, finish, make_dataset
+
+SAMPLES = 480
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+
+
+def kept_row(size=32):
+    """A kept sample of the image stage: its output's byte count, then a float32 CHW image."""
+    return 8 + 3 * size * size * 4
+
+
+CONFIG = """pipeline: cache
+source: {{type: manifest, path: manifest.jsonl, shuffle: true, seed: 3, epochs: {epochs}}}
+consumers: {consumers}
+stages:
+  - {{name: image, type: image, field: image, workers: 2,{image_cache}
+     params: {{crop: {crop}, size: [{size}, {size}], mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225],
+              dtype: float32, layout: CHW}}}}
+  - {{name: text, type: text, field: text,{text_cache} params: {{tokenizer: bytes, max_len: 32}}}}
+  - {{name: batch, type: batch, inputs: [image, text], params: {{batch_size: 16}}}}
+output: {{ring_slots: 4}}
+{extra}"""
+
+
+def config(image_cache="", text_cache="", crop="center", epochs=3, consumers=2, extra="", size=32):
+    return CONFIG.format(image_cache=image_cache, text_cache=text_cache, crop=crop, epochs=epochs,
+                         consumers=consumers, extra=extra, size=size)
+
+
+def cache_figures(log, stage):
+    """The `<stage>: cache hits H, misses M (...)` line of the daemon's final profile."""
+    m = re.findall(rf"^{stage}: cache hits (\d+), misses (\d+) .* (\d+) not kept$", log, re.M)
+    assert m, f"no cache line for {stage} in the profile:\n" + log
+    hits, misses, not_kept = (int(v) for v in m[-1])
+    return hits, misses, not_kept
+
+
+def min_and_lru_hits(reads, capacity):
+    """Offline, on the same reads: Belady's MIN (with bypass) and LRU hits for `capacity`
+    equal-sized samples."""
+    where = {}
+    nexts = [0] * len(reads)
+    for t in range(len(reads) - 1, -1, -1):
+        nexts[t] = where.get(reads[t], len(reads))
+        where[reads[t]] = t
+    kept, hits_min = {}, 0
+    for t, r in enumerate(reads):
+        if r in kept:
+            hits_min += 1
+        elif len(kept) >= capacity:
+            worst = max(kept, key=kept.get)
+            if kept[worst] <= nexts[t]:
+                continue
+            del kept[worst]
+        kept[r] = nexts[t]
+    recent, hits_lru = [], 0
+    for r in reads:
+        if r in recent:
+            hits_lru += 1
+            recent.remove(r)
+        elif len(recent) >= capacity:
+            recent.pop(0)
+        recent.append(r)
+    return hits_min, hits_lru
+
+
+class CacheTest(DaemonCase):
+    def setUp(self):
+        super().setUp()
+        make_dataset(self.dir, SAMPLES)
+
+    def run_dumps(self, text, name, consumers=2):
+        d = Daemon(self.dir, text)
+        cs = [d.consume(r, "--json", "--dump", str(self.dir / f"{name}{r}")) for r in range(consumers)]
+        for c in cs:
+            finish(c, timeout=180)
+        self.assertEqual(d.wait(), 0, d.log())
+        return [dumped_batches(self.dir / f"{name}{r}") for r in range(consumers)], d.log()
+
+    def test_cached_epochs_are_byte_identical_and_decode_nothing_after_the_first(self):
+        want, _ = self.run_dumps(config(), "plain")
+        got, log = self.run_dumps(config(image_cache=" cache: {},", text_cache=" cache: {},",
+                                         extra="cache_budget: 64M\n"), "cached")
+        for w, g in zip(want, got):
+            self.assertEqual([m["ids"] for m, _ in w], [m["ids"] for m, _ in g])
+            self.assertEqual(len(w), 3 * SAMPLES // 2 // 16)
+            for (_, wp), (_, gp) in zip(w, g):
+                for t in ("image", "text", "text_lengths"):
+                    self.assertEqual((wp / f"{t}.npy").read_bytes(), (gp / f"{t}.npy").read_bytes(), f"{gp} {t}")
+        for stage in ("image", "text"):
+            self.assertEqual(cache_figures(log, stage), (2 * SAMPLES, SAMPLES, 0), stage)
+
+    def assertSameBatches(self, want, got):
+        """Equal ids and every tensor's bytes, batch by batch."""
+        self.assertEqual([m["ids"] for m, _ in want], [m["ids"] for m, _ in got])
+        for (_, wp), (_, gp) in zip(want, got):
+            names = sorted(p.name for p in wp.glob("*.npy"))
+            self.assertEqual(names, sorted(p.name for p in gp.glob("*.npy")))
+            for n in names:
+                self.assertEqual((wp / n).read_bytes(), (gp / n).read_bytes(), f"{gp} {n}")
+
+    def qwen_config(self, name, cached):
+        """A shipped Qwen config on this test's files, 3 epochs, small images; `cached`: every
+        stage but the batch with `cache: {}` under a cache_budget."""
+        text = (ROOT / "configs" / name).read_text()
+        for old, new in [("../tests/data/tokenizer/qwen3-tokenizer.json.gz",
+                          str(ROOT / "tests" / "data" / "tokenizer" / "qwen3-tokenizer.json.gz")),
+                         ("epochs: 1", "epochs: 3")]:
+            self.assertIn(old, text)
+            text = text.replace(old, new)
+        text = re.sub(r"max_pixels: \d+", "max_pixels: 262144", text)
+        if cached:
+            text = re.sub(r"(- \{name: (?!batch)\w+, type: \w+, field: \w+,)", r"\1 cache: {},", text)
+            text += "cache_budget: 512M\n"
+        return text
+
+    def test_the_qwen_configs_cached_equal_uncached_a_mixture_too(self):
+        sys.path.insert(0, str(ROOT / "scripts"))
+        import make_photos
+        photos = make_photos.make(self.dir, 6, 200, 400, seed=5)
+        subprocess.run(f"ffmpeg -v error -y -f lavfi -i testsrc2=size=192x144:rate=10 -t 2 "
+                       f"-c:v libx264 -pix_fmt yuv420p {self.dir / 'clip0.mp4'}", shell=True, check=True)
+        rows = [{"id": f"c{i}", "image": photos[i % 6]["name"], "video": [], "text": f"Describe {i}.",
+                 "answer": f"Photo {i}."} for i in range(12)]
+        for name, lines in [("manifest", rows), ("captions", rows),
+                            ("video_qa", [{"id": f"v{i}", "clip": "clip0.mp4", "question": f"What {i}?",
+                                           "reply": "Colours."} for i in range(3)]),
+                            ("chat", [{"id": f"t{i}", "text": f"Say {i}.", "answer": f"{i}."} for i in range(5)])]:
+            (self.dir / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        for name, stages in [("qwen3.5-vl.yaml", ("pixel_values", "input_ids")),
+                             ("qwen3.5-vl-mix.yaml", ("pixel_values", "pixel_values_videos", "input_ids"))]:
+            with self.subTest(config=name):
+                want, _ = self.run_dumps(self.qwen_config(name, False), f"{name}-plain", 1)
+                got, log = self.run_dumps(self.qwen_config(name, True), f"{name}-cached", 1)
+                self.assertSameBatches(want[0], got[0])
+                for stage in stages:
+                    hits, misses, not_kept = cache_figures(log, stage)
+                    self.assertEqual(not_kept, 0, stage)
+                    self.assertGreater(hits, 0, stage)
+                    # Every sample's first read makes it; the two later epochs copy it.
+                    self.assertEqual(hits, 2 * misses, stage)
+
+    def test_half_a_cache_hits_within_5_percent_of_min_and_more_than_lru(self):
+        capacity = SAMPLES // 2
+        got, log = self.run_dumps(
+            config(image_cache=f" cache: {{max_bytes: {capacity * kept_row()}}},", epochs=4, consumers=1), "half", 1)
+        reads = [i for meta, _ in got[0] for i in meta["ids"]]
+        self.assertEqual(len(reads), 4 * SAMPLES)
+        hits, misses, _ = cache_figures(log, "image")
+        self.assertEqual(hits + misses, len(reads))
+        best, lru = min_and_lru_hits(reads, capacity)
+        self.assertGreaterEqual(hits, 0.95 * best, f"MIN {best}, LRU {lru}")
+        self.assertGreater(hits, lru, f"MIN {best}")
+
+    def test_status_shows_the_fill_and_a_smaller_cache_gives_memory_back(self):
+        # 48 KiB kept per sample: glibc gives a freed cache of rows that size back whole.
+        text = config(image_cache=" cache: {max_bytes: 64M},", epochs=0, consumers=1, size=64)
+        d = Daemon(self.dir, text)
+        c = d.consume(0, "--batches", "1000000", "--hold-ms", "5")
+        try:
+            def image_cache():
+                status = json.loads(d.ctl("status", "--json").stdout)
+                return next(s["cache"] for s in status["profile"]["stages"] if s["name"] == "image")
+            deadline = time.time() + 60
+            while image_cache()["samples"] < SAMPLES:  # every sample kept, then epochs of hits
+                self.assertLess(time.time(), deadline, d.log())
+                time.sleep(0.2)
+            while image_cache()["hits"] < SAMPLES:
+                self.assertLess(time.time(), deadline, d.log())
+                time.sleep(0.2)
+            full = image_cache()
+            self.assertEqual(full["bytes"], SAMPLES * kept_row(64))
+            self.assertEqual(full["max_bytes"], 64 << 20)
+            self.assertAlmostEqual(full["fill"], SAMPLES * kept_row(64) / (64 << 20))
+            self.assertGreater(full["hit_rate"], 0.4)
+            libs = subprocess.run(["ldd", f"{daemon_test.BIN}/mmfeedd"], capture_output=True, text=True).stdout
+            def anon_kib():  # the daemon's private memory (its rings are shared memory)
+                with open(f"/proc/{d.proc.pid}/status") as f:
+                    return int(re.search(r"^RssAnon:\s+(\d+)", f.read(), re.M)[1])
+            before = anon_kib()
+            (self.dir / "p.yaml").write_text(text.replace("max_bytes: 64M", "max_bytes: 1M"))
+            r = d.ctl("reload")
+            self.assertEqual(r.returncode, 0, r.stderr + d.log())
+            self.assertIn("cache", r.stdout + d.log())
+            time.sleep(1)
+            small = image_cache()
+            self.assertLessEqual(small["bytes"], 1 << 20)
+            # Under AddressSanitizer freed memory sits in its quarantine: RSS says nothing there.
+            if "libasan" not in libs:
+                self.assertLess(anon_kib(), before - SAMPLES * kept_row(64) // 1024 // 2,
+                                "the old cache's memory went back to the system")
+        finally:
+            c.kill()
+            c.communicate()
+
+    def test_a_cache_that_cannot_work_is_refused_naming_the_line(self):
+        def check(text):
+            (self.dir / "p.yaml").write_text(text)
+            return subprocess.run([f"{daemon_test.BIN}/mmfeedd", "--check", str(self.dir / "p.yaml")],
+                                  capture_output=True, text=True)
+        p = check(config(image_cache=" cache: {max_bytes: 1G},", crop="random_resized_crop"))
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertRegex(p.stderr, r"p\.yaml:5:\d+: stage 'image' \(image\) cannot be cached: crop: random_resized_crop")
+        p = check(config(text_cache=" cache: {},"))
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertRegex(p.stderr, r"p\.yaml:8:\d+: stage 'text': cache needs max_bytes .* or a top-level cache_budget")
+        p = check(config(text_cache=" cache: {max_bytes: 2G},", extra="cache_budget: 1G\n"))
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("cache_budget 1073741824 is less than the stages' own cache max_bytes", p.stderr)
+        p = check(config(text_cache=" cache: {max_bytes: 64T},"))
+        self.assertNotEqual(p.returncode, 0, p.stderr)
+        self.assertIn("the stages' caches up to 65536.00 GiB", p.stderr)
+        self.assertIn("cache_budget", p.stderr)
+        p = check(config(text_cache=" cache: {max_bytes: 16M},", image_cache=" cache: {},", extra="cache_budget: 48M\n"))
+        self.assertEqual(p.returncode, 0, p.stderr)
+
+
+if __name__ == "__main__":
+    daemon_test.main()
