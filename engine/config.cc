@@ -450,7 +450,7 @@ StageConfig ParseStage(const YAML::Node& n, const std::string& base_dir) {
       Fail(c, "a batch stage keeps no per-sample outputs: put 'cache' on the stages it joins");
     if (sc.stage) {
       const std::string why = sc.stage->WhyNotCacheable();
-      if (!why.empty())
+      if (!why.empty() && sc.stage->OwnCache().empty())
         Fail(c, fmt::format("stage '{}' ({}) cannot be cached: {}", sc.name, sc.type, why));
     }
     sc.cache = true;

@@ -612,6 +612,25 @@ void Pipeline::SourceLoop() {
   CloseBranches();
 }
 
+namespace {
+
+// A stage's own use of its cache (Stage::OwnCache) for one sample.
+class Memo : public SampleMemo {
+ public:
+  Memo(SampleCache* cache, uint32_t entry, uint32_t epoch)
+      : cache_(cache), entry_(entry), epoch_(epoch) {}
+  std::shared_ptr<const std::string> Find() override { return cache_->Find(entry_, epoch_); }
+  std::shared_ptr<const std::string> Keep(std::string bytes) override {
+    return cache_->Offer(entry_, epoch_, std::move(bytes));
+  }
+
+ private:
+  SampleCache* cache_;
+  uint32_t entry_, epoch_;
+};
+
+}  // namespace
+
 void Pipeline::WorkerLoop(Branch* b, int worker) {
   Status pin = PinAndNameThisThread(b->cpus, fmt::format("mmf:{}:{}", b->cfg->name, worker));
   if (!pin.ok()) spdlog::warn("{}", pin.message());
@@ -672,6 +691,8 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
     read_tensors.clear();
     for (size_t t : b->read_tensors)
       read_tensors.push_back(item->batch->memory.base[t] + item->row * plan_.specs[t].NumBytes());
+    Memo memo(b->own_cache ? b->cache.get() : nullptr, item->entry, item->batch->epoch);
+    if (b->own_cache) ctx.memo = &memo;
     ctx.fields = read_fields.data();
     ctx.tensors = read_tensors.data();
     ctx.tensor_specs = read_specs.data();
@@ -680,7 +701,7 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
     } else if (zero_rows) {
       for (size_t k = 0; k < b->specs.size(); ++k)
         std::memset(item->out[k], 0, b->specs[k].NumBytes());
-    } else if (b->cache && FromCache(b, item.get())) {
+    } else if (b->cache && !b->own_cache && FromCache(b, item.get())) {
       // the stage's outputs for this sample, made in an earlier epoch
     } else {
       // A sample that outlives sample_timeout_s is given up, whatever the stage made of it.
@@ -712,7 +733,7 @@ void Pipeline::WorkerLoop(Branch* b, int worker) {
       }
       if (item->status.code() == Status::Code::kResourceExhausted)
         Fail(item->status.WithContext("out of resources, not a bad sample"));
-      if (b->cache && item->status.ok()) ToCache(b, *item);
+      if (b->cache && !b->own_cache && item->status.ok()) ToCache(b, *item);
     }
     if (b->leak_bytes_per_item > 0) {  // touched, so that it is resident
       auto kept = std::make_unique_for_overwrite<char[]>(b->leak_bytes_per_item);

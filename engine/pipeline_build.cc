@@ -421,6 +421,7 @@ Status Pipeline::MakeCaches() {
     }
     for (int from : std::vector<int>(b->cache_rows_from))
       if (from >= 0) b->cache_rows_from[from] = -1;
+    b->own_cache = !b->cfg->stage->WhyNotCacheable().empty();
     b->cache = std::make_unique<SampleCache>(
         b->cfg->cache_max_bytes,
         [this](uint32_t entry, uint32_t after) { return NextUse(entry, after); });

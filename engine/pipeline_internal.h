@@ -161,6 +161,7 @@ struct Pipeline::Branch {
   // `cache:`: the stage's outputs kept per sample; per output, the index of the output of this
   // stage that counts its ragged rows (only those rows are kept), or -1 (kept whole).
   std::unique_ptr<SampleCache> cache;
+  bool own_cache = false;  // the stage keeps its own work there (Stage::OwnCache), not outputs
   std::vector<int> cache_rows_from;
   // faults.leak_bytes_per_item: memory kept per item until the pipeline ends.
   int64_t leak_bytes_per_item = 0;

@@ -50,12 +50,15 @@ std::shared_ptr<const std::string> SampleCache::Find(uint32_t entry, uint32_t ep
   return bytes;
 }
 
-void SampleCache::Offer(uint32_t entry, uint32_t epoch, std::string bytes) {
-  const uint64_t size = bytes.size();
+std::shared_ptr<const std::string> SampleCache::Offer(uint32_t entry, uint32_t epoch,
+                                                      std::string bytes) {
+  auto offered = std::make_shared<const std::string>(std::move(bytes));
+  const uint64_t size = offered->size();
   const uint64_t next = next_use_(entry, epoch);
   std::lock_guard<std::mutex> lock(mu_);
   Advance(epoch);
-  if (kept_.count(entry)) return;  // another worker's copy of the same sample (a refill)
+  // Another worker's copy of the same sample (a refill) was kept first.
+  if (auto it = kept_.find(entry); it != kept_.end()) return it->second.bytes;
   // MIN with bypass: make room from the samples needed after this one, furthest first; if they
   // cannot free enough, keeping this one would displace samples needed sooner. One needed by
   // no read in sight takes only free room.
@@ -70,15 +73,16 @@ void SampleCache::Offer(uint32_t entry, uint32_t epoch, std::string bytes) {
   }
   if (stats_.bytes - freed + size > max_bytes_) {
     ++stats_.not_kept;
-    return;
+    return offered;
   }
   for (auto it = first_out; it != by_next_.end(); ++it) kept_.erase(it->second);
   stats_.evicted_bytes += freed;
   by_next_.erase(first_out, by_next_.end());
   stats_.bytes += size - freed;
-  kept_[entry] = Kept{std::make_shared<const std::string>(std::move(bytes)), next};
+  kept_[entry] = Kept{offered, next};
   by_next_.emplace(next, entry);
   stats_.samples = kept_.size();
+  return offered;
 }
 
 SampleCache::Stats SampleCache::stats() const {

@@ -33,8 +33,9 @@ class SampleCache {
   // The bytes kept for `entry` (read now, in `epoch`), or null (a miss). A hit is ranked anew by
   // its next read after this one.
   std::shared_ptr<const std::string> Find(uint32_t entry, uint32_t epoch);
-  // Offers the bytes `entry`'s read in `epoch` made; kept if MIN keeps them.
-  void Offer(uint32_t entry, uint32_t epoch, std::string bytes);
+  // Offers the bytes `entry`'s read in `epoch` made; kept if MIN keeps them. Returns them (the
+  // copy kept before, if another worker kept the sample first).
+  std::shared_ptr<const std::string> Offer(uint32_t entry, uint32_t epoch, std::string bytes);
 
   struct Stats {
     uint64_t hits = 0, misses = 0, bytes = 0, max_bytes = 0, samples = 0, evicted_bytes = 0,

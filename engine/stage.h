@@ -17,6 +17,17 @@
 
 namespace mmfeed {
 
+// A stage's `cache:` for a stage that keeps the deterministic first part of its own work
+// (Stage::OwnCache): what it kept for this sample in an earlier epoch, and a way to keep it.
+class SampleMemo {
+ public:
+  virtual ~SampleMemo() = default;
+  // The bytes kept for this sample, or null.
+  virtual std::shared_ptr<const std::string> Find() = 0;
+  // Offers this sample's bytes to the cache (kept if its eviction keeps them); returns them.
+  virtual std::shared_ptr<const std::string> Keep(std::string bytes) = 0;
+};
+
 // What a worker may know about the sample it processes. Random choices must be drawn from
 // Rng(seed, epoch, id, stage name) so they do not depend on the worker that runs the sample.
 struct SampleContext {
@@ -29,6 +40,7 @@ struct SampleContext {
   const FieldValue* const* fields = nullptr;
   const uint8_t* const* tensors = nullptr;
   const TensorSpec* const* tensor_specs = nullptr;  // the tensors' shapes
+  SampleMemo* memo = nullptr;  // the stage's cache, when it keeps its own (Stage::OwnCache)
 };
 
 // Where a worker writes one sample's outputs: out[k] has room for exactly
@@ -97,6 +109,9 @@ class Stage {
   virtual std::string WhyNotCacheable() const {
     return "its outputs are not declared the same in every epoch";
   }
+  // For a stage whose outputs change per epoch: what a `cache:` keeps of its work instead (it
+  // reads and fills SampleContext::memo), and what its outputs then equal; "" if nothing.
+  virtual std::string OwnCache() const { return ""; }
 };
 
 }  // namespace mmfeed

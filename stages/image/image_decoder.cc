@@ -38,6 +38,8 @@ Status ImageDecoder::Open(std::string_view data, int64_t max_pixels, const char*
   max_pixels_ = max_pixels;
   limit_name_ = limit_name;
   whole_ = false;
+  if (borrowed_) decoded_ = cv::Mat();  // never decode into the cache's pixels
+  borrowed_ = false;
   if (data.empty()) return Status::Corrupt("empty file (0 bytes)");
   if (LooksLikeJpeg(data)) {
     MMFEED_RETURN_IF_ERROR(jpeg_.ReadSize(data, &width_, &height_));
@@ -68,6 +70,37 @@ Status ImageDecoder::DecodeWhole() {
   height_ = decoded_.rows;
   whole_ = true;
   return Status::Ok();
+}
+
+Status ImageDecoder::DecodeFull(uint8_t* rgb) {
+  const size_t row = static_cast<size_t>(width_) * 3;
+  if (!whole_) {
+    Status st = jpeg_.Start(data_, 8, cv::Rect(0, 0, width_, height_), 1);
+    if (st.ok()) {
+      for (int y = 0; y < height_; ++y) {
+        const uint8_t* r = jpeg_.Row(y);
+        if (!r) {
+          jpeg_.End();
+          return jpeg_.status();
+        }
+        std::memcpy(rgb + y * row, r, row);
+      }
+      jpeg_.End();
+      return Status::Ok();
+    }
+    if (st.code() != Status::Code::kUnsupported) return st;
+    MMFEED_RETURN_IF_ERROR(DecodeWhole());  // as Resample does
+  }
+  for (int y = 0; y < height_; ++y) std::memcpy(rgb + y * row, decoded_.ptr<uint8_t>(y), row);
+  return Status::Ok();
+}
+
+void ImageDecoder::UseDecoded(const uint8_t* rgb, int width, int height) {
+  decoded_ = cv::Mat(height, width, CV_8UC3, const_cast<uint8_t*>(rgb));
+  borrowed_ = true;
+  width_ = width;
+  height_ = height;
+  whole_ = true;
 }
 
 Status ImageDecoder::Resample(const AxisMap& x, const AxisMap& y, Filter filter, bool dct_scaling,

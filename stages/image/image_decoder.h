@@ -30,6 +30,13 @@ class ImageDecoder {
   Status Resample(const AxisMap& x, const AxisMap& y, Filter filter, bool dct_scaling,
                   const ResampleOutput& o, Resampler* resampler, uint8_t* out);
 
+  // The opened image decoded whole at full size (a JPEG without DCT scaling, the same pixels a
+  // region decode gives) into `rgb`: width x height RGB rows, what UseDecoded reads.
+  Status DecodeFull(uint8_t* rgb);
+  // Takes `rgb` (width x height RGB rows, outliving the decoding; from DecodeFull) as the
+  // opened image.
+  void UseDecoded(const uint8_t* rgb, int width, int height);
+
  private:
   Status DecodeWhole();
 
@@ -40,6 +47,7 @@ class ImageDecoder {
   const char* limit_name_ = "";
   JpegDecoder jpeg_;
   cv::Mat decoded_;
+  bool borrowed_ = false;  // decoded_ is UseDecoded's pixels (read only)
 };
 
 }  // namespace mmfeed

@@ -29,6 +29,7 @@ struct ImageParams {
   bool chw = false;
   int64_t max_pixels = 0;
   bool dct_scaling = true;  // decode JPEGs at 1/2, 1/4, 1/8 size when the output is that small
+  bool dct_asked = false;   // dct_scaling: on (not auto)
   bool output_box = false;  // also output <name>_box: the source box shown, and the flip
 };
 
@@ -114,9 +115,14 @@ class ImageWorker : public StageWorker {
   explicit ImageWorker(const ImageParams& p) : p_(p) {}
 
   Status Process(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) override {
-    MMFEED_ASSIGN_OR_RETURN(std::string_view bytes, FieldBytes(in, &file_));
     int w = 0, h = 0;
-    MMFEED_RETURN_IF_ERROR(decoder_.Open(bytes, p_.max_pixels, "max_pixels", &w, &h));
+    std::shared_ptr<const std::string> pixels;  // a `cache:`'s decoded image (OwnCache)
+    if (ctx.memo) {
+      MMFEED_RETURN_IF_ERROR(Decoded(*ctx.memo, in, &pixels, &w, &h));
+    } else {
+      MMFEED_ASSIGN_OR_RETURN(std::string_view bytes, FieldBytes(in, &file_));
+      MMFEED_RETURN_IF_ERROR(decoder_.Open(bytes, p_.max_pixels, "max_pixels", &w, &h));
+    }
     Rng rng(ctx.seed, ctx.epoch, ctx.id, p_.name);
     AxisMap x, y;
     cv::Rect box;
@@ -127,8 +133,8 @@ class ImageWorker : public StageWorker {
     o.chw = p_.chw;
     o.mul = p_.mul;
     o.add = p_.add;
-    MMFEED_RETURN_IF_ERROR(
-        decoder_.Resample(x, y, Filter::kBilinear, p_.dct_scaling, o, &resampler_, out[0]));
+    MMFEED_RETURN_IF_ERROR(decoder_.Resample(x, y, Filter::kBilinear, p_.dct_scaling && !ctx.memo,
+                                             o, &resampler_, out[0]));
     if (p_.output_box) {
       const int32_t b[5] = {box.x, box.y, box.width, box.height, o.flip ? 1 : 0};
       std::memcpy(out[1], b, sizeof(b));
@@ -151,6 +157,29 @@ class ImageWorker : public StageWorker {
   }
 
  private:
+  // The sample's image decoded at full size, from the cache or decoded now and offered to it:
+  // its width and height (int32), then its RGB rows.
+  Status Decoded(SampleMemo& memo, const FieldValue& in, std::shared_ptr<const std::string>* pixels,
+                 int* w, int* h) {
+    *pixels = memo.Find();
+    if (!*pixels) {
+      MMFEED_ASSIGN_OR_RETURN(std::string_view bytes, FieldBytes(in, &file_));
+      MMFEED_RETURN_IF_ERROR(decoder_.Open(bytes, p_.max_pixels, "max_pixels", w, h));
+      const int32_t size[2] = {*w, *h};
+      std::string kept(sizeof size + static_cast<size_t>(*w) * *h * 3, '\0');
+      std::memcpy(kept.data(), size, sizeof size);
+      MMFEED_RETURN_IF_ERROR(
+          decoder_.DecodeFull(reinterpret_cast<uint8_t*>(kept.data() + sizeof size)));
+      *pixels = memo.Keep(std::move(kept));
+    }
+    int32_t size[2];
+    std::memcpy(size, (*pixels)->data(), sizeof size);
+    *w = size[0];
+    *h = size[1];
+    decoder_.UseDecoded(reinterpret_cast<const uint8_t*>((*pixels)->data() + sizeof size), *w, *h);
+    return Status::Ok();
+  }
+
   const ImageParams& p_;
   ImageDecoder decoder_;
   Resampler resampler_;
@@ -165,11 +194,17 @@ class ImageStage : public Stage {
     return std::make_unique<ImageWorker>(p_);
   }
   std::string WhyNotCacheable() const override {
+    const std::string decoded =
+        p_.dct_asked ? "; with dct_scaling: auto or off, a cache keeps the decoded pixels" : "";
     if (p_.crop == Crop::kRandomResized)
-      return "crop: random_resized_crop draws a new crop every epoch (crop: center or none is "
-             "cacheable)";
-    if (p_.flip > 0) return "flip draws a new flip every epoch";
+      return "crop: random_resized_crop draws a new crop every epoch" + decoded;
+    if (p_.flip > 0) return "flip draws a new flip every epoch" + decoded;
     return "";
+  }
+  std::string OwnCache() const override {
+    if (p_.dct_asked) return "";  // the pixels of a full decode are not those it asked for
+    return "each image decoded at full size (width x height x 3 bytes), then cropped, resized and "
+           "flipped per epoch: outputs equal dct_scaling: off";
   }
 
  private:
@@ -203,6 +238,7 @@ Result<std::unique_ptr<Stage>> MakeImageStage(const StageArgs& a) {
   // the evaluation transform (center) stays exact unless asked.
   const std::string& dct = prm.GetString("dct_scaling");
   p.dct_scaling = dct == "on" || (dct == "auto" && p.crop != Crop::kCenter);
+  p.dct_asked = dct == "on";
   p.output_box = prm.GetBool("output_box");
   const auto& scale = prm.GetFloatList("scale");
   const auto& ratio = prm.GetFloatList("ratio");

@@ -75,12 +75,14 @@ Status JpegDecoder::Start(std::string_view data, int scale_num, const cv::Rect& 
     jpeg_abort_decompress(&cinfo_);
     return Status::Corrupt("the region to decode is outside the image");
   }
-  // One pixel more on the right where the image goes on: the fancy upsampling of the last
-  // decoded column of a crop has no chroma sample to its right and repeats its own (up to 13
-  // levels off a full decode), so the region must not end on the crop's iMCU boundary.
-  JDIMENSION xoff = static_cast<JDIMENSION>(r.x),
-             w = static_cast<JDIMENSION>(r.width) +
-                 (r.x + r.width < static_cast<int>(cinfo_.output_width) ? 1 : 0);
+  // One pixel more on each side where the image goes on: the fancy upsampling of the first and
+  // last decoded columns of a crop has no chroma sample beyond them and repeats its own (up to
+  // 13 levels off a full decode), so the region must not begin or end on the crop's iMCU
+  // boundary; with them the region's pixels are a full decode's.
+  const int left = r.x > 0 ? 1 : 0,
+            right = r.x + r.width < static_cast<int>(cinfo_.output_width) ? 1 : 0;
+  JDIMENSION xoff = static_cast<JDIMENSION>(r.x - left),
+             w = static_cast<JDIMENSION>(r.width + left + right);
   if (w < cinfo_.output_width) jpeg_crop_scanline(&cinfo_, &xoff, &w);  // widens to iMCU bounds
   if (r.y > 0) jpeg_skip_scanlines(&cinfo_, static_cast<JDIMENSION>(r.y));
   x0_ = static_cast<int>(xoff);

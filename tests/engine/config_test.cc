@@ -224,12 +224,20 @@ TEST_F(ConfigTest, StageCachesAndTheCacheBudget) {
             std::string::npos)
       << Error(both + "cache_budget: 1G\n");
   EXPECT_NE(Error(center + "cache_budget: 1G\n").find("there is none"), std::string::npos);
-  EXPECT_NE(Error(Replace(kCanonical, "workers: 2,", "workers: 2, cache: {max_bytes: 1G},"))
+  // A random crop keeps its decoded images (Stage::OwnCache), unless they are not what it asked
+  // for.
+  const std::string random =
+      Replace(kCanonical, "workers: 2,", "workers: 2, cache: {max_bytes: 1G},");
+  EXPECT_EQ(Error(random), "");
+  EXPECT_NE(Error(Replace(random, "flip: 0.5,", "flip: 0.5, dct_scaling: on,"))
                 .find("p.yaml:5:65: stage 'image' (image) cannot be cached: crop: "
-                      "random_resized_crop draws a new crop every epoch"),
+                      "random_resized_crop draws a new crop every epoch; with dct_scaling: auto or "
+                      "off, a cache keeps the decoded pixels"),
             std::string::npos)
-      << Error(Replace(kCanonical, "workers: 2,", "workers: 2, cache: {max_bytes: 1G},"));
-  EXPECT_NE(Error(Replace(both, "flip: 0,", "flip: 0.5,") + "cache_budget: 4G\n")
+      << Error(Replace(random, "flip: 0.5,", "flip: 0.5, dct_scaling: on,"));
+  EXPECT_NE(Error(Replace(Replace(both, "flip: 0,", "flip: 0.5,"), "layout: CHW}",
+                          "layout: CHW, dct_scaling: on}") +
+                  "cache_budget: 4G\n")
                 .find("cannot be cached: flip draws a new flip every epoch"),
             std::string::npos);
   EXPECT_NE(Error(Replace(center, "inputs: [image, text],", "inputs: [image, text], cache: {},"))

@@ -26,16 +26,17 @@ consumers: {consumers}
 stages:
   - {{name: image, type: image, field: image, workers: 2,{image_cache}
      params: {{crop: {crop}, size: [{size}, {size}], mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225],
-              dtype: float32, layout: CHW}}}}
+              dtype: float32, layout: CHW{image_params}}}}}
   - {{name: text, type: text, field: text,{text_cache} params: {{tokenizer: bytes, max_len: 32}}}}
   - {{name: batch, type: batch, inputs: [image, text], params: {{batch_size: 16}}}}
 output: {{ring_slots: 4}}
 {extra}"""
 
 
-def config(image_cache="", text_cache="", crop="center", epochs=3, consumers=2, extra="", size=32):
+def config(image_cache="", text_cache="", crop="center", epochs=3, consumers=2, extra="", size=32,
+           image_params=""):
     return CONFIG.format(image_cache=image_cache, text_cache=text_cache, crop=crop, epochs=epochs,
-                         consumers=consumers, extra=extra, size=size)
+                         consumers=consumers, extra=extra, size=size, image_params=image_params)
 
 
 def cache_figures(log, stage):
@@ -100,6 +101,23 @@ class CacheTest(DaemonCase):
                     self.assertEqual((wp / f"{t}.npy").read_bytes(), (gp / f"{t}.npy").read_bytes(), f"{gp} {t}")
         for stage in ("image", "text"):
             self.assertEqual(cache_figures(log, stage), (2 * SAMPLES, SAMPLES, 0), stage)
+
+    def test_a_random_crop_keeps_decoded_images_and_equals_dct_scaling_off(self):
+        """random_resized_crop + flip: a new crop every epoch, from the kept full-size decode."""
+        random = dict(crop="random_resized_crop", image_params=", flip: 0.5")
+        want, _ = self.run_dumps(config(crop="random_resized_crop", image_params=", flip: 0.5, dct_scaling: off"),
+                                 "off")
+        got, log = self.run_dumps(config(**random, image_cache=" cache: {max_bytes: 256M},"), "cached")
+        for w, g in zip(want, got):
+            self.assertSameBatches(w, g)
+        self.assertEqual(cache_figures(log, "image"), (2 * SAMPLES, SAMPLES, 0))
+        # The crops differ from epoch to epoch: the same sample's rows are not equal.
+        rows = {}
+        for meta, path in got[0]:
+            image = np.load(path / "image.npy")
+            for k, sid in enumerate(meta["ids"]):
+                rows.setdefault(sid, []).append(image[k].tobytes())
+        self.assertTrue(all(len(set(r)) == len(r) for r in rows.values() if len(r) > 1))
 
     def assertSameBatches(self, want, got):
         """Equal ids and every tensor's bytes, batch by batch."""
@@ -209,9 +227,11 @@ class CacheTest(DaemonCase):
             (self.dir / "p.yaml").write_text(text)
             return subprocess.run([f"{daemon_test.BIN}/mmfeedd", "--check", str(self.dir / "p.yaml")],
                                   capture_output=True, text=True)
-        p = check(config(image_cache=" cache: {max_bytes: 1G},", crop="random_resized_crop"))
+        p = check(config(image_cache=" cache: {max_bytes: 1G},", crop="random_resized_crop",
+                         image_params=", dct_scaling: on"))
         self.assertEqual(p.returncode, 2, p.stderr)
-        self.assertRegex(p.stderr, r"p\.yaml:5:\d+: stage 'image' \(image\) cannot be cached: crop: random_resized_crop")
+        self.assertRegex(p.stderr, r"p\.yaml:5:\d+: stage 'image' \(image\) cannot be cached: crop: random_resized_crop "
+                                   r"draws a new crop every epoch; with dct_scaling: auto or off, a cache keeps")
         p = check(config(text_cache=" cache: {},"))
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertRegex(p.stderr, r"p\.yaml:8:\d+: stage 'text': cache needs max_bytes .* or a top-level cache_budget")

@@ -2,6 +2,7 @@
 
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
+#include <random>
 
 #include "stages/image/jpeg_decoder.h"
 #include "stages/image/resample.h"
@@ -53,6 +54,64 @@ TEST(ImageStageTest, CenterCropMatchesAFullDecodeReference) {
     cv::Mat shifted =
         small(cv::Rect((small.cols - 224) / 2 + 16, (small.rows - 224) / 2, 224, 224));
     EXPECT_GT(cv::norm(got, shifted, cv::NORM_L1) / (224.0 * 224 * 3), diff * 1.5) << name;
+  }
+}
+
+// A `cache:` on a random_resized_crop stage keeps each image decoded at full size: the first
+// epoch decodes and keeps it, later ones crop the kept pixels; every epoch's bytes equal
+// dct_scaling: off's (JPEG baseline, progressive, gray; PNG), flips included.
+TEST(ImageStageTest, ACachedDecodeGivesTheBytesOfDctScalingOff) {
+  class OneSampleMemo : public SampleMemo {
+   public:
+    std::shared_ptr<const std::string> Find() override {
+      ++finds;
+      return kept;
+    }
+    std::shared_ptr<const std::string> Keep(std::string bytes) override {
+      kept = std::make_shared<const std::string>(std::move(bytes));
+      return kept;
+    }
+    std::shared_ptr<const std::string> kept;
+    int finds = 0;
+  };
+  const std::map<std::string, ParamValue> params = {{"crop", std::string("random_resized_crop")},
+                                                    {"size", std::vector<int64_t>{96, 64}},
+                                                    {"flip", 0.5},
+                                                    {"dtype", std::string("float32")},
+                                                    {"dct_scaling", std::string("off")}};
+  auto plain = MakeStage("image", "image", params);
+  auto cached = MakeStage("image", "image", params);
+  EXPECT_NE(plain->OwnCache(), "");
+  auto with_on = params;
+  with_on["dct_scaling"] = std::string("on");
+  EXPECT_EQ(MakeStage("image", "image", with_on)->OwnCache(), "") << "not what it asked for";
+  for (const char* name : {"photo00.jpg", "photo00_progressive.jpg", "photo01_gray.jpg",
+                           "photo02.png", "photo07.jpg", "photo13.jpg"}) {
+    const FieldValue in = PathField(TestData(std::string("photos/") + name));
+    OneSampleMemo memo;
+    std::unique_ptr<StageWorker> worker = cached->NewWorker();
+    for (uint32_t epoch = 0; epoch < 4; ++epoch) {
+      Result<Output> want = RunImage(*plain, in, name, epoch);
+      ASSERT_TRUE(want.ok()) << want.status().message();
+      std::vector<uint8_t> got(want->data.size());
+      uint8_t* ptr = got.data();
+      SampleContext ctx{42, epoch, name, "test"};
+      ctx.memo = &memo;
+      ASSERT_TRUE(worker->Process(ctx, in, OutputRow(&ptr, 1)).ok());
+      int differ = 0, most = 0;
+      for (size_t i = 0; i < got.size(); i += 4) {
+        float a, b;
+        std::memcpy(&a, &got[i], 4);
+        std::memcpy(&b, &want->data[i], 4);
+        if (a != b) ++differ;
+        most = std::max(most, static_cast<int>(std::lround(std::abs(a - b) * 255 * 0.225)));
+      }
+      EXPECT_EQ(got, want->data) << name << ", epoch " << epoch << ": " << differ << " of "
+                                 << got.size() / 4 << " differ, most " << most;
+      ASSERT_NE(memo.kept, nullptr);
+    }
+    cv::Mat whole = cv::imread(in.data, cv::IMREAD_COLOR);
+    EXPECT_EQ(memo.kept->size(), 8u + whole.total() * 3) << name;
   }
 }
 
@@ -207,6 +266,35 @@ TEST(ImageStageTest, RegionDecodeReadsOnlyTheRowsAndColumnsNeeded) {
   cv::Rect in_region(want.x - x0, 0, want.width, want.height);
   double diff = cv::norm(region(in_region), full(want), cv::NORM_L1) / (want.area() * 3.0);
   EXPECT_LT(diff, 0.5);
+}
+
+// A region's pixels are exactly a full decode's, wherever it starts (on an iMCU boundary too,
+// where a crop's fancy upsampling lacked the chroma to its left) and at every DCT scale.
+TEST(ImageStageTest, ARegionDecodeHasTheFullDecodesPixels) {
+  JpegDecoder dec;
+  std::mt19937 rng(7);
+  for (const char* name : {"photo00.jpg", "photo00_progressive.jpg", "photo01_gray.jpg",
+                           "photo07.jpg", "photo13.jpg"}) {
+    const std::string jpeg = testing::ReadFile(TestData(std::string("photos/") + name));
+    int w, h;
+    ASSERT_TRUE(dec.ReadSize(jpeg, &w, &h).ok());
+    for (int scale : {8, 4}) {
+      const int sw = JpegDecoder::ScaledSize(w, scale), sh = JpegDecoder::ScaledSize(h, scale);
+      const cv::Mat full = DecodeRows(dec, jpeg, scale, cv::Rect(0, 0, sw, sh));
+      for (int k = 0; k < 40; ++k) {
+        cv::Rect r;
+        r.x = static_cast<int>(rng() % (sw - 8));
+        if (k % 2) r.x -= r.x % 16;  // on an iMCU boundary
+        r.y = static_cast<int>(rng() % (sh - 8));
+        r.width = 1 + static_cast<int>(rng() % (sw - r.x));
+        r.height = 1 + static_cast<int>(rng() % (sh - r.y));
+        const cv::Mat region = DecodeRows(dec, jpeg, scale, r);
+        const cv::Mat got = region(cv::Rect(r.x - dec.x0(), 0, r.width, r.height));
+        ASSERT_EQ(cv::norm(got, full(r), cv::NORM_INF), 0)
+            << name << " at " << scale << "/8, region " << r;
+      }
+    }
+  }
 }
 
 // Rows come from a window of the last rows decoded; the rows below the last one asked for are
