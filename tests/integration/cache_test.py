@@ -47,33 +47,40 @@ def cache_figures(log, stage):
     return hits, misses, not_kept
 
 
-def min_and_lru_hits(reads, capacity):
-    """Offline, on the same reads: Belady's MIN (with bypass) and LRU hits for `capacity`
-    equal-sized samples."""
-    where = {}
-    nexts = [0] * len(reads)
-    for t in range(len(reads) - 1, -1, -1):
-        nexts[t] = where.get(reads[t], len(reads))
-        where[reads[t]] = t
-    kept, hits_min = {}, 0
-    for t, r in enumerate(reads):
-        if r in kept:
-            hits_min += 1
-        elif len(kept) >= capacity:
-            worst = max(kept, key=kept.get)
-            if kept[worst] <= nexts[t]:
-                continue
-            del kept[worst]
-        kept[r] = nexts[t]
-    recent, hits_lru = [], 0
-    for r in reads:
-        if r in recent:
-            hits_lru += 1
-            recent.remove(r)
-        elif len(recent) >= capacity:
-            recent.pop(0)
-        recent.append(r)
-    return hits_min, hits_lru
+def min_and_lru(accesses, capacity, size=lambda x: 1, cost=None):
+    """What Belady's MIN (with bypass: an item needed later than all it would displace is not
+    kept) and LRU miss over `accesses`, each cache holding `capacity` (items, or what `size`
+    counts): (MIN's, LRU's), summed in `cost` (default: `size`). Shared with the remote tests
+    and bench/cache_bench.py."""
+    cost = cost or size
+    n = len(accesses)
+    nexts, where = [0] * n, {}
+    for t in range(n - 1, -1, -1):
+        nexts[t] = where.get(accesses[t], n + 1)
+        where[accesses[t]] = t
+    held, used, mins = {}, 0, 0  # item -> its next use
+    for i, x in enumerate(accesses):
+        if x not in held:
+            mins += cost(x)
+            used += size(x)
+        held[x] = nexts[i]
+        while used > capacity:
+            y = max(held, key=held.get)
+            used -= size(y)
+            del held[y]
+    lru, used, lrus = {}, 0, 0  # insertion-ordered: least recent first
+    for x in accesses:
+        if x in lru:
+            del lru[x]
+        else:
+            lrus += cost(x)
+            used += size(x)
+        lru[x] = True
+        while used > capacity:
+            y = next(iter(lru))
+            used -= size(y)
+            del lru[y]
+    return mins, lrus
 
 
 class CacheTest(DaemonCase):
@@ -177,7 +184,8 @@ class CacheTest(DaemonCase):
         self.assertEqual(len(reads), 4 * SAMPLES)
         hits, misses, _ = cache_figures(log, "image")
         self.assertEqual(hits + misses, len(reads))
-        best, lru = min_and_lru_hits(reads, capacity)
+        min_misses, lru_misses = min_and_lru(reads, capacity)
+        best, lru = len(reads) - min_misses, len(reads) - lru_misses
         self.assertGreaterEqual(hits, 0.95 * best, f"MIN {best}, LRU {lru}")
         self.assertGreater(hits, lru, f"MIN {best}")
 

@@ -11,6 +11,7 @@ import argparse, io, json, os, pathlib, re, shutil, signal, socket, subprocess, 
 
 import daemon_test
 from daemon_test import Daemon, DaemonCase, captioned_ids, dumped_batches, finish
+from cache_test import min_and_lru
 from service_test import free_port
 
 PHOTOS = daemon_test.PHOTOS
@@ -353,35 +354,6 @@ def shard_gets(access_log, since=0):
     """The whole-shard GETs (HTTP 200) nginx logged after byte `since` of its access log, in order."""
     text = pathlib.Path(access_log).read_text()[since:]
     return re.findall(r'"GET /(shard-\d+\.tar) HTTP/[\d.]+" 200 ', text)
-
-
-def min_and_lru(accesses, capacity, size=lambda shard: 1):
-    """What Belady's MIN (with bypass: a shard needed later than all it would displace is not
-    kept) and LRU fetch over `accesses`, each cache holding `capacity` (shards, or what `size`
-    counts): (MIN's, LRU's), summed in `size`."""
-    def next_use(i, x):
-        for j in range(i + 1, len(accesses)):
-            if accesses[j] == x:
-                return j
-        return len(accesses) + 1
-    held, mins = set(), 0
-    for i, x in enumerate(accesses):
-        if x in held:
-            continue
-        mins += size(x)
-        held.add(x)
-        while sum(size(y) for y in held) > capacity:
-            held.remove(max(held, key=lambda y: next_use(i, y)))
-    lru, lrus = [], 0
-    for x in accesses:
-        if x in lru:
-            lru.remove(x)
-        else:
-            lrus += size(x)
-        lru.append(x)
-        while sum(size(y) for y in lru) > capacity:
-            lru.pop(0)
-    return mins, lrus
 
 
 class CacheTest(RemoteCase):
