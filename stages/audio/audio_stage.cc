@@ -40,17 +40,32 @@ class AudioWorker : public StageWorker {
   }
 
   Status Process(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) override {
-    MMFEED_ASSIGN_OR_RETURN(std::string_view bytes, FieldBytes(in, &file_));
-    MMFEED_RETURN_IF_ERROR(DecodeAudio(bytes, p_.sample_rate, p_.limits, &samples_));
+    // The decoded waveform: decoded now, or (a `cache:` with crop: random, OwnCache) kept from
+    // an earlier epoch as float32 samples.
+    std::shared_ptr<const std::string> kept;
+    const float* samples = nullptr;
+    int64_t n = 0;
+    if (ctx.memo) kept = ctx.memo->Find();
+    if (!kept) {
+      MMFEED_ASSIGN_OR_RETURN(std::string_view bytes, FieldBytes(in, &file_));
+      MMFEED_RETURN_IF_ERROR(DecodeAudio(bytes, p_.sample_rate, p_.limits, &samples_));
+      if (ctx.memo)
+        kept = ctx.memo->Keep(std::string(reinterpret_cast<const char*>(samples_.data()),
+                                          samples_.size() * sizeof(float)));
+      samples = samples_.data();
+      n = static_cast<int64_t>(samples_.size());
+    } else {
+      samples = reinterpret_cast<const float*>(kept->data());
+      n = static_cast<int64_t>(kept->size() / sizeof(float));
+    }
     // Cut or pad to the window.
-    const int64_t n = static_cast<int64_t>(samples_.size());
     int64_t start = 0;
     if (n > p_.window && p_.random_crop) {
       Rng rng(ctx.seed, ctx.epoch, ctx.id, p_.name);
       start = static_cast<int64_t>(rng.Below(static_cast<uint64_t>(n - p_.window + 1)));
     }
     const int64_t valid = std::min(n - start, p_.window);
-    window_.assign(samples_.begin() + start, samples_.begin() + start + valid);
+    window_.assign(samples + start, samples + start + valid);
     window_.resize(p_.window, 0.0f);
     // float32 features go straight to the output; bfloat16 ones are rounded from float32.
     const bool f32 = p_.dtype == DType::kFloat32;
@@ -91,8 +106,11 @@ class AudioStage : public Stage {
     return std::make_unique<AudioWorker>(p_);
   }
   std::string WhyNotCacheable() const override {
-    return p_.random_crop ? "crop: random draws a new window every epoch (crop: head is cacheable)"
-                          : "";
+    return p_.random_crop ? "crop: random draws a new window every epoch" : "";
+  }
+  std::string OwnCache() const override {
+    return "the waveform decoded and resampled (4 bytes a sample), then cut and its features "
+           "computed per epoch: outputs equal the config without cache:";
   }
 
  private:

@@ -75,7 +75,7 @@ LogMel::LogMel(int sample_rate, int n_fft, int hop, int n_mels)
   frame_ = fftwf_alloc_real(n_fft);
   spectrum_ = fftwf_alloc_complex(n_bins_);
   std::lock_guard<std::mutex> lock(PlannerMutex());
-  plan_ = fftwf_plan_dft_r2c_1d(n_fft, frame_, spectrum_, FFTW_MEASURE);
+  plan_ = fftwf_plan_dft_r2c_1d(n_fft, frame_, spectrum_, FFTW_ESTIMATE);
 }
 
 LogMel::~LogMel() {
