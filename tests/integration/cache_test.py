@@ -134,11 +134,8 @@ class CacheTest(DaemonCase):
                 out = self.dir / f"a{i}.{ext}"
                 subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-i", str(tone), str(out)], check=True)
                 m.write(json.dumps({"id": f"a{i}", "audio": out.name, "text": f"clip {i}"}) + "\n")
-        text = (ROOT / "configs" / "audio-text.yaml").read_text()
-        for old, new in (("path: manifest.jsonl", "path: audio.jsonl"), ("epochs: 1", "epochs: 3"),
-                         ("max_seconds: 30, crop: head", "max_seconds: 1, crop: random")):
-            self.assertIn(old, text)
-            text = text.replace(old, new)
+        text = self.shipped("audio-text.yaml", ("path: manifest.jsonl", "path: audio.jsonl"),
+                            ("max_seconds: 30, crop: head", "max_seconds: 1, crop: random"))
         want, _ = self.run_dumps(text, "plain", 1)
         got, log = self.run_dumps(text.replace("workers: 2,", "workers: 2, cache: {max_bytes: 64M},"), "cached", 1)
         self.assertSameBatches(want[0], got[0])
@@ -159,11 +156,8 @@ class CacheTest(DaemonCase):
         (self.dir / "video.jsonl").write_text("".join(
             json.dumps({"id": f"v{i}", "video": f"v{i}.{('mp4', 'mkv')[i % 2]}", "text": f"video {i}"}) + "\n"
             for i in range(6)))
-        text = (ROOT / "configs" / "video-text.yaml").read_text()
-        for old, new in (("path: manifest.jsonl", "path: video.jsonl"), ("epochs: 1", "epochs: 3"),
-                         ("size: [224, 224]", "size: [64, 64]")):
-            self.assertIn(old, text)
-            text = text.replace(old, new)
+        text = self.shipped("video-text.yaml", ("path: manifest.jsonl", "path: video.jsonl"),
+                            ("size: [224, 224]", "size: [64, 64]"))
         want, _ = self.run_dumps(text, "plain", 1)
         cached = text.replace("field: video, workers: 2,", "field: video, workers: 2, cache: {max_bytes: 64M},")
         got, log = self.run_dumps(cached, "cached", 1)
@@ -178,6 +172,14 @@ class CacheTest(DaemonCase):
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertIn("stage 'video' (video) cannot be cached: clip_start: random draws a new clip every epoch",
                       p.stderr)
+
+    def shipped(self, name, *replacements):
+        """configs/`name` for 3 epochs, with each (old, new) of `replacements` made."""
+        text = (ROOT / "configs" / name).read_text()
+        for old, new in (("epochs: 1", "epochs: 3"), *replacements):
+            self.assertIn(old, text)
+            text = text.replace(old, new)
+        return text
 
     def assertMadeOnce(self, log, stage, dumps):
         """Every sample of `dumps` (one per rank) made at its first read, then copied: each
@@ -201,12 +203,8 @@ class CacheTest(DaemonCase):
     def qwen_config(self, name, cached):
         """A shipped Qwen config on this test's files, 3 epochs, small images; `cached`: every
         stage but the batch with `cache: {}` under a cache_budget."""
-        text = (ROOT / "configs" / name).read_text()
-        for old, new in [("../tests/data/tokenizer/qwen3-tokenizer.json.gz",
-                          str(ROOT / "tests" / "data" / "tokenizer" / "qwen3-tokenizer.json.gz")),
-                         ("epochs: 1", "epochs: 3")]:
-            self.assertIn(old, text)
-            text = text.replace(old, new)
+        text = self.shipped(name, ("../tests/data/tokenizer/qwen3-tokenizer.json.gz",
+                                   str(ROOT / "tests" / "data" / "tokenizer" / "qwen3-tokenizer.json.gz")))
         text = re.sub(r"max_pixels: \d+", "max_pixels: 262144", text)
         if cached:
             text = re.sub(r"(- \{name: (?!batch)\w+, type: \w+, field: \w+,)", r"\1 cache: {},", text)
