@@ -51,7 +51,7 @@ batches; the model above is checked on the streams.
 A failing run prints its seed and its operations: `--seed S --ops N` replays the sequence.
 
 usage: stateful_test.py --bin BUILD/bin [--seed S] [--runs R] [--ops N] [--long]
-  CI runs the short mode (4 runs of 60 operations, 2 under the sanitizers); --long runs 20
+  CI runs the short mode (4 runs of 60 operations, 2 of 40 under the sanitizers); --long runs 20
   runs of 150 operations with seeds from the clock (README, "Reliability").
 """
 import argparse, json, os, pathlib, random, shutil, signal, subprocess, sys, tempfile, time
@@ -643,14 +643,17 @@ def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--seed", type=int, help="run this seed only")
     ap.add_argument("--runs", type=int, default=4)
-    ap.add_argument("--ops", type=int, default=60)
+    ap.add_argument("--ops", type=int, help="operations per run (default 60, 40 under the sanitizers)")
     ap.add_argument("--long", action="store_true", help="20 runs of 150 operations, seeds from the clock")
     a = ap.parse_args()
     bin_dir = os.path.abspath(a.bin)
     if a.long:
         a.runs, a.ops = 20, 150
     elif "libasan" in subprocess.run(["ldd", f"{bin_dir}/mmfeedd"], capture_output=True, text=True).stdout:
-        a.runs = max(1, a.runs // 2)  # the sanitizer build is several times slower: half the runs
+        # The sanitizer build is several times slower: half the runs, fewer operations.
+        a.runs = max(1, a.runs // 2)
+        a.ops = a.ops or 40
+    a.ops = a.ops or 60
     global PYTHON_DIR
     python = pathlib.Path(bin_dir).parent / "python"
     if (python / "mmfeed").is_dir() and subprocess.run(
