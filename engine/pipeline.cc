@@ -288,7 +288,7 @@ std::vector<uint32_t> Pipeline::ReadingOrder(uint32_t epoch, size_t part) const 
 
 std::shared_ptr<const Pipeline::WindowFuture> Pipeline::FutureFrom(uint32_t epoch, size_t part) {
   constexpr uint32_t kFutureEpochs = 3;
-  const ShardIndex& index = catalog_->mixture ? *catalog_->parts[part]->shards : *catalog_->shards;
+  const ShardIndex& index = IndexOf(part);
   const size_t n = index.shard_count();
   ReadTables& tables = read_tables_[part];
   if (!tables.ids) {
@@ -357,11 +357,21 @@ void Pipeline::WantShards(const std::vector<StreamCursor>& next, const std::vect
   }
   if (key == *last) return;
   *last = key;
-  AskStore(catalog_->remote.get(), *catalog_->shards, 0, oldest_epoch, per_rank);
+  AskStore(0, oldest_epoch, per_rank);
 }
 
-void Pipeline::AskStore(RemoteStore* store, const ShardIndex& index, size_t part,
-                        uint32_t oldest_epoch, const std::vector<RankWants>& per_rank) {
+RemoteStore* Pipeline::StoreOf(size_t part) const {
+  return catalog_->mixture ? catalog_->parts[part]->remote.get() : catalog_->remote.get();
+}
+
+const ShardIndex& Pipeline::IndexOf(size_t part) const {
+  return catalog_->mixture ? *catalog_->parts[part]->shards : *catalog_->shards;
+}
+
+void Pipeline::AskStore(size_t part, uint32_t oldest_epoch,
+                        const std::vector<RankWants>& per_rank) {
+  RemoteStore* store = StoreOf(part);
+  const ShardIndex& index = IndexOf(part);
   // Each shard with the time of the read it is wanted for, on the future's clock.
   std::shared_ptr<const WindowFuture> future;
   if (oldest_epoch != UINT32_MAX) {  // else no rank reads on: nothing is wanted
@@ -434,9 +444,7 @@ void Pipeline::WantMixShards(const std::vector<StreamCursor>& next, const std::v
   if (key == *last) return;
   *last = key;
   for (size_t k = 0; k < per_part.size(); ++k)
-    if (catalog_->parts[k]->remote)
-      AskStore(catalog_->parts[k]->remote.get(), *catalog_->parts[k]->shards, k, oldest_epoch,
-               per_part[k]);
+    if (StoreOf(k)) AskStore(k, oldest_epoch, per_part[k]);
 }
 
 // Fills in batch `at` of rank `r` (its sink's memory reserved in `pb`) and dispatches its

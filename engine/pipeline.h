@@ -311,10 +311,12 @@ class Pipeline {
                      std::vector<uint32_t>* last);
   // A rank's wanted shards, most urgent first: (shard, the epoch of the read it is wanted for).
   using RankWants = std::vector<std::pair<uint32_t, uint32_t>>;
-  // Tells `store` (of the source, `part` 0, or of a mixture's source `part`) the future from
+  // Tells the store of the source (`part` 0), or of a mixture's source `part`, the future from
   // `oldest_epoch` (UINT32_MAX: no rank reads on) and the ranks' wanted shards, round-robin.
-  void AskStore(RemoteStore* store, const ShardIndex& index, size_t part, uint32_t oldest_epoch,
-                const std::vector<RankWants>& per_rank);
+  void AskStore(size_t part, uint32_t oldest_epoch, const std::vector<RankWants>& per_rank);
+  // The remote store and shard index of the source (`part` 0) or of a mixture's source `part`.
+  RemoteStore* StoreOf(size_t part) const;
+  const ShardIndex& IndexOf(size_t part) const;
   // When this node reads each remote shard of the source (`part` 0), or of a mixture's source
   // `part`, from epoch `epoch` on over kFutureEpochs epochs (WantShards and WantMixShards tell
   // the store, for its eviction).
