@@ -95,6 +95,14 @@ std::vector<Cached> List(const std::string& dir) {
   return out;
 }
 
+// Removes `path` if it is still the file of inode `inode` (0: whatever is there now): another
+// daemon may have put a good file there since it was checked. REQUIRES: the folder lock held.
+bool UnlinkIfStill(const std::string& path, uint64_t inode) {
+  struct stat now;
+  return ::lstat(path.c_str(), &now) == 0 &&
+         (inode == 0 || static_cast<uint64_t>(now.st_ino) == inode) && ::unlink(path.c_str()) == 0;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<ShardCache>> ShardCache::Open(const std::string& dir, uint64_t max_bytes) {
@@ -166,10 +174,7 @@ int ShardCache::Find(const Key& key) {
   spdlog::warn("shard cache: {} for {}: {}; removed, fetching it again", path, key.url, why);
   {
     FolderLock lock(dir_);
-    struct stat now;
-    // Only the file just checked: another daemon may have put a good one there since.
-    if (lock.ok() && ::lstat(path.c_str(), &now) == 0 && (fd < 0 || now.st_ino == st.st_ino))
-      ::unlink(path.c_str());
+    if (lock.ok()) UnlinkIfStill(path, fd < 0 ? 0 : static_cast<uint64_t>(st.st_ino));
   }
   std::lock_guard<std::mutex> l(mu_);
   ++misses_;
@@ -276,10 +281,7 @@ void ShardCache::Commit(int fd, const Key& key, const Rank& next, uint64_t self)
   uint64_t held = total - bytes, evicted = 0;
   if (keep) {
     for (size_t v = 0; v < victims; ++v) {
-      struct stat st;
-      const std::string p = dir_ + "/" + others[v].name;
-      if (::lstat(p.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_ino) == others[v].inode &&
-          ::unlink(p.c_str()) == 0) {
+      if (UnlinkIfStill(dir_ + "/" + others[v].name, others[v].inode)) {
         evicted += others[v].bytes;
         held -= others[v].bytes;
       }
