@@ -11,7 +11,7 @@ per-connection rate limit (an object store's bandwidth), three epochs:
   optimum, with bypass) and LRU of the same size fetch on that same sequence, computed here;
 - a disk cache holding all the data: epochs 2-3 against epoch 1.
 
---part processed (a stage's cache:, processed samples in memory), on ImageNet-sized photos:
+--part processed (a stage's cache:, processed samples in memory), on ImageNet-sized photos (image_text_bench.py's set):
 - the canonical pipeline (random_resized_crop + flip, float32 CHW 224x224, two ranks) with a
   cache holding every image decoded: epochs 2-4 against a bare full-size libjpeg-turbo decode of
   the same files (mmfeed-bench-decode, as many threads as the pipeline's workers);
@@ -24,16 +24,15 @@ the next ones attach where they stopped). The shards are indexed once before (--
 so the remote runs fetch only to read.
 
 usage: cache_bench.py [--build BUILD] [--out DIR] [--part remote,processed] [--shards 32]
-                      [--per-shard 64] [--rate 8m] [--photos 400] [--samples 3200]
+                      [--per-shard 64] [--rate 8m] [--samples 3200]
 """
-import argparse, json, pathlib, random, re, shutil, subprocess, sys, time
+import argparse, json, pathlib, re, shutil, subprocess, sys, time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 import remote_bench  # noqa: E402
-sys.path.insert(0, str(ROOT / "scripts"))
-import make_photos  # noqa: E402
+import image_text_bench  # noqa: E402
 from cache_test import cache_figures  # noqa: E402
 from cache_test import min_and_lru  # noqa: E402
 from remote_test import Nginx, shard_gets  # noqa: E402
@@ -180,14 +179,8 @@ def canonical(epochs_, consumers, size=224, cache=""):
 
 
 def processed(a, work):
-    make_photos.make(work / "img", a.photos, 240, 620, seed=7)
+    image_text_bench.imagenet_set(work, a.samples)
     photos = json.loads((work / "img" / "pphotos.json").read_text())
-    rng = random.Random(0)
-    with open(work / "manifest.jsonl", "w") as m:
-        for i in range(a.samples):
-            words = " ".join(rng.choice(("a", "photo", "of", "the", "red", "house", "dog", "park")) for _ in range(12))
-            m.write(json.dumps({"id": f"s{i:06d}", "image": f"img/{photos[i % len(photos)]['name']}", "text": words,
-                                "answer": "A photo."}) + "\n")
     decoded = {f"s{i:06d}": photos[i % len(photos)]["width"] * photos[i % len(photos)]["height"] * 3 + 8
                for i in range(a.samples)}
     total = sum(decoded.values())
@@ -208,7 +201,8 @@ def processed(a, work):
     bare_rate = (bare_before + bare_after) / 2
     # Qwen keeps its patches (about 4 MB a sample here): a quarter of the samples, each photo twice.
     qwen_samples = min(a.samples, 2 * len(photos))
-    (work / "qwen.jsonl").write_text("".join((work / "manifest.jsonl").read_text().splitlines(True)[:qwen_samples]))
+    lines = (work / "manifest.jsonl").read_text().splitlines()[:qwen_samples]
+    (work / "qwen.jsonl").write_text("".join(json.dumps({**json.loads(l), "answer": "A photo."}) + "\n" for l in lines))
     qwen = (ROOT / "configs" / "qwen3.5-vl.yaml").read_text().replace("path: manifest.jsonl", "path: qwen.jsonl")
     qwen = qwen.replace("../tests/data/tokenizer/", str(ROOT / "tests" / "data" / "tokenizer") + "/")
     qwen = qwen.replace("epochs: 1", "epochs: 3")
@@ -263,7 +257,6 @@ def main():
     ap.add_argument("--shards", type=int, default=32)
     ap.add_argument("--per-shard", type=int, default=64)
     ap.add_argument("--rate", default="8m", help="nginx limit_rate per connection")
-    ap.add_argument("--photos", type=int, default=400)
     ap.add_argument("--samples", type=int, default=3200)
     a = ap.parse_args()
     for part in a.part.split(","):

@@ -287,7 +287,6 @@ std::vector<uint32_t> Pipeline::ReadingOrder(uint32_t epoch, size_t part) const 
 }
 
 std::shared_ptr<const Pipeline::WindowFuture> Pipeline::FutureFrom(uint32_t epoch, size_t part) {
-  constexpr uint32_t kFutureEpochs = 3;
   const ShardIndex& index = IndexOf(part);
   const size_t n = index.shard_count();
   ReadTables& tables = read_tables_[part];
@@ -799,13 +798,10 @@ void Pipeline::ToCache(Branch* b, const WorkItem& item) {
                 (used[k] / static_cast<uint64_t>(s.shape[0]));
     total += used[k];
   }
-  std::string bytes(total, '\0');
-  std::memcpy(bytes.data(), used.data(), n * sizeof(uint64_t));
-  size_t at = n * sizeof(uint64_t);
-  for (size_t k = 0; k < n; ++k) {
-    std::memcpy(bytes.data() + at, item.out[k], used[k]);
-    at += used[k];
-  }
+  std::string bytes;
+  bytes.reserve(total);
+  bytes.append(reinterpret_cast<const char*>(used.data()), n * sizeof(uint64_t));
+  for (size_t k = 0; k < n; ++k) bytes.append(reinterpret_cast<const char*>(item.out[k]), used[k]);
   b->cache->Offer(item.entry, item.batch->epoch, std::move(bytes));
 }
 

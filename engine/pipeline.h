@@ -317,6 +317,8 @@ class Pipeline {
   // The remote store and shard index of the source (`part` 0) or of a mixture's source `part`.
   RemoteStore* StoreOf(size_t part) const;
   const ShardIndex& IndexOf(size_t part) const;
+  // How far ahead the caches look: the remote shards' (FutureFrom) and the stages' (NextUse).
+  static constexpr uint32_t kFutureEpochs = 3;
   // When this node reads each remote shard of the source (`part` 0), or of a mixture's source
   // `part`, from epoch `epoch` on over kFutureEpochs epochs (WantShards and WantMixShards tell
   // the store, for its eviction).

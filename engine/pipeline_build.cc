@@ -388,7 +388,6 @@ std::shared_ptr<const Pipeline::EpochInverse> Pipeline::InverseOf(uint32_t epoch
 }
 
 uint64_t Pipeline::NextUse(uint32_t entry, uint32_t after) const {
-  constexpr uint32_t kFutureEpochs = 3;
   for (uint32_t e = after + 1; e <= after + kFutureEpochs; ++e) {
     if (cfg_.source.epochs > 0 && e >= static_cast<uint32_t>(cfg_.source.epochs)) break;
     const uint64_t pos = InverseOf(e)->PositionOf(entry);

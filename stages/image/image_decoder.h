@@ -34,7 +34,7 @@ class ImageDecoder {
   // region decode gives) into `rgb`: width x height RGB rows, what UseDecoded reads.
   Status DecodeFull(uint8_t* rgb);
   // Takes `rgb` (width x height RGB rows, outliving the decoding; from DecodeFull) as the
-  // opened image.
+  // opened image, which Resample then reads as it reads a PNG (no DCT scaling).
   void UseDecoded(const uint8_t* rgb, int width, int height);
 
  private:

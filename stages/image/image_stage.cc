@@ -133,8 +133,8 @@ class ImageWorker : public StageWorker {
     o.chw = p_.chw;
     o.mul = p_.mul;
     o.add = p_.add;
-    MMFEED_RETURN_IF_ERROR(decoder_.Resample(x, y, Filter::kBilinear, p_.dct_scaling && !ctx.memo,
-                                             o, &resampler_, out[0]));
+    MMFEED_RETURN_IF_ERROR(
+        decoder_.Resample(x, y, Filter::kBilinear, p_.dct_scaling, o, &resampler_, out[0]));
     if (p_.output_box) {
       const int32_t b[5] = {box.x, box.y, box.width, box.height, o.flip ? 1 : 0};
       std::memcpy(out[1], b, sizeof(b));
