@@ -30,7 +30,8 @@ struct StreamCursor {
   uint64_t position = 0;
   // A mixture's global order interleaves its lanes (position g is lane g % lanes' position
   // g / lanes), so its positions count in the lanes of the shape that numbered them (the job's
-  // consumer ranks then, over all nodes); 0: an order that does not depend on the shape.
+  // consumer ranks then, over all nodes; shard windows': its nodes, each reading its own part
+  // of the window sequence); 0: an order that does not depend on the shape.
   uint32_t lanes = 0;
   bool operator==(const StreamCursor& o) const {
     return epoch == o.epoch && batch == o.batch && seq == o.seq && stream == o.stream;

@@ -36,8 +36,8 @@ class Connection {
   struct PositionRule {
     uint32_t order = 0, epoch = 0;
     uint64_t streams = 0, batch_size = 0, base = 0;
-    // A mixture's: the lanes numbering the positions of epoch `epoch` from `base` on, and of
-    // the other epochs (0: an order independent of the shape).
+    // A mixture's or shard windows': the lanes numbering the positions of epoch `epoch` from
+    // `base` on, and of the other epochs (0: an order independent of the shape).
     uint32_t base_lanes = 0, lanes = 0;
   };
   std::optional<PositionRule> position;

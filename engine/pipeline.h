@@ -148,8 +148,8 @@ class Pipeline {
   // chains NextStreamTag, so equal tags mean the same order and reload history.
   // `base`: the origin epoch is dealt from that position of its global order on, the rest of
   // it over this pipeline's ranks (a job resumed at another shape: Rebased); later epochs whole.
-  // A mixture's `lanes`: those of the shape whose global order `base` counts in
-  // (StreamCursor::lanes).
+  // `lanes`: those of the shape whose global order `base` counts in (StreamCursor::lanes): a
+  // mixture's lanes, or the nodes whose shard-window parts that order interleaves.
   struct Origin {
     uint32_t epoch = 0;
     uint64_t seq = 0;
@@ -169,17 +169,17 @@ class Pipeline {
   Origin origin() const { return origin_; }
   // Positions (StreamCursor::order, position) need an order that is one global sequence dealt
   // round-robin over the job's streams, fixed-size batches (not token budgets or packing): one
-  // source in permutation mode or, on one node, in shard windows; a mixture (its lanes
-  // interleaved) without a source in shard windows or a weight switch. Else the reason it has
-  // none.
+  // source in permutation mode or in shard windows (its nodes' parts interleaved); a mixture
+  // (its lanes interleaved) without a source in shard windows or a weight switch. Else the
+  // reason it has none.
   bool positional() const { return why_not_positional().empty(); }
   std::string why_not_positional() const;
   // The data, seed and shuffle (not the shape): what a cursor's `order` must match.
   uint32_t order_tag() const { return order_tag_; }
   // The origin of a stream that resumes the job at `position` of epoch `epoch`'s global order
-  // (a mixture's in `lanes` lanes) with this pipeline's shape (an epoch with no full row a
-  // stream left is skipped: the next epoch's start). Refused: a mixture's cursor without its
-  // lanes, or lanes the mixture cannot be dealt to. REQUIRES: positional().
+  // (a mixture's or shard windows' in `lanes` lanes) with this pipeline's shape (an epoch with no
+  // full row a stream left is skipped: the next epoch's start). Refused: a mixture's cursor without
+  // its lanes, or lanes the mixture cannot be dealt to. REQUIRES: positional().
   Result<Origin> Rebased(uint32_t epoch, uint64_t position, uint32_t lanes) const;
   // The attach reply's "position" rule: how a client turns the cursors of epochs >= the
   // origin's into positions (null when not positional()).
@@ -357,8 +357,11 @@ class Pipeline {
   // and the batches of a rank with `per_rank` samples.
   uint64_t streams() const { return static_cast<uint64_t>(cfg_.consumers) * cfg_.source.num_nodes; }
   uint64_t BaseOf(uint32_t epoch) const { return epoch == origin_.epoch ? origin_.base : 0; }
-  // `numbering`: a mixture's in the lanes `base` counts in.
-  uint64_t PerRankFrom(uint64_t base, const Mixture* numbering) const;
+  // `numbering`: a mixture's in the lanes `base` counts in; `lanes`: shard windows' (LanesOf).
+  uint64_t PerRankFrom(uint64_t base, const Mixture* numbering, uint32_t lanes) const;
+  // The lanes an origin's base counts in (Origin::lanes): a mixture's as given, shard windows'
+  // nodes (at least 1), else 0.
+  uint32_t LanesOf(uint64_t base, uint32_t lanes) const;
   // Epoch `epoch`'s order of this node (from the origin's base in the origin epoch).
   EpochOrder OrderOf(uint32_t epoch) const;
   // For the stages' caches (SampleCache::NextUse): when this node reads catalog entry `entry`

@@ -337,7 +337,7 @@ Result<std::shared_ptr<const Mixture>> Pipeline::NumberingOf(uint64_t base, uint
 
 Status Pipeline::SetOrigin(Origin origin) {
   MMFEED_ASSIGN_OR_RETURN(numbering_, NumberingOf(origin.base, origin.lanes));
-  if (!catalog_->mixture) origin.lanes = 0;
+  origin.lanes = LanesOf(origin.base, origin.lanes);
   origin_ = origin;
   {
     std::lock_guard<std::mutex> lock(plans_mu_);
@@ -348,15 +348,27 @@ Status Pipeline::SetOrigin(Origin origin) {
   return Status::Ok();
 }
 
-uint64_t Pipeline::PerRankFrom(uint64_t base, const Mixture* numbering) const {
-  const uint64_t n =
-      numbering ? numbering->per_lane() * numbering->lanes() : uint64_t{catalog_->size()};
+uint32_t Pipeline::LanesOf(uint64_t base, uint32_t lanes) const {
+  if (catalog_->mixture) return lanes;
+  // Shard windows: the nodes whose parts the base's order interleaves (a cursor without them is
+  // of one node's windows, the only windowed order with positions before they were named).
+  if (base && catalog_->InWindows(cfg_.source)) return std::max(lanes, 1u);
+  return 0;
+}
+
+uint64_t Pipeline::PerRankFrom(uint64_t base, const Mixture* numbering, uint32_t lanes) const {
+  uint64_t n = catalog_->size();
+  if (numbering)
+    n = numbering->per_lane() * numbering->lanes();
+  else if (lanes)
+    n = n / lanes * lanes;  // shard windows: the lanes' equal parts
   return (n - std::min(base, n)) / streams();
 }
 
 EpochOrder Pipeline::OrderOf(uint32_t epoch) const {
+  const bool based = BaseOf(epoch) != 0;
   return EpochOrder(*catalog_, cfg_.source, epoch, cfg_.consumers, BaseOf(epoch),
-                    BaseOf(epoch) ? numbering_.get() : nullptr);
+                    based ? numbering_.get() : nullptr, based ? origin_.lanes : 0);
 }
 
 struct Pipeline::EpochInverse {
@@ -434,7 +446,7 @@ uint64_t Pipeline::BatchesOf(uint64_t per_rank) const {
 }
 
 uint64_t Pipeline::PerRank(uint32_t epoch) const {
-  return BaseOf(epoch) ? PerRankFrom(BaseOf(epoch), numbering_.get()) : per_rank_;
+  return BaseOf(epoch) ? PerRankFrom(BaseOf(epoch), numbering_.get(), origin_.lanes) : per_rank_;
 }
 
 int Pipeline::RowsOf(uint32_t epoch, uint64_t index) const {
@@ -448,9 +460,6 @@ std::string Pipeline::why_not_positional() const {
   if (catalog_->mixture && !catalog_->mixture->switches().empty())
     return "the mixture's weights changed at a batch boundary";
   if (budgeted()) return "token-budget batches take each rank's samples by their costs";
-  if (catalog_->InWindows(cfg_.source) && cfg_.source.num_nodes > 1)
-    return "shard windows give each of several nodes its own part of the order (one node's "
-           "order is one sequence)";
   if (cfg_.packed_stage >= 0) return "a packed text stream's rows cross batches";
   return "";
 }
@@ -468,14 +477,14 @@ Result<Pipeline::Origin> Pipeline::Rebased(uint32_t epoch, uint64_t position,
   Origin o;
   o.epoch = epoch;
   o.base = position;
-  o.lanes = numbering ? lanes : 0;
-  if (position == 0 || BatchesOf(PerRankFrom(position, numbering.get())) == 0) {
+  o.lanes = LanesOf(position, lanes);
+  if (position == 0 || BatchesOf(PerRankFrom(position, numbering.get(), o.lanes)) == 0) {
     o.epoch = position == 0 ? epoch : epoch + 1;  // nothing a rank could have: the next epoch
     o.base = 0;
     o.lanes = 0;
   }
-  // A mixture's tag names the lanes its base counts in.
-  const std::string tagged = o.lanes ? fmt::format("{}|", o.lanes) : "";
+  // A mixture's tag names the lanes its base counts in, shard windows' when they are several.
+  const std::string tagged = numbering || o.lanes > 1 ? fmt::format("{}|", o.lanes) : "";
   o.stream = o.base == 0
                  ? FirstStreamTag(order_fingerprint_)
                  : static_cast<uint32_t>(HashString(fmt::format(
@@ -491,8 +500,9 @@ nlohmann::json Pipeline::PositionJson() const {
                       {"base", origin_.base},
                       {"streams", streams()},
                       {"batch_size", cfg_.batch_size}};
-  if (catalog_->mixture) {
-    j["lanes"] = catalog_->mixture->lanes();
+  if (catalog_->mixture || catalog_->InWindows(cfg_.source)) {
+    j["lanes"] = catalog_->mixture ? catalog_->mixture->lanes()
+                                   : static_cast<uint32_t>(cfg_.source.num_nodes);
     if (origin_.base) j["base_lanes"] = origin_.lanes;
   }
   return j;

@@ -14,7 +14,10 @@ if [ "${MMFEED_SKIP_SANITIZERS:-0}" != 1 ]; then
      ctest --output-on-failure -j2)
 fi
 if [ "${MMFEED_SKIP_FUZZ:-0}" != 1 ]; then
-  BUILD_DIR=build-fuzz bash scripts/build.sh -DCMAKE_CXX_COMPILER=clang++ -DMMFEED_FUZZ=ON -DMMFEED_TESTS=OFF
+  fuzzers="config image source ring_reader ring_control control_protocol tokenizer tokenizer_json video"
+  # Only the fuzzers (and the libraries they link): the daemon and tools are not run from here.
+  BUILD_DIR=build-fuzz BUILD_TARGETS="$(printf 'fuzz_%s ' $fuzzers)" \
+    bash scripts/build.sh -DCMAKE_CXX_COMPILER=clang++ -DMMFEED_FUZZ=ON -DMMFEED_TESTS=OFF
   seeds=build-fuzz/seeds
   rm -rf "$seeds" && mkdir -p "$seeds"/{config,image,source,ring_reader,ring_control,control_protocol,tokenizer,tokenizer_json,video}
   head -c 200 /dev/urandom > "$seeds/ring_control/random"
@@ -42,7 +45,7 @@ if [ "${MMFEED_SKIP_FUZZ:-0}" != 1 ]; then
     ffmpeg -v error -y -f lavfi -i testsrc2=size=32x24:rate=10:duration=1 -c:v "$codec" -g 4 "$seeds/video/v.$ext"
     { printf "\\x0$mode"; cat "$seeds/video/v.$ext"; } > "$seeds/video/seed-$ext" && rm "$seeds/video/v.$ext"
   done
-  for t in config image source ring_reader ring_control control_protocol tokenizer tokenizer_json video; do
+  for t in $fuzzers; do
     echo "fuzzing $t for ${MMFEED_FUZZ_SECONDS:-20}s"
     if ! ./build-fuzz/bin/fuzz_$t -max_total_time="${MMFEED_FUZZ_SECONDS:-20}" -rss_limit_mb=4096 \
         "$seeds/$t" > "build-fuzz/fuzz_$t.log" 2>&1; then

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <unordered_set>
 
 #include "base/rng.h"
 #include "source/brace.h"
@@ -495,7 +496,7 @@ std::shared_ptr<const ShardWindows> Catalog::WindowsOf(const SourceConfig& sourc
 }
 
 EpochOrder::EpochOrder(const Catalog& cat, const SourceConfig& source, uint32_t epoch,
-                       int consumers, uint64_t base, const Mixture* numbering)
+                       int consumers, uint64_t base, const Mixture* numbering, uint32_t lanes)
     : EpochOrder(cat.size(), source, epoch, consumers, base) {
   if (cat.mixture) {
     mix_ = cat.mixture.get();
@@ -513,9 +514,12 @@ EpochOrder::EpochOrder(const Catalog& cat, const SourceConfig& source, uint32_t 
   if (!cat.InWindows(source)) return;
   windows_ = cat.WindowsOf(source, epoch);
   shards_ = cat.shards.get();
-  part_ = base_ + (static_cast<uint64_t>(cat.size()) - std::min<uint64_t>(base_, cat.size())) /
-                      nodes_ * node_;
   window_seed_ = WindowSeed(source, epoch);
+  lanes_ = base_ && lanes ? lanes : nodes_;
+  lane_size_ = cat.size() / lanes_;
+  const uint64_t n = lanes_ * lane_size_;
+  const uint64_t c = static_cast<uint64_t>(consumers);
+  size_ = (n - std::min(base_, n)) / nodes_ / c * c;
 }
 
 uint32_t EpochOrder::Mixed(size_t i) const {
@@ -553,9 +557,9 @@ uint32_t EpochOrder::SameSource(uint32_t entry, int rank, uint64_t random) const
   return Mixed(random % (size_ / consumers_) * consumers_ + static_cast<uint64_t>(rank));
 }
 
-uint32_t EpochOrder::Windowed(size_t i) const {
+uint32_t EpochOrder::SequenceAt(uint64_t g) const {
   return static_cast<uint32_t>(
-      WindowSample(*windows_, *shards_, shuffle_, window_seed_, part_ + i));
+      WindowSample(*windows_, *shards_, shuffle_, window_seed_, Sequence(g)));
 }
 
 std::vector<uint32_t> Catalog::PassShards(const SourceConfig& source, uint64_t from, uint64_t to,
@@ -575,9 +579,11 @@ std::vector<uint32_t> Catalog::PassShards(const SourceConfig& source, uint64_t f
 }
 
 size_t EpochOrder::WindowOf(size_t i) const {
+  // In the part of this node's first position (the one it reads unless its positions hop over
+  // several parts, in an epoch resumed at another shape): monotone in i.
   const ShardWindows& w = *windows_;
-  const uint64_t g = part_ + i;
-  return static_cast<size_t>(std::upper_bound(w.starts.begin(), w.starts.end(), g) -
+  const uint64_t s = Sequence(Global(0)) + (Global(i) - Global(0)) / lanes_;
+  return static_cast<size_t>(std::upper_bound(w.starts.begin(), w.starts.end(), s) -
                              w.starts.begin() - 1) /
          w.window;
 }
@@ -586,14 +592,27 @@ std::vector<uint32_t> EpochOrder::WindowShards(size_t i, int more) const {
   std::vector<uint32_t> out;
   if (!windows_ || i >= size_) return out;
   const ShardWindows& w = *windows_;
-  const uint64_t g = part_ + i, end = part_ + size_;
-  size_t t = std::upper_bound(w.starts.begin(), w.starts.end(), g) - w.starts.begin() - 1;
-  for (size_t a = t / w.window * w.window; a < w.shards.size() && more >= 0;
-       a += w.window, --more) {
-    if (w.starts[a] >= end) break;
-    // Every shard of the window, even past this node's part: its positions may draw from them.
-    for (size_t u = a; u < std::min(a + w.window, w.shards.size()); ++u)
-      if (w.starts[u + 1] > w.starts[u]) out.push_back(w.shards[u]);
+  // Each part this node's positions fall in (one, unless an epoch resumed at another shape
+  // deals positions of several parts to a node), from position i's place in it to the last.
+  std::vector<uint64_t> parts;
+  for (uint64_t j = 0; j < lanes_ && i + j < size_; ++j) {
+    const uint64_t part = Global(i + j) % lanes_;
+    if (std::find(parts.begin(), parts.end(), part) == parts.end()) parts.push_back(part);
+  }
+  const uint64_t from = Global(i) / lanes_, to = Global(size_ - 1) / lanes_ + 1;
+  std::unordered_set<uint32_t> seen;  // a window over two parts' edge is read once
+  for (uint64_t part : parts) {
+    const uint64_t g = part * lane_size_ + from, end = part * lane_size_ + to;
+    size_t t = std::upper_bound(w.starts.begin(), w.starts.end(), g) - w.starts.begin() - 1;
+    int left = more;
+    for (size_t a = t / w.window * w.window; a < w.shards.size() && left >= 0;
+         a += w.window, --left) {
+      if (w.starts[a] >= end) break;
+      // Every shard of the window, even past this node's part: its positions may draw from them.
+      for (size_t u = a; u < std::min(a + w.window, w.shards.size()); ++u)
+        if (w.starts[u + 1] > w.starts[u] && (parts.size() == 1 || seen.insert(w.shards[u]).second))
+          out.push_back(w.shards[u]);
+    }
   }
   return out;
 }

@@ -181,7 +181,11 @@ uint64_t HashMixSwitch(const MixSwitch& s, uint64_t h);
 //   shards in a seeded order (ShardWindows) and permutes the samples within each run of W
 //   shards; node k takes the k-th of num_nodes contiguous parts of that sequence, so a node
 //   reads each shard of its part whole (shards at the parts' edges are read by two nodes) and
-//   holds W shards at a time. docs/remote.md compares it with a full permutation.
+//   holds W shards at a time. docs/remote.md compares it with a full permutation. The epoch's
+//   global order interleaves the nodes' parts (its lanes): position g is part g % lanes'
+//   position g / lanes. From a `base`, the rest of that order in the lanes of the shape it was
+//   taken at is dealt round-robin over this shape's nodes (a node then reads from every part
+//   its positions fall in).
 // - Mixture mode (a catalog of LoadMixture): position i is rank i % consumers' position
 //   i / consumers in lane (node_rank x consumers + rank) of the catalog's Mixture; the entry
 //   is the drawn source's part_first plus the drawn sample (a windowed part's: the drawn
@@ -196,12 +200,12 @@ class EpochOrder {
   // job resumed at another shape mid-epoch; Pipeline::Origin::base).
   EpochOrder(size_t catalog_size, const SourceConfig& source, uint32_t epoch, int consumers,
              uint64_t base = 0);
-  // Window mode when source.shuffle_window > 0 and the catalog is of tar shards (the nodes'
-  // parts split the sequence from `base` on); mixture mode for a mixture's catalog (from a
-  // `base`, `numbering` is the catalog's Mixture dealt to the lanes the base counts in;
-  // REQUIRES: it outlives this order).
+  // Window mode when source.shuffle_window > 0 and the catalog is of tar shards (from a `base`,
+  // `lanes` is the nodes of the shape the base counts in, 0: this one's); mixture mode for a
+  // mixture's catalog (from a `base`, `numbering` is the catalog's Mixture dealt to the lanes
+  // the base counts in; REQUIRES: it outlives this order).
   EpochOrder(const Catalog& catalog, const SourceConfig& source, uint32_t epoch, int consumers,
-             uint64_t base = 0, const Mixture* numbering = nullptr);
+             uint64_t base = 0, const Mixture* numbering = nullptr, uint32_t lanes = 0);
   size_t size() const { return size_; }
   // REQUIRES: i < size().
   uint32_t operator[](size_t i) const {
@@ -228,7 +232,12 @@ class EpochOrder {
   uint32_t SameSource(uint32_t entry, int rank, uint64_t random) const;
 
  private:
-  uint32_t Windowed(size_t i) const;
+  uint32_t Windowed(size_t i) const { return SequenceAt(Global(i)); }
+  // Window mode: this node's position i in the epoch's global order, and a global position's
+  // place in the window sequence (part g % lanes_, its position g / lanes_).
+  uint64_t Global(size_t i) const { return base_ + static_cast<uint64_t>(i) * nodes_ + node_; }
+  uint64_t Sequence(uint64_t g) const { return g % lanes_ * lane_size_ + g / lanes_; }
+  uint32_t SequenceAt(uint64_t g) const;
   uint32_t Mixed(size_t i) const;
   uint32_t EntryOf(const MixDraw& d) const;  // mixture mode: the catalog entry a draw is
 
@@ -238,7 +247,7 @@ class EpochOrder {
   Permutation perm_;
   std::shared_ptr<const ShardWindows> windows_;
   const ShardIndex* shards_ = nullptr;
-  uint64_t part_ = 0;  // window mode: where this node's part starts in the sequence
+  uint64_t lanes_ = 1, lane_size_ = 0;  // window mode: the parts the global order interleaves
   uint64_t window_seed_ = 0;
   // Mixture mode: position i is rank i % consumers' position i / consumers, a lane of the
   // mixture (node x consumers + rank); from a base, in numbering_'s lanes.

@@ -339,12 +339,15 @@ class ReshapeTest(JobCase):
         # Epoch 1 is what a fresh run of 1 node x 4 ranks gives, rank by rank.
         self.assertEqual(self.delivered("c", 4, 1), self.fresh_epoch(config(), 4, 1))
 
-    def test_one_node_reading_shard_windows_resumes_at_another_shape(self):
-        # the captions as 8 shards of 12, read in windows of 2 shards
+    def windows_config(self):
+        """The 96 captions as 8 shards of 12, read in windows of 2 shards."""
         dt.text_shards(self.dir, "shard", 8, 12, lambda i: f"s{i:03d}", lambda i: f"caption {i}")
-        cfg = config().replace("type: manifest, path: manifest.jsonl",
-                               f'type: webdataset, path: "{self.dir}/shard-{{0..7}}.tar", index: on, '
-                               'shuffle_window: 2')
+        return config().replace("type: manifest, path: manifest.jsonl",
+                                f'type: webdataset, path: "{self.dir}/shard-{{0..7}}.tar", index: on, '
+                                'shuffle_window: 2')
+
+    def test_one_node_reading_shard_windows_resumes_at_another_shape(self):
+        cfg = self.windows_config()
         # Life 1: 1 node x 2 ranks, 3 batches of 4 each: positions [0, 24) of epoch 0.
         self.life("a", 1, 2, batches=3, cfg=cfg)
         cs = self.cursors("a", 2)
@@ -360,11 +363,38 @@ class ReshapeTest(JobCase):
         self.assertEqual(len({int(i[1:]) // 12 for ids in lives[0] for i in ids}), 2, lives[0])
         # Epoch 1 is what a fresh run of 1 node x 3 ranks gives, rank by rank.
         self.assertEqual(self.delivered("b", 3, 1), self.fresh_epoch(cfg, 3, 1))
-        # Two nodes in windows give each its own part: no position rule, the resume refused.
-        d = dt.Daemon(self.dir / "b-node0", cfg)
-        shutil.copy(self.dir / "a-cursor0.json", self.dir / "two.json")
-        err = self.refused(d, torchrun(0, 0), "--cursor", str(self.dir / "two.json"))
-        self.assertIn("shard windows give each of several nodes its own part", err)
+
+    def test_shard_windows_over_several_nodes_resume_at_another_shape(self):
+        # Each of 2 nodes reads its own half of the window sequence (its part), so the job's
+        # order interleaves the parts and its cursors name the nodes (lanes) they count in.
+        cfg = self.windows_config()
+        # Life 1: 2 nodes x 2 ranks, 3 batches of 4 each: the first 24 of each node's part.
+        self.life("a", 2, 2, batches=3, cfg=cfg)
+        cs = self.cursors("a", 4)
+        self.assertEqual({(c["epoch"], c["position"], c["lanes"]) for c in cs}, {(0, 48, 2)}, cs)
+        shards = [{int(i[1:]) // 12 for ids in self.delivered("a", 4, 0)[2 * n:2 * n + 2] for i in ids}
+                  for n in (0, 1)]
+        self.assertEqual([len(s) for s in shards], [2, 2], "each node read one window of its own part")
+        self.assertFalse(shards[0] & shards[1], shards)
+        # Life 2: 3 nodes x 1 rank from rank 3's cursor: 48 left, 16 a rank; 2 batches each,
+        # the daemons killed and restarted from --state-dir, which keeps the base's 2 lanes.
+        daemons = self.life("b", 3, 1, batches=1, resume_from=self.dir / "a-cursor3.json", cfg=cfg, state="b")
+        self.assertIn("the job resumes there, 4 batch(es) a rank left in epoch 0", daemons[0].log())
+        self.assertEqual(json.loads((self.dir / "b-state0" / "cursors.json").read_text())["origin"]["base_lanes"], 2)
+        self.life("b2", 3, 1, batches=1, cursors_of="b", cfg=cfg, state="b")
+        cs = self.cursors("b2", 3)
+        self.assertEqual({(c["epoch"], c["position"], c["lanes"]) for c in cs}, {(0, 72, 2)}, cs)
+        # Life 3: 1 node x 4 ranks from life 2's rank 1 to the end: the last 24, 6 a rank.
+        self.life("c", 1, 4, resume_from=self.dir / "b2-cursor1.json", cfg=cfg)
+        lives = [self.delivered(*life, 0) for life in (("a", 4), ("b", 3), ("b2", 3), ("c", 4))]
+        self.assertEqual([sum(map(len, life)) for life in lives], [48, 12, 12, 24])
+        self.assertEqual({len(ids) for ids in lives[3]}, {6}, "equal shares in the resumed part")
+        every = sorted(i for life in lives for ids in life for i in ids)
+        self.assertEqual(every, [f"s{i:03d}" for i in range(96)], "every sample of epoch 0 once")
+        # Epoch 1 is what a fresh run of 1 node x 4 ranks gives, rank by rank; its cursors
+        # count in 1 lane again.
+        self.assertEqual(self.delivered("c", 4, 1), self.fresh_epoch(cfg, 4, 1))
+        self.assertEqual({(c["epoch"], c["lanes"]) for c in self.cursors("c", 4)}, {(2, 1)})
 
     def test_a_mixture_resumes_at_another_shape_in_the_numbering_it_stood_at(self):
         # The 96 captions (weight 3) and 40 questions (weight 1), 96 draws an epoch: a mixture's

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -651,32 +652,48 @@ TEST(EpochOrderTest, AMixtureResumedAtAnotherShapeDealsTheRestOfItsEpochOnce) {
   }
 }
 
+// Nine indexed tar shards of uneven sizes (an empty one, primes): the catalog, and which shard
+// holds each catalog entry.
+struct UnevenShards {
+  TempDir dir;
+  SourceConfig source;
+  std::optional<Catalog> cat;
+  std::vector<int> shard_of;
+  void Load() {
+    const std::vector<int> counts = {7, 0, 13, 1, 8, 11, 2, 17, 5};
+    size_t total = 0;
+    for (size_t k = 0; k < counts.size(); ++k) {
+      std::string tar;
+      for (int i = 0; i < counts[k]; ++i) tar += TarRecord(fmt::format("s{}_{}.txt", k, i), "t");
+      WriteFile(dir / fmt::format("shard-{}.tar", k), tar + std::string(1024, '\0'));
+      total += counts[k];
+    }
+    source = WebDataset(dir / "shard-{0..8}.tar");
+    source.index = "on";
+    Result<Catalog> c = LoadWebDataset(source, {"text"});
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    ASSERT_EQ(c->size(), total);
+    cat.emplace(std::move(*c));
+    shard_of.resize(total);
+    for (size_t k = 0; k < cat->shards->shard_count(); ++k) {
+      const ShardIndex::ShardSpan sp = cat->shards->shard(k);
+      for (uint64_t i = sp.first; i < sp.first + sp.count; ++i) shard_of[i] = static_cast<int>(k);
+    }
+  }
+};
+
 // Window mode: shards in a seeded order, samples permuted within runs of W shards, each node a
 // contiguous part. Shards of uneven sizes (an empty one, primes) over 1-3 nodes and 1-2 ranks:
 // every position of every node is a distinct catalog entry, each node's part is what the
 // contiguous split says, positions stay within one window's shards, and the order is
 // deterministic, seeded and new each epoch.
 TEST(EpochOrderTest, WindowModeDealsEveryShardsSamplesOnceInWindows) {
-  TempDir dir;
-  const std::vector<int> counts = {7, 0, 13, 1, 8, 11, 2, 17, 5};
-  size_t total = 0;
-  for (size_t k = 0; k < counts.size(); ++k) {
-    std::string tar;
-    for (int i = 0; i < counts[k]; ++i) tar += TarRecord(fmt::format("s{}_{}.txt", k, i), "t");
-    WriteFile(dir / fmt::format("shard-{}.tar", k), tar + std::string(1024, '\0'));
-    total += counts[k];
-  }
-  SourceConfig s = WebDataset(dir / "shard-{0..8}.tar");
-  s.index = "on";
-  Result<Catalog> cat = LoadWebDataset(s, {"text"});
-  ASSERT_TRUE(cat.ok()) << cat.status().message();
-  ASSERT_EQ(cat->size(), total);
-  // Which shard holds each catalog entry.
-  std::vector<int> shard_of(total);
-  for (size_t k = 0; k < cat->shards->shard_count(); ++k) {
-    const ShardIndex::ShardSpan sp = cat->shards->shard(k);
-    for (uint64_t i = sp.first; i < sp.first + sp.count; ++i) shard_of[i] = static_cast<int>(k);
-  }
+  UnevenShards u;
+  ASSERT_NO_FATAL_FAILURE(u.Load());
+  SourceConfig& s = u.source;
+  const Catalog* cat = &*u.cat;
+  const size_t total = cat->size();
+  const std::vector<int>& shard_of = u.shard_of;
   for (bool shuffle : {true, false})
     for (int window : {1, 2, 4, 100})
       for (int nodes : {1, 2, 3})
@@ -717,6 +734,51 @@ TEST(EpochOrderTest, WindowModeDealsEveryShardsSamplesOnceInWindows) {
   std::vector<uint32_t> all = Positions(EpochOrder(*cat, s, 0, 1));
   EXPECT_EQ(std::set<uint32_t>(all.begin(), all.end()).size(), total);
   EXPECT_FALSE(std::is_sorted(all.begin(), all.end()));
+}
+
+// Window mode resumed at another shape: the job's order interleaves the nodes' parts, and a
+// base taken at N0 nodes (every node past its first p positions: base = p x N0) deals the rest
+// of that order over another number of nodes and ranks. Over the two shapes every position is a
+// distinct entry, all of the order but fewer than one round of the new streams is dealt, and a
+// position's shards are among those WindowShards names (a node now reads several parts).
+TEST(EpochOrderTest, WindowModeResumedAtAnotherShapeDealsTheRestOnce) {
+  UnevenShards u;
+  ASSERT_NO_FATAL_FAILURE(u.Load());
+  SourceConfig& s = u.source;
+  s.shuffle = true, s.seed = 3, s.shuffle_window = 2;
+  const Catalog* cat = &*u.cat;
+  const size_t total = cat->size();
+  const std::vector<int>& shard_of = u.shard_of;
+  for (int before : {1, 2, 3})
+    for (uint64_t p : {1, 4, 9})
+      for (int nodes : {1, 2, 3})
+        for (int consumers : {1, 2}) {
+          SCOPED_TRACE(fmt::format("{} nodes, p {}, then {} x {}", before, p, nodes, consumers));
+          std::set<uint32_t> seen;
+          s.num_nodes = before;
+          for (int node = 0; node < before; ++node) {  // what the first shape delivered
+            s.node_rank = node;
+            const EpochOrder first(*cat, s, 0, 1);
+            for (size_t i = 0; i < p; ++i) ASSERT_TRUE(seen.insert(first[i]).second);
+          }
+          const uint64_t base = p * before, order = total / before * before;
+          s.num_nodes = nodes;
+          size_t dealt = 0;
+          for (int node = 0; node < nodes; ++node) {
+            s.node_rank = node;
+            const EpochOrder rest(*cat, s, 0, consumers, base, nullptr, before);
+            EXPECT_EQ(rest.size(), (order - base) / nodes / consumers * consumers);
+            for (size_t i = 0; i < rest.size(); ++i) {
+              EXPECT_TRUE(seen.insert(rest[i]).second) << "position " << i << " dealt twice";
+              const std::vector<uint32_t> shards = rest.WindowShards(i, 0);
+              EXPECT_TRUE(std::count(shards.begin(), shards.end(), shard_of[rest[i]]))
+                  << "position " << i << " outside the windows named";
+            }
+            dealt += rest.size();
+          }
+          EXPECT_EQ(base + dealt, seen.size());
+          EXPECT_LT(order - seen.size(), static_cast<size_t>(nodes * consumers));
+        }
 }
 
 // Every index exactly once, for sizes that are primes, powers of two (even and odd exponents),
