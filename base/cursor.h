@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
 
 #include "base/status.h"
 
@@ -33,6 +35,9 @@ struct StreamCursor {
   // consumer ranks then, over all nodes; shard windows': its nodes, each reading its own part
   // of the window sequence); 0: an order that does not depend on the shape.
   uint32_t lanes = 0;
+  // A mixture with a source in shard windows numbers that source's draws node by node, so its
+  // positions count in the nodes of that shape too; 0 otherwise.
+  uint32_t nodes = 0;
   bool operator==(const StreamCursor& o) const {
     return epoch == o.epoch && batch == o.batch && seq == o.seq && stream == o.stream;
   }
@@ -45,6 +50,7 @@ inline nlohmann::json CursorToJson(const StreamCursor& c) {
     j["order"] = c.order;
     j["position"] = c.position;
     if (c.lanes) j["lanes"] = c.lanes;
+    if (c.nodes) j["nodes"] = c.nodes;
   }
   return j;
 }
@@ -80,11 +86,13 @@ inline Result<StreamCursor> CursorFromJson(const nlohmann::json& j) {
           "integer) come together");
     c.order = j["order"].get<uint32_t>();
     c.position = j["position"].get<uint64_t>();
-    if (j.contains("lanes")) {
-      if (!j["lanes"].is_number_unsigned() || j["lanes"].get<uint64_t>() > UINT32_MAX ||
-          j["lanes"].get<uint64_t>() == 0)
-        return Status::Invalid("a cursor's \"lanes\" is a positive 32-bit integer");
-      c.lanes = j["lanes"].get<uint32_t>();
+    for (auto [key, count] : {std::pair{"lanes", &c.lanes}, std::pair{"nodes", &c.nodes}}) {
+      if (!j.contains(key)) continue;
+      if (!j[key].is_number_unsigned() || j[key].get<uint64_t>() > UINT32_MAX ||
+          j[key].get<uint64_t>() == 0)
+        return Status::Invalid(std::string("a cursor's \"") + key +
+                               "\" is a positive 32-bit integer");
+      *count = j[key].get<uint32_t>();
     }
   }
   return c;

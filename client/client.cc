@@ -37,8 +37,9 @@ class Connection {
     uint32_t order = 0, epoch = 0;
     uint64_t streams = 0, batch_size = 0, base = 0;
     // A mixture's or shard windows': the lanes numbering the positions of epoch `epoch` from
-    // `base` on, and of the other epochs (0: an order independent of the shape).
-    uint32_t base_lanes = 0, lanes = 0;
+    // `base` on, and of the other epochs (0: an order independent of the shape); a mixture's
+    // with a source in shard windows: the nodes of those shapes too.
+    uint32_t base_lanes = 0, lanes = 0, base_nodes = 0, nodes = 0;
   };
   std::optional<PositionRule> position;
 };
@@ -72,6 +73,7 @@ StreamCursor Batch::cursor() const {
     const bool from_base = c.epoch == p->epoch && p->base;
     c.position = (from_base ? p->base : 0) + c.batch * p->batch_size * p->streams;
     c.lanes = from_base ? p->base_lanes : p->lanes;
+    c.nodes = from_base ? p->base_nodes : p->nodes;
   }
   return c;
 }
@@ -248,7 +250,9 @@ Status Client::Connect(const std::optional<StreamCursor>& resume) {
                                                 p.at("batch_size").get<uint64_t>(),
                                                 p.at("base").get<uint64_t>(),
                                                 p.value("base_lanes", 0u),
-                                                p.value("lanes", 0u)};
+                                                p.value("lanes", 0u),
+                                                p.value("base_nodes", 0u),
+                                                p.value("nodes", 0u)};
     } catch (const nlohmann::json::exception& e) {
       return Status::Invalid(
           fmt::format("mmfeedd's attach reply has a malformed \"position\": {}", e.what()));

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "base/atomic_file.h"
 
@@ -19,6 +20,7 @@ nlohmann::json StreamStateToJson(const StreamState& s) {
   if (s.origin_previous) origin["previous_stream"] = s.origin_previous;
   if (s.origin_base) origin["base"] = s.origin_base;
   if (s.origin_lanes) origin["base_lanes"] = s.origin_lanes;
+  if (s.origin_nodes) origin["base_nodes"] = s.origin_nodes;
   nlohmann::json j = {{"version", 2},
                       {"pipeline", s.pipeline},
                       {"fingerprint", s.fingerprint},
@@ -66,11 +68,13 @@ Result<StreamState> StreamStateFromJson(const nlohmann::json& j, const std::stri
         return bad("\"origin\".\"base\" is not a position");
       s.origin_base = j["origin"]["base"].get<uint64_t>();
     }
-    if (j["origin"].contains("base_lanes")) {
-      const nlohmann::json& l = j["origin"]["base_lanes"];
+    for (auto [key, count] :
+         {std::pair{"base_lanes", &s.origin_lanes}, std::pair{"base_nodes", &s.origin_nodes}}) {
+      if (!j["origin"].contains(key)) continue;
+      const nlohmann::json& l = j["origin"][key];
       if (!l.is_number_unsigned() || l.get<uint64_t>() > UINT32_MAX)
-        return bad("\"origin\".\"base_lanes\" is not a 32-bit count");
-      s.origin_lanes = l.get<uint32_t>();
+        return bad(fmt::format("\"origin\".\"{}\" is not a 32-bit count", key));
+      *count = l.get<uint32_t>();
     }
   }
   if (!j.contains("ranks") || !j["ranks"].is_array() || j["ranks"].empty())

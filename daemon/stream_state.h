@@ -4,7 +4,8 @@
 //   {"version": 2, "pipeline": NAME, "fingerprint": FP,
 //    "origin": {"epoch": E, "batch": 0, "seq": S, "stream": T, "previous_stream": P,
 //               "base": POSITION,               // base: a job resumed at another shape
-//               "base_lanes": LANES},           // a mixture's: the lanes base counts in
+//               "base_lanes": LANES,            // the lanes base counts in (mixture, windows)
+//               "base_nodes": NODES},           // and their nodes (a source in shard windows)
 //    "ranks": [CURSOR, ...],                      // each rank's acknowledged cursor
 //    "config": {"file": PATH, "text": YAML},      // the config that makes the batches from S on
 //    "mix_switches": [{"epoch": E, "position": P, "weights": [W, ...]}, ...]}
@@ -42,6 +43,7 @@ struct StreamState {
   std::string config_file, config_text;  // empty text: a version 1 file
   uint64_t origin_base = 0;              // Pipeline::Origin::base
   uint32_t origin_lanes = 0;             // Pipeline::Origin::lanes
+  uint32_t origin_nodes = 0;             // Pipeline::Origin::nodes
   std::vector<MixSwitch> mix_switches;   // MixConfig::switches of the config
 };
 

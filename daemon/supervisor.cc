@@ -204,7 +204,7 @@ void Supervisor::ResumeJobAt(const StreamCursor& c, int pid) {
   if (!c.stream || !OfAnotherStreamOfOurOrder(c) || !pipeline_->positional() ||
       c.epoch >= (epochs ? epochs : UINT32_MAX - 1))
     return;  // this stream's own cursor, or one Attach refuses (CheckResume says why)
-  Result<Pipeline::Origin> rebased = pipeline_->Rebased(c.epoch, c.position, c.lanes);
+  Result<Pipeline::Origin> rebased = pipeline_->Rebased(c.epoch, c.position, c.lanes, c.nodes);
   Status st = rebased.ok() ? pipeline_->SetOrigin(*rebased) : rebased.status();
   if (!st.ok()) {  // the rank's attach is refused: its cursor is of another stream
     spdlog::error("pid {}'s cursor (epoch {}, position {}) cannot resume the job: {}", pid, c.epoch,

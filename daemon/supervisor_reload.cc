@@ -260,7 +260,7 @@ void Supervisor::CompleteReload() {
     const Status st = p->pipeline->SetOrigin(
         {at.epoch, at.seq,
          Pipeline::NextStreamTag(before, at.seq, p->pipeline->order_fingerprint()), before.stream,
-         at_base ? before.base : 0, at_base ? before.lanes : 0});
+         at_base ? before.base : 0, at_base ? before.lanes : 0, at_base ? before.nodes : 0});
     if (!st.ok()) {  // the same order deals to the lanes it dealt to before: a bug
       spdlog::error("the reload is abandoned: {}", st.message());
       for (BatchSink* s : pipeline_sinks_) s->Finish(false);

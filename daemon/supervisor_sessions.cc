@@ -156,7 +156,7 @@ Status Supervisor::CheckResume(int rank, shm::RingWriter& ring, const StreamCurs
       why += fmt::format("; this pipeline cannot resume a job at a position: {}",
                          pipeline_->why_not_positional());
     else if (c.order) {
-      const Result<Pipeline::Origin> o = pipeline_->Rebased(c.epoch, c.position, c.lanes);
+      const Result<Pipeline::Origin> o = pipeline_->Rebased(c.epoch, c.position, c.lanes, c.nodes);
       why = !o.ok() ? fmt::format("{}; the job cannot resume at its position: {}", why,
                                   o.status().message())
                     : fmt::format(

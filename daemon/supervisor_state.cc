@@ -54,8 +54,8 @@ Status Supervisor::LoadState(std::optional<StreamState> saved) {
   };
   if (saved->origin_base) {
     if (!pipeline_->positional()) return bad_base(": " + pipeline_->why_not_positional());
-    Result<Pipeline::Origin> o =
-        pipeline_->Rebased(saved->origin_epoch, saved->origin_base, saved->origin_lanes);
+    Result<Pipeline::Origin> o = pipeline_->Rebased(saved->origin_epoch, saved->origin_base,
+                                                    saved->origin_lanes, saved->origin_nodes);
     if (!o.ok()) return bad_base(": " + o.status().message());
     if (o->base != saved->origin_base) return bad_base("");
   }
@@ -63,7 +63,7 @@ Status Supervisor::LoadState(std::optional<StreamState> saved) {
   MMFEED_RETURN_IF_ERROR(pipeline_->SetOrigin(
       {saved->origin_epoch, saved->origin_seq,
        saved->origin_stream ? saved->origin_stream : pipeline_->origin().stream,
-       saved->origin_previous, saved->origin_base, saved->origin_lanes}));
+       saved->origin_previous, saved->origin_base, saved->origin_lanes, saved->origin_nodes}));
   for (size_t r = 0; r < saved->ranks.size(); ++r) {
     StreamCursor& c = saved->ranks[r];
     if (c.seq < saved->origin_seq) {
@@ -100,6 +100,7 @@ Status Supervisor::SaveState() {
                     cfg_.text};
   state.origin_base = origin.base;
   state.origin_lanes = origin.lanes;
+  state.origin_nodes = origin.nodes;
   state.mix_switches = pipeline_->MixSwitches();
   for (int r = 0; r < cfg_.consumers; ++r) state.ranks.push_back(AckedOf(r));
   std::string text = StreamStateToJson(state).dump() + "\n";

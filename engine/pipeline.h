@@ -149,13 +149,14 @@ class Pipeline {
   // `base`: the origin epoch is dealt from that position of its global order on, the rest of
   // it over this pipeline's ranks (a job resumed at another shape: Rebased); later epochs whole.
   // `lanes`: those of the shape whose global order `base` counts in (StreamCursor::lanes): a
-  // mixture's lanes, or the nodes whose shard-window parts that order interleaves.
+  // mixture's lanes, or the nodes whose shard-window parts that order interleaves; `nodes`:
+  // that shape's nodes, for a mixture with a source in shard windows (StreamCursor::nodes).
   struct Origin {
     uint32_t epoch = 0;
     uint64_t seq = 0;
     uint32_t stream = 0, previous = 0;
     uint64_t base = 0;
-    uint32_t lanes = 0;
+    uint32_t lanes = 0, nodes = 0;
   };
   static uint32_t FirstStreamTag(const std::string& order_fingerprint);
   static uint32_t NextStreamTag(const Origin& before, uint64_t seq,
@@ -170,17 +171,17 @@ class Pipeline {
   // Positions (StreamCursor::order, position) need an order that is one global sequence dealt
   // round-robin over the job's streams, fixed-size batches (not token budgets or packing): one
   // source in permutation mode or in shard windows (its nodes' parts interleaved); a mixture
-  // (its lanes interleaved) without a source in shard windows or a weight switch. Else the
-  // reason it has none.
+  // (its lanes interleaved) without a weight switch. Else the reason it has none.
   bool positional() const { return why_not_positional().empty(); }
   std::string why_not_positional() const;
   // The data, seed and shuffle (not the shape): what a cursor's `order` must match.
   uint32_t order_tag() const { return order_tag_; }
   // The origin of a stream that resumes the job at `position` of epoch `epoch`'s global order
-  // (a mixture's or shard windows' in `lanes` lanes) with this pipeline's shape (an epoch with no
-  // full row a stream left is skipped: the next epoch's start). Refused: a mixture's cursor without
-  // its lanes, or lanes the mixture cannot be dealt to. REQUIRES: positional().
-  Result<Origin> Rebased(uint32_t epoch, uint64_t position, uint32_t lanes) const;
+  // (a mixture's or shard windows' in `lanes` lanes, a mixture with a source in shard windows'
+  // over `nodes` nodes) with this pipeline's shape (an epoch with no full row a stream left is
+  // skipped: the next epoch's start). Refused: a mixture's cursor without its lanes (or nodes
+  // where they count), or lanes the mixture cannot be dealt to. REQUIRES: positional().
+  Result<Origin> Rebased(uint32_t epoch, uint64_t position, uint32_t lanes, uint32_t nodes) const;
   // The attach reply's "position" rule: how a client turns the cursors of epochs >= the
   // origin's into positions (null when not positional()).
   nlohmann::json PositionJson() const;
@@ -373,9 +374,11 @@ class Pipeline {
   std::shared_ptr<const EpochInverse> InverseOf(uint32_t epoch) const;
   // Makes the stages' caches (`cache:`), once their reads are linked.
   Status MakeCaches();
-  // What numbers a base's positions (Origin::base, lanes): a mixture's catalog Mixture dealt to
-  // `lanes`; null without a mixture or a base.
-  Result<std::shared_ptr<const Mixture>> NumberingOf(uint64_t base, uint32_t lanes) const;
+  // What numbers a base's positions (Origin::base, lanes, nodes): a mixture's catalog Mixture
+  // dealt to `lanes` (over `nodes` nodes where a source in shard windows makes them count);
+  // null without a mixture or a base.
+  Result<std::shared_ptr<const Mixture>> NumberingOf(uint64_t base, uint32_t lanes,
+                                                     uint32_t nodes) const;
   // The first source of a mixture read in shard windows, or "".
   std::string WindowedSource() const;
   uint64_t BatchesOf(uint64_t per_rank) const;

@@ -320,15 +320,24 @@ uint32_t Pipeline::NextStreamTag(const Origin& before, uint64_t seq,
          1;
 }
 
-Result<std::shared_ptr<const Mixture>> Pipeline::NumberingOf(uint64_t base, uint32_t lanes) const {
+Result<std::shared_ptr<const Mixture>> Pipeline::NumberingOf(uint64_t base, uint32_t lanes,
+                                                             uint32_t nodes) const {
   const std::shared_ptr<const Mixture>& own = catalog_->mixture;
   if (!own || base == 0) return std::shared_ptr<const Mixture>();
   if (lanes == 0)
     return Status::Invalid(
         "the cursor does not name the shape its mixture position counts in (its \"lanes\"; a "
         "cursor saved by an older client)");
-  if (lanes == own->lanes()) return own;
-  Result<Mixture> m = own->WithLanes(lanes);
+  // A source in shard windows numbers its draws node by node: the nodes count too.
+  const bool by_node = !WindowedSource().empty();
+  if (by_node && (nodes == 0 || lanes % nodes != 0))
+    return Status::Invalid(fmt::format(
+        "the cursor does not name the nodes its mixture position counts in (its \"nodes\", "
+        "which a mixture with a source in shard windows needs besides its {} lanes)",
+        lanes));
+  if (lanes == own->lanes() && (!by_node || nodes == static_cast<uint32_t>(cfg_.source.num_nodes)))
+    return own;
+  Result<Mixture> m = own->WithLanes(lanes, by_node ? lanes / nodes : 0);
   if (!m.ok())
     return m.status().WithContext(
         fmt::format("the mixture dealt to the cursor's {} consumer rank(s)", lanes));
@@ -336,8 +345,9 @@ Result<std::shared_ptr<const Mixture>> Pipeline::NumberingOf(uint64_t base, uint
 }
 
 Status Pipeline::SetOrigin(Origin origin) {
-  MMFEED_ASSIGN_OR_RETURN(numbering_, NumberingOf(origin.base, origin.lanes));
+  MMFEED_ASSIGN_OR_RETURN(numbering_, NumberingOf(origin.base, origin.lanes, origin.nodes));
   origin.lanes = LanesOf(origin.base, origin.lanes);
+  if (!numbering_ || WindowedSource().empty()) origin.nodes = 0;
   origin_ = origin;
   {
     std::lock_guard<std::mutex> lock(plans_mu_);
@@ -455,8 +465,6 @@ int Pipeline::RowsOf(uint32_t epoch, uint64_t index) const {
 }
 
 std::string Pipeline::why_not_positional() const {
-  if (const std::string windowed = WindowedSource(); !windowed.empty())
-    return fmt::format("source '{}' of the mixture is read in shard windows", windowed);
   if (catalog_->mixture && !catalog_->mixture->switches().empty())
     return "the mixture's weights changed at a batch boundary";
   if (budgeted()) return "token-budget batches take each rank's samples by their costs";
@@ -470,21 +478,25 @@ std::string Pipeline::WindowedSource() const {
   return "";
 }
 
-Result<Pipeline::Origin> Pipeline::Rebased(uint32_t epoch, uint64_t position,
-                                           uint32_t lanes) const {
+Result<Pipeline::Origin> Pipeline::Rebased(uint32_t epoch, uint64_t position, uint32_t lanes,
+                                           uint32_t nodes) const {
   MMFEED_ASSIGN_OR_RETURN(const std::shared_ptr<const Mixture> numbering,
-                          NumberingOf(position, lanes));
+                          NumberingOf(position, lanes, nodes));
   Origin o;
   o.epoch = epoch;
   o.base = position;
   o.lanes = LanesOf(position, lanes);
+  o.nodes = numbering && !WindowedSource().empty() ? nodes : 0;
   if (position == 0 || BatchesOf(PerRankFrom(position, numbering.get(), o.lanes)) == 0) {
     o.epoch = position == 0 ? epoch : epoch + 1;  // nothing a rank could have: the next epoch
     o.base = 0;
     o.lanes = 0;
+    o.nodes = 0;
   }
-  // A mixture's tag names the lanes its base counts in, shard windows' when they are several.
-  const std::string tagged = numbering || o.lanes > 1 ? fmt::format("{}|", o.lanes) : "";
+  // A mixture's tag names the lanes its base counts in (and their nodes where those count),
+  // shard windows' when they are several.
+  const std::string tagged = (numbering || o.lanes > 1 ? fmt::format("{}|", o.lanes) : "") +
+                             (o.nodes ? fmt::format("{}|", o.nodes) : "");
   o.stream = o.base == 0
                  ? FirstStreamTag(order_fingerprint_)
                  : static_cast<uint32_t>(HashString(fmt::format(
@@ -504,6 +516,10 @@ nlohmann::json Pipeline::PositionJson() const {
     j["lanes"] = catalog_->mixture ? catalog_->mixture->lanes()
                                    : static_cast<uint32_t>(cfg_.source.num_nodes);
     if (origin_.base) j["base_lanes"] = origin_.lanes;
+  }
+  if (catalog_->mixture && !WindowedSource().empty()) {  // its numbering counts nodes too
+    j["nodes"] = cfg_.source.num_nodes;
+    if (origin_.base) j["base_nodes"] = origin_.nodes;
   }
   return j;
 }

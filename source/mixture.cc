@@ -273,15 +273,16 @@ Status Mixture::CanSwitch(const Mixture& b, const Mixture& after) {
   return Status::Ok();
 }
 
-Result<Mixture> Mixture::WithLanes(uint32_t lanes) const {
+Result<Mixture> Mixture::WithLanes(uint32_t lanes, uint32_t per_node) const {
   if (before_) return Status::Unsupported("its weights changed at a batch boundary");
   std::vector<MixSource> sources;
   for (size_t i = 0; i < sources_.size(); ++i) {
-    if (sources_[i].cfg.windowed)
-      return Status::Unsupported(fmt::format("source {} is read in shard windows", i));
+    if (sources_[i].cfg.windowed && per_node == 0)
+      return Status::Invalid(fmt::format(
+          "source {} is read in shard windows, node by node, and the nodes are not named", i));
     sources.push_back(sources_[i].cfg);
   }
-  return Create(std::move(sources), mode_, samples_per_epoch_, lanes, seed_);
+  return Create(std::move(sources), mode_, samples_per_epoch_, lanes, seed_, per_node);
 }
 
 Result<Mixture> Mixture::Switched(std::shared_ptr<const Mixture> before, Mixture after,

@@ -95,11 +95,12 @@ class Mixture {
   // Whether `after` may take over from `before` at some batch boundary (Switched's checks but
   // the position's), else why not.
   static Status CanSwitch(const Mixture& before, const Mixture& after);
-  // This mixture dealt to `lanes` lanes: a job resumed at another shape deals the rest of an
-  // epoch in the numbering of the shape it stood at (EpochOrder). Refused for a mixture that
-  // switched weights or reads a source in shard windows (their draws depend on more than the
-  // lanes), and as Create refuses.
-  Result<Mixture> WithLanes(uint32_t lanes) const;
+  // This mixture dealt to `lanes` lanes, `per_node` of them a node: a job resumed at another
+  // shape deals the rest of an epoch in the numbering of the shape it stood at (EpochOrder).
+  // `per_node` counts only for a source in shard windows (its draws go node by node), and must
+  // be given (> 0) for one. Refused for a mixture that switched weights (its draws depend on
+  // more than the shape), and as Create refuses.
+  Result<Mixture> WithLanes(uint32_t lanes, uint32_t per_node = 0) const;
 
   uint32_t lanes() const { return lanes_; }
   size_t sources() const { return sources_.size(); }

@@ -75,7 +75,8 @@ py::dict CursorDict(const StreamCursor& c) {
   if (c.order) {  // the job's position, from which a job at another shape resumes
     d["order"] = c.order;
     d["position"] = c.position;
-    if (c.lanes) d["lanes"] = c.lanes;  // a mixture's: the shape that numbered the position
+    if (c.lanes) d["lanes"] = c.lanes;  // the shape that numbered the position (a mixture's,
+    if (c.nodes) d["nodes"] = c.nodes;  // shard windows')
   }
   return d;
 }

@@ -396,34 +396,70 @@ class ReshapeTest(JobCase):
         self.assertEqual(self.delivered("c", 4, 1), self.fresh_epoch(cfg, 4, 1))
         self.assertEqual({(c["epoch"], c["lanes"]) for c in self.cursors("c", 4)}, {(2, 1)})
 
-    def test_a_mixture_resumes_at_another_shape_in_the_numbering_it_stood_at(self):
-        # The 96 captions (weight 3) and 40 questions (weight 1), 96 draws an epoch: a mixture's
-        # global order interleaves its lanes, so its cursors name the lanes (4) of their position.
+    def mixture_config(self, captions):
+        """The captions (`captions`: the source's type and path; weight 3) and 40 questions
+        (weight 1), 96 draws an epoch."""
         with open(self.dir / "qa.jsonl", "w") as f:
             for i in range(40):
                 f.write(json.dumps({"id": f"q{i:03d}", "text": f"question {i}"}) + "\n")
         cfg = config().replace(
             "source: {type: manifest, path: manifest.jsonl, shuffle: true, seed: 5, epochs: 2, "
             "node_rank: auto, num_nodes: auto}",
-            f"sources:\n  - {{name: captions, type: manifest, path: {self.dir}/manifest.jsonl, weight: 3}}\n"
+            f"sources:\n  - {{name: captions, {captions}, weight: 3}}\n"
             f"  - {{name: qa, type: manifest, path: {self.dir}/qa.jsonl, weight: 1}}\n"
             "mix: {seed: 5, epochs: 2, samples_per_epoch: 96, node_rank: auto, num_nodes: auto}")
         self.assertIn("sources:", cfg)
+        return cfg
+
+    def test_a_mixture_resumes_at_another_shape_in_the_numbering_it_stood_at(self):
+        # A mixture's global order interleaves its lanes, so its cursors name the lanes (4) of
+        # their position.
+        cfg = self.mixture_config(f"type: manifest, path: {self.dir}/manifest.jsonl")
+        self.resume_mixture(cfg, {})
+        # A mixture's cursor without its lanes (an older client's) is refused, saying why.
+        old = json.loads((self.dir / "a-cursor0.json").read_text())
+        del old["lanes"]
+        (self.dir / "old.json").write_text(json.dumps(old))
+        d = dt.Daemon(self.dir / "c-node0", cfg)
+        err = self.refused(d, torchrun(0, 0, 1, 1), "--cursor", str(self.dir / "old.json"))
+        self.assertIn("the job cannot resume at its position: the cursor does not name the shape its "
+                      "mixture position counts in", err)
+
+    def test_a_mixture_with_a_source_in_shard_windows_resumes_at_another_shape(self):
+        # The captions in 8 shards read in windows: that source's draws are numbered node by
+        # node, so the cursors name the nodes (2) besides the lanes (4).
+        dt.text_shards(self.dir, "shard", 8, 12, lambda i: f"s{i:03d}", lambda i: f"caption {i}")
+        cfg = self.mixture_config(f'type: webdataset, path: "{self.dir}/shard-{{0..7}}.tar", index: on, '
+                                  'shuffle_window: 2')
+        self.resume_mixture(cfg, {"nodes": 2})
+        old = json.loads((self.dir / "a-cursor0.json").read_text())
+        del old["nodes"]
+        (self.dir / "old.json").write_text(json.dumps(old))
+        d = dt.Daemon(self.dir / "c-node0", cfg)
+        err = self.refused(d, torchrun(0, 0, 1, 1), "--cursor", str(self.dir / "old.json"))
+        self.assertIn("the cursor does not name the nodes its mixture position counts in", err)
+
+    def resume_mixture(self, cfg, nodes):
+        """2 x 2 ranks, then 3 x 1 (killed, restarted from --state-dir), then 1 x 4 over a
+        mixture `cfg`: the epoch's draws of an uninterrupted run, each once. `nodes`: what the
+        cursors of the first two lives carry besides their lanes ({} or {"nodes": 2})."""
         self.life("whole", 2, 2, cfg=cfg)  # uninterrupted, for the epoch's draws
         # Life 1: 2 nodes x 2 ranks, 3 batches of 4 each: positions [0, 48) of epoch 0.
         self.life("a", 2, 2, batches=3, cfg=cfg)
         cs = self.cursors("a", 4)
-        self.assertEqual({(c["epoch"], c["position"], c["lanes"]) for c in cs}, {(0, 48, 4)}, cs)
+        shape = lambda c: (c["epoch"], c["position"], c["lanes"], c.get("nodes"))  # noqa: E731
+        self.assertEqual({shape(c) for c in cs}, {(0, 48, 4, nodes.get("nodes"))}, cs)
         # Life 2: 3 nodes x 1 rank from rank 0's cursor: 48 left, 16 a rank; one batch each,
         # then the daemons are killed and restarted from their --state-dir (which keeps the
         # base and its lanes), the trainers from their own cursors: one more batch each.
         daemons = self.life("b", 3, 1, batches=1, resume_from=self.dir / "a-cursor0.json", cfg=cfg, state="b")
         self.assertIn("the job resumes there, 4 batch(es) a rank left in epoch 0", daemons[0].log())
-        self.assertEqual(json.loads((self.dir / "b-state0" / "cursors.json").read_text())["origin"]["base_lanes"], 4)
+        origin = json.loads((self.dir / "b-state0" / "cursors.json").read_text())["origin"]
+        self.assertEqual((origin["base_lanes"], origin.get("base_nodes")), (4, nodes.get("nodes")))
         daemons = self.life("b2", 3, 1, batches=1, cursors_of="b", cfg=cfg, state="b")
         self.assertIn("continuing from the saved cursors", daemons[0].log())
         cs = self.cursors("b2", 3)
-        self.assertEqual({(c["epoch"], c["position"], c["lanes"]) for c in cs}, {(0, 72, 4)}, cs)
+        self.assertEqual({shape(c) for c in cs}, {(0, 72, 4, nodes.get("nodes"))}, cs)
         # Life 3: 1 node x 4 ranks from life 2's rank 2 to the end: the last 24, 6 a rank.
         self.life("c", 1, 4, resume_from=self.dir / "b2-cursor2.json", cfg=cfg)
         lives = [self.delivered(*life, 0) for life in (("a", 4), ("b", 3), ("b2", 3), ("c", 4))]
@@ -434,14 +470,6 @@ class ReshapeTest(JobCase):
         self.assertEqual(sum(i.startswith("q") for i in every), 24, "the questions' quarter")
         # Epoch 1 is what a fresh run of 1 node x 4 ranks gives, rank by rank.
         self.assertEqual(self.delivered("c", 4, 1), self.fresh_epoch(cfg, 4, 1))
-        # A mixture's cursor without its lanes (an older client's) is refused, saying why.
-        old = json.loads((self.dir / "a-cursor0.json").read_text())
-        del old["lanes"]
-        (self.dir / "old.json").write_text(json.dumps(old))
-        d = dt.Daemon(self.dir / "c-node0", cfg)
-        err = self.refused(d, torchrun(0, 0, 1, 1), "--cursor", str(self.dir / "old.json"))
-        self.assertIn("the job cannot resume at its position: the cursor does not name the shape its "
-                      "mixture position counts in", err)
 
     def test_a_rank_at_another_position_is_refused_naming_both(self):
         self.life("a", 1, 2, batches=2)  # 1 node x 2 ranks: position 16

@@ -7,6 +7,7 @@
 #include <map>
 #include <numeric>
 #include <set>
+#include <tuple>
 
 #include "base/rng.h"
 
@@ -196,6 +197,31 @@ TEST(MixtureTest, AWindowedSourceGivesEachNodeOneRunOfAnEpochsDraws) {
   }
   EXPECT_FALSE(Mixture::Create(Weighted({1, 1}), MixMode::kWeighted, 0, 6, 1, 4).ok())
       << "6 lanes are not nodes of 4";
+}
+
+// A job resumed at another shape deals the rest of an epoch in the numbering of the shape it
+// stood at (Mixture::WithLanes): with a source in shard windows that numbering is node by node,
+// so it needs the old shape's nodes as well as its lanes; without them it is refused.
+TEST(MixtureTest, WithLanesKeepsAWindowedSourcesNumberingByNode) {
+  std::vector<MixSource> sources = Weighted({2, 1}, 500);
+  sources[1].windowed = true;
+  auto now = Mixture::Create(sources, MixMode::kWeighted, 3001, 3, 4, 1);   // 3 nodes x 1
+  auto then = Mixture::Create(sources, MixMode::kWeighted, 3001, 4, 4, 2);  // 2 nodes x 2
+  ASSERT_TRUE(now.ok() && then.ok());
+  Result<Mixture> numbering = now->WithLanes(4, 2);
+  ASSERT_TRUE(numbering.ok()) << numbering.status().message();
+  bool by_node_differs = false;
+  Result<Mixture> one_node = now->WithLanes(4, 4);
+  for (uint32_t lane = 0; lane < 4; ++lane)
+    for (uint64_t p = 0; p < then->per_lane(); ++p) {
+      const MixDraw a = then->At(2, lane, p), b = numbering->At(2, lane, p);
+      ASSERT_EQ(std::tie(a.source, a.draw, a.sample), std::tie(b.source, b.draw, b.sample));
+      by_node_differs |= one_node->At(2, lane, p).draw != a.draw;
+    }
+  EXPECT_TRUE(by_node_differs) << "the nodes change a windowed source's numbering";
+  const Result<Mixture> unnamed = now->WithLanes(4);
+  ASSERT_FALSE(unnamed.ok());
+  EXPECT_NE(unnamed.status().message().find("the nodes are not named"), std::string::npos);
 }
 
 // Weights changed at batch boundaries (a reload): before each switch the stream is the earlier
