@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Audio benchmark: decode + resample to 16 kHz + Whisper log-mel (80 mels, 30 s windows),
 in seconds of audio per second of one core, for mmfeed's audio stage and, in the same run on
-the same files, torchaudio (torchaudio.load + functional.resample + MelSpectrogram + Whisper's
-log scaling) and the numpy reference of Whisper's features (log-mel step only). Speech clips
-are made with espeak-ng (several voices, 5-30 s) and encoded to WAV, FLAC and MP3 with ffmpeg.
+the same files, a bare FFmpeg decode + libswresample (mmfeed-bench-audio), torchaudio
+(torchaudio.load + functional.resample + MelSpectrogram + Whisper's log scaling) and the numpy
+reference of Whisper's features (log-mel step only). Speech clips are made with espeak-ng
+(several voices, 5-30 s) and encoded to WAV, FLAC and MP3 with ffmpeg. mmfeed and torchaudio
+run in alternating rounds (after one warm-up round each); the figures are the rounds' medians.
 
-usage: audio_bench.py [--build BUILD] [--out DIR]
+usage: audio_bench.py [--build BUILD] [--out DIR] [--rounds N]
 """
-import argparse, json, os, pathlib, subprocess, sys, time
+import argparse, json, os, pathlib, statistics, subprocess, sys, time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "data" / "audio"))
@@ -67,25 +69,39 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=str(ROOT / "build"))
     ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "audio"))
+    ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
     os.environ.pop("OPENBLAS_CORETYPE", None)  # see the env notes: numpy runs its current kernels
     files = make_clips(pathlib.Path(a.out))
-    mm = json.loads(subprocess.run([f"{a.build}/bin/mmfeed-bench-audio", "--repeat", "3", *map(str, files)],
-                                   capture_output=True, text=True, check=True).stdout)
+
+    def mmfeed_run():
+        return json.loads(subprocess.run([f"{a.build}/bin/mmfeed-bench-audio", "--repeat", "2", *map(str, files)],
+                                         capture_output=True, text=True, check=True).stdout)
+
+    mmfeed_run(), torchaudio_run(files, 1)  # warm-up: page cache, torch's kernels and plans
+    mm, ta = [], []
+    for _ in range(a.rounds):
+        mm.append(mmfeed_run())
+        ta.append(torchaudio_run(files, 1))
+    med = lambda key: statistics.median(r[key] for r in mm)  # noqa: E731
     res = {
         "clips": len(files),
-        "audio_seconds": mm["audio_seconds"] / 3,
-        "mmfeed_decode_resample_logmel": mm["pipeline_audio_s_per_s"],
-        "torchaudio_load_resample_melspectrogram": torchaudio_run(files, 2),
-        "mmfeed_log_mel_only": mm["log_mel_audio_s_per_s"],
+        "rounds": a.rounds,
+        "audio_seconds": mm[0]["audio_seconds"] / 2,
+        "mmfeed_decode_resample_logmel": med("pipeline_audio_s_per_s"),
+        "bare_ffmpeg_decode_resample": med("decode_resample_audio_s_per_s"),
+        "torchaudio_load_resample_melspectrogram": statistics.median(ta),
+        "mmfeed_log_mel_only": med("log_mel_audio_s_per_s"),
         "numpy_reference_log_mel_only": numpy_log_mel_run(5),
     }
     res["mmfeed_vs_torchaudio"] = res["mmfeed_decode_resample_logmel"] / res["torchaudio_load_resample_melspectrogram"]
+    res["mmfeed_vs_bare_decode_resample"] = res["mmfeed_decode_resample_logmel"] / res["bare_ffmpeg_decode_resample"]
     res["mmfeed_log_mel_vs_numpy"] = res["mmfeed_log_mel_only"] / res["numpy_reference_log_mel_only"]
     print(json.dumps(res, indent=2))
     print(f"\n| audio, one core | seconds of audio per second | ratio |\n|---|---|---|\n"
           f"| mmfeed: decode + resample + log-mel | {res['mmfeed_decode_resample_logmel']:.0f} | "
-          f"{res['mmfeed_vs_torchaudio']:.2f}x torchaudio |\n"
+          f"{res['mmfeed_vs_torchaudio']:.2f}x torchaudio, {res['mmfeed_vs_bare_decode_resample']:.2f}x bare |\n"
+          f"| bare FFmpeg decode + libswresample (no log-mel) | {res['bare_ffmpeg_decode_resample']:.0f} | - |\n"
           f"| torchaudio: load + resample + MelSpectrogram | {res['torchaudio_load_resample_melspectrogram']:.0f} | 1.00 |\n"
           f"| mmfeed: log-mel step alone | {res['mmfeed_log_mel_only']:.0f} | {res['mmfeed_log_mel_vs_numpy']:.1f}x numpy |\n"
           f"| numpy reference: log-mel step alone | {res['numpy_reference_log_mel_only']:.0f} | 1.00 |")

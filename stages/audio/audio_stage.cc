@@ -65,8 +65,6 @@ class AudioWorker : public StageWorker {
       start = static_cast<int64_t>(rng.Below(static_cast<uint64_t>(n - p_.window + 1)));
     }
     const int64_t valid = std::min(n - start, p_.window);
-    window_.assign(samples + start, samples + start + valid);
-    window_.resize(p_.window, 0.0f);
     // float32 features go straight to the output; bfloat16 ones are rounded from float32.
     const bool f32 = p_.dtype == DType::kFloat32;
     const std::vector<int64_t> shape = p_.FeatureShape();
@@ -74,12 +72,14 @@ class AudioWorker : public StageWorker {
     if (!f32) features_.resize(count);
     float* features = f32 ? out.As<float>(0) : features_.data();
     if (p_.log_mel) {
-      mel_->Compute(window_.data(), window_.size(), features, static_cast<size_t>(valid));
-      int64_t frames = static_cast<int64_t>(mel_->Frames(window_.size()));
+      const size_t window = static_cast<size_t>(p_.window);
+      mel_->Compute(samples + start, window, features, static_cast<size_t>(valid));
+      int64_t frames = static_cast<int64_t>(mel_->Frames(window));
       *out.As<int32_t>(1) =
           static_cast<int32_t>(std::min<int64_t>(frames, (valid + p_.hop - 1) / p_.hop));
     } else {
-      std::memcpy(features, window_.data(), count * sizeof(float));
+      std::memcpy(features, samples + start, static_cast<size_t>(valid) * sizeof(float));
+      std::fill(features + valid, features + count, 0.0f);
       *out.As<int32_t>(1) = static_cast<int32_t>(valid);
     }
     if (!f32) {
@@ -93,7 +93,7 @@ class AudioWorker : public StageWorker {
   const AudioParams& p_;
   std::unique_ptr<LogMel> mel_;
   std::string file_;
-  std::vector<float> samples_, window_, features_;
+  std::vector<float> samples_, features_;
 };
 
 class AudioStage : public Stage {

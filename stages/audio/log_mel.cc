@@ -88,27 +88,30 @@ LogMel::~LogMel() {
 }
 
 void LogMel::Compute(const float* x, size_t n, float* out, size_t valid) {
-  const int pad = n_fft_ / 2;
-  padded_.resize(n + 2 * pad);
-  for (int i = 0; i < pad; ++i) {  // reflect: x[pad], ..., x[1] | x | x[n-2], ..., x[n-1-pad]
-    padded_[i] = x[pad - i];
-    padded_[pad + n + i] = x[n - 2 - i];
-  }
-  std::memcpy(padded_.data() + pad, x, n * sizeof(float));
+  const size_t pad = static_cast<size_t>(n_fft_ / 2), hop = static_cast<size_t>(hop_);
   const size_t frames = Frames(n);
   // Frame t covers padded samples [t*hop, t*hop + n_fft), i.e. x[t*hop - pad, t*hop - pad + n_fft).
   // Once t*hop - pad >= valid and the window stays left of the reflected tail, it is all zeros.
   size_t silent_from = frames;
-  if (valid + 2 * static_cast<size_t>(pad) < n)
-    silent_from = std::min(frames, (valid + pad + hop_ - 1) / hop_);
-  const float silence = Log10Fast(1e-10f);
+  if (valid + 2 * pad < n) silent_from = std::min(frames, (valid + pad + hop - 1) / hop);
+  // The padded signal, as far as the transformed frames read it: reflect: x[pad], ..., x[1] |
+  // x | x[n-2], ..., x[n-1-pad], where x is the valid samples then zeros.
+  const size_t need =
+      silent_from == 0 ? 0 : std::min(n + 2 * pad, (silent_from - 1) * hop + n_fft_);
+  padded_.resize(n + 2 * pad);
+  auto at = [&](size_t k) { return k < valid ? x[k] : 0.0f; };
+  for (size_t i = 0; i < std::min(pad, need); ++i) padded_[i] = at(pad - i);
+  if (need > pad) {
+    const size_t body = std::min(n, need - pad), copied = std::min(body, valid);
+    std::memcpy(padded_.data() + pad, x, copied * sizeof(float));
+    std::fill(padded_.begin() + pad + copied, padded_.begin() + pad + body, 0.0f);
+    for (size_t i = 0; pad + n + i < need; ++i) padded_[pad + n + i] = at(n - 2 - i);
+  }
   power_.resize(n_bins_);
   mel_.resize(n_mels_);
-  float max_log = silent_from < frames ? silence : -1e30f;
-  for (size_t t = silent_from; t < frames; ++t)
-    for (int m = 0; m < n_mels_; ++m) out[m * frames + t] = silence;
+  float max_log = -1e30f;
   for (size_t t = 0; t < silent_from; ++t) {
-    const float* src = padded_.data() + t * hop_;
+    const float* src = padded_.data() + t * hop;
     for (int i = 0; i < n_fft_; ++i) frame_[i] = src[i] * window_[i];
     fftwf_execute(plan_);
     for (int k = 0; k < n_bins_; ++k)
@@ -125,9 +128,16 @@ void LogMel::Compute(const float* x, size_t n, float* out, size_t valid) {
       max_log = std::max(max_log, mel_[m]);
     }
   }
-  const float floor = max_log - 8.0f;
-  for (size_t i = 0; i < static_cast<size_t>(n_mels_) * frames; ++i)
-    out[i] = (std::max(out[i], floor) + 4.0f) / 4.0f;
+  // The silent frames' value (log10 of the 1e-10 floor) counts in the maximum too; their
+  // scaled value is written once per row.
+  const float silence = Log10Fast(1e-10f);
+  if (silent_from < frames) max_log = std::max(max_log, silence);
+  const float floor = max_log - 8.0f, scaled_silence = (std::max(silence, floor) + 4.0f) / 4.0f;
+  for (int m = 0; m < n_mels_; ++m) {
+    float* row = out + static_cast<size_t>(m) * frames;
+    for (size_t t = 0; t < silent_from; ++t) row[t] = (std::max(row[t], floor) + 4.0f) / 4.0f;
+    std::fill(row + silent_from, row + frames, scaled_silence);
+  }
 }
 
 }  // namespace mmfeed

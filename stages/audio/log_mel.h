@@ -23,8 +23,9 @@ class LogMel {
 
   // Frames for `samples` samples: samples / hop (the STFT's last frame is dropped).
   size_t Frames(size_t samples) const { return samples / hop_; }
-  // Writes [n_mels, Frames(n)] to out. Samples from `valid` on are known to be zero (padding):
-  // frames that see only those are not transformed, their value is the silence value.
+  // Writes [n_mels, Frames(n)] to out for a signal of n samples: the `valid` ones at `samples`
+  // (only those are read), then zeros (padding). Frames that see only zeros are not
+  // transformed, their value is the silence value.
   // REQUIRES: n > n_fft / 2 (reflect padding), valid <= n.
   void Compute(const float* samples, size_t n, float* out, size_t valid);
   void Compute(const float* samples, size_t n, float* out) { Compute(samples, n, out, n); }
