@@ -11,26 +11,33 @@ SampleCache::SampleCache(uint64_t max_bytes, NextUse next_use)
   stats_.max_bytes = max_bytes;
 }
 
-void SampleCache::Advance(uint32_t epoch) {
+void SampleCache::Advance(uint32_t epoch, std::unique_lock<std::mutex>& lock) {
   if (epoch <= epoch_) return;
   epoch_ = epoch;
   const uint64_t now = uint64_t{epoch} << 32;
-  std::vector<uint32_t> stale;
+  std::vector<std::pair<uint64_t, uint32_t>> stale;  // (next read it missed, entry)
   for (auto it = by_next_.begin(); it != by_next_.end() && it->first < now; ++it)
-    stale.push_back(it->second);
-  for (uint32_t entry : stale) {
-    Kept& k = kept_[entry];
-    by_next_.erase({k.next, entry});
-    k.next = next_use_(entry, epoch - 1);
-    by_next_.emplace(k.next, entry);
+    stale.push_back(*it);
+  if (stale.empty()) return;
+  lock.unlock();
+  std::vector<uint64_t> next(stale.size());
+  for (size_t i = 0; i < stale.size(); ++i) next[i] = next_use_(stale[i].second, epoch - 1);
+  lock.lock();
+  for (size_t i = 0; i < stale.size(); ++i) {
+    const auto [missed, entry] = stale[i];
+    auto it = kept_.find(entry);
+    if (it == kept_.end() || it->second.next != missed) continue;  // evicted or ranked meanwhile
+    by_next_.erase({missed, entry});
+    it->second.next = next[i];
+    by_next_.emplace(next[i], entry);
   }
 }
 
 std::shared_ptr<const std::string> SampleCache::Find(uint32_t entry, uint32_t epoch) {
   std::shared_ptr<const std::string> bytes;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    Advance(epoch);
+    std::unique_lock<std::mutex> lock(mu_);
+    Advance(epoch, lock);
     auto it = kept_.find(entry);
     if (it == kept_.end()) {
       ++stats_.misses;
@@ -55,8 +62,8 @@ std::shared_ptr<const std::string> SampleCache::Offer(uint32_t entry, uint32_t e
   auto offered = std::make_shared<const std::string>(std::move(bytes));
   const uint64_t size = offered->size();
   const uint64_t next = next_use_(entry, epoch);
-  std::lock_guard<std::mutex> lock(mu_);
-  Advance(epoch);
+  std::unique_lock<std::mutex> lock(mu_);
+  Advance(epoch, lock);
   // Another worker's copy of the same sample (a refill) was kept first.
   if (auto it = kept_.find(entry); it != kept_.end()) return it->second.bytes;
   // MIN with bypass: make room from the samples needed after this one, furthest first; if they

@@ -49,8 +49,9 @@ class SampleCache {
     uint64_t next = kNever;
   };
   // Ranks again the kept samples whose next read lies before epoch `epoch` (they missed it: a
-  // failed sample, one another node read). REQUIRES: mu_ held.
-  void Advance(uint32_t epoch);
+  // failed sample, one another node read). Their next reads are found with `lock` released
+  // (the first lookup in a new epoch may walk its order). REQUIRES: `lock` holds mu_.
+  void Advance(uint32_t epoch, std::unique_lock<std::mutex>& lock);
 
   const uint64_t max_bytes_;
   const NextUse next_use_;
