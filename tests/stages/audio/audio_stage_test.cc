@@ -3,8 +3,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "stages/audio/audio_decoder.h"
+#include "stages/audio/log_mel.h"
 #include "tests/stage_util.h"
 #include "tests/test_util.h"
 
@@ -97,6 +99,25 @@ TEST(AudioStageTest, PaddedWindowWith128MelsMatchesReference) {
   ASSERT_TRUE(out.ok()) << out.status().message();
   ExpectClose(ref, (*out)[0].As<float>(), 1e-3f, "128 mels, padded");
   EXPECT_EQ(*(*out)[1].As<int32_t>(), 300) << "valid frames exclude the padding";
+}
+
+// LogMel reads only the valid samples and skips the frames that see only the zeros after
+// them: byte for byte what it gives for the same signal with its zeros written out, whatever
+// the valid length (none of the padding, a frame's worth, most of the window, all of it).
+TEST(AudioStageTest, LogMelOfValidSamplesEqualsTheZeroPaddedSignalsBitForBit) {
+  const size_t n = 16000;
+  LogMel mel(16000, 400, 160, 80);
+  for (size_t valid : {size_t{1}, size_t{150}, size_t{401}, size_t{7777}, n - 201, n}) {
+    std::vector<float> x(n, 0.0f);
+    for (size_t i = 0; i < valid; ++i) x[i] = static_cast<float>(std::sin(i * 0.05) * 0.3);
+    std::vector<float> whole(80 * mel.Frames(n)), skipped(whole.size(), -7.0f);
+    mel.Compute(x.data(), n, whole.data());
+    // Only `valid` samples readable: a copy that ends there.
+    std::vector<float> head(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(valid));
+    mel.Compute(head.data(), n, skipped.data(), valid);
+    EXPECT_EQ(std::memcmp(whole.data(), skipped.data(), whole.size() * sizeof(float)), 0)
+        << "valid " << valid;
+  }
 }
 
 // dtype: bfloat16 is the float32 output rounded, for log-mel features and waveforms.
