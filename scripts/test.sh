@@ -2,7 +2,8 @@
 # Sets everything up and runs every test: installs the Debian packages, builds in Release,
 # runs ctest; then builds the tests with ASan+UBSan and runs them again; then builds the
 # libFuzzer targets with clang and runs each for a short while on its seed corpus.
-# MMFEED_SKIP_SANITIZERS=1 / MMFEED_SKIP_FUZZ=1 skip the last two parts.
+# MMFEED_SKIP_SANITIZERS=1 / MMFEED_SKIP_FUZZ=1 skip the last two parts; MMFEED_FUZZ_SECONDS (15)
+# is each fuzzer's time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -46,8 +47,8 @@ if [ "${MMFEED_SKIP_FUZZ:-0}" != 1 ]; then
     { printf "\\x0$mode"; cat "$seeds/video/v.$ext"; } > "$seeds/video/seed-$ext" && rm "$seeds/video/v.$ext"
   done
   for t in $fuzzers; do
-    echo "fuzzing $t for ${MMFEED_FUZZ_SECONDS:-20}s"
-    if ! ./build-fuzz/bin/fuzz_$t -max_total_time="${MMFEED_FUZZ_SECONDS:-20}" -rss_limit_mb=4096 \
+    echo "fuzzing $t for ${MMFEED_FUZZ_SECONDS:-15}s"
+    if ! ./build-fuzz/bin/fuzz_$t -max_total_time="${MMFEED_FUZZ_SECONDS:-15}" -rss_limit_mb=4096 \
         "$seeds/$t" > "build-fuzz/fuzz_$t.log" 2>&1; then
       tail -60 "build-fuzz/fuzz_$t.log"
       echo "fuzz_$t found a crash"
