@@ -61,8 +61,9 @@ Status DecodeAudio(std::string_view bytes, int sample_rate, const AudioLimits& l
   out->clear();
   MMFEED_RETURN_IF_ERROR(CheckWavLength(bytes));
   Session s;
-  // 64 KB of probing recognises any container; FFmpeg's default reads 5 MB.
-  MMFEED_RETURN_IF_ERROR(s.input.OpenBytes(bytes, "audio", 64 * 1024));
+  // 64 KB of probing recognises any container; FFmpeg's default reads 5 MB. The codec the
+  // container names is the codec (no probing of PCM packets for another one).
+  MMFEED_RETURN_IF_ERROR(s.input.OpenBytes(bytes, "audio", 64 * 1024, /*probe_packets=*/false));
   AVFormatContext* const container = s.input.fmt();
   int err = 0;
   // Reading stream info decodes packets ahead; skip it when the headers already say enough

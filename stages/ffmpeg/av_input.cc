@@ -93,12 +93,13 @@ Status AvInput::Open(const FieldValue& field, const char* what, int64_t probe_by
   return OpenContainer(what, probe_bytes);
 }
 
-Status AvInput::OpenBytes(std::string_view bytes, const char* what, int64_t probe_bytes) {
+Status AvInput::OpenBytes(std::string_view bytes, const char* what, int64_t probe_bytes,
+                          bool probe_packets) {
   mem_ = bytes;
-  return OpenContainer(what, probe_bytes);
+  return OpenContainer(what, probe_bytes, probe_packets);
 }
 
-Status AvInput::OpenContainer(const char* what, int64_t probe_bytes) {
+Status AvInput::OpenContainer(const char* what, int64_t probe_bytes, bool probe_packets) {
   if (Size() == 0) return Status::Corrupt("empty file (0 bytes)");
   auto* buffer = static_cast<uint8_t*>(av_malloc(kIoBufferBytes));
   if (buffer)
@@ -114,6 +115,7 @@ Status AvInput::OpenContainer(const char* what, int64_t probe_bytes) {
   fmt_->flags |= AVFMT_FLAG_CUSTOM_IO;
   fmt_->interrupt_callback = {[](void*) { return SampleDeadlinePassed() ? 1 : 0; }, nullptr};
   fmt_->probesize = probe_bytes;
+  if (!probe_packets) fmt_->max_probe_packets = 1;
   int err = avformat_open_input(&fmt_, nullptr, nullptr, nullptr);  // frees fmt_ on failure
   if (err < 0)
     return Status::Corrupt(fmt::format(
