@@ -129,8 +129,8 @@ std::string Pipeline::WhyNotSwitchWeights(const Pipeline& running) const {
   if (!catalog_->mixture || !running.catalog_->mixture) return "not a mixture";
   if (budgeted()) return "token budgets plan whole epochs";
   if (cfg_.packed_stage >= 0) return "a packed text stream's rows cross batches";
-  if (const std::string windowed = WindowedSource(); !windowed.empty())
-    return fmt::format("source '{}' is read in shard windows", windowed);
+  if (const SourceConfig* windowed = WindowedSource())
+    return fmt::format("source '{}' is read in shard windows", windowed->name);
   if (running.origin_.base)
     return fmt::format(
         "the job resumed at another shape in epoch {} (position {}), whose rest is dealt in the "

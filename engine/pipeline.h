@@ -363,6 +363,9 @@ class Pipeline {
   // The lanes an origin's base counts in (Origin::lanes): a mixture's as given, shard windows'
   // nodes (at least 1), else 0.
   uint32_t LanesOf(uint64_t base, uint32_t lanes) const;
+  // The nodes an origin's mixture numbering counts in (Origin::nodes): `nodes` where a source in
+  // shard windows makes them count, else 0.
+  uint32_t NodesOf(const Mixture* numbering, uint32_t nodes) const;
   // Epoch `epoch`'s order of this node (from the origin's base in the origin epoch).
   EpochOrder OrderOf(uint32_t epoch) const;
   // For the stages' caches (SampleCache::NextUse): when this node reads catalog entry `entry`
@@ -379,8 +382,8 @@ class Pipeline {
   // null without a mixture or a base.
   Result<std::shared_ptr<const Mixture>> NumberingOf(uint64_t base, uint32_t lanes,
                                                      uint32_t nodes) const;
-  // The first source of a mixture read in shard windows, or "".
-  std::string WindowedSource() const;
+  // The first source of a mixture read in shard windows, or null.
+  const SourceConfig* WindowedSource() const;
   uint64_t BatchesOf(uint64_t per_rank) const;
   Status Reachable(uint64_t seq) const;
   static constexpr size_t kMaxEpochsAhead = 1000;

@@ -329,7 +329,7 @@ Result<std::shared_ptr<const Mixture>> Pipeline::NumberingOf(uint64_t base, uint
         "the cursor does not name the shape its mixture position counts in (its \"lanes\"; a "
         "cursor saved by an older client)");
   // A source in shard windows numbers its draws node by node: the nodes count too.
-  const bool by_node = !WindowedSource().empty();
+  const bool by_node = WindowedSource() != nullptr;
   if (by_node && (nodes == 0 || lanes % nodes != 0))
     return Status::Invalid(fmt::format(
         "the cursor does not name the nodes its mixture position counts in (its \"nodes\", "
@@ -347,7 +347,7 @@ Result<std::shared_ptr<const Mixture>> Pipeline::NumberingOf(uint64_t base, uint
 Status Pipeline::SetOrigin(Origin origin) {
   MMFEED_ASSIGN_OR_RETURN(numbering_, NumberingOf(origin.base, origin.lanes, origin.nodes));
   origin.lanes = LanesOf(origin.base, origin.lanes);
-  if (!numbering_ || WindowedSource().empty()) origin.nodes = 0;
+  origin.nodes = NodesOf(numbering_.get(), origin.nodes);
   origin_ = origin;
   {
     std::lock_guard<std::mutex> lock(plans_mu_);
@@ -366,6 +366,10 @@ uint32_t Pipeline::LanesOf(uint64_t base, uint32_t lanes) const {
   return 0;
 }
 
+uint32_t Pipeline::NodesOf(const Mixture* numbering, uint32_t nodes) const {
+  return numbering && WindowedSource() ? nodes : 0;
+}
+
 uint64_t Pipeline::PerRankFrom(uint64_t base, const Mixture* numbering, uint32_t lanes) const {
   uint64_t n = catalog_->size();
   if (numbering)
@@ -376,9 +380,9 @@ uint64_t Pipeline::PerRankFrom(uint64_t base, const Mixture* numbering, uint32_t
 }
 
 EpochOrder Pipeline::OrderOf(uint32_t epoch) const {
-  const bool based = BaseOf(epoch) != 0;
-  return EpochOrder(*catalog_, cfg_.source, epoch, cfg_.consumers, BaseOf(epoch),
-                    based ? numbering_.get() : nullptr, based ? origin_.lanes : 0);
+  const uint64_t base = BaseOf(epoch);
+  return EpochOrder(*catalog_, cfg_.source, epoch, cfg_.consumers, base,
+                    base ? numbering_.get() : nullptr, base ? origin_.lanes : 0);
 }
 
 struct Pipeline::EpochInverse {
@@ -472,10 +476,10 @@ std::string Pipeline::why_not_positional() const {
   return "";
 }
 
-std::string Pipeline::WindowedSource() const {
+const SourceConfig* Pipeline::WindowedSource() const {
   for (size_t k = 0; k < catalog_->parts.size(); ++k)
-    if (catalog_->windowed(k)) return cfg_.sources[k].name;
-  return "";
+    if (catalog_->windowed(k)) return &cfg_.sources[k];
+  return nullptr;
 }
 
 Result<Pipeline::Origin> Pipeline::Rebased(uint32_t epoch, uint64_t position, uint32_t lanes,
@@ -486,7 +490,7 @@ Result<Pipeline::Origin> Pipeline::Rebased(uint32_t epoch, uint64_t position, ui
   o.epoch = epoch;
   o.base = position;
   o.lanes = LanesOf(position, lanes);
-  o.nodes = numbering && !WindowedSource().empty() ? nodes : 0;
+  o.nodes = NodesOf(numbering.get(), nodes);
   if (position == 0 || BatchesOf(PerRankFrom(position, numbering.get(), o.lanes)) == 0) {
     o.epoch = position == 0 ? epoch : epoch + 1;  // nothing a rank could have: the next epoch
     o.base = 0;
@@ -517,7 +521,7 @@ nlohmann::json Pipeline::PositionJson() const {
                                    : static_cast<uint32_t>(cfg_.source.num_nodes);
     if (origin_.base) j["base_lanes"] = origin_.lanes;
   }
-  if (catalog_->mixture && !WindowedSource().empty()) {  // its numbering counts nodes too
+  if (catalog_->mixture && WindowedSource()) {  // its numbering counts nodes too
     j["nodes"] = cfg_.source.num_nodes;
     if (origin_.base) j["base_nodes"] = origin_.nodes;
   }

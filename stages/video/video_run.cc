@@ -9,6 +9,7 @@
 #include <deque>
 #include <limits>
 
+#include "stages/video/rgb24_out.h"
 #include "stages/video/video_sampler.h"
 
 extern "C" {
@@ -510,35 +511,16 @@ struct VideoSampler::Run {
       return (*sink)(slot, vs.rgb_.data(), W, H);
     }
     if (direct) return Status::Ok();
-    const uint8_t* rgb = vs.rgb_.data();
-    if (o.dtype == DType::kUInt8) {  // planar
-      for (int c = 0; c < 3; ++c) {
-        uint8_t* out = Plane(slot, c);
-        for (size_t i = 0; i < plane; ++i) out[i] = rgb[3 * i + c];
-      }
-      return Status::Ok();
-    }
-    if (o.dtype == DType::kFloat32)
-      Normalize<float>(rgb, plane, slot, [](float v, float* out) { *out = v; });
-    else
-      Normalize<uint16_t>(rgb, plane, slot, [](float v, uint16_t* out) { *out = ToBFloat16(v); });
+    Rgb24Out to;
+    to.dtype = o.dtype;
+    to.planar = o.layout != VideoLayout::kTHWC;
+    std::copy(o.mul, o.mul + 3, to.mul);
+    std::copy(o.add, o.add + 3, to.add);
+    uint8_t* const parts[3] = {to.planar ? Plane(slot, 0) : base,
+                               to.planar ? Plane(slot, 1) : nullptr,
+                               to.planar ? Plane(slot, 2) : nullptr};
+    Rgb24ToOutput(to, vs.rgb_.data(), plane, parts);
     return Status::Ok();
-  }
-
-  // pixel * mul + add of each RGB24 pixel into frame `slot`, stored by `store` (float32 or
-  // bfloat16), interleaved (THWC) or planar.
-  template <typename T, typename Store>
-  void Normalize(const uint8_t* rgb, size_t plane, int slot, Store store) const {
-    if (o.layout == VideoLayout::kTHWC) {
-      T* out = reinterpret_cast<T*>(frames + slot * FrameBytes());
-      for (size_t i = 0; i < plane; ++i)
-        for (int c = 0; c < 3; ++c) store(rgb[3 * i + c] * o.mul[c] + o.add[c], &out[3 * i + c]);
-      return;
-    }
-    for (int c = 0; c < 3; ++c) {
-      T* out = reinterpret_cast<T*>(Plane(slot, c));
-      for (size_t i = 0; i < plane; ++i) store(rgb[3 * i + c] * o.mul[c] + o.add[c], &out[i]);
-    }
   }
 
   Status Resolve(const Target& target, const AVFrame* f, int64_t p, bool damaged) {

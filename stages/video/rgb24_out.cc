@@ -1,0 +1,166 @@
+#include "stages/video/rgb24_out.h"
+
+#include <immintrin.h>
+
+#include <cstring>
+
+namespace mmfeed {
+namespace {
+
+// Pixels [from, n) as T, each value stored by store(byte, channel, T*).
+template <typename T, typename Store>
+void PortableAs(const Rgb24Out& o, const uint8_t* rgb, size_t from, size_t n, uint8_t* const out[3],
+                Store store) {
+  if (o.planar) {
+    for (int c = 0; c < 3; ++c) {
+      T* plane = reinterpret_cast<T*>(out[c]);
+      for (size_t i = from; i < n; ++i) store(rgb[3 * i + c], c, &plane[i]);
+    }
+    return;
+  }
+  T* px = reinterpret_cast<T*>(out[0]);
+  for (size_t i = from; i < n; ++i)
+    for (int c = 0; c < 3; ++c) store(rgb[3 * i + c], c, &px[3 * i + c]);
+}
+
+void Portable(const Rgb24Out& o, const uint8_t* rgb, size_t from, size_t n, uint8_t* const out[3]) {
+  const float* mul = o.mul;
+  const float* add = o.add;
+  switch (o.dtype) {
+    case DType::kFloat32:
+      PortableAs<float>(o, rgb, from, n, out, [&](uint8_t p, int c, float* v) {
+        *v = static_cast<float>(p) * mul[c] + add[c];
+      });
+      break;
+    case DType::kBFloat16:
+      PortableAs<uint16_t>(o, rgb, from, n, out, [&](uint8_t p, int c, uint16_t* v) {
+        *v = ToBFloat16(static_cast<float>(p) * mul[c] + add[c]);
+      });
+      break;
+    default:
+      PortableAs<uint8_t>(o, rgb, from, n, out, [](uint8_t p, int, uint8_t* v) { *v = p; });
+  }
+}
+
+// Eight floats as bfloat16, as ToBFloat16 rounds them (NaNs quieted the same way).
+__attribute__((target("avx2"))) inline __m128i BFloat16x8(__m256 f) {
+  const __m256i b = _mm256_castps_si256(f);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), odd), 16);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40));
+  const __m256i h = _mm256_blendv_epi8(rounded, quiet, nan);
+  // [h0-3 h0-3 | h4-7 h4-7] as 16 bits, then the first quarter of each lane.
+  const __m256i packed = _mm256_packus_epi32(h, h);
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
+}
+
+template <DType D>
+__attribute__((target("avx2"))) inline void Store8(__m256 v, uint8_t* base, size_t at) {
+  if constexpr (D == DType::kFloat32)
+    _mm256_storeu_ps(reinterpret_cast<float*>(base) + at, v);
+  else
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(reinterpret_cast<uint16_t*>(base) + at),
+                     BFloat16x8(v));
+}
+
+// Planar: eight pixels a step, bytes 0-11 in the low lane and 12-23 in the high one, so that
+// one byte shuffle puts a channel's four pixels of each lane in 32-bit slots. Reads 4 bytes
+// past a step's 24: stops 10 pixels before the end. Returns the pixels done.
+template <DType D>
+__attribute__((target("avx2"))) size_t PlanarAvx2(const Rgb24Out& o, const uint8_t* rgb, size_t n,
+                                                  uint8_t* const out[3]) {
+  constexpr char z = -1;
+  const __m256i channel[3] = {_mm256_setr_epi8(0, z, z, z, 3, z, z, z, 6, z, z, z, 9, z, z, z,  //
+                                               0, z, z, z, 3, z, z, z, 6, z, z, z, 9, z, z, z),
+                              _mm256_setr_epi8(1, z, z, z, 4, z, z, z, 7, z, z, z, 10, z, z, z,  //
+                                               1, z, z, z, 4, z, z, z, 7, z, z, z, 10, z, z, z),
+                              _mm256_setr_epi8(2, z, z, z, 5, z, z, z, 8, z, z, z, 11, z, z, z,  //
+                                               2, z, z, z, 5, z, z, z, 8, z, z, z, 11, z, z, z)};
+  // uint8: each lane's R, G and B runs of four, then the runs of both lanes side by side.
+  const __m256i runs = _mm256_setr_epi8(0, 3, 6, 9, 1, 4, 7, 10, 2, 5, 8, 11, z, z, z, z,  //
+                                        0, 3, 6, 9, 1, 4, 7, 10, 2, 5, 8, 11, z, z, z, z);
+  const __m256i pair = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  __m256 mul[3], add[3];
+  for (int c = 0; c < 3; ++c) {
+    mul[c] = _mm256_set1_ps(o.mul[c]);
+    add[c] = _mm256_set1_ps(o.add[c]);
+  }
+  size_t i = 0;
+  for (; i + 10 <= n; i += 8) {
+    const uint8_t* p = rgb + 3 * i;
+    const __m256i px = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 12)), 1);
+    if constexpr (D == DType::kUInt8) {
+      const __m256i v = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(px, runs), pair);
+      const uint64_t r = _mm256_extract_epi64(v, 0), g = _mm256_extract_epi64(v, 1),
+                     b = _mm256_extract_epi64(v, 2);
+      std::memcpy(out[0] + i, &r, 8);
+      std::memcpy(out[1] + i, &g, 8);
+      std::memcpy(out[2] + i, &b, 8);
+    } else {
+      for (int c = 0; c < 3; ++c) {
+        const __m256 f = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(px, channel[c]));
+        Store8<D>(_mm256_add_ps(_mm256_mul_ps(f, mul[c]), add[c]), out[c], i);
+      }
+    }
+  }
+  return i;
+}
+
+// Interleaved float32/bfloat16: eight pixels are 24 values in three runs of eight, whose
+// channels repeat with period 3. Returns the pixels done.
+template <DType D>
+__attribute__((target("avx2"))) size_t InterleavedAvx2(const Rgb24Out& o, const uint8_t* rgb,
+                                                       size_t n, uint8_t* const out[3]) {
+  __m256 mul[3], add[3];
+  for (int k = 0; k < 3; ++k) {
+    float m[8], a[8];
+    for (int l = 0; l < 8; ++l) {
+      m[l] = o.mul[(8 * k + l) % 3];
+      a[l] = o.add[(8 * k + l) % 3];
+    }
+    mul[k] = _mm256_loadu_ps(m);
+    add[k] = _mm256_loadu_ps(a);
+  }
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 3; ++k) {
+      const size_t at = 3 * i + 8 * k;
+      const __m256i b =
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rgb + at)));
+      Store8<D>(_mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(b), mul[k]), add[k]), out[0], at);
+    }
+  return i;
+}
+
+size_t Avx2(const Rgb24Out& o, const uint8_t* rgb, size_t n, uint8_t* const out[3]) {
+  switch (o.dtype) {
+    case DType::kFloat32:
+      return o.planar ? PlanarAvx2<DType::kFloat32>(o, rgb, n, out)
+                      : InterleavedAvx2<DType::kFloat32>(o, rgb, n, out);
+    case DType::kBFloat16:
+      return o.planar ? PlanarAvx2<DType::kBFloat16>(o, rgb, n, out)
+                      : InterleavedAvx2<DType::kBFloat16>(o, rgb, n, out);
+    default:
+      return o.planar ? PlanarAvx2<DType::kUInt8>(o, rgb, n, out) : 0;
+  }
+}
+
+}  // namespace
+
+void Rgb24ToOutput(const Rgb24Out& o, const uint8_t* rgb, size_t n, uint8_t* const out[3],
+                   bool avx2) {
+  if (!o.planar && o.dtype == DType::kUInt8) {
+    std::memcpy(out[0], rgb, 3 * n);
+    return;
+  }
+  static const bool has_avx2 = __builtin_cpu_supports("avx2");
+  const size_t done = avx2 && has_avx2 ? Avx2(o, rgb, n, out) : 0;
+  Portable(o, rgb, done, n, out);
+}
+
+}  // namespace mmfeed
