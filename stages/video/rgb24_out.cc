@@ -154,6 +154,7 @@ size_t Avx2(const Rgb24Out& o, const uint8_t* rgb, size_t n, uint8_t* const out[
 
 void Rgb24ToOutput(const Rgb24Out& o, const uint8_t* rgb, size_t n, uint8_t* const out[3],
                    bool avx2) {
+  if (n == 0) return;  // (memcpy is not given an empty vector's null data)
   if (!o.planar && o.dtype == DType::kUInt8) {
     std::memcpy(out[0], rgb, 3 * n);
     return;
