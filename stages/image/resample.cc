@@ -3,9 +3,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
+
+#include "base/simd.h"
 
 namespace mmfeed {
 
@@ -33,13 +34,6 @@ double Kernel(Filter f, double x) {
 // Bytes the AVX2 kernels may read or write past the end of the Resampler's own rows.
 constexpr int kPad = 32;
 
-std::atomic<bool> portable_only{false};
-
-bool UseAvx2() {
-  static const bool has = __builtin_cpu_supports("avx2");
-  return has && !portable_only.load(std::memory_order_relaxed);
-}
-
 // A fixed-point sum (rounding term included) to 8 bits, clamped as PIL's clip8.
 inline uint8_t Clip8(int32_t sum, int bits) {
   const int32_t v = sum >> bits;
@@ -47,8 +41,6 @@ inline uint8_t Clip8(int32_t sum, int bits) {
 }
 
 }  // namespace
-
-void Resampler::UsePortableKernels(bool portable) { portable_only = portable; }
 
 // PIL's (torchvision's, torch's) antialiased taps: the filter widened by max(scale, 1), sampled
 // at the source pixel centres, clipped to [lo, hi) and normalized. Positions are relative to
@@ -313,16 +305,16 @@ void EmitPortable(const uint8_t* v, const Layout& l, int oy, int from, uint8_t* 
   }
 }
 
-// CHW float32 or uint8, AVX2: eight pixels at a time; returns the columns done. The factors
-// are held in registers and the branches taken out of the loop (`out` may alias `l.mul`, as
-// far as the compiler knows, so it would reload them per store).
-template <bool kFloat, bool kFlip>
+// CHW, AVX2: eight pixels at a time; returns the columns done. The factors are held in
+// registers and the branches taken out of the loop (`out` may alias `l.mul`, as far as the
+// compiler knows, so it would reload them per store).
+template <DType D, bool kFlip>
 __attribute__((target("avx2"))) int EmitChwAvx2(const uint8_t* v, const Layout& l, int oy,
                                                 uint8_t* out) {
   const int n = l.w / 8 * 8;
   const __m256i reverse = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0), byte = _mm256_set1_epi32(255);
   __m256 mul[3] = {}, add[3] = {};  // uint8 output has no factors (l.mul is null)
-  if (kFloat)
+  if (D != DType::kUInt8)
     for (int c = 0; c < 3; ++c) {
       mul[c] = _mm256_set1_ps(l.mul[c]);
       add[c] = _mm256_set1_ps(l.add[c]);
@@ -335,28 +327,40 @@ __attribute__((target("avx2"))) int EmitChwAvx2(const uint8_t* v, const Layout& 
     for (int c = 0; c < 3; ++c) {
       const __m256i ch = _mm256_and_si256(_mm256_srli_epi32(px, 8 * c), byte);
       const size_t at = c * plane + row + x;
-      if (kFloat) {
-        // Multiply, then add (no FMA): the portable code's rounding.
-        const __m256 f = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ch), mul[c]), add[c]);
-        _mm256_storeu_ps(reinterpret_cast<float*>(out) + at, f);
-      } else {
+      if constexpr (D == DType::kUInt8) {
         const __m256i w16 = _mm256_packus_epi32(ch, ch);  // [0-3 0-3 | 4-7 4-7]
         const __m256i b8 = _mm256_packus_epi16(w16, w16);
         const uint64_t eight = static_cast<uint32_t>(_mm256_cvtsi256_si32(b8)) |
                                uint64_t{static_cast<uint32_t>(_mm256_extract_epi32(b8, 4))} << 32;
         std::memcpy(out + at, &eight, 8);
+      } else {
+        // Multiply, then add (no FMA): the portable code's rounding.
+        const __m256 f = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ch), mul[c]), add[c]);
+        if constexpr (D == DType::kFloat32)
+          _mm256_storeu_ps(reinterpret_cast<float*>(out) + at, f);
+        else
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(reinterpret_cast<uint16_t*>(out) + at),
+                           BFloat16x8(f));
       }
     }
   }
   return n;
 }
 
+template <DType D>
 int EmitChwAvx2(const uint8_t* v, const Layout& l, int oy, uint8_t* out) {
-  if (l.dtype == DType::kFloat32)
-    return l.flip ? EmitChwAvx2<true, true>(v, l, oy, out)
-                  : EmitChwAvx2<true, false>(v, l, oy, out);
-  return l.flip ? EmitChwAvx2<false, true>(v, l, oy, out)
-                : EmitChwAvx2<false, false>(v, l, oy, out);
+  return l.flip ? EmitChwAvx2<D, true>(v, l, oy, out) : EmitChwAvx2<D, false>(v, l, oy, out);
+}
+
+int EmitChwAvx2(const uint8_t* v, const Layout& l, int oy, uint8_t* out) {
+  switch (l.dtype) {
+    case DType::kFloat32:
+      return EmitChwAvx2<DType::kFloat32>(v, l, oy, out);
+    case DType::kBFloat16:
+      return EmitChwAvx2<DType::kBFloat16>(v, l, oy, out);
+    default:
+      return EmitChwAvx2<DType::kUInt8>(v, l, oy, out);
+  }
 }
 
 }  // namespace
@@ -415,9 +419,7 @@ bool Resampler::Run(RowSource& src, const ResampleOutput& o, uint8_t* out) {
     else
       VerticalPortable(taps_.data(), &y_.weights[static_cast<size_t>(oy) * y_.stride], count,
                        y_.bits, out_w * 4, out_row_.data());
-    const int done = avx2 && o.chw && o.dtype != DType::kBFloat16
-                         ? EmitChwAvx2(out_row_.data(), layout, oy, out)
-                         : 0;
+    const int done = avx2 && o.chw ? EmitChwAvx2(out_row_.data(), layout, oy, out) : 0;
     EmitPortable(out_row_.data(), layout, oy, done, out);
   }
   return true;

@@ -73,9 +73,6 @@ class Resampler {
   // `src_origin` on and covers Plan's rectangle.
   void Run(const cv::Mat& src, cv::Point src_origin, const ResampleOutput& o, uint8_t* out);
 
-  // Tests: run the portable kernels even where the CPU has AVX2 (both give the same bytes).
-  static void UsePortableKernels(bool portable);
-
  private:
   struct Taps {
     std::vector<int> first;        // per output: its first source pixel, counted from `lo`

@@ -4,14 +4,16 @@
 
 #include <cstring>
 
+#include "base/simd.h"
+
 namespace mmfeed {
 namespace {
 
 // Pixels [from, n) as T, each value stored by store(byte, channel, T*).
 template <typename T, typename Store>
-void PortableAs(const Rgb24Out& o, const uint8_t* rgb, size_t from, size_t n, uint8_t* const out[3],
+void PortableAs(bool planar, const uint8_t* rgb, size_t from, size_t n, uint8_t* const out[3],
                 Store store) {
-  if (o.planar) {
+  if (planar) {
     for (int c = 0; c < 3; ++c) {
       T* plane = reinterpret_cast<T*>(out[c]);
       for (size_t i = from; i < n; ++i) store(rgb[3 * i + c], c, &plane[i]);
@@ -23,38 +25,24 @@ void PortableAs(const Rgb24Out& o, const uint8_t* rgb, size_t from, size_t n, ui
     for (int c = 0; c < 3; ++c) store(rgb[3 * i + c], c, &px[3 * i + c]);
 }
 
-void Portable(const Rgb24Out& o, const uint8_t* rgb, size_t from, size_t n, uint8_t* const out[3]) {
+void Portable(const Rgb24Out& o, bool planar, const uint8_t* rgb, size_t from, size_t n,
+              uint8_t* const out[3]) {
   const float* mul = o.mul;
   const float* add = o.add;
   switch (o.dtype) {
     case DType::kFloat32:
-      PortableAs<float>(o, rgb, from, n, out, [&](uint8_t p, int c, float* v) {
+      PortableAs<float>(planar, rgb, from, n, out, [&](uint8_t p, int c, float* v) {
         *v = static_cast<float>(p) * mul[c] + add[c];
       });
       break;
     case DType::kBFloat16:
-      PortableAs<uint16_t>(o, rgb, from, n, out, [&](uint8_t p, int c, uint16_t* v) {
+      PortableAs<uint16_t>(planar, rgb, from, n, out, [&](uint8_t p, int c, uint16_t* v) {
         *v = ToBFloat16(static_cast<float>(p) * mul[c] + add[c]);
       });
       break;
     default:
-      PortableAs<uint8_t>(o, rgb, from, n, out, [](uint8_t p, int, uint8_t* v) { *v = p; });
+      PortableAs<uint8_t>(planar, rgb, from, n, out, [](uint8_t p, int, uint8_t* v) { *v = p; });
   }
-}
-
-// Eight floats as bfloat16, as ToBFloat16 rounds them (NaNs quieted the same way).
-__attribute__((target("avx2"))) inline __m128i BFloat16x8(__m256 f) {
-  const __m256i b = _mm256_castps_si256(f);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-  const __m256i rounded =
-      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), odd), 16);
-  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff)),
-                                         _mm256_set1_epi32(0x7f800000));
-  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40));
-  const __m256i h = _mm256_blendv_epi8(rounded, quiet, nan);
-  // [h0-3 h0-3 | h4-7 h4-7] as 16 bits, then the first quarter of each lane.
-  const __m256i packed = _mm256_packus_epi32(h, h);
-  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
 }
 
 template <DType D>
@@ -137,31 +125,30 @@ __attribute__((target("avx2"))) size_t InterleavedAvx2(const Rgb24Out& o, const 
   return i;
 }
 
-size_t Avx2(const Rgb24Out& o, const uint8_t* rgb, size_t n, uint8_t* const out[3]) {
+size_t Avx2(const Rgb24Out& o, bool planar, const uint8_t* rgb, size_t n, uint8_t* const out[3]) {
   switch (o.dtype) {
     case DType::kFloat32:
-      return o.planar ? PlanarAvx2<DType::kFloat32>(o, rgb, n, out)
-                      : InterleavedAvx2<DType::kFloat32>(o, rgb, n, out);
+      return planar ? PlanarAvx2<DType::kFloat32>(o, rgb, n, out)
+                    : InterleavedAvx2<DType::kFloat32>(o, rgb, n, out);
     case DType::kBFloat16:
-      return o.planar ? PlanarAvx2<DType::kBFloat16>(o, rgb, n, out)
-                      : InterleavedAvx2<DType::kBFloat16>(o, rgb, n, out);
-    default:
-      return o.planar ? PlanarAvx2<DType::kUInt8>(o, rgb, n, out) : 0;
+      return planar ? PlanarAvx2<DType::kBFloat16>(o, rgb, n, out)
+                    : InterleavedAvx2<DType::kBFloat16>(o, rgb, n, out);
+    default:  // uint8; interleaved never comes here (Rgb24ToOutput copies it as it is)
+      return planar ? PlanarAvx2<DType::kUInt8>(o, rgb, n, out) : 0;
   }
 }
 
 }  // namespace
 
-void Rgb24ToOutput(const Rgb24Out& o, const uint8_t* rgb, size_t n, uint8_t* const out[3],
-                   bool avx2) {
+void Rgb24ToOutput(const Rgb24Out& o, bool planar, const uint8_t* rgb, size_t n,
+                   uint8_t* const out[3]) {
   if (n == 0) return;  // (memcpy is not given an empty vector's null data)
-  if (!o.planar && o.dtype == DType::kUInt8) {
+  if (!planar && o.dtype == DType::kUInt8) {
     std::memcpy(out[0], rgb, 3 * n);
     return;
   }
-  static const bool has_avx2 = __builtin_cpu_supports("avx2");
-  const size_t done = avx2 && has_avx2 ? Avx2(o, rgb, n, out) : 0;
-  Portable(o, rgb, done, n, out);
+  const size_t done = UseAvx2() ? Avx2(o, planar, rgb, n, out) : 0;
+  Portable(o, planar, rgb, done, n, out);
 }
 
 }  // namespace mmfeed

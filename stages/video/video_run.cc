@@ -499,7 +499,7 @@ struct VideoSampler::Run {
                       av_get_pix_fmt_name(static_cast<AVPixelFormat>(f->format))));
     uint8_t* base = sink ? nullptr : frames + slot * FrameBytes();
     // THWC uint8: straight into the output.
-    const bool direct = !sink && o.dtype == DType::kUInt8 && o.layout == VideoLayout::kTHWC;
+    const bool direct = !sink && o.pixels.dtype == DType::kUInt8 && o.layout == VideoLayout::kTHWC;
     const size_t plane = static_cast<size_t>(H) * W;
     if (!direct) vs.rgb_.resize(plane * 3);
     uint8_t* dst[4] = {direct ? base : vs.rgb_.data()};
@@ -511,15 +511,10 @@ struct VideoSampler::Run {
       return (*sink)(slot, vs.rgb_.data(), W, H);
     }
     if (direct) return Status::Ok();
-    Rgb24Out to;
-    to.dtype = o.dtype;
-    to.planar = o.layout != VideoLayout::kTHWC;
-    std::copy(o.mul, o.mul + 3, to.mul);
-    std::copy(o.add, o.add + 3, to.add);
-    uint8_t* const parts[3] = {to.planar ? Plane(slot, 0) : base,
-                               to.planar ? Plane(slot, 1) : nullptr,
-                               to.planar ? Plane(slot, 2) : nullptr};
-    Rgb24ToOutput(to, vs.rgb_.data(), plane, parts);
+    const bool planar = o.layout != VideoLayout::kTHWC;
+    uint8_t* const parts[3] = {planar ? Plane(slot, 0) : base, planar ? Plane(slot, 1) : nullptr,
+                               planar ? Plane(slot, 2) : nullptr};
+    Rgb24ToOutput(o.pixels, planar, vs.rgb_.data(), plane, parts);
     return Status::Ok();
   }
 

@@ -91,12 +91,12 @@ VideoSampler::VideoSampler(const VideoOptions& options, KeyframeIndexCache* cach
 VideoSampler::~VideoSampler() { sws_freeContext(sws_); }
 
 size_t VideoSampler::FrameBytes() const {
-  return static_cast<size_t>(o_.out_h) * o_.out_w * 3 * DTypeSize(o_.dtype);
+  return static_cast<size_t>(o_.out_h) * o_.out_w * 3 * DTypeSize(o_.pixels.dtype);
 }
 
 std::vector<TensorSpec> VideoOutputSpecs(const std::string& name, const VideoOptions& o) {
   const int64_t T = o.frames, H = o.out_h, W = o.out_w;
-  TensorSpec frames{name, o.dtype,
+  TensorSpec frames{name, o.pixels.dtype,
                     o.layout == VideoLayout::kTHWC   ? std::vector<int64_t>{T, H, W, 3}
                     : o.layout == VideoLayout::kCTHW ? std::vector<int64_t>{3, T, H, W}
                                                      : std::vector<int64_t>{T, 3, H, W}};

@@ -30,6 +30,7 @@
 #include "base/tensor.h"
 #include "engine/registry.h"
 #include "engine/stage.h"
+#include "stages/video/rgb24_out.h"
 
 struct SwsContext;
 
@@ -54,8 +55,7 @@ struct VideoOptions {
   int out_h = 224, out_w = 224;
   VideoLayout layout = VideoLayout::kTCHW;
   VideoResize resize = VideoResize::kStretch;
-  DType dtype = DType::kUInt8;
-  float mul[3] = {1, 1, 1}, add[3] = {0, 0, 0};  // float32, bfloat16: out = pixel * mul + add
+  Rgb24Out pixels;  // the frames' dtype, and for float32, bfloat16 the factors
   VideoPad pad = VideoPad::kRepeatLast;
   int sws_flags = 2;                   // SWS_BILINEAR
   int threads = 1;                     // decoder threads per worker

@@ -56,13 +56,13 @@ Result<VideoOptions> VideoOptionsFromParams(const Params& prm) {
              : layout == "CTHW" ? VideoLayout::kCTHW
                                 : VideoLayout::kTCHW;
   o.resize = prm.GetString("resize") == "cover" ? VideoResize::kCover : VideoResize::kStretch;
-  ParseDType(prm.GetString("dtype"), &o.dtype);
+  ParseDType(prm.GetString("dtype"), &o.pixels.dtype);
   const auto& mean = prm.GetFloatList("mean");
   const auto& stdv = prm.GetFloatList("std");
   for (int c = 0; c < 3; ++c) {
     if (stdv[c] <= 0) return Status::Invalid("std values must be positive");
-    o.mul[c] = static_cast<float>(1.0 / (255.0 * stdv[c]));
-    o.add[c] = static_cast<float>(-mean[c] / stdv[c]);
+    o.pixels.mul[c] = static_cast<float>(1.0 / (255.0 * stdv[c]));
+    o.pixels.add[c] = static_cast<float>(-mean[c] / stdv[c]);
   }
   o.pad = prm.GetString("pad") == "zeros" ? VideoPad::kZeros : VideoPad::kRepeatLast;
   const std::string& interp = prm.GetString("interpolation");

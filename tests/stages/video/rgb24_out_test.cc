@@ -8,6 +8,8 @@
 #include <random>
 #include <vector>
 
+#include "base/simd.h"
+
 namespace mmfeed {
 namespace {
 
@@ -26,7 +28,6 @@ TEST(Rgb24OutTest, Avx2GivesThePortableBytesAndThoseTheFormula) {
                                           << planar << " factors " << factors << " pixels " << n);
           Rgb24Out o;
           o.dtype = dtype;
-          o.planar = planar;
           for (int c = 0; c < 3; ++c) {
             o.mul[c] = 1.0f / (255.0f * (0.2f + 0.05f * c + 0.001f * (n % 7)));
             o.add[c] = -(0.4f + 0.03f * c) / (0.2f + 0.05f * c);
@@ -48,8 +49,10 @@ TEST(Rgb24OutTest, Avx2GivesThePortableBytesAndThoseTheFormula) {
             if (!planar) return {v.data(), nullptr, nullptr};
             return {v.data(), v.data() + n * size, v.data() + 2 * n * size};
           };
-          Rgb24ToOutput(o, rgb.data(), n, parts(fast).data(), true);
-          Rgb24ToOutput(o, rgb.data(), n, parts(portable).data(), false);
+          Rgb24ToOutput(o, planar, rgb.data(), n, parts(fast).data());
+          UsePortableKernels(true);
+          Rgb24ToOutput(o, planar, rgb.data(), n, parts(portable).data());
+          UsePortableKernels(false);
           ASSERT_EQ(fast, portable);
           EXPECT_EQ(fast[bytes], 0xAB) << "wrote past the output";
           for (size_t i = 0; i < n; ++i)

@@ -264,11 +264,11 @@ TEST_F(VideoTest, Float32IsNormalizedUint8) {
   ASSERT_TRUE(Sample(u, PathField(Path("good.mp4"))).ok());
   const auto bytes = frames_;
   VideoOptions f = u;
-  f.dtype = DType::kFloat32;
+  f.pixels.dtype = DType::kFloat32;
   const float mean[3] = {0.5f, 0.4f, 0.3f}, stdv[3] = {0.2f, 0.25f, 0.3f};
   for (int c = 0; c < 3; ++c) {
-    f.mul[c] = 1.0f / (255.0f * stdv[c]);
-    f.add[c] = -mean[c] / stdv[c];
+    f.pixels.mul[c] = 1.0f / (255.0f * stdv[c]);
+    f.pixels.add[c] = -mean[c] / stdv[c];
   }
   ASSERT_TRUE(Sample(f, PathField(Path("good.mp4"))).ok());
   const float* out = reinterpret_cast<const float*>(frames_.data());
@@ -283,15 +283,15 @@ TEST_F(VideoTest, BFloat16IsTheFloat32OutputRounded) {
   for (VideoLayout layout : {VideoLayout::kTCHW, VideoLayout::kTHWC, VideoLayout::kCTHW}) {
     VideoOptions f = Options(VideoSampling::kUniform, 3);
     f.layout = layout;
-    f.dtype = DType::kFloat32;
+    f.pixels.dtype = DType::kFloat32;
     for (int c = 0; c < 3; ++c) {
-      f.mul[c] = 1.0f / (255.0f * 0.5f);
-      f.add[c] = -1.0f;
+      f.pixels.mul[c] = 1.0f / (255.0f * 0.5f);
+      f.pixels.add[c] = -1.0f;
     }
     ASSERT_TRUE(Sample(f, PathField(Path("good.mp4"))).ok());
     const std::vector<uint8_t> f32 = frames_;
     VideoOptions b = f;
-    b.dtype = DType::kBFloat16;
+    b.pixels.dtype = DType::kBFloat16;
     EXPECT_EQ(VideoOutputSpecs("video", b)[0].dtype, DType::kBFloat16);
     ASSERT_TRUE(Sample(b, PathField(Path("good.mp4"))).ok());
     ASSERT_EQ(frames_.size() * 2, f32.size());

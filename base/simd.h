@@ -1,0 +1,31 @@
+// What the hand-vectorised kernels (the image resampler, the video stage's conversion) share:
+// whether to run their AVX2 code, and the AVX2 float -> bfloat16 step. Every kernel keeps a
+// portable version that gives the same bytes; tests compare the two.
+#pragma once
+
+#include <immintrin.h>
+
+namespace mmfeed {
+
+// True when the CPU has AVX2 and tests have not asked for the portable code.
+bool UseAvx2();
+// Tests: run the portable code even where the CPU has AVX2.
+void UsePortableKernels(bool portable);
+
+// Eight floats as bfloat16 bits, rounded as ToBFloat16 (base/tensor.h) rounds them: to the
+// nearest even, a NaN quieted instead.
+__attribute__((target("avx2"))) inline __m128i BFloat16x8(__m256 f) {
+  const __m256i b = _mm256_castps_si256(f);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), odd), 16);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40));
+  const __m256i h = _mm256_blendv_epi8(rounded, quiet, nan);
+  // [h0-3 h0-3 | h4-7 h4-7] as 16 bits, then the first quarter of each lane.
+  const __m256i packed = _mm256_packus_epi32(h, h);
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
+}
+
+}  // namespace mmfeed
