@@ -15,7 +15,8 @@ PKGS=(
   build-essential cmake pkg-config
   libasio-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libconcurrentqueue-dev
   nlohmann-json3-dev libssl-dev
-  libopencv-dev libturbojpeg0-dev libjpeg62-turbo-dev libnuma-dev libsystemd-dev libfftw3-dev
+  libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev libturbojpeg0-dev
+  libjpeg62-turbo-dev libnuma-dev libsystemd-dev libfftw3-dev
   libicu-dev zlib1g-dev libcurl4-openssl-dev
   libavformat-dev libavcodec-dev libavutil-dev libswscale-dev libswresample-dev
   python3 python3-dev python3-numpy ffmpeg pybind11-dev python3-torch python3-torchvision
