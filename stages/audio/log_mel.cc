@@ -1,9 +1,13 @@
 #include "stages/audio/log_mel.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <mutex>
+
+#include "base/simd.h"
 
 namespace mmfeed {
 namespace {
@@ -18,9 +22,10 @@ std::mutex& PlannerMutex() {
 constexpr double kFSp = 200.0 / 3, kMinLogHz = 1000.0, kMinLogMel = kMinLogHz / kFSp;
 const double kLogStep = std::log(6.4) / 27.0;
 
-// log10 of a positive normal float, written so the compiler vectorizes it (std::log10 is a
-// scalar call, and was a tenth of the audio stage's time). log(m) for the mantissa comes from
-// the atanh series in s = (m - 1) / (m + 1), |s| < 0.172: truncation error below 1e-8.
+// log10 of a positive normal float (std::log10 is a scalar call, and was a tenth of the audio
+// stage's time). log(m) for the mantissa comes from the atanh series in s = (m - 1) / (m + 1),
+// |s| < 0.172: truncation error below 1e-8. Log10x8 does the same operations in the same
+// order on eight values (no FMA in either), so both give the same bits.
 inline float Log10Fast(float x) {
   uint32_t bits;
   std::memcpy(&bits, &x, 4);
@@ -35,6 +40,37 @@ inline float Log10Fast(float x) {
   float ln_m =
       2.0f * s * (1.0f + s2 * (1.0f / 3 + s2 * (1.0f / 5 + s2 * (1.0f / 7 + s2 * (1.0f / 9)))));
   return (static_cast<float>(e) * 0.693147181f + ln_m) * 0.434294482f;
+}
+
+__attribute__((target("avx2"))) inline void Log10x8(float* v) {
+  const __m256i bits = _mm256_castps_si256(_mm256_loadu_ps(v));
+  __m256i e =
+      _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(0xFF)),
+                       _mm256_set1_epi32(127));
+  __m256 m = _mm256_castsi256_ps(_mm256_or_si256(
+      _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFF)), _mm256_set1_epi32(0x3F800000)));
+  const __m256 high = _mm256_cmp_ps(m, _mm256_set1_ps(1.41421356f), _CMP_GT_OQ);
+  m = _mm256_blendv_ps(m, _mm256_mul_ps(m, _mm256_set1_ps(0.5f)), high);
+  e = _mm256_sub_epi32(e, _mm256_castps_si256(high));  // high lanes are -1: e + 1
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 s = _mm256_div_ps(_mm256_sub_ps(m, one), _mm256_add_ps(m, one)),
+               s2 = _mm256_mul_ps(s, s);
+  __m256 t = _mm256_mul_ps(s2, _mm256_set1_ps(1.0f / 9));
+  t = _mm256_mul_ps(s2, _mm256_add_ps(_mm256_set1_ps(1.0f / 7), t));
+  t = _mm256_mul_ps(s2, _mm256_add_ps(_mm256_set1_ps(1.0f / 5), t));
+  t = _mm256_mul_ps(s2, _mm256_add_ps(_mm256_set1_ps(1.0f / 3), t));
+  const __m256 ln_m = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(2.0f), s), _mm256_add_ps(one, t));
+  const __m256 ln =
+      _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(e), _mm256_set1_ps(0.693147181f)), ln_m);
+  _mm256_storeu_ps(v, _mm256_mul_ps(ln, _mm256_set1_ps(0.434294482f)));
+}
+
+// log10 of every value of v[0, n).
+void Log10All(float* v, int n) {
+  int i = 0;
+  if (UseAvx2())
+    for (; i + 8 <= n; i += 8) Log10x8(v + i);
+  for (; i < n; ++i) v[i] = Log10Fast(v[i]);
 }
 
 double HzToMel(double hz) {
@@ -122,7 +158,7 @@ void LogMel::Compute(const float* x, size_t n, float* out, size_t valid) {
       for (size_t j = 0; j < b.weights.size(); ++j) acc += b.weights[j] * power_[b.first_bin + j];
       mel_[m] = std::max(acc, 1e-10f);
     }
-    for (int m = 0; m < n_mels_; ++m) mel_[m] = Log10Fast(mel_[m]);
+    Log10All(mel_.data(), n_mels_);
     for (int m = 0; m < n_mels_; ++m) {
       out[m * frames + t] = mel_[m];
       max_log = std::max(max_log, mel_[m]);
