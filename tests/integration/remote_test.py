@@ -7,7 +7,7 @@ delivered once per epoch or counted. Two daemons as two nodes of one job deal ev
 
 usage: remote_test.py --bin BUILD/bin --s3rver PATH
 """
-import argparse, io, json, os, pathlib, re, shutil, signal, socket, subprocess, sys, tarfile, time, unittest
+import argparse, errno, io, json, os, pathlib, re, shutil, signal, socket, subprocess, sys, tarfile, time, unittest
 
 import daemon_test
 from daemon_test import Daemon, DaemonCase, captioned_ids, dumped_batches, finish
@@ -350,6 +350,22 @@ class HttpTest(RemoteCase):
         self.assertGreater(report["storage"]["read_bytes_per_s"], 100e3, json.dumps(report["storage"]))
 
 
+def remove_while_written(folder):
+    """rm -rf of a folder the daemon is writing into: a shard written between the listing and
+    the rmdir leaves it not empty (one renamed away, a name gone), so it is tried again until
+    one pass removes it."""
+    for _ in range(100):
+        if not folder.exists():
+            return
+        try:
+            shutil.rmtree(folder)
+            return
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.ENOENT):
+                raise
+    raise AssertionError(f"{folder} could not be removed while the daemon wrote into it")
+
+
 def shard_gets(access_log, since=0):
     """The whole-shard GETs (HTTP 200) nginx logged after byte `since` of its access log, in order."""
     text = pathlib.Path(access_log).read_text()[since:]
@@ -476,7 +492,7 @@ class CacheTest(RemoteCase):
         d = Daemon(self.dir, self.cached_config(url), extra=("--state-dir", str(state)))
         procs = [d.consume(r, "--json", "--hold-ms", "40", "--dump", str(self.dir / f"gone{r}")) for r in range(2)]
         time.sleep(1.0)
-        shutil.rmtree(self.dir / "cache")
+        remove_while_written(self.dir / "cache")
         for p in procs:
             finish(p, timeout=120)
         self.assertEqual(d.wait(), 0, d.log())
