@@ -1,9 +1,14 @@
 // What the hand-vectorised kernels (the image resampler, the video stage's conversion) share:
-// whether to run their AVX2 code, and the AVX2 float -> bfloat16 step. Every kernel keeps a
-// portable version that gives the same bytes; tests compare the two.
+// whether to run their AVX2 code, and the AVX2 float -> bfloat16 step and float stores. Every
+// kernel keeps a portable version that gives the same bytes; tests compare the two.
 #pragma once
 
 #include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "base/tensor.h"
 
 namespace mmfeed {
 
@@ -26,6 +31,17 @@ __attribute__((target("avx2"))) inline __m128i BFloat16x8(__m256 f) {
   // [h0-3 h0-3 | h4-7 h4-7] as 16 bits, then the first quarter of each lane.
   const __m256i packed = _mm256_packus_epi32(h, h);
   return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
+}
+
+// Eight floats to values [at, at + 8) of a float32 or bfloat16 buffer `base`.
+template <DType D>
+__attribute__((target("avx2"))) inline void Store8(__m256 v, uint8_t* base, size_t at) {
+  static_assert(D == DType::kFloat32 || D == DType::kBFloat16);
+  if constexpr (D == DType::kFloat32)
+    _mm256_storeu_ps(reinterpret_cast<float*>(base) + at, v);
+  else
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(reinterpret_cast<uint16_t*>(base) + at),
+                     BFloat16x8(v));
 }
 
 }  // namespace mmfeed

@@ -40,6 +40,9 @@ class Connection {
     // `base` on, and of the other epochs (0: an order independent of the shape); a mixture's
     // with a source in shard windows: the nodes of those shapes too.
     uint32_t base_lanes = 0, lanes = 0, base_nodes = 0, nodes = 0;
+    // Token-budget batches: the position is where the next step starts, which each slot
+    // carries (SlotDescriptor::next_position), not batch x batch_size x streams.
+    bool budgeted = false;
   };
   std::optional<PositionRule> position;
 };
@@ -71,7 +74,8 @@ StreamCursor Batch::cursor() const {
   if (const auto& p = conn_->position; p && c.epoch >= p->epoch) {
     c.order = p->order;
     const bool from_base = c.epoch == p->epoch && p->base;
-    c.position = (from_base ? p->base : 0) + c.batch * p->batch_size * p->streams;
+    if (!p->budgeted)  // else the slot's own (view_.next.position)
+      c.position = (from_base ? p->base : 0) + c.batch * p->batch_size * p->streams;
     c.lanes = from_base ? p->base_lanes : p->lanes;
     c.nodes = from_base ? p->base_nodes : p->nodes;
   }
@@ -252,7 +256,8 @@ Status Client::Connect(const std::optional<StreamCursor>& resume) {
                                                 p.value("base_lanes", 0u),
                                                 p.value("lanes", 0u),
                                                 p.value("base_nodes", 0u),
-                                                p.value("nodes", 0u)};
+                                                p.value("nodes", 0u),
+                                                p.value("budgeted", false)};
     } catch (const nlohmann::json::exception& e) {
       return Status::Invalid(
           fmt::format("mmfeedd's attach reply has a malformed \"position\": {}", e.what()));

@@ -6,7 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <queue>
-#include <tuple>
+#include <utility>
 
 #include "source/catalog.h"
 #include "source/index_file.h"
@@ -102,115 +102,78 @@ bool WriteCostIndex(const std::string& path, uint64_t key, const MeasuredCatalog
   return index_file::WriteAtomically(path, out);
 }
 
-std::vector<uint32_t> PackGreedy(const std::vector<SampleCost>& stream, const BatchBudget& budget) {
-  std::vector<uint32_t> starts;
-  int64_t rows = 0, tokens = 0, patches = 0;
-  for (size_t i = 0; i < stream.size(); ++i) {
-    const SampleCost& c = stream[i];
-    if (rows == 0 || !budget.Fits(rows + 1, tokens + c.tokens, patches + c.patches)) {
-      starts.push_back(static_cast<uint32_t>(i));
-      rows = tokens = patches = 0;
-    }
-    ++rows;
-    tokens += c.tokens;
-    patches += c.patches;
-  }
-  starts.push_back(static_cast<uint32_t>(stream.size()));
-  return starts;
-}
-
-void SplitFullest(const std::vector<SampleCost>& stream, const BatchBudget& budget, uint64_t count,
-                  std::vector<uint32_t>* starts) {
-  // How full a batch is: its largest share of a budget.
-  auto fullness = [&](uint32_t begin, uint32_t end) {
-    int64_t tokens = 0, patches = 0;
-    for (uint32_t i = begin; i < end; ++i) {
-      tokens += stream[i].tokens;
-      patches += stream[i].patches;
-    }
-    double f = static_cast<double>(end - begin) / static_cast<double>(budget.max_rows);
-    if (budget.max_tokens > 0)
-      f = std::max(f, static_cast<double>(tokens) / static_cast<double>(budget.max_tokens));
-    if (budget.max_patches > 0)
-      f = std::max(f, static_cast<double>(patches) / static_cast<double>(budget.max_patches));
-    return f;
-  };
-  // The fullest first; among equals the earliest (so the plan is one function of its input).
-  using Batch = std::tuple<double, int64_t, uint32_t, uint32_t>;  // fullness, -begin, begin, end
-  std::priority_queue<Batch> heap;
-  std::vector<uint32_t> single;  // one-sample batches: cannot be split
-  for (size_t b = 0; b + 1 < starts->size(); ++b) {
-    const uint32_t begin = (*starts)[b], end = (*starts)[b + 1];
-    if (end - begin > 1)
-      heap.emplace(fullness(begin, end), -static_cast<int64_t>(begin), begin, end);
-    else
-      single.push_back(begin);
-  }
-  uint64_t batches = starts->size() - 1;
-  while (batches < count && !heap.empty()) {
-    auto [f, key, begin, end] = heap.top();
-    heap.pop();
-    const uint32_t mid = begin + (end - begin) / 2;
-    for (auto [b, e] : {std::pair{begin, mid}, std::pair{mid, end}}) {
-      if (e - b > 1)
-        heap.emplace(fullness(b, e), -static_cast<int64_t>(b), b, e);
-      else
-        single.push_back(b);
-    }
-    ++batches;
-  }
-  starts->assign(single.begin(), single.end());
-  for (; !heap.empty(); heap.pop()) starts->push_back(std::get<2>(heap.top()));
-  std::sort(starts->begin(), starts->end());
-  starts->push_back(static_cast<uint32_t>(stream.size()));
-}
-
 EpochPlan PlanEpoch(const std::vector<SampleCost>& costs, const SourceConfig& source,
-                    uint32_t epoch, int consumers, uint64_t per_rank, const BatchBudget& budget,
-                    bool with_ranks, const Catalog* catalog) {
-  EpochPlan plan;
-  // Stream (node, rank)'s usable samples in order: their positions in the share and costs.
-  std::vector<uint32_t> positions;
-  std::vector<SampleCost> stream;
-  auto gather = [&](const EpochOrder& order, int rank) {
-    positions.clear();
-    stream.clear();
-    for (uint64_t k = 0; k < per_rank; ++k) {
-      const SampleCost& c = costs[order[k * consumers + rank]];
-      if (!c.usable()) continue;
-      positions.push_back(static_cast<uint32_t>(k));
-      stream.push_back(c);
-    }
-  };
-  uint64_t fewest = UINT64_MAX;              // usable samples of the poorest stream
-  std::vector<std::vector<SampleCost>> own;  // this node's streams, by rank, for the splits
+                    uint32_t epoch, int consumers, const BatchBudget& budget, bool with_ranks,
+                    const Catalog* catalog, uint64_t base, const Mixture* numbering,
+                    uint32_t lanes) {
+  // The epoch's global order from the base: every node's positions put in their places.
+  std::vector<uint32_t> global;
   for (int node = 0; node < source.num_nodes; ++node) {
     SourceConfig s = source;
     s.node_rank = node;
-    const EpochOrder order = catalog ? EpochOrder(*catalog, s, epoch, consumers)
-                                     : EpochOrder(costs.size(), s, epoch, consumers);
-    for (int r = 0; r < consumers; ++r) {
-      gather(order, r);
-      std::vector<uint32_t> starts = PackGreedy(stream, budget);
-      plan.batches = std::max<uint64_t>(plan.batches, starts.size() - 1);
-      fewest = std::min<uint64_t>(fewest, stream.size());
-      if (with_ranks && node == source.node_rank) {
-        plan.ranks.push_back({positions, std::move(starts)});
-        own.push_back(stream);
-      }
+    const EpochOrder order = catalog
+                                 ? EpochOrder(*catalog, s, epoch, consumers, base, numbering, lanes)
+                                 : EpochOrder(costs.size(), s, epoch, consumers, base);
+    if (node == 0) global.resize(order.size() * source.num_nodes);
+    for (size_t i = 0; i < order.size(); ++i) global[order.GlobalOf(i)] = order[i];
+  }
+  const size_t streams = static_cast<size_t>(consumers) * source.num_nodes,
+               own = static_cast<size_t>(source.node_rank) * consumers;  // this node's first
+  struct Fill {
+    int64_t rows = 0, tokens = 0, patches = 0;
+  };
+  auto fullness = [&](const Fill& f) {
+    double x = static_cast<double>(f.rows) / static_cast<double>(budget.max_rows);
+    if (budget.max_tokens > 0)
+      x = std::max(x, static_cast<double>(f.tokens) / static_cast<double>(budget.max_tokens));
+    if (budget.max_patches > 0)
+      x = std::max(x, static_cast<double>(f.patches) / static_cast<double>(budget.max_patches));
+    return x;
+  };
+  EpochPlan plan;
+  plan.steps.push_back(base);
+  if (with_ranks) plan.ranks.assign(consumers, RankPlan{{}, {0}});
+  std::vector<Fill> fill(streams);
+  std::vector<std::vector<uint32_t>> step(consumers);  // this node's ranks' rows in the step
+  using Least = std::pair<double, size_t>;             // fullness, stream: the least full on top
+  uint64_t usable = 0;
+  for (size_t t = 0; t < global.size();) {
+    std::priority_queue<Least, std::vector<Least>, std::greater<Least>> heap;
+    for (size_t s = 0; s < streams; ++s) heap.emplace(0.0, s);
+    fill.assign(streams, Fill{});
+    for (auto& rows : step) rows.clear();
+    size_t started = 0;  // streams with a row
+    for (; t < global.size(); ++t) {
+      const SampleCost& c = costs[global[t]];
+      if (!c.usable() || !budget.Fits(1, c.tokens, c.patches)) continue;
+      const size_t s = heap.top().second;
+      Fill& f = fill[s];
+      if (!budget.Fits(f.rows + 1, f.tokens + c.tokens, f.patches + c.patches)) break;
+      heap.pop();
+      started += f.rows == 0;
+      ++f.rows;
+      f.tokens += c.tokens;
+      f.patches += c.patches;
+      heap.emplace(fullness(f), s);
+      ++usable;
+      if (with_ranks && s >= own && s < own + consumers) step[s - own].push_back(global[t]);
+    }
+    if (started < streams) break;  // the order ran out: the rest waits for the next epoch
+    ++plan.batches;
+    plan.steps.push_back(base + t);
+    for (size_t r = 0; r < plan.ranks.size(); ++r) {
+      RankPlan& rp = plan.ranks[r];
+      rp.entries.insert(rp.entries.end(), step[r].begin(), step[r].end());
+      rp.starts.push_back(static_cast<uint32_t>(rp.entries.size()));
     }
   }
-  if (plan.batches == 0 || plan.batches > fewest) {
+  if (plan.batches == 0) {
     plan.status = Status::Invalid(fmt::format(
-        "epoch {}: a rank's share has only {} usable samples, too few for the {} batch(es) that "
-        "every rank must have (another rank's budget needs them); too many samples fail or pass "
-        "a budget on their own",
-        epoch, fewest, std::max<uint64_t>(plan.batches, 1)));
+        "epoch {}: {} usable sample(s) from position {} of its order, too few for a batch for "
+        "each of the {} rank(s) of the job; too many samples fail or pass a budget on their own",
+        epoch, usable, base, streams));
     plan.ranks.clear();
-    return plan;
   }
-  for (size_t r = 0; r < plan.ranks.size(); ++r)
-    SplitFullest(own[r], budget, plan.batches, &plan.ranks[r].starts);
   return plan;
 }
 

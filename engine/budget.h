@@ -1,20 +1,25 @@
 // Token-budget batches: the batch stage's `max_tokens` / `max_patches`. A batch is filled with
-// whole samples, in the rank's order, until the next one would pass a budget (or batch_size
-// rows), so its size varies; every rank of every node still gets the same number of batches
-// per epoch, with no coordinator:
+// whole samples until the next one would pass a budget (or batch_size rows), so its size
+// varies; every rank of every node still gets the same number of batches per epoch, with no
+// coordinator, and what the job has consumed is always a prefix of the epoch's global order:
 //
 // 1. Each sample's cost (text tokens with its vision pads, vision patches) is measured once
 //    when the pipeline is built, from file headers and the tokenizer (StageWorker::Measure),
 //    for the whole catalog: every node measures every sample, so every node can plan every
 //    rank's epoch.
-// 2. An epoch's plan cuts each stream (one per rank of each node: the rank's share of the
-//    epoch's order) greedily into batches. The epoch's batch count K is the largest stream's;
-//    the other streams split their fullest batches (in two, at the middle row) until they have
-//    K too. A split batch is still within the budgets, so nothing is dropped: every usable
-//    sample of a rank's share is in exactly one of its batches. K depends on the epoch (the
-//    shuffle), and is the same on every node because the plan is a pure function of the costs,
-//    the order and the budgets.
-// 3. Samples that cannot be measured (an unreadable header) or that pass a budget on their own
+// 2. An epoch's plan deals the epoch's global order (the permutation, or the mixture's lanes
+//    interleaved: EpochOrder::GlobalOf) in steps. Step s gives batch s of every stream (rank r
+//    of node n is stream n x consumers + r): from position G_s on, each usable sample goes to
+//    the stream whose batch is least full (its largest share of a budget; the lowest stream
+//    among equals) until the next sample does not fit there; that position is G_(s + 1). So
+//    when every rank has finished its batches before step s, the samples consumed are the
+//    usable ones of positions [G_0, G_s), one number, whatever the shape: a job resumed at
+//    another shape plans the rest of the epoch from G_s over its own streams (Pipeline::Origin
+//    ::base), as fixed-size batches do. The plan is a pure function of the costs, the order and
+//    the budgets, so every node computes the same K and G.
+// 3. The epoch ends with the order: a last step that cannot give every stream a sample is not
+//    made (fewer than `streams` usable samples wait for the next epoch, as a remainder does).
+// 4. Samples that cannot be measured (an unreadable header) or that pass a budget on their own
 //    are reported once when the pipeline is built and left out of every plan.
 #pragma once
 
@@ -45,33 +50,36 @@ struct BatchBudget {
   std::string Refuses(const SampleCost& c) const;
 };
 
-// One rank's epoch: batch b holds the samples at positions[starts[b]] .. positions[starts[b +
-// 1] - 1] of the rank's share (position k is the share's k-th sample of the epoch's order).
+// One rank's epoch: batch b holds catalog entries entries[starts[b]] .. entries[starts[b + 1] -
+// 1].
 struct RankPlan {
-  std::vector<uint32_t> positions, starts;
+  std::vector<uint32_t> entries, starts;
   uint64_t batches() const { return starts.empty() ? 0 : starts.size() - 1; }
 };
 
-// Where the samples of a stream are: position k of stream `s` of the world (rank r of node n is
-// stream r * num_nodes + n; streams = consumers * num_nodes) is EpochOrder position
-// (k * streams + s).
 struct EpochPlan {
-  uint64_t batches = 0;         // K: every rank's
-  std::vector<RankPlan> ranks;  // this node's, by rank (empty when only K was asked for)
-  // Not ok when some rank cannot have K batches (fewer usable samples than K, or none at all):
-  // the epoch cannot be dealt.
+  uint64_t batches = 0;  // K: every rank's
+  // Step s (batch s of every rank) holds the usable samples at positions [steps[s], steps[s +
+  // 1]) of the epoch's global order; steps[0] is the base, steps[K] where the plan stops.
+  std::vector<uint64_t> steps;
+  std::vector<RankPlan> ranks;  // this node's, by rank (empty when only K and G were asked for)
+  // Not ok when the order holds too few usable samples for one batch per rank: the epoch cannot
+  // be dealt.
   Status status;
 };
 
-// `costs` by catalog entry; `per_rank` samples in each stream. `with_ranks`: also this node's
-// rank plans (else only K).
 struct Catalog;
+class Mixture;
 
-// `catalog`: a mixture's, whose EpochOrder deals by its Mixture (nullptr: a permutation of
-// costs.size() samples).
+// Epoch `epoch` for `consumers` ranks on each of `source.num_nodes` nodes, of `catalog` (null:
+// a permutation of costs.size() samples) whose entries cost `costs`; `with_ranks`: also this
+// node's rank plans (else only K and G). From `base` on, a mixture numbered by `numbering` (the
+// catalog's Mixture dealt to the lanes the base counts in), `lanes` those of shard windows
+// (Pipeline::Origin).
 EpochPlan PlanEpoch(const std::vector<SampleCost>& costs, const SourceConfig& source,
-                    uint32_t epoch, int consumers, uint64_t per_rank, const BatchBudget& budget,
-                    bool with_ranks, const Catalog* catalog = nullptr);
+                    uint32_t epoch, int consumers, const BatchBudget& budget, bool with_ranks,
+                    const Catalog* catalog = nullptr, uint64_t base = 0,
+                    const Mixture* numbering = nullptr, uint32_t lanes = 0);
 
 // What measuring a catalog found: every entry's cost (kUnusable where measuring failed) and
 // the failures, by entry. Kept in a file for indexed sources (large ones), so that later starts
@@ -93,12 +101,5 @@ std::string CostIndexPath(const std::string& source_path, const std::string& ind
 Result<MeasuredCatalog> ReadCostIndex(const std::string& path, uint64_t key, size_t count);
 // False (errno set) when it cannot be written; nothing is left behind then.
 bool WriteCostIndex(const std::string& path, uint64_t key, const MeasuredCatalog& m);
-
-// The greedy cut of one stream's costs (in order): the batch starts, then the end.
-std::vector<uint32_t> PackGreedy(const std::vector<SampleCost>& stream, const BatchBudget& budget);
-// Splits the fullest batches of `starts` (over `stream`) in two until there are `count`.
-// REQUIRES: count <= stream.size().
-void SplitFullest(const std::vector<SampleCost>& stream, const BatchBudget& budget, uint64_t count,
-                  std::vector<uint32_t>* starts);
 
 }  // namespace mmfeed

@@ -284,6 +284,7 @@ class Pipeline::Collator {
     info.ids = std::move(f.ids);
     info.next = p_->CursorAfter(info.seq);
     info.next.stream = p_->origin_.stream;
+    if (p_->budgeted()) info.next.position = p_->StepStart(info.next);
     info.ragged_rows = p_->PackRagged(f.batch->memory, info.rows);
     uint64_t t0 = NowNs();
     p_->sinks_[rank_]->Commit(f.batch->memory, info);

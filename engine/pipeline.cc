@@ -448,7 +448,7 @@ void Pipeline::WantMixShards(const std::vector<StreamCursor>& next, const std::v
 
 // Fills in batch `at` of rank `r` (its sink's memory reserved in `pb`) and dispatches its
 // samples: the rank's share of the epoch's order is at positions r, r + consumers, ...; batch
-// `index` holds the share's positions index * batch_size ..., or (a budget) those `plan` says.
+// `index` holds the share's positions index * batch_size ..., or (a budget) what `plan` says.
 void Pipeline::Deal(const std::shared_ptr<Provisional>& pb, int r, const StreamCursor& at,
                     uint64_t gen, const EpochPlan* plan) {
   const int consumers = cfg_.consumers;
@@ -458,16 +458,17 @@ void Pipeline::Deal(const std::shared_ptr<Provisional>& pb, int r, const StreamC
   pb->epoch = at.epoch;
   pb->index = at.batch;
   pb->seq = at.seq;
-  const EpochOrder order = OrderOf(pb->epoch);
   std::vector<uint32_t> entries;
   if (plan) {
     const RankPlan& rp = plan->ranks[r];
-    for (uint32_t k = rp.starts[pb->index]; k < rp.starts[pb->index + 1]; ++k) {
-      entries.push_back(order[static_cast<uint64_t>(rp.positions[k]) * consumers + r]);
-      pb->tokens += costs_[entries.back()].tokens;
-      pb->patches += costs_[entries.back()].patches;
+    entries.assign(rp.entries.begin() + rp.starts[pb->index],
+                   rp.entries.begin() + rp.starts[pb->index + 1]);
+    for (uint32_t entry : entries) {
+      pb->tokens += costs_[entry].tokens;
+      pb->patches += costs_[entry].patches;
     }
   } else {
+    const EpochOrder order = OrderOf(pb->epoch);
     for (int row = 0; row < RowsOf(pb->epoch, pb->index); ++row)
       entries.push_back(order[(pb->index * bs + row) * consumers + r]);
   }

@@ -168,12 +168,17 @@ class Pipeline {
   // Refused (nothing changed): a mixture's base in lanes it cannot be dealt to.
   Status SetOrigin(Origin origin);
   Origin origin() const { return origin_; }
-  // Positions (StreamCursor::order, position) need an order that is one global sequence dealt
-  // round-robin over the job's streams, fixed-size batches (not token budgets or packing): one
-  // source in permutation mode or in shard windows (its nodes' parts interleaved); a mixture
-  // (its lanes interleaved) without a weight switch. Else the reason it has none.
+  // Positions (StreamCursor::order, position) need an order that is one global sequence whose
+  // every prefix of steps the ranks consume together (dealt round-robin to fixed-size batches,
+  // or in a token budget's steps: engine/budget.h), not a packed stream's: one source in
+  // permutation mode or in shard windows (its nodes' parts interleaved); a mixture (its lanes
+  // interleaved) without a weight switch (and with a budget, under 2^32 draws an epoch: the
+  // rings carry a budgeted position in 32 bits). Else the reason it has none.
   bool positional() const { return why_not_positional().empty(); }
   std::string why_not_positional() const;
+  // With a token budget: the job's position at cursor `c`, where the step of its batch starts
+  // (EpochPlan::steps). The rings carry it in each slot (the client cannot compute it).
+  uint64_t StepStart(const StreamCursor& c) const;
   // The data, seed and shuffle (not the shape): what a cursor's `order` must match.
   uint32_t order_tag() const { return order_tag_; }
   // The origin of a stream that resumes the job at `position` of epoch `epoch`'s global order
@@ -348,6 +353,8 @@ class Pipeline {
   Status MeasureEntries(const std::vector<bool>& measured, MeasuredCatalog* m);
   // A sample's cost from its outputs: `row(t)` gives tensor t's bytes for the sample.
   SampleCost CostOf(const std::function<const uint8_t*(size_t)>& row) const;
+  // Epoch `epoch`'s plan (from the origin's base in the origin epoch); PlanOf keeps the last few.
+  EpochPlan PlanAt(uint32_t epoch, bool with_ranks) const;
   std::shared_ptr<const EpochPlan> PlanOf(uint32_t epoch) const;
   uint64_t EpochBatchesLocked(uint32_t epoch) const;
   // The epoch holding batch `seq` (>= origin().seq) and its first batch's seq; false past

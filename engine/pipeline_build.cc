@@ -228,14 +228,14 @@ Status Pipeline::LoadSource(const std::set<std::string>& needed,
     std::shared_ptr<const EpochPlan> first = PlanOf(0);
     if (!first->status.ok()) return first->status;
     batches_per_epoch_ = first->batches;
-    // Every epoch has at least this many batches: its fullest share holds at least the
-    // average of the usable samples dealt, at most batch_size a batch.
+    // Every epoch has at least this many batches: its steps hold all but fewer than streams()
+    // of the usable samples dealt, at most batch_size a stream each.
     const uint64_t usable = static_cast<uint64_t>(
         std::count_if(costs_.begin(), costs_.end(), [](auto& c) { return c.usable(); }));
     const uint64_t dealt = streams() * per_rank_,
                    left_out = catalog_->size() > dealt ? catalog_->size() - dealt : 0;
-    min_epoch_batches_ =
-        std::max<uint64_t>(1, (usable > left_out ? usable - left_out : 0) / streams() / bs);
+    const uint64_t stepped = usable > left_out + streams() ? usable - left_out - streams() : 0;
+    min_epoch_batches_ = std::max<uint64_t>(1, stepped / streams() / bs);
   }
   if (batches_per_epoch_ == 0)
     return Status::Invalid(
@@ -349,9 +349,11 @@ Status Pipeline::SetOrigin(Origin origin) {
   origin.lanes = LanesOf(origin.base, origin.lanes);
   origin.nodes = NodesOf(numbering_.get(), origin.nodes);
   origin_ = origin;
-  {
+  {  // the origin epoch's plan depends on the base
     std::lock_guard<std::mutex> lock(plans_mu_);
     epoch_starts_.clear();
+    plans_.clear();
+    epoch_batches_.clear();
   }
   start_.assign(cfg_.consumers, CursorAt(origin.seq));
   for (int r = 0; r < cfg_.consumers; ++r) next_commit_[r] = origin.seq;
@@ -471,9 +473,18 @@ int Pipeline::RowsOf(uint32_t epoch, uint64_t index) const {
 std::string Pipeline::why_not_positional() const {
   if (catalog_->mixture && !catalog_->mixture->switches().empty())
     return "the mixture's weights changed at a batch boundary";
-  if (budgeted()) return "token-budget batches take each rank's samples by their costs";
   if (cfg_.packed_stage >= 0) return "a packed text stream's rows cross batches";
+  if (budgeted() && catalog_->mixture &&
+      catalog_->mixture->per_lane() * catalog_->mixture->lanes() > UINT32_MAX)
+    return "a token-budget mixture's epoch holds 4G draws or more (the rings carry a budgeted "
+           "position in 32 bits)";
   return "";
+}
+
+uint64_t Pipeline::StepStart(const StreamCursor& c) const {
+  if (c.batch == 0) return BaseOf(c.epoch);
+  const std::shared_ptr<const EpochPlan> plan = PlanOf(c.epoch);
+  return c.batch < plan->steps.size() ? plan->steps[c.batch] : 0;
 }
 
 const SourceConfig* Pipeline::WindowedSource() const {
@@ -491,8 +502,15 @@ Result<Pipeline::Origin> Pipeline::Rebased(uint32_t epoch, uint64_t position, ui
   o.base = position;
   o.lanes = LanesOf(position, lanes);
   o.nodes = NodesOf(numbering.get(), nodes);
-  if (position == 0 || BatchesOf(PerRankFrom(position, numbering.get(), o.lanes)) == 0) {
-    o.epoch = position == 0 ? epoch : epoch + 1;  // nothing a rank could have: the next epoch
+  // Nothing a rank could have (no full row, or too few samples for a budgeted step): the next
+  // epoch.
+  const bool none_left =
+      budgeted() ? position && PlanEpoch(costs_, cfg_.source, epoch, cfg_.consumers, budget_, false,
+                                         catalog_.get(), position, numbering.get(), o.lanes)
+                                       .batches == 0
+                 : BatchesOf(PerRankFrom(position, numbering.get(), o.lanes)) == 0;
+  if (position == 0 || none_left) {
+    o.epoch = position == 0 ? epoch : epoch + 1;
     o.base = 0;
     o.lanes = 0;
     o.nodes = 0;
@@ -516,6 +534,7 @@ nlohmann::json Pipeline::PositionJson() const {
                       {"base", origin_.base},
                       {"streams", streams()},
                       {"batch_size", cfg_.batch_size}};
+  if (budgeted()) j["budgeted"] = true;  // the position is each slot's (ring_format.md)
   if (catalog_->mixture || catalog_->InWindows(cfg_.source)) {
     j["lanes"] = catalog_->mixture ? catalog_->mixture->lanes()
                                    : static_cast<uint32_t>(cfg_.source.num_nodes);
@@ -550,6 +569,12 @@ StreamCursor Pipeline::CursorAt(uint64_t seq) const {
   return c;
 }
 
+EpochPlan Pipeline::PlanAt(uint32_t epoch, bool with_ranks) const {
+  const uint64_t base = BaseOf(epoch);
+  return PlanEpoch(costs_, cfg_.source, epoch, cfg_.consumers, budget_, with_ranks, catalog_.get(),
+                   base, base ? numbering_.get() : nullptr, base ? origin_.lanes : 0);
+}
+
 std::shared_ptr<const EpochPlan> Pipeline::PlanOf(uint32_t epoch) const {
   {
     std::lock_guard<std::mutex> lock(plans_mu_);
@@ -557,9 +582,7 @@ std::shared_ptr<const EpochPlan> Pipeline::PlanOf(uint32_t epoch) const {
     if (it != plans_.end()) return it->second;
   }
   // Made outside the lock (O(samples)): cursors are looked up meanwhile.
-  auto plan = std::make_shared<const EpochPlan>(
-      PlanEpoch(costs_, cfg_.source, epoch, cfg_.consumers, per_rank_, budget_, /*with_ranks=*/true,
-                catalog_->mixture ? catalog_.get() : nullptr));
+  auto plan = std::make_shared<const EpochPlan>(PlanAt(epoch, /*with_ranks=*/true));
   std::lock_guard<std::mutex> lock(plans_mu_);
   epoch_batches_[epoch] = plan->batches;
   // Ranks run apart by at most their rings' depth, and rewinds are rare: a few epochs do.
@@ -579,9 +602,7 @@ uint64_t Pipeline::EpochBatches(uint32_t epoch) const {
 uint64_t Pipeline::EpochBatchesLocked(uint32_t epoch) const {
   auto it = epoch_batches_.find(epoch);  // PlanOf also records its plans' counts
   if (it != epoch_batches_.end()) return it->second;
-  const uint64_t k = PlanEpoch(costs_, cfg_.source, epoch, cfg_.consumers, per_rank_, budget_,
-                               /*with_ranks=*/false, catalog_->mixture ? catalog_.get() : nullptr)
-                         .batches;
+  const uint64_t k = PlanAt(epoch, /*with_ranks=*/false).batches;
   epoch_batches_[epoch] = k;
   return k;
 }

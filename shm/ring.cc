@@ -361,6 +361,8 @@ Status RingWriter::Commit(int index, const BatchView& batch) {
   d->next_batch = batch.next.batch;
   d->next_seq = batch.next.seq;
   d->next_stream = batch.next.stream;
+  d->next_position =
+      batch.next.position <= UINT32_MAX ? static_cast<uint32_t>(batch.next.position) : 0;
   uint8_t* p = slot_base + d->ids_offset;
   for (auto id : batch.ids) {
     std::memcpy(p, id.data(), id.size());
@@ -710,6 +712,7 @@ Status RingReader::ParseSlot(int i, BatchView* batch) const {
   batch->seq = d->seq;
   batch->epoch = d->epoch;
   batch->next = {d->next_epoch, d->next_batch, d->next_seq, d->next_stream};
+  batch->next.position = d->next_position;
   batch->ids.clear();
   const char* ids = reinterpret_cast<const char*>(base + d->ids_offset);
   uint64_t pos = 0;

@@ -109,7 +109,8 @@ struct SlotDescriptor {
   uint32_t epoch;
   uint32_t num_samples;
   uint32_t num_tensors;
-  uint32_t reserved0;
+  // A token-budget order's position after this batch (ring_format.md; 0 from older daemons).
+  uint32_t next_position;
   uint64_t ids_offset;  // sample ids: num_samples NUL-terminated strings, from the slot's start
   uint64_t ids_bytes;
   uint64_t payload_bytes;  // bytes used from payload_offset

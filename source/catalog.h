@@ -214,6 +214,13 @@ class EpochOrder {
     const uint64_t at = base_ + static_cast<uint64_t>(i) * nodes_ + node_;
     return static_cast<uint32_t>(shuffle_ ? perm_(at) : at);
   }
+  // Where position i stands in the epoch's global order, counted from the base: the nodes'
+  // positions interleaved (i x nodes + node), or a mixture's lanes (node x consumers + rank in
+  // each run of nodes x consumers). REQUIRES: i < size().
+  uint64_t GlobalOf(size_t i) const {
+    if (!mix_) return static_cast<uint64_t>(i) * nodes_ + node_;
+    return i / consumers_ * nodes_ * consumers_ + node_ * consumers_ + i % consumers_;
+  }
   // Permutation mode: the position at which this node deals catalog entry `entry`, or kNowhere
   // when another node deals it or it is left out (the remainder). O(1) (Permutation::Inverse).
   // Window and mixture modes are not invertible() so (their inverse is the order walked once).

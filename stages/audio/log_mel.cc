@@ -65,10 +65,11 @@ __attribute__((target("avx2"))) inline void Log10x8(float* v) {
   _mm256_storeu_ps(v, _mm256_mul_ps(ln, _mm256_set1_ps(0.434294482f)));
 }
 
-// log10 of every value of v[0, n).
-void Log10All(float* v, int n) {
+// log10 of every value of v[0, n), eight at a time with `avx2` (UseAvx2(), asked once per call
+// of Compute).
+void Log10All(float* v, int n, bool avx2) {
   int i = 0;
-  if (UseAvx2())
+  if (avx2)
     for (; i + 8 <= n; i += 8) Log10x8(v + i);
   for (; i < n; ++i) v[i] = Log10Fast(v[i]);
 }
@@ -146,6 +147,7 @@ void LogMel::Compute(const float* x, size_t n, float* out, size_t valid) {
   power_.resize(n_bins_);
   mel_.resize(n_mels_);
   float max_log = -1e30f;
+  const bool avx2 = UseAvx2();
   for (size_t t = 0; t < silent_from; ++t) {
     const float* src = padded_.data() + t * hop;
     for (int i = 0; i < n_fft_; ++i) frame_[i] = src[i] * window_[i];
@@ -158,7 +160,7 @@ void LogMel::Compute(const float* x, size_t n, float* out, size_t valid) {
       for (size_t j = 0; j < b.weights.size(); ++j) acc += b.weights[j] * power_[b.first_bin + j];
       mel_[m] = std::max(acc, 1e-10f);
     }
-    Log10All(mel_.data(), n_mels_);
+    Log10All(mel_.data(), n_mels_, avx2);
     for (int m = 0; m < n_mels_; ++m) {
       out[m * frames + t] = mel_[m];
       max_log = std::max(max_log, mel_[m]);

@@ -335,12 +335,7 @@ __attribute__((target("avx2"))) int EmitChwAvx2(const uint8_t* v, const Layout& 
         std::memcpy(out + at, &eight, 8);
       } else {
         // Multiply, then add (no FMA): the portable code's rounding.
-        const __m256 f = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ch), mul[c]), add[c]);
-        if constexpr (D == DType::kFloat32)
-          _mm256_storeu_ps(reinterpret_cast<float*>(out) + at, f);
-        else
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(reinterpret_cast<uint16_t*>(out) + at),
-                           BFloat16x8(f));
+        Store8<D>(_mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ch), mul[c]), add[c]), out, at);
       }
     }
   }

@@ -45,15 +45,6 @@ void Portable(const Rgb24Out& o, bool planar, const uint8_t* rgb, size_t from, s
   }
 }
 
-template <DType D>
-__attribute__((target("avx2"))) inline void Store8(__m256 v, uint8_t* base, size_t at) {
-  if constexpr (D == DType::kFloat32)
-    _mm256_storeu_ps(reinterpret_cast<float*>(base) + at, v);
-  else
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(reinterpret_cast<uint16_t*>(base) + at),
-                     BFloat16x8(v));
-}
-
 // Planar: eight pixels a step, bytes 0-11 in the low lane and 12-23 in the high one, so that
 // one byte shuffle puts a channel's four pixels of each lane in 32-bit slots. Reads 4 bytes
 // past a step's 24: stops 10 pixels before the end. Returns the pixels done.

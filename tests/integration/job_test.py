@@ -471,6 +471,60 @@ class ReshapeTest(JobCase):
         # Epoch 1 is what a fresh run of 1 node x 4 ranks gives, rank by rank.
         self.assertEqual(self.delivered("c", 4, 1), self.fresh_epoch(cfg, 4, 1))
 
+    def budget_captions(self):
+        """Captions of 1..14 bytes: in batches of at most 8 samples and 30 tokens (budget()),
+        the batches' sizes vary."""
+        with open(self.dir / "budget.jsonl", "w") as f:
+            for i in range(96):
+                f.write(json.dumps({"id": f"s{i:03d}", "text": "x" * (1 + i * 37 % 14)}) + "\n")
+        return f"type: manifest, path: {self.dir}/budget.jsonl"
+
+    def budget(self, cfg):
+        self.assertIn("batch_size: 4}", cfg)
+        return cfg.replace("batch_size: 4}", "batch_size: 8, max_tokens: 30}")
+
+    def resume_budgeted(self, cfg):
+        """2 x 2 ranks, then 3 x 1, then 1 x 4 with token-budget batches: a step's batches (one
+        per rank) take the next part of the epoch's global order (engine/budget.h), so each
+        cursor's position is where the next step starts, and the lives together deliver the
+        epoch once."""
+        # Life 1: 2 nodes x 2 ranks, 3 batches each.
+        self.life("a", 2, 2, batches=3, cfg=cfg)
+        cs = self.cursors("a", 4)
+        self.assertEqual(len({(c["epoch"], c["position"], c["order"]) for c in cs}), 1, cs)
+        first = cs[0]["position"]
+        # Life 2: 3 nodes x 1 rank from rank 3's cursor, 2 batches each.
+        daemons = self.life("b", 3, 1, batches=2, resume_from=self.dir / "a-cursor3.json", cfg=cfg)
+        self.assertIn(f"epoch 0, position {first} of the job's order (taken at another shape or in another run): "
+                      "the job resumes there", daemons[0].log())
+        cs = self.cursors("b", 3)
+        self.assertEqual(len({(c["epoch"], c["position"]) for c in cs}), 1, cs)
+        second = cs[0]["position"]
+        # Life 3: 1 node x 4 ranks from life 2's rank 1 to the end.
+        self.life("c", 1, 4, resume_from=self.dir / "b-cursor1.json", cfg=cfg)
+        lives = [self.delivered("a", 4, 0), self.delivered("b", 3, 0), self.delivered("c", 4, 0)]
+        # Every sample is usable: a life that ended at position p delivered the order's [.., p).
+        self.assertEqual([sum(map(len, life)) for life in lives[:2]], [first, second - first])
+        self.assertTrue(0 < first < second < 96, (first, second))
+        batches = [sum(1 for meta, _ in dt.dumped_batches(self.dir / f"c-dump{g}") if meta["epoch"] == 0)
+                   for g in range(4)]
+        self.assertEqual(len(set(batches)), 1, f"equal batches per rank in the resumed part: {batches}")
+        every = sorted(i for life in lives for ids in life for i in ids)
+        self.assertEqual(len(every), len(set(every)), "no sample twice")
+        # All but fewer than 4 at the end (a last step that cannot give each of 4 ranks a batch).
+        self.assertGreater(len(every) + 4, 96, every)
+        # Epoch 1 is what a fresh run of 1 node x 4 ranks gives, rank by rank.
+        self.assertEqual(self.delivered("c", 4, 1), self.fresh_epoch(cfg, 4, 1))
+        return every
+
+    def test_token_budget_batches_resume_at_another_shape_from_the_steps_position(self):
+        captions = self.budget_captions()
+        self.resume_budgeted(self.budget(config().replace("type: manifest, path: manifest.jsonl", captions)))
+
+    def test_a_token_budget_mixture_resumes_at_another_shape(self):
+        every = self.resume_budgeted(self.budget(self.mixture_config(self.budget_captions())))
+        self.assertTrue(any(i.startswith("q") for i in every) and any(i.startswith("s") for i in every))
+
     def test_a_rank_at_another_position_is_refused_naming_both(self):
         self.life("a", 1, 2, batches=2)  # 1 node x 2 ranks: position 16
         late = json.loads((self.dir / "a-cursor1.json").read_text())

@@ -78,7 +78,7 @@ TEST(RingFormatTest, SlotLayout) {
   EXPECT_EQ(offsetof(SlotDescriptor, epoch), 8u);
   EXPECT_EQ(offsetof(SlotDescriptor, num_samples), 12u);
   EXPECT_EQ(offsetof(SlotDescriptor, num_tensors), 16u);
-  EXPECT_EQ(offsetof(SlotDescriptor, reserved0), 20u);
+  EXPECT_EQ(offsetof(SlotDescriptor, next_position), 20u);
   EXPECT_EQ(offsetof(SlotDescriptor, ids_offset), 24u);
   EXPECT_EQ(offsetof(SlotDescriptor, ids_bytes), 32u);
   EXPECT_EQ(offsetof(SlotDescriptor, payload_bytes), 40u);

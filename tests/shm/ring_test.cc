@@ -26,6 +26,7 @@ Status WriteBatch(RingWriter& w, int slot, uint64_t seq, int n = 1000) {
   for (auto& s : ids) view.ids.push_back(s);
   view.tensors.push_back({"values", 2, {n}, nullptr, static_cast<uint64_t>(n) * 4});
   view.next.seq = seq + 1;
+  view.next.position = 7 * seq + 3;  // a token-budget order's position (next_position)
   return w.Commit(slot, view);
 }
 
@@ -63,6 +64,7 @@ void ExpectBatch(const BatchView& v, uint64_t seq) {
   EXPECT_EQ(d[0], static_cast<int32_t>(seq));
   EXPECT_EQ(d[999], static_cast<int32_t>(seq));
   EXPECT_EQ(v.next.seq, seq + 1);
+  EXPECT_EQ(v.next.position, 7 * seq + 3);
 }
 
 BatchView Take(RingReader& r, int* slot) {
