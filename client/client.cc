@@ -40,8 +40,9 @@ class Connection {
     // `base` on, and of the other epochs (0: an order independent of the shape); a mixture's
     // with a source in shard windows: the nodes of those shapes too.
     uint32_t base_lanes = 0, lanes = 0, base_nodes = 0, nodes = 0;
-    // Token-budget batches: the position is where the next step starts, which each slot
-    // carries (SlotDescriptor::next_position), not batch x batch_size x streams.
+    // Token-budget batches (the reply's "step_position"): the position is where the next step
+    // starts, which each slot carries (SlotDescriptor::next_position), not batch x batch_size x
+    // streams.
     bool budgeted = false;
   };
   std::optional<PositionRule> position;
@@ -246,7 +247,11 @@ Status Client::Connect(const std::optional<StreamCursor>& resume) {
   Result<std::unique_ptr<shm::RingReader>> ring = shm::RingReader::Map(fds[0], fds[1]);
   if (!ring.ok()) return ring.status();
   conn->ring = std::move(ring.value());
-  if (const nlohmann::json& p = reply->value("position", nlohmann::json()); p.is_object()) {
+  // A token budget's rule comes as "step_position": the positions are the slots'.
+  const bool budgeted = reply->contains("step_position");
+  if (const nlohmann::json& p =
+          reply->value(budgeted ? "step_position" : "position", nlohmann::json());
+      p.is_object()) {
     try {
       conn->position = Connection::PositionRule{p.at("order").get<uint32_t>(),
                                                 p.at("epoch").get<uint32_t>(),
@@ -257,10 +262,10 @@ Status Client::Connect(const std::optional<StreamCursor>& resume) {
                                                 p.value("lanes", 0u),
                                                 p.value("base_nodes", 0u),
                                                 p.value("nodes", 0u),
-                                                p.value("budgeted", false)};
+                                                budgeted};
     } catch (const nlohmann::json::exception& e) {
-      return Status::Invalid(
-          fmt::format("mmfeedd's attach reply has a malformed \"position\": {}", e.what()));
+      return Status::Invalid(fmt::format("mmfeedd's attach reply has a malformed \"{}\": {}",
+                                         budgeted ? "step_position" : "position", e.what()));
     }
   }
   conn_ = std::move(conn);

@@ -79,16 +79,19 @@ Result<AttachGrant> Supervisor::Attach(int rank, int pid, int pidfd,
     unseen_since_restart_[rank] = false;
     if (UnseenRanks().empty()) EveryRankBack();
   }
-  return AttachGrant{{ring.data_fd(), control},
-                     {{"rank", rank},
-                      {"stream", stream},
-                      {"replicas", cfg_.replicas},
-                      {"generation", h.generation},
-                      {"ring_bytes", ring.size()},
-                      {"consumers", cfg_.trainers()},
-                      {"job", JobJson()},
-                      {"position", pipeline_->PositionJson()},
-                      {"pipeline", cfg_.name}}};
+  return AttachGrant{
+      {ring.data_fd(), control},
+      {{"rank", rank},
+       {"stream", stream},
+       {"replicas", cfg_.replicas},
+       {"generation", h.generation},
+       {"ring_bytes", ring.size()},
+       {"consumers", cfg_.trainers()},
+       {"job", JobJson()},
+       // A token budget's rule has its own key: a client from before it would
+       // compute the positions from the batch index, wrongly, so it sees none.
+       {pipeline_->budgeted() ? "step_position" : "position", pipeline_->PositionJson()},
+       {"pipeline", cfg_.name}}};
 }
 
 Status Supervisor::Resume(int rank, const StreamCursor& c) {

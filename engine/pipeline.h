@@ -187,8 +187,8 @@ class Pipeline {
   // skipped: the next epoch's start). Refused: a mixture's cursor without its lanes (or nodes
   // where they count), or lanes the mixture cannot be dealt to. REQUIRES: positional().
   Result<Origin> Rebased(uint32_t epoch, uint64_t position, uint32_t lanes, uint32_t nodes) const;
-  // The attach reply's "position" rule: how a client turns the cursors of epochs >= the
-  // origin's into positions (null when not positional()).
+  // The attach reply's "position" rule ("step_position" with a token budget): how a client
+  // turns the cursors of epochs >= the origin's into positions (null when not positional()).
   nlohmann::json PositionJson() const;
   Status Start();
   // The source stops dealing at a batch boundary; batches already dealt are completed

@@ -534,7 +534,6 @@ nlohmann::json Pipeline::PositionJson() const {
                       {"base", origin_.base},
                       {"streams", streams()},
                       {"batch_size", cfg_.batch_size}};
-  if (budgeted()) j["budgeted"] = true;  // the position is each slot's (ring_format.md)
   if (catalog_->mixture || catalog_->InWindows(cfg_.source)) {
     j["lanes"] = catalog_->mixture ? catalog_->mixture->lanes()
                                    : static_cast<uint32_t>(cfg_.source.num_nodes);

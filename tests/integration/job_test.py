@@ -10,6 +10,7 @@ usage: job_test.py --bin BUILD/bin
 import json, os, pathlib, shutil, subprocess, sys, time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import contracts_test as ct  # noqa: E402
 import daemon_test as dt  # noqa: E402
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "SLURM_PROCID",
@@ -524,6 +525,22 @@ class ReshapeTest(JobCase):
     def test_a_token_budget_mixture_resumes_at_another_shape(self):
         every = self.resume_budgeted(self.budget(self.mixture_config(self.budget_captions())))
         self.assertTrue(any(i.startswith("q") for i in every) and any(i.startswith("s") for i in every))
+
+    def test_a_budgeted_rule_is_not_one_a_client_from_before_could_misread(self):
+        # An older client computes positions from the batch index under "position"; with a token
+        # budget the rule comes as "step_position" only, the positions from the slots.
+        cfg = self.budget(config(1, "node_rank: 0, num_nodes: 1").replace(
+            "type: manifest, path: manifest.jsonl", self.budget_captions()))
+        d = dt.Daemon(self.dir, cfg)
+        s, reply, fds = ct.raw_attach(d.socket, 0)
+        for fd in fds:
+            os.close(fd)
+        s.close()
+        self.assertTrue(reply["ok"], reply)
+        self.assertNotIn("position", reply)
+        self.assertEqual((reply["step_position"]["epoch"], reply["step_position"]["base"]), (0, 0))
+        d.ctl("stop")
+        d.wait()
 
     def test_a_rank_at_another_position_is_refused_naming_both(self):
         self.life("a", 1, 2, batches=2)  # 1 node x 2 ranks: position 16
