@@ -485,27 +485,33 @@ class ReshapeTest(JobCase):
         return cfg.replace("batch_size: 4}", "batch_size: 8, max_tokens: 30}")
 
     def resume_budgeted(self, cfg):
-        """2 x 2 ranks, then 3 x 1, then 1 x 4 with token-budget batches: a step's batches (one
-        per rank) take the next part of the epoch's global order (engine/budget.h), so each
-        cursor's position is where the next step starts, and the lives together deliver the
-        epoch once."""
+        """2 x 2 ranks, then 3 x 1 (killed, restarted from --state-dir), then 1 x 4 with
+        token-budget batches: a step's batches (one per rank) take the next part of the epoch's
+        global order (engine/budget.h), so each cursor's position is where the next step
+        starts, and the lives together deliver the epoch once."""
         # Life 1: 2 nodes x 2 ranks, 3 batches each.
         self.life("a", 2, 2, batches=3, cfg=cfg)
         cs = self.cursors("a", 4)
         self.assertEqual(len({(c["epoch"], c["position"], c["order"]) for c in cs}), 1, cs)
         first = cs[0]["position"]
-        # Life 2: 3 nodes x 1 rank from rank 3's cursor, 2 batches each.
-        daemons = self.life("b", 3, 1, batches=2, resume_from=self.dir / "a-cursor3.json", cfg=cfg)
+        # Life 2: 3 nodes x 1 rank from rank 3's cursor, one batch each; then the daemons are
+        # killed and restarted from their --state-dir (which keeps the base), the trainers from
+        # their own cursors: one more batch each.
+        daemons = self.life("b", 3, 1, batches=1, resume_from=self.dir / "a-cursor3.json", cfg=cfg, state="b")
         self.assertIn(f"epoch 0, position {first} of the job's order (taken at another shape or in another run): "
                       "the job resumes there", daemons[0].log())
-        cs = self.cursors("b", 3)
+        daemons = self.life("b2", 3, 1, batches=1, cursors_of="b", cfg=cfg, state="b")
+        self.assertIn("continuing from the saved cursors", daemons[0].log())
+        cs = self.cursors("b2", 3)
         self.assertEqual(len({(c["epoch"], c["position"]) for c in cs}), 1, cs)
         second = cs[0]["position"]
         # Life 3: 1 node x 4 ranks from life 2's rank 1 to the end.
-        self.life("c", 1, 4, resume_from=self.dir / "b-cursor1.json", cfg=cfg)
-        lives = [self.delivered("a", 4, 0), self.delivered("b", 3, 0), self.delivered("c", 4, 0)]
+        self.life("c", 1, 4, resume_from=self.dir / "b2-cursor1.json", cfg=cfg)
+        lives = [self.delivered(*life, 0) for life in (("a", 4), ("b", 3), ("b2", 3), ("c", 4))]
         # Every sample is usable: a life that ended at position p delivered the order's [.., p).
-        self.assertEqual([sum(map(len, life)) for life in lives[:2]], [first, second - first])
+        self.assertEqual([sum(map(len, life)) for life in lives[:3]],
+                         [first, sum(map(len, lives[1])), second - first - sum(map(len, lives[1]))])
+        self.assertTrue(all(sum(map(len, life)) for life in lives[:3]), lives)
         self.assertTrue(0 < first < second < 96, (first, second))
         batches = [sum(1 for meta, _ in dt.dumped_batches(self.dir / f"c-dump{g}") if meta["epoch"] == 0)
                    for g in range(4)]
