@@ -342,19 +342,69 @@ __attribute__((target("avx2"))) int EmitChwAvx2(const uint8_t* v, const Layout& 
   return n;
 }
 
-template <DType D>
-int EmitChwAvx2(const uint8_t* v, const Layout& l, int oy, uint8_t* out) {
-  return l.flip ? EmitChwAvx2<D, true>(v, l, oy, out) : EmitChwAvx2<D, false>(v, l, oy, out);
+// HWC, AVX2: eight pixels at a time, their RGBX bytes packed to 24 RGB bytes, which are the
+// output's next 24 values in order (uint8), or three runs of eight converted with factors that
+// repeat every 3 values; returns the columns done.
+template <DType D, bool kFlip>
+__attribute__((target("avx2"))) int EmitHwcAvx2(const uint8_t* v, const Layout& l, int oy,
+                                                uint8_t* out) {
+  const int n = l.w / 8 * 8;
+  const __m256i reverse = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
+  // Per lane: its four pixels' R, G, B bytes first (12 bytes), the X bytes dropped.
+  constexpr char z = -1;
+  const __m256i pack = _mm256_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, z, z, z, z,  //
+                                        0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, z, z, z, z);
+  __m256 mul[3] = {}, add[3] = {};  // run k's factors: value i is channel (8k + i) % 3's
+  if (D != DType::kUInt8)
+    for (int k = 0; k < 3; ++k) {
+      float m[8], a[8];
+      for (int i = 0; i < 8; ++i) {
+        m[i] = l.mul[(8 * k + i) % 3];
+        a[i] = l.add[(8 * k + i) % 3];
+      }
+      mul[k] = _mm256_loadu_ps(m);
+      add[k] = _mm256_loadu_ps(a);
+    }
+  alignas(32) uint8_t rgb[32];
+  for (int x = 0; x < n; x += 8) {
+    __m256i px =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 4 * (kFlip ? l.w - 8 - x : x)));
+    if (kFlip) px = _mm256_permutevar8x32_epi32(px, reverse);
+    const __m256i packed = _mm256_shuffle_epi8(px, pack);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(rgb), _mm256_castsi256_si128(packed));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(rgb + 12), _mm256_extracti128_si256(packed, 1));
+    const size_t at = (static_cast<size_t>(oy) * l.w + x) * 3;
+    if constexpr (D == DType::kUInt8) {
+      std::memcpy(out + at, rgb, 24);
+    } else {
+      for (int k = 0; k < 3; ++k) {
+        const __m256i b =
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rgb + 8 * k)));
+        // Multiply, then add (no FMA): the portable code's rounding.
+        Store8<D>(_mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(b), mul[k]), add[k]), out,
+                  at + 8 * k);
+      }
+    }
+  }
+  return n;
 }
 
-int EmitChwAvx2(const uint8_t* v, const Layout& l, int oy, uint8_t* out) {
+template <DType D>
+int EmitAvx2(const uint8_t* v, const Layout& l, int oy, uint8_t* out) {
+  if (l.chw)
+    return l.flip ? EmitChwAvx2<D, true>(v, l, oy, out) : EmitChwAvx2<D, false>(v, l, oy, out);
+  return l.flip ? EmitHwcAvx2<D, true>(v, l, oy, out) : EmitHwcAvx2<D, false>(v, l, oy, out);
+}
+
+// Returns the columns done (the rest: EmitPortable).
+int EmitAvx2(const uint8_t* v, const Layout& l, int oy, uint8_t* out) {
   switch (l.dtype) {
     case DType::kFloat32:
-      return EmitChwAvx2<DType::kFloat32>(v, l, oy, out);
+      return EmitAvx2<DType::kFloat32>(v, l, oy, out);
     case DType::kBFloat16:
-      return EmitChwAvx2<DType::kBFloat16>(v, l, oy, out);
+      return EmitAvx2<DType::kBFloat16>(v, l, oy, out);
     default:
-      return EmitChwAvx2<DType::kUInt8>(v, l, oy, out);
+      return EmitAvx2<DType::kUInt8>(v, l, oy, out);
   }
 }
 
@@ -414,7 +464,7 @@ bool Resampler::Run(RowSource& src, const ResampleOutput& o, uint8_t* out) {
     else
       VerticalPortable(taps_.data(), &y_.weights[static_cast<size_t>(oy) * y_.stride], count,
                        y_.bits, out_w * 4, out_row_.data());
-    const int done = avx2 && o.chw ? EmitChwAvx2(out_row_.data(), layout, oy, out) : 0;
+    const int done = avx2 ? EmitAvx2(out_row_.data(), layout, oy, out) : 0;
     EmitPortable(out_row_.data(), layout, oy, done, out);
   }
   return true;
