@@ -6,10 +6,15 @@
 # on the same files (bench/train_loop_bench.py), with each one's data stall share.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --demo
+DATA=demo-data
+mkdir -p "$DATA"
+# What the build needs first; the rest (PyTorch, ffmpeg, ...) installs while it compiles.
+bash scripts/setup.sh --build-only
+bash scripts/setup.sh --demo > "$DATA/setup.log" 2>&1 &
+SETUP=$!
 # Only what the demo runs: not the unit tests, benchmarks or tools (bash scripts/test.sh builds all).
 BUILD_TARGETS="mmfeedd mmfeed-consume _mmfeed" bash scripts/build.sh -DMMFEED_TESTS=OFF
-DATA=demo-data
+wait $SETUP || { cat "$DATA/setup.log"; echo "scripts/setup.sh --demo failed" >&2; exit 1; }
 /usr/bin/python3 scripts/make_dataset.py "$DATA" --count 2048
 cp configs/demo.yaml "$DATA/demo.yaml"
 SOCK="$PWD/$DATA/mmfeed.sock"

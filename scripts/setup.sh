@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs every Debian package mmfeed needs to build, test and run its demo.
-# Usage: scripts/setup.sh [--demo] [--bench] [--cuda]
+# Usage: scripts/setup.sh [--demo | --build-only] [--bench] [--cuda]
 #   --demo installs only what the demo builds and runs (scripts/demo.sh): no test tools, no
 #          servers the tests start, no s3rver
+#   --build-only installs only what the daemon, the client and the Python module build from
+#          (the demo runs `--demo` meanwhile, in the background, for the rest)
 #   --bench adds the other baselines: torchaudio, OpenCV, ...
 #   --cuda enables Debian's contrib and non-free components and installs the CUDA toolkit
 #          (nvidia-cuda-dev: the runtime and headers, CUDA 11.8; nvidia-cuda-toolkit: nvcc), so
@@ -10,7 +12,7 @@
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
-# What the daemon, the client and the demo build from and run with.
+# What the daemon, the client and the Python module build from.
 PKGS=(
   build-essential cmake pkg-config
   libasio-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libconcurrentqueue-dev
@@ -19,9 +21,10 @@ PKGS=(
   libjpeg62-turbo-dev libnuma-dev libsystemd-dev libfftw3-dev
   libicu-dev zlib1g-dev libcurl4-openssl-dev
   libavformat-dev libavcodec-dev libavutil-dev libswscale-dev libswresample-dev
-  python3 python3-dev python3-numpy ffmpeg pybind11-dev python3-torch python3-torchvision
-  python3-pil systemd
+  python3 python3-dev pybind11-dev
 )
+# What the demo runs besides: its dataset (ffmpeg), the trainer's side (PyTorch), the service.
+RUN_PKGS=(python3-numpy ffmpeg python3-torch python3-torchvision python3-pil systemd)
 # What the tests, the fuzzers and the package need besides.
 TEST_PKGS=(
   ninja-build libgtest-dev libgmock-dev libbenchmark-dev clang clang-format libclang-rt-14-dev
@@ -29,16 +32,19 @@ TEST_PKGS=(
   python3-venv python3-pip python3-setuptools python3-wheel lintian dpkg-dev
 )
 demo=0
+build_only=0
 bench=0
 cuda=0
 for arg in "$@"; do
   case "$arg" in
     --demo) demo=1 ;;
+    --build-only) demo=1 build_only=1 ;;
     --bench) bench=1 ;;
     --cuda) cuda=1 ;;
-    *) echo "usage: scripts/setup.sh [--demo] [--bench] [--cuda]" >&2; exit 2 ;;
+    *) echo "usage: scripts/setup.sh [--demo | --build-only] [--bench] [--cuda]" >&2; exit 2 ;;
   esac
 done
+if [ $build_only = 0 ]; then PKGS+=("${RUN_PKGS[@]}"); fi
 if [ $demo = 0 ]; then PKGS+=("${TEST_PKGS[@]}"); fi
 if [ $cuda = 1 ]; then
   # CUDA comes from non-free (its installer from contrib). Debian 12 lists components in
