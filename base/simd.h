@@ -44,4 +44,33 @@ __attribute__((target("avx2"))) inline void Store8(__m256 v, uint8_t* base, size
                      BFloat16x8(v));
 }
 
+// Interleaved RGB values: 24 (eight pixels) are three runs of eight whose channels repeat with
+// period 3. Run k's factors (value i is channel (8k + i) % 3's), from per-channel `mul`, `add`.
+struct Period3Factors {
+  __m256 mul[3], add[3];
+  __attribute__((target("avx2"))) Period3Factors(const float* m, const float* a) {
+    for (int k = 0; k < 3; ++k) {
+      float mk[8], ak[8];
+      for (int i = 0; i < 8; ++i) {
+        mk[i] = m[(8 * k + i) % 3];
+        ak[i] = a[(8 * k + i) % 3];
+      }
+      mul[k] = _mm256_loadu_ps(mk);
+      add[k] = _mm256_loadu_ps(ak);
+    }
+  }
+  // The 24 uint8 values at `rgb` as values [at, at + 24) of `out`: v x mul + add (multiply,
+  // then add: no FMA, as the portable loops round).
+  template <DType D>
+  __attribute__((target("avx2"))) void Convert24(const uint8_t* rgb, uint8_t* out,
+                                                 size_t at) const {
+    for (int k = 0; k < 3; ++k) {
+      const __m256i b =
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rgb + 8 * k)));
+      Store8<D>(_mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(b), mul[k]), add[k]), out,
+                at + 8 * k);
+    }
+  }
+};
+
 }  // namespace mmfeed

@@ -354,17 +354,9 @@ __attribute__((target("avx2"))) int EmitHwcAvx2(const uint8_t* v, const Layout& 
   constexpr char z = -1;
   const __m256i pack = _mm256_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, z, z, z, z,  //
                                         0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, z, z, z, z);
-  __m256 mul[3] = {}, add[3] = {};  // run k's factors: value i is channel (8k + i) % 3's
-  if (D != DType::kUInt8)
-    for (int k = 0; k < 3; ++k) {
-      float m[8], a[8];
-      for (int i = 0; i < 8; ++i) {
-        m[i] = l.mul[(8 * k + i) % 3];
-        a[i] = l.add[(8 * k + i) % 3];
-      }
-      mul[k] = _mm256_loadu_ps(m);
-      add[k] = _mm256_loadu_ps(a);
-    }
+  // uint8 output has no factors (l.mul is null)
+  static constexpr float kNone[3] = {};
+  const Period3Factors f(D == DType::kUInt8 ? kNone : l.mul, D == DType::kUInt8 ? kNone : l.add);
   alignas(32) uint8_t rgb[32];
   for (int x = 0; x < n; x += 8) {
     __m256i px =
@@ -374,17 +366,10 @@ __attribute__((target("avx2"))) int EmitHwcAvx2(const uint8_t* v, const Layout& 
     _mm_storeu_si128(reinterpret_cast<__m128i*>(rgb), _mm256_castsi256_si128(packed));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(rgb + 12), _mm256_extracti128_si256(packed, 1));
     const size_t at = (static_cast<size_t>(oy) * l.w + x) * 3;
-    if constexpr (D == DType::kUInt8) {
+    if constexpr (D == DType::kUInt8)
       std::memcpy(out + at, rgb, 24);
-    } else {
-      for (int k = 0; k < 3; ++k) {
-        const __m256i b =
-            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rgb + 8 * k)));
-        // Multiply, then add (no FMA): the portable code's rounding.
-        Store8<D>(_mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(b), mul[k]), add[k]), out,
-                  at + 8 * k);
-      }
-    }
+    else
+      f.Convert24<D>(rgb, out, at);
   }
   return n;
 }

@@ -95,24 +95,9 @@ __attribute__((target("avx2"))) size_t PlanarAvx2(const Rgb24Out& o, const uint8
 template <DType D>
 __attribute__((target("avx2"))) size_t InterleavedAvx2(const Rgb24Out& o, const uint8_t* rgb,
                                                        size_t n, uint8_t* const out[3]) {
-  __m256 mul[3], add[3];
-  for (int k = 0; k < 3; ++k) {
-    float m[8], a[8];
-    for (int l = 0; l < 8; ++l) {
-      m[l] = o.mul[(8 * k + l) % 3];
-      a[l] = o.add[(8 * k + l) % 3];
-    }
-    mul[k] = _mm256_loadu_ps(m);
-    add[k] = _mm256_loadu_ps(a);
-  }
+  const Period3Factors f(o.mul, o.add);
   size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 3; ++k) {
-      const size_t at = 3 * i + 8 * k;
-      const __m256i b =
-          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rgb + at)));
-      Store8<D>(_mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(b), mul[k]), add[k]), out[0], at);
-    }
+  for (; i + 8 <= n; i += 8) f.Convert24<D>(rgb + 3 * i, out[0], 3 * i);
   return i;
 }
 
