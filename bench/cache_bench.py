@@ -19,11 +19,15 @@ per-connection rate limit (an object store's bandwidth), three epochs:
 - the canonical pipeline (64x64 outputs, one rank, its ids dumped) with a cache of half the
   decoded images: its hit rate against MIN's and LRU's of the same size on the same reads.
 
+--part disk (a stage's cache with a disk tier, cache: {disk: {dir, max_bytes}}): the canonical
+pipeline with memory for an eighth of the decoded images, alone and with a disk tier holding
+them all, and with memory for them all: epochs 2-4 of each against epoch 1 and a bare decode.
+
 Epochs are timed by consuming each one separately (the ranks take one epoch's batches, then
 the next ones attach where they stopped). The shards are indexed once before (--state-dir),
 so the remote runs fetch only to read.
 
-usage: cache_bench.py [--build BUILD] [--out DIR] [--part remote,processed] [--shards 32]
+usage: cache_bench.py [--build BUILD] [--out DIR] [--part remote,processed,disk] [--shards 32]
                       [--per-shard 64] [--rate 8m] [--samples 3200]
 """
 import argparse, json, pathlib, re, shutil, subprocess, sys, time
@@ -178,20 +182,28 @@ def canonical(epochs_, consumers, size=224, cache=""):
     return text
 
 
-def processed(a, work):
+def photo_set(a, work):
+    """The bench's ImageNet-sized photo set: (photos, each sample's decoded bytes as the image
+    cache keeps them, a function timing a bare full-size libjpeg-turbo decode of the same files
+    on 2 threads in images/s)."""
     image_text_bench.imagenet_set(work, a.samples)
     photos = json.loads((work / "img" / "pphotos.json").read_text())
     decoded = {f"s{i:06d}": photos[i % len(photos)]["width"] * photos[i % len(photos)]["height"] * 3 + 8
                for i in range(a.samples)}
-    total = sum(decoded.values())
     files = [str(work / "img" / p["name"]) for p in photos]
 
-    def bare():  # images/s of a full-size libjpeg-turbo decode of the same files, 2 threads
+    def bare():
         out = subprocess.run([f"{a.build}/bin/mmfeed-bench-decode", "--threads", "2", "--repeat",
                               str(max(1, a.samples // len(files))), *files],
                              capture_output=True, text=True, check=True).stdout
         return json.loads(out)["images_per_s"]
 
+    return photos, decoded, bare
+
+
+def processed(a, work):
+    photos, decoded, bare = photo_set(a, work)
+    total = sum(decoded.values())
     bare_before = bare()
     batches = -(-a.samples // 2 // 32)  # the last batch of an epoch may be short
     crop_s, crop_log = epochs("crop", a.build, work,
@@ -249,11 +261,44 @@ def processed(a, work):
                 print("   ", line)
 
 
+def disk(a, work):
+    """The canonical pipeline with memory for an eighth of the decoded images: alone, and with a
+    disk tier holding them all; a memory cache of them all for comparison."""
+    photos, decoded, bare = photo_set(a, work)
+    total = sum(decoded.values())
+    batches = -(-a.samples // 2 // 32)
+    bare_before = bare()
+    runs = [("memory for 1/8 of the decoded images", f" cache: {{max_bytes: {total // 8}}},"),
+            ("memory for 1/8, disk tier for all", f" cache: {{max_bytes: {total // 8}, disk: "
+                                                  f"{{dir: {work / 'tier'}, max_bytes: {total * 2}}}}},"),
+            ("memory for all", f" cache: {{max_bytes: {total * 2}}},")]
+    rates, logs = [], []
+    for k, (_, cache) in enumerate(runs):
+        took, log = epochs(f"disk{k}", a.build, work, canonical(PROCESSED_EPOCHS, 2, cache=cache),
+                           PROCESSED_EPOCHS, 2, batches)
+        rates.append([a.samples / x for x in took])
+        logs.append(log)
+    bare_rate = (bare_before + bare()) / 2
+    print(f"{a.samples} samples of {len(photos)} ImageNet-sized photos, {total / 1e6:.0f} MB decoded; "
+          f"{PROCESSED_EPOCHS} epochs, canonical pipeline (random_resized_crop + flip, float32 224x224, 2 ranks)")
+    print()
+    print("| image stage's cache | epoch 1 samples/s | epochs 2+ samples/s | epochs 2+ vs epoch 1 | vs bare full decode |")
+    print("|---|---|---|---|---|")
+    for (name, _), r in zip(runs, rates):
+        later = sum(r[1:]) / (len(r) - 1)
+        print(f"| {name} | {r[0]:.0f} | {later:.0f} | {later / r[0]:.2f}x | {later / bare_rate:.2f}x |")
+    print(f"| bare full-size libjpeg-turbo decode, 2 threads (before and after) | | {bare_rate:.0f} | | 1.00x |")
+    for log in logs:
+        for line in log.splitlines():
+            if ": cache " in line:
+                print("   ", line)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=str(ROOT / "build"))
     ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "cache"))
-    ap.add_argument("--part", default="remote,processed")
+    ap.add_argument("--part", default="remote,processed,disk")
     ap.add_argument("--shards", type=int, default=32)
     ap.add_argument("--per-shard", type=int, default=64)
     ap.add_argument("--rate", default="8m", help="nginx limit_rate per connection")
@@ -263,7 +308,7 @@ def main():
         work = pathlib.Path(a.out) / part
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
-        {"remote": remote, "processed": processed}[part](a, work)
+        {"remote": remote, "processed": processed, "disk": disk}[part](a, work)
         print()
 
 

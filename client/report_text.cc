@@ -36,6 +36,16 @@ std::string FormatProfile(const nlohmann::json& p) {
         Percent(c["hit_rate"].get<double>()), c["samples"].get<uint64_t>(),
         c["bytes"].get<double>() / 1048576, c["max_bytes"].get<double>() / 1048576,
         c["evicted_bytes"].get<double>() / 1048576, c["not_kept"].get<uint64_t>());
+    if (c.contains("disk")) {
+      const auto& d = c["disk"];
+      s += fmt::format(
+          "{}: cache disk hits {}, {} samples in {:.1f} of {:.1f} MiB, {:.1f} MiB written, {} "
+          "damaged, {} failed writes\n",
+          st["name"].get<std::string>(), d["hits"].get<uint64_t>(), d["samples"].get<uint64_t>(),
+          d["bytes"].get<double>() / 1048576, d["max_bytes"].get<double>() / 1048576,
+          d["written_bytes"].get<double>() / 1048576, d["damaged"].get<uint64_t>(),
+          d["write_failures"].get<uint64_t>());
+    }
   }
   if (p.contains("sources")) {  // a mixture: each source's realised share against the plan
     double total = 0;

@@ -116,6 +116,24 @@ uint64_t ByteSize(const YAML::Node& n, const std::string& what) {
   return static_cast<uint64_t>(bytes);
 }
 
+// A folder the daemon will write (a cache's), resolved against the config's folder. Caught here
+// (and by --check) rather than at the start: the nearest existing folder on the way must be one
+// the daemon's user may write.
+std::string WritableFolder(const YAML::Node& n, const std::string& what,
+                           const std::string& base_dir) {
+  const std::string dir = ResolvePath(base_dir, Str(n, what));
+  std::filesystem::path p = std::filesystem::absolute(dir);
+  std::error_code ec;
+  while (!std::filesystem::exists(p, ec) && p.has_parent_path() && p != p.parent_path())
+    p = p.parent_path();
+  if (!std::filesystem::is_directory(p, ec))
+    Fail(n, fmt::format("{} {}: {} is not a folder", what, dir, p.string()));
+  if (::access(p.c_str(), W_OK | X_OK) != 0)
+    Fail(n, fmt::format("{} {}: the daemon's user cannot write {} ({})", what, dir, p.string(),
+                        std::strerror(errno)));
+  return dir;
+}
+
 Placement ParsePlacement(const YAML::Node& n, const std::string& what) {
   Placement p;
   if (n.IsScalar() && n.Scalar() == "strict") {  // shorthand for {strict: true}
@@ -265,19 +283,7 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir, bool 
     CheckKeys(c, "source.cache", {"dir", "max_bytes"});
     if (!c["dir"] || !c["max_bytes"])
       Fail(c, "source.cache needs a 'dir' (a folder on local disk) and 'max_bytes' (like 500G)");
-    s.fetch.cache_dir = ResolvePath(base_dir, Str(c["dir"], "source.cache.dir"));
-    // Caught here (and by --check) rather than at the start: the nearest existing folder on
-    // the way must be one the daemon's user may write.
-    std::filesystem::path p = std::filesystem::absolute(s.fetch.cache_dir);
-    std::error_code ec;
-    while (!std::filesystem::exists(p, ec) && p.has_parent_path() && p != p.parent_path())
-      p = p.parent_path();
-    if (!std::filesystem::is_directory(p, ec))
-      Fail(c["dir"],
-           fmt::format("source.cache.dir {}: {} is not a folder", s.fetch.cache_dir, p.string()));
-    if (::access(p.c_str(), W_OK | X_OK) != 0)
-      Fail(c["dir"], fmt::format("source.cache.dir {}: the daemon's user cannot write {} ({})",
-                                 s.fetch.cache_dir, p.string(), std::strerror(errno)));
+    s.fetch.cache_dir = WritableFolder(c["dir"], "source.cache.dir", base_dir);
     s.fetch.cache_max_bytes = ByteSize(c["max_bytes"], "source.cache.max_bytes");
   }
   if (const YAML::Node s3 = n["s3"]) {
@@ -445,7 +451,7 @@ StageConfig ParseStage(const YAML::Node& n, const std::string& base_dir) {
   ParseStageParams(&sc, n, base_dir);
   if (const YAML::Node& c = n["cache"]) {
     if (!c.IsMap()) Fail(c, "cache must be a mapping {max_bytes}, e.g. cache: {max_bytes: 16G}");
-    CheckKeys(c, "cache", {"max_bytes"});
+    CheckKeys(c, "cache", {"max_bytes", "disk"});
     if (sc.schema->kind == StageKind::kBatch)
       Fail(c, "a batch stage keeps no per-sample outputs: put 'cache' on the stages it joins");
     if (sc.stage) {
@@ -456,6 +462,13 @@ StageConfig ParseStage(const YAML::Node& n, const std::string& base_dir) {
     sc.cache = true;
     sc.cache_mark = ToMark(c.Mark());
     if (c["max_bytes"]) sc.cache_max_bytes = ByteSize(c["max_bytes"], "cache.max_bytes");
+    if (const YAML::Node& d = c["disk"]) {
+      if (!d.IsMap() || !d["dir"] || !d["max_bytes"])
+        Fail(d, "cache.disk needs a 'dir' (a folder on local disk) and 'max_bytes' (like 200G)");
+      CheckKeys(d, "cache.disk", {"dir", "max_bytes"});
+      sc.cache_disk_dir = WritableFolder(d["dir"], "cache.disk.dir", base_dir);
+      sc.cache_disk_max_bytes = ByteSize(d["max_bytes"], "cache.disk.max_bytes");
+    }
   }
   return sc;
 }

@@ -38,6 +38,9 @@ struct StageConfig {
   // stages with their own max_bytes leave. 0: no cache.
   bool cache = false;
   uint64_t cache_max_bytes = 0;
+  // `cache: {disk: {dir, max_bytes}}`: the cache's disk tier (SampleDisk); "" and 0: none.
+  std::string cache_disk_dir;
+  uint64_t cache_disk_max_bytes = 0;
   ConfigMark cache_mark;
   const StageSchema* schema = nullptr;
   std::shared_ptr<Stage> stage;  // built by the factory during validation

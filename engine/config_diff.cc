@@ -26,6 +26,9 @@ std::string StageDifference(const StageConfig& a, const StageConfig& b) {
   if (PlacementText(a.placement) != PlacementText(b.placement)) what.push_back("placement");
   if (a.cache_max_bytes != b.cache_max_bytes)
     what.push_back(fmt::format("cache {} -> {} bytes", a.cache_max_bytes, b.cache_max_bytes));
+  if (a.cache_disk_dir != b.cache_disk_dir || a.cache_disk_max_bytes != b.cache_disk_max_bytes)
+    what.push_back(fmt::format("cache disk {} ({} bytes) -> {} ({} bytes)", a.cache_disk_dir,
+                               a.cache_disk_max_bytes, b.cache_disk_dir, b.cache_disk_max_bytes));
   return fmt::format("{}", fmt::join(what, ", "));
 }
 

@@ -872,6 +872,16 @@ std::vector<StageInfo> Pipeline::StageInfos() const {
           {"samples", c.samples},
           {"evicted_bytes", c.evicted_bytes},
           {"not_kept", c.not_kept}};
+      if (b->cache->has_disk())
+        infos.back().cache["disk"] = {
+            {"hits", c.disk_hits},
+            {"bytes", c.disk_bytes},
+            {"max_bytes", c.disk_max_bytes},
+            {"fill", c.disk_max_bytes ? static_cast<double>(c.disk_bytes) / c.disk_max_bytes : 0.0},
+            {"samples", c.disk_samples},
+            {"written_bytes", c.disk_written_bytes},
+            {"damaged", c.disk_damaged},
+            {"write_failures", c.disk_write_failures}};
     }
   }
   infos.push_back({cfg_.stages[cfg_.batch_stage].name,

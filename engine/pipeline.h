@@ -355,6 +355,9 @@ class Pipeline {
   SampleCost CostOf(const std::function<const uint8_t*(size_t)>& row) const;
   // Epoch `epoch`'s plan (from the origin's base in the origin epoch); PlanOf keeps the last few.
   EpochPlan PlanAt(uint32_t epoch, bool with_ranks) const;
+  // The plan of `epoch` from global position `base` of `lanes` lanes (a mixture's: `numbering`).
+  EpochPlan PlanFrom(uint32_t epoch, bool with_ranks, uint64_t base, const Mixture* numbering,
+                     uint32_t lanes) const;
   std::shared_ptr<const EpochPlan> PlanOf(uint32_t epoch) const;
   uint64_t EpochBatchesLocked(uint32_t epoch) const;
   // The epoch holding batch `seq` (>= origin().seq) and its first batch's seq; false past

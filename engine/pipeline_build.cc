@@ -449,9 +449,14 @@ Status Pipeline::MakeCaches() {
     for (int from : std::vector<int>(b->cache_rows_from))
       if (from >= 0) b->cache_rows_from[from] = -1;
     b->own_cache = !b->cfg->stage->WhyNotCacheable().empty();
+    std::unique_ptr<SampleDisk> disk;
+    if (!b->cfg->cache_disk_dir.empty()) {
+      MMFEED_ASSIGN_OR_RETURN(disk, SampleDisk::Open(b->cfg->cache_disk_dir, b->cfg->name));
+    }
     b->cache = std::make_unique<SampleCache>(
         b->cfg->cache_max_bytes,
-        [this](uint32_t entry, uint32_t after) { return NextUse(entry, after); });
+        [this](uint32_t entry, uint32_t after) { return NextUse(entry, after); }, std::move(disk),
+        b->cfg->cache_disk_max_bytes);
   }
   return Status::Ok();
 }
@@ -505,10 +510,11 @@ Result<Pipeline::Origin> Pipeline::Rebased(uint32_t epoch, uint64_t position, ui
   // Nothing a rank could have (no full row, or too few samples for a budgeted step): the next
   // epoch.
   const bool none_left =
-      budgeted() ? position && PlanEpoch(costs_, cfg_.source, epoch, cfg_.consumers, budget_, false,
-                                         catalog_.get(), position, numbering.get(), o.lanes)
-                                       .batches == 0
-                 : BatchesOf(PerRankFrom(position, numbering.get(), o.lanes)) == 0;
+      budgeted()
+          ? position &&
+                PlanFrom(epoch, /*with_ranks=*/false, position, numbering.get(), o.lanes).batches ==
+                    0
+          : BatchesOf(PerRankFrom(position, numbering.get(), o.lanes)) == 0;
   if (position == 0 || none_left) {
     o.epoch = position == 0 ? epoch : epoch + 1;
     o.base = 0;
@@ -570,8 +576,14 @@ StreamCursor Pipeline::CursorAt(uint64_t seq) const {
 
 EpochPlan Pipeline::PlanAt(uint32_t epoch, bool with_ranks) const {
   const uint64_t base = BaseOf(epoch);
+  return PlanFrom(epoch, with_ranks, base, base ? numbering_.get() : nullptr,
+                  base ? origin_.lanes : 0);
+}
+
+EpochPlan Pipeline::PlanFrom(uint32_t epoch, bool with_ranks, uint64_t base,
+                             const Mixture* numbering, uint32_t lanes) const {
   return PlanEpoch(costs_, cfg_.source, epoch, cfg_.consumers, budget_, with_ranks, catalog_.get(),
-                   base, base ? numbering_.get() : nullptr, base ? origin_.lanes : 0);
+                   base, numbering, lanes);
 }
 
 std::shared_ptr<const EpochPlan> Pipeline::PlanOf(uint32_t epoch) const {

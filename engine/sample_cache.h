@@ -8,6 +8,11 @@
 // sample needed later than all those it would displace is not kept (bypass). A rank never
 // depends on it for its bytes: a miss runs the stage, and a kept row is the stage's own output.
 //
+// With a disk tier (SampleDisk), the disk is a second, larger MIN over the same reads: a sample
+// the stage made is written to disk if the disk's MIN keeps it, whatever memory does; a memory
+// miss that the disk holds is read back (checked: a bad file is a miss), served, and offered to
+// memory. Memory holds the samples needed soonest, the disk those needed within its size.
+//
 // Thread-safe: every worker of the stage calls it.
 #pragma once
 
@@ -15,11 +20,42 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <vector>
+
+#include "engine/sample_disk.h"
 
 namespace mmfeed {
+
+// Belady's MIN with bypass over items of any size: which entries a tier keeps, by next read.
+class MinSet {
+ public:
+  explicit MinSet(uint64_t max_bytes) : max_bytes_(max_bytes) {}
+  bool contains(uint32_t entry) const { return kept_.count(entry) != 0; }
+  uint64_t bytes() const { return bytes_; }
+  size_t size() const { return kept_.size(); }
+  // Keeps `entry` (`size` bytes, next read `next`) if MIN does: room is made from the entries
+  // needed after it, furthest first (appended to `out`); if they cannot free enough, keeping it
+  // would displace entries needed sooner, and it is not kept (false). One needed by no read in
+  // sight (kNever) takes only free room. REQUIRES: !contains(entry).
+  bool Admit(uint32_t entry, uint64_t next, uint64_t size, std::vector<uint32_t>* out);
+  // Ranks `entry` by its next read `next`, if it is kept.
+  void Rank(uint32_t entry, uint64_t next);
+  // The next read `entry` is ranked by, if it is kept.
+  std::optional<uint64_t> NextOf(uint32_t entry) const;
+  void Erase(uint32_t entry);
+  // The kept entries whose next read is before `now`, as (next read, entry).
+  std::vector<std::pair<uint64_t, uint32_t>> Before(uint64_t now) const;
+
+ private:
+  const uint64_t max_bytes_;
+  uint64_t bytes_ = 0;
+  std::unordered_map<uint32_t, std::pair<uint64_t, uint64_t>> kept_;  // entry -> (next, size)
+  std::set<std::pair<uint64_t, uint32_t>> by_next_;                   // (next read, entry)
+};
 
 class SampleCache {
  public:
@@ -28,37 +64,59 @@ class SampleCache {
   static constexpr uint64_t kNever = UINT64_MAX;
   using NextUse = std::function<uint64_t(uint32_t entry, uint32_t after)>;
 
-  SampleCache(uint64_t max_bytes, NextUse next_use);
+  // `disk`: the disk tier's files (null: memory only), holding up to `disk_max_bytes`.
+  SampleCache(uint64_t max_bytes, NextUse next_use, std::unique_ptr<SampleDisk> disk = nullptr,
+              uint64_t disk_max_bytes = 0);
 
   // The bytes kept for `entry` (read now, in `epoch`), or null (a miss). A hit is ranked anew by
-  // its next read after this one.
+  // its next read after this one; one read from disk is offered to memory.
   std::shared_ptr<const std::string> Find(uint32_t entry, uint32_t epoch);
-  // Offers the bytes `entry`'s read in `epoch` made; kept if MIN keeps them. Returns them (the
-  // copy kept before, if another worker kept the sample first).
+  // Offers the bytes `entry`'s read in `epoch` made; kept in memory and written to disk as each
+  // tier's MIN decides. Returns them (the copy kept before, if another worker kept the sample
+  // first).
   std::shared_ptr<const std::string> Offer(uint32_t entry, uint32_t epoch, std::string bytes);
 
   struct Stats {
+    // hits: served from either tier (disk_hits of them from disk); bytes, samples: in memory.
     uint64_t hits = 0, misses = 0, bytes = 0, max_bytes = 0, samples = 0, evicted_bytes = 0,
              not_kept = 0;
+    // The disk tier: its files' payload bytes and count, bytes written, files found damaged
+    // or missing (each a miss, logged), failed writes (each makes the tier step aside a minute).
+    uint64_t disk_hits = 0, disk_bytes = 0, disk_max_bytes = 0, disk_samples = 0,
+             disk_written_bytes = 0, disk_damaged = 0, disk_write_failures = 0;
   };
   Stats stats() const;
+  bool has_disk() const { return disk_ != nullptr; }
 
  private:
-  struct Kept {
-    std::shared_ptr<const std::string> bytes;
-    uint64_t next = kNever;
-  };
   // Ranks again the kept samples whose next read lies before epoch `epoch` (they missed it: a
   // failed sample, one another node read). Their next reads are found with `lock` released
   // (the first lookup in a new epoch may walk its order). REQUIRES: `lock` holds mu_.
   void Advance(uint32_t epoch, std::unique_lock<std::mutex>& lock);
+  // Keeps `bytes` in memory if MIN does. REQUIRES: mu_ held, entry not in memory.
+  void KeepInMemory(uint32_t entry, uint64_t next, std::shared_ptr<const std::string> bytes);
+  // Writes `bytes` to disk if the disk tier's MIN keeps them. REQUIRES: `lock` holds mu_ (it is
+  // released while the file is written).
+  void KeepOnDisk(uint32_t entry, uint64_t next, const std::string& bytes,
+                  std::unique_lock<std::mutex>& lock);
+  // Reads `entry`'s file `serial` from disk (mu_ not held): its bytes, or null (a file damaged
+  // or deleted is counted, logged and forgotten).
+  std::shared_ptr<const std::string> ReadDisk(uint32_t entry, uint64_t serial);
+  // Drops `entry` from the disk tier (its file removed). REQUIRES: mu_ held.
+  void ForgetFile(uint32_t entry);
 
-  const uint64_t max_bytes_;
   const NextUse next_use_;
+  const std::unique_ptr<SampleDisk> disk_;
   mutable std::mutex mu_;
-  std::unordered_map<uint32_t, Kept> kept_;
-  std::set<std::pair<uint64_t, uint32_t>> by_next_;  // (next read, entry), furthest last
-  uint32_t epoch_ = 0;                               // the latest epoch read
+  MinSet memory_, on_disk_;
+  std::unordered_map<uint32_t, std::shared_ptr<const std::string>> kept_;  // memory's bytes
+  struct File {
+    uint64_t serial;  // which admission wrote it
+    bool named;       // written and linked (false: being written)
+  };
+  std::unordered_map<uint32_t, File> files_;  // the disk tier's entries
+  uint64_t file_serial_ = 0;
+  uint32_t epoch_ = 0;  // the latest epoch read
   Stats stats_;
 };
 

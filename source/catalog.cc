@@ -523,10 +523,11 @@ EpochOrder::EpochOrder(const Catalog& cat, const SourceConfig& source, uint32_t 
 }
 
 uint32_t EpochOrder::Mixed(size_t i) const {
-  const uint64_t lane = node_ * consumers_ + i % consumers_;
-  if (!numbering_) return EntryOf(mix_->At(epoch_, static_cast<uint32_t>(lane), i / consumers_));
-  const uint64_t g = base_ + i / consumers_ * nodes_ * consumers_ + lane,
-                 lanes = numbering_->lanes();
+  if (!numbering_) {
+    const uint64_t lane = node_ * consumers_ + i % consumers_;
+    return EntryOf(mix_->At(epoch_, static_cast<uint32_t>(lane), i / consumers_));
+  }
+  const uint64_t g = Global(i), lanes = numbering_->lanes();
   return EntryOf(numbering_->At(epoch_, static_cast<uint32_t>(g % lanes), g / lanes));
 }
 

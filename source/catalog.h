@@ -211,7 +211,7 @@ class EpochOrder {
   uint32_t operator[](size_t i) const {
     if (mix_) return Mixed(i);
     if (windows_) return Windowed(i);
-    const uint64_t at = base_ + static_cast<uint64_t>(i) * nodes_ + node_;
+    const uint64_t at = Global(i);
     return static_cast<uint32_t>(shuffle_ ? perm_(at) : at);
   }
   // Where position i stands in the epoch's global order, counted from the base: the nodes'
@@ -240,9 +240,9 @@ class EpochOrder {
 
  private:
   uint32_t Windowed(size_t i) const { return SequenceAt(Global(i)); }
-  // Window mode: this node's position i in the epoch's global order, and a global position's
+  // Position i in the epoch's global order, the base included; window mode: a global position's
   // place in the window sequence (part g % lanes_, its position g / lanes_).
-  uint64_t Global(size_t i) const { return base_ + static_cast<uint64_t>(i) * nodes_ + node_; }
+  uint64_t Global(size_t i) const { return base_ + GlobalOf(i); }
   uint64_t Sequence(uint64_t g) const { return g % lanes_ * lane_size_ + g / lanes_; }
   uint32_t SequenceAt(uint64_t g) const;
   uint32_t Mixed(size_t i) const;

@@ -1,14 +1,22 @@
 #include "engine/sample_cache.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
 #include <list>
 #include <set>
 #include <unordered_map>
 #include <vector>
 
 #include "source/permutation.h"
+#include "tests/test_util.h"
 
 namespace mmfeed {
 namespace {
@@ -146,6 +154,160 @@ TEST(SampleCacheTest, RanksAgainWhatMissedItsRead) {
   cache.Offer(9, 2, std::string(100, 'z'));
   EXPECT_TRUE(cache.Find(9, 3));
   EXPECT_EQ(cache.stats().evicted_bytes, 100u);
+}
+
+// A sample's bytes: different for every entry and every offset.
+std::string Item(uint32_t entry, size_t n) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>(entry * 31 + i * 7);
+  return s;
+}
+
+std::unique_ptr<SampleDisk> OpenDisk(const std::string& dir) {
+  Result<std::unique_ptr<SampleDisk>> disk = SampleDisk::Open(dir, "image");
+  EXPECT_TRUE(disk.ok()) << disk.status().message();
+  if (!disk.ok()) return nullptr;
+  return std::move(disk.value());
+}
+
+size_t FilesIn(const std::string& folder) {
+  size_t n = 0;
+  for (const auto& f : std::filesystem::directory_iterator(folder))
+    n += f.path().filename().string()[0] != '.';
+  return n;
+}
+
+// Runs the whole run's reads through `cache`, checking every hit's bytes.
+void ReadAll(SampleCache* cache, size_t item_bytes) {
+  const std::vector<uint32_t> reads = Reads();
+  for (size_t t = 0; t < reads.size(); ++t) {
+    const uint32_t epoch = static_cast<uint32_t>(t / kSamples);
+    if (auto kept = cache->Find(reads[t], epoch)) {
+      ASSERT_EQ(*kept, Item(reads[t], item_bytes)) << reads[t];
+      continue;
+    }
+    cache->Offer(reads[t], epoch, Item(reads[t], item_bytes));
+  }
+}
+
+// Memory holds 20 samples, the disk half of them: the disk is a MIN of its own size over the
+// same reads, so the hits are (nearly) MIN's at the disk's size, far above memory's alone; each
+// tier stays within its bytes, and the disk's folder holds one file per sample it counts.
+TEST(SampleCacheTest, TheDiskTierHitsWhatMinHitsAtItsSize) {
+  testing::TempDir tmp;
+  std::unique_ptr<SampleDisk> disk = OpenDisk(tmp.path());
+  ASSERT_TRUE(disk);
+  SampleDisk* files = disk.get();
+  SampleCache cache(20 * 100, NextUse, std::move(disk), kSamples / 2 * 100);
+  ReadAll(&cache, 100);
+  const SampleCache::Stats s = cache.stats();
+  const std::vector<uint32_t> reads = Reads();
+  const uint64_t min = MinHits(reads, kSamples / 2), memory_only = MinHits(reads, 20);
+  EXPECT_GE(s.hits, min * 98 / 100) << "min " << min;
+  EXPECT_LE(s.hits, min);
+  EXPECT_GE(s.disk_hits, s.hits - memory_only) << "memory alone hits what MIN at its size does";
+  EXPECT_GT(s.hits, 3 * memory_only) << "memory only " << memory_only;
+  EXPECT_LE(s.bytes, 20u * 100);
+  EXPECT_LE(s.disk_bytes, kSamples / 2 * 100);
+  EXPECT_EQ(s.disk_bytes, s.disk_samples * 100);
+  EXPECT_EQ(FilesIn(files->folder()), s.disk_samples);
+  EXPECT_EQ(s.disk_damaged + s.disk_write_failures, 0u);
+}
+
+// A file truncated, scribbled on, swapped for another sample's or deleted is a miss (counted),
+// never wrong bytes; the stage's next offer writes it again.
+TEST(SampleCacheTest, ADamagedDiskFileIsAMissNeverWrongBytes) {
+  testing::TempDir tmp;
+  std::unique_ptr<SampleDisk> disk = OpenDisk(tmp.path());
+  ASSERT_TRUE(disk);
+  const std::string folder = disk->folder();
+  SampleCache cache(0, NextUse, std::move(disk), 1 << 20);  // nothing in memory
+  for (uint32_t e = 0; e < 5; ++e) cache.Offer(e, 0, Item(e, 1000));
+  ASSERT_EQ(FilesIn(folder), 5u);
+  ASSERT_EQ(truncate((folder + "/0").c_str(), 500), 0);
+  {
+    std::fstream f(folder + "/1", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(700);
+    f.put('!');
+  }
+  std::filesystem::copy_file(folder + "/3", folder + "/2",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::remove(folder + "/3");
+  for (uint32_t e = 0; e < 4; ++e) EXPECT_FALSE(cache.Find(e, 1)) << e;
+  ASSERT_TRUE(cache.Find(4, 1));
+  EXPECT_EQ(*cache.Find(4, 1), Item(4, 1000));
+  SampleCache::Stats s = cache.stats();
+  EXPECT_EQ(s.disk_damaged, 4u);
+  EXPECT_EQ(s.disk_samples, 1u);
+  EXPECT_EQ(FilesIn(folder), 1u) << "the bad files are removed";
+  cache.Offer(1, 1, Item(1, 1000));
+  ASSERT_TRUE(cache.Find(1, 2));
+  EXPECT_EQ(*cache.Find(1, 2), Item(1, 1000));
+}
+
+// The tier's folder deleted while it runs: its samples are misses, and the next write makes the
+// folder again.
+TEST(SampleCacheTest, TheDiskTierMakesItsFolderAgainWhenDeleted) {
+  testing::TempDir tmp;
+  std::unique_ptr<SampleDisk> disk = OpenDisk(tmp.path());
+  ASSERT_TRUE(disk);
+  const std::string folder = disk->folder();
+  SampleCache cache(0, NextUse, std::move(disk), 1 << 20);
+  for (uint32_t e = 0; e < 3; ++e) cache.Offer(e, 0, Item(e, 100));
+  std::filesystem::remove_all(folder);
+  EXPECT_FALSE(cache.Find(0, 1));
+  cache.Offer(0, 1, Item(0, 100));
+  ASSERT_TRUE(cache.Find(0, 2));
+  EXPECT_EQ(*cache.Find(0, 2), Item(0, 100));
+  EXPECT_TRUE(std::filesystem::exists(folder + "/.lock"));
+  EXPECT_EQ(cache.stats().disk_write_failures, 0u);
+}
+
+// Writes that fail (here: the file size limit, as a full disk fails them) make the tier step
+// aside: samples stay in memory, nothing fails, and the failure is counted.
+TEST(SampleCacheTest, FailingWritesLeaveMemoryServing) {
+  testing::TempDir tmp;
+  std::unique_ptr<SampleDisk> disk = OpenDisk(tmp.path());
+  ASSERT_TRUE(disk);
+  SampleCache cache(1 << 20, NextUse, std::move(disk), 1 << 20);
+  rlimit old;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  rlimit small = old;
+  small.rlim_cur = 1000;
+  auto previous = std::signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  for (uint32_t e = 0; e < 4; ++e) cache.Offer(e, 0, Item(e, 5000));
+  setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, previous);
+  for (uint32_t e = 0; e < 4; ++e) {
+    ASSERT_TRUE(cache.Find(e, 1)) << e;
+    EXPECT_EQ(*cache.Find(e, 1), Item(e, 5000));
+  }
+  const SampleCache::Stats s = cache.stats();
+  EXPECT_EQ(s.disk_write_failures, 1u) << "one failure, then a minute aside";
+  EXPECT_EQ(s.disk_samples, 0u);
+  EXPECT_EQ(s.disk_bytes, 0u);
+}
+
+// A tier folder nobody holds (its daemon died) is removed when a tier opens in the same dir; a
+// living tier's is not, and each tier removes its own folder when it goes.
+TEST(SampleCacheTest, OrphanedDiskFoldersAreRemovedLiveOnesKept) {
+  testing::TempDir tmp;
+  const std::string orphan = tmp / "mmfeed-samples-999999999-0";
+  std::filesystem::create_directories(orphan);
+  testing::WriteFile(orphan + "/.lock", "");
+  testing::WriteFile(orphan + "/7", "old bytes");
+  std::unique_ptr<SampleDisk> a = OpenDisk(tmp.path());
+  ASSERT_TRUE(a);
+  EXPECT_FALSE(std::filesystem::exists(orphan));
+  std::unique_ptr<SampleDisk> b = OpenDisk(tmp.path());
+  ASSERT_TRUE(b);
+  EXPECT_NE(a->folder(), b->folder());
+  EXPECT_TRUE(std::filesystem::exists(a->folder())) << "held by a living tier";
+  const std::string gone = a->folder();
+  a.reset();
+  EXPECT_FALSE(std::filesystem::exists(gone));
+  EXPECT_TRUE(std::filesystem::exists(b->folder()));
 }
 
 }  // namespace

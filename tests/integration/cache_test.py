@@ -4,7 +4,7 @@ outputs across epochs, against uncached runs of the same config on the same file
 
 usage: cache_test.py --bin BUILD/bin
 """
-import json, pathlib, re, subprocess, sys, time
+import json, os, pathlib, re, subprocess, sys, time
 
 import numpy as np
 
@@ -245,6 +245,56 @@ class CacheTest(DaemonCase):
         best, lru = len(reads) - min_misses, len(reads) - lru_misses
         self.assertGreaterEqual(hits, 0.95 * best, f"MIN {best}, LRU {lru}")
         self.assertGreater(hits, lru, f"MIN {best}")
+
+    def test_a_disk_tier_keeps_what_memory_cannot_damage_and_all(self):
+        """Memory for a few decoded images, a disk tier for all: every sample decoded once
+        (misses), the rest read back from disk, byte-identical to uncached; files truncated,
+        scribbled on or deleted while it runs are made again, never served; the tier's folder
+        goes with the daemon."""
+        random = dict(crop="random_resized_crop", consumers=1)
+        want, _ = self.run_dumps(config(**random, image_params=", flip: 0.5, dct_scaling: off"), "off", 1)
+        tier = self.dir / "tier"
+        cached = config(**random, image_params=", flip: 0.5", image_cache=f" cache: {{max_bytes: 1M, disk: {{dir: {tier}, max_bytes: 1G}}}},")
+        d = Daemon(self.dir, cached)
+        c = d.consume(0, "--json", "--dump", str(self.dir / "cached0"), "--hold-ms", "50")
+        deadline, damaged = time.time() + 120, []
+        while c.poll() is None and not damaged:  # once epoch 0's samples are on disk
+            self.assertLess(time.time(), deadline, d.log())
+            status = json.loads(d.ctl("status", "--json").stdout or "{}")
+            disk = next((s["cache"]["disk"] for s in status.get("profile", {}).get("stages", [])
+                         if s["name"] == "image"), {"samples": 0})
+            if disk["samples"] >= SAMPLES:
+                files = sorted(f for f in tier.glob("mmfeed-samples-*/*") if f.name.isdigit())
+                for k, f in enumerate(files[:30]):
+                    if k % 3 == 0:
+                        os.truncate(f, f.stat().st_size // 2)
+                    elif k % 3 == 1:
+                        with open(f, "r+b") as w:
+                            w.seek(f.stat().st_size // 2)
+                            w.write(b"\xff\x00\xff")
+                    else:
+                        f.unlink()
+                damaged = files[:30]
+            time.sleep(0.05)
+        finish(c, timeout=180)
+        self.assertEqual(d.wait(), 0, d.log())
+        got = dumped_batches(self.dir / "cached0")
+        self.assertSameBatches(want[0], got)
+        log = d.log()
+        self.assertEqual(len(damaged), 30, "the run ended before epoch 0's samples were on disk")
+        ids = [i for meta, _ in got for i in meta["ids"]]
+        hits, misses, _ = cache_figures(log, "image")
+        self.assertEqual(hits + misses, len(ids))
+        self.assertLessEqual(misses, SAMPLES + 30 + 10, "decoded once, and again where damaged")
+        m = re.findall(r"^image: cache disk hits (\d+), (\d+) samples in .* (\d+) damaged, (\d+) failed writes$",
+                       log, re.M)
+        self.assertTrue(m, log)
+        disk_hits, _, bad, failed = (int(v) for v in m[-1])
+        self.assertGreater(disk_hits, SAMPLES, log)
+        self.assertGreaterEqual(bad, 1, "a damaged file was read and refused")
+        self.assertLessEqual(bad, 30)
+        self.assertEqual(failed, 0)
+        self.assertEqual(list(tier.glob("mmfeed-samples-*")), [], "the daemon removed its folder")
 
     def test_status_shows_the_fill_and_a_smaller_cache_gives_memory_back(self):
         # 48 KiB kept per sample: glibc gives a freed cache of rows that size back whole.

@@ -592,7 +592,9 @@ TEST(EpochOrderTest, PositionOfInvertsThePermutationOrder) {
           here[order[i]] = true;
         }
         for (uint32_t e = 0; e < n; ++e) {
-          if (!here[e]) ASSERT_EQ(order.PositionOf(e), EpochOrder::kNowhere) << e;
+          if (!here[e]) {
+            ASSERT_EQ(order.PositionOf(e), EpochOrder::kNowhere) << e;
+          }
         }
       }
     }
