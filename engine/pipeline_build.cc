@@ -451,7 +451,8 @@ Status Pipeline::MakeCaches() {
     b->own_cache = !b->cfg->stage->WhyNotCacheable().empty();
     std::unique_ptr<SampleDisk> disk;
     if (!b->cfg->cache_disk_dir.empty()) {
-      MMFEED_ASSIGN_OR_RETURN(disk, SampleDisk::Open(b->cfg->cache_disk_dir, b->cfg->name));
+      MMFEED_ASSIGN_OR_RETURN(disk, SampleDisk::Open(b->cfg->cache_disk_dir, b->cfg->name,
+                                                     b->cfg->cache_disk_max_bytes));
     }
     b->cache = std::make_unique<SampleCache>(
         b->cfg->cache_max_bytes,

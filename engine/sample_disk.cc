@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -68,7 +69,7 @@ void RemoveOrphans(const std::string& dir) {
 }  // namespace
 
 Result<std::unique_ptr<SampleDisk>> SampleDisk::Open(const std::string& dir,
-                                                     const std::string& stage) {
+                                                     const std::string& stage, uint64_t max_bytes) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   RemoveOrphans(dir);
@@ -76,6 +77,12 @@ Result<std::unique_ptr<SampleDisk>> SampleDisk::Open(const std::string& dir,
   const std::string name = fmt::format("{}{}-{}", kPrefix, ::getpid(), serial.fetch_add(1));
   std::unique_ptr<SampleDisk> disk(new SampleDisk(dir, stage, name));
   MMFEED_RETURN_IF_ERROR(disk->MakeFolder());
+  struct statvfs fs;
+  if (::statvfs(dir.c_str(), &fs) == 0 && uint64_t{fs.f_bavail} * fs.f_frsize < max_bytes)
+    spdlog::warn(
+        "stage '{}': cache.disk.max_bytes is {:.1f} GiB but {} has {:.1f} GiB free: the tier "
+        "will fill the disk and then step aside (lower max_bytes or free room)",
+        stage, max_bytes / 1073741824.0, dir, uint64_t{fs.f_bavail} * fs.f_frsize / 1073741824.0);
   return disk;
 }
 

@@ -29,9 +29,10 @@ namespace mmfeed {
 
 class SampleDisk {
  public:
-  // `stage` names the tier in its log lines. An error names `dir` when it cannot be created or
-  // written.
-  static Result<std::unique_ptr<SampleDisk>> Open(const std::string& dir, const std::string& stage);
+  // `stage` names the tier in its log lines; a warning says so when `dir`'s file system has
+  // less room than `max_bytes`. An error names `dir` when it cannot be created or written.
+  static Result<std::unique_ptr<SampleDisk>> Open(const std::string& dir, const std::string& stage,
+                                                  uint64_t max_bytes);
   SampleDisk(const SampleDisk&) = delete;
   SampleDisk& operator=(const SampleDisk&) = delete;
   ~SampleDisk();  // removes the folder

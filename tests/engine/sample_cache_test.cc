@@ -164,7 +164,7 @@ std::string Item(uint32_t entry, size_t n) {
 }
 
 std::unique_ptr<SampleDisk> OpenDisk(const std::string& dir) {
-  Result<std::unique_ptr<SampleDisk>> disk = SampleDisk::Open(dir, "image");
+  Result<std::unique_ptr<SampleDisk>> disk = SampleDisk::Open(dir, "image", 1 << 20);
   EXPECT_TRUE(disk.ok()) << disk.status().message();
   if (!disk.ok()) return nullptr;
   return std::move(disk.value());

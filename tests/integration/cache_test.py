@@ -254,6 +254,17 @@ class CacheTest(DaemonCase):
         random = dict(crop="random_resized_crop", consumers=1)
         want, _ = self.run_dumps(config(**random, image_params=", flip: 0.5, dct_scaling: off"), "off", 1)
         tier = self.dir / "tier"
+        # Another daemon's folder (its lock held by a living process) stays; a dead one's goes.
+        for name in ("mmfeed-samples-1-0", "mmfeed-samples-2-0"):
+            (tier / name).mkdir(parents=True)
+            (tier / name / ".lock").touch()
+            (tier / name / "5").write_bytes(b"old")
+        holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time\n"
+                                   f"f = open('{tier}/mmfeed-samples-1-0/.lock')\n"
+                                   "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(600)"],
+                                  stdout=subprocess.PIPE, text=True)
+        self.addCleanup(holder.kill)
+        self.assertEqual(holder.stdout.readline().strip(), "held")
         cached = config(**random, image_params=", flip: 0.5", image_cache=f" cache: {{max_bytes: 1M, disk: {{dir: {tier}, max_bytes: 1G}}}},")
         d = Daemon(self.dir, cached)
         c = d.consume(0, "--json", "--dump", str(self.dir / "cached0"), "--hold-ms", "50")
@@ -294,7 +305,8 @@ class CacheTest(DaemonCase):
         self.assertGreaterEqual(bad, 1, "a damaged file was read and refused")
         self.assertLessEqual(bad, 30)
         self.assertEqual(failed, 0)
-        self.assertEqual(list(tier.glob("mmfeed-samples-*")), [], "the daemon removed its folder")
+        self.assertEqual(list(tier.glob("mmfeed-samples-*")), [tier / "mmfeed-samples-1-0"],
+                         "the daemon removed its folder and the dead one's, not the living one's")
 
     def test_status_shows_the_fill_and_a_smaller_cache_gives_memory_back(self):
         # 48 KiB kept per sample: glibc gives a freed cache of rows that size back whole.
