@@ -371,6 +371,15 @@ class CacheTest(DaemonCase):
         self.assertIn("cache_budget", p.stderr)
         p = check(config(text_cache=" cache: {max_bytes: 16M},", image_cache=" cache: {},", extra="cache_budget: 48M\n"))
         self.assertEqual(p.returncode, 0, p.stderr)
+        p = check(config(image_cache=" cache: {max_bytes: 1G, disk: {dir: tier}},"))
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertRegex(p.stderr, r"p\.yaml:5:\d+: cache\.disk needs a 'dir' .* and 'max_bytes'")
+        (self.dir / "afile").write_text("")
+        p = check(config(image_cache=" cache: {max_bytes: 1G, disk: {dir: afile/tier, max_bytes: 1G}},"))
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertRegex(p.stderr, r"p\.yaml:5:\d+: cache\.disk\.dir \S*/afile/tier: \S*/afile is not a folder")
+        p = check(config(image_cache=" cache: {max_bytes: 1G, disk: {dir: tier, max_bytes: 1G}},"))
+        self.assertEqual(p.returncode, 0, p.stderr)
 
 
 if __name__ == "__main__":
