@@ -24,7 +24,7 @@ const double kLogStep = std::log(6.4) / 27.0;
 
 // log10 of a positive normal float (std::log10 is a scalar call, and was a tenth of the audio
 // stage's time). log(m) for the mantissa comes from the atanh series in s = (m - 1) / (m + 1),
-// |s| < 0.172: truncation error below 1e-8. Log10x8 does the same operations in the same
+// |s| < 0.172: truncation error below 1e-8. Log10v does the same operations in the same
 // order on eight values (no FMA in either), so both give the same bits.
 inline float Log10Fast(float x) {
   uint32_t bits;
@@ -42,8 +42,8 @@ inline float Log10Fast(float x) {
   return (static_cast<float>(e) * 0.693147181f + ln_m) * 0.434294482f;
 }
 
-__attribute__((target("avx2"))) inline void Log10x8(float* v) {
-  const __m256i bits = _mm256_castps_si256(_mm256_loadu_ps(v));
+__attribute__((target("avx2"))) inline __m256 Log10v(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
   __m256i e =
       _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(0xFF)),
                        _mm256_set1_epi32(127));
@@ -62,7 +62,11 @@ __attribute__((target("avx2"))) inline void Log10x8(float* v) {
   const __m256 ln_m = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(2.0f), s), _mm256_add_ps(one, t));
   const __m256 ln =
       _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(e), _mm256_set1_ps(0.693147181f)), ln_m);
-  _mm256_storeu_ps(v, _mm256_mul_ps(ln, _mm256_set1_ps(0.434294482f)));
+  return _mm256_mul_ps(ln, _mm256_set1_ps(0.434294482f));
+}
+
+__attribute__((target("avx2"))) inline void Log10x8(float* v) {
+  _mm256_storeu_ps(v, Log10v(_mm256_loadu_ps(v)));
 }
 
 // log10 of every value of v[0, n), eight at a time with `avx2` (UseAvx2(), asked once per call
@@ -124,6 +128,35 @@ LogMel::~LogMel() {
   fftwf_free(spectrum_);
 }
 
+__attribute__((target("avx2"))) void LogMel::EightFrames(size_t t0, size_t frames, float* out,
+                                                         float* max_log) {
+  power8_.resize(static_cast<size_t>(n_bins_) * 8);
+  for (int f = 0; f < 8; ++f) {
+    const float* src = padded_.data() + (t0 + f) * static_cast<size_t>(hop_);
+    for (int i = 0; i < n_fft_; ++i) frame_[i] = src[i] * window_[i];
+    fftwf_execute(plan_);
+    for (int k = 0; k < n_bins_; ++k)
+      power8_[k * 8 + f] = spectrum_[k][0] * spectrum_[k][0] + spectrum_[k][1] * spectrum_[k][1];
+  }
+  // Each lane is one frame: the same multiplies and adds in the same order as Compute's loop.
+  const __m256 tiny = _mm256_set1_ps(1e-10f);
+  __m256 most = _mm256_set1_ps(*max_log);
+  for (int m = 0; m < n_mels_; ++m) {
+    const Band& b = bands_[m];
+    const float* p = power8_.data() + static_cast<size_t>(b.first_bin) * 8;
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t j = 0; j < b.weights.size(); ++j)
+      acc = _mm256_add_ps(acc,
+                          _mm256_mul_ps(_mm256_set1_ps(b.weights[j]), _mm256_loadu_ps(p + j * 8)));
+    const __m256 mel = Log10v(_mm256_max_ps(tiny, acc));  // std::max(acc, 1e-10f), NaN kept
+    _mm256_storeu_ps(out + static_cast<size_t>(m) * frames + t0, mel);
+    most = _mm256_max_ps(mel, most);
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, most);
+  for (float v : lanes) *max_log = std::max(*max_log, v);
+}
+
 void LogMel::Compute(const float* x, size_t n, float* out, size_t valid) {
   const size_t pad = static_cast<size_t>(n_fft_ / 2), hop = static_cast<size_t>(hop_);
   const size_t frames = Frames(n);
@@ -148,7 +181,10 @@ void LogMel::Compute(const float* x, size_t n, float* out, size_t valid) {
   mel_.resize(n_mels_);
   float max_log = -1e30f;
   const bool avx2 = UseAvx2();
-  for (size_t t = 0; t < silent_from; ++t) {
+  size_t t = 0;
+  if (avx2)
+    for (; t + 8 <= silent_from; t += 8) EightFrames(t, frames, out, &max_log);
+  for (; t < silent_from; ++t) {
     const float* src = padded_.data() + t * hop;
     for (int i = 0; i < n_fft_; ++i) frame_[i] = src[i] * window_[i];
     fftwf_execute(plan_);

@@ -35,6 +35,10 @@ class LogMel {
     int first_bin;
     std::vector<float> weights;
   };
+  // Frames [t0, t0 + 8) of Compute's loop in AVX2, each band's sum over eight frames at once:
+  // their log-mel values into `out` (of `frames` columns) and their maximum into max_log.
+  void EightFrames(size_t t0, size_t frames, float* out, float* max_log);
+
   int n_fft_, hop_, n_mels_, n_bins_;
   std::vector<float> window_;
   std::vector<Band> bands_;
@@ -42,6 +46,7 @@ class LogMel {
   fftwf_complex* spectrum_ = nullptr;  // n_bins
   fftwf_plan plan_ = nullptr;
   std::vector<float> padded_, power_, mel_;
+  std::vector<float> power8_;  // EightFrames: [bin][frame] of eight frames' power spectra
 };
 
 }  // namespace mmfeed
