@@ -19,6 +19,7 @@ source: {type: manifest, path: manifest.jsonl, shuffle: true, seed: 3}
 consumers: 2
 stages:
   - {name: image, type: image, field: image, workers: auto,
+     cache: {max_bytes: 1G, disk: {dir: /nvme/samples, max_bytes: 2G}},
      params: {size: [224, 224], crop: random_resized_crop, dtype: float32}}
   - {name: text, type: text, field: text, params: {tokenizer: bytes, max_len: 32}}
   - {name: batch, type: batch, inputs: [image, text], params: {batch_size: 8}}
@@ -60,6 +61,7 @@ class SchemaTest(unittest.TestCase):
             (("type: manifest, ", ""), "a source without a type"),
             (("inputs: [image, text], ", ""), "a batch stage without inputs"),
             (("consumers: 2", "consumerz: 2"), "an unknown top-level key"),
+            ((", max_bytes: 2G}", "}"), "a cache's disk tier without max_bytes"),
         ):
             text = GOOD.replace(*change)
             self.assertNotEqual(text, GOOD, why)
