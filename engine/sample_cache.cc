@@ -143,6 +143,7 @@ void SampleCache::ForgetFile(uint32_t entry) {
 std::shared_ptr<const std::string> SampleCache::ReadDisk(uint32_t entry, uint64_t serial) {
   Result<std::string> read = disk_->Read(entry);
   if (read.ok()) return std::make_shared<const std::string>(std::move(read.value()));
+  if (read.status().code() == Status::Code::kResourceExhausted) return nullptr;  // kept for later
   std::lock_guard<std::mutex> lock(mu_);
   // A file evicted (or written again) while it was opened is a plain miss; one the tier still
   // counts on was damaged or deleted under it.

@@ -176,7 +176,12 @@ void SampleDisk::Remove(uint32_t entry) { ::unlink(PathOf(entry).c_str()); }
 Result<std::string> SampleDisk::Read(uint32_t entry) const {
   const std::string path = PathOf(entry);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return Status::Io(fmt::format("{}: {}", path, std::strerror(errno)));
+  if (fd < 0) {
+    const std::string why = fmt::format("{}: {}", path, std::strerror(errno));
+    if (errno == EMFILE || errno == ENFILE || errno == ENOMEM)  // the file may be fine
+      return Status::ResourceExhausted(why);
+    return Status::Io(why);
+  }
   std::string bytes;
   Status st = [&]() -> Status {
     struct stat s;

@@ -46,7 +46,8 @@ class SampleDisk {
   // Closes a written file without naming it (its bytes are dropped). -1: nothing.
   void Discard(int fd);
   void Remove(uint32_t entry);
-  // `entry`'s bytes, or an error naming its file and what is wrong with it.
+  // `entry`'s bytes, or an error naming its file and what is wrong with it; ResourceExhausted
+  // when it could not be opened for want of descriptors or memory (the file may be good).
   Result<std::string> Read(uint32_t entry) const;
   const std::string& folder() const { return folder_; }
   uint64_t write_failures() const { return write_failures_.load(std::memory_order_relaxed); }

@@ -245,6 +245,30 @@ TEST(SampleCacheTest, ADamagedDiskFileIsAMissNeverWrongBytes) {
   EXPECT_EQ(*cache.Find(1, 2), Item(1, 1000));
 }
 
+// Out of descriptors, a kept file cannot be opened: a miss, not damage; the file is kept and
+// hits again once descriptors are free.
+TEST(SampleCacheTest, NoDescriptorsLeftIsAMissThatKeepsTheFile) {
+  testing::TempDir tmp;
+  std::unique_ptr<SampleDisk> disk = OpenDisk(tmp.path());
+  ASSERT_TRUE(disk);
+  SampleCache cache(0, NextUse, std::move(disk), 1 << 20);
+  cache.Offer(3, 0, Item(3, 100));
+  const int lowest_free = dup(0);  // a new descriptor takes the lowest free number
+  ASSERT_GE(lowest_free, 0);
+  close(lowest_free);
+  rlimit old;
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+  rlimit none = old;
+  none.rlim_cur = static_cast<rlim_t>(lowest_free);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &none), 0);
+  const bool hit = cache.Find(3, 1) != nullptr;
+  setrlimit(RLIMIT_NOFILE, &old);
+  EXPECT_FALSE(hit);
+  ASSERT_TRUE(cache.Find(3, 2));
+  EXPECT_EQ(*cache.Find(3, 2), Item(3, 100));
+  EXPECT_EQ(cache.stats().disk_damaged, 0u);
+}
+
 // The tier's folder deleted while it runs: its samples are misses, and the next write makes the
 // folder again.
 TEST(SampleCacheTest, TheDiskTierMakesItsFolderAgainWhenDeleted) {
