@@ -53,7 +53,8 @@ void RemoveOrphans(const std::string& dir) {
     if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode))
       continue;
     const std::string folder = dir + "/" + e->d_name;
-    const int fd = ::open((folder + "/.lock").c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    const int fd =
+        ::open((folder + "/.lock").c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     const bool held = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
     if (fd >= 0) ::close(fd);
     if (!held) orphans.push_back(folder);
@@ -175,7 +176,8 @@ void SampleDisk::Remove(uint32_t entry) { ::unlink(PathOf(entry).c_str()); }
 
 Result<std::string> SampleDisk::Read(uint32_t entry) const {
   const std::string path = PathOf(entry);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  // O_NONBLOCK: a FIFO planted there must not block the read (fstat then refuses it).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
     const std::string why = fmt::format("{}: {}", path, std::strerror(errno));
     if (errno == EMFILE || errno == ENFILE || errno == ENOMEM)  // the file may be fine
