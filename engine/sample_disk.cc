@@ -71,8 +71,6 @@ void RemoveOrphans(const std::string& dir) {
 
 Result<std::unique_ptr<SampleDisk>> SampleDisk::Open(const std::string& dir,
                                                      const std::string& stage, uint64_t max_bytes) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
   RemoveOrphans(dir);
   static std::atomic<uint64_t> serial{0};
   const std::string name = fmt::format("{}{}-{}", kPrefix, ::getpid(), serial.fetch_add(1));
@@ -91,6 +89,8 @@ Status SampleDisk::MakeFolder() {
   std::lock_guard<std::mutex> made(make_mu_);
   struct stat st;
   if (::lstat(folder_.c_str(), &st) == 0) return Status::Ok();  // another thread made it again
+  std::error_code made_dir;
+  std::filesystem::create_directories(dir_, made_dir);  // `dir` itself may have been deleted
   const std::string hidden = fmt::format("{}/.{}", dir_, name_);
   auto fail = [&](const char* what) {
     const std::string why = std::strerror(errno);

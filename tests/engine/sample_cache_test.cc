@@ -274,8 +274,8 @@ TEST(SampleCacheTest, NoDescriptorsLeftIsAMissThatKeepsTheFile) {
   EXPECT_EQ(cache.stats().disk_damaged, 0u);
 }
 
-// The tier's folder deleted while it runs: its samples are misses, and the next write makes the
-// folder again.
+// The tier's folder (here with the `dir` holding it) deleted while it runs: its samples are
+// misses, and the next write makes both again.
 TEST(SampleCacheTest, TheDiskTierMakesItsFolderAgainWhenDeleted) {
   testing::TempDir tmp;
   std::unique_ptr<SampleDisk> disk = OpenDisk(tmp.path());
@@ -283,7 +283,7 @@ TEST(SampleCacheTest, TheDiskTierMakesItsFolderAgainWhenDeleted) {
   const std::string folder = disk->folder();
   SampleCache cache(0, NextUse, std::move(disk), 1 << 20);
   for (uint32_t e = 0; e < 3; ++e) cache.Offer(e, 0, Item(e, 100));
-  std::filesystem::remove_all(folder);
+  std::filesystem::remove_all(tmp.path());
   EXPECT_FALSE(cache.Find(0, 1));
   cache.Offer(0, 1, Item(0, 100));
   ASSERT_TRUE(cache.Find(0, 2));
