@@ -30,18 +30,6 @@ struct Header {
 };
 static_assert(sizeof(Header) == kHeader);
 
-bool FullWrite(int fd, const void* data, size_t n) {
-  const auto* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
 // Removes the tier folders in `dir` that no living cache holds (their `.lock` free or gone).
 void RemoveOrphans(const std::string& dir) {
   DIR* d = ::opendir(dir.c_str());
@@ -150,7 +138,8 @@ int SampleDisk::Write(uint32_t entry, const std::string& bytes) {
     return -1;
   }
   const Header h{kMagic, entry, bytes.size(), HashBytes(bytes.data(), bytes.size())};
-  if (!FullWrite(fd, &h, sizeof(h)) || !FullWrite(fd, bytes.data(), bytes.size())) {
+  if (!index_file::FullWrite(fd, &h, sizeof(h)) ||
+      !index_file::FullWrite(fd, bytes.data(), bytes.size())) {
     StepAside(fmt::format("cannot write a sample of {} bytes ({})", bytes.size(),
                           errno ? std::strerror(errno) : "short write"));
     ::close(fd);
