@@ -128,15 +128,19 @@ LogMel::~LogMel() {
   fftwf_free(spectrum_);
 }
 
+void LogMel::PowerOf(size_t t, float* power, int stride) {
+  const float* src = padded_.data() + t * static_cast<size_t>(hop_);
+  for (int i = 0; i < n_fft_; ++i) frame_[i] = src[i] * window_[i];
+  fftwf_execute(plan_);
+  for (int k = 0; k < n_bins_; ++k)
+    power[k * stride] = spectrum_[k][0] * spectrum_[k][0] + spectrum_[k][1] * spectrum_[k][1];
+}
+
 __attribute__((target("avx2"))) void LogMel::EightFrames(size_t t0, size_t frames, float* out,
                                                          float* max_log) {
   power8_.resize(static_cast<size_t>(n_bins_) * 8);
   for (int f = 0; f < 8; ++f) {
-    const float* src = padded_.data() + (t0 + f) * static_cast<size_t>(hop_);
-    for (int i = 0; i < n_fft_; ++i) frame_[i] = src[i] * window_[i];
-    fftwf_execute(plan_);
-    for (int k = 0; k < n_bins_; ++k)
-      power8_[k * 8 + f] = spectrum_[k][0] * spectrum_[k][0] + spectrum_[k][1] * spectrum_[k][1];
+    PowerOf(t0 + f, power8_.data() + f, 8);
   }
   // Each lane is one frame: the same multiplies and adds in the same order as Compute's loop.
   const __m256 tiny = _mm256_set1_ps(1e-10f);
@@ -185,11 +189,7 @@ void LogMel::Compute(const float* x, size_t n, float* out, size_t valid) {
   if (avx2)
     for (; t + 8 <= silent_from; t += 8) EightFrames(t, frames, out, &max_log);
   for (; t < silent_from; ++t) {
-    const float* src = padded_.data() + t * hop;
-    for (int i = 0; i < n_fft_; ++i) frame_[i] = src[i] * window_[i];
-    fftwf_execute(plan_);
-    for (int k = 0; k < n_bins_; ++k)
-      power_[k] = spectrum_[k][0] * spectrum_[k][0] + spectrum_[k][1] * spectrum_[k][1];
+    PowerOf(t, power_.data(), 1);
     for (int m = 0; m < n_mels_; ++m) {
       const Band& b = bands_[m];
       float acc = 0;

@@ -35,6 +35,8 @@ class LogMel {
     int first_bin;
     std::vector<float> weights;
   };
+  // Frame t's power spectrum (windowed, transformed) into power[k x stride] for bin k.
+  void PowerOf(size_t t, float* power, int stride);
   // Frames [t0, t0 + 8) of Compute's loop in AVX2, each band's sum over eight frames at once:
   // their log-mel values into `out` (of `frames` columns) and their maximum into max_log.
   void EightFrames(size_t t0, size_t frames, float* out, float* max_log);
