@@ -263,6 +263,8 @@ class CacheTest(DaemonCase):
                                    f"f = open('{tier}/mmfeed-samples-1-0/.lock')\n"
                                    "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(600)"],
                                   stdout=subprocess.PIPE, text=True)
+        self.addCleanup(holder.stdout.close)
+        self.addCleanup(holder.wait)
         self.addCleanup(holder.kill)
         self.assertEqual(holder.stdout.readline().strip(), "held")
         cached = config(**random, image_params=", flip: 0.5", image_cache=f" cache: {{max_bytes: 1M, disk: {{dir: {tier}, max_bytes: 1G}}}},")
