@@ -8,7 +8,8 @@ workers, convert nothing). Reported: both rates, mmfeed as a fraction of the lim
 one's decoded frames per picked frame (equal when mmfeed decodes nothing it need not).
 Medians of alternating rounds (mmfeed, limit, mmfeed, ...), as bench/image_bench runs.
 
-Configs: configs/wan2.2-t2v.yaml and configs/wan2.2-ti2v-5b.yaml (clip sampler), the uniform
+Configs: configs/wan2.2-t2v.yaml (as shipped, scale_in: yuv, and with scale_in: rgb24) and
+configs/wan2.2-ti2v-5b.yaml (clip sampler), the uniform
 sampler of configs/video-text.yaml, and bench/video_bench.py's clip sampler (16 frames at
 4 fps, 224x224). Not covered: configs/qwen3.5-vl-video.yaml (its qwen_video stage is not the
 video stage mmfeed-video runs). Sources: bench/wan_bench.py's 8 s 30 fps videos at 720p and
@@ -32,6 +33,7 @@ def video_params(config):
 
 CONFIGS = {
     "wan2.2-t2v": video_params("wan2.2-t2v.yaml"),
+    "wan2.2-t2v, scale_in: rgb24": dict(video_params("wan2.2-t2v.yaml"), scale_in="rgb24"),
     "wan2.2-ti2v-5b": video_params("wan2.2-ti2v-5b.yaml"),
     "video-text (uniform 16)": video_params("video-text.yaml"),
     "clip 16 at 4 fps, 224": {"sampling": "clip", "frames": 16, "fps": 4, "clip_start": "random",

@@ -11,6 +11,7 @@
 // file into memory first (the path a tar member's bytes take). --bench samples every file
 // `repeat` times on `workers` threads and prints one JSON line: clips/s and decoded frames per
 // sampled frame.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -101,7 +102,11 @@ int SampleEach(const std::vector<std::string>& files, uint64_t seed, uint32_t ep
                const std::string& out_dir, const mmfeed::VideoOptions& o,
                const mmfeed::TensorSpec& spec, mmfeed::KeyframeIndexCache* cache) {
   mmfeed::VideoSampler sampler(o, cache);
-  std::vector<uint8_t> frames(spec.NumBytes()), mask(o.frames);
+  // The output, then a canary: a stage writing past its output (in a ring slot, into the next
+  // tensor) fails here.
+  constexpr size_t kCanary = 256;
+  const size_t bytes = spec.NumBytes();
+  std::vector<uint8_t> frames(bytes + kCanary, 0xA5), mask(o.frames);
   std::vector<float> pts(o.frames);
   std::string storage;
   int failed = 0;
@@ -110,6 +115,10 @@ int SampleEach(const std::vector<std::string>& files, uint64_t seed, uint32_t ep
     mmfeed::Rng rng(seed, epoch, files[k], "video");
     auto field = Field(files[k], memory, &storage);
     mmfeed::Status s = sampler.Sample(field, &rng, frames.data(), pts.data(), mask.data());
+    if (std::any_of(frames.begin() + bytes, frames.end(), [](uint8_t b) { return b != 0xA5; })) {
+      std::fprintf(stderr, "mmfeed-video: %s: the stage wrote past its output\n", files[k].c_str());
+      return 1;
+    }
     nlohmann::json j = {{"path", files[k]}, {"ok", s.ok()}};
     if (!s.ok()) {
       j["error"] = s.message();
@@ -122,7 +131,7 @@ int SampleEach(const std::vector<std::string>& files, uint64_t seed, uint32_t ep
       j["seeks"] = work.seeks;
       if (!out_dir.empty()) {
         mmfeed::Status w = mmfeed::WriteNpy(out_dir + "/" + std::to_string(k) + ".npy", spec.dtype,
-                                            spec.shape, frames.data(), frames.size());
+                                            spec.shape, frames.data(), bytes);
         if (!w.ok()) {
           std::fprintf(stderr, "mmfeed-video: %s\n", w.message().c_str());
           return 1;

@@ -15,6 +15,7 @@
 extern "C" {
 #include <libavcodec/avcodec.h>
 #include <libavformat/avformat.h>
+#include <libavutil/imgutils.h>
 #include <libavutil/pixdesc.h>
 #include <libswscale/swscale.h>
 }
@@ -31,6 +32,9 @@ constexpr int64_t kNothing = std::numeric_limits<int64_t>::min();
 constexpr size_t kLookahead = 16;
 // Seek only when it skips at least this many frames; below, decoding forward is as cheap.
 constexpr int64_t kSeekMinFrames = 2;
+// Bytes swscale may write past an RGB24 image converted without resizing (blocks of 16
+// pixels), and past a plane's row when it resizes planes.
+constexpr size_t kSwscaleSlack = 64;
 // The most frames a FramePlan may choose.
 constexpr int kMaxPlannedFrames = 4096;
 
@@ -481,30 +485,78 @@ struct VideoSampler::Run {
     }
   }
 
+  // Planar YUV without alpha or palette: what scale_in yuv resizes in its own format.
+  static bool PlanarYuv(AVPixelFormat format) {
+    const auto* d = av_pix_fmt_desc_get(format);
+    return d && d->nb_components == 3 && (d->flags & AV_PIX_FMT_FLAG_PLANAR) &&
+           !(d->flags & (AV_PIX_FMT_FLAG_RGB | AV_PIX_FMT_FLAG_PAL | AV_PIX_FMT_FLAG_HWACCEL |
+                         AV_PIX_FMT_FLAG_BITSTREAM));
+  }
+
+  // scale_in yuv: resizes the planes `src` points at (sw x sh) to W x H in the same format into
+  // vs.yuv_, and points `src` and `strides` there.
+  Status ScalePlanes(AVPixelFormat format, int W, int H, const uint8_t* src[4],
+                     const int* src_strides, int sw, int sh, int strides[4]) {
+    vs.yuv_sws_ = sws_getCachedContext(vs.yuv_sws_, sw, sh, format, W, H, format, o.sws_flags,
+                                       nullptr, nullptr, nullptr);
+    if (!vs.yuv_sws_)
+      return Status::Unsupported(
+          fmt::format("cannot resize pixel format {}", av_get_pix_fmt_name(format)));
+    // Rows of a multiple of 32 bytes, each plane 32-byte aligned (swscale's SIMD paths want
+    // it), and slack after the last.
+    if (av_image_fill_linesizes(strides, format, W) < 0)
+      return Status::Unsupported(
+          fmt::format("cannot resize pixel format {}", av_get_pix_fmt_name(format)));
+    ptrdiff_t offsets[5] = {};
+    const auto* d = av_pix_fmt_desc_get(format);
+    for (int p = 0; p < 3; ++p) {
+      strides[p] = FFALIGN(strides[p], 32);
+      const int rows = p == 0 ? H : AV_CEIL_RSHIFT(H, d->log2_chroma_h);
+      offsets[p + 1] = offsets[p] + static_cast<ptrdiff_t>(strides[p]) * rows;
+    }
+    vs.yuv_.resize(static_cast<size_t>(offsets[3]) + 32 + kSwscaleSlack);
+    uint8_t* base = vs.yuv_.data() + (-reinterpret_cast<uintptr_t>(vs.yuv_.data()) & 31);
+    uint8_t* planes[4] = {base + offsets[0], base + offsets[1], base + offsets[2], nullptr};
+    sws_scale(vs.yuv_sws_, src, src_strides, 0, sh, planes, strides);
+    for (int p = 0; p < 4; ++p) src[p] = planes[p];
+    return Status::Ok();
+  }
+
   Status Convert(const AVFrame* f, int slot) {
     if (static_cast<int64_t>(f->width) * f->height > o.max_pixels)
       return Status::TooLarge(
           fmt::format("frame size {}x{} is over max_pixels {}", f->width, f->height, o.max_pixels));
     const int W = sink ? f->width : o.out_w, H = sink ? f->height : o.out_h;
+    const AVPixelFormat format = static_cast<AVPixelFormat>(f->format);
     const uint8_t* src[4] = {f->data[0], f->data[1], f->data[2], f->data[3]};
+    const int* src_strides = f->linesize;
     int sw = f->width, sh = f->height;
     if (o.resize == VideoResize::kCover && !sink) CoverCrop(f, W, H, src, &sw, &sh);
+    int yuv_strides[4] = {};
+    if (o.scale_in == VideoScaleIn::kYuv && (sw != W || sh != H) && PlanarYuv(format)) {
+      MMFEED_RETURN_IF_ERROR(ScalePlanes(format, W, H, src, src_strides, sw, sh, yuv_strides));
+      src_strides = yuv_strides;
+      sw = W;
+      sh = H;
+    }
     // Always RGB24: swscale's planar-RGB output rounds chroma differently, and RGB24 is what
     // PyAV's to_ndarray(format='rgb24') and OpenCV give, so the pixels match them exactly.
-    vs.sws_ = sws_getCachedContext(vs.sws_, sw, sh, static_cast<AVPixelFormat>(f->format), W, H,
-                                   AV_PIX_FMT_RGB24, o.sws_flags, nullptr, nullptr, nullptr);
+    vs.sws_ = sws_getCachedContext(vs.sws_, sw, sh, format, W, H, AV_PIX_FMT_RGB24, o.sws_flags,
+                                   nullptr, nullptr, nullptr);
     if (!vs.sws_)
       return Status::Unsupported(
-          fmt::format("cannot convert pixel format {}",
-                      av_get_pix_fmt_name(static_cast<AVPixelFormat>(f->format))));
+          fmt::format("cannot convert pixel format {}", av_get_pix_fmt_name(format)));
     uint8_t* base = sink ? nullptr : frames + slot * FrameBytes();
-    // THWC uint8: straight into the output.
-    const bool direct = !sink && o.pixels.dtype == DType::kUInt8 && o.layout == VideoLayout::kTHWC;
+    // THWC uint8: straight into the output, when swscale resizes. Its unscaled YUV-to-RGB24
+    // path (same size in and out) writes whole blocks of pixels, up to 24 bytes past a row
+    // that ends inside one: that goes to vs.rgb_, which has the room.
+    const bool direct = !sink && (sw != W || sh != H) && o.pixels.dtype == DType::kUInt8 &&
+                        o.layout == VideoLayout::kTHWC;
     const size_t plane = static_cast<size_t>(H) * W;
-    if (!direct) vs.rgb_.resize(plane * 3);
+    if (!direct) vs.rgb_.resize(plane * 3 + kSwscaleSlack);
     uint8_t* dst[4] = {direct ? base : vs.rgb_.data()};
     int strides[4] = {3 * W};
-    sws_scale(vs.sws_, src, f->linesize, 0, sh, dst, strides);
+    sws_scale(vs.sws_, src, src_strides, 0, sh, dst, strides);
     if (sink) {
       rgb_w = W;
       rgb_h = H;

@@ -88,7 +88,10 @@ size_t KeyframeIndexCache::size() {
 VideoSampler::VideoSampler(const VideoOptions& options, KeyframeIndexCache* cache)
     : o_(options), cache_(cache) {}
 
-VideoSampler::~VideoSampler() { sws_freeContext(sws_); }
+VideoSampler::~VideoSampler() {
+  sws_freeContext(sws_);
+  sws_freeContext(yuv_sws_);
+}
 
 size_t VideoSampler::FrameBytes() const {
   return static_cast<size_t>(o_.out_h) * o_.out_w * 3 * DTypeSize(o_.pixels.dtype);

@@ -70,6 +70,7 @@ Result<VideoOptions> VideoOptionsFromParams(const Params& prm) {
                 : interp == "bicubic" ? SWS_BICUBIC
                 : interp == "nearest" ? SWS_POINT
                                       : SWS_BILINEAR;
+  o.scale_in = prm.GetString("scale_in") == "yuv" ? VideoScaleIn::kYuv : VideoScaleIn::kRgb24;
   o.threads = static_cast<int>(prm.GetInt("threads"));
   if (o.threads < 0 || o.threads > 64)
     return Status::Invalid("threads must be in 0..64 (0: FFmpeg picks)");
@@ -181,6 +182,13 @@ MMFEED_REGISTER_STAGE((StageSchema{
          std::string("bilinear"),
          "swscale resize filter",
          {"bilinear", "bicubic", "area", "nearest"}},
+        {"scale_in",
+         ParamType::kString,
+         std::string("rgb24"),
+         "rgb24: resize and convert to RGB24 in one swscale call (PyAV's reformat bytes) | yuv: "
+         "resize the decoder's YUV planes, then convert at the output size (about 3x cheaper; "
+         "chroma differs slightly at colour edges, docs/video.md)",
+         {"rgb24", "yuv"}},
         {"threads", ParamType::kInt, int64_t{1},
          "decoder threads per worker (workers are the main parallelism)"},
         {"max_pixels", ParamType::kInt, int64_t{7680} * 4320,

@@ -131,6 +131,8 @@ def run_stage(path, params, memory=False, layout="THWC"):
     if memory:
         cmd.insert(1, "--memory")
     r = subprocess.run(cmd, capture_output=True, text=True)
+    if not r.stdout.strip():
+        raise AssertionError(f"{path}: mmfeed-video exited {r.returncode}: {r.stderr}")
     j = json.loads(r.stdout.strip().splitlines()[-1])
     if not j["ok"]:
         raise AssertionError(f"{path}: {j['error']}")
@@ -183,6 +185,21 @@ class VideoReferenceTest(unittest.TestCase):
                 np.testing.assert_array_equal(fa, fc.transpose(0, 2, 3, 1), err_msg=name)
                 np.testing.assert_array_equal(fa, fd, err_msg=name)
 
+    def test_frames_at_their_own_size_match_and_nothing_is_written_past_them(self):
+        # Output size = the source's: swscale converts without resizing, and that path writes
+        # whole blocks of 16 pixels, 24 bytes past a 200-pixel row (the stage's buffer has the
+        # room; a sanitizer build catches a write past the output).
+        path = os.path.join(TMP, "w200.mp4")
+        subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=size=200x120:rate=25",
+                        "-t", "2", "-c:v", "libx264", "-pix_fmt", "yuv420p", path], check=True)
+        with av.open(path) as c:
+            want = {f.pts: f.to_ndarray(format="rgb24") for f in c.decode(c.streams.video[0])}
+        keys = sorted(want)
+        for memory in (False, True):
+            got, frames = run_stage(path, {"sampling": "keyframes", "frames": 1, "size": [120, 200]}, memory=memory)
+            self.assertEqual(frames.shape, (1, 120, 200, 3))
+            np.testing.assert_array_equal(frames[0], want[keys[0]], err_msg=f"memory={memory}")
+
 
 # resize: cover (and layout: CTHW) on landscape and portrait sources, one whose centered crop
 # starts on an odd column (rounded down to the chroma grid), sampled as Wan2.2 clips are: 4n+1
@@ -193,6 +210,7 @@ COVER_VIDEOS = {
     "portrait_25fps.mp4": ("testsrc2=size=240x320:rate=25", 3),
 }
 COVER_SIZE = (24, 40)  # H, W: wider than 16:9 sources are tall, taller than portrait ones
+YUV_MEAN_LEVELS = 10  # scale_in: yuv against rgb24, the most mean difference allowed (docs/video.md)
 COVER_CLIP = {"sampling": "clip", "frames": 17, "fps": 16, "clip_start": "0.3"}
 
 
@@ -206,7 +224,9 @@ def cover_crop(w, h, W, H):
 
 
 def cover_reference(path):
-    """Every frame: its pts, and its crop scaled by swscale (bilinear, RGB24) through PyAV."""
+    """Every frame: its pts, its crop scaled by swscale (bilinear, RGB24) through PyAV, the whole
+    frame as RGB24, and the crop as scale_in: yuv makes it (its planes scaled by swscale, then
+    converted to RGB24 at the output size)."""
     H, W = COVER_SIZE
     out = []
     with av.open(path) as c:
@@ -221,7 +241,9 @@ def cover_reference(path):
             packed = np.concatenate([p.ravel() for p in planes]).reshape(ch * 3 // 2, cw)
             crop = av.VideoFrame.from_ndarray(np.ascontiguousarray(packed), format="yuv420p")
             rgb = crop.reformat(width=W, height=H, format="rgb24", interpolation="BILINEAR").to_ndarray()
-            out.append((f.pts, rgb, f.to_ndarray(format="rgb24")))
+            planes = crop.reformat(width=W, height=H, format="yuv420p", interpolation="BILINEAR")
+            rgb_yuv = planes.reformat(format="rgb24", interpolation="BILINEAR").to_ndarray()
+            out.append((f.pts, rgb, f.to_ndarray(format="rgb24"), rgb_yuv))
     out.sort(key=lambda fr: fr[0])
     return out
 
@@ -271,6 +293,17 @@ class CoverTest(unittest.TestCase):
             _, tchw = run_stage(path, p, layout="TCHW")
             np.testing.assert_array_equal(thwc, clip.transpose(1, 2, 3, 0), err_msg=name)
             np.testing.assert_array_equal(tchw, clip.transpose(1, 0, 2, 3), err_msg=name)
+            # scale_in: yuv equals PyAV resizing the crop's planes, then converting; from
+            # rgb24's bytes it differs by chroma interpolated at the planes' resolution: on
+            # testsrc2's saturated colour edges at 7.5x down, a few levels on average.
+            _, yuv = run_stage(path, dict(p, scale_in="yuv"), layout="CTHW")
+            for slot, k in enumerate(picks):
+                np.testing.assert_array_equal(yuv[:, slot].transpose(1, 2, 0), frames[k][3],
+                                              err_msg=f"{name} slot {slot} (scale_in: yuv)")
+            diff = np.abs(yuv.astype(np.int16) - clip.astype(np.int16))
+            print(f"  {name}: scale_in yuv against rgb24: mean {diff.mean():.2f} levels, "
+                  f"99th percentile {np.percentile(diff, 99):.0f}, max {diff.max()}", flush=True)
+            self.assertLess(diff.mean(), YUV_MEAN_LEVELS, name)
 
 
 class LimitBenchTest(unittest.TestCase):
