@@ -38,7 +38,7 @@ CLIP_FPS = 4.0
 CORES = os.cpu_count() or 2
 
 
-def make_video(photo, out, width, height, seconds):
+def make_video(photo, out, width, height, seconds, codec="h264"):
     if out.exists():
         return out
     vf = (f"scale={width * 3 // 2}:-2:flags=bicubic,"
@@ -47,14 +47,19 @@ def make_video(photo, out, width, height, seconds):
           f"noise=alls=8:allf=t,format=yuv420p")
     tmp = out.with_suffix(".part.mp4")
     subprocess.run(["ffmpeg", "-v", "error", "-y", "-loop", "1", "-framerate", "30", "-i", str(photo), "-t", str(seconds),
-                    "-vf", vf, "-c:v", "libx264", "-preset", "veryfast", str(tmp)], check=True)
+                    "-vf", vf, *CODECS[codec], "-preset", "veryfast", str(tmp)], check=True)
     tmp.rename(out)
     return out
 
 
-def clip_videos(out, width, height, n):
+CODECS = {"h264": ["-c:v", "libx264"], "hevc": ["-c:v", "libx265", "-x265-params", "log-level=error", "-crf", "23"]}
+
+
+def clip_videos(out, width, height, n, codec="h264"):
     """n 8 s videos at width x height, from the first photos (bench/wan_bench.py's sources)."""
-    return [make_video(PHOTOS[i % len(PHOTOS)], out / f"wan{i}_{height}p.mp4", width, height, 8) for i in range(n)]
+    suffix = "" if codec == "h264" else f"_{codec}"
+    return [make_video(PHOTOS[i % len(PHOTOS)], out / f"wan{i}_{height}p{suffix}.mp4", width, height, 8, codec)
+            for i in range(n)]
 
 
 def make_videos(out, quick):

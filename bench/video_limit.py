@@ -13,11 +13,11 @@ configs/wan2.2-ti2v-5b.yaml (clip sampler), the uniform
 sampler of configs/video-text.yaml, and bench/video_bench.py's clip sampler (16 frames at
 4 fps, 224x224). Not covered: configs/qwen3.5-vl-video.yaml (its qwen_video stage is not the
 video stage mmfeed-video runs). Sources: bench/wan_bench.py's 8 s 30 fps videos at 720p and
-1080p (x264 veryfast, default GOP), made once.
+1080p, H.264 (x264 veryfast, default GOP) and HEVC (x265 veryfast, default GOP), made once.
 
-usage: video_limit.py [--build BUILD] [--out DIR] [--videos N] [--repeat R] [--rounds K]
+usage: video_limit.py [--build BUILD] [--out DIR] [--videos N] [--repeat R] [--rounds K] [--codecs h264,hevc]
 """
-import argparse, json, os, pathlib, subprocess, sys
+import argparse, itertools, json, os, pathlib, subprocess, sys
 
 import yaml
 
@@ -65,19 +65,20 @@ def main():
     ap.add_argument("--videos", type=int, default=2, help="videos per resolution")
     ap.add_argument("--repeat", type=int, default=3, help="clips per video in a run")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--codecs", default="h264,hevc", help="source codecs, comma-separated: h264, hevc")
     a = ap.parse_args()
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     results = {"cores": os.cpu_count(), "repeat": a.repeat, "rounds": a.rounds, "rows": []}
-    for w, h in ((1280, 720), (1920, 1080)):
-        files = video_bench.clip_videos(out, w, h, a.videos)
+    for (w, h), codec in itertools.product(((1280, 720), (1920, 1080)), a.codecs.split(",")):
+        files = video_bench.clip_videos(out, w, h, a.videos, codec)
         for name, params in CONFIGS.items():
-            clip_file = clips(a.build, files, params, a.repeat, out / f"picks_{h}p.jsonl")
+            clip_file = clips(a.build, files, params, a.repeat, out / f"picks_{h}p_{codec}.jsonl")
             med = video_bench.interleaved(a.rounds, {
                 "mmfeed": lambda: video_bench.run_mmfeed(a.build, params, files, a.repeat),
                 "limit": lambda: limit(a.build, clip_file)})
             results["rows"].append({
-                "config": name, "source": f"{h}p", "mmfeed_clips_per_s": med["mmfeed"]["clips_per_s"],
+                "config": name, "source": f"{h}p {codec}", "mmfeed_clips_per_s": med["mmfeed"]["clips_per_s"],
                 "limit_clips_per_s": med["limit"]["clips_per_s"],
                 "of_limit": med["mmfeed"]["clips_per_s"] / med["limit"]["clips_per_s"],
                 "mmfeed_decoded_per_sampled": med["mmfeed"]["decoded_per_sampled"],
@@ -87,7 +88,7 @@ def main():
           "(mmfeed, limit) |")
     print("|---|---|---|---|---|---|")
     for r in results["rows"]:
-        print(f"| {r['config']} | {r['source']} 30 fps | {r['mmfeed_clips_per_s']:.2f} | "
+        print(f"| {r['config']} | {r['source']}, 30 fps | {r['mmfeed_clips_per_s']:.2f} | "
               f"{r['limit_clips_per_s']:.2f} | **{r['of_limit']:.2f}** | "
               f"{r['mmfeed_decoded_per_sampled']:.2f}, {r['limit_decoded_per_sampled']:.2f} |")
 
