@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 
 #include "base/clock.h"
@@ -30,17 +31,25 @@ struct Header {
 };
 static_assert(sizeof(Header) == kHeader);
 
-// Removes the tier folders in `dir` that no living cache holds (their `.lock` free or gone).
+// Removes the tier folders in `dir` that no living cache holds (their `.lock` free or gone),
+// and hidden ones (a folder being made: `.` + its name until its lock is taken and it is
+// renamed, microseconds) older than a minute: a daemon killed in between left them.
 void RemoveOrphans(const std::string& dir) {
   DIR* d = ::opendir(dir.c_str());
   if (!d) return;
   std::vector<std::string> orphans;
+  const time_t minute_ago = ::time(nullptr) - 60;
   while (dirent* e = ::readdir(d)) {
-    if (std::strncmp(e->d_name, kPrefix, sizeof(kPrefix) - 1) != 0) continue;
+    const bool hidden = e->d_name[0] == '.';
+    if (std::strncmp(e->d_name + hidden, kPrefix, sizeof(kPrefix) - 1) != 0) continue;
     struct stat st;
     if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode))
       continue;
     const std::string folder = dir + "/" + e->d_name;
+    if (hidden) {
+      if (st.st_mtime < minute_ago) orphans.push_back(folder);
+      continue;
+    }
     const int fd =
         ::open((folder + "/.lock").c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     const bool held = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;

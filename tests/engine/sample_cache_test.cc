@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <list>
@@ -326,9 +327,20 @@ TEST(SampleCacheTest, OrphanedDiskFoldersAreRemovedLiveOnesKept) {
   std::filesystem::create_directories(orphan);
   testing::WriteFile(orphan + "/.lock", "");
   testing::WriteFile(orphan + "/7", "old bytes");
+  // Hidden: a folder being made (a daemon killed before renaming it), kept for a minute.
+  const std::string half_made = tmp / ".mmfeed-samples-999999999-1";
+  const std::string being_made = tmp / ".mmfeed-samples-999999999-2";
+  for (const std::string& f : {half_made, being_made}) {
+    std::filesystem::create_directories(f);
+    testing::WriteFile(f + "/.lock", "");
+  }
+  const timespec two_minutes_ago[2] = {{::time(nullptr) - 120, 0}, {::time(nullptr) - 120, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, half_made.c_str(), two_minutes_ago, 0), 0);
   std::unique_ptr<SampleDisk> a = OpenDisk(tmp.path());
   ASSERT_TRUE(a);
   EXPECT_FALSE(std::filesystem::exists(orphan));
+  EXPECT_FALSE(std::filesystem::exists(half_made));
+  EXPECT_TRUE(std::filesystem::exists(being_made)) << "may be a living daemon's, being made";
   std::unique_ptr<SampleDisk> b = OpenDisk(tmp.path());
   ASSERT_TRUE(b);
   EXPECT_NE(a->folder(), b->folder());
