@@ -207,9 +207,10 @@ def run_pool(fn, tasks, hidden_decodes=0):
     return {"clips_per_s": len(tasks) / secs, "decoded_per_sampled": decoded / max(1, sampled), "clips": len(tasks)}
 
 
-def run_mmfeed(build, params, files, repeat):
+def run_mmfeed(build, params, files, repeat, stage="video"):
     out = subprocess.run([f"{build}/bin/mmfeed-video", "--bench", "--workers", str(CORES), "--repeat", str(repeat),
-                          "--params", json.dumps(params), *map(str, files)], capture_output=True, text=True)
+                          "--stage", stage, "--params", json.dumps(params), *map(str, files)],
+                         capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"mmfeed-video failed: {out.stderr}{out.stdout}")
     return json.loads(out.stdout)

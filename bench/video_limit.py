@@ -10,25 +10,29 @@ Medians of alternating rounds (mmfeed, limit, mmfeed, ...), as bench/image_bench
 
 Configs: configs/wan2.2-t2v.yaml (as shipped, scale_in: yuv, and with scale_in: rgb24) and
 configs/wan2.2-ti2v-5b.yaml (clip sampler), the uniform
-sampler of configs/video-text.yaml, and bench/video_bench.py's clip sampler (16 frames at
-4 fps, 224x224). Not covered: configs/qwen3.5-vl-video.yaml (its qwen_video stage is not the
-video stage mmfeed-video runs). Sources: bench/wan_bench.py's 8 s 30 fps videos at 720p and
+sampler of configs/video-text.yaml, bench/video_bench.py's clip sampler (16 frames at
+4 fps, 224x224), and configs/qwen3.5-vl-video.yaml's qwen_video stage (mmfeed-video --bench
+--stage qwen_video; its picks for the limit by Hugging Face's rule, from the reference). Sources: bench/wan_bench.py's 8 s 30 fps videos at 720p and
 1080p, H.264 (x264 veryfast, default GOP) and HEVC (x265 veryfast, default GOP), made once.
 
 usage: video_limit.py [--build BUILD] [--out DIR] [--videos N] [--repeat R] [--rounds K] [--codecs h264,hevc]
+                      [--only NAME]
 """
 import argparse, itertools, json, os, pathlib, subprocess, sys
 
+import av
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 import video_bench  # noqa: E402  (make_video)
+sys.path.insert(0, str(ROOT / "tests" / "reference"))
+import qwen_vision_reference as qwen_ref  # noqa: E402
 
 
-def video_params(config):
+def video_params(config, stage="video"):
     cfg = yaml.safe_load((ROOT / "configs" / config).read_text())
-    return next(s for s in cfg["stages"] if s["type"] == "video")["params"]
+    return next(s for s in cfg["stages"] if s["type"] == stage)["params"]
 
 
 CONFIGS = {
@@ -39,6 +43,10 @@ CONFIGS = {
     "clip 16 at 4 fps, 224": {"sampling": "clip", "frames": 16, "fps": 4, "clip_start": "random",
                               "size": [224, 224], "dtype": "uint8"},
 }
+# Stages other than `video` (mmfeed-video --bench --stage TYPE runs them as the daemon does).
+QWEN = "qwen3.5-vl-video (qwen_video)"
+CONFIGS[QWEN] = video_params("qwen3.5-vl-video.yaml", "qwen_video")
+STAGES = {QWEN: "qwen_video"}
 
 
 def clips(build, files, params, repeat, path):
@@ -48,6 +56,25 @@ def clips(build, files, params, repeat, path):
         out = subprocess.run([f"{build}/bin/mmfeed-video", "--epoch", str(epoch), "--params", json.dumps(params),
                               *map(str, files)], capture_output=True, text=True, check=True)
         lines += out.stdout.splitlines()
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def qwen_clips(files, params, repeat, path):
+    """The frames the qwen_video stage picks: Hugging Face's rule (tests/reference/
+    qwen_vision_reference.py, which qwen_fidelity_test checks the stage against); frame k of
+    these constant-rate videos is the one at k / fps."""
+    lines = []
+    for _ in range(repeat):
+        for f in files:
+            with av.open(str(f)) as c:
+                s = c.streams.video[0]
+                total, fps = s.frames, float(s.average_rate)
+            if total < 1:
+                raise SystemExit(f"{f}: the container gives no frame count (the sources here are MP4)")
+            picks = qwen_ref.sample_frame_indices(total, fps, params["fps"], params["min_frames"], params["max_frames"])
+            lines.append(json.dumps({"path": str(f), "ok": True, "pts": [int(k) / fps for k in picks],
+                                     "mask": [1] * len(picks)}))
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -65,6 +92,7 @@ def main():
     ap.add_argument("--videos", type=int, default=2, help="videos per resolution")
     ap.add_argument("--repeat", type=int, default=3, help="clips per video in a run")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", default="", help="the configs whose name contains this")
     ap.add_argument("--codecs", default="h264,hevc", help="source codecs, comma-separated: h264, hevc")
     a = ap.parse_args()
     out = pathlib.Path(a.out)
@@ -72,10 +100,13 @@ def main():
     results = {"cores": os.cpu_count(), "repeat": a.repeat, "rounds": a.rounds, "rows": []}
     for (w, h), codec in itertools.product(((1280, 720), (1920, 1080)), a.codecs.split(",")):
         files = video_bench.clip_videos(out, w, h, a.videos, codec)
-        for name, params in CONFIGS.items():
-            clip_file = clips(a.build, files, params, a.repeat, out / f"picks_{h}p_{codec}.jsonl")
+        for name, params in ((n, p) for n, p in CONFIGS.items() if a.only in n):
+            picks = out / f"picks_{h}p_{codec}.jsonl"
+            stage = STAGES.get(name, "video")
+            clip_file = (qwen_clips(files, params, a.repeat, picks) if stage == "qwen_video"
+                         else clips(a.build, files, params, a.repeat, picks))
             med = video_bench.interleaved(a.rounds, {
-                "mmfeed": lambda: video_bench.run_mmfeed(a.build, params, files, a.repeat),
+                "mmfeed": lambda: video_bench.run_mmfeed(a.build, params, files, a.repeat, stage),
                 "limit": lambda: limit(a.build, clip_file)})
             results["rows"].append({
                 "config": name, "source": f"{h}p {codec}", "mmfeed_clips_per_s": med["mmfeed"]["clips_per_s"],

@@ -23,6 +23,8 @@
 
 #include "base/npy.h"
 #include "engine/config.h"
+#include "engine/registry.h"
+#include "engine/stage.h"
 #include "stages/ffmpeg/av_input.h"
 #include "stages/video/video_sampler.h"
 
@@ -32,7 +34,8 @@ int Usage() {
   std::fprintf(
       stderr,
       "usage: mmfeed-video [--params YAML] [--seed N] [--epoch N] [--memory] [--out DIR] FILE...\n"
-      "       mmfeed-video --bench [--workers N] [--repeat R] [--params YAML] FILE...\n");
+      "       mmfeed-video --bench [--workers N] [--repeat R] [--stage TYPE] [--params YAML] "
+      "FILE...\n");
   return 2;
 }
 
@@ -97,6 +100,58 @@ int Bench(const std::vector<std::string>& files, uint64_t seed, bool memory, int
   return errors.load() ? 1 : 0;
 }
 
+// --bench --stage TYPE: another stage that samples videos (qwen_video), as the daemon makes
+// and runs it: every file `repeat` times on `workers` threads, each its own worker; one JSON
+// line with the stage's decoding figures.
+int BenchStage(const std::vector<std::string>& files, const mmfeed::StageConfig& spec, bool memory,
+               int workers, int repeat) {
+  const mmfeed::StageSchema* schema = mmfeed::Registry::Get().Find(spec.type);
+  auto made = schema->factory({spec.name, spec.params, ""});
+  if (!made.ok()) {
+    std::fprintf(stderr, "mmfeed-video: %s\n", made.status().message().c_str());
+    return 2;
+  }
+  const std::unique_ptr<mmfeed::Stage> stage = std::move(made.value());
+  std::atomic<size_t> next{0};
+  std::atomic<int64_t> errors{0};
+  const size_t total = files.size() * repeat;
+  std::vector<std::unique_ptr<mmfeed::StageWorker>> work;
+  std::vector<std::vector<std::vector<uint8_t>>> outputs(workers);
+  for (int w = 0; w < workers; ++w) {
+    work.push_back(stage->NewWorker());
+    for (const mmfeed::TensorSpec& t : stage->OutputSpecs())
+      outputs[w].emplace_back(t.NumBytes(), 0);
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      std::vector<uint8_t*> ptrs;
+      for (auto& o : outputs[w]) ptrs.push_back(o.data());
+      std::string storage;
+      for (size_t k; (k = next++) < total;) {
+        const std::string& path = files[k % files.size()];
+        const mmfeed::SampleContext ctx{0, static_cast<uint32_t>(k / files.size()), path, path};
+        const mmfeed::Status s = work[w]->Process(ctx, Field(path, memory, &storage),
+                                                  mmfeed::OutputRow(ptrs.data(), ptrs.size()));
+        if (!s.ok()) {
+          std::fprintf(stderr, "mmfeed-video: %s: %s\n", path.c_str(), s.message().c_str());
+          ++errors;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  nlohmann::json j = {{"clips", total - errors.load()},
+                      {"errors", errors.load()},
+                      {"seconds", secs},
+                      {"clips_per_s", (total - errors.load()) / secs}};
+  for (const auto& [name, value] : stage->Metrics()) j[name] = value;
+  std::cout << j.dump() << std::endl;
+  return errors.load() ? 1 : 0;
+}
+
 // One JSON line per file (and DIR/<k>.npy with --out).
 int SampleEach(const std::vector<std::string>& files, uint64_t seed, uint32_t epoch, bool memory,
                const std::string& out_dir, const mmfeed::VideoOptions& o,
@@ -146,7 +201,7 @@ int SampleEach(const std::vector<std::string>& files, uint64_t seed, uint32_t ep
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string params = "{size: [224, 224]}", out_dir;
+  std::string params = "{size: [224, 224]}", out_dir, type = "video";
   uint64_t seed = 0;
   uint32_t epoch = 0;
   bool memory = false, bench = false;
@@ -167,6 +222,8 @@ int main(int argc, char** argv) {
       out_dir = value();
     else if (a == "--bench")
       bench = true;
+    else if (a == "--stage")
+      type = value();
     else if (a == "--workers")
       workers = std::max(1, std::stoi(value()));
     else if (a == "--repeat")
@@ -176,7 +233,7 @@ int main(int argc, char** argv) {
     else
       files.push_back(a);
   }
-  if (files.empty()) return Usage();
+  if (files.empty() || (type != "video" && !bench)) return Usage();
   mmfeed::RouteFfmpegLogs();
 
   // The params go through the config parser, so they are checked exactly as in a pipeline.
@@ -184,8 +241,8 @@ int main(int argc, char** argv) {
   const std::string text =
       "source: {type: manifest, path: " + nlohmann::json(files[0]).dump() +
       "}\nstages:\n"
-      "  - {name: video, type: video, field: video, params: " +
-      params +
+      "  - {name: video, type: " +
+      nlohmann::json(type).dump() + ", field: video, params: " + params +
       "}\n"
       "  - {name: batch, type: batch, inputs: [video], params: {batch_size: 1}}\n";
   auto cfg = mmfeed::ParseConfig(text, "--params");
@@ -193,6 +250,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mmfeed-video: %s\n", cfg.status().message().c_str());
     return 2;
   }
+  if (type != "video") return BenchStage(files, cfg->stages[0], memory, workers, repeat);
   auto opts = mmfeed::VideoOptionsFromParams(cfg->stages[0].params);
   if (!opts.ok()) {
     std::fprintf(stderr, "mmfeed-video: %s\n", opts.status().message().c_str());

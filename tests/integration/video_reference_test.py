@@ -26,6 +26,9 @@ import av
 import numpy as np
 from PIL import Image
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+import qwen_vision_reference as qwen_ref  # noqa: E402
+
 BIN = None
 TMP = None
 SANITIZED = False  # --sanitized: the sanitizer build's shorter run (tests/CMakeLists.txt)
@@ -327,6 +330,37 @@ class LimitBenchTest(unittest.TestCase):
                     decoded = limit["decoded_per_sampled"] * len(picks)
                     self.assertGreaterEqual(decoded, len(picks) - 1e-6, r.stdout)
                     self.assertLessEqual(decoded, got["decoded"] + 1e-6, r.stdout)
+
+    def test_the_qwen_video_stage_decodes_what_the_limit_does_for_its_picks(self):
+        # mmfeed-video --bench --stage qwen_video runs the stage as the daemon makes it; the
+        # limit gets its picks by Hugging Face's rule (bench/video_limit.py does the same).
+        make_videos()
+        params = {"fps": 2, "min_frames": 4, "max_frames": 768, "min_pixels": 4096, "max_pixels": 65536}
+        for name in ("h264.mp4", "h264_ntsc.mp4"):  # MP4: the frame count is the container's
+            path = os.path.join(TMP, name)
+            r = subprocess.run([os.path.join(BIN, "mmfeed-video"), "--bench", "--stage", "qwen_video", "--workers", "1",
+                                "--params", json.dumps(params), path], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            stage = json.loads(r.stdout)
+            self.assertEqual((stage["clips"], stage["errors"]), (1, 0), r.stdout)
+            with av.open(path) as c:
+                s = c.streams.video[0]
+                total, fps = s.frames, float(s.average_rate)
+            picks = qwen_ref.sample_frame_indices(total, fps, 2, 4, 768)
+            clips = os.path.join(TMP, "qwen_clips.jsonl")
+            with open(clips, "w") as f:
+                f.write(json.dumps({"path": path, "ok": True, "pts": [int(k) / fps for k in picks],
+                                    "mask": [1] * len(picks)}) + "\n")
+            r = subprocess.run([os.path.join(BIN, "mmfeed-bench-video-limit"), "--workers", "1", clips],
+                               capture_output=True, text=True, check=True)
+            limit = json.loads(r.stdout)
+            # The same picks: the limit decodes each and no more than the stage, which decodes
+            # within a tenth of it (it decodes on through a group of pictures where the limit
+            # seeks again: a few frames either way).
+            decoded, least = stage["decoded_per_sampled"] * len(picks), limit["decoded_per_sampled"] * len(picks)
+            self.assertGreaterEqual(least, len(picks) - 1e-6, (name, limit))
+            self.assertLessEqual(least, decoded + 1e-6, (name, stage, limit))
+            self.assertLessEqual(decoded, 1.1 * least + 4, (name, stage, limit))
 
 
 def main():
