@@ -9,11 +9,12 @@ one's decoded frames per picked frame (equal when mmfeed decodes nothing it need
 Medians of alternating rounds (mmfeed, limit, mmfeed, ...), as bench/image_bench runs.
 
 Configs: configs/wan2.2-t2v.yaml (as shipped, scale_in: yuv, and with scale_in: rgb24) and
-configs/wan2.2-ti2v-5b.yaml (clip sampler), the uniform
-sampler of configs/video-text.yaml, bench/video_bench.py's clip sampler (16 frames at
-4 fps, 224x224), and configs/qwen3.5-vl-video.yaml's qwen_video stage (mmfeed-video --bench
---stage qwen_video; its picks for the limit by Hugging Face's rule, from the reference). Sources: bench/wan_bench.py's 8 s 30 fps videos at 720p and
-1080p, H.264 (x264 veryfast, default GOP) and HEVC (x265 veryfast, default GOP), made once.
+configs/wan2.2-ti2v-5b.yaml (clip sampler), the uniform sampler of configs/video-text.yaml,
+bench/video_bench.py's clip sampler (16 frames at 4 fps, 224x224), and
+configs/qwen3.5-vl-video.yaml's qwen_video stage (mmfeed-video --bench --stage qwen_video;
+its picks for the limit by Hugging Face's rule, from the reference). Sources:
+bench/wan_bench.py's 8 s 30 fps videos at 720p and 1080p, H.264 (x264 veryfast, default GOP)
+and HEVC (x265 veryfast, CRF 23, default GOP), made once.
 
 usage: video_limit.py [--build BUILD] [--out DIR] [--videos N] [--repeat R] [--rounds K] [--codecs h264,hevc]
                       [--only NAME]
