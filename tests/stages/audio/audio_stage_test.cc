@@ -6,6 +6,11 @@
 #include <random>
 #include <vector>
 
+extern "C" {
+#include <libavutil/channel_layout.h>
+#include <libswresample/swresample.h>
+}
+
 #include "base/simd.h"
 #include "stages/audio/audio_decoder.h"
 #include "stages/audio/log_mel.h"
@@ -239,6 +244,48 @@ TEST_F(AudioFormatsTest, WaveformAndSeededRandomCrop) {
   bool found = false;
   for (int s = 0; s <= 32000 && !found; ++s) found = std::memcmp(wav.data() + s, w, 16000 * 4) == 0;
   EXPECT_TRUE(found);
+}
+
+// What libswresample makes of interleaved float samples with its defaults (as `ffmpeg -ar`
+// and Whisper's load_audio do): mono float at `out_rate`, the flushed tail included.
+std::vector<float> SwrDefaults(const std::vector<float>& x, int rate, int channels, int out_rate) {
+  SwrContext* swr = nullptr;
+  AVChannelLayout in, mono = AV_CHANNEL_LAYOUT_MONO;
+  av_channel_layout_default(&in, channels);
+  EXPECT_EQ(swr_alloc_set_opts2(&swr, &mono, AV_SAMPLE_FMT_FLT, out_rate, &in, AV_SAMPLE_FMT_FLT,
+                                rate, 0, nullptr),
+            0);
+  EXPECT_EQ(swr_init(swr), 0);
+  const int frames = static_cast<int>(x.size()) / channels;
+  std::vector<float> out(static_cast<size_t>(swr_get_out_samples(swr, frames)) + 64);
+  uint8_t* dst = reinterpret_cast<uint8_t*>(out.data());
+  const uint8_t* src = reinterpret_cast<const uint8_t*>(x.data());
+  int n = swr_convert(swr, &dst, static_cast<int>(out.size()), &src, frames);
+  dst = reinterpret_cast<uint8_t*>(out.data() + n);
+  n += swr_convert(swr, &dst, static_cast<int>(out.size()) - n, nullptr, 0);
+  swr_free(&swr);
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
+// DecodeAudio turns off libswresample's interpolation between filter phases where the rates'
+// ratio needs at most its 1024 phases (every output falls on one): the same bits as its
+// defaults, at the common rates, a ratio needing more phases (44056 Hz) and in stereo.
+TEST(AudioStageTest, ResamplingEqualsLibswresamplesDefaults) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> noise(0.0f, 0.1f);
+  for (int rate : {8000, 11025, 16000, 22050, 44056, 44100, 48000})
+    for (int channels : {1, 2}) {
+      std::vector<float> x(static_cast<size_t>(rate * channels));
+      for (size_t i = 0; i < x.size(); ++i)
+        x[i] = 0.4f * static_cast<float>(std::sin(i * 0.013 * (1 + i % channels))) + noise(rng);
+      std::vector<float> got;
+      ASSERT_TRUE(DecodeAudio(FloatWav(x, rate, channels), 16000, AudioLimits(), &got).ok());
+      std::vector<float> want = SwrDefaults(x, rate, channels, 16000);
+      ASSERT_EQ(got.size(), want.size()) << rate << " Hz, " << channels << " channels";
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+          << rate << " Hz, " << channels << " channels";
+    }
 }
 
 TEST(AudioBadInputTest, EachIsAClearError) {
