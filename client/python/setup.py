@@ -5,7 +5,8 @@
     venv/bin/pip wheel --no-build-isolation --no-deps -w dist ./client/python
 
 Builds the extension (mmfeed._mmfeed) from the sources the CMake target _mmfeed links: the
-module, client/, shm/ and base/; nothing of the daemon. Needs a C++20 compiler and the headers
+module and the libraries mmfeed_client, mmfeed_shm and mmfeed_base, whose sources are read from
+CMakeLists.txt (one list); nothing of the daemon. Needs a C++20 compiler and the headers
 of pybind11 (pybind11-dev), fmt (libfmt-dev) and nlohmann-json (nlohmann-json3-dev), as
 scripts/setup.sh installs them; pybind11's headers are found through its Python package when
 that is installed, else in /usr/include. The version is the CMake project's.
@@ -25,10 +26,17 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 
 
-SOURCES = ["client/python/mmfeed_module.cc", "client/client.cc", "client/control_protocol.cc",
-           "client/report_text.cc", "shm/ring.cc", "base/status.cc", "base/tensor.cc", "base/npy.cc",
-           "base/flags.cc", "base/atomic_file.cc", "base/rng.cc"]
-VERSION = re.search(r"project\(mmfeed VERSION ([0-9.]+)", (ROOT / "CMakeLists.txt").read_text()).group(1)
+CMAKE = (ROOT / "CMakeLists.txt").read_text()
+
+
+def library_sources(name):
+    """The sources CMakeLists.txt gives the static library `name`: the one list of them."""
+    return re.search(rf"add_library\({name} STATIC([^)]*)\)", CMAKE).group(1).split()
+
+
+SOURCES = ["client/python/mmfeed_module.cc",
+           *(s for lib in ("mmfeed_client", "mmfeed_shm", "mmfeed_base") for s in library_sources(lib))]
+VERSION = re.search(r"project\(mmfeed VERSION ([0-9.]+)", CMAKE).group(1)
 
 setup(
     name="mmfeed",
