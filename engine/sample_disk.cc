@@ -52,6 +52,9 @@ void RemoveOrphans(const std::string& dir) {
     }
     const int fd =
         ::open((folder + "/.lock").c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    // A lock that cannot be opened (another user's daemon in a shared folder, a symlink put
+    // there) says nothing about its folder: kept. No lock at all: a folder nobody holds.
+    if (fd < 0 && errno != ENOENT) continue;
     const bool held = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
     if (fd >= 0) ::close(fd);
     if (!held) orphans.push_back(folder);
@@ -60,7 +63,11 @@ void RemoveOrphans(const std::string& dir) {
   for (const std::string& folder : orphans) {
     std::error_code ec;
     const auto n = std::filesystem::remove_all(folder, ec);  // does not follow symlinks
-    spdlog::info("stage cache: removed {} ({} files), left by a daemon that is gone", folder, n);
+    if (ec)
+      spdlog::warn("stage cache: cannot remove {}, left by a daemon that is gone: {}", folder,
+                   ec.message());
+    else
+      spdlog::info("stage cache: removed {} ({} files), left by a daemon that is gone", folder, n);
   }
 }
 

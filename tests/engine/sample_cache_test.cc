@@ -334,6 +334,13 @@ TEST(SampleCacheTest, OrphanedDiskFoldersAreRemovedLiveOnesKept) {
     std::filesystem::create_directories(f);
     testing::WriteFile(f + "/.lock", "");
   }
+  // A lock that cannot be opened (here a symlink; another user's unreadable lock is the same
+  // case): nothing known of the folder, kept. No lock: nobody holds it, removed.
+  const std::string planted = tmp / "mmfeed-samples-999999999-3";
+  const std::string unlocked = tmp / "mmfeed-samples-999999999-4";
+  std::filesystem::create_directories(planted);
+  std::filesystem::create_directories(unlocked);
+  std::filesystem::create_symlink(tmp / "elsewhere", planted + "/.lock");
   const timespec two_minutes_ago[2] = {{::time(nullptr) - 120, 0}, {::time(nullptr) - 120, 0}};
   ASSERT_EQ(::utimensat(AT_FDCWD, half_made.c_str(), two_minutes_ago, 0), 0);
   std::unique_ptr<SampleDisk> a = OpenDisk(tmp.path());
@@ -341,6 +348,8 @@ TEST(SampleCacheTest, OrphanedDiskFoldersAreRemovedLiveOnesKept) {
   EXPECT_FALSE(std::filesystem::exists(orphan));
   EXPECT_FALSE(std::filesystem::exists(half_made));
   EXPECT_TRUE(std::filesystem::exists(being_made)) << "may be a living daemon's, being made";
+  EXPECT_TRUE(std::filesystem::exists(planted)) << "its lock cannot be opened: not judged";
+  EXPECT_FALSE(std::filesystem::exists(unlocked));
   std::unique_ptr<SampleDisk> b = OpenDisk(tmp.path());
   ASSERT_TRUE(b);
   EXPECT_NE(a->folder(), b->folder());
