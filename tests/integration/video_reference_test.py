@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import pathlib
 import subprocess
 import sys
 import tempfile
@@ -26,8 +27,8 @@ import av
 import numpy as np
 from PIL import Image
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
-import qwen_vision_reference as qwen_ref  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import video_limit  # noqa: E402  (qwen_clips: the qwen_video stage's picks, for the limit)
 
 BIN = None
 TMP = None
@@ -334,7 +335,7 @@ class LimitBenchTest(unittest.TestCase):
 
     def test_the_qwen_video_stage_decodes_what_the_limit_does_for_its_picks(self):
         # mmfeed-video --bench --stage qwen_video runs the stage as the daemon makes it; the
-        # limit gets its picks by Hugging Face's rule (bench/video_limit.py does the same).
+        # limit gets its picks by Hugging Face's rule, from bench/video_limit.py's qwen_clips.
         make_videos()
         params = {"fps": 2, "min_frames": 4, "max_frames": 768, "min_pixels": 4096, "max_pixels": 65536}
         for name in ("h264.mp4", "h264_ntsc.mp4"):  # MP4: the frame count is the container's
@@ -344,15 +345,9 @@ class LimitBenchTest(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stderr)
             stage = json.loads(r.stdout)
             self.assertEqual((stage["clips"], stage["errors"]), (1, 0), r.stdout)
-            with av.open(path) as c:
-                s = c.streams.video[0]
-                total, fps = s.frames, float(s.average_rate)
-            picks = qwen_ref.sample_frame_indices(total, fps, 2, 4, 768)
-            clips = os.path.join(TMP, "qwen_clips.jsonl")
-            with open(clips, "w") as f:
-                f.write(json.dumps({"path": path, "ok": True, "pts": [int(k) / fps for k in picks],
-                                    "mask": [1] * len(picks)}) + "\n")
-            r = subprocess.run([os.path.join(BIN, "mmfeed-bench-video-limit"), "--workers", "1", clips],
+            clips = video_limit.qwen_clips([path], params, 1, pathlib.Path(TMP) / "qwen_clips.jsonl")
+            picks = json.loads(clips.read_text())["pts"]
+            r = subprocess.run([os.path.join(BIN, "mmfeed-bench-video-limit"), "--workers", "1", str(clips)],
                                capture_output=True, text=True, check=True)
             limit = json.loads(r.stdout)
             # The same picks: the limit decodes each and no more than the stage, which decodes
