@@ -4,7 +4,8 @@
 //
 //   mmfeedd --config FILE [--socket PATH] [--socket-group GROUP] [--state-dir DIR]
 //           [--drain-timeout SECONDS] [--log-level LEVEL] [--allow-faults]
-//   mmfeedd --check FILE        build the pipeline without starting it (0 ok, 2 invalid)
+//   mmfeedd --check FILE        build the pipeline without starting it (0 ok, 2 invalid);
+//                               also --check --config FILE
 // --allow-faults accepts a config's `faults:` (injected faults for tests of the profile);
 // without it such a config is refused.
 //   mmfeedd --list-stages       print every stage type and its parameters
@@ -14,6 +15,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "base/flags.h"
 #include "base/malloc_tuning.h"
@@ -28,8 +30,8 @@ namespace {
 constexpr int kExitConfig = 2;
 
 struct Options {
-  std::string config, check, log_level = "info";
-  bool list_stages = false, schema = false;
+  std::string config, log_level = "info";
+  bool check = false, list_stages = false, schema = false;
   SupervisorOptions daemon;
 };
 
@@ -38,7 +40,7 @@ struct Options {
       code ? stderr : stdout,
       "usage: mmfeedd --config FILE [--socket PATH] [--socket-group GROUP] [--state-dir DIR]\n"
       "               [--drain-timeout SECONDS] [--log-level LEVEL] [--allow-faults]\n"
-      "       mmfeedd --check FILE [--allow-faults]\n"
+      "       mmfeedd --check FILE [--allow-faults]   (or --check --config FILE)\n"
       "       mmfeedd --list-stages\n"
       "       mmfeedd --schema\n");
   std::exit(code);
@@ -53,11 +55,21 @@ Options ParseArgs(int argc, char** argv) {
       if (i + 1 >= argc) Usage(kExitConfig);
       return argv[++i];
     };
+    // --check FILE, or --check as a flag beside --config FILE: one file either way.
+    auto config = [&](const std::string& file) {
+      if (!o.config.empty() && o.config != file) {
+        std::fprintf(stderr, "mmfeedd: two configs given ('%s' and '%s'): name one\n",
+                     o.config.c_str(), file.c_str());
+        Usage(kExitConfig);
+      }
+      o.config = file;
+    };
     if (a == "--config")
-      o.config = value();
-    else if (a == "--check")
-      o.check = value();
-    else if (a == "--socket")
+      config(value());
+    else if (a == "--check") {
+      o.check = true;
+      if (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) config(value());
+    } else if (a == "--socket")
       o.daemon.socket = value();
     else if (a == "--socket-group")
       o.daemon.socket_group = value();
@@ -85,7 +97,7 @@ Options ParseArgs(int argc, char** argv) {
       Usage(kExitConfig);
     }
   }
-  if (!o.list_stages && !o.schema && o.config.empty() && o.check.empty()) Usage(kExitConfig);
+  if (!o.list_stages && !o.schema && o.config.empty()) Usage(kExitConfig);
   return o;
 }
 
@@ -107,7 +119,7 @@ int main(int argc, char** argv) {
     std::printf("%s\n", ConfigSchema().dump(2).c_str());
     return 0;
   }
-  std::string file = opt.check.empty() ? opt.config : opt.check;
+  const std::string& file = opt.config;
   Result<PipelineConfig> cfg = LoadDaemonConfig(file, opt.daemon);
   if (!cfg.ok()) {
     std::fprintf(stderr, "%s\n", cfg.status().message().c_str());
@@ -116,7 +128,7 @@ int main(int argc, char** argv) {
   if (!cfg->faults.stage.empty())
     spdlog::warn("faults injected into stage {}: read_delay_ms {}, leak_bytes_per_item {}",
                  cfg->faults.stage, cfg->faults.read_delay_ms, cfg->faults.leak_bytes_per_item);
-  if (!opt.check.empty()) {
+  if (opt.check) {
     Result<std::string> summary = CheckPipeline(*cfg);
     if (!summary.ok()) {
       std::fprintf(stderr, "%s\n", summary.status().message().c_str());
