@@ -67,9 +67,6 @@ std::string FormatProfile(const nlohmann::json& p) {
 }
 
 std::string FormatWindowReport(const nlohmann::json& r) {
-  auto num = [](const nlohmann::json& j, const char* key) {
-    return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
-  };
   std::string s = fmt::format("window {:.1f}s{}\n\n", r["window_s"].get<double>(),
                               r["pipeline_replaced"].get<bool>()
                                   ? " (a reload replaced the pipeline: its stages count from then)"
@@ -84,24 +81,24 @@ std::string FormatWindowReport(const nlohmann::json& r) {
     s += fmt::format(
         "{:<12} {:>7} {:>9.1f} {:>6.0f} {:>8.2f} {:>5.0f}% {:>5.0f}% {:>6.0f}% {:>6.0f}% "
         "{:>4.0f}% {:>8} {:>8} {:>5.0f}% {:>6.2f}\n",
-        st["name"].get<std::string>(), st["workers"].get<int>(), num(st, "items_per_s"),
-        num(st, "errors"), num(st, "busy_seconds"), num(st, "work_share") * 100,
-        num(st, "busy_share") * 100, num(st, "starved_share") * 100, num(st, "blocked_share") * 100,
-        num(st, "cpu_share_of_busy") * 100,
+        st["name"].get<std::string>(), st["workers"].get<int>(), NumberIn(st, "items_per_s"),
+        NumberIn(st, "errors"), NumberIn(st, "busy_seconds"), NumberIn(st, "work_share") * 100,
+        NumberIn(st, "busy_share") * 100, NumberIn(st, "starved_share") * 100,
+        NumberIn(st, "blocked_share") * 100, NumberIn(st, "cpu_share_of_busy") * 100,
         lat.is_null() ? "-" : fmt::format("{:.2f}", lat["p50"].get<double>()),
         lat.is_null() ? "-" : fmt::format("{:.2f}", lat["p99"].get<double>()),
-        num(st, "queue_fill") * 100, num(st, "thread_cpu_cores"));
+        NumberIn(st, "queue_fill") * 100, NumberIn(st, "thread_cpu_cores"));
   }
   const auto& h = r["host"];
   s += fmt::format(
       "\nhost: {:.2f} of {} cores used; RSS {} ({:+.1f} MB/s); faults {:.0f} minor, "
       "{:.0f} major /s; read {}/s in {:.0f} calls/s ({}/s from storage); "
       "{} available\n",
-      num(h, "cpu_cores_used"), h["cpus"].get<int>(), Megabytes(num(h, "rss_bytes")),
-      num(h, "rss_growth_bytes_per_s") / 1e6, num(h, "minor_faults_per_s"),
-      num(h, "major_faults_per_s"), Megabytes(num(h, "read_bytes_per_s")),
-      num(h, "read_syscalls_per_s"), Megabytes(num(h, "storage_read_bytes_per_s")),
-      Megabytes(num(h, "mem_available_bytes")));
+      NumberIn(h, "cpu_cores_used"), h["cpus"].get<int>(), Megabytes(NumberIn(h, "rss_bytes")),
+      NumberIn(h, "rss_growth_bytes_per_s") / 1e6, NumberIn(h, "minor_faults_per_s"),
+      NumberIn(h, "major_faults_per_s"), Megabytes(NumberIn(h, "read_bytes_per_s")),
+      NumberIn(h, "read_syscalls_per_s"), Megabytes(NumberIn(h, "storage_read_bytes_per_s")),
+      Megabytes(NumberIn(h, "mem_available_bytes")));
   std::string pressure;
   for (const char* k : {"cpu", "io", "memory"})
     if (h["pressure"][k].is_number())
@@ -111,12 +108,13 @@ std::string FormatWindowReport(const nlohmann::json& r) {
   if (r.contains("storage")) {
     const nlohmann::json& st = r["storage"];
     s += fmt::format("object storage: {}/s fetched, workers waited {:.2f} s/s, {:.0f} retries",
-                     Megabytes(num(st, "read_bytes_per_s")), num(st, "wait_share"),
-                     num(st, "retries"));
+                     Megabytes(NumberIn(st, "read_bytes_per_s")), NumberIn(st, "wait_share"),
+                     NumberIn(st, "retries"));
     if (st.contains("cache"))
       s += fmt::format("; disk cache: {} of shard reads hit, {} of {} held",
-                       Percent(num(st["cache"], "hit_share")), Megabytes(num(st["cache"], "bytes")),
-                       Megabytes(num(st["cache"], "max_bytes")));
+                       Percent(NumberIn(st["cache"], "hit_share")),
+                       Megabytes(NumberIn(st["cache"], "bytes")),
+                       Megabytes(NumberIn(st["cache"], "max_bytes")));
     s += "\n";
   }
   std::string threads;
@@ -132,9 +130,9 @@ std::string FormatWindowReport(const nlohmann::json& r) {
                      "held", "ready", "taken");
     for (const auto& c : r["consumers"])
       s += fmt::format("{:<5} {:>9.1f} {:>9.0f}% {:>6.2f} {:>6} {:>6}{}\n", c["rank"].get<int>(),
-                       num(c, "batches_per_s"), num(c, "wait_share") * 100, num(c, "held_batches"),
-                       c["ready_not_taken"].get<int>(), c["taken"].get<int>(),
-                       c["attached"].get<bool>() ? "" : "  (no trainer)");
+                       NumberIn(c, "batches_per_s"), NumberIn(c, "wait_share") * 100,
+                       NumberIn(c, "held_batches"), c["ready_not_taken"].get<int>(),
+                       c["taken"].get<int>(), c["attached"].get<bool>() ? "" : "  (no trainer)");
   }
   const auto& d = r["diagnosis"];
   s += fmt::format("\ndiagnosis: {} ({})\n  {}\n  -> {}\n",

@@ -27,8 +27,6 @@
 namespace mmfeed {
 namespace {
 
-constexpr int kExitConfig = 2;
-
 struct Options {
   std::string config, log_level = "info";
   bool check = false, list_stages = false, schema = false;

@@ -53,8 +53,12 @@ Status CheckSampleFiles(const PipelineConfig& cfg, const PathCheck& check);
 // parentheses, then for a mixture its plan (Pipeline::MixPlan) on the lines after.
 Result<std::string> CheckPipeline(const PipelineConfig& cfg);
 
+// The exit status of a bad config or bad data (mmfeedd --check too).
+inline constexpr int kExitConfig = 2;
+
 // Runs the daemon until it drained or failed; returns its exit status (0 ok, 1 error or
-// on_error: fail, 2 bad config or data, 3 the drain timed out with batches no trainer took).
+// on_error: fail, 2 (kExitConfig) bad config or data, 3 the drain timed out with batches no
+// trainer took).
 // The config file as the daemon runs it (at start and on reload): loaded, its fault injection
 // checked against --allow-faults, its manifest indexes put in --state-dir.
 Result<PipelineConfig> LoadDaemonConfig(const std::string& file, const SupervisorOptions& options);

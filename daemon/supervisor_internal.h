@@ -47,7 +47,6 @@
 
 namespace mmfeed {
 
-inline constexpr int kExitConfig = 2;
 // What a refused reload says when a restart applies the change.
 inline constexpr char kRestartHint[] = "; restart the daemon with the new config to apply it";
 inline constexpr int kExitLost = 3;  // the drain timed out (batches no trainer took are dropped)

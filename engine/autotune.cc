@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "base/units.h"
+
 namespace mmfeed {
 namespace {
 
@@ -9,16 +11,13 @@ constexpr double kSaturated = 0.85;   // a stage this busy wants another worker
 constexpr double kDonorAfter = 0.75;  // a donor must stay below this busy without one worker
 constexpr double kIdleCore = 0.5;     // a CPU-bound stage grows only while this much CPU idles
 
-double Num(const nlohmann::json& j, const char* key) {
-  return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
-}
-
 std::string Describe(const nlohmann::json& s) {
   const int w = s["workers"].get<int>();
-  return fmt::format("{} busy {:.0f}% ({:.0f}% on CPU) with {} worker{}",
-                     s["name"].get<std::string>(), Num(s, "busy_share") * 100,
-                     (Num(s, "cpu_share_of_busy") + Num(s, "runnable_share_of_busy")) * 100, w,
-                     w == 1 ? "" : "s");
+  return fmt::format(
+      "{} busy {:.0f}% ({:.0f}% on CPU) with {} worker{}", s["name"].get<std::string>(),
+      NumberIn(s, "busy_share") * 100,
+      (NumberIn(s, "cpu_share_of_busy") + NumberIn(s, "runnable_share_of_busy")) * 100, w,
+      w == 1 ? "" : "s");
 }
 
 }  // namespace
@@ -34,7 +33,7 @@ std::optional<WorkerMove> ProposeMove(const nlohmann::json& report, int cpu_budg
     used += s["workers"].get<int>();
     if (s["name"] == dx["stage"]) target = &s;
   }
-  if (!target || Num(*target, "busy_share") < kSaturated) return std::nullopt;
+  if (!target || NumberIn(*target, "busy_share") < kSaturated) return std::nullopt;
   if (target->at("workers").get<int>() >= target->at("max_workers").get<int>()) return std::nullopt;
   WorkerMove move;
   move.to = (*target)["name"].get<std::string>();
@@ -42,7 +41,7 @@ std::optional<WorkerMove> ProposeMove(const nlohmann::json& report, int cpu_budg
   // (another thread would only wait for one).
   const nlohmann::json& host = report.contains("host") ? report["host"] : nlohmann::json();
   const bool core_idle = dx["kind"] != "cpu" || !host.is_object() || !host.contains("idle_cores") ||
-                         Num(host, "idle_cores") >= kIdleCore;
+                         NumberIn(host, "idle_cores") >= kIdleCore;
   if (used < cpu_budget && core_idle) {
     move.evidence = fmt::format("{}; {} of cpu_budget {} free", Describe(*target),
                                 cpu_budget - used, cpu_budget);
@@ -52,8 +51,8 @@ std::optional<WorkerMove> ProposeMove(const nlohmann::json& report, int cpu_budg
   for (const auto& s : report["stages"]) {
     if (!s.value("auto_workers", false) || &s == target) continue;
     const int w = s["workers"].get<int>();
-    if (w < 2 || Num(s, "busy_share") * w / (w - 1) >= kDonorAfter) continue;
-    if (!donor || Num(s, "busy_share") < Num(*donor, "busy_share")) donor = &s;
+    if (w < 2 || NumberIn(s, "busy_share") * w / (w - 1) >= kDonorAfter) continue;
+    if (!donor || NumberIn(s, "busy_share") < NumberIn(*donor, "busy_share")) donor = &s;
   }
   if (!donor) return std::nullopt;
   move.from = (*donor)["name"].get<std::string>();

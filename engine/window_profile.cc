@@ -264,36 +264,32 @@ nlohmann::json Verdict(nlohmann::json stage, const char* kind, std::string evide
                         {"advice", std::move(advice)}};
 }
 
-double Num(const nlohmann::json& j, const char* key) {
-  return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
-}
-
 // Memory: the process grows, or pages, or the host stalls on memory. Null when none does.
 nlohmann::json MemoryVerdict(const nlohmann::json& r) {
   const nlohmann::json& host = r["host"];
   const double window_s = r["window_s"].get<double>();
-  const double growth = Num(host, "rss_growth_bytes_per_s");
-  const double major = Num(host, "major_faults_per_s");
-  const double mem_pressure = Num(host["pressure"], "memory");
+  const double growth = NumberIn(host, "rss_growth_bytes_per_s");
+  const double major = NumberIn(host, "major_faults_per_s");
+  const double mem_pressure = NumberIn(host["pressure"], "memory");
   if ((growth >= kLeakBytesPerS && growth * window_s >= kLeakBytes) || major >= kMajorFaultsPerS ||
       mem_pressure >= kMemoryPressure) {
     const nlohmann::json* worst = nullptr;
     double worst_faults = 0, faults = 0;
     for (const auto& s : r["stages"]) {
-      double f = Num(s, "minor_faults_per_s") + Num(s, "major_faults_per_s");
+      double f = NumberIn(s, "minor_faults_per_s") + NumberIn(s, "major_faults_per_s");
       faults += f;
       if (f > worst_faults) {
         worst_faults = f;
         worst = &s;
       }
     }
-    const double thread_faults = std::max(faults, Num(host, "thread_faults_per_s"));
+    const double thread_faults = std::max(faults, NumberIn(host, "thread_faults_per_s"));
     const bool named = worst && worst_faults >= 0.5 * thread_faults;
     std::string who = named ? (*worst)["name"].get<std::string>() : "the daemon";
     std::string evidence = fmt::format(
         "memory: RSS grows {}/s ({} in {:.1f}s, now {}), {:.0f} minor and {:.0f} major faults/s",
         Megabytes(growth), Megabytes(growth * window_s), window_s,
-        Megabytes(Num(host, "rss_bytes")), Num(host, "minor_faults_per_s"), major);
+        Megabytes(NumberIn(host, "rss_bytes")), NumberIn(host, "minor_faults_per_s"), major);
     if (named)
       evidence +=
           fmt::format(", {} of them on {}'s threads", Percent(worst_faults / thread_faults), who);
@@ -302,8 +298,8 @@ nlohmann::json MemoryVerdict(const nlohmann::json& r) {
         growth > 0 ? fmt::format(
                          "{} keeps memory it does not give back (a leak or an unbounded "
                          "cache): at this rate the {} available last {:.0f}s",
-                         who, Megabytes(Num(host, "mem_available_bytes")),
-                         Num(host, "mem_available_bytes") / growth)
+                         who, Megabytes(NumberIn(host, "mem_available_bytes")),
+                         NumberIn(host, "mem_available_bytes") / growth)
                    : "the host pages: lower ring_slots or batch_size, or free memory on the node";
     return Verdict(named ? nlohmann::json(who) : nlohmann::json(), "memory", evidence, advice);
   }
@@ -315,8 +311,8 @@ nlohmann::json MemoryVerdict(const nlohmann::json& r) {
 nlohmann::json BusyStageVerdict(const nlohmann::json& r, const nlohmann::json* busiest,
                                 const nlohmann::json* batch, int attached, double wait) {
   const nlohmann::json& host = r["host"];
-  const double busy = Num(*busiest, "busy_share");
-  const double mem_pressure = Num(host["pressure"], "memory");
+  const double busy = NumberIn(*busiest, "busy_share");
+  const double mem_pressure = NumberIn(host["pressure"], "memory");
   // Remote shards: what waiting for object storage took of the window.
   std::string storage_evidence, storage_advice;
   if (r.contains("storage") && r["storage"]["wait_share"].get<double>() >= 0.1) {
@@ -329,46 +325,46 @@ nlohmann::json BusyStageVerdict(const nlohmann::json& r, const nlohmann::json* b
         "; the shards come from object storage: raise source.fetch_concurrency and "
         "prefetch_bytes, or bring the data nearer (a closer bucket, a local copy)";
     // Whether a disk cache (more of it) would take storage off the path after the first epoch.
-    const double data = Num(st, "data_bytes");
+    const double data = NumberIn(st, "data_bytes");
     if (!st.contains("cache"))
       storage_advice += fmt::format(
           "; a disk cache would read every epoch after the first from local disk: source.cache: "
           "{{dir: /a/local/disk, max_bytes: {:.0f}M}} holds all {} of shards",
           std::ceil(data / (1 << 20)), Megabytes(data));
-    else if (Num(st["cache"], "max_bytes") < data)
+    else if (NumberIn(st["cache"], "max_bytes") < data)
       storage_advice += fmt::format(
           "; the disk cache ({} of it filled, {} hit) is smaller than the data ({}): "
           "max_bytes: {:.0f}M would read every epoch after the first from disk",
-          Megabytes(Num(st["cache"], "bytes")), Percent(Num(st["cache"], "hit_share")),
+          Megabytes(NumberIn(st["cache"], "bytes")), Percent(NumberIn(st["cache"], "hit_share")),
           Megabytes(data), std::ceil(data / (1 << 20)));
     else
       storage_advice += fmt::format(
           "; the disk cache holds all the data ({} hit in this window): once each shard has been "
           "fetched, storage stops limiting the job",
-          Percent(Num(st["cache"], "hit_share")));
+          Percent(NumberIn(st["cache"], "hit_share")));
   }
   const std::string name = (*busiest)["name"].get<std::string>();
   const int workers = (*busiest)["workers"].get<int>();
-  const double on_cpu = Num(*busiest, "cpu_share_of_busy");
-  const double runq = Num(*busiest, "runnable_share_of_busy");
+  const double on_cpu = NumberIn(*busiest, "cpu_share_of_busy");
+  const double runq = NumberIn(*busiest, "runnable_share_of_busy");
   std::string downstream;
   if (batch && batch != busiest)
     downstream = fmt::format(", the {} stage starved {}", (*batch)["name"].get<std::string>(),
-                             Percent(Num(*batch, "starved_share")));
+                             Percent(NumberIn(*batch, "starved_share")));
   std::string trainers =
       attached ? fmt::format("; trainers waited for data {} of the time", Percent(wait)) : "";
   const std::string workers_text = fmt::format("{} worker{}", workers, workers == 1 ? "" : "s");
   if (on_cpu + runq >= kOnCpu) {
     const double idle = host.contains("idle_cores")
-                            ? Num(host, "idle_cores")
-                            : host["cpus"].get<double>() - Num(host, "cpu_cores_used");
+                            ? NumberIn(host, "idle_cores")
+                            : host["cpus"].get<double>() - NumberIn(host, "cpu_cores_used");
     std::string advice =
         idle >= 0.8 ? fmt::format("add {} workers ({:.1f} idle cores)", name, idle)
                     : fmt::format(
                           "no idle core (the daemon uses {:.1f} of its {}, other work the "
                           "rest): give it more cores, or less work per item (smaller outputs, "
                           "max_pixels, dct_scaling)",
-                          Num(host, "cpu_cores_used"), host["cpus"].get<int>());
+                          NumberIn(host, "cpu_cores_used"), host["cpus"].get<int>());
     if (runq >= 0.25)
       advice += fmt::format(
           "; its threads waited for a CPU {} of their busy time: more "
@@ -378,10 +374,10 @@ nlohmann::json BusyStageVerdict(const nlohmann::json& r, const nlohmann::json* b
                    fmt::format("{} is CPU-bound: {} {} busy, {} of it on CPU ({} waiting for "
                                "a CPU), its mailbox {} full{}{}",
                                name, workers_text, Percent(busy), Percent(on_cpu), Percent(runq),
-                               Percent(Num(*busiest, "queue_fill")), downstream, trainers),
+                               Percent(NumberIn(*busiest, "queue_fill")), downstream, trainers),
                    advice);
   }
-  const double stage_major = Num(*busiest, "major_faults_per_s");
+  const double stage_major = NumberIn(*busiest, "major_faults_per_s");
   if (stage_major >= kStageMajorFaultsPerS || mem_pressure >= kMemoryPressure)
     return Verdict(name, "memory",
                    fmt::format("{} waits on memory: {} {} busy but {} of it on CPU, {:.0f} "
@@ -399,9 +395,10 @@ nlohmann::json BusyStageVerdict(const nlohmann::json& r, const nlohmann::json* b
       fmt::format("{} is IO-bound: {} {} busy but {} of it on CPU, {}/s read ({:.0f} read "
                   "calls/s, {}/s from storage){}{}{}{}",
                   name, workers_text, Percent(busy), Percent(on_cpu),
-                  Megabytes(Num(host, "read_bytes_per_s")), Num(host, "read_syscalls_per_s"),
-                  Megabytes(Num(host, "storage_read_bytes_per_s")), io_pressure, storage_evidence,
-                  downstream, trainers),
+                  Megabytes(NumberIn(host, "read_bytes_per_s")),
+                  NumberIn(host, "read_syscalls_per_s"),
+                  Megabytes(NumberIn(host, "storage_read_bytes_per_s")), io_pressure,
+                  storage_evidence, downstream, trainers),
       fmt::format("more {} workers (they wait rather than compute, so they need little CPU) "
                   "or faster storage (local disk, a warm page cache){}",
                   name, storage_advice));
@@ -418,20 +415,20 @@ nlohmann::json Diagnose(const nlohmann::json& r) {
   for (const auto& c : r["consumers"]) {
     if (!c["attached"].get<bool>()) continue;
     ++attached;
-    wait = std::max(wait, Num(c, "wait_share"));
-    held += Num(c, "held_batches");
-    ready += Num(c, "ready_not_taken");
+    wait = std::max(wait, NumberIn(c, "wait_share"));
+    held += NumberIn(c, "held_batches");
+    ready += NumberIn(c, "ready_not_taken");
   }
   double rings_full = 0;
   const nlohmann::json* busiest = nullptr;
   const nlohmann::json* batch = nullptr;  // where every branch's samples go
   for (const auto& s : r["stages"]) {
     if (s["type"] == "ring") {
-      rings_full = std::max(rings_full, Num(s, "blocked_share"));
+      rings_full = std::max(rings_full, NumberIn(s, "blocked_share"));
       continue;
     }
     if (s["type"] == "batch") batch = &s;
-    if (!busiest || Num(s, "busy_share") > Num(*busiest, "busy_share")) busiest = &s;
+    if (!busiest || NumberIn(s, "busy_share") > NumberIn(*busiest, "busy_share")) busiest = &s;
   }
   const double hold_share = attached ? held / attached : 0;
   // Trainers that hold batches most of the time and keep the rings full, or never wait for
@@ -448,7 +445,7 @@ nlohmann::json Diagnose(const nlohmann::json& r) {
 
   // A busy stage limits the job only if trainers wait for data (or none is attached yet): one
   // at 80% while trainers never wait is spare capacity, not a bottleneck.
-  const double busy = busiest ? Num(*busiest, "busy_share") : 0;
+  const double busy = busiest ? NumberIn(*busiest, "busy_share") : 0;
   const bool saturated = busy >= kSaturatedBusy && (!attached || wait >= kWaiting);
   const bool stalling = attached && wait >= kStallingWait && busy >= kStalledStageBusy;
   if (busiest && (saturated || stalling))

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Configures and builds mmfeed in Release into build/ (or $BUILD_DIR), two jobs at a time.
-# Extra arguments go to cmake's configure step (e.g. -DMMFEED_SANITIZE=ON); $BUILD_TARGETS (e.g.
-# "mmfeedd mmfeed-consume") builds only those targets and what they need.
+# Configures and builds mmfeed in Release into build/ (or $BUILD_DIR), two jobs at a time, as a
+# unity build (CMakeLists.txt: half the CPU time of a clean build; -DCMAKE_UNITY_BUILD=OFF for a
+# tree rebuilt file by file while editing). Extra arguments go to cmake's configure step (e.g.
+# -DMMFEED_SANITIZE=ON) after that default; $BUILD_TARGETS (e.g. "mmfeedd mmfeed-consume")
+# builds only those targets and what they need.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 mkdir -p "$BUILD_DIR"
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release "$@" > "$BUILD_DIR/configure.log" 2>&1 || {
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCMAKE_UNITY_BUILD=ON "$@" > "$BUILD_DIR/configure.log" 2>&1 || {
   cat "$BUILD_DIR/configure.log"; exit 1; }
 # shellcheck disable=SC2086  # BUILD_TARGETS is a list of target names
 cmake --build "$BUILD_DIR" -j2 ${BUILD_TARGETS:+--target $BUILD_TARGETS}

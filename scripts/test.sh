@@ -10,7 +10,8 @@ bash scripts/setup.sh
 bash scripts/build.sh -DMMFEED_TESTS=ON  # (the demo's build leaves them off in the cache)
 (cd build && ctest --output-on-failure -j2)
 if [ "${MMFEED_SKIP_SANITIZERS:-0}" != 1 ]; then
-  BUILD_DIR=build-asan bash scripts/build.sh -DMMFEED_SANITIZE=ON
+  # One file at a time here (the Release build above is a unity build): both ways compile.
+  BUILD_DIR=build-asan bash scripts/build.sh -DMMFEED_SANITIZE=ON -DCMAKE_UNITY_BUILD=OFF
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
      ctest --output-on-failure -j2)
 fi
@@ -18,7 +19,8 @@ if [ "${MMFEED_SKIP_FUZZ:-0}" != 1 ]; then
   fuzzers="config image source ring_reader ring_control control_protocol tokenizer tokenizer_json video"
   # Only the fuzzers (and the libraries they link): the daemon and tools are not run from here.
   BUILD_DIR=build-fuzz BUILD_TARGETS="$(printf 'fuzz_%s ' $fuzzers)" \
-    bash scripts/build.sh -DCMAKE_CXX_COMPILER=clang++ -DMMFEED_FUZZ=ON -DMMFEED_TESTS=OFF
+    bash scripts/build.sh -DCMAKE_CXX_COMPILER=clang++ -DMMFEED_FUZZ=ON -DMMFEED_TESTS=OFF \
+      -DCMAKE_UNITY_BUILD=OFF
   seeds=build-fuzz/seeds
   rm -rf "$seeds" && mkdir -p "$seeds"/{config,image,source,ring_reader,ring_control,control_protocol,tokenizer,tokenizer_json,video}
   head -c 200 /dev/urandom > "$seeds/ring_control/random"

@@ -30,14 +30,15 @@ struct ManifestIndex::Header {
 
 namespace {
 
-constexpr char kMagic[8] = {'M', 'M', 'F', 'I', 'D', 'X', '1', '\0'};
-constexpr uint64_t kMaxLineBytes = 16 << 20;  // a longer line is a failed sample
-constexpr size_t kEndBytes = 64 << 10;        // hashed at each end of the manifest
+constexpr char kManifestIndexMagic[8] = {'M', 'M', 'F', 'I', 'D', 'X', '1', '\0'};
+constexpr uint64_t kMaxLineBytes = 16 << 20;    // a longer line is a failed sample
+constexpr size_t kManifestEndBytes = 64 << 10;  // hashed at each end of the manifest
 
 // Why an index file does not describe the manifest (empty: it does).
 std::string Stale(const ManifestIndex::Header& have, const index_file::Stamp& want,
                   uint64_t file_bytes) {
-  if (file_bytes < sizeof have || std::memcmp(have.magic, kMagic, sizeof kMagic) != 0)
+  if (file_bytes < sizeof have ||
+      std::memcmp(have.magic, kManifestIndexMagic, sizeof kManifestIndexMagic) != 0)
     return "not an index of this version";
   if (std::string why = index_file::Differs(have.manifest, want); !why.empty())
     return "the manifest changed: " + why;
@@ -162,7 +163,7 @@ Status WriteIndex(int manifest_fd, const std::string& manifest, const index_file
     }
     if (error == 0 && !marks_after.Flush()) error = marks_after.error();
     ManifestIndex::Header h{};
-    std::memcpy(h.magic, kMagic, sizeof kMagic);
+    std::memcpy(h.magic, kManifestIndexMagic, sizeof kManifestIndexMagic);
     h.manifest = want;
     h.count = count;
     h.marks = marks.count();
@@ -196,7 +197,7 @@ Result<std::unique_ptr<ManifestIndex>> ManifestIndex::Open(const std::string& ma
     return Status::NotFound(
         fmt::format("{}: cannot open manifest: {}", manifest, std::strerror(errno)));
   MMFEED_ASSIGN_OR_RETURN(index_file::Stamp want,
-                          index_file::Describe(idx->fd_, manifest, kEndBytes));
+                          index_file::Describe(idx->fd_, manifest, kManifestEndBytes));
   idx->manifest_size_ = want.size;
   idx->fingerprint_ = index_file::Hash(want);
   const std::string path = index_file::IndexPath(manifest, index_dir);

@@ -21,7 +21,7 @@
 namespace mmfeed {
 namespace {
 
-constexpr char kMagic[8] = {'M', 'M', 'F', 'S', 'H', 'R', 'D', '1'};
+constexpr char kShardCacheMagic[8] = {'M', 'M', 'F', 'S', 'H', 'R', 'D', '1'};
 constexpr uint64_t kTail = 16;  // the trailer's length, then the magic
 constexpr uint64_t kMostTrailer = 1 << 16;
 constexpr int64_t kAsideNs = 60'000'000'000;
@@ -31,7 +31,7 @@ constexpr const char* kSuffix = ".shard";
 nlohmann::json ReadTrailer(int fd, uint64_t file_size) {
   char tail[kTail];
   if (file_size < kTail || !index_file::FullPread(fd, tail, kTail, file_size - kTail) ||
-      std::memcmp(tail + 8, kMagic, 8) != 0)
+      std::memcmp(tail + 8, kShardCacheMagic, 8) != 0)
     return nullptr;
   uint64_t n;
   std::memcpy(&n, tail, 8);
@@ -216,7 +216,7 @@ void ShardCache::Commit(int fd, const Key& key, const Rank& next, uint64_t self)
       nlohmann::json{{"url", key.url}, {"size", key.size}, {"stamp", key.stamp}}.dump();
   std::string tail = trailer;
   const uint64_t n = trailer.size();
-  tail.append(reinterpret_cast<const char*>(&n), 8).append(kMagic, 8);
+  tail.append(reinterpret_cast<const char*>(&n), 8).append(kShardCacheMagic, 8);
   if (!index_file::FullPwrite(fd, tail.data(), tail.size(), key.size) || ::fdatasync(fd) != 0) {
     WriteFailed(errno);
     return;

@@ -30,11 +30,11 @@ struct ShardIndex::Header {
 
 namespace {
 
-constexpr char kMagic[8] = {'M', 'M', 'F', 'T', 'A', 'R', '1', '\0'};
+constexpr char kShardIndexMagic[8] = {'M', 'M', 'F', 'T', 'A', 'R', '1', '\0'};
 // Hashed at each end of a shard: its first header and its last block or two. A start reads
 // this much per shard (a manifest's 64 KiB would be 5 GB for 40,000 shards); shards are
 // written once, and a rewrite changes mtime or size.
-constexpr size_t kEndBytes = 4 << 10;
+constexpr size_t kShardEndBytes = 4 << 10;
 
 uint64_t ParseOctal(const char* p, size_t n, bool* ok) {
   uint64_t v = 0;
@@ -87,7 +87,7 @@ std::string Encode(const index_file::Stamp& stamp, const TarReader& tar, const s
         damage += origin + '\t' + reason + '\n';
       });
   ShardIndex::Header h{};
-  std::memcpy(h.magic, kMagic, sizeof kMagic);
+  std::memcpy(h.magic, kShardIndexMagic, sizeof kShardIndexMagic);
   h.shard = stamp;
   h.count = offsets.size();
   h.records_bytes = records.size();
@@ -103,7 +103,7 @@ std::string Encode(const index_file::Stamp& stamp, const TarReader& tar, const s
 // Why an index file of `n` bytes with header `h` is not an index of the shard stamped `want`
 // ("" when it is).
 std::string Stale(const ShardIndex::Header& h, uint64_t n, const index_file::Stamp& want) {
-  if (n < sizeof h || std::memcmp(h.magic, kMagic, sizeof kMagic) != 0)
+  if (n < sizeof h || std::memcmp(h.magic, kShardIndexMagic, sizeof kShardIndexMagic) != 0)
     return "not an index of this version";
   if (std::string why = index_file::Differs(h.shard, want); !why.empty())
     return "the shard changed: " + why;
@@ -364,7 +364,7 @@ void ShardIndex::OpenShard(Shard* s, const std::string& index_dir, size_t max_ke
       damage->push_back({s->path, std::string("cannot open: ") + std::strerror(errno)});
       return;
     }
-    Result<index_file::Stamp> described = index_file::Describe(fd, s->path, kEndBytes);
+    Result<index_file::Stamp> described = index_file::Describe(fd, s->path, kShardEndBytes);
     if (!described.ok()) {
       ::close(fd);
       damage->push_back({s->path, described.status().message()});
