@@ -8,7 +8,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 mkdir -p "$BUILD_DIR"
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCMAKE_UNITY_BUILD=ON "$@" > "$BUILD_DIR/configure.log" 2>&1 || {
+# Ninja for a new build tree: it compiles a library's files while the libraries it links still
+# build, where Make waits for them (the demo's targets: 100 s against 149 s on 2 cores). A tree
+# configured before keeps its generator.
+GENERATOR=(-G Ninja)
+if [ -f "$BUILD_DIR/CMakeCache.txt" ]; then GENERATOR=(); fi
+cmake "${GENERATOR[@]}" -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCMAKE_UNITY_BUILD=ON "$@" > "$BUILD_DIR/configure.log" 2>&1 || {
   cat "$BUILD_DIR/configure.log"; exit 1; }
 # shellcheck disable=SC2086  # BUILD_TARGETS is a list of target names
 cmake --build "$BUILD_DIR" -j2 ${BUILD_TARGETS:+--target $BUILD_TARGETS}

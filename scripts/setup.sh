@@ -14,7 +14,7 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 # What the daemon, the client and the Python module build from.
 PKGS=(
-  build-essential cmake pkg-config
+  build-essential cmake ninja-build pkg-config
   libasio-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libconcurrentqueue-dev
   nlohmann-json3-dev libssl-dev
   libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev libturbojpeg0-dev
@@ -27,7 +27,7 @@ PKGS=(
 RUN_PKGS=(python3-numpy ffmpeg python3-torch python3-torchvision python3-pil systemd)
 # What the tests, the fuzzers and the package need besides.
 TEST_PKGS=(
-  ninja-build libgtest-dev libgmock-dev libbenchmark-dev clang clang-format libclang-rt-14-dev
+  libgtest-dev libgmock-dev libbenchmark-dev clang clang-format libclang-rt-14-dev
   python3-av python3-yaml python3-jsonschema
   python3-venv python3-pip python3-setuptools python3-wheel lintian dpkg-dev
 )
