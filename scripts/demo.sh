@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=demo-data
 mkdir -p "$DATA"
-# What the build needs first; the rest (PyTorch, ffmpeg, ...) installs while it compiles.
+# What the build needs first; the rest (PyTorch, ...) installs while it compiles.
 bash scripts/setup.sh --build-only
 bash scripts/setup.sh --demo > "$DATA/setup.log" 2>&1 &
 SETUP=$!

@@ -23,10 +23,12 @@ PKGS=(
   libavformat-dev libavcodec-dev libavutil-dev libswscale-dev libswresample-dev
   python3 python3-dev pybind11-dev
 )
-# What the demo runs besides: its dataset (ffmpeg), the trainer's side (PyTorch), the service.
-RUN_PKGS=(python3-numpy ffmpeg python3-torch python3-torchvision python3-pil systemd)
-# What the tests, the fuzzers and the package need besides.
+# What the demo runs besides: the trainer's side (PyTorch; Pillow also makes the dataset), the
+# service.
+RUN_PKGS=(python3-numpy python3-torch python3-torchvision python3-pil systemd)
+# What the tests, the fuzzers and the package need besides (ffmpeg makes the tests' media).
 TEST_PKGS=(
+  ffmpeg
   libgtest-dev libgmock-dev libbenchmark-dev clang clang-format libclang-rt-14-dev
   python3-av python3-yaml python3-jsonschema
   python3-venv python3-pip python3-setuptools python3-wheel lintian dpkg-dev
