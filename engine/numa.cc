@@ -58,8 +58,9 @@ std::string CpuList(const std::vector<int>& cpus) {
   for (size_t i = 0; i < cpus.size();) {
     size_t j = i;
     while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
-    out += (out.empty() ? "" : ",") + std::to_string(cpus[i]) +
-           (j > i ? "-" + std::to_string(cpus[j]) : "");
+    if (!out.empty()) out += ',';
+    out += std::to_string(cpus[i]);
+    if (j > i) out += fmt::format("-{}", cpus[j]);
     i = j + 1;
   }
   return out;

@@ -105,7 +105,7 @@ struct PyRing {
     py::array a(py::dtype::of<uint8_t>(), {static_cast<py::ssize_t>(n)}, {},
                 reinterpret_cast<const void*>(address + (at - *cow)), keep);
     py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
-    return std::move(a);
+    return a;
   }
 };
 

@@ -727,8 +727,12 @@ TEST(ConfigSchemaTest, EveryRegisteredParameterIsInTheSchemaWithItsTypeAndDefaul
       EXPECT_EQ(j["type"], want);
       EXPECT_EQ(j["description"], p.doc);
       EXPECT_EQ(j.contains("default"), p.default_value.has_value());
-      if (!p.choices.empty()) EXPECT_EQ(j["enum"], nlohmann::json(p.choices));
-      if (p.list_size) EXPECT_EQ(j["minItems"], p.list_size);
+      if (!p.choices.empty()) {
+        EXPECT_EQ(j["enum"], nlohmann::json(p.choices));
+      }
+      if (p.list_size) {
+        EXPECT_EQ(j["minItems"], p.list_size);
+      }
     }
   }
 }

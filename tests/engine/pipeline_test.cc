@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "base/rng.h"
+#include "engine/numa.h"
 #include "engine/registry.h"
 #include "tests/stage_util.h"
 #include "tests/test_util.h"
@@ -1423,6 +1424,13 @@ TEST(PipelineTest, ABudgetOnlyCountsWhatItsStagesCanMeasure) {
   EXPECT_EQ(errors["total"].get<int>(), over + 1) << errors.dump();
   EXPECT_NE(errors.dump().find("tokens, above the batch's max_tokens 30"), std::string::npos)
       << errors.dump();
+}
+
+TEST(PlacementTest, CpuListWritesRunsOfCpus) {
+  EXPECT_EQ(CpuList({}), "");
+  EXPECT_EQ(CpuList({3}), "3");
+  EXPECT_EQ(CpuList({0, 1, 2, 3, 5, 7, 8}), "0-3,5,7-8");
+  EXPECT_EQ(CpuList({4, 6, 7}), "4,6-7");
 }
 
 }  // namespace

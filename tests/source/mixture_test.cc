@@ -256,7 +256,9 @@ TEST(MixtureTest, WeightsSwitchedMidEpochContinueEachSourceWithoutRepeats) {
         const size_t segment = epoch < 1 || (epoch == 1 && p < 300) ? 0 : epoch < 3 ? 1 : 2;
         const MixDraw own = plain[segment]->At(epoch, lane, p);
         ASSERT_EQ(d.source, own.source) << "epoch " << epoch << " lane " << lane << " p " << p;
-        if (segment == 0) EXPECT_EQ(d.draw, own.draw);
+        if (segment == 0) {
+          EXPECT_EQ(d.draw, own.draw);
+        }
         EXPECT_TRUE(draws[d.source].insert(d.draw).second) << "draw " << d.draw << " twice";
         const uint64_t size = 300 + 37 * d.source;
         EXPECT_TRUE(passes[d.source][d.draw / size].insert(d.sample).second)
