@@ -72,9 +72,10 @@ missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-# The build tools install first while every other missing package downloads in the background,
-# then the rest installs from apt's cache: apt alone downloads everything before it unpacks
-# anything. `apt-get download` takes no lock; a failed download leaves the packages to apt.
+# The build tools download alone, then install while every other missing package downloads in
+# the background; then the rest installs from apt's cache: apt alone downloads everything before
+# it unpacks anything. `apt-get download` takes no lock; a failed download leaves the packages to
+# apt.
 TOOLS=(build-essential cmake ninja-build pkg-config python3)
 plan() {  # the packages (name=version) apt would install for "$@"
   apt-get install -s --no-install-recommends "$@" | awk '/^Inst /{print $2 "=" substr($3, 2)}' | sort
@@ -90,6 +91,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     fetch_dir=$(mktemp -d)
     chown _apt "$fetch_dir" 2> /dev/null || true  # root's apt downloads as _apt
     comm -23 <(plan "${missing[@]}") <(plan "${tools[@]}") > "$fetch_dir.list"
+    $SUDO apt-get install -y -d --no-install-recommends "${tools[@]}"
     (cd "$fetch_dir" && xargs -r -a "$fetch_dir.list" apt-get download -q > "$fetch_dir.log" 2>&1) &
     fetch=$!
     $SUDO apt-get install -y --no-install-recommends "${tools[@]}"
