@@ -12,9 +12,10 @@
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
-# What the daemon, the client and the Python module build from.
+# What the daemon, the client and the Python module build from (g++ and make, not build-essential:
+# its dpkg-dev brings Perl, which only the Debian package needs; TEST_PKGS has it).
 PKGS=(
-  build-essential cmake ninja-build pkg-config
+  g++ make cmake ninja-build pkg-config
   libasio-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libconcurrentqueue-dev
   nlohmann-json3-dev libssl-dev
   libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev libturbojpeg0-dev
@@ -76,7 +77,7 @@ done
 # the background; then the rest installs from apt's cache: apt alone downloads everything before
 # it unpacks anything. `apt-get download` takes no lock; a failed download leaves the packages to
 # apt.
-TOOLS=(build-essential cmake ninja-build pkg-config python3)
+TOOLS=(g++ make cmake ninja-build pkg-config python3)
 plan() {  # the packages (name=version) apt would install for "$@"
   apt-get install -s --no-install-recommends "$@" | awk '/^Inst /{print $2 "=" substr($3, 2)}' | sort
 }
