@@ -117,10 +117,13 @@ Status DecodeAudio(std::string_view bytes, int sample_rate, const AudioLimits& l
                               const_cast<AVChannelLayout*>(&f->ch_layout),
                               static_cast<AVSampleFormat>(f->format), f->sample_rate, 0, nullptr);
       // libswresample interpolates between two of its filter's phases by default. When the
-      // rates' ratio needs at most its 1024 phases (exact_rational, also a default), every
-      // output sample falls on a phase and that interpolation only adds work: off there, the
-      // same output bits (AudioStageTest.ResamplingEqualsLibswresamplesDefaults).
-      if (e >= 0 && sample_rate / std::gcd(f->sample_rate, sample_rate) <= 1024)
+      // rates' ratio needs at most its 1 << phase_shift phases (exact_rational, also a default),
+      // every output sample falls on a phase and that interpolation only adds work: off there,
+      // the same output bits (AudioStageTest.ResamplingEqualsLibswresamplesDefaults).
+      int64_t phase_shift = 0, exact_rational = 0;
+      if (e >= 0 && av_opt_get_int(s.swr, "phase_shift", 0, &phase_shift) >= 0 &&
+          av_opt_get_int(s.swr, "exact_rational", 0, &exact_rational) >= 0 && exact_rational &&
+          sample_rate / std::gcd(f->sample_rate, sample_rate) <= (int64_t{1} << phase_shift))
         e = av_opt_set_int(s.swr, "linear_interp", 0, 0);
       if (e < 0 || (e = swr_init(s.swr)) < 0)
         return Status::Unsupported(fmt::format("resampler: {}", AvError(e)));
