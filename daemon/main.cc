@@ -53,7 +53,8 @@ Options ParseArgs(int argc, char** argv) {
       if (i + 1 >= argc) Usage(kExitConfig);
       return argv[++i];
     };
-    // --check FILE, or --check as a flag beside --config FILE: one file either way.
+    // --check FILE (the file may follow other flags), or --check as a flag beside --config FILE:
+    // one file either way.
     auto config = [&](const std::string& file) {
       if (!o.config.empty() && o.config != file) {
         std::fprintf(stderr, "mmfeedd: two configs given ('%s' and '%s'): name one\n",
@@ -90,6 +91,8 @@ Options ParseArgs(int argc, char** argv) {
       o.schema = true;
     else if (a == "--help" || a == "-h")
       Usage(0);
+    else if (o.check && a.rfind("-", 0) != 0)
+      config(a);
     else {
       std::fprintf(stderr, "mmfeedd: unknown argument '%s'\n", a.c_str());
       Usage(kExitConfig);

@@ -288,9 +288,10 @@ class ContractsTest(dt.DaemonCase):
         p = subprocess.run([f"{dt.BIN}/mmfeedd", "--check", str(self.dir / "p.yaml")], capture_output=True, text=True)
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("4 batches per rank per epoch, rings 0.00 GiB", p.stdout)
-        # --check as a flag beside the daemon's own --config FILE, in either order, says the same;
-        # two different files are refused.
-        for args in (["--check", "--config", "p.yaml"], ["--config", "p.yaml", "--check"]):
+        # --check as a flag beside the daemon's own --config FILE, in either order, or with its file
+        # after other flags, says the same; two different files are refused.
+        for args in (["--check", "--config", "p.yaml"], ["--config", "p.yaml", "--check"],
+                     ["--check", "--allow-faults", "p.yaml"]):
             q = subprocess.run([f"{dt.BIN}/mmfeedd", *args], capture_output=True, text=True, cwd=self.dir)
             self.assertEqual((q.returncode, q.stdout.replace("p.yaml", str(self.dir / "p.yaml"))), (0, p.stdout), q.stderr)
         q = subprocess.run([f"{dt.BIN}/mmfeedd", "--check", "p.yaml", "--config", "other.yaml"], capture_output=True,
