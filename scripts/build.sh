@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Configures and builds mmfeed in Release into build/ (or $BUILD_DIR), two jobs at a time, as a
-# unity build (CMakeLists.txt: half the CPU time of a clean build; -DCMAKE_UNITY_BUILD=OFF for a
-# tree rebuilt file by file while editing). Extra arguments go to cmake's configure step (e.g.
-# -DMMFEED_SANITIZE=ON) after that default; $BUILD_TARGETS (e.g. "mmfeedd mmfeed-consume")
+# unity build (why, and when to turn it off: CMakeLists.txt). Extra arguments go to cmake's
+# configure step (e.g. -DMMFEED_SANITIZE=ON) after that default; $BUILD_TARGETS (e.g. "mmfeedd mmfeed-consume")
 # builds only those targets and what they need.
 set -euo pipefail
 cd "$(dirname "$0")/.."
