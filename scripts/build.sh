@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Configures and builds mmfeed in Release into build/ (or $BUILD_DIR), two jobs at a time, as a
 # unity build (why, and when to turn it off: CMakeLists.txt). Extra arguments go to cmake's
-# configure step (e.g. -DMMFEED_SANITIZE=ON) after that default; $BUILD_TARGETS (e.g. "mmfeedd mmfeed-consume")
-# builds only those targets and what they need.
+# configure step (e.g. -DMMFEED_SANITIZE=ON) after that default; $BUILD_TARGETS (e.g.
+# "mmfeedd mmfeed-consume") builds only those targets and what they need.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
