@@ -89,7 +89,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     if [[ " ${missing[*]} " == *" $p "* ]]; then tools+=("$p"); fi
   done
   if [ ${#tools[@]} -gt 0 ] && [ ${#tools[@]} -lt ${#missing[@]} ]; then
-    fetch_dir=$(mktemp -d)
+    fetch_dir=$(mktemp -d -p /var/tmp)  # on disk, where /tmp may be a small tmpfs
     chown _apt "$fetch_dir" 2> /dev/null || true  # root's apt downloads as _apt
     comm -23 <(plan "${missing[@]}") <(plan "${tools[@]}") > "$fetch_dir.list"
     $SUDO apt-get install -y -d --no-install-recommends "${tools[@]}"
