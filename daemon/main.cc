@@ -47,28 +47,28 @@ struct Options {
 Options ParseArgs(int argc, char** argv) {
   Options o;
   if (const char* s = std::getenv("MMFEED_SOCKET")) o.daemon.socket = s;
+  // --check's file may stand anywhere among the flags (`--check FILE`, `FILE --check`,
+  // `--check --allow-faults FILE`), or come as --config FILE: one file either way.
+  std::string file;
+  auto config = [&](const std::string& f) {
+    if (!o.config.empty() && o.config != f) {
+      std::fprintf(stderr, "mmfeedd: two configs given ('%s' and '%s'): name one\n", f.c_str(),
+                   o.config.c_str());
+      Usage(kExitConfig);
+    }
+    o.config = f;
+  };
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
       if (i + 1 >= argc) Usage(kExitConfig);
       return argv[++i];
     };
-    // --check FILE (the file may follow other flags), or --check as a flag beside --config FILE:
-    // one file either way.
-    auto config = [&](const std::string& file) {
-      if (!o.config.empty() && o.config != file) {
-        std::fprintf(stderr, "mmfeedd: two configs given ('%s' and '%s'): name one\n",
-                     o.config.c_str(), file.c_str());
-        Usage(kExitConfig);
-      }
-      o.config = file;
-    };
     if (a == "--config")
       config(value());
-    else if (a == "--check") {
+    else if (a == "--check")
       o.check = true;
-      if (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) config(value());
-    } else if (a == "--socket")
+    else if (a == "--socket")
       o.daemon.socket = value();
     else if (a == "--socket-group")
       o.daemon.socket_group = value();
@@ -91,12 +91,20 @@ Options ParseArgs(int argc, char** argv) {
       o.schema = true;
     else if (a == "--help" || a == "-h")
       Usage(0);
-    else if (o.check && a.rfind("-", 0) != 0)
-      config(a);
+    else if (a.rfind("-", 0) != 0 && file.empty())
+      file = a;
     else {
       std::fprintf(stderr, "mmfeedd: unknown argument '%s'\n", a.c_str());
       Usage(kExitConfig);
     }
+  }
+  if (!file.empty()) {
+    if (!o.check) {
+      std::fprintf(stderr, "mmfeedd: a bare file ('%s') is --check's; to run it: --config %s\n",
+                   file.c_str(), file.c_str());
+      Usage(kExitConfig);
+    }
+    config(file);
   }
   if (!o.list_stages && !o.schema && o.config.empty()) Usage(kExitConfig);
   return o;

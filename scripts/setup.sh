@@ -12,17 +12,19 @@
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
-# What the daemon, the client and the Python module build from (g++ and make, not build-essential:
-# its dpkg-dev brings Perl, which only the Debian package needs; TEST_PKGS has it).
+# The build tools, installed first (below). g++ and make, not build-essential: its dpkg-dev brings
+# Perl, which only the Debian package needs; TEST_PKGS has it.
+TOOLS=(g++ make cmake ninja-build pkg-config python3)
+# What the daemon, the client and the Python module build from.
 PKGS=(
-  g++ make cmake ninja-build pkg-config
+  "${TOOLS[@]}"
   libasio-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libconcurrentqueue-dev
   nlohmann-json3-dev libssl-dev
   libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev libturbojpeg0-dev
   libjpeg62-turbo-dev libnuma-dev libsystemd-dev libfftw3-dev
   libicu-dev zlib1g-dev libcurl4-openssl-dev
   libavformat-dev libavcodec-dev libavutil-dev libswscale-dev libswresample-dev
-  python3 python3-dev pybind11-dev
+  python3-dev pybind11-dev
 )
 # What the demo runs besides: the trainer's side (PyTorch; Pillow also makes the dataset), the
 # service.
@@ -77,7 +79,6 @@ done
 # the background; then the rest installs from apt's cache: apt alone downloads everything before
 # it unpacks anything. `apt-get download` takes no lock; a failed download leaves the packages to
 # apt.
-TOOLS=(g++ make cmake ninja-build pkg-config python3)
 plan() {  # the packages (name=version) apt would install for "$@"
   apt-get install -s --no-install-recommends "$@" | awk '/^Inst /{print $2 "=" substr($3, 2)}' | sort
 }
@@ -90,10 +91,17 @@ if [ ${#missing[@]} -gt 0 ]; then
   done
   if [ ${#tools[@]} -gt 0 ] && [ ${#tools[@]} -lt ${#missing[@]} ]; then
     fetch_dir=$(mktemp -d -p /var/tmp)  # on disk, where /tmp may be a small tmpfs
+    fetch=""
+    # An interrupted setup (Ctrl-C, a failed install) leaves no download running and no folder.
+    trap '[ -z "$fetch" ] || kill -- -"$fetch" 2> /dev/null
+      $SUDO rm -rf "$fetch_dir" "$fetch_dir.list" "$fetch_dir.log"' EXIT
     chown _apt "$fetch_dir" 2> /dev/null || true  # root's apt downloads as _apt
     comm -23 <(plan "${missing[@]}") <(plan "${tools[@]}") > "$fetch_dir.list"
     $SUDO apt-get install -y -d --no-install-recommends "${tools[@]}"
-    (cd "$fetch_dir" && xargs -r -a "$fetch_dir.list" apt-get download -q > "$fetch_dir.log" 2>&1) &
+    # In its own process group (setsid), so that the trap stops apt-get's children too.
+    # shellcheck disable=SC2016  # $1 is the inner shell's argument
+    setsid sh -c 'cd "$1" && exec xargs -r -a "$1.list" apt-get download -q' sh "$fetch_dir" \
+      > "$fetch_dir.log" 2>&1 &
     fetch=$!
     $SUDO apt-get install -y --no-install-recommends "${tools[@]}"
     if wait $fetch; then
@@ -102,7 +110,9 @@ if [ ${#missing[@]} -gt 0 ]; then
       echo "scripts/setup.sh: downloading ahead failed; apt downloads the rest:" >&2
       tail -3 "$fetch_dir.log" >&2
     fi
+    fetch=""
     $SUDO rm -rf "$fetch_dir" "$fetch_dir.list" "$fetch_dir.log"
+    trap - EXIT
   fi
   $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
 fi

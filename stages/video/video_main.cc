@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -53,40 +54,51 @@ mmfeed::FieldValue Field(const std::string& path, bool memory, std::string* stor
   return f;
 }
 
+// Runs item(w, k) for every k < total on `workers` threads (w: the thread, taking the next k);
+// returns the seconds they took.
+template <class Item>
+double OnThreads(int workers, size_t total, Item item) {
+  std::atomic<size_t> next{0};
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w)
+    threads.emplace_back([&, w] {
+      for (size_t k; (k = next++) < total;) item(w, k);
+    });
+  for (auto& t : threads) t.join();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // --bench: every file `repeat` times on `workers` threads; one JSON line.
 int Bench(const std::vector<std::string>& files, uint64_t seed, bool memory, int workers,
           int repeat, const mmfeed::VideoOptions& o, const mmfeed::TensorSpec& spec,
           mmfeed::KeyframeIndexCache* cache) {
-  std::atomic<size_t> next{0};
   std::atomic<int64_t> errors{0};
-  std::vector<mmfeed::VideoStats> stats(workers);
-  const size_t total = files.size() * repeat;
-  // Outputs made (and their pages touched) before the clock starts, as the daemon's ring
-  // slots are reused: a 388 MB clip would otherwise time the kernel zeroing pages.
-  std::vector<std::vector<uint8_t>> outputs;
-  for (int w = 0; w < workers; ++w) outputs.emplace_back(spec.NumBytes(), 0);
-  auto t0 = std::chrono::steady_clock::now();
-  std::vector<std::thread> threads;
-  for (int w = 0; w < workers; ++w) {
-    threads.emplace_back([&, w] {
-      mmfeed::VideoSampler sampler(o, cache);
-      std::vector<uint8_t>& frames = outputs[w];
-      std::vector<uint8_t> mask(o.frames);
-      std::vector<float> pts(o.frames);
-      std::string storage;
-      for (size_t k; (k = next++) < total;) {
-        const std::string& path = files[k % files.size()];
-        mmfeed::Rng rng(seed, k / files.size(), path, "video");
-        auto field = Field(path, memory, &storage);
-        if (!sampler.Sample(field, &rng, frames.data(), pts.data(), mask.data()).ok()) ++errors;
-      }
-      stats[w] = sampler.stats();
-    });
-  }
-  for (auto& t : threads) t.join();
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Each thread's sampler and buffers. The outputs are made (and their pages touched) before
+  // the clock starts, as the daemon's ring slots are reused: a 388 MB clip would otherwise
+  // time the kernel zeroing pages.
+  struct Worker {
+    mmfeed::VideoSampler sampler;
+    std::vector<uint8_t> frames, mask;
+    std::vector<float> pts;
+    std::string storage;
+  };
+  std::vector<std::unique_ptr<Worker>> work;
+  for (int w = 0; w < workers; ++w)
+    work.emplace_back(new Worker{mmfeed::VideoSampler(o, cache),
+                                 std::vector<uint8_t>(spec.NumBytes(), 0),
+                                 std::vector<uint8_t>(o.frames),
+                                 std::vector<float>(o.frames),
+                                 {}});
+  const double secs = OnThreads(workers, files.size() * repeat, [&](int w, size_t k) {
+    Worker& t = *work[w];
+    const std::string& path = files[k % files.size()];
+    mmfeed::Rng rng(seed, k / files.size(), path, "video");
+    auto field = Field(path, memory, &t.storage);
+    if (!t.sampler.Sample(field, &rng, t.frames.data(), t.pts.data(), t.mask.data()).ok()) ++errors;
+  });
   mmfeed::VideoStats sum;
-  for (const auto& s : stats) sum += s;
+  for (const auto& t : work) sum += t->sampler.stats();
   nlohmann::json j = {{"clips", sum.videos},
                       {"errors", errors.load()},
                       {"seconds", secs},
@@ -112,37 +124,28 @@ int BenchStage(const std::vector<std::string>& files, const mmfeed::StageConfig&
     return 2;
   }
   const std::unique_ptr<mmfeed::Stage> stage = std::move(made.value());
-  std::atomic<size_t> next{0};
   std::atomic<int64_t> errors{0};
   const size_t total = files.size() * repeat;
   std::vector<std::unique_ptr<mmfeed::StageWorker>> work;
   std::vector<std::vector<std::vector<uint8_t>>> outputs(workers);
+  std::vector<std::vector<uint8_t*>> ptrs(workers);
+  std::vector<std::string> storage(workers);
   for (int w = 0; w < workers; ++w) {
     work.push_back(stage->NewWorker());
     for (const mmfeed::TensorSpec& t : stage->OutputSpecs())
       outputs[w].emplace_back(t.NumBytes(), 0);
+    for (auto& o : outputs[w]) ptrs[w].push_back(o.data());
   }
-  auto t0 = std::chrono::steady_clock::now();
-  std::vector<std::thread> threads;
-  for (int w = 0; w < workers; ++w) {
-    threads.emplace_back([&, w] {
-      std::vector<uint8_t*> ptrs;
-      for (auto& o : outputs[w]) ptrs.push_back(o.data());
-      std::string storage;
-      for (size_t k; (k = next++) < total;) {
-        const std::string& path = files[k % files.size()];
-        const mmfeed::SampleContext ctx{0, static_cast<uint32_t>(k / files.size()), path, path};
-        const mmfeed::Status s = work[w]->Process(ctx, Field(path, memory, &storage),
-                                                  mmfeed::OutputRow(ptrs.data(), ptrs.size()));
-        if (!s.ok()) {
-          std::fprintf(stderr, "mmfeed-video: %s: %s\n", path.c_str(), s.message().c_str());
-          ++errors;
-        }
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = OnThreads(workers, total, [&](int w, size_t k) {
+    const std::string& path = files[k % files.size()];
+    const mmfeed::SampleContext ctx{0, static_cast<uint32_t>(k / files.size()), path, path};
+    const mmfeed::Status s = work[w]->Process(ctx, Field(path, memory, &storage[w]),
+                                              mmfeed::OutputRow(ptrs[w].data(), ptrs[w].size()));
+    if (!s.ok()) {
+      std::fprintf(stderr, "mmfeed-video: %s: %s\n", path.c_str(), s.message().c_str());
+      ++errors;
+    }
+  });
   nlohmann::json j = {{"clips", total - errors.load()},
                       {"errors", errors.load()},
                       {"seconds", secs},

@@ -289,15 +289,19 @@ class ContractsTest(dt.DaemonCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("4 batches per rank per epoch, rings 0.00 GiB", p.stdout)
         # --check as a flag beside the daemon's own --config FILE, in either order, or with its file
-        # after other flags, says the same; two different files are refused.
+        # after other flags or before --check, says the same; two different files are refused, and a
+        # bare file without --check is named with the flag that runs it.
         for args in (["--check", "--config", "p.yaml"], ["--config", "p.yaml", "--check"],
-                     ["--check", "--allow-faults", "p.yaml"]):
+                     ["--check", "--allow-faults", "p.yaml"], ["p.yaml", "--check"]):
             q = subprocess.run([f"{dt.BIN}/mmfeedd", *args], capture_output=True, text=True, cwd=self.dir)
             self.assertEqual((q.returncode, q.stdout.replace("p.yaml", str(self.dir / "p.yaml"))), (0, p.stdout), q.stderr)
         q = subprocess.run([f"{dt.BIN}/mmfeedd", "--check", "p.yaml", "--config", "other.yaml"], capture_output=True,
                            text=True, cwd=self.dir)
         self.assertEqual(q.returncode, 2)
         self.assertIn("two configs given ('p.yaml' and 'other.yaml')", q.stderr)
+        q = subprocess.run([f"{dt.BIN}/mmfeedd", "p.yaml"], capture_output=True, text=True, cwd=self.dir)
+        self.assertEqual(q.returncode, 2)
+        self.assertIn("a bare file ('p.yaml') is --check's; to run it: --config p.yaml", q.stderr)
         huge = self.config(slots=496).replace("max_len: 24", "max_len: 2000000").replace("batch_size: 8", "batch_size: 64")
         (self.dir / "huge.yaml").write_text(huge)
         p = subprocess.run([f"{dt.BIN}/mmfeedd", "--check", str(self.dir / "huge.yaml")], capture_output=True, text=True)
