@@ -5,7 +5,7 @@
 //   mmfeedd --config FILE [--socket PATH] [--socket-group GROUP] [--state-dir DIR]
 //           [--drain-timeout SECONDS] [--log-level LEVEL] [--allow-faults]
 //   mmfeedd --check FILE        build the pipeline without starting it (0 ok, 2 invalid);
-//                               also --check --config FILE
+//                               FILE may stand anywhere among the flags; or --check --config FILE
 // --allow-faults accepts a config's `faults:` (injected faults for tests of the profile);
 // without it such a config is refused.
 //   mmfeedd --list-stages       print every stage type and its parameters

@@ -21,7 +21,7 @@ PKGS=(
   libasio-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libconcurrentqueue-dev
   nlohmann-json3-dev libssl-dev
   libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev libturbojpeg0-dev
-  libjpeg62-turbo-dev libnuma-dev libsystemd-dev libfftw3-dev
+  libjpeg62-turbo-dev libnuma-dev libsystemd-dev
   libicu-dev zlib1g-dev libcurl4-openssl-dev
   libavformat-dev libavcodec-dev libavutil-dev libswscale-dev libswresample-dev
   python3-dev pybind11-dev

@@ -5,18 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <mutex>
 
 #include "base/simd.h"
 
 namespace mmfeed {
 namespace {
-
-// FFTW's planner is not thread-safe; plans are made once per worker, so a lock is cheap.
-std::mutex& PlannerMutex() {
-  static std::mutex mu;
-  return mu;
-}
 
 // Slaney mel scale (librosa.hz_to_mel / mel_to_hz with htk=False).
 constexpr double kFSp = 200.0 / 3, kMinLogHz = 1000.0, kMinLogMel = kMinLogHz / kFSp;
@@ -69,6 +62,25 @@ __attribute__((target("avx2"))) inline void Log10x8(float* v) {
   _mm256_storeu_ps(v, Log10v(_mm256_loadu_ps(v)));
 }
 
+// r[j] lane f <- r[f] lane j.
+__attribute__((target("avx2"))) inline void Transpose8x8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int k = 0; k < 8; k += 2) {
+    t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);  // r_k0 r_k+1,0 r_k1 r_k+1,1 | (lanes 4, 5)
+    t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
+  }
+  for (int k = 0; k < 8; k += 4) {
+    u[k] = _mm256_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int k = 0; k < 4; ++k) {
+    r[k] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x20);
+    r[k + 4] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x31);
+  }
+}
+
 // log10 of every value of v[0, n), eight at a time with `avx2` (UseAvx2(), asked once per call
 // of Compute).
 void Log10All(float* v, int n, bool avx2) {
@@ -88,7 +100,14 @@ double MelToHz(double mel) {
 }  // namespace
 
 LogMel::LogMel(int sample_rate, int n_fft, int hop, int n_mels)
-    : n_fft_(n_fft), hop_(hop), n_mels_(n_mels), n_bins_(n_fft / 2 + 1) {
+    : n_fft_(n_fft),
+      hop_(hop),
+      n_mels_(n_mels),
+      n_bins_(n_fft / 2 + 1),
+      spectrum_(n_fft),
+      frame_(n_fft),
+      frames8_(static_cast<size_t>(n_fft) * 8),
+      power8_(static_cast<size_t>(n_bins_) * 8) {
   window_.resize(n_fft);
   for (int i = 0; i < n_fft; ++i)
     window_[i] = static_cast<float>(0.5 - 0.5 * std::cos(2 * M_PI * i / n_fft));
@@ -113,35 +132,32 @@ LogMel::LogMel(int sample_rate, int n_fft, int hop, int n_mels)
     if (band.first_bin < 0) band.first_bin = 0;
     bands_.push_back(std::move(band));
   }
-  frame_ = fftwf_alloc_real(n_fft);
-  spectrum_ = fftwf_alloc_complex(n_bins_);
-  std::lock_guard<std::mutex> lock(PlannerMutex());
-  plan_ = fftwf_plan_dft_r2c_1d(n_fft, frame_, spectrum_, FFTW_ESTIMATE);
-}
-
-LogMel::~LogMel() {
-  {
-    std::lock_guard<std::mutex> lock(PlannerMutex());
-    fftwf_destroy_plan(plan_);
-  }
-  fftwf_free(frame_);
-  fftwf_free(spectrum_);
 }
 
 void LogMel::PowerOf(size_t t, float* power, int stride) {
   const float* src = padded_.data() + t * static_cast<size_t>(hop_);
   for (int i = 0; i < n_fft_; ++i) frame_[i] = src[i] * window_[i];
-  fftwf_execute(plan_);
-  for (int k = 0; k < n_bins_; ++k)
-    power[k * stride] = spectrum_[k][0] * spectrum_[k][0] + spectrum_[k][1] * spectrum_[k][1];
+  spectrum_.Of(frame_.data(), power, stride);
 }
 
 __attribute__((target("avx2"))) void LogMel::EightFrames(size_t t0, size_t frames, float* out,
                                                          float* max_log) {
-  power8_.resize(static_cast<size_t>(n_bins_) * 8);
-  for (int f = 0; f < 8; ++f) {
-    PowerOf(t0 + f, power8_.data() + f, 8);
+  // The eight frames windowed (PowerOf's multiplies) and laid out sample by sample: eight
+  // samples of each frame loaded, transposed, so that row j holds sample i + j of every frame.
+  const float* src[8];
+  for (int f = 0; f < 8; ++f) src[f] = padded_.data() + (t0 + f) * static_cast<size_t>(hop_);
+  int i = 0;
+  for (; i + 8 <= n_fft_; i += 8) {
+    __m256 r[8];
+    for (int f = 0; f < 8; ++f) r[f] = _mm256_loadu_ps(src[f] + i);
+    Transpose8x8(r);
+    for (int j = 0; j < 8; ++j)
+      _mm256_storeu_ps(frames8_.data() + static_cast<size_t>(i + j) * 8,
+                       _mm256_mul_ps(r[j], _mm256_set1_ps(window_[i + j])));
   }
+  for (; i < n_fft_; ++i)
+    for (int f = 0; f < 8; ++f) frames8_[static_cast<size_t>(i) * 8 + f] = src[f][i] * window_[i];
+  spectrum_.Of8(frames8_.data(), power8_.data());
   // Each lane is one frame: the same multiplies and adds in the same order as Compute's loop.
   const __m256 tiny = _mm256_set1_ps(1e-10f);
   __m256 most = _mm256_set1_ps(*max_log);

@@ -3,21 +3,20 @@
 // dropped, a Slaney-normalized mel filterbank (librosa's, htk=False), log10 of max(x, 1e-10),
 // then max(x, max(x) - 8) and (x + 4) / 4.
 //
-// A LogMel holds the window, the filterbank and an FFTW plan; it is made once per worker and
-// used from that worker's thread only.
+// A LogMel holds the window, the filterbank and its transform (stages/audio/power_spectrum.h);
+// it is made once per worker and used from that worker's thread only.
 #pragma once
-
-#include <fftw3.h>
 
 #include <cstddef>
 #include <vector>
+
+#include "stages/audio/power_spectrum.h"
 
 namespace mmfeed {
 
 class LogMel {
  public:
   LogMel(int sample_rate, int n_fft, int hop, int n_mels);
-  ~LogMel();
   LogMel(const LogMel&) = delete;
   LogMel& operator=(const LogMel&) = delete;
 
@@ -44,11 +43,11 @@ class LogMel {
   int n_fft_, hop_, n_mels_, n_bins_;
   std::vector<float> window_;
   std::vector<Band> bands_;
-  float* frame_ = nullptr;             // fftwf_malloc'ed, n_fft
-  fftwf_complex* spectrum_ = nullptr;  // n_bins
-  fftwf_plan plan_ = nullptr;
+  PowerSpectrum spectrum_;
+  std::vector<float> frame_;  // n_fft: one windowed frame
   std::vector<float> padded_, power_, mel_;
-  std::vector<float> power8_;  // EightFrames: [bin][frame] of eight frames' power spectra
+  // EightFrames: [sample][frame] of eight windowed frames, [bin][frame] of their power spectra
+  std::vector<float> frames8_, power8_;
 };
 
 }  // namespace mmfeed

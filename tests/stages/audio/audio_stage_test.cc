@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +15,7 @@ extern "C" {
 #include "base/simd.h"
 #include "stages/audio/audio_decoder.h"
 #include "stages/audio/log_mel.h"
+#include "stages/audio/power_spectrum.h"
 #include "tests/stage_util.h"
 #include "tests/test_util.h"
 
@@ -145,6 +147,44 @@ TEST(AudioStageTest, LogMelAvx2AndPortableGiveTheSameBytes) {
     UsePortableKernels(false);
     EXPECT_EQ(std::memcmp(fast.data(), portable.data(), fast.size() * sizeof(float)), 0)
         << "gain " << gain;
+  }
+}
+
+// The log-mel's transform against a double-precision DFT, at sizes of every kind: powers of
+// two, the radices 3, 5 and the generic prime butterfly, odd sizes (no real-to-complex split),
+// and sizes with a prime factor above kMaxRadix (Bluestein's convolution). Eight frames at
+// once give each frame's bits of one at a time.
+TEST(AudioStageTest, PowerSpectrumMatchesADoublePrecisionDft) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int n : {2, 3, 4, 5, 7, 8, 12, 18, 49, 62, 98, 100, 127, 254, 400, 480, 512, 1021, 2042}) {
+    PowerSpectrum ps(n);
+    ASSERT_EQ(ps.Bins(), n / 2 + 1);
+    std::vector<float> x8(static_cast<size_t>(n) * 8), power8(ps.Bins() * 8), x(n),
+        power(ps.Bins());
+    for (float& v : x8) v = u(rng);
+    const bool avx2 = UseAvx2();  // Of8 is AVX2 code
+    if (avx2) ps.Of8(x8.data(), power8.data());
+    for (int f = 0; f < 8; ++f) {
+      for (int i = 0; i < n; ++i) x[i] = x8[static_cast<size_t>(i) * 8 + f];
+      ps.Of(x.data(), power.data(), 1);
+      double worst = 0, peak = 0;
+      for (int k = 0; k < ps.Bins(); ++k) {
+        double re = 0, im = 0;
+        for (int t = 0; t < n; ++t) {
+          const double a = -2 * M_PI * static_cast<double>(int64_t{t} * k % n) / n;
+          re += x[t] * std::cos(a);
+          im += x[t] * std::sin(a);
+        }
+        peak = std::max(peak, re * re + im * im);
+        worst = std::max(worst, std::fabs(re * re + im * im - power[k]));
+        if (avx2) {
+          EXPECT_EQ(std::memcmp(&power[k], &power8[static_cast<size_t>(k) * 8 + f], 4), 0)
+              << "n " << n << " frame " << f << " bin " << k;
+        }
+      }
+      EXPECT_LT(worst, 2e-6 * peak) << "n " << n;
+    }
   }
 }
 

@@ -1,0 +1,325 @@
+#include "stages/audio/power_spectrum.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+namespace mmfeed {
+namespace {
+
+// Eight floats, one frame per lane: GCC's vector extension, so that the transform's template
+// reads the same for a float and for eight (the operators work lane by lane, and a float operand
+// is broadcast).
+using Float8 = float __attribute__((vector_size(32)));
+
+// How a value type reads and writes floats: one, or eight consecutive ones (by reference: a
+// Float8 passed by value outside AVX2 code would change the calling convention).
+template <class V>
+struct Lanes;
+template <>
+struct Lanes<float> {
+  static constexpr int kN = 1;
+  static void Load(const float* p, float& v) { v = *p; }
+  static void Store(const float& v, float* p) { *p = v; }
+};
+template <>
+struct Lanes<Float8> {
+  static constexpr int kN = 8;
+  static void Load(const float* p, Float8& v) { std::memcpy(&v, p, sizeof v); }
+  static void Store(const Float8& v, float* p) { std::memcpy(p, &v, sizeof v); }
+};
+
+// (re, im) *= (wr, wi).
+template <class V>
+inline void Rotate(V& re, V& im, float wr, float wi) {
+  const V t = re * wr - im * wi;
+  im = re * wi + im * wr;
+  re = t;
+}
+
+// e^{-2 pi i num / den} in double, rounded to float.
+std::pair<float, float> Root(int64_t num, int64_t den) {
+  const double a = -2.0 * M_PI * static_cast<double>(num % den) / static_cast<double>(den);
+  return {static_cast<float>(std::cos(a)), static_cast<float>(std::sin(a))};
+}
+
+int SmallestFactor(int n) {
+  for (int p = 2; p * p <= n; ++p)
+    if (n % p == 0) return p;
+  return n;
+}
+
+bool Smooth(int n) {  // every prime factor <= kMaxRadix
+  while (n > 1) {
+    const int p = SmallestFactor(n);
+    if (p > PowerSpectrum::kMaxRadix) return false;
+    n /= p;
+  }
+  return true;
+}
+
+// Floats aligned for Float8 in a vector of floats.
+float* Aligned(std::vector<float>& v, size_t n) {
+  v.resize(n + 8);
+  auto at = reinterpret_cast<uintptr_t>(v.data());
+  return v.data() + ((32 - at % 32) % 32) / sizeof(float);
+}
+
+}  // namespace
+
+void PowerSpectrum::Fft::Plan(int n) {
+  size = n;
+  passes.clear();
+  tw_re.clear();
+  tw_im.clear();
+  // Radix 4 while it divides, then the primes in increasing order.
+  std::vector<int> radices;
+  int rest = n;
+  while (rest % 4 == 0) {
+    radices.push_back(4);
+    rest /= 4;
+  }
+  while (rest > 1) {
+    const int p = SmallestFactor(rest);
+    radices.push_back(p);
+    rest /= p;
+  }
+  int len = n;
+  for (int p : radices) {
+    // Twiddles e^{-2 pi i jq / len} for q < len / p, 1 <= j < p, at [q * (p - 1) + j - 1];
+    // then, for the generic butterfly, the p-th roots of unity e^{-2 pi i t / p}, t < p.
+    passes.push_back({p, static_cast<int>(tw_re.size())});
+    const int m = len / p;
+    for (int q = 0; q < m; ++q)
+      for (int j = 1; j < p; ++j) {
+        auto [c, s] = Root(static_cast<int64_t>(j) * q, len);
+        tw_re.push_back(c);
+        tw_im.push_back(s);
+      }
+    if (p > 5)
+      for (int t = 0; t < p; ++t) {
+        auto [c, s] = Root(t, p);
+        tw_re.push_back(c);
+        tw_im.push_back(s);
+      }
+    len = m;
+  }
+}
+
+// Stockham's self-sorting FFT, decimation in frequency: a pass of radix p over the current
+// length len (stride s, the product of the radices before it) reads a_r = x[k + s (q + r m)],
+// r < p, m = len / p, and writes its DFT b_j times e^{-2 pi i jq / len} to y[k + s (p q + j)].
+template <class V>
+void PowerSpectrum::Fft::Run(V* xr, V* xi, V* yr, V* yi) const {
+  V* const out_r = xr;
+  V* const out_i = xi;
+  int len = size, s = 1;
+  const float c3 = -0.5f, s3 = static_cast<float>(std::sin(2 * M_PI / 3));
+  const float c51 = static_cast<float>(std::cos(2 * M_PI / 5)),
+              c52 = static_cast<float>(std::cos(4 * M_PI / 5)),
+              s51 = static_cast<float>(std::sin(2 * M_PI / 5)),
+              s52 = static_cast<float>(std::sin(4 * M_PI / 5));
+  for (const Pass& pass : passes) {
+    const int p = pass.radix, m = len / p;
+    const float* wr = tw_re.data() + pass.twiddle_at;
+    const float* wi = tw_im.data() + pass.twiddle_at;
+    const size_t sm = static_cast<size_t>(s) * m;
+    for (int q = 0; q < m; ++q) {
+      const float* qr = wr + static_cast<size_t>(q) * (p - 1);
+      const float* qi = wi + static_cast<size_t>(q) * (p - 1);
+      for (int k = 0; k < s; ++k) {
+        const V* ar = xr + k + static_cast<size_t>(s) * q;
+        const V* ai = xi + k + static_cast<size_t>(s) * q;
+        V* br = yr + k + static_cast<size_t>(s) * p * q;
+        V* bi = yi + k + static_cast<size_t>(s) * p * q;
+        if (p == 2) {
+          V r1 = ar[0] - ar[sm], i1 = ai[0] - ai[sm];
+          br[0] = ar[0] + ar[sm];
+          bi[0] = ai[0] + ai[sm];
+          Rotate(r1, i1, qr[0], qi[0]);
+          br[s] = r1;
+          bi[s] = i1;
+        } else if (p == 4) {
+          const V t0r = ar[0] + ar[2 * sm], t0i = ai[0] + ai[2 * sm];
+          const V t1r = ar[0] - ar[2 * sm], t1i = ai[0] - ai[2 * sm];
+          const V t2r = ar[sm] + ar[3 * sm], t2i = ai[sm] + ai[3 * sm];
+          const V t3r = ar[sm] - ar[3 * sm], t3i = ai[sm] - ai[3 * sm];
+          V r1 = t1r + t3i, i1 = t1i - t3r;  // t1 - i t3
+          V r2 = t0r - t2r, i2 = t0i - t2i;
+          V r3 = t1r - t3i, i3 = t1i + t3r;  // t1 + i t3
+          br[0] = t0r + t2r;
+          bi[0] = t0i + t2i;
+          Rotate(r1, i1, qr[0], qi[0]);
+          Rotate(r2, i2, qr[1], qi[1]);
+          Rotate(r3, i3, qr[2], qi[2]);
+          br[s] = r1, bi[s] = i1, br[2 * s] = r2, bi[2 * s] = i2, br[3 * s] = r3, bi[3 * s] = i3;
+        } else if (p == 3) {
+          const V tr = ar[sm] + ar[2 * sm], ti = ai[sm] + ai[2 * sm];
+          const V dr = (ar[sm] - ar[2 * sm]) * s3, di = (ai[sm] - ai[2 * sm]) * s3;
+          const V ur = ar[0] + tr * c3, ui = ai[0] + ti * c3;
+          V r1 = ur + di, i1 = ui - dr;  // u - i d
+          V r2 = ur - di, i2 = ui + dr;  // u + i d
+          br[0] = ar[0] + tr;
+          bi[0] = ai[0] + ti;
+          Rotate(r1, i1, qr[0], qi[0]);
+          Rotate(r2, i2, qr[1], qi[1]);
+          br[s] = r1, bi[s] = i1, br[2 * s] = r2, bi[2 * s] = i2;
+        } else if (p == 5) {
+          const V t1r = ar[sm] + ar[4 * sm], t1i = ai[sm] + ai[4 * sm];
+          const V t2r = ar[2 * sm] + ar[3 * sm], t2i = ai[2 * sm] + ai[3 * sm];
+          const V t3r = ar[sm] - ar[4 * sm], t3i = ai[sm] - ai[4 * sm];
+          const V t4r = ar[2 * sm] - ar[3 * sm], t4i = ai[2 * sm] - ai[3 * sm];
+          const V u1r = ar[0] + t1r * c51 + t2r * c52, u1i = ai[0] + t1i * c51 + t2i * c52;
+          const V u2r = ar[0] + t1r * c52 + t2r * c51, u2i = ai[0] + t1i * c52 + t2i * c51;
+          const V v1r = t3r * s51 + t4r * s52, v1i = t3i * s51 + t4i * s52;
+          const V v2r = t3r * s52 - t4r * s51, v2i = t3i * s52 - t4i * s51;
+          V r1 = u1r + v1i, i1 = u1i - v1r;  // u1 - i v1
+          V r4 = u1r - v1i, i4 = u1i + v1r;  // u1 + i v1
+          V r2 = u2r + v2i, i2 = u2i - v2r;  // u2 - i v2
+          V r3 = u2r - v2i, i3 = u2i + v2r;  // u2 + i v2
+          br[0] = ar[0] + t1r + t2r;
+          bi[0] = ai[0] + t1i + t2i;
+          Rotate(r1, i1, qr[0], qi[0]);
+          Rotate(r2, i2, qr[1], qi[1]);
+          Rotate(r3, i3, qr[2], qi[2]);
+          Rotate(r4, i4, qr[3], qi[3]);
+          br[s] = r1, bi[s] = i1, br[2 * s] = r2, bi[2 * s] = i2;
+          br[3 * s] = r3, bi[3 * s] = i3, br[4 * s] = r4, bi[4 * s] = i4;
+        } else {  // any other prime: b_j = sum_r a_r e^{-2 pi i rj / p}
+          const float* root_r = wr + static_cast<size_t>(m) * (p - 1);
+          const float* root_i = wi + static_cast<size_t>(m) * (p - 1);
+          for (int j = 0; j < p; ++j) {
+            V re = ar[0], im = ai[0];
+            for (int r = 1, t = j; r < p; ++r, t = (t + j) % p) {
+              re = re + (ar[r * sm] * root_r[t] - ai[r * sm] * root_i[t]);
+              im = im + (ar[r * sm] * root_i[t] + ai[r * sm] * root_r[t]);
+            }
+            if (j > 0) Rotate(re, im, qr[j - 1], qi[j - 1]);
+            br[j * s] = re;
+            bi[j * s] = im;
+          }
+        }
+      }
+    }
+    len = m;
+    s *= p;
+    std::swap(xr, yr);
+    std::swap(xi, yi);
+  }
+  if (xr != out_r) {
+    std::memcpy(out_r, xr, sizeof(V) * size);
+    std::memcpy(out_i, xi, sizeof(V) * size);
+  }
+}
+
+PowerSpectrum::PowerSpectrum(int n) : n_(n), m_(n % 2 == 0 ? n / 2 : n) {
+  if (n % 2 == 0) {
+    for (int k = 0; k <= m_; ++k) {
+      auto [c, s] = Root(k, n);
+      split_re_.push_back(c);
+      split_im_.push_back(s);
+    }
+  }
+  if (Smooth(m_)) {
+    fft_.Plan(m_);
+    return;
+  }
+  // Bluestein: Z_k = w_k sum_j (z_j w_j) conj(w_{k-j}), w_k = e^{-pi i k^2 / m}: a circular
+  // convolution of size L >= 2m - 1, by FFTs of size L (a power of two).
+  bluestein_ = true;
+  int size = 1;
+  while (size < 2 * m_ - 1) size *= 2;
+  fft_.Plan(size);
+  for (int k = 0; k < m_; ++k) {
+    // k^2 mod 2m keeps the angle exact for large k.
+    auto [c, s] = Root((static_cast<int64_t>(k) * k) % (2 * m_), 2 * m_);
+    chirp_re_.push_back(c);
+    chirp_im_.push_back(s);
+  }
+  kernel_re_.assign(size, 0.0f);
+  kernel_im_.assign(size, 0.0f);
+  for (int k = 0; k < m_; ++k) {
+    kernel_re_[k] = chirp_re_[k];
+    kernel_im_[k] = -chirp_im_[k];
+    if (k > 0) {
+      kernel_re_[size - k] = chirp_re_[k];
+      kernel_im_[size - k] = -chirp_im_[k];
+    }
+  }
+  std::vector<float> scratch(2 * static_cast<size_t>(size));
+  fft_.Run(kernel_re_.data(), kernel_im_.data(), scratch.data(), scratch.data() + size);
+}
+
+// x (re, im) of m_ values -> its DFT; scratch holds 2 fft_.size values, x fft_.size.
+template <class V>
+void PowerSpectrum::Transform(V* xr, V* xi, V* scratch) const {
+  const int size = fft_.size;
+  if (!bluestein_) {
+    fft_.Run(xr, xi, scratch, scratch + size);
+    return;
+  }
+  for (int k = 0; k < m_; ++k) Rotate(xr[k], xi[k], chirp_re_[k], chirp_im_[k]);
+  for (int k = m_; k < size; ++k) xr[k] = xi[k] = V{};
+  fft_.Run(xr, xi, scratch, scratch + size);
+  // The inverse transform as a forward one of the conjugate: conj(FFT(conj(X K))) / size.
+  for (int k = 0; k < size; ++k) {
+    Rotate(xr[k], xi[k], kernel_re_[k], kernel_im_[k]);
+    xi[k] = -xi[k];
+  }
+  fft_.Run(xr, xi, scratch, scratch + size);
+  const float scale = 1.0f / static_cast<float>(size);
+  for (int k = 0; k < m_; ++k) {
+    xr[k] = xr[k] * scale;
+    xi[k] = -xi[k] * scale;
+    Rotate(xr[k], xi[k], chirp_re_[k], chirp_im_[k]);
+  }
+}
+
+// x: the frame, sample i at x[i * Lanes<V>::kN]; buf: 4 fft_.size values; power: bin k at
+// power[k * stride].
+template <class V>
+void PowerSpectrum::Power(const float* x, V* buf, float* power, int stride) const {
+  using L = Lanes<V>;
+  const size_t size = fft_.size;
+  V* re = buf;
+  V* im = buf + size;
+  if (n_ % 2 == 0) {
+    for (int j = 0; j < m_; ++j) {
+      L::Load(x + static_cast<size_t>(2 * j) * L::kN, re[j]);
+      L::Load(x + static_cast<size_t>(2 * j + 1) * L::kN, im[j]);
+    }
+  } else {
+    for (int j = 0; j < m_; ++j) {
+      L::Load(x + static_cast<size_t>(j) * L::kN, re[j]);
+      im[j] = V{};
+    }
+  }
+  Transform(re, im, buf + 2 * size);
+  if (n_ % 2 == 0) {
+    // X_k = (A - i e^{-2 pi i k / n} B) / 2, A = Z_k + conj(Z_{m-k}), B = Z_k - conj(Z_{m-k}).
+    for (int k = 0; k <= m_; ++k) {
+      const int a = k == m_ ? 0 : k, b = k == 0 ? 0 : m_ - k;  // k and m - k, modulo m
+      const V sr = re[a] + re[b], si = im[a] - im[b];
+      V dr = re[a] - re[b], di = im[a] + im[b];
+      Rotate(dr, di, split_re_[k], split_im_[k]);
+      const V xr = sr + di, xi = si - dr;
+      L::Store((xr * xr + xi * xi) * 0.25f, power + static_cast<size_t>(k) * stride);
+    }
+  } else {
+    for (int k = 0; k < Bins(); ++k)
+      L::Store(re[k] * re[k] + im[k] * im[k], power + static_cast<size_t>(k) * stride);
+  }
+}
+
+void PowerSpectrum::Of(const float* x, float* power, int stride) {
+  Power<float>(x, Aligned(scratch_, 4 * static_cast<size_t>(fft_.size)), power, stride);
+}
+
+// flatten: the template's operators inline here, as AVX2.
+__attribute__((target("avx2"), flatten)) void PowerSpectrum::Of8(const float* x8, float* power8) {
+  float* buf = Aligned(scratch8_, 4 * static_cast<size_t>(fft_.size) * 8);
+  Power<Float8>(x8, reinterpret_cast<Float8*>(buf), power8, 8);
+}
+
+}  // namespace mmfeed
