@@ -66,7 +66,8 @@ __attribute__((target("avx2"))) inline void Log10x8(float* v) {
 __attribute__((target("avx2"))) inline void Transpose8x8(__m256 r[8]) {
   __m256 t[8], u[8];
   for (int k = 0; k < 8; k += 2) {
-    t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);  // r_k0 r_k+1,0 r_k1 r_k+1,1 | (lanes 4, 5)
+    // Lanes 0, 1 of r[k] and r[k + 1] interleaved (and 4, 5 in the upper half), then 2, 3.
+    t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
     t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
   }
   for (int k = 0; k < 8; k += 4) {
