@@ -59,8 +59,10 @@ int main(int argc, char** argv) {
     }
   }
   double decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  t0 = std::chrono::steady_clock::now();
-  for (int r = 0; r < repeat; ++r)
+  // The stage the same way: an untimed pass first warms the worker's own buffers, as a
+  // daemon's worker is warm after its first samples.
+  for (int r = -1; r < repeat; ++r) {
+    if (r == 0) t0 = std::chrono::steady_clock::now();
     for (const std::string& f : files) {
       FieldValue v;
       v.kind = FieldValue::Kind::kPath;
@@ -71,6 +73,7 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
+  }
   double pipeline_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // The log-mel step alone, on 30 s windows.
