@@ -15,7 +15,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
 #include "base/flags.h"
 #include "base/malloc_tuning.h"

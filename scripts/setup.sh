@@ -92,9 +92,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   if [ ${#tools[@]} -gt 0 ] && [ ${#tools[@]} -lt ${#missing[@]} ]; then
     fetch_dir=$(mktemp -d -p /var/tmp)  # on disk, where /tmp may be a small tmpfs
     fetch=""
+    end_fetch() {  # stops the download if it still runs, removes its folder
+      [ -z "$fetch" ] || kill -- -"$fetch" 2> /dev/null || true
+      $SUDO rm -rf "$fetch_dir" "$fetch_dir.list" "$fetch_dir.log"
+    }
     # An interrupted setup (Ctrl-C, a failed install) leaves no download running and no folder.
-    trap '[ -z "$fetch" ] || kill -- -"$fetch" 2> /dev/null
-      $SUDO rm -rf "$fetch_dir" "$fetch_dir.list" "$fetch_dir.log"' EXIT
+    trap end_fetch EXIT
     chown _apt "$fetch_dir" 2> /dev/null || true  # root's apt downloads as _apt
     comm -23 <(plan "${missing[@]}") <(plan "${tools[@]}") > "$fetch_dir.list"
     $SUDO apt-get install -y -d --no-install-recommends "${tools[@]}"
@@ -111,7 +114,7 @@ if [ ${#missing[@]} -gt 0 ]; then
       tail -3 "$fetch_dir.log" >&2
     fi
     fetch=""
-    $SUDO rm -rf "$fetch_dir" "$fetch_dir.list" "$fetch_dir.log"
+    end_fetch
     trap - EXIT
   fi
   $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
