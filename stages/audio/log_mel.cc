@@ -62,26 +62,6 @@ __attribute__((target("avx2"))) inline void Log10x8(float* v) {
   _mm256_storeu_ps(v, Log10v(_mm256_loadu_ps(v)));
 }
 
-// r[j] lane f <- r[f] lane j.
-__attribute__((target("avx2"))) inline void Transpose8x8(__m256 r[8]) {
-  __m256 t[8], u[8];
-  for (int k = 0; k < 8; k += 2) {
-    // Lanes 0, 1 of r[k] and r[k + 1] interleaved (and 4, 5 in the upper half), then 2, 3.
-    t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
-    t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
-  }
-  for (int k = 0; k < 8; k += 4) {
-    u[k] = _mm256_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    u[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    u[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    u[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int k = 0; k < 4; ++k) {
-    r[k] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x20);
-    r[k + 4] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x31);
-  }
-}
-
 // log10 of every value of v[0, n), eight at a time with `avx2` (UseAvx2(), asked once per call
 // of Compute).
 void Log10All(float* v, int n, bool avx2) {
@@ -106,8 +86,9 @@ LogMel::LogMel(int sample_rate, int n_fft, int hop, int n_mels)
       n_mels_(n_mels),
       n_bins_(n_fft / 2 + 1),
       spectrum_(n_fft),
-      frame_(n_fft),
-      frames8_(static_cast<size_t>(n_fft) * 8),
+      edges_(static_cast<size_t>(n_fft) * 8),
+      power_(n_bins_),
+      mel_(n_mels),
       power8_(static_cast<size_t>(n_bins_) * 8) {
   window_.resize(n_fft);
   for (int i = 0; i < n_fft; ++i)
@@ -135,30 +116,27 @@ LogMel::LogMel(int sample_rate, int n_fft, int hop, int n_mels)
   }
 }
 
-void LogMel::PowerOf(size_t t, float* power, int stride) {
-  const float* src = padded_.data() + t * static_cast<size_t>(hop_);
-  for (int i = 0; i < n_fft_; ++i) frame_[i] = src[i] * window_[i];
-  spectrum_.Of(frame_.data(), power, stride);
+const float* LogMel::FrameAt(const Signal& x, size_t t, int slot) {
+  const ptrdiff_t start = static_cast<ptrdiff_t>(t) * hop_ - n_fft_ / 2;
+  const auto n = static_cast<ptrdiff_t>(x.n), valid = static_cast<ptrdiff_t>(x.valid);
+  if (start >= 0 && start + n_fft_ <= valid) return x.samples + start;
+  float* frame = edges_.data() + static_cast<size_t>(slot) * n_fft_;
+  for (int i = 0; i < n_fft_; ++i) {
+    ptrdiff_t k = start + i;
+    if (k < 0)
+      k = -k;  // x[pad], ..., x[1] before x[0]
+    else if (k >= n)
+      k = 2 * (n - 1) - k;  // x[n - 2], x[n - 3], ... after x[n - 1]
+    frame[i] = k < valid ? x.samples[k] : 0.0f;
+  }
+  return frame;
 }
 
-__attribute__((target("avx2"))) void LogMel::EightFrames(size_t t0, size_t frames, float* out,
-                                                         float* max_log) {
-  // The eight frames windowed (PowerOf's multiplies) and laid out sample by sample: eight
-  // samples of each frame loaded, transposed, so that row j holds sample i + j of every frame.
-  const float* src[8];
-  for (int f = 0; f < 8; ++f) src[f] = padded_.data() + (t0 + f) * static_cast<size_t>(hop_);
-  int i = 0;
-  for (; i + 8 <= n_fft_; i += 8) {
-    __m256 r[8];
-    for (int f = 0; f < 8; ++f) r[f] = _mm256_loadu_ps(src[f] + i);
-    Transpose8x8(r);
-    for (int j = 0; j < 8; ++j)
-      _mm256_storeu_ps(frames8_.data() + static_cast<size_t>(i + j) * 8,
-                       _mm256_mul_ps(r[j], _mm256_set1_ps(window_[i + j])));
-  }
-  for (; i < n_fft_; ++i)
-    for (int f = 0; f < 8; ++f) frames8_[static_cast<size_t>(i) * 8 + f] = src[f][i] * window_[i];
-  spectrum_.Of8(frames8_.data(), power8_.data());
+__attribute__((target("avx2"))) void LogMel::EightFrames(const Signal& x, size_t t0, size_t frames,
+                                                         float* out, float* max_log) {
+  const float* frame[8];
+  for (int f = 0; f < 8; ++f) frame[f] = FrameAt(x, t0 + f, f);
+  spectrum_.Of8(frame, window_.data(), power8_.data());
   // Each lane is one frame: the same multiplies and adds in the same order as Compute's loop.
   const __m256 tiny = _mm256_set1_ps(1e-10f);
   __m256 most = _mm256_set1_ps(*max_log);
@@ -181,32 +159,18 @@ __attribute__((target("avx2"))) void LogMel::EightFrames(size_t t0, size_t frame
 void LogMel::Compute(const float* x, size_t n, float* out, size_t valid) {
   const size_t pad = static_cast<size_t>(n_fft_ / 2), hop = static_cast<size_t>(hop_);
   const size_t frames = Frames(n);
-  // Frame t covers padded samples [t*hop, t*hop + n_fft), i.e. x[t*hop - pad, t*hop - pad + n_fft).
-  // Once t*hop - pad >= valid and the window stays left of the reflected tail, it is all zeros.
+  // Frame t covers x[t*hop - pad, t*hop - pad + n_fft) (FrameAt). Once t*hop - pad >= valid and
+  // the window stays left of the reflected tail, it is all zeros.
   size_t silent_from = frames;
   if (valid + 2 * pad < n) silent_from = std::min(frames, (valid + pad + hop - 1) / hop);
-  // The padded signal, as far as the transformed frames read it: reflect: x[pad], ..., x[1] |
-  // x | x[n-2], ..., x[n-1-pad], where x is the valid samples then zeros.
-  const size_t need =
-      silent_from == 0 ? 0 : std::min(n + 2 * pad, (silent_from - 1) * hop + n_fft_);
-  padded_.resize(n + 2 * pad);
-  auto at = [&](size_t k) { return k < valid ? x[k] : 0.0f; };
-  for (size_t i = 0; i < std::min(pad, need); ++i) padded_[i] = at(pad - i);
-  if (need > pad) {
-    const size_t body = std::min(n, need - pad), copied = std::min(body, valid);
-    std::memcpy(padded_.data() + pad, x, copied * sizeof(float));
-    std::fill(padded_.begin() + pad + copied, padded_.begin() + pad + body, 0.0f);
-    for (size_t i = 0; pad + n + i < need; ++i) padded_[pad + n + i] = at(n - 2 - i);
-  }
-  power_.resize(n_bins_);
-  mel_.resize(n_mels_);
+  const Signal signal{x, n, valid};
   float max_log = -1e30f;
   const bool avx2 = UseAvx2();
   size_t t = 0;
   if (avx2)
-    for (; t + 8 <= silent_from; t += 8) EightFrames(t, frames, out, &max_log);
+    for (; t + 8 <= silent_from; t += 8) EightFrames(signal, t, frames, out, &max_log);
   for (; t < silent_from; ++t) {
-    PowerOf(t, power_.data(), 1);
+    spectrum_.Of(FrameAt(signal, t, 0), window_.data(), power_.data(), 1);
     for (int m = 0; m < n_mels_; ++m) {
       const Band& b = bands_[m];
       float acc = 0;

@@ -17,8 +17,6 @@ namespace mmfeed {
 class LogMel {
  public:
   LogMel(int sample_rate, int n_fft, int hop, int n_mels);
-  LogMel(const LogMel&) = delete;
-  LogMel& operator=(const LogMel&) = delete;
 
   // Frames for `samples` samples: samples / hop (the STFT's last frame is dropped).
   size_t Frames(size_t samples) const { return samples / hop_; }
@@ -34,20 +32,25 @@ class LogMel {
     int first_bin;
     std::vector<float> weights;
   };
-  // Frame t's power spectrum (windowed, transformed) into power[k x stride] for bin k.
-  void PowerOf(size_t t, float* power, int stride);
+  // Compute's signal: n samples, the first `valid` of them at `samples`, then zeros.
+  struct Signal {
+    const float* samples;
+    size_t n, valid;
+  };
+  // Frame t's n_fft samples (before the window): where they lie in the signal, or, for a frame
+  // that reaches into the reflect padding or past the valid samples, made in edge slot `slot`.
+  const float* FrameAt(const Signal& x, size_t t, int slot);
   // Frames [t0, t0 + 8) of Compute's loop in AVX2, each band's sum over eight frames at once:
   // their log-mel values into `out` (of `frames` columns) and their maximum into max_log.
-  void EightFrames(size_t t0, size_t frames, float* out, float* max_log);
+  void EightFrames(const Signal& x, size_t t0, size_t frames, float* out, float* max_log);
 
   int n_fft_, hop_, n_mels_, n_bins_;
   std::vector<float> window_;
   std::vector<Band> bands_;
   PowerSpectrum spectrum_;
-  std::vector<float> frame_;  // n_fft: one windowed frame
-  std::vector<float> padded_, power_, mel_;
-  // EightFrames: [sample][frame] of eight windowed frames, [bin][frame] of their power spectra
-  std::vector<float> frames8_, power8_;
+  std::vector<float> edges_;  // 8 slots of n_fft samples (FrameAt)
+  std::vector<float> power_, mel_;
+  std::vector<float> power8_;  // EightFrames: [bin][frame] of eight power spectra
 };
 
 }  // namespace mmfeed

@@ -1,8 +1,11 @@
 #include "stages/audio/power_spectrum.h"
 
+#include <immintrin.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 namespace mmfeed {
@@ -13,21 +16,60 @@ namespace {
 // is broadcast).
 using Float8 = float __attribute__((vector_size(32)));
 
-// How a value type reads and writes floats: one, or eight consecutive ones (by reference: a
-// Float8 passed by value outside AVX2 code would change the calling convention).
+// r[j] lane f <- r[f] lane j.
+__attribute__((target("avx2"))) inline void Transpose8x8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int k = 0; k < 8; k += 2) {
+    // Lanes 0, 1 of r[k] and r[k + 1] interleaved (and 4, 5 in the upper half), then 2, 3.
+    t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
+    t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
+  }
+  for (int k = 0; k < 8; k += 4) {
+    u[k] = _mm256_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int k = 0; k < 4; ++k) {
+    r[k] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x20);
+    r[k + 4] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x31);
+  }
+}
+
+// How a value type reads and writes floats: one frame, or eight (one per lane). Windowed gives
+// samples [i, i + kN) of the frames x, times the window: rows[j] holds sample i + j of each;
+// WindowedOne sample i alone. (Values by reference: a Float8 passed by value outside AVX2 code
+// would change the calling convention.)
 template <class V>
 struct Lanes;
 template <>
 struct Lanes<float> {
   static constexpr int kN = 1;
-  static void Load(const float* p, float& v) { v = *p; }
+  static void Windowed(const float* const* x, const float* w, int i, float* rows) {
+    rows[0] = x[0][i] * w[i];
+  }
+  static void WindowedOne(const float* const* x, const float* w, int i, float& v) {
+    v = x[0][i] * w[i];
+  }
   static void Store(const float& v, float* p) { *p = v; }
 };
 template <>
 struct Lanes<Float8> {
   static constexpr int kN = 8;
-  static void Load(const float* p, Float8& v) { std::memcpy(&v, p, sizeof v); }
-  static void Store(const Float8& v, float* p) { std::memcpy(p, &v, sizeof v); }
+  // Eight samples of each frame loaded, transposed (row j: sample i + j of every frame).
+  __attribute__((target("avx2"))) static void Windowed(const float* const* x, const float* w, int i,
+                                                       Float8* rows) {
+    __m256 r[8];
+    for (int f = 0; f < 8; ++f) r[f] = _mm256_loadu_ps(x[f] + i);
+    Transpose8x8(r);
+    for (int j = 0; j < 8; ++j) rows[j] = _mm256_mul_ps(r[j], _mm256_set1_ps(w[i + j]));
+  }
+  static void WindowedOne(const float* const* x, const float* w, int i, Float8& v) {
+    for (int f = 0; f < 8; ++f) v[f] = x[f][i] * w[i];
+  }
+  __attribute__((target("avx2"))) static void Store(const Float8& v, float* p) {
+    _mm256_storeu_ps(p, v);
+  }
 };
 
 // (re, im) *= (wr, wi).
@@ -59,20 +101,116 @@ bool Smooth(int n) {  // every prime factor <= kMaxRadix
   return true;
 }
 
-// Floats aligned for Float8 in a vector of floats.
-float* Aligned(std::vector<float>& v, size_t n) {
-  v.resize(n + 8);
+// The first float of v aligned for Float8 (v has 8 floats more than it needs).
+float* Aligned(std::vector<float>& v) {
   auto at = reinterpret_cast<uintptr_t>(v.data());
   return v.data() + ((32 - at % 32) % 32) / sizeof(float);
+}
+
+// One Stockham pass of radix P (P = 0: the generic butterfly of radix p, any prime), decimation
+// in frequency: over the current length len = p m (stride s, the product of the radices before
+// it), it reads a_r = x[k + s (q + r m)], r < p, and writes its DFT b_j times e^{-2 pi i jq / len}
+// to y[k + s (p q + j)]. Each radix has its own loop, compiled (and its registers allocated)
+// alone: one loop with every radix's branch inside spilled registers (the transform 1.10x slower).
+template <int P, class V>
+void StockhamPass(int p, int m, int s, const float* wr, const float* wi, const V* xr, const V* xi,
+                  V* yr, V* yi) {
+  static_assert(P == 0 || P == 2 || P == 3 || P == 4 || P == 5);
+  const float c3 = -0.5f, s3 = static_cast<float>(std::sin(2 * M_PI / 3));
+  const float c51 = static_cast<float>(std::cos(2 * M_PI / 5)),
+              c52 = static_cast<float>(std::cos(4 * M_PI / 5)),
+              s51 = static_cast<float>(std::sin(2 * M_PI / 5)),
+              s52 = static_cast<float>(std::sin(4 * M_PI / 5));
+  const size_t sm = static_cast<size_t>(s) * m;
+  auto butterfly = [&](int q, int k, auto twiddled) {
+    const float* qr = wr + static_cast<size_t>(q) * (p - 1);
+    const float* qi = wi + static_cast<size_t>(q) * (p - 1);
+    // (re, im) *= e^{-2 pi i jq / len}, 1 <= j < p; nothing for q = 0 (decltype(twiddled) is
+    // false_type), whose twiddles are all 1.
+    auto twiddle = [&](V& re, V& im, int j) {
+      if constexpr (decltype(twiddled)::value) Rotate(re, im, qr[j - 1], qi[j - 1]);
+    };
+    const V* ar = xr + k + static_cast<size_t>(s) * q;
+    const V* ai = xi + k + static_cast<size_t>(s) * q;
+    V* br = yr + k + static_cast<size_t>(s) * p * q;
+    V* bi = yi + k + static_cast<size_t>(s) * p * q;
+    if constexpr (P == 2) {
+      V r1 = ar[0] - ar[sm], i1 = ai[0] - ai[sm];
+      br[0] = ar[0] + ar[sm];
+      bi[0] = ai[0] + ai[sm];
+      twiddle(r1, i1, 1);
+      br[s] = r1;
+      bi[s] = i1;
+    } else if constexpr (P == 4) {
+      const V t0r = ar[0] + ar[2 * sm], t0i = ai[0] + ai[2 * sm];
+      const V t1r = ar[0] - ar[2 * sm], t1i = ai[0] - ai[2 * sm];
+      const V t2r = ar[sm] + ar[3 * sm], t2i = ai[sm] + ai[3 * sm];
+      const V t3r = ar[sm] - ar[3 * sm], t3i = ai[sm] - ai[3 * sm];
+      V r1 = t1r + t3i, i1 = t1i - t3r;  // t1 - i t3
+      V r2 = t0r - t2r, i2 = t0i - t2i;
+      V r3 = t1r - t3i, i3 = t1i + t3r;  // t1 + i t3
+      br[0] = t0r + t2r;
+      bi[0] = t0i + t2i;
+      twiddle(r1, i1, 1);
+      twiddle(r2, i2, 2);
+      twiddle(r3, i3, 3);
+      br[s] = r1, bi[s] = i1, br[2 * s] = r2, bi[2 * s] = i2, br[3 * s] = r3, bi[3 * s] = i3;
+    } else if constexpr (P == 3) {
+      const V tr = ar[sm] + ar[2 * sm], ti = ai[sm] + ai[2 * sm];
+      const V dr = (ar[sm] - ar[2 * sm]) * s3, di = (ai[sm] - ai[2 * sm]) * s3;
+      const V ur = ar[0] + tr * c3, ui = ai[0] + ti * c3;
+      V r1 = ur + di, i1 = ui - dr;  // u - i d
+      V r2 = ur - di, i2 = ui + dr;  // u + i d
+      br[0] = ar[0] + tr;
+      bi[0] = ai[0] + ti;
+      twiddle(r1, i1, 1);
+      twiddle(r2, i2, 2);
+      br[s] = r1, bi[s] = i1, br[2 * s] = r2, bi[2 * s] = i2;
+    } else if constexpr (P == 5) {
+      const V t1r = ar[sm] + ar[4 * sm], t1i = ai[sm] + ai[4 * sm];
+      const V t2r = ar[2 * sm] + ar[3 * sm], t2i = ai[2 * sm] + ai[3 * sm];
+      const V t3r = ar[sm] - ar[4 * sm], t3i = ai[sm] - ai[4 * sm];
+      const V t4r = ar[2 * sm] - ar[3 * sm], t4i = ai[2 * sm] - ai[3 * sm];
+      const V u1r = ar[0] + t1r * c51 + t2r * c52, u1i = ai[0] + t1i * c51 + t2i * c52;
+      const V u2r = ar[0] + t1r * c52 + t2r * c51, u2i = ai[0] + t1i * c52 + t2i * c51;
+      const V v1r = t3r * s51 + t4r * s52, v1i = t3i * s51 + t4i * s52;
+      const V v2r = t3r * s52 - t4r * s51, v2i = t3i * s52 - t4i * s51;
+      V r1 = u1r + v1i, i1 = u1i - v1r;  // u1 - i v1
+      V r4 = u1r - v1i, i4 = u1i + v1r;  // u1 + i v1
+      V r2 = u2r + v2i, i2 = u2i - v2r;  // u2 - i v2
+      V r3 = u2r - v2i, i3 = u2i + v2r;  // u2 + i v2
+      br[0] = ar[0] + t1r + t2r;
+      bi[0] = ai[0] + t1i + t2i;
+      twiddle(r1, i1, 1);
+      twiddle(r2, i2, 2);
+      twiddle(r3, i3, 3);
+      twiddle(r4, i4, 4);
+      br[s] = r1, bi[s] = i1, br[2 * s] = r2, bi[2 * s] = i2;
+      br[3 * s] = r3, bi[3 * s] = i3, br[4 * s] = r4, bi[4 * s] = i4;
+    } else {  // any other prime: b_j = sum_r a_r e^{-2 pi i rj / p}
+      const float* root_r = wr + static_cast<size_t>(m) * (p - 1);
+      const float* root_i = wi + static_cast<size_t>(m) * (p - 1);
+      for (int j = 0; j < p; ++j) {
+        V re = ar[0], im = ai[0];
+        for (int r = 1, t = j; r < p; ++r, t = (t + j) % p) {
+          re = re + (ar[r * sm] * root_r[t] - ai[r * sm] * root_i[t]);
+          im = im + (ar[r * sm] * root_i[t] + ai[r * sm] * root_r[t]);
+        }
+        if (j > 0) twiddle(re, im, j);
+        br[j * s] = re;
+        bi[j * s] = im;
+      }
+    }
+  };
+  for (int k = 0; k < s; ++k) butterfly(0, k, std::false_type());
+  for (int q = 1; q < m; ++q)
+    for (int k = 0; k < s; ++k) butterfly(q, k, std::true_type());
 }
 
 }  // namespace
 
 void PowerSpectrum::Fft::Plan(int n) {
   size = n;
-  passes.clear();
-  tw_re.clear();
-  tw_im.clear();
   // Radix 4 while it divides, then the primes in increasing order.
   std::vector<int> radices;
   int rest = n;
@@ -107,100 +245,31 @@ void PowerSpectrum::Fft::Plan(int n) {
   }
 }
 
-// Stockham's self-sorting FFT, decimation in frequency: a pass of radix p over the current
-// length len (stride s, the product of the radices before it) reads a_r = x[k + s (q + r m)],
-// r < p, m = len / p, and writes its DFT b_j times e^{-2 pi i jq / len} to y[k + s (p q + j)].
+// Stockham's self-sorting FFT: its passes in turn, between x and y.
 template <class V>
 void PowerSpectrum::Fft::Run(V* xr, V* xi, V* yr, V* yi) const {
   V* const out_r = xr;
   V* const out_i = xi;
   int len = size, s = 1;
-  const float c3 = -0.5f, s3 = static_cast<float>(std::sin(2 * M_PI / 3));
-  const float c51 = static_cast<float>(std::cos(2 * M_PI / 5)),
-              c52 = static_cast<float>(std::cos(4 * M_PI / 5)),
-              s51 = static_cast<float>(std::sin(2 * M_PI / 5)),
-              s52 = static_cast<float>(std::sin(4 * M_PI / 5));
   for (const Pass& pass : passes) {
     const int p = pass.radix, m = len / p;
     const float* wr = tw_re.data() + pass.twiddle_at;
     const float* wi = tw_im.data() + pass.twiddle_at;
-    const size_t sm = static_cast<size_t>(s) * m;
-    for (int q = 0; q < m; ++q) {
-      const float* qr = wr + static_cast<size_t>(q) * (p - 1);
-      const float* qi = wi + static_cast<size_t>(q) * (p - 1);
-      for (int k = 0; k < s; ++k) {
-        const V* ar = xr + k + static_cast<size_t>(s) * q;
-        const V* ai = xi + k + static_cast<size_t>(s) * q;
-        V* br = yr + k + static_cast<size_t>(s) * p * q;
-        V* bi = yi + k + static_cast<size_t>(s) * p * q;
-        if (p == 2) {
-          V r1 = ar[0] - ar[sm], i1 = ai[0] - ai[sm];
-          br[0] = ar[0] + ar[sm];
-          bi[0] = ai[0] + ai[sm];
-          Rotate(r1, i1, qr[0], qi[0]);
-          br[s] = r1;
-          bi[s] = i1;
-        } else if (p == 4) {
-          const V t0r = ar[0] + ar[2 * sm], t0i = ai[0] + ai[2 * sm];
-          const V t1r = ar[0] - ar[2 * sm], t1i = ai[0] - ai[2 * sm];
-          const V t2r = ar[sm] + ar[3 * sm], t2i = ai[sm] + ai[3 * sm];
-          const V t3r = ar[sm] - ar[3 * sm], t3i = ai[sm] - ai[3 * sm];
-          V r1 = t1r + t3i, i1 = t1i - t3r;  // t1 - i t3
-          V r2 = t0r - t2r, i2 = t0i - t2i;
-          V r3 = t1r - t3i, i3 = t1i + t3r;  // t1 + i t3
-          br[0] = t0r + t2r;
-          bi[0] = t0i + t2i;
-          Rotate(r1, i1, qr[0], qi[0]);
-          Rotate(r2, i2, qr[1], qi[1]);
-          Rotate(r3, i3, qr[2], qi[2]);
-          br[s] = r1, bi[s] = i1, br[2 * s] = r2, bi[2 * s] = i2, br[3 * s] = r3, bi[3 * s] = i3;
-        } else if (p == 3) {
-          const V tr = ar[sm] + ar[2 * sm], ti = ai[sm] + ai[2 * sm];
-          const V dr = (ar[sm] - ar[2 * sm]) * s3, di = (ai[sm] - ai[2 * sm]) * s3;
-          const V ur = ar[0] + tr * c3, ui = ai[0] + ti * c3;
-          V r1 = ur + di, i1 = ui - dr;  // u - i d
-          V r2 = ur - di, i2 = ui + dr;  // u + i d
-          br[0] = ar[0] + tr;
-          bi[0] = ai[0] + ti;
-          Rotate(r1, i1, qr[0], qi[0]);
-          Rotate(r2, i2, qr[1], qi[1]);
-          br[s] = r1, bi[s] = i1, br[2 * s] = r2, bi[2 * s] = i2;
-        } else if (p == 5) {
-          const V t1r = ar[sm] + ar[4 * sm], t1i = ai[sm] + ai[4 * sm];
-          const V t2r = ar[2 * sm] + ar[3 * sm], t2i = ai[2 * sm] + ai[3 * sm];
-          const V t3r = ar[sm] - ar[4 * sm], t3i = ai[sm] - ai[4 * sm];
-          const V t4r = ar[2 * sm] - ar[3 * sm], t4i = ai[2 * sm] - ai[3 * sm];
-          const V u1r = ar[0] + t1r * c51 + t2r * c52, u1i = ai[0] + t1i * c51 + t2i * c52;
-          const V u2r = ar[0] + t1r * c52 + t2r * c51, u2i = ai[0] + t1i * c52 + t2i * c51;
-          const V v1r = t3r * s51 + t4r * s52, v1i = t3i * s51 + t4i * s52;
-          const V v2r = t3r * s52 - t4r * s51, v2i = t3i * s52 - t4i * s51;
-          V r1 = u1r + v1i, i1 = u1i - v1r;  // u1 - i v1
-          V r4 = u1r - v1i, i4 = u1i + v1r;  // u1 + i v1
-          V r2 = u2r + v2i, i2 = u2i - v2r;  // u2 - i v2
-          V r3 = u2r - v2i, i3 = u2i + v2r;  // u2 + i v2
-          br[0] = ar[0] + t1r + t2r;
-          bi[0] = ai[0] + t1i + t2i;
-          Rotate(r1, i1, qr[0], qi[0]);
-          Rotate(r2, i2, qr[1], qi[1]);
-          Rotate(r3, i3, qr[2], qi[2]);
-          Rotate(r4, i4, qr[3], qi[3]);
-          br[s] = r1, bi[s] = i1, br[2 * s] = r2, bi[2 * s] = i2;
-          br[3 * s] = r3, bi[3 * s] = i3, br[4 * s] = r4, bi[4 * s] = i4;
-        } else {  // any other prime: b_j = sum_r a_r e^{-2 pi i rj / p}
-          const float* root_r = wr + static_cast<size_t>(m) * (p - 1);
-          const float* root_i = wi + static_cast<size_t>(m) * (p - 1);
-          for (int j = 0; j < p; ++j) {
-            V re = ar[0], im = ai[0];
-            for (int r = 1, t = j; r < p; ++r, t = (t + j) % p) {
-              re = re + (ar[r * sm] * root_r[t] - ai[r * sm] * root_i[t]);
-              im = im + (ar[r * sm] * root_i[t] + ai[r * sm] * root_r[t]);
-            }
-            if (j > 0) Rotate(re, im, qr[j - 1], qi[j - 1]);
-            br[j * s] = re;
-            bi[j * s] = im;
-          }
-        }
-      }
+    switch (p) {
+      case 2:
+        StockhamPass<2>(p, m, s, wr, wi, xr, xi, yr, yi);
+        break;
+      case 3:
+        StockhamPass<3>(p, m, s, wr, wi, xr, xi, yr, yi);
+        break;
+      case 4:
+        StockhamPass<4>(p, m, s, wr, wi, xr, xi, yr, yi);
+        break;
+      case 5:
+        StockhamPass<5>(p, m, s, wr, wi, xr, xi, yr, yi);
+        break;
+      default:
+        StockhamPass<0>(p, m, s, wr, wi, xr, xi, yr, yi);
     }
     len = m;
     s *= p;
@@ -221,16 +290,17 @@ PowerSpectrum::PowerSpectrum(int n) : n_(n), m_(n % 2 == 0 ? n / 2 : n) {
       split_im_.push_back(s);
     }
   }
-  if (Smooth(m_)) {
-    fft_.Plan(m_);
-    return;
-  }
   // Bluestein: Z_k = w_k sum_j (z_j w_j) conj(w_{k-j}), w_k = e^{-pi i k^2 / m}: a circular
   // convolution of size L >= 2m - 1, by FFTs of size L (a power of two).
-  bluestein_ = true;
-  int size = 1;
-  while (size < 2 * m_ - 1) size *= 2;
+  bluestein_ = !Smooth(m_);
+  int size = m_;
+  if (bluestein_)
+    for (size = 1; size < 2 * m_ - 1;) size *= 2;
   fft_.Plan(size);
+  // Power's buffers: 4 values of the transform's size, aligned (8 floats more).
+  scratch_.resize(4 * static_cast<size_t>(size) + 8);
+  scratch8_.resize(4 * static_cast<size_t>(size) * 8 + 8);
+  if (!bluestein_) return;
   for (int k = 0; k < m_; ++k) {
     // k^2 mod 2m keeps the angle exact for large k.
     auto [c, s] = Root((static_cast<int64_t>(k) * k) % (2 * m_), 2 * m_);
@@ -276,35 +346,51 @@ void PowerSpectrum::Transform(V* xr, V* xi, V* scratch) const {
   }
 }
 
-// x: the frame, sample i at x[i * Lanes<V>::kN]; buf: 4 fft_.size values; power: bin k at
+// x: Lanes<V>::kN frames, each windowed by w; buf: 4 fft_.size values; power: bin k at
 // power[k * stride].
 template <class V>
-void PowerSpectrum::Power(const float* x, V* buf, float* power, int stride) const {
+void PowerSpectrum::Power(const float* const* x, const float* w, V* buf, float* power,
+                          int stride) const {
   using L = Lanes<V>;
   const size_t size = fft_.size;
   V* re = buf;
   V* im = buf + size;
-  if (n_ % 2 == 0) {
-    for (int j = 0; j < m_; ++j) {
-      L::Load(x + static_cast<size_t>(2 * j) * L::kN, re[j]);
-      L::Load(x + static_cast<size_t>(2 * j + 1) * L::kN, im[j]);
-    }
-  } else {
-    for (int j = 0; j < m_; ++j) {
-      L::Load(x + static_cast<size_t>(j) * L::kN, re[j]);
-      im[j] = V{};
-    }
+  // The windowed samples into the transform's input: sample i to re[i / 2] (even i) or
+  // im[i / 2] (odd i) for even n, to re[i] for odd n (im zero).
+  auto put = [&](int i, const V& v) {
+    if (n_ % 2 == 0)
+      (i % 2 == 0 ? re : im)[i / 2] = v;
+    else
+      re[i] = v;
+  };
+  int i = 0;
+  for (; i + L::kN <= n_; i += L::kN) {
+    V rows[L::kN];
+    L::Windowed(x, w, i, rows);
+    for (int j = 0; j < L::kN; ++j) put(i + j, rows[j]);
   }
+  for (; i < n_; ++i) {
+    V v;
+    L::WindowedOne(x, w, i, v);
+    put(i, v);
+  }
+  if (n_ % 2 != 0)
+    for (int j = 0; j < m_; ++j) im[j] = V{};
   Transform(re, im, buf + 2 * size);
   if (n_ % 2 == 0) {
-    // X_k = (A - i e^{-2 pi i k / n} B) / 2, A = Z_k + conj(Z_{m-k}), B = Z_k - conj(Z_{m-k}).
-    for (int k = 0; k <= m_; ++k) {
-      const int a = k == m_ ? 0 : k, b = k == 0 ? 0 : m_ - k;  // k and m - k, modulo m
-      const V sr = re[a] + re[b], si = im[a] - im[b];
-      V dr = re[a] - re[b], di = im[a] + im[b];
-      Rotate(dr, di, split_re_[k], split_im_[k]);
-      const V xr = sr + di, xi = si - dr;
+    // X_k = (A - i C) / 2, where A = Z_k + conj(Z_{m-k}) and C = w_k (Z_k - conj(Z_{m-k})),
+    // w_k = e^{-2 pi i k / n}. Bin m - k has conj(A) and conj(C) (w_{m-k} = -conj(w_k)), so one
+    // rotation gives both: X_{m-k} = (conj(A) - i conj(C)) / 2.
+    for (int k = 0; 2 * k <= m_; ++k) {
+      const int b = k == 0 ? 0 : m_ - k;  // m - k, modulo m
+      const V ar = re[k] + re[b], ai = im[k] - im[b];
+      V cr = re[k] - re[b], ci = im[k] + im[b];
+      Rotate(cr, ci, split_re_[k], split_im_[k]);
+      V xr = ar + ci, xi = ai - cr;
       L::Store((xr * xr + xi * xi) * 0.25f, power + static_cast<size_t>(k) * stride);
+      if (2 * k == m_) continue;  // bin m / 2 is its own partner
+      xr = ar - ci, xi = -ai - cr;
+      L::Store((xr * xr + xi * xi) * 0.25f, power + static_cast<size_t>(m_ - k) * stride);
     }
   } else {
     for (int k = 0; k < Bins(); ++k)
@@ -312,14 +398,15 @@ void PowerSpectrum::Power(const float* x, V* buf, float* power, int stride) cons
   }
 }
 
-void PowerSpectrum::Of(const float* x, float* power, int stride) {
-  Power<float>(x, Aligned(scratch_, 4 * static_cast<size_t>(fft_.size)), power, stride);
+void PowerSpectrum::Of(const float* x, const float* window, float* power, int stride) {
+  Power<float>(&x, window, Aligned(scratch_), power, stride);
 }
 
 // flatten: the template's operators inline here, as AVX2.
-__attribute__((target("avx2"), flatten)) void PowerSpectrum::Of8(const float* x8, float* power8) {
-  float* buf = Aligned(scratch8_, 4 * static_cast<size_t>(fft_.size) * 8);
-  Power<Float8>(x8, reinterpret_cast<Float8*>(buf), power8, 8);
+__attribute__((target("avx2"), flatten)) void PowerSpectrum::Of8(const float* const x[8],
+                                                                 const float* window,
+                                                                 float* power8) {
+  Power<Float8>(x, window, reinterpret_cast<Float8*>(Aligned(scratch8_)), power8, 8);
 }
 
 }  // namespace mmfeed

@@ -22,11 +22,11 @@ class PowerSpectrum {
   explicit PowerSpectrum(int n);
 
   int Bins() const { return n_ / 2 + 1; }
-  // power[k * stride] = |X_k|^2 for the frame x[0, n), k in [0, Bins()).
-  void Of(const float* x, float* power, int stride);
-  // Eight frames at once: x8[i * 8 + f] is sample i of frame f, power8[k * 8 + f] bin k of
-  // frame f. Each lane's bits equal Of's for that frame. AVX2 (the caller checks UseAvx2()).
-  void Of8(const float* x8, float* power8);
+  // power[k * stride] = |X_k|^2, k in [0, Bins()), for the frame x[i] * window[i], i < n.
+  void Of(const float* x, const float* window, float* power, int stride);
+  // Eight frames at once, frame f x[f][i] * window[i]: power8[k * 8 + f] is its bin k. Each
+  // lane's bits equal Of's for that frame. AVX2 (the caller checks UseAvx2()).
+  void Of8(const float* const x[8], const float* window, float* power8);
 
   static constexpr int kMaxRadix = 31;
 
@@ -48,7 +48,7 @@ class PowerSpectrum {
   template <class V>
   void Transform(V* xr, V* xi, V* scratch) const;
   template <class V>
-  void Power(const float* x, V* buf, float* power, int stride) const;
+  void Power(const float* const* x, const float* window, V* buf, float* power, int stride) const;
 
   int n_, m_;  // m_: the complex size, n / 2 for even n, else n
   Fft fft_;    // of m_, or of the Bluestein size (a power of two >= 2 m_ - 1)

@@ -152,29 +152,34 @@ TEST(AudioStageTest, LogMelAvx2AndPortableGiveTheSameBytes) {
 
 // The log-mel's transform against a double-precision DFT, at sizes of every kind: powers of
 // two, the radices 3, 5 and the generic prime butterfly, odd sizes (no real-to-complex split),
-// and sizes with a prime factor above kMaxRadix (Bluestein's convolution). Eight frames at
-// once give each frame's bits of one at a time.
+// and sizes with a prime factor above kMaxRadix (Bluestein's convolution), of frames times a
+// window. Eight frames at once give each frame's bits of one at a time.
 TEST(AudioStageTest, PowerSpectrumMatchesADoublePrecisionDft) {
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (int n : {2, 3, 4, 5, 7, 8, 12, 18, 49, 62, 98, 100, 127, 254, 400, 480, 512, 1021, 2042}) {
     PowerSpectrum ps(n);
     ASSERT_EQ(ps.Bins(), n / 2 + 1);
-    std::vector<float> x8(static_cast<size_t>(n) * 8), power8(ps.Bins() * 8), x(n),
-        power(ps.Bins());
-    for (float& v : x8) v = u(rng);
-    const bool avx2 = UseAvx2();  // Of8 is AVX2 code
-    if (avx2) ps.Of8(x8.data(), power8.data());
+    std::vector<std::vector<float>> frames(8, std::vector<float>(n));
+    std::vector<float> window(n), power8(ps.Bins() * 8), power(ps.Bins());
+    const float* x8[8];
     for (int f = 0; f < 8; ++f) {
-      for (int i = 0; i < n; ++i) x[i] = x8[static_cast<size_t>(i) * 8 + f];
-      ps.Of(x.data(), power.data(), 1);
+      for (float& v : frames[f]) v = u(rng);
+      x8[f] = frames[f].data();
+    }
+    for (float& v : window) v = u(rng);
+    const bool avx2 = UseAvx2();  // Of8 is AVX2 code
+    if (avx2) ps.Of8(x8, window.data(), power8.data());
+    for (int f = 0; f < 8; ++f) {
+      ps.Of(x8[f], window.data(), power.data(), 1);
       double worst = 0, peak = 0;
       for (int k = 0; k < ps.Bins(); ++k) {
         double re = 0, im = 0;
         for (int t = 0; t < n; ++t) {
           const double a = -2 * M_PI * static_cast<double>(int64_t{t} * k % n) / n;
-          re += x[t] * std::cos(a);
-          im += x[t] * std::sin(a);
+          const float x = x8[f][t] * window[t];  // the windowed sample, rounded as Of rounds it
+          re += x * std::cos(a);
+          im += x * std::sin(a);
         }
         peak = std::max(peak, re * re + im * im);
         worst = std::max(worst, std::fabs(re * re + im * im - power[k]));
