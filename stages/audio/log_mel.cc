@@ -116,27 +116,33 @@ LogMel::LogMel(int sample_rate, int n_fft, int hop, int n_mels)
   }
 }
 
-const float* LogMel::FrameAt(const Signal& x, size_t t, int slot) {
-  const ptrdiff_t start = static_cast<ptrdiff_t>(t) * hop_ - n_fft_ / 2;
+const float* LogMel::FramesAt(const Signal& x, size_t t, int count, size_t* stride) {
+  const ptrdiff_t first = static_cast<ptrdiff_t>(t) * hop_ - n_fft_ / 2;
   const auto n = static_cast<ptrdiff_t>(x.n), valid = static_cast<ptrdiff_t>(x.valid);
-  if (start >= 0 && start + n_fft_ <= valid) return x.samples + start;
-  float* frame = edges_.data() + static_cast<size_t>(slot) * n_fft_;
-  for (int i = 0; i < n_fft_; ++i) {
-    ptrdiff_t k = start + i;
-    if (k < 0)
-      k = -k;  // x[pad], ..., x[1] before x[0]
-    else if (k >= n)
-      k = 2 * (n - 1) - k;  // x[n - 2], x[n - 3], ... after x[n - 1]
-    frame[i] = k < valid ? x.samples[k] : 0.0f;
+  if (first >= 0 && first + (count - 1) * hop_ + n_fft_ <= valid) {
+    *stride = static_cast<size_t>(hop_);
+    return x.samples + first;
   }
-  return frame;
+  *stride = static_cast<size_t>(n_fft_);
+  for (int f = 0; f < count; ++f) {
+    float* frame = edges_.data() + static_cast<size_t>(f) * n_fft_;
+    for (int i = 0; i < n_fft_; ++i) {
+      ptrdiff_t k = first + f * hop_ + i;
+      if (k < 0)
+        k = -k;  // x[pad], ..., x[1] before x[0]
+      else if (k >= n)
+        k = 2 * (n - 1) - k;  // x[n - 2], x[n - 3], ... after x[n - 1]
+      frame[i] = k < valid ? x.samples[k] : 0.0f;
+    }
+  }
+  return edges_.data();
 }
 
 __attribute__((target("avx2"))) void LogMel::EightFrames(const Signal& x, size_t t0, size_t frames,
                                                          float* out, float* max_log) {
-  const float* frame[8];
-  for (int f = 0; f < 8; ++f) frame[f] = FrameAt(x, t0 + f, f);
-  spectrum_.Of8(frame, window_.data(), power8_.data());
+  size_t stride;
+  const float* first = FramesAt(x, t0, 8, &stride);
+  spectrum_.Of8(first, stride, window_.data(), power8_.data());
   // Each lane is one frame: the same multiplies and adds in the same order as Compute's loop.
   const __m256 tiny = _mm256_set1_ps(1e-10f);
   __m256 most = _mm256_set1_ps(*max_log);
@@ -159,7 +165,7 @@ __attribute__((target("avx2"))) void LogMel::EightFrames(const Signal& x, size_t
 void LogMel::Compute(const float* x, size_t n, float* out, size_t valid) {
   const size_t pad = static_cast<size_t>(n_fft_ / 2), hop = static_cast<size_t>(hop_);
   const size_t frames = Frames(n);
-  // Frame t covers x[t*hop - pad, t*hop - pad + n_fft) (FrameAt). Once t*hop - pad >= valid and
+  // Frame t covers x[t*hop - pad, t*hop - pad + n_fft) (FramesAt). Once t*hop - pad >= valid and
   // the window stays left of the reflected tail, it is all zeros.
   size_t silent_from = frames;
   if (valid + 2 * pad < n) silent_from = std::min(frames, (valid + pad + hop - 1) / hop);
@@ -170,7 +176,8 @@ void LogMel::Compute(const float* x, size_t n, float* out, size_t valid) {
   if (avx2)
     for (; t + 8 <= silent_from; t += 8) EightFrames(signal, t, frames, out, &max_log);
   for (; t < silent_from; ++t) {
-    spectrum_.Of(FrameAt(signal, t, 0), window_.data(), power_.data(), 1);
+    size_t stride;
+    spectrum_.Of(FramesAt(signal, t, 1, &stride), window_.data(), power_.data(), 1);
     for (int m = 0; m < n_mels_; ++m) {
       const Band& b = bands_[m];
       float acc = 0;

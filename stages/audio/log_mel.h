@@ -37,9 +37,10 @@ class LogMel {
     const float* samples;
     size_t n, valid;
   };
-  // Frame t's n_fft samples (before the window): where they lie in the signal, or, for a frame
-  // that reaches into the reflect padding or past the valid samples, made in edge slot `slot`.
-  const float* FrameAt(const Signal& x, size_t t, int slot);
+  // Frames [t, t + count), count <= 8, of n_fft samples each (before the window), frame f at
+  // the result + f * *stride: where they lie in the signal, or, when one of them reaches into
+  // the reflect padding or past the valid samples, made in the edge slots.
+  const float* FramesAt(const Signal& x, size_t t, int count, size_t* stride);
   // Frames [t0, t0 + 8) of Compute's loop in AVX2, each band's sum over eight frames at once:
   // their log-mel values into `out` (of `frames` columns) and their maximum into max_log.
   void EightFrames(const Signal& x, size_t t0, size_t frames, float* out, float* max_log);
@@ -48,7 +49,7 @@ class LogMel {
   std::vector<float> window_;
   std::vector<Band> bands_;
   PowerSpectrum spectrum_;
-  std::vector<float> edges_;  // 8 slots of n_fft samples (FrameAt)
+  std::vector<float> edges_;  // 8 slots of n_fft samples (FramesAt)
   std::vector<float> power_, mel_;
   std::vector<float> power8_;  // EightFrames: [bin][frame] of eight power spectra
 };

@@ -36,36 +36,67 @@ __attribute__((target("avx2"))) inline void Transpose8x8(__m256 r[8]) {
   }
 }
 
-// How a value type reads and writes floats: one frame, or eight (one per lane). Windowed gives
-// samples [i, i + kN) of the frames x, times the window: rows[j] holds sample i + j of each;
-// WindowedOne sample i alone. (Values by reference: a Float8 passed by value outside AVX2 code
-// would change the calling convention.)
+// How a value type reads and writes floats: one frame, or eight (one per lane). Deal puts the
+// frames' samples times the window into the transform's input: sample i of frame f is
+// x[f * stride + i]; it goes to re[i / 2] (even i) or im[i / 2] (odd i) for even n, to re[i]
+// (im zero) for odd n. (Values by reference: a Float8 passed by value outside AVX2 code would
+// change the calling convention.)
 template <class V>
 struct Lanes;
 template <>
 struct Lanes<float> {
-  static constexpr int kN = 1;
-  static void Windowed(const float* const* x, const float* w, int i, float* rows) {
-    rows[0] = x[0][i] * w[i];
-  }
-  static void WindowedOne(const float* const* x, const float* w, int i, float& v) {
-    v = x[0][i] * w[i];
+  static void Deal(const float* x, size_t, const float* w, int n, float* re, float* im) {
+    if (n % 2 == 0) {
+      for (int j = 0; j < n / 2; ++j) {
+        re[j] = x[2 * j] * w[2 * j];
+        im[j] = x[2 * j + 1] * w[2 * j + 1];
+      }
+    } else {
+      for (int j = 0; j < n; ++j) {
+        re[j] = x[j] * w[j];
+        im[j] = 0;
+      }
+    }
   }
   static void Store(const float& v, float* p) { *p = v; }
 };
 template <>
 struct Lanes<Float8> {
-  static constexpr int kN = 8;
-  // Eight samples of each frame loaded, transposed (row j: sample i + j of every frame).
-  __attribute__((target("avx2"))) static void Windowed(const float* const* x, const float* w, int i,
-                                                       Float8* rows) {
-    __m256 r[8];
-    for (int f = 0; f < 8; ++f) r[f] = _mm256_loadu_ps(x[f] + i);
+  // Samples [i, i + 8) of the eight frames, windowed: r[j] holds sample i + j of every frame
+  // (eight loaded from each frame, transposed).
+  __attribute__((target("avx2"))) static void Rows(const float* x, size_t stride, const float* w,
+                                                   int i, __m256 r[8]) {
+    for (int f = 0; f < 8; ++f) r[f] = _mm256_loadu_ps(x + f * stride + i);
     Transpose8x8(r);
-    for (int j = 0; j < 8; ++j) rows[j] = _mm256_mul_ps(r[j], _mm256_set1_ps(w[i + j]));
+    for (int j = 0; j < 8; ++j) r[j] = _mm256_mul_ps(r[j], _mm256_set1_ps(w[i + j]));
   }
-  static void WindowedOne(const float* const* x, const float* w, int i, Float8& v) {
-    for (int f = 0; f < 8; ++f) v[f] = x[f][i] * w[i];
+  static void Sample(const float* x, size_t stride, const float* w, int i, Float8& v) {
+    for (int f = 0; f < 8; ++f) v[f] = x[f * stride + i] * w[i];
+  }
+  __attribute__((target("avx2"))) static void Deal(const float* x, size_t stride, const float* w,
+                                                   int n, Float8* re, Float8* im) {
+    __m256 r[8];
+    int i = 0;
+    if (n % 2 == 0) {
+      for (; i + 8 <= n; i += 8) {
+        Rows(x, stride, w, i, r);
+        for (int k = 0; k < 4; ++k) {
+          re[i / 2 + k] = r[2 * k];
+          im[i / 2 + k] = r[2 * k + 1];
+        }
+      }
+      for (; i < n; i += 2) {
+        Sample(x, stride, w, i, re[i / 2]);
+        Sample(x, stride, w, i + 1, im[i / 2]);
+      }
+    } else {
+      for (; i + 8 <= n; i += 8) {
+        Rows(x, stride, w, i, r);
+        for (int j = 0; j < 8; ++j) re[i + j] = r[j];
+      }
+      for (; i < n; ++i) Sample(x, stride, w, i, re[i]);
+      for (int j = 0; j < n; ++j) im[j] = Float8{};
+    }
   }
   __attribute__((target("avx2"))) static void Store(const Float8& v, float* p) {
     _mm256_storeu_ps(p, v);
@@ -346,36 +377,16 @@ void PowerSpectrum::Transform(V* xr, V* xi, V* scratch) const {
   }
 }
 
-// x: Lanes<V>::kN frames, each windowed by w; buf: 4 fft_.size values; power: bin k at
-// power[k * stride].
+// x: one frame, or eight frame_stride apart, each windowed by w (Lanes<V>::Deal); buf: 4
+// fft_.size values; power: bin k at power[k * stride].
 template <class V>
-void PowerSpectrum::Power(const float* const* x, const float* w, V* buf, float* power,
+void PowerSpectrum::Power(const float* x, size_t frame_stride, const float* w, V* buf, float* power,
                           int stride) const {
   using L = Lanes<V>;
   const size_t size = fft_.size;
   V* re = buf;
   V* im = buf + size;
-  // The windowed samples into the transform's input: sample i to re[i / 2] (even i) or
-  // im[i / 2] (odd i) for even n, to re[i] for odd n (im zero).
-  auto put = [&](int i, const V& v) {
-    if (n_ % 2 == 0)
-      (i % 2 == 0 ? re : im)[i / 2] = v;
-    else
-      re[i] = v;
-  };
-  int i = 0;
-  for (; i + L::kN <= n_; i += L::kN) {
-    V rows[L::kN];
-    L::Windowed(x, w, i, rows);
-    for (int j = 0; j < L::kN; ++j) put(i + j, rows[j]);
-  }
-  for (; i < n_; ++i) {
-    V v;
-    L::WindowedOne(x, w, i, v);
-    put(i, v);
-  }
-  if (n_ % 2 != 0)
-    for (int j = 0; j < m_; ++j) im[j] = V{};
+  L::Deal(x, frame_stride, w, n_, re, im);
   Transform(re, im, buf + 2 * size);
   if (n_ % 2 == 0) {
     // X_k = (A - i C) / 2, where A = Z_k + conj(Z_{m-k}) and C = w_k (Z_k - conj(Z_{m-k})),
@@ -399,14 +410,14 @@ void PowerSpectrum::Power(const float* const* x, const float* w, V* buf, float* 
 }
 
 void PowerSpectrum::Of(const float* x, const float* window, float* power, int stride) {
-  Power<float>(&x, window, Aligned(scratch_), power, stride);
+  Power<float>(x, 0, window, Aligned(scratch_), power, stride);
 }
 
 // flatten: the template's operators inline here, as AVX2.
-__attribute__((target("avx2"), flatten)) void PowerSpectrum::Of8(const float* const x[8],
+__attribute__((target("avx2"), flatten)) void PowerSpectrum::Of8(const float* x, size_t stride,
                                                                  const float* window,
                                                                  float* power8) {
-  Power<Float8>(x, window, reinterpret_cast<Float8*>(Aligned(scratch8_)), power8, 8);
+  Power<Float8>(x, stride, window, reinterpret_cast<Float8*>(Aligned(scratch8_)), power8, 8);
 }
 
 }  // namespace mmfeed

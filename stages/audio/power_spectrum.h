@@ -12,6 +12,7 @@
 // A PowerSpectrum is made once per worker and used from one thread at a time.
 #pragma once
 
+#include <cstddef>
 #include <vector>
 
 namespace mmfeed {
@@ -24,9 +25,9 @@ class PowerSpectrum {
   int Bins() const { return n_ / 2 + 1; }
   // power[k * stride] = |X_k|^2, k in [0, Bins()), for the frame x[i] * window[i], i < n.
   void Of(const float* x, const float* window, float* power, int stride);
-  // Eight frames at once, frame f x[f][i] * window[i]: power8[k * 8 + f] is its bin k. Each
-  // lane's bits equal Of's for that frame. AVX2 (the caller checks UseAvx2()).
-  void Of8(const float* const x[8], const float* window, float* power8);
+  // Eight frames at once, frame f x[f * stride + i] * window[i]: power8[k * 8 + f] is its bin
+  // k. Each lane's bits equal Of's for that frame. AVX2 (the caller checks UseAvx2()).
+  void Of8(const float* x, size_t stride, const float* window, float* power8);
 
   static constexpr int kMaxRadix = 31;
 
@@ -48,7 +49,8 @@ class PowerSpectrum {
   template <class V>
   void Transform(V* xr, V* xi, V* scratch) const;
   template <class V>
-  void Power(const float* const* x, const float* window, V* buf, float* power, int stride) const;
+  void Power(const float* x, size_t frame_stride, const float* window, V* buf, float* power,
+             int stride) const;
 
   int n_, m_;  // m_: the complex size, n / 2 for even n, else n
   Fft fft_;    // of m_, or of the Bluestein size (a power of two >= 2 m_ - 1)

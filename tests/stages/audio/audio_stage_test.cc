@@ -160,24 +160,21 @@ TEST(AudioStageTest, PowerSpectrumMatchesADoublePrecisionDft) {
   for (int n : {2, 3, 4, 5, 7, 8, 12, 18, 49, 62, 98, 100, 127, 254, 400, 480, 512, 1021, 2042}) {
     PowerSpectrum ps(n);
     ASSERT_EQ(ps.Bins(), n / 2 + 1);
-    std::vector<std::vector<float>> frames(8, std::vector<float>(n));
-    std::vector<float> window(n), power8(ps.Bins() * 8), power(ps.Bins());
-    const float* x8[8];
-    for (int f = 0; f < 8; ++f) {
-      for (float& v : frames[f]) v = u(rng);
-      x8[f] = frames[f].data();
-    }
+    const size_t stride = n + 3;  // frame f at frames[f * stride]
+    std::vector<float> frames(8 * stride), window(n), power8(ps.Bins() * 8), power(ps.Bins());
+    for (float& v : frames) v = u(rng);
     for (float& v : window) v = u(rng);
     const bool avx2 = UseAvx2();  // Of8 is AVX2 code
-    if (avx2) ps.Of8(x8, window.data(), power8.data());
+    if (avx2) ps.Of8(frames.data(), stride, window.data(), power8.data());
     for (int f = 0; f < 8; ++f) {
-      ps.Of(x8[f], window.data(), power.data(), 1);
+      const float* frame = frames.data() + f * stride;
+      ps.Of(frame, window.data(), power.data(), 1);
       double worst = 0, peak = 0;
       for (int k = 0; k < ps.Bins(); ++k) {
         double re = 0, im = 0;
         for (int t = 0; t < n; ++t) {
           const double a = -2 * M_PI * static_cast<double>(int64_t{t} * k % n) / n;
-          const float x = x8[f][t] * window[t];  // the windowed sample, rounded as Of rounds it
+          const float x = frame[t] * window[t];  // the windowed sample, rounded as Of rounds it
           re += x * std::cos(a);
           im += x * std::sin(a);
         }
