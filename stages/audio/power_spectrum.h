@@ -1,5 +1,5 @@
-// Power spectra of real frames: |X_k|^2 of the DFT X of a frame of n samples, for the bins
-// k = 0 .. n/2 (what an STFT's magnitude squared keeps), unnormalized as numpy's rfft.
+// Power spectra of windowed real frames: |X_k|^2 of the DFT X of n samples times a window, for
+// the bins k = 0 .. n/2 (what an STFT's magnitude squared keeps), unnormalized as numpy's rfft.
 //
 // A mixed-radix Stockham FFT (radix 4, 2, 3, 5, and any other prime up to kMaxRadix; a size
 // with a larger prime factor goes through Bluestein's chirp-z convolution) of the complex
@@ -7,7 +7,8 @@
 // for odd n. The transform is written once over a value type: a float for one frame, or eight
 // floats (an AVX2 vector) for eight frames, one per lane, with the same operations in the same
 // order, so both give the same bits. No multiply and add are fused (built with
-// -ffp-contract=off).
+// -ffp-contract=off). Eight frames are read eight samples at a time from each and transposed
+// into the transform's layout as they are windowed.
 //
 // A PowerSpectrum is made once per worker and used from one thread at a time.
 #pragma once
