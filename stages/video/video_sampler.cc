@@ -10,7 +10,7 @@ extern "C" {
 namespace mmfeed {
 namespace {
 
-// swscale's AVX2 horizontal scalers gather their source pixels; on AMD's cores the SSE4 ones
+// swscale's AVX2 horizontal scalers gather their source pixels; on AMD's cores the SSSE3/SSE4 ones
 // that load them are faster (wan2.2-t2v's clips 1.03x from 1080p, 1.045x from 720p on a Zen 5
 // EPYC; FFmpeg 5.1 marks no AMD core this way), and both give the same bytes (FFmpeg's checkasm
 // holds every scaler to the C one; CoverTest compares with PyAV's, which gathers). So on AMD
