@@ -14,6 +14,11 @@ bool UseAvx2() {
   return has && !portable_only.load(std::memory_order_relaxed);
 }
 
+bool UseAvx512() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has && !portable_only.load(std::memory_order_relaxed);
+}
+
 void UsePortableKernels(bool portable) { portable_only = portable; }
 
 }  // namespace mmfeed

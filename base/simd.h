@@ -1,6 +1,7 @@
-// What the hand-vectorised kernels (the image resampler, the video stage's conversion) share:
-// whether to run their AVX2 code, and the AVX2 float -> bfloat16 step and float stores. Every
-// kernel keeps a portable version that gives the same bytes; tests compare the two.
+// What the hand-vectorised kernels (the image resampler, the video stage's conversion, the audio
+// log-mel) share: whether to run their AVX2 or AVX-512 code, vectors of 8 and 16 floats, and the
+// AVX2 float -> bfloat16 step and float stores. Every kernel keeps a portable version that gives
+// the same bytes; tests compare the two.
 #pragma once
 
 #include <immintrin.h>
@@ -14,8 +15,17 @@ namespace mmfeed {
 
 // True when the CPU has AVX2 and tests have not asked for the portable code.
 bool UseAvx2();
+// True when the CPU has AVX-512F and tests have not asked for the portable code.
+bool UseAvx512();
 // Tests: run the portable code even where the CPU has AVX2.
 void UsePortableKernels(bool portable);
+
+// Eight and sixteen floats as GCC vectors: their operators work lane by lane, and a float operand
+// is broadcast, so one template reads the same for a float and a vector of them. Code that does
+// arithmetic on them runs in AVX2 (Float8) or AVX-512 (Float16) functions; they are passed by
+// reference (by value, outside such code, they would change the calling convention).
+using Float8 = float __attribute__((vector_size(32)));
+using Float16 = float __attribute__((vector_size(64)));
 
 // Eight floats as bfloat16 bits, rounded as ToBFloat16 (base/tensor.h) rounds them: to the
 // nearest even, a NaN quieted instead.

@@ -1,10 +1,9 @@
 #include "stages/audio/log_mel.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "base/simd.h"
 
@@ -19,8 +18,9 @@ const double kLogStep = std::log(6.4) / 27.0;
 // stage's time). x = 2^e m with m in [0.707, 1.414): subtracting the bits of 0.707 from x's
 // makes e the exponent field and leaves m's mantissa bits over those of 0.707 (no compare and
 // blend to move m into the range). log10(m) comes from the atanh series in s = (m - 1) / (m + 1),
-// |s| < 0.172, times 2 log10(e): error below 1.3e-6 for x in [1e-10, 1e6]. Log10v does the same
-// operations in the same order on eight values (no FMA in either), so both give the same bits.
+// |s| < 0.172, times 2 log10(e): error below 1.3e-6 for x in [1e-10, 1e6]. Log10Lanes does the
+// same operations in the same order on eight or sixteen values (no FMA in either), so all give
+// the same bits.
 constexpr uint32_t kSqrtHalfBits = 0x3F3504F3;  // 0.70710677f
 constexpr float kLog10_2 = 0.301029996f, kTwoLog10E = 0.868588964f;
 
@@ -39,25 +39,30 @@ inline float Log10Fast(float x) {
   return static_cast<float>(e) * kLog10_2 + log_m;
 }
 
-__attribute__((target("avx2"))) inline __m256 Log10v(__m256 v) {
-  const __m256i t = _mm256_sub_epi32(_mm256_castps_si256(v), _mm256_set1_epi32(kSqrtHalfBits));
-  const __m256i e = _mm256_srai_epi32(t, 23);
-  const __m256 m = _mm256_castsi256_ps(_mm256_add_epi32(
-      _mm256_and_si256(t, _mm256_set1_epi32(0x7FFFFF)), _mm256_set1_epi32(kSqrtHalfBits)));
-  const __m256 one = _mm256_set1_ps(1.0f);
-  const __m256 s = _mm256_div_ps(_mm256_sub_ps(m, one), _mm256_add_ps(m, one)),
-               s2 = _mm256_mul_ps(s, s);
-  __m256 p = _mm256_mul_ps(s2, _mm256_set1_ps(1.0f / 9));
-  p = _mm256_mul_ps(s2, _mm256_add_ps(_mm256_set1_ps(1.0f / 7), p));
-  p = _mm256_mul_ps(s2, _mm256_add_ps(_mm256_set1_ps(1.0f / 5), p));
-  p = _mm256_mul_ps(s2, _mm256_add_ps(_mm256_set1_ps(1.0f / 3), p));
-  const __m256 log_m =
-      _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(kTwoLog10E), s), _mm256_add_ps(one, p));
-  return _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(e), _mm256_set1_ps(kLog10_2)), log_m);
+// Log10Fast on each lane of a Float8 or Float16, in place.
+template <class V>
+__attribute__((always_inline)) inline void Log10Lanes(V& v) {
+  // The int32 vector of V's size (an attribute of a dependent size would be dropped).
+  using Int8 = int32_t __attribute__((vector_size(32)));
+  using Int16 = int32_t __attribute__((vector_size(64)));
+  using Int = std::conditional_t<sizeof(V) == 32, Int8, Int16>;
+  const Int t = (Int)v - static_cast<int32_t>(kSqrtHalfBits);  // the bits, as ints
+  const Int e = t >> 23;
+  const V m = (V)((t & 0x7FFFFF) + static_cast<int32_t>(kSqrtHalfBits));
+  const V s = (m - 1.0f) / (m + 1.0f), s2 = s * s;
+  V p = s2 * (1.0f / 9);
+  p = s2 * (1.0f / 7 + p);
+  p = s2 * (1.0f / 5 + p);
+  p = s2 * (1.0f / 3 + p);
+  const V log_m = (kTwoLog10E * s) * (1.0f + p);
+  v = __builtin_convertvector(e, V) * kLog10_2 + log_m;
 }
 
-__attribute__((target("avx2"))) inline void Log10x8(float* v) {
-  _mm256_storeu_ps(v, Log10v(_mm256_loadu_ps(v)));
+__attribute__((target("avx2"), flatten)) void Log10x8(float* v) {
+  Float8 x;
+  std::memcpy(&x, v, sizeof x);
+  Log10Lanes(x);
+  std::memcpy(v, &x, sizeof x);
 }
 
 // log10 of every value of v[0, n), eight at a time with `avx2` (UseAvx2(), asked once per call
@@ -84,10 +89,10 @@ LogMel::LogMel(int sample_rate, int n_fft, int hop, int n_mels)
       n_mels_(n_mels),
       n_bins_(n_fft / 2 + 1),
       spectrum_(n_fft),
-      edges_(static_cast<size_t>(n_fft) * 8),
+      edges_(static_cast<size_t>(n_fft) * 16),
       power_(n_bins_),
       mel_(n_mels),
-      power8_(static_cast<size_t>(n_bins_) * 8) {
+      power_lanes_(static_cast<size_t>(n_bins_) * 16) {
   window_.resize(n_fft);
   for (int i = 0; i < n_fft; ++i)
     window_[i] = static_cast<float>(0.5 - 0.5 * std::cos(2 * M_PI * i / n_fft));
@@ -136,28 +141,46 @@ const float* LogMel::FramesAt(const Signal& x, size_t t, int count, size_t* stri
   return edges_.data();
 }
 
-__attribute__((target("avx2"))) void LogMel::EightFrames(const Signal& x, size_t t0, size_t frames,
-                                                         float* out, float* max_log) {
-  size_t stride;
-  const float* first = FramesAt(x, t0, 8, &stride);
-  spectrum_.Of8(first, stride, window_.data(), power8_.data());
-  // Each lane is one frame: the same multiplies and adds in the same order as Compute's loop.
-  const __m256 tiny = _mm256_set1_ps(1e-10f);
-  __m256 most = _mm256_set1_ps(*max_log);
+// Each lane is one frame: the same multiplies and adds in the same order as Compute's loop.
+template <class V>
+void LogMel::MelLanes(size_t t0, size_t frames, float* out, float* max_log) {
+  constexpr int kWidth = sizeof(V) / sizeof(float);
+  const float* power = power_lanes_.data();
+  const V tiny = V{} + 1e-10f;
+  V most = V{} + *max_log;
   for (int m = 0; m < n_mels_; ++m) {
     const Band& b = bands_[m];
-    const float* p = power8_.data() + static_cast<size_t>(b.first_bin) * 8;
-    __m256 acc = _mm256_setzero_ps();
-    for (size_t j = 0; j < b.weights.size(); ++j)
-      acc = _mm256_add_ps(acc,
-                          _mm256_mul_ps(_mm256_set1_ps(b.weights[j]), _mm256_loadu_ps(p + j * 8)));
-    const __m256 mel = Log10v(_mm256_max_ps(tiny, acc));  // std::max(acc, 1e-10f), NaN kept
-    _mm256_storeu_ps(out + static_cast<size_t>(m) * frames + t0, mel);
-    most = _mm256_max_ps(mel, most);
+    const float* p = power + static_cast<size_t>(b.first_bin) * kWidth;
+    V acc{};
+    for (size_t j = 0; j < b.weights.size(); ++j) {
+      V pj;
+      std::memcpy(&pj, p + j * kWidth, sizeof pj);
+      acc = acc + b.weights[j] * pj;
+    }
+    V mel = tiny > acc ? tiny : acc;  // std::max(acc, 1e-10f), NaN kept
+    Log10Lanes(mel);
+    std::memcpy(out + static_cast<size_t>(m) * frames + t0, &mel, sizeof mel);
+    most = mel > most ? mel : most;
   }
-  float lanes[8];
-  _mm256_storeu_ps(lanes, most);
-  for (float v : lanes) *max_log = std::max(*max_log, v);
+  for (int f = 0; f < kWidth; ++f) *max_log = std::max(*max_log, most[f]);
+}
+
+__attribute__((target("avx2"), flatten)) void LogMel::EightFrames(const Signal& x, size_t t0,
+                                                                  size_t frames, float* out,
+                                                                  float* max_log) {
+  size_t stride;
+  const float* first = FramesAt(x, t0, 8, &stride);
+  spectrum_.Of8(first, stride, window_.data(), power_lanes_.data());
+  MelLanes<Float8>(t0, frames, out, max_log);
+}
+
+__attribute__((target("avx512f"), flatten)) void LogMel::SixteenFrames(const Signal& x, size_t t0,
+                                                                       size_t frames, float* out,
+                                                                       float* max_log) {
+  size_t stride;
+  const float* first = FramesAt(x, t0, 16, &stride);
+  spectrum_.Of16(first, stride, window_.data(), power_lanes_.data());
+  MelLanes<Float16>(t0, frames, out, max_log);
 }
 
 void LogMel::Compute(const float* x, size_t n, float* out, size_t valid) {
@@ -171,6 +194,8 @@ void LogMel::Compute(const float* x, size_t n, float* out, size_t valid) {
   float max_log = -1e30f;
   const bool avx2 = UseAvx2();
   size_t t = 0;
+  if (UseAvx512())
+    for (; t + 16 <= silent_from; t += 16) SixteenFrames(signal, t, frames, out, &max_log);
   if (avx2)
     for (; t + 8 <= silent_from; t += 8) EightFrames(signal, t, frames, out, &max_log);
   for (; t < silent_from; ++t) {

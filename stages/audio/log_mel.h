@@ -37,21 +37,26 @@ class LogMel {
     const float* samples;
     size_t n, valid;
   };
-  // Frames [t, t + count), count <= 8, of n_fft samples each (before the window), frame f at
+  // Frames [t, t + count), count <= 16, of n_fft samples each (before the window), frame f at
   // the result + f * *stride: where they lie in the signal, or, when one of them reaches into
   // the reflect padding or past the valid samples, made in the edge slots.
   const float* FramesAt(const Signal& x, size_t t, int count, size_t* stride);
-  // Frames [t0, t0 + 8) of Compute's loop in AVX2, each band's sum over eight frames at once:
-  // their log-mel values into `out` (of `frames` columns) and their maximum into max_log.
+  // Frames [t0, t0 + 8) of Compute's loop in AVX2 (Sixteen: [t0, t0 + 16) in AVX-512), each
+  // band's sum over the frames at once: their log-mel values into `out` (of `frames` columns)
+  // and their maximum into max_log.
   void EightFrames(const Signal& x, size_t t0, size_t frames, float* out, float* max_log);
+  void SixteenFrames(const Signal& x, size_t t0, size_t frames, float* out, float* max_log);
+  // Their mel sums and log10 over the power spectra in power_lanes_, one frame per lane of V.
+  template <class V>
+  void MelLanes(size_t t0, size_t frames, float* out, float* max_log);
 
   int n_fft_, hop_, n_mels_, n_bins_;
   std::vector<float> window_;
   std::vector<Band> bands_;
   PowerSpectrum spectrum_;
-  std::vector<float> edges_;  // 8 slots of n_fft samples (FramesAt)
+  std::vector<float> edges_;  // 16 slots of n_fft samples (FramesAt)
   std::vector<float> power_, mel_;
-  std::vector<float> power8_;  // EightFrames: [bin][frame] of eight power spectra
+  std::vector<float> power_lanes_;  // [bin][frame] of 8 or 16 power spectra (Eight/SixteenFrames)
 };
 
 }  // namespace mmfeed

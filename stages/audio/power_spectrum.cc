@@ -8,13 +8,10 @@
 #include <type_traits>
 #include <utility>
 
+#include "base/simd.h"
+
 namespace mmfeed {
 namespace {
-
-// Eight floats, one frame per lane: GCC's vector extension, so that the transform's template
-// reads the same for a float and for eight (the operators work lane by lane, and a float operand
-// is broadcast).
-using Float8 = float __attribute__((vector_size(32)));
 
 // r[j] lane f <- r[f] lane j.
 __attribute__((target("avx2"))) inline void Transpose8x8(__m256 r[8]) {
@@ -36,46 +33,51 @@ __attribute__((target("avx2"))) inline void Transpose8x8(__m256 r[8]) {
   }
 }
 
-// How a value type reads and writes floats: one frame, or eight (one per lane). Deal puts the
-// frames' samples times the window into the transform's input: sample i of frame f is
-// x[f * stride + i]; it goes to re[i / 2] (even i) or im[i / 2] (odd i) for even n, to re[i]
-// (im zero) for odd n. (Values by reference: a Float8 passed by value outside AVX2 code would
-// change the calling convention.)
-template <class V>
-struct Lanes;
+// Samples [i, i + 8) of eight frames, windowed: r[j] holds sample i + j of every frame (eight
+// loaded from each frame, transposed). Frame f's samples are x[f * stride ...].
+__attribute__((target("avx2"))) inline void Rows(const float* x, size_t stride, const float* w,
+                                                 int i, __m256 r[8]) {
+  for (int f = 0; f < 8; ++f) r[f] = _mm256_loadu_ps(x + f * stride + i);
+  Transpose8x8(r);
+  for (int j = 0; j < 8; ++j) r[j] = _mm256_mul_ps(r[j], _mm256_set1_ps(w[i + j]));
+}
+
+// The same for sixteen frames: the first eight in each vector's lower half, the next in its
+// upper half.
+__attribute__((target("avx512f"))) inline void Rows(const float* x, size_t stride, const float* w,
+                                                    int i, __m512 r[8]) {
+  __m256 lo[8], hi[8];
+  Rows(x, stride, w, i, lo);
+  Rows(x + 8 * stride, stride, w, i, hi);
+  for (int j = 0; j < 8; ++j)
+    r[j] =
+        __builtin_shufflevector(lo[j], hi[j], 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+// The intrinsic type of a vector of W floats, for Rows.
+template <int W>
+struct Reg;
 template <>
-struct Lanes<float> {
-  static void Deal(const float* x, size_t, const float* w, int n, float* re, float* im) {
-    if (n % 2 == 0) {
-      for (int j = 0; j < n / 2; ++j) {
-        re[j] = x[2 * j] * w[2 * j];
-        im[j] = x[2 * j + 1] * w[2 * j + 1];
-      }
-    } else {
-      for (int j = 0; j < n; ++j) {
-        re[j] = x[j] * w[j];
-        im[j] = 0;
-      }
-    }
-  }
-  static void Store(const float& v, float* p) { *p = v; }
+struct Reg<8> {
+  using Type = __m256;
 };
 template <>
-struct Lanes<Float8> {
-  // Samples [i, i + 8) of the eight frames, windowed: r[j] holds sample i + j of every frame
-  // (eight loaded from each frame, transposed).
-  __attribute__((target("avx2"))) static void Rows(const float* x, size_t stride, const float* w,
-                                                   int i, __m256 r[8]) {
-    for (int f = 0; f < 8; ++f) r[f] = _mm256_loadu_ps(x + f * stride + i);
-    Transpose8x8(r);
-    for (int j = 0; j < 8; ++j) r[j] = _mm256_mul_ps(r[j], _mm256_set1_ps(w[i + j]));
+struct Reg<16> {
+  using Type = __m512;
+};
+
+// How a value type reads and writes floats: one frame, or one per lane of a vector. Deal puts
+// the frames' samples times the window into the transform's input: sample i of frame f is
+// x[f * stride + i]; it goes to re[i / 2] (even i) or im[i / 2] (odd i) for even n, to re[i]
+// (im zero) for odd n.
+template <class V>
+struct Lanes {
+  static constexpr int kWidth = sizeof(V) / sizeof(float);
+  static void Sample(const float* x, size_t stride, const float* w, int i, V& v) {
+    for (int f = 0; f < kWidth; ++f) v[f] = x[f * stride + i] * w[i];
   }
-  static void Sample(const float* x, size_t stride, const float* w, int i, Float8& v) {
-    for (int f = 0; f < 8; ++f) v[f] = x[f * stride + i] * w[i];
-  }
-  __attribute__((target("avx2"))) static void Deal(const float* x, size_t stride, const float* w,
-                                                   int n, Float8* re, Float8* im) {
-    __m256 r[8];
+  static void Deal(const float* x, size_t stride, const float* w, int n, V* re, V* im) {
+    typename Reg<kWidth>::Type r[8];
     int i = 0;
     if (n % 2 == 0) {
       for (; i + 8 <= n; i += 8) {
@@ -95,12 +97,28 @@ struct Lanes<Float8> {
         for (int j = 0; j < 8; ++j) re[i + j] = r[j];
       }
       for (; i < n; ++i) Sample(x, stride, w, i, re[i]);
-      for (int j = 0; j < n; ++j) im[j] = Float8{};
+      for (int j = 0; j < n; ++j) im[j] = V{};
     }
   }
-  __attribute__((target("avx2"))) static void Store(const Float8& v, float* p) {
-    _mm256_storeu_ps(p, v);
+  static void Store(const V& v, float* p) { std::memcpy(p, &v, sizeof(V)); }
+};
+template <>
+struct Lanes<float> {
+  static constexpr int kWidth = 1;
+  static void Deal(const float* x, size_t, const float* w, int n, float* re, float* im) {
+    if (n % 2 == 0) {
+      for (int j = 0; j < n / 2; ++j) {
+        re[j] = x[2 * j] * w[2 * j];
+        im[j] = x[2 * j + 1] * w[2 * j + 1];
+      }
+    } else {
+      for (int j = 0; j < n; ++j) {
+        re[j] = x[j] * w[j];
+        im[j] = 0;
+      }
+    }
   }
+  static void Store(const float& v, float* p) { *p = v; }
 };
 
 // (re, im) *= (wr, wi).
@@ -130,12 +148,6 @@ bool Smooth(int n) {  // every prime factor <= kMaxRadix
     n /= p;
   }
   return true;
-}
-
-// The first float of v aligned for Float8 (v has 8 floats more than it needs).
-float* Aligned(std::vector<float>& v) {
-  auto at = reinterpret_cast<uintptr_t>(v.data());
-  return v.data() + ((32 - at % 32) % 32) / sizeof(float);
 }
 
 // One Stockham pass of radix P (P = 0: the generic butterfly of radix p, any prime), decimation
@@ -328,9 +340,6 @@ PowerSpectrum::PowerSpectrum(int n) : n_(n), m_(n % 2 == 0 ? n / 2 : n) {
   if (bluestein_)
     for (size = 1; size < 2 * m_ - 1;) size *= 2;
   fft_.Plan(size);
-  // Power's buffers: 4 values of the transform's size, aligned (8 floats more).
-  scratch_.resize(4 * static_cast<size_t>(size) + 8);
-  scratch8_.resize(4 * static_cast<size_t>(size) * 8 + 8);
   if (!bluestein_) return;
   for (int k = 0; k < m_; ++k) {
     // k^2 mod 2m keeps the angle exact for large k.
@@ -409,15 +418,31 @@ void PowerSpectrum::Power(const float* x, size_t frame_stride, const float* w, V
   }
 }
 
-void PowerSpectrum::Of(const float* x, const float* window, float* power, int stride) {
-  Power<float>(x, 0, window, Aligned(scratch_), power, stride);
+// Power's buffers for V: 4 values of the transform's size, aligned for V. They grow to the
+// widest V used, once.
+template <class V>
+V* PowerSpectrum::Scratch() {
+  const size_t floats = 4 * static_cast<size_t>(fft_.size) * Lanes<V>::kWidth + 16;
+  if (scratch_.size() < floats) scratch_.resize(floats);
+  const auto at = reinterpret_cast<uintptr_t>(scratch_.data());
+  return reinterpret_cast<V*>(scratch_.data() + ((64 - at % 64) % 64) / sizeof(float));
 }
 
-// flatten: the template's operators inline here, as AVX2.
+void PowerSpectrum::Of(const float* x, const float* window, float* power, int stride) {
+  Power<float>(x, 0, window, Scratch<float>(), power, stride);
+}
+
+// flatten: the template's operators inline here, as AVX2 or AVX-512.
 __attribute__((target("avx2"), flatten)) void PowerSpectrum::Of8(const float* x, size_t stride,
                                                                  const float* window,
                                                                  float* power8) {
-  Power<Float8>(x, stride, window, reinterpret_cast<Float8*>(Aligned(scratch8_)), power8, 8);
+  Power<Float8>(x, stride, window, Scratch<Float8>(), power8, 8);
+}
+
+__attribute__((target("avx512f"), flatten)) void PowerSpectrum::Of16(const float* x, size_t stride,
+                                                                     const float* window,
+                                                                     float* power16) {
+  Power<Float16>(x, stride, window, Scratch<Float16>(), power16, 16);
 }
 
 }  // namespace mmfeed

@@ -6,9 +6,9 @@
 // size n/2 for even n (the even samples as real parts, the odd as imaginary, split after) or n
 // for odd n. The transform is written once over a value type: a float for one frame, or eight
 // floats (an AVX2 vector) for eight frames, one per lane, with the same operations in the same
-// order, so both give the same bits. No multiply and add are fused (built with
-// -ffp-contract=off). Eight frames are read eight samples at a time from each and transposed
-// into the transform's layout as they are windowed.
+// order, so both give the same bits; sixteen frames (AVX-512) likewise. No multiply and add are
+// fused (built with -ffp-contract=off). Eight or sixteen frames are read eight samples at a time
+// from each and transposed into the transform's layout as they are windowed.
 //
 // A PowerSpectrum is made once per worker and used from one thread at a time.
 #pragma once
@@ -29,6 +29,9 @@ class PowerSpectrum {
   // Eight frames at once, frame f x[f * stride + i] * window[i]: power8[k * 8 + f] is its bin
   // k. Each lane's bits equal Of's for that frame. AVX2 (the caller checks UseAvx2()).
   void Of8(const float* x, size_t stride, const float* window, float* power8);
+  // Sixteen frames at once, as Of8: power16[k * 16 + f]. AVX-512 (the caller checks
+  // UseAvx512()).
+  void Of16(const float* x, size_t stride, const float* window, float* power16);
 
   static constexpr int kMaxRadix = 31;
 
@@ -50,6 +53,8 @@ class PowerSpectrum {
   template <class V>
   void Transform(V* xr, V* xi, V* scratch) const;
   template <class V>
+  V* Scratch();
+  template <class V>
   void Power(const float* x, size_t frame_stride, const float* window, V* buf, float* power,
              int stride) const;
 
@@ -59,8 +64,7 @@ class PowerSpectrum {
   std::vector<float> chirp_re_, chirp_im_;    // Bluestein: e^{-pi i k^2 / m}, k < m
   std::vector<float> kernel_re_, kernel_im_;  // Bluestein: the chirp's conjugate, transformed
   std::vector<float> split_re_, split_im_;    // even n: e^{-2 pi i k / n}, k <= m
-  std::vector<float> scratch_;                // Of's buffers
-  std::vector<float> scratch8_;               // Of8's buffers (eight floats per value)
+  std::vector<float> scratch_;                // Power's buffers (Scratch)
 };
 
 }  // namespace mmfeed
