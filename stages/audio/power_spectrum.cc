@@ -150,15 +150,17 @@ bool Smooth(int n) {  // every prime factor <= kMaxRadix
   return true;
 }
 
-// One Stockham pass of radix P (P = 0: the generic butterfly of radix p, any prime), decimation
-// in frequency: over the current length len = p m (stride s, the product of the radices before
-// it), it reads a_r = x[k + s (q + r m)], r < p, and writes its DFT b_j times e^{-2 pi i jq / len}
-// to y[k + s (p q + j)]. Each radix has its own loop, compiled (and its registers allocated)
-// alone: one loop with every radix's branch inside spilled registers (the transform 1.10x slower).
+// One Stockham pass of radix p = P (P = 0: the generic butterfly, p = `radix`, any prime;
+// otherwise p is a constant the indices fold), decimation in frequency: over the current length
+// len = p m (stride s, the product of the radices before it), it reads a_r = x[k + s (q + r m)],
+// r < p, and writes its DFT b_j times e^{-2 pi i jq / len} to y[k + s (p q + j)]. Each radix has
+// its own loop, compiled (and its registers allocated) alone: one loop with every radix's branch
+// inside spilled registers (the transform 1.10x slower).
 template <int P, class V>
-void StockhamPass(int p, int m, int s, const float* wr, const float* wi, const V* xr, const V* xi,
-                  V* yr, V* yi) {
+void StockhamPass(int radix, int m, int s, const float* wr, const float* wi, const V* xr,
+                  const V* xi, V* yr, V* yi) {
   static_assert(P == 0 || P == 2 || P == 3 || P == 4 || P == 5);
+  const int p = P ? P : radix;
   const float c3 = -0.5f, s3 = static_cast<float>(std::sin(2 * M_PI / 3));
   const float c51 = static_cast<float>(std::cos(2 * M_PI / 5)),
               c52 = static_cast<float>(std::cos(4 * M_PI / 5)),
