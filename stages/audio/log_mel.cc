@@ -143,9 +143,15 @@ const float* LogMel::FramesAt(const Signal& x, size_t t, int count, size_t* stri
 
 // Each lane is one frame: the same multiplies and adds in the same order as Compute's loop.
 template <class V>
-void LogMel::MelLanes(size_t t0, size_t frames, float* out, float* max_log) {
+void LogMel::FrameBlock(const Signal& x, size_t t0, size_t frames, float* out, float* max_log) {
   constexpr int kWidth = sizeof(V) / sizeof(float);
-  const float* power = power_lanes_.data();
+  size_t stride;
+  const float* first = FramesAt(x, t0, kWidth, &stride);
+  float* power = power_lanes_.data();
+  if constexpr (kWidth == 8)
+    spectrum_.Of8(first, stride, window_.data(), power);
+  else
+    spectrum_.Of16(first, stride, window_.data(), power);
   const V tiny = V{} + 1e-10f;
   V most = V{} + *max_log;
   for (int m = 0; m < n_mels_; ++m) {
@@ -168,19 +174,13 @@ void LogMel::MelLanes(size_t t0, size_t frames, float* out, float* max_log) {
 __attribute__((target("avx2"), flatten)) void LogMel::EightFrames(const Signal& x, size_t t0,
                                                                   size_t frames, float* out,
                                                                   float* max_log) {
-  size_t stride;
-  const float* first = FramesAt(x, t0, 8, &stride);
-  spectrum_.Of8(first, stride, window_.data(), power_lanes_.data());
-  MelLanes<Float8>(t0, frames, out, max_log);
+  FrameBlock<Float8>(x, t0, frames, out, max_log);
 }
 
 __attribute__((target("avx512f"), flatten)) void LogMel::SixteenFrames(const Signal& x, size_t t0,
                                                                        size_t frames, float* out,
                                                                        float* max_log) {
-  size_t stride;
-  const float* first = FramesAt(x, t0, 16, &stride);
-  spectrum_.Of16(first, stride, window_.data(), power_lanes_.data());
-  MelLanes<Float16>(t0, frames, out, max_log);
+  FrameBlock<Float16>(x, t0, frames, out, max_log);
 }
 
 void LogMel::Compute(const float* x, size_t n, float* out, size_t valid) {

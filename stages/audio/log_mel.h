@@ -46,9 +46,9 @@ class LogMel {
   // and their maximum into max_log.
   void EightFrames(const Signal& x, size_t t0, size_t frames, float* out, float* max_log);
   void SixteenFrames(const Signal& x, size_t t0, size_t frames, float* out, float* max_log);
-  // Their mel sums and log10 over the power spectra in power_lanes_, one frame per lane of V.
+  // Both, over a vector type V: one frame per lane, its power spectrum in power_lanes_.
   template <class V>
-  void MelLanes(size_t t0, size_t frames, float* out, float* max_log);
+  void FrameBlock(const Signal& x, size_t t0, size_t frames, float* out, float* max_log);
 
   int n_fft_, hop_, n_mels_, n_bins_;
   std::vector<float> window_;
