@@ -1,5 +1,7 @@
 #include "stages/audio/log_mel.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -56,6 +58,17 @@ __attribute__((always_inline)) inline void Log10Lanes(V& v) {
   p = s2 * (1.0f / 3 + p);
   const V log_m = (kTwoLog10E * s) * (1.0f + p);
   v = __builtin_convertvector(e, V) * kLog10_2 + log_m;
+}
+
+// out = x86's max(a, b) on each lane: b where either is NaN (a vector ?: compiles to a compare
+// and blend).
+__attribute__((target("avx2"))) inline void MaxOf(const Float8& a, const Float8& b, Float8& out) {
+  out = _mm256_max_ps(a, b);
+}
+__attribute__((target("avx512f"))) inline void MaxOf(const Float16& a, const Float16& b,
+                                                     Float16& out) {
+  // Zero-masked with every lane kept: plain _mm512_max_ps warns in GCC 12 (its undefined source).
+  out = _mm512_maskz_max_ps(0xFFFF, a, b);
 }
 
 __attribute__((target("avx2"), flatten)) void Log10x8(float* v) {
@@ -163,10 +176,11 @@ void LogMel::FrameBlock(const Signal& x, size_t t0, size_t frames, float* out, f
       std::memcpy(&pj, p + j * kWidth, sizeof pj);
       acc = acc + b.weights[j] * pj;
     }
-    V mel = tiny > acc ? tiny : acc;  // std::max(acc, 1e-10f), NaN kept
+    V mel;
+    MaxOf(tiny, acc, mel);  // std::max(acc, 1e-10f), NaN kept
     Log10Lanes(mel);
     std::memcpy(out + static_cast<size_t>(m) * frames + t0, &mel, sizeof mel);
-    most = mel > most ? mel : most;
+    MaxOf(mel, most, most);
   }
   for (int f = 0; f < kWidth; ++f) *max_log = std::max(*max_log, most[f]);
 }
