@@ -14,7 +14,7 @@ batch (stall) and computed. Both share the machine with the model, as on a train
 usage: train_loop_bench.py [--build build] [--out bench/out/train_loop] [--steps 60] [--warmup 5]
 Prints one JSON object.
 """
-import argparse, json, os, pathlib, statistics, subprocess, sys, time
+import argparse, json, os, pathlib, shutil, statistics, subprocess, sys, tempfile, time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PY = "/usr/bin/python3"
@@ -62,12 +62,15 @@ def run_mmfeed(build, data, steps, warmup):
     cfg = (ROOT / "configs" / "demo.yaml").read_text().replace("consumers: 2", "consumers: 1")
     cfg = cfg.replace("epochs: 1", "epochs: 0")
     (data / "train.yaml").write_text(cfg)
-    sock = data / "train.sock"
+    # The socket in /tmp: a path in a deep clone may pass the 107 bytes a socket's path can have.
+    sock = pathlib.Path(tempfile.mkdtemp(prefix="mmfeed-train-")) / "mmfeed.sock"
     log = open(data / "train-daemon.log", "w")
     d = subprocess.Popen([f"{build}/bin/mmfeedd", "--config", str(data / "train.yaml"), "--socket", str(sock),
                           "--drain-timeout", "1"], stderr=log)
     try:
         while not sock.exists():
+            if d.poll() is not None:
+                sys.exit(f"mmfeedd exited ({d.returncode}) before it served:\n" + (data / "train-daemon.log").read_text())
             time.sleep(0.01)
         loader = torch.utils.data.DataLoader(mmfeed.torch.MmfeedDataset(socket=str(sock), rank=0), batch_size=None,
                                              num_workers=0)
@@ -76,6 +79,7 @@ def run_mmfeed(build, data, steps, warmup):
     finally:
         d.terminate()
         d.wait()
+        shutil.rmtree(sock.parent, ignore_errors=True)
 
 
 def run_dataloader(data, steps, warmup):

@@ -138,8 +138,11 @@ StageSchema BatchStageSchema();
 
 #define MMFEED_CONCAT_INNER(a, b) a##b
 #define MMFEED_CONCAT(a, b) MMFEED_CONCAT_INNER(a, b)
-#define MMFEED_REGISTER_STAGE(schema_expr)                        \
-  static const bool MMFEED_CONCAT(mmfeed_registered_, __LINE__) = \
+// Named by __COUNTER__, not __LINE__: a unity build compiles several stages' files as one source,
+// where two registrations may share a line number of their files (GCC numbers an invocation by
+// its first line, clang by its last: the clash showed with clang).
+#define MMFEED_REGISTER_STAGE(schema_expr)                           \
+  static const bool MMFEED_CONCAT(mmfeed_registered_, __COUNTER__) = \
       ::mmfeed::Registry::Get().Add(schema_expr)
 
 }  // namespace mmfeed

@@ -4,27 +4,41 @@
 # ranks, and prints their throughput and the daemon's profile; then the trainer's side: the
 # training step of examples/train_image_text.py fed by mmfeed and by a DataLoader(num_workers=2)
 # on the same files (bench/train_loop_bench.py), with each one's data stall share.
+# It builds into build/ (or $BUILD_DIR); MMFEED_DEMO_SETUP=0 skips the apt step (scripts/test.sh
+# runs the demo so, after its own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=demo-data
+BUILD_DIR=${BUILD_DIR:-build}
+export BUILD_DIR
 mkdir -p "$DATA"
-# What the build needs first; the rest (PyTorch, ...) installs while it compiles.
-bash scripts/setup.sh --build-only
-bash scripts/setup.sh --demo > "$DATA/setup.log" 2>&1 &
-SETUP=$!
+SETUP=""
+if [ "${MMFEED_DEMO_SETUP:-1}" != 0 ]; then
+  # What the build needs first; the rest (PyTorch, ...) installs while it compiles.
+  bash scripts/setup.sh --build-only
+  bash scripts/setup.sh --demo > "$DATA/setup.log" 2>&1 &
+  SETUP=$!
+fi
+# A new tree builds with clang++: the demo's targets take 30% less CPU time than with g++. The
+# tests build with g++; CI runs this demo too, built with clang++ (scripts/test.sh).
+if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then export CXX=${CXX:-clang++}; fi
 # Only what the demo runs: not the unit tests, benchmarks or tools (bash scripts/test.sh builds all).
 BUILD_TARGETS="mmfeedd mmfeed-consume _mmfeed" bash scripts/build.sh -DMMFEED_TESTS=OFF
-wait $SETUP || { cat "$DATA/setup.log"; echo "scripts/setup.sh --demo failed" >&2; exit 1; }
+if [ -n "$SETUP" ]; then
+  wait $SETUP || { cat "$DATA/setup.log"; echo "scripts/setup.sh --demo failed" >&2; exit 1; }
+fi
 /usr/bin/python3 scripts/make_dataset.py "$DATA" --count 2048
 cp configs/demo.yaml "$DATA/demo.yaml"
-SOCK="$PWD/$DATA/mmfeed.sock"
-rm -f "$SOCK"  # a previous run's, so that the wait below sees this daemon's
-./build/bin/mmfeedd --config "$DATA/demo.yaml" --socket "$SOCK" 2> "$DATA/daemon.log" &
+# The socket in /tmp: a path in a deep clone may pass the 107 bytes a socket's path can have.
+SOCK_DIR=$(mktemp -d /tmp/mmfeed-demo.XXXXXX)
+trap 'rm -rf "$SOCK_DIR"' EXIT
+SOCK="$SOCK_DIR/mmfeed.sock"
+"$BUILD_DIR/bin/mmfeedd" --config "$DATA/demo.yaml" --socket "$SOCK" 2> "$DATA/daemon.log" &
 DAEMON=$!
 for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
-./build/bin/mmfeed-consume --socket "$SOCK" --rank 0 --json > "$DATA/rank0.json" &
+"$BUILD_DIR/bin/mmfeed-consume" --socket "$SOCK" --rank 0 --json > "$DATA/rank0.json" &
 C0=$!
-./build/bin/mmfeed-consume --socket "$SOCK" --rank 1 --json > "$DATA/rank1.json"
+"$BUILD_DIR/bin/mmfeed-consume" --socket "$SOCK" --rank 1 --json > "$DATA/rank1.json"
 wait $C0
 wait $DAEMON
 echo "== consumers (one JSON line per rank) =="
@@ -39,7 +53,7 @@ PY
 echo "== daemon profile =="
 sed -n '/mmfeedd profile:/,$p' "$DATA/daemon.log"
 echo "== the trainer's side: examples/train_image_text.py's step, 40 steps of batch 32 =="
-/usr/bin/python3 bench/train_loop_bench.py --build build --out "$DATA" --steps 40 --warmup 5 \
+/usr/bin/python3 bench/train_loop_bench.py --build "$BUILD_DIR" --out "$DATA" --steps 40 --warmup 5 \
   > "$DATA/train.json"
 /usr/bin/python3 - "$DATA/train.json" <<'PY'
 import json, sys

@@ -12,9 +12,10 @@
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
-# The build tools, installed first (below). g++ and make, not build-essential: its dpkg-dev brings
-# Perl, which only the Debian package needs; TEST_PKGS has it.
-TOOLS=(g++ make cmake ninja-build pkg-config python3)
+# The build tools, installed first (below). clang (the demo's compiler: scripts/demo.sh) and make,
+# not build-essential: its dpkg-dev brings Perl, which only the Debian package needs; TEST_PKGS
+# has it, and g++, the tests' compiler.
+TOOLS=(clang make cmake ninja-build pkg-config python3)
 # What the daemon, the client and the Python module build from.
 PKGS=(
   "${TOOLS[@]}"
@@ -31,8 +32,8 @@ PKGS=(
 RUN_PKGS=(python3-numpy python3-torch python3-torchvision python3-pil systemd)
 # What the tests, the fuzzers and the package need besides (ffmpeg makes the tests' media).
 TEST_PKGS=(
-  ffmpeg
-  libgtest-dev libgmock-dev libbenchmark-dev clang clang-format libclang-rt-14-dev
+  g++ ffmpeg
+  libgtest-dev libgmock-dev libbenchmark-dev clang-format libclang-rt-14-dev
   python3-av python3-yaml python3-jsonschema
   python3-venv python3-pip python3-setuptools python3-wheel lintian dpkg-dev
 )

@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# Sets everything up and runs every test: installs the Debian packages, builds in Release,
-# runs ctest; then builds the tests with ASan+UBSan and runs them again; then builds the
-# libFuzzer targets with clang and runs each for a short while on its seed corpus.
-# MMFEED_SKIP_SANITIZERS=1 / MMFEED_SKIP_FUZZ=1 skip the last two parts; MMFEED_FUZZ_SECONDS (15)
-# is each fuzzer's time.
+# Sets everything up and runs every test: installs the Debian packages, builds in Release with
+# g++, runs ctest; then runs the demo (scripts/demo.sh, less its apt step) on its own clang++
+# build; then builds the tests with ASan+UBSan and runs them again; then builds the libFuzzer
+# targets with clang and runs each for a short while on its seed corpus.
+# MMFEED_SKIP_DEMO=1 / MMFEED_SKIP_SANITIZERS=1 / MMFEED_SKIP_FUZZ=1 skip the last three parts;
+# MMFEED_FUZZ_SECONDS (15) is each fuzzer's time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bash scripts/build.sh -DMMFEED_TESTS=ON  # (the demo's build leaves them off in the cache)
+CXX=g++ bash scripts/build.sh -DMMFEED_TESTS=ON  # (the demo's build leaves them off in the cache)
 (cd build && ctest --output-on-failure -j2)
+if [ "${MMFEED_SKIP_DEMO:-0}" != 1 ]; then
+  BUILD_DIR=build-demo MMFEED_DEMO_SETUP=0 bash scripts/demo.sh
+fi
 if [ "${MMFEED_SKIP_SANITIZERS:-0}" != 1 ]; then
   # One file at a time here (the Release build above is a unity build): both ways compile.
-  BUILD_DIR=build-asan bash scripts/build.sh -DMMFEED_SANITIZE=ON -DCMAKE_UNITY_BUILD=OFF
+  BUILD_DIR=build-asan CXX=g++ bash scripts/build.sh -DMMFEED_SANITIZE=ON -DCMAKE_UNITY_BUILD=OFF
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
      ctest --output-on-failure -j2)
 fi
@@ -19,7 +23,7 @@ if [ "${MMFEED_SKIP_FUZZ:-0}" != 1 ]; then
   fuzzers="config image source ring_reader ring_control control_protocol tokenizer tokenizer_json video"
   # Only the fuzzers (and the libraries they link): the daemon and tools are not run from here.
   BUILD_DIR=build-fuzz BUILD_TARGETS="$(printf 'fuzz_%s ' $fuzzers)" \
-    bash scripts/build.sh -DCMAKE_CXX_COMPILER=clang++ -DMMFEED_FUZZ=ON -DMMFEED_TESTS=OFF \
+    CXX=clang++ bash scripts/build.sh -DMMFEED_FUZZ=ON -DMMFEED_TESTS=OFF \
       -DCMAKE_UNITY_BUILD=OFF
   seeds=build-fuzz/seeds
   rm -rf "$seeds" && mkdir -p "$seeds"/{config,image,source,ring_reader,ring_control,control_protocol,tokenizer,tokenizer_json,video}
