@@ -147,7 +147,7 @@ TEST(WindowProfileTest, ASaturatedStageIsNamedWithTheKindItsTimeShows) {
   r["stages"] = {StageJson("source", "manifest", 0.05, 0.5),
                  StageJson("image", "image", 0.97, 0.95), StageJson("batch", "batch", 0.1, 0.9),
                  StageJson("ring0", "ring", 0.01, 1.0)};
-  r["consumers"] = {Trainer(0.8, 0.1)};
+  r["consumers"] = nlohmann::json::array({Trainer(0.8, 0.1)});
   nlohmann::json d = Diagnose(r);
   EXPECT_EQ(d["stage"], "image");
   EXPECT_EQ(d["kind"], "cpu");
@@ -187,9 +187,9 @@ TEST(WindowProfileTest, ASaturatedStageIsNamedWithTheKindItsTimeShows) {
 TEST(WindowProfileTest, StarvedTrainersNameAStageThatIsOnlyHalfBusy) {
   nlohmann::json r = Report();
   r["stages"] = {StageJson("image", "image", 0.45, 0.9), StageJson("batch", "batch", 0.1, 0.9)};
-  r["consumers"] = {Trainer(0.6, 0.1)};
+  r["consumers"] = nlohmann::json::array({Trainer(0.6, 0.1)});
   EXPECT_EQ(Diagnose(r)["stage"], "image");
-  r["consumers"] = {Trainer(0.04, 0.1)};
+  r["consumers"] = nlohmann::json::array({Trainer(0.04, 0.1)});
   EXPECT_EQ(Diagnose(r)["kind"], "none");
   // A stage busy 80% while the trainers barely wait is spare capacity, not the limit.
   r["stages"][0]["busy_share"] = 0.8;
@@ -198,7 +198,7 @@ TEST(WindowProfileTest, StarvedTrainersNameAStageThatIsOnlyHalfBusy) {
   EXPECT_NE(d["evidence"].get<std::string>().find("the busiest stage, image, was busy 80%"),
             std::string::npos)
       << d;
-  r["consumers"] = {Trainer(0.06, 0.1)};
+  r["consumers"] = nlohmann::json::array({Trainer(0.06, 0.1)});
   EXPECT_EQ(Diagnose(r)["stage"], "image");
 }
 
@@ -229,7 +229,7 @@ TEST(WindowProfileTest, TrainersHoldingFullRingsAreTheLimitAndIdleIsNone) {
   nlohmann::json ring = StageJson("ring0", "ring", 0.01, 1.0);
   ring["blocked_share"] = 0.95;
   r["stages"] = {StageJson("image", "image", 0.2, 0.95), ring};
-  r["consumers"] = {Trainer(0.0, 0.9)};
+  r["consumers"] = nlohmann::json::array({Trainer(0.0, 0.9)});
   nlohmann::json d = Diagnose(r);
   EXPECT_EQ(d["kind"], "consumer");
   EXPECT_TRUE(d["stage"].is_null());
@@ -237,11 +237,12 @@ TEST(WindowProfileTest, TrainersHoldingFullRingsAreTheLimitAndIdleIsNone) {
   // Trainers holding batches and never waiting set the pace even while the rings are not full.
   r["stages"][1]["blocked_share"] = 0.2;
   EXPECT_EQ(Diagnose(r)["kind"], "consumer");
-  r["consumers"] = {Trainer(0.3, 0.9)};  // ... but not if they also wait for data
+  r["consumers"] =
+      nlohmann::json::array({Trainer(0.3, 0.9)});  // ... but not if they also wait for data
   EXPECT_NE(Diagnose(r)["kind"], "consumer");
   r["stages"][1]["blocked_share"] = 0.95;
   // Full rings, trainers that take and release at once: spare capacity, no alarm.
-  r["consumers"] = {Trainer(0.0, 0.02)};
+  r["consumers"] = nlohmann::json::array({Trainer(0.0, 0.02)});
   EXPECT_EQ(Diagnose(r)["kind"], "none");
   // No trainer at all.
   r["consumers"] = nlohmann::json::array();
