@@ -17,7 +17,7 @@ namespace mmfeed {
 bool UseAvx2();
 // True when the CPU has AVX-512F and tests have not asked for the portable code.
 bool UseAvx512();
-// Tests: run the portable code even where the CPU has AVX2.
+// Tests: run the portable code even where the CPU has AVX2 or AVX-512.
 void UsePortableKernels(bool portable);
 
 // Eight and sixteen floats as GCC vectors: their operators work lane by lane, and a float operand
