@@ -137,9 +137,16 @@ nlohmann::json StageJson(const char* name, const char* type, double busy, double
           {"major_faults_per_s", 0.0}};
 }
 
-nlohmann::json Trainer(double wait, double held) {
-  return {{"attached", true}, {"wait_share", wait}, {"held_batches", held}, {"ready_not_taken", 0},
-          {"taken", 1},       {"slots", 4},         {"batches_per_s", 10.0}};
+// The report's consumers: one attached trainer. An array built as such: a one-element braced
+// list of a json is an array under GCC but a copy of the element under clang.
+nlohmann::json OneTrainer(double wait, double held) {
+  return nlohmann::json::array({{{"attached", true},
+                                 {"wait_share", wait},
+                                 {"held_batches", held},
+                                 {"ready_not_taken", 0},
+                                 {"taken", 1},
+                                 {"slots", 4},
+                                 {"batches_per_s", 10.0}}});
 }
 
 TEST(WindowProfileTest, ASaturatedStageIsNamedWithTheKindItsTimeShows) {
@@ -147,7 +154,7 @@ TEST(WindowProfileTest, ASaturatedStageIsNamedWithTheKindItsTimeShows) {
   r["stages"] = {StageJson("source", "manifest", 0.05, 0.5),
                  StageJson("image", "image", 0.97, 0.95), StageJson("batch", "batch", 0.1, 0.9),
                  StageJson("ring0", "ring", 0.01, 1.0)};
-  r["consumers"] = nlohmann::json::array({Trainer(0.8, 0.1)});
+  r["consumers"] = OneTrainer(0.8, 0.1);
   nlohmann::json d = Diagnose(r);
   EXPECT_EQ(d["stage"], "image");
   EXPECT_EQ(d["kind"], "cpu");
@@ -187,9 +194,9 @@ TEST(WindowProfileTest, ASaturatedStageIsNamedWithTheKindItsTimeShows) {
 TEST(WindowProfileTest, StarvedTrainersNameAStageThatIsOnlyHalfBusy) {
   nlohmann::json r = Report();
   r["stages"] = {StageJson("image", "image", 0.45, 0.9), StageJson("batch", "batch", 0.1, 0.9)};
-  r["consumers"] = nlohmann::json::array({Trainer(0.6, 0.1)});
+  r["consumers"] = OneTrainer(0.6, 0.1);
   EXPECT_EQ(Diagnose(r)["stage"], "image");
-  r["consumers"] = nlohmann::json::array({Trainer(0.04, 0.1)});
+  r["consumers"] = OneTrainer(0.04, 0.1);
   EXPECT_EQ(Diagnose(r)["kind"], "none");
   // A stage busy 80% while the trainers barely wait is spare capacity, not the limit.
   r["stages"][0]["busy_share"] = 0.8;
@@ -198,7 +205,7 @@ TEST(WindowProfileTest, StarvedTrainersNameAStageThatIsOnlyHalfBusy) {
   EXPECT_NE(d["evidence"].get<std::string>().find("the busiest stage, image, was busy 80%"),
             std::string::npos)
       << d;
-  r["consumers"] = nlohmann::json::array({Trainer(0.06, 0.1)});
+  r["consumers"] = OneTrainer(0.06, 0.1);
   EXPECT_EQ(Diagnose(r)["stage"], "image");
 }
 
@@ -229,7 +236,7 @@ TEST(WindowProfileTest, TrainersHoldingFullRingsAreTheLimitAndIdleIsNone) {
   nlohmann::json ring = StageJson("ring0", "ring", 0.01, 1.0);
   ring["blocked_share"] = 0.95;
   r["stages"] = {StageJson("image", "image", 0.2, 0.95), ring};
-  r["consumers"] = nlohmann::json::array({Trainer(0.0, 0.9)});
+  r["consumers"] = OneTrainer(0.0, 0.9);
   nlohmann::json d = Diagnose(r);
   EXPECT_EQ(d["kind"], "consumer");
   EXPECT_TRUE(d["stage"].is_null());
@@ -237,12 +244,11 @@ TEST(WindowProfileTest, TrainersHoldingFullRingsAreTheLimitAndIdleIsNone) {
   // Trainers holding batches and never waiting set the pace even while the rings are not full.
   r["stages"][1]["blocked_share"] = 0.2;
   EXPECT_EQ(Diagnose(r)["kind"], "consumer");
-  r["consumers"] =
-      nlohmann::json::array({Trainer(0.3, 0.9)});  // ... but not if they also wait for data
+  r["consumers"] = OneTrainer(0.3, 0.9);  // ... but not if they also wait for data
   EXPECT_NE(Diagnose(r)["kind"], "consumer");
   r["stages"][1]["blocked_share"] = 0.95;
   // Full rings, trainers that take and release at once: spare capacity, no alarm.
-  r["consumers"] = nlohmann::json::array({Trainer(0.0, 0.02)});
+  r["consumers"] = OneTrainer(0.0, 0.02);
   EXPECT_EQ(Diagnose(r)["kind"], "none");
   // No trainer at all.
   r["consumers"] = nlohmann::json::array();
