@@ -10,8 +10,20 @@
 #          (nvidia-cuda-dev: the runtime and headers, CUDA 11.8; nvidia-cuda-toolkit: nvcc), so
 #          the CUDA feeder builds and its no-GPU tests run; a GPU is not needed
 set -euo pipefail
+# What to run as root if sudo is missing: --build-only is the demo's first step, --demo has it all.
+ARGS="$*"
+ARGS=${ARGS/--build-only/--demo}
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+# Called before the first change to the system: a user who is not root needs sudo for it.
+need_root() {  # $1: what is about to be done
+  if [ -n "$SUDO" ] && ! command -v sudo > /dev/null; then
+    echo "scripts/setup.sh: $1 needs root, and sudo is not installed: run it as root" \
+      "(su -c 'bash scripts/setup.sh $ARGS'), or install sudo and add yourself to its group" \
+      "(as root: apt-get install sudo && adduser $(id -un) sudo, then log in again)" >&2
+    exit 1
+  fi
+}
 # The build tools, installed first (below). clang (the demo's compiler: scripts/demo.sh) and make,
 # not build-essential: its dpkg-dev brings Perl, which only the Debian package needs; TEST_PKGS
 # has it, and g++, the tests' compiler.
@@ -57,11 +69,13 @@ if [ $cuda = 1 ]; then
   # /etc/apt/sources.list.d/debian.sources (deb822) or /etc/apt/sources.list.
   if [ -f /etc/apt/sources.list.d/debian.sources ] &&
     ! grep -q "^Components:.*non-free\b" /etc/apt/sources.list.d/debian.sources; then
+    need_root "enabling Debian's contrib and non-free components"
     $SUDO sed -i -E 's/^(Components:.*\bmain\b)(.*)$/\1\2 contrib non-free/' \
       /etc/apt/sources.list.d/debian.sources
   fi
   if [ -f /etc/apt/sources.list ] && grep -qE "^deb .* main" /etc/apt/sources.list &&
     ! grep -qE "^deb .* main.*non-free( |$)" /etc/apt/sources.list; then
+    need_root "enabling Debian's contrib and non-free components"
     $SUDO sed -i -E '/^deb /s/ main( |$)/ main contrib non-free\1/' /etc/apt/sources.list
   fi
   PKGS+=(nvidia-cuda-dev nvidia-cuda-toolkit)
@@ -84,6 +98,7 @@ plan() {  # the packages (name=version) apt would install for "$@"
   apt-get install -s --no-install-recommends "$@" | awk '/^Inst /{print $2 "=" substr($3, 2)}' | sort
 }
 if [ ${#missing[@]} -gt 0 ]; then
+  need_root "installing ${#missing[@]} Debian package(s)"
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update
   tools=()
@@ -130,6 +145,7 @@ command -v promtool > /dev/null || services+=(prometheus)
 command -v nginx > /dev/null || services+=(nginx-light)
 command -v slurmctld > /dev/null || services+=(slurmctld slurmd slurm-client munge)
 if [ ${#services[@]} -gt 0 ]; then
+  need_root "installing the servers the tests start (${services[*]})"
   export DEBIAN_FRONTEND=noninteractive
   policy=/usr/sbin/policy-rc.d
   if [ ! -e "$policy" ]; then
