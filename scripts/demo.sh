@@ -6,6 +6,8 @@
 # on the same files (bench/train_loop_bench.py), with each one's data stall share.
 # It builds into build/ (or $BUILD_DIR); MMFEED_DEMO_SETUP=0 skips the apt step (scripts/test.sh
 # runs the demo so, after its own).
+# Started with sh (dash)? bash runs it: the script needs bash's arrays and pipefail.
+[ -n "${BASH_VERSION:-}" ] || exec bash "$0" "$@"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=demo-data

@@ -9,6 +9,8 @@
 #   --cuda enables Debian's contrib and non-free components and installs the CUDA toolkit
 #          (nvidia-cuda-dev: the runtime and headers, CUDA 11.8; nvidia-cuda-toolkit: nvcc), so
 #          the CUDA feeder builds and its no-GPU tests run; a GPU is not needed
+# Started with sh (dash)? bash runs it: the script needs bash's arrays and pipefail.
+[ -n "${BASH_VERSION:-}" ] || exec bash "$0" "$@"
 set -euo pipefail
 # What to run as root if sudo is missing: --build-only is the demo's first step, --demo has it all.
 ARGS="$*"

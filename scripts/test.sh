@@ -5,6 +5,8 @@
 # targets with clang and runs each for a short while on its seed corpus.
 # MMFEED_SKIP_DEMO=1 / MMFEED_SKIP_SANITIZERS=1 / MMFEED_SKIP_FUZZ=1 skip the last three parts;
 # MMFEED_FUZZ_SECONDS (15) is each fuzzer's time.
+# Started with sh (dash)? bash runs it: the script needs bash's arrays and pipefail.
+[ -n "${BASH_VERSION:-}" ] || exec bash "$0" "$@"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
