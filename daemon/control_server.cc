@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <grp.h>
 #include <poll.h>
+#include <pwd.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
 #include <sys/socket.h>
@@ -304,6 +305,30 @@ ControlServer::~ControlServer() {
   if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
+namespace {
+
+// The lock file could not be opened. The common case on a shared machine: another user's daemon
+// made it (a lock file outlives its daemon, and /tmp keeps other users' files).
+Status LockFileError(const std::string& lock_path, int err) {
+  struct stat st;
+  if ((err == EACCES || err == EPERM) && lstat(lock_path.c_str(), &st) == 0 &&
+      st.st_uid != geteuid()) {
+    auto name = [](uid_t uid) {  // getpwuid's answer lives only until its next call
+      const passwd* pw = getpwuid(uid);
+      return pw ? std::string(pw->pw_name) : std::to_string(uid);
+    };
+    const std::string socket = lock_path.substr(0, lock_path.size() - 5);
+    return Status::Io(fmt::format(
+        "lock file {} belongs to user {} (uid {}): a daemon of that user serves, or served, on {}; "
+        "start this one on a socket of your own (e.g. --socket /tmp/mmfeed-{}.sock, and "
+        "MMFEED_SOCKET set to it for the trainers), or have that user remove {}",
+        lock_path, name(st.st_uid), st.st_uid, socket, name(geteuid()), lock_path));
+  }
+  return Status::Io(fmt::format("lock file {}: {}", lock_path, std::strerror(err)));
+}
+
+}  // namespace
+
 Status ControlServer::Listen() {
   // sockaddr_un holds 108 bytes, the lock file's name is the path plus ".lock".
   if (path_.empty() || path_.size() >= sizeof(sockaddr_un::sun_path))
@@ -319,8 +344,7 @@ Status ControlServer::Listen() {
   // The lock proves a live daemon on this path; the kernel drops it when that daemon dies.
   std::string lock_path = path_ + ".lock";
   lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (lock_fd_ < 0)
-    return Status::Io(fmt::format("lock file {}: {}", lock_path, std::strerror(errno)));
+  if (lock_fd_ < 0) return LockFileError(lock_path, errno);
   if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0)
     return Status::Invalid(
         fmt::format("another mmfeedd is serving on {} (it holds {})", path_, lock_path));

@@ -488,6 +488,24 @@ class ContractsTest(dt.DaemonCase):
             d.wait(30)
             log.close()
 
+    def test_another_users_lock_file_is_named_with_what_to_do(self):
+        """A lock file outlives its daemon, and /tmp keeps other users' files: root's daemon ran
+        on a socket path once, then a user's daemon on the same path cannot open the lock."""
+        if os.geteuid() != 0:
+            self.skipTest("needs root to leave a lock file of another user (setpriv)")
+        make_texts(self.dir, 8)
+        os.chmod(self.dir, 0o1777)
+        (self.dir / "p.yaml").write_text(self.config(consumers=1))
+        lock = self.dir / "shared.sock.lock"
+        lock.touch(mode=0o600)  # as root's daemon leaves it
+        p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", f"{dt.BIN}/mmfeedd",
+                            "--config", str(self.dir / "p.yaml"), "--socket", str(self.dir / "shared.sock")],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn(f"lock file {lock} belongs to user root (uid 0): a daemon of that user serves, or served, "
+                      f"on {self.dir}/shared.sock; start this one on a socket of your own (e.g. --socket "
+                      "/tmp/mmfeed-nobody.sock, and MMFEED_SOCKET set to it for the trainers)", p.stderr)
+
     def test_numeric_flags_reject_bad_values(self):
         make_texts(self.dir, 8)
         (self.dir / "p.yaml").write_text(self.config())
