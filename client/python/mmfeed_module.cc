@@ -109,13 +109,32 @@ struct PyRing {
   }
 };
 
+// A batch on its way to the caller. Next() cannot know whether the caller received what it
+// returned: an exception raised between the return and the caller's assignment (a signal
+// handler's, KeyboardInterrupt, PyErr_SetAsyncExc's; CPython runs them as the call returns)
+// drops the returned object. So the lease lives here, shared by the Python Batch and a guard
+// in its __dict__, until the caller is known to hold it: a batch whose methods were never
+// called and which dies while an exception is being raised was never received, and goes back
+// to the client (Handback) to be returned by the next next().
+struct Delivery {
+  std::shared_ptr<Batch> batch;
+  bool received = false;  // a method or attribute of the Batch was used
+};
+struct Handback {
+  std::shared_ptr<Batch> batch;  // returned by the next next(), before anything from the ring
+};
+
 class PyBatch {
  public:
-  explicit PyBatch(std::shared_ptr<Batch> b) : batch_(std::move(b)) {}
+  explicit PyBatch(std::shared_ptr<Delivery> d) : delivery_(std::move(d)) {}
+
+  // Marks the batch received by the caller (every method and attribute does).
+  void Touch() const { delivery_->received = true; }
 
   const Batch& get() const {
-    if (!batch_) throw std::runtime_error("this batch was released");
-    return *batch_;
+    Touch();
+    if (!lease()) throw std::runtime_error("this batch was released");
+    return *lease();
   }
 
   // A zero-copy array of one tensor: read-only on the ring's mapping, or writable on its
@@ -128,7 +147,7 @@ class PyBatch {
       data = static_cast<const uint8_t*>(cow->base) +
              (t.data - static_cast<const uint8_t*>(get().mapping().base));
     }
-    auto* hold = new std::shared_ptr<Batch>(batch_);
+    auto* hold = new std::shared_ptr<Batch>(lease());
     py::capsule owner(hold, [](void* p) { delete static_cast<std::shared_ptr<Batch>*>(p); });
     std::vector<py::ssize_t> shape(t.shape.begin(), t.shape.end());
     py::array a(DType(t.dtype), shape, {}, data, owner);
@@ -169,17 +188,21 @@ class PyBatch {
   }
 
   void Release() {
-    if (!batch_) return;
-    long others = batch_.use_count() - 1;
+    Touch();
+    if (!lease()) return;
+    long others = lease().use_count() - 1;
     if (others > 0)
       throw std::runtime_error(
           std::to_string(others) +
           " array(s) or tensor(s) made from this batch are still alive; the slot is "
           "released when the last of them goes");
-    batch_.reset();
+    delivery_->batch.reset();
   }
 
-  bool released() const { return !batch_; }
+  bool released() const {
+    Touch();
+    return !lease();
+  }
 
   PyRing Ring() const {
     Batch::Mapping m = get().mapping();
@@ -187,8 +210,28 @@ class PyBatch {
   }
 
  private:
-  std::shared_ptr<Batch> batch_;
+  const std::shared_ptr<Batch>& lease() const { return delivery_->batch; }
+  std::shared_ptr<Delivery> delivery_;
 };
+
+// The guard's capsule destructor: a raw PyCapsule_Destructor, called as the Batch's __dict__
+// is cleared with the error indicator as the interpreter left it (pybind11's own capsule
+// destructor and its instance dealloc hide it).
+constexpr const char* kGuardName = "mmfeed.delivery";
+struct Guard {
+  std::shared_ptr<Delivery> delivery;
+  std::shared_ptr<Handback> back;
+};
+void GuardDestructor(PyObject* capsule) {
+  auto* g = static_cast<Guard*>(PyCapsule_GetPointer(capsule, kGuardName));
+  if (!g) {  // not ours: never happens, but never raise from a destructor
+    PyErr_Clear();
+    return;
+  }
+  if (!g->delivery->received && g->delivery->batch && PyErr_Occurred() && !g->back->batch)
+    g->back->batch = std::move(g->delivery->batch);
+  delete g;
+}
 
 // No socket given and no $MMFEED_SOCKET: the service's socket, else the one mmfeedd uses when
 // started by hand (its --socket default), whichever exists; the service's when neither does.
@@ -262,8 +305,10 @@ class PyClient {
   }
 
   // The next batch, or None at the end of the data. Waits in steps of at most 100 ms, checking
-  // for signals between them (Ctrl-C raises KeyboardInterrupt).
+  // for signals between them (Ctrl-C raises KeyboardInterrupt). A batch dropped by an
+  // exception on its way to the caller is returned again first (Delivery).
   py::object Next(py::object timeout_s) {
+    if (back_->batch) return Deliver(std::move(back_->batch));
     int ms = timeout_s.is_none() ? timeout_ms_ : static_cast<int>(timeout_s.cast<double>() * 1000);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
     mmfeed::Result<std::shared_ptr<Batch>> b = mmfeed::Status::Timeout("");
@@ -280,21 +325,37 @@ class PyClient {
     }
     if (!b.ok()) Raise(b.status());
     if (!*b) return py::none();
-    return py::cast(PyBatch(*b));
+    return Deliver(std::move(*b));
   }
 
-  PyBatch IterNext() {
+  py::object IterNext() {
     py::object b = Next(py::none());
     if (b.is_none()) throw py::stop_iteration();
-    return b.cast<PyBatch>();
+    return b;
   }
 
   int rank() const { return client_->rank(); }
   std::string info() const { return client_->info().dump(); }
 
  private:
+  // The Python Batch of `b`, with its guard; an error on the way (memory) hands `b` back.
+  py::object Deliver(std::shared_ptr<Batch> b) {
+    auto delivery = std::make_shared<Delivery>();
+    delivery->batch = std::move(b);
+    try {
+      py::object obj = py::cast(PyBatch(delivery));
+      py::capsule guard(new Guard{delivery, back_}, kGuardName, GuardDestructor);
+      obj.attr("__dict__")["_delivery"] = guard;
+      return obj;
+    } catch (...) {
+      if (delivery->batch && !back_->batch) back_->batch = std::move(delivery->batch);
+      throw;
+    }
+  }
+
   std::unique_ptr<Client> client_;
   int timeout_ms_ = -1;
+  std::shared_ptr<Handback> back_ = std::make_shared<Handback>();
 };
 
 }  // namespace
@@ -315,7 +376,7 @@ PYBIND11_MODULE(_mmfeed, m) {
   m.attr("StoppedEarly") = g_stopped_early;
 
   py::class_<PyBatch>(
-      m, "Batch",
+      m, "Batch", py::dynamic_attr(),
       "One batch: a lease on a ring slot, held while it or any array made from it lives.")
       .def_property_readonly(
           "seq", [](const PyBatch& b) { return b.get().seq(); },
@@ -346,7 +407,12 @@ PYBIND11_MODULE(_mmfeed, m) {
       .def_property_readonly("ring", &PyBatch::Ring,
                              "The ring mapping the batch lives in (one per attach).")
       .def(
-          "__enter__", [](PyBatch& b) -> PyBatch& { return b; }, py::return_value_policy::reference)
+          "__enter__",
+          [](PyBatch& b) -> PyBatch& {
+            b.Touch();
+            return b;
+          },
+          py::return_value_policy::reference)
       .def("__exit__", [](PyBatch& b, py::args) { b.Release(); });
 
   py::class_<PyRing>(m, "Ring",

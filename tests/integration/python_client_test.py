@@ -198,6 +198,81 @@ class PythonClientTest(dt.DaemonCase):
             self.assertEqual(g["text"], text.tolist(), f"the bytes of batch {seq}")
         self.assertEqual(d.wait(), 0, d.log())
 
+    def test_exceptions_raised_around_next_lose_no_batch(self):
+        """Signals whose handlers raise (KeyboardInterrupt, TimeoutError, an exception of the
+        trainer's own) and exceptions sent from another thread (PyThreadState_SetAsyncExc) land
+        at random points of a loop over 9,000 batches; every seq arrives once, in order, and
+        every sample with it (the binding once dropped the batch an exception met on its way
+        back from next(): 34 of 100 batches arrived)."""
+        make_texts(self.dir, 24000)
+        d = dt.Daemon(self.dir, self.config(consumers=1, slots=8, epochs=3))
+        job = """
+            import ctypes, json, random, signal, sys, threading, time, mmfeed
+
+            class Preempted(Exception): pass
+            class FromThread(Exception): pass
+
+            rng = random.Random(5)
+            # armed: inside the try below. Handlers raise only then (a handler runs where the
+            # interpreter checks for signals: after a call returns, at a loop's back edge).
+            state = {"armed": False}
+            raised = {}
+            kinds = [KeyboardInterrupt, TimeoutError, Preempted]
+
+            def handler(signum, frame):
+                if state["armed"]:
+                    state["armed"] = False
+                    raise rng.choice(kinds)()
+            signal.signal(signal.SIGALRM, handler)
+            # Periodic (a handler that re-armed the timer could be cut short by the exception
+            # from the other thread, which may land as the handler starts).
+            signal.setitimer(signal.ITIMER_REAL, 0.001, 0.0007)
+
+            main = threading.main_thread().ident
+            stop = False
+            def other_thread():
+                set_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+                args = (ctypes.c_ulong(main), ctypes.py_object(FromThread))
+                r = random.Random(7)
+                while not stop:
+                    time.sleep(r.uniform(0.0005, 0.006))
+                    if state["armed"]:  # no check for exceptions between this and the call
+                        set_exc(*args)
+                        state["armed"] = False
+            t = threading.Thread(target=other_thread, daemon=True)
+            t.start()
+
+            c = mmfeed.Client(socket=sys.argv[1], rank=0)
+            got, ended = [], False
+            while not ended:
+                try:
+                    state["armed"] = True
+                    while True:
+                        b = c.next(timeout_s=60)
+                        if b is None:
+                            ended = True
+                            break
+                        got.append((b.seq, b.ids))  # one call: an exception lands before or after it
+                        state["armed"] = True
+                    state["armed"] = False
+                except (KeyboardInterrupt, TimeoutError, Preempted, FromThread) as e:
+                    state["armed"] = False
+                    raised[type(e).__name__] = raised.get(type(e).__name__, 0) + 1
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            stop = True
+            print(json.dumps({"seqs": [s for s, _ in got], "ids": [i for _, ids in got for i in ids],
+                              "raised": raised}))
+        """
+        p = run_python(job, d.socket)
+        out, err = p.communicate(timeout=240)
+        self.assertEqual(p.returncode, 0, err)
+        got = json.loads(out)
+        self.assertEqual(got["seqs"], list(range(9000)), "every batch once, in order")
+        self.assertEqual(sorted(int(i[1:]) for i in got["ids"]), sorted(list(range(24000)) * 3))
+        for kind in ("KeyboardInterrupt", "TimeoutError", "Preempted", "FromThread"):
+            self.assertGreater(got["raised"].get(kind, 0), 20, f"{kind} raised often enough: {got['raised']}")
+        self.assertEqual(d.wait(), 0, d.log())
+
     def test_reconnect_across_a_daemon_restart(self):
         make_texts(self.dir, 400)
         state = self.dir / "state"

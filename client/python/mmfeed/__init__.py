@@ -8,6 +8,9 @@
 A batch is a lease: its ring slot stays held while the Batch or any array or tensor made from
 it lives. `with batch:` or `batch.release()` release early (and raise if views are still alive).
 Checkpoint `batch.cursor` with the model and pass it back as `resume=` to continue exactly.
+An exception that lands as next() returns (a signal handler's, KeyboardInterrupt, one sent from
+another thread) loses nothing: a batch the caller never used goes back to the client, and the
+next next() returns it.
 
 Built with the C++ client (client/client.h); after `bash scripts/build.sh`:
 `PYTHONPATH=build/python /usr/bin/python3 -c "import mmfeed"`.
