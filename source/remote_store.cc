@@ -444,7 +444,7 @@ bool RemoteStore::CacheKey(const std::string& url, ShardCache::Key* key) const {
 Result<int> RemoteStore::Load(const std::string& url, uint64_t size, uint64_t time) {
   ShardCache::Key key;
   if (!CacheKey(url, &key) || key.size != size) return FetchAll(url, size);
-  if (const int fd = cache_->Find(key); fd >= 0) return fd;
+  if (const int fd = cache_->Find(key, /*check_all=*/true); fd >= 0) return fd;
   const int into = cache_->Begin();
   if (into < 0) return FetchAll(url, size);
   int write_errno = 0;
@@ -499,13 +499,21 @@ Status RemoteStore::Stream(const std::string& url, uint64_t size, BodySink* sink
   // A cached copy is read instead; a fetched one is written to the cache as it streams.
   ShardCache::Key key;
   const bool cached = CacheKey(url, &key) && key.size == size;
-  if (const int fd = cached ? cache_->Find(key) : -1; fd >= 0) {
-    std::vector<char> buf(1 << 20);
+  // Each chunk is checked against its checksums before the sink sees it; a damaged copy is
+  // dropped and the shard fetched (the sink is Reset first).
+  if (const int fd = cached ? cache_->Find(key, /*check_all=*/false) : -1; fd >= 0) {
+    std::vector<char> buf(16 * ShardCache::kBlock);
     bool ok = true;
     sink->Reset();
     for (uint64_t at = 0; ok && at < size; at += buf.size()) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), size - at));
-      ok = index_file::FullPread(fd, buf.data(), n, at) && sink->Add(buf.data(), n);
+      ok = index_file::FullPread(fd, buf.data(), n, at);
+      if (const std::string why = ok ? cache_->Verify(fd, size, buf.data(), at, n) : "";
+          !why.empty()) {
+        cache_->Damaged(fd, key, why);
+        ok = false;
+      }
+      ok = ok && sink->Add(buf.data(), n);
     }
     ::close(fd);
     if (ok) return Status::Ok();
@@ -589,7 +597,13 @@ Result<FieldFile> RemoteStore::OpenRange(const std::string& url, uint64_t offset
   // Not held and not coming: the cached copy's member, else just this member (an empty one needs
   // no request).
   if (ShardCache::Key key; size > 0 && CacheKey(url, &key)) {
-    if (const int fd = cache_->Find(key); fd >= 0) return from_shard(fd, key.size);
+    if (const int fd = cache_->Find(key, /*check_all=*/false); fd >= 0) {
+      // The member and its header block, checked against their checksums before they are read.
+      const uint64_t from = offset - std::min<uint64_t>(offset, kTarBlock);
+      if (offset + size <= key.size && cache_->Check(fd, key, from, offset + size - from))
+        return from_shard(fd, key.size);
+      ::close(fd);  // damaged (removed and counted): the member from the store
+    }
   }
   if (size == 0) {
     const int fd = memfd_create("mmfeed-member", MFD_CLOEXEC);

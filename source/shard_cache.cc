@@ -21,18 +21,28 @@
 namespace mmfeed {
 namespace {
 
-constexpr char kShardCacheMagic[8] = {'M', 'M', 'F', 'S', 'H', 'R', 'D', '1'};
+// Version 2 added the checksums; a file of version 1 (no checksums) is removed when met.
+constexpr char kShardCacheMagic[8] = {'M', 'M', 'F', 'S', 'H', 'R', 'D', '2'};
+constexpr char kShardCacheMagicV1[8] = {'M', 'M', 'F', 'S', 'H', 'R', 'D', '1'};
 constexpr uint64_t kTail = 16;  // the trailer's length, then the magic
 constexpr uint64_t kMostTrailer = 1 << 16;
 constexpr int64_t kAsideNs = 60'000'000'000;
 constexpr const char* kSuffix = ".shard";
+constexpr uint64_t kChunk = 16 * ShardCache::kBlock;  // what one read verifies
 
-// The trailer of a cached file of `file_size` bytes, null when it has none.
-nlohmann::json ReadTrailer(int fd, uint64_t file_size) {
+uint64_t BlocksOf(uint64_t size) { return (size + ShardCache::kBlock - 1) / ShardCache::kBlock; }
+
+// The trailer of a cached file of `file_size` bytes, null when it has none (`why` says so).
+nlohmann::json ReadTrailer(int fd, uint64_t file_size, std::string* why) {
   char tail[kTail];
-  if (file_size < kTail || !index_file::FullPread(fd, tail, kTail, file_size - kTail) ||
-      std::memcmp(tail + 8, kShardCacheMagic, 8) != 0)
+  *why = "truncated or damaged (no valid trailer)";
+  if (file_size < kTail || !index_file::FullPread(fd, tail, kTail, file_size - kTail))
     return nullptr;
+  if (std::memcmp(tail + 8, kShardCacheMagicV1, 8) == 0) {
+    *why = "written by an older mmfeed, without checksums";
+    return nullptr;
+  }
+  if (std::memcmp(tail + 8, kShardCacheMagic, 8) != 0) return nullptr;
   uint64_t n;
   std::memcpy(&n, tail, 8);
   if (n > kMostTrailer || n > file_size - kTail) return nullptr;
@@ -40,7 +50,12 @@ nlohmann::json ReadTrailer(int fd, uint64_t file_size) {
   if (!index_file::FullPread(fd, text.data(), n, file_size - kTail - n)) return nullptr;
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (!j.is_object() || !j["url"].is_string() || !j["size"].is_number_unsigned() ||
-      !j["stamp"].is_string() || j["size"].get<uint64_t>() != file_size - kTail - n)
+      !j["stamp"].is_string() || j["block"] != ShardCache::kBlock)
+    return nullptr;
+  const uint64_t size = j["size"].get<uint64_t>();
+  // The shard's bytes, a checksum per block, the trailer.
+  if (size > file_size || BlocksOf(size) > (file_size - size) / 8 ||
+      size + 8 * BlocksOf(size) + n + kTail != file_size)
     return nullptr;
   return j;
 }
@@ -132,11 +147,59 @@ std::string ShardCache::PathOf(const std::string& url) const {
 std::string ShardCache::UrlOf(int fd) const {
   struct stat st;
   if (::fstat(fd, &st) != 0) return "";
-  const nlohmann::json t = ReadTrailer(fd, static_cast<uint64_t>(st.st_size));
+  std::string why;
+  const nlohmann::json t = ReadTrailer(fd, static_cast<uint64_t>(st.st_size), &why);
   return t.is_null() ? "" : t["url"].get<std::string>();
 }
 
-int ShardCache::Find(const Key& key) {
+std::string ShardCache::Verify(int fd, uint64_t size, const char* data, uint64_t offset,
+                               uint64_t n) const {
+  if (offset % kBlock != 0 || offset + n > size || (n % kBlock != 0 && offset + n != size))
+    return fmt::format("bytes {}+{} are not whole blocks of the shard", offset, n);
+  const uint64_t first = offset / kBlock, count = BlocksOf(n);
+  std::vector<uint64_t> want(count);
+  if (count > 0 && !index_file::FullPread(fd, want.data(), 8 * count, size + 8 * first))
+    return fmt::format("its checksums cannot be read ({})", std::strerror(errno));
+  for (uint64_t b = 0; b < count; ++b) {
+    const uint64_t len = std::min(kBlock, n - b * kBlock);
+    if (HashBytes(data + b * kBlock, len) != want[b])
+      return fmt::format("bytes {}..{} differ from those written (checksum)", offset + b * kBlock,
+                         offset + b * kBlock + len);
+  }
+  return "";
+}
+
+bool ShardCache::Check(int fd, const Key& key, uint64_t offset, uint64_t n) {
+  const uint64_t from = offset / kBlock * kBlock;
+  const uint64_t to = std::min(key.size, (offset + n + kBlock - 1) / kBlock * kBlock);
+  std::vector<char> buf(std::min(kChunk, to - std::min(to, from)));
+  std::string why;
+  for (uint64_t at = from; why.empty() && at < to; at += buf.size()) {
+    const uint64_t len = std::min<uint64_t>(buf.size(), to - at);
+    why = index_file::FullPread(fd, buf.data(), len, at)
+              ? Verify(fd, key.size, buf.data(), at, len)
+              : fmt::format("bytes at {} cannot be read ({})", at, std::strerror(errno));
+  }
+  if (why.empty()) return true;
+  Damaged(fd, key, why);
+  return false;
+}
+
+void ShardCache::Damaged(int fd, const Key& key, const std::string& why) {
+  const std::string path = PathOf(key.url);
+  struct stat st {};
+  const bool known = ::fstat(fd, &st) == 0;
+  spdlog::warn("shard cache: {} for {}: {}; removed, fetching it again", path, key.url, why);
+  {
+    FolderLock lock(dir_);
+    // Only this copy (by inode): another daemon may have put a good one there since.
+    if (lock.ok() && known) UnlinkIfStill(path, static_cast<uint64_t>(st.st_ino));
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  ++damaged_;
+}
+
+int ShardCache::Find(const Key& key, bool check_all) {
   const std::string path = PathOf(key.url);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   std::string why;
@@ -153,15 +216,28 @@ int ShardCache::Find(const Key& key) {
   } else if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     why = "not a regular file";
   } else {
-    const nlohmann::json t = ReadTrailer(fd, static_cast<uint64_t>(st.st_size));
+    const nlohmann::json t = ReadTrailer(fd, static_cast<uint64_t>(st.st_size), &why);
     if (t.is_null())
-      why = "truncated or damaged (no valid trailer)";
+      ;  // `why` says what is wrong
     else if (t["url"] != key.url)
       why = fmt::format("holds another URL ({})", t["url"].get<std::string>());
     else if (t["size"] != key.size || t["stamp"] != key.stamp)
       why = fmt::format("stale (size {}, stamp '{}'; the store now says size {}, stamp '{}')",
                         t["size"].get<uint64_t>(), t["stamp"].get<std::string>(), key.size,
                         key.stamp);
+    else
+      why.clear();
+  }
+  if (why.empty() && check_all) {
+    // Every block against its checksum, one pass (the reads that follow find the bytes in the
+    // page cache).
+    std::vector<char> buf(std::min(kChunk, std::max<uint64_t>(key.size, 1)));
+    for (uint64_t at = 0; why.empty() && at < key.size; at += buf.size()) {
+      const uint64_t len = std::min<uint64_t>(buf.size(), key.size - at);
+      why = index_file::FullPread(fd, buf.data(), len, at)
+                ? Verify(fd, key.size, buf.data(), at, len)
+                : fmt::format("bytes at {} cannot be read ({})", at, std::strerror(errno));
+    }
   }
   if (why.empty()) {
     ::futimens(fd, nullptr);  // recently used (the order-less eviction reads mtimes)
@@ -212,9 +288,29 @@ void ShardCache::WriteFailed(int err) {
 }
 
 void ShardCache::Commit(int fd, const Key& key, const Rank& next, uint64_t self) {
-  const std::string trailer =
-      nlohmann::json{{"url", key.url}, {"size", key.size}, {"stamp", key.stamp}}.dump();
-  std::string tail = trailer;
+  // A checksum per block, of the bytes as written (read back from the page cache).
+  std::string tail;
+  tail.reserve(8 * BlocksOf(key.size) + 256);
+  {
+    std::vector<char> buf(std::min(kChunk, std::max<uint64_t>(key.size, 1)));
+    for (uint64_t at = 0; at < key.size; at += buf.size()) {
+      const uint64_t len = std::min<uint64_t>(buf.size(), key.size - at);
+      if (!index_file::FullPread(fd, buf.data(), len, at)) {
+        WriteFailed(errno ? errno : EIO);
+        return;
+      }
+      for (uint64_t b = 0; b < len; b += kBlock) {
+        const uint64_t h = HashBytes(buf.data() + b, std::min(kBlock, len - b));
+        tail.append(reinterpret_cast<const char*>(&h), 8);
+      }
+    }
+  }
+  const std::string trailer = nlohmann::json{
+      {"url", key.url},
+      {"size", key.size},
+      {"stamp", key.stamp},
+      {"block", kBlock}}.dump();
+  tail += trailer;
   const uint64_t n = trailer.size();
   tail.append(reinterpret_cast<const char*>(&n), 8).append(kShardCacheMagic, 8);
   if (!index_file::FullPwrite(fd, tail.data(), tail.size(), key.size) || ::fdatasync(fd) != 0) {

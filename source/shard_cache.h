@@ -3,11 +3,14 @@
 // and after restarts, by every daemon of the node that reads the same store.
 //
 // A cached shard is one file, `<dir>/<16 hex digits of a hash of its URL>.shard`: the shard's
-// bytes, then a trailer (JSON {url, size, stamp}, its length, a magic). It is written unnamed
+// bytes, a checksum (HashBytes, as the stage cache's disk tier) of each kBlock bytes, then a
+// trailer (JSON {url, size, stamp, block}, its length, a magic). It is written unnamed
 // (O_TMPFILE), synced, and linked under its name only when whole, so a reader never sees a
 // partial file; on use it is checked against the URL, size and stamp (ETag and Last-Modified)
-// of the HEAD the store made at start: a truncated, damaged or stale file is removed and the
-// shard fetched again, never served.
+// of the HEAD the store made at start, and the bytes served against their checksums (every
+// block before a whole shard is held; the blocks a member covers before it is read; block by
+// block as a shard is streamed): a truncated, damaged, tampered or stale file is removed,
+// counted (`damaged`) and the shard fetched again, never served.
 //
 // Eviction keeps the folder under max_bytes. With a Rank (the order's future: larger = needed
 // later) it is Belady's MIN: room for a new shard is made by removing the shards needed furthest
@@ -50,9 +53,22 @@ class ShardCache {
   ShardCache(const ShardCache&) = delete;
   ShardCache& operator=(const ShardCache&) = delete;
 
+  static constexpr uint64_t kBlock = 64 * 1024;  // bytes per checksum
+
   // A read-only descriptor of `key`'s cached copy (the shard's bytes from offset 0), or -1 when
-  // there is none (a damaged or stale copy is removed). Counts a hit or a miss.
-  int Find(const Key& key);
+  // there is none (a damaged or stale copy is removed). Counts a hit or a miss. `check_all`:
+  // every byte is checked against its checksum first; else the caller checks what it reads
+  // (Check, Verify) before using it.
+  int Find(const Key& key, bool check_all);
+  // Checks the bytes [offset, offset + n) of `fd` (from Find) against their checksums, reading
+  // the blocks that hold them. false: they differ; the copy was removed and counted damaged.
+  bool Check(int fd, const Key& key, uint64_t offset, uint64_t n);
+  // "" when `data`, the n bytes at `offset` of `fd` (from Find; `offset` a multiple of kBlock,
+  // n one too or reaching the shard's end), match their checksums; else what differs.
+  std::string Verify(int fd, uint64_t size, const char* data, uint64_t offset, uint64_t n) const;
+  // The copy `fd` of `key` is damaged (`why`): removed (if still the file under its name) and
+  // counted.
+  void Damaged(int fd, const Key& key, const std::string& why);
   // An unnamed file in the folder to fetch a shard into, or -1 when the cache steps aside (the
   // disk was full or the folder unwritable within the last minute).
   int Begin();

@@ -428,6 +428,37 @@ class CacheTest(RemoteCase):
         self.assertEqual(gets, [])
         n.kill()
 
+    def test_bytes_edited_in_place_are_never_served(self):
+        """Cached shards edited in place, their size and trailer kept (one byte in every 4 KiB of
+        the shard's bytes): every one is caught by its checksums, counted damaged, removed and
+        fetched again; the batches equal the uncached run's (all rows were wrong before)."""
+        url, state, n = self.indexed_then()
+        shard_bytes = (self.data / "shard-000.tar").stat().st_size
+        uncached = config(url, epochs=3, source=f"prefetch_bytes: {shard_bytes * 5 // 2}, fetch_concurrency: 1")
+        want, _, _ = self.run_and_count(url, state, uncached, "plain")
+        self.run_and_count(url, state, self.cached_config(url), "cached")
+        files = sorted((self.dir / "cache").glob("*.shard"))
+        self.assertEqual(len(files), SHARDS)
+        smallest = min((self.data / f"shard-{k:03d}.tar").stat().st_size for k in range(SHARDS))
+        for f in files:
+            size = f.stat().st_size
+            with open(f, "r+b") as fh:
+                for at in range(700, smallest, 4096):
+                    fh.seek(at)
+                    b = fh.read(1)
+                    fh.seek(at)
+                    fh.write(bytes([b[0] ^ 0x55]))
+            self.assertEqual(f.stat().st_size, size)
+        got, gets, log = self.run_and_count(url, state, self.cached_config(url), "tampered")
+        self.assertSameBatches(want, got)
+        self.assertEqual(sorted(gets), sorted(f"shard-{k:03d}.tar" for k in range(SHARDS)), "each fetched again")
+        self.assertEqual(storage_figures(log)["storage_cache_damaged"], SHARDS, log)
+        self.assertIn("differ from those written (checksum); removed, fetching it again", log)
+        _, gets, log = self.run_and_count(url, state, self.cached_config(url), "after")
+        self.assertEqual(gets, [], "the copies fetched again are good")
+        self.assertEqual(storage_figures(log)["storage_cache_damaged"], 0)
+        n.kill()
+
     def test_indexing_fills_the_cache_and_reads_from_it(self):
         """A first start indexes every shard from a whole GET: that GET fills the cache, so the
         epochs fetch nothing more; a start whose indexes are gone indexes from the cache."""

@@ -33,7 +33,7 @@ void Put(ShardCache* c, const std::string& url, const std::string& body,
 }
 
 bool Has(ShardCache* c, const std::string& url, size_t size) {
-  const int fd = c->Find({url, size, "etag-1|5"});
+  const int fd = c->Find({url, size, "etag-1|5"}, true);
   if (fd >= 0) ::close(fd);
   return fd >= 0;
 }
@@ -51,11 +51,11 @@ TEST(ShardCacheTest, KeepsAShardAndServesItToTheNextOpenerOnly) {
   {
     auto c = ShardCache::Open(tmp / "cache", 1 << 20);
     ASSERT_TRUE(c.ok()) << c.status().message();
-    EXPECT_EQ((*c)->Find({"http://h/a.tar", body.size(), "etag-1|5"}), -1);
+    EXPECT_EQ((*c)->Find({"http://h/a.tar", body.size(), "etag-1|5"}, true), -1);
     Put(c->get(), "http://h/a.tar", body);
   }
   auto c = ShardCache::Open(tmp / "cache", 1 << 20);  // a restart finds it
-  const int fd = (*c)->Find({"http://h/a.tar", body.size(), "etag-1|5"});
+  const int fd = (*c)->Find({"http://h/a.tar", body.size(), "etag-1|5"}, true);
   ASSERT_GE(fd, 0);
   EXPECT_EQ(Bytes(fd, body.size()), body);
   ::close(fd);
@@ -65,7 +65,7 @@ TEST(ShardCacheTest, KeepsAShardAndServesItToTheNextOpenerOnly) {
   // Another stamp (the object changed), another size, another URL: not served; a stale copy is
   // removed.
   EXPECT_FALSE(Has(c->get(), "http://h/b.tar", body.size()));
-  EXPECT_EQ((*c)->Find({"http://h/a.tar", body.size(), "etag-2|6"}), -1);
+  EXPECT_EQ((*c)->Find({"http://h/a.tar", body.size(), "etag-2|6"}, true), -1);
   EXPECT_TRUE(CachedFiles(tmp / "cache").empty());
   EXPECT_EQ((*c)->Stats()["damaged"], 1u);
 }
@@ -105,6 +105,79 @@ TEST(ShardCacheTest, ADamagedFileIsRemovedNeverServed) {
   Put(c->get(), "http://h/b.tar", body);
   EXPECT_TRUE(Has(c->get(), "http://h/b.tar", body.size()));
   EXPECT_EQ((*c)->Stats()["write_failures"], 0u);
+}
+
+// Bytes edited in place, the file's size kept (its trailer intact): caught by the checksums,
+// whether the whole shard is checked or only the blocks a member covers; never served.
+TEST(ShardCacheTest, BytesEditedInPlaceAreCaughtByTheChecksums) {
+  TempDir tmp;
+  auto c = ShardCache::Open(tmp / "cache", 16 << 20);
+  std::string body(5 * ShardCache::kBlock + 777, '\0');
+  for (size_t i = 0; i < body.size(); ++i) body[i] = static_cast<char>(i * 7 + i / 251);
+  const ShardCache::Key key{"http://h/a.tar", body.size(), "etag-1|5"};
+  auto tamper = [&](uint64_t at) {
+    const std::vector<std::string> files = CachedFiles(tmp / "cache");
+    ASSERT_EQ(files.size(), 1u);
+    const int fd = ::open(files[0].c_str(), O_RDWR);
+    char b;
+    ASSERT_EQ(::pread(fd, &b, 1, static_cast<off_t>(at)), 1);
+    b ^= 0x20;
+    ASSERT_EQ(::pwrite(fd, &b, 1, static_cast<off_t>(at)), 1);
+    ::close(fd);
+  };
+  uint64_t damaged = 0;
+  // The whole shard checked: one byte of the last, short block.
+  Put(c->get(), key.url, body);
+  tamper(body.size() - 5);
+  EXPECT_EQ((*c)->Find(key, true), -1);
+  EXPECT_EQ((*c)->Stats()["damaged"], ++damaged);
+  EXPECT_TRUE(CachedFiles(tmp / "cache").empty());
+  // A member's blocks only: a member away from the edit is served, the edited one is not.
+  Put(c->get(), key.url, body);
+  tamper(3 * ShardCache::kBlock + 10);
+  int fd = (*c)->Find(key, false);
+  ASSERT_GE(fd, 0);
+  EXPECT_TRUE((*c)->Check(fd, key, 100, 2 * ShardCache::kBlock));
+  EXPECT_TRUE((*c)->Check(fd, key, 4 * ShardCache::kBlock, body.size() - 4 * ShardCache::kBlock));
+  EXPECT_FALSE((*c)->Check(fd, key, 3 * ShardCache::kBlock - 10, 30));
+  ::close(fd);
+  EXPECT_EQ((*c)->Stats()["damaged"], ++damaged);
+  EXPECT_TRUE(CachedFiles(tmp / "cache").empty());
+  // Streamed: Verify says which bytes differ.
+  Put(c->get(), key.url, body);
+  tamper(7);
+  fd = (*c)->Find(key, false);
+  ASSERT_GE(fd, 0);
+  std::string chunk(2 * ShardCache::kBlock, '\0');
+  ASSERT_EQ(::pread(fd, chunk.data(), chunk.size(), 0), static_cast<ssize_t>(chunk.size()));
+  EXPECT_NE((*c)->Verify(fd, body.size(), chunk.data(), 0, chunk.size()).find("checksum"),
+            std::string::npos);
+  ASSERT_EQ(::pread(fd, chunk.data(), chunk.size(), 2 * ShardCache::kBlock),
+            static_cast<ssize_t>(chunk.size()));
+  EXPECT_EQ((*c)->Verify(fd, body.size(), chunk.data(), 2 * ShardCache::kBlock, chunk.size()), "");
+  ::close(fd);
+  // A checksum edited (not the bytes): caught the same way.
+  std::filesystem::remove(CachedFiles(tmp / "cache")[0]);
+  Put(c->get(), key.url, body);
+  tamper(body.size() + 3);
+  EXPECT_EQ((*c)->Find(key, true), -1);
+}
+
+// A file of the first format (no checksums) is removed when met, never served unchecked.
+TEST(ShardCacheTest, AFileWithoutChecksumsIsRemoved) {
+  TempDir tmp;
+  const std::string body(1000, 'v');
+  const std::string trailer =
+      nlohmann::json{{"url", "u/a"}, {"size", body.size()}, {"stamp", "etag-1|5"}}.dump();
+  const uint64_t n = trailer.size();
+  std::string file = body + trailer;
+  file.append(reinterpret_cast<const char*>(&n), 8).append("MMFSHRD1", 8);
+  auto c = ShardCache::Open(tmp / "cache", 1 << 20);
+  Put(c->get(), "u/a", body);
+  const std::string name = CachedFiles(tmp / "cache")[0];
+  testing::WriteFile(name, file);
+  EXPECT_FALSE(Has(c->get(), "u/a", body.size()));
+  EXPECT_TRUE(CachedFiles(tmp / "cache").empty());
 }
 
 // Room for two shards: the one needed furthest in the future goes (Belady's MIN), and a shard
