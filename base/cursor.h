@@ -56,7 +56,8 @@ inline nlohmann::json CursorToJson(const StreamCursor& c) {
 }
 
 // Needs a non-negative integer "seq"; "epoch" (32 bits) and "batch" are optional (the daemon
-// derives them from seq), "stream" too (a 32-bit tag); each one given must be in range.
+// derives them from seq), "stream" too (a 32-bit tag), unless "order" and "position" are given;
+// each one given must be in range.
 inline Result<StreamCursor> CursorFromJson(const nlohmann::json& j) {
   if (!j.is_object() || !j.contains("seq") || !j["seq"].is_number_unsigned())
     return Status::Invalid("a cursor is a JSON object with a non-negative integer \"seq\"");
@@ -78,6 +79,12 @@ inline Result<StreamCursor> CursorFromJson(const nlohmann::json& j) {
     c.stream = j["stream"].get<uint32_t>();
   }
   if (j.contains("order") || j.contains("position")) {
+    // A position is of one stream's order: without the tag it could be taken for this stream's
+    // own seq and skip samples.
+    if (!c.stream)
+      return Status::Invalid(
+          "a cursor with \"order\" and \"position\" names its \"stream\" too (a Batch's "
+          "cursor has all three): an edited cursor is not resumed");
     if (!j.contains("order") || !j["order"].is_number_unsigned() ||
         j["order"].get<uint64_t>() > UINT32_MAX || j["order"].get<uint64_t>() == 0 ||
         !j.contains("position") || !j["position"].is_number_unsigned())

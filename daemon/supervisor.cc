@@ -167,10 +167,9 @@ Status Supervisor::AdoptJob(const JobShape& job, int pid,
       fmt::format("pid {} ({})", pid, job.from.empty() ? "declared" : job.from);
   spdlog::info("the job, as {} declares it: {}; serving {} consumer rank(s) as node {} of {}", from,
                job.Describe(), cfg_.trainers(), cfg_.source.node_rank, cfg_.source.num_nodes);
-  std::string why;
-  if (Build(&why) != 0) {
-    // Refused, and the daemon waits on for a job it can serve: a trainer's wrong shape must not
-    // end a node's service.
+  // Refused, and the daemon waits on for a job it can serve: a trainer's wrong shape or an
+  // edited cursor must not end a node's service, nor fix its job's shape.
+  const auto refuse = [&](const std::string& why) {
     spdlog::error("the job {} cannot be served: {}", job.Describe(), why);
     pipeline_.reset();
     metrics_.reset();
@@ -182,15 +181,20 @@ Status Supervisor::AdoptJob(const JobShape& job, int pid,
     holders_.clear();
     rates_.clear();
     unseen_since_restart_.clear();
+    resumed_.reset();
     ring_bytes_ = 0;
     cfg_ = before;
     then_reload_.clear();
     kept_waits_for_job_ = kept_waited && saved_.has_value();
     return Status::Invalid(fmt::format("the job {} cannot be served: {}", job.Describe(), why));
+  };
+  std::string why;
+  if (Build(&why) != 0) return refuse(why);
+  if (resume) {
+    if (Status st = ResumeJobAt(*resume, pid); !st.ok()) return refuse(st.message());
   }
   job_ = job;
   job_from_ = from;
-  if (resume) ResumeJobAt(*resume, pid);
   if (int failed = Serve()) {  // the pipeline's threads did not start: the daemon cannot go on
     failed_exit_ = failed;
     io_.stop();
@@ -199,18 +203,17 @@ Status Supervisor::AdoptJob(const JobShape& job, int pid,
   return Status::Ok();
 }
 
-void Supervisor::ResumeJobAt(const StreamCursor& c, int pid) {
+Status Supervisor::ResumeJobAt(const StreamCursor& c, int pid) {
   const uint32_t epochs = static_cast<uint32_t>(cfg_.source.epochs);
   if (!c.stream || !OfAnotherStreamOfOurOrder(c) || !pipeline_->positional() ||
       c.epoch >= (epochs ? epochs : UINT32_MAX - 1))
-    return;  // this stream's own cursor, or one Attach refuses (CheckResume says why)
+    return Status::Ok();  // this stream's own cursor, or one Attach refuses (CheckResume says why)
   Result<Pipeline::Origin> rebased = pipeline_->Rebased(c.epoch, c.position, c.lanes, c.nodes);
   Status st = rebased.ok() ? pipeline_->SetOrigin(*rebased) : rebased.status();
-  if (!st.ok()) {  // the rank's attach is refused: its cursor is of another stream
-    spdlog::error("pid {}'s cursor (epoch {}, position {}) cannot resume the job: {}", pid, c.epoch,
-                  c.position, st.message());
-    return;
-  }
+  if (!st.ok())
+    return Status::Invalid(
+        fmt::format("pid {}'s cursor (epoch {}, position {}) cannot resume it: {}", pid, c.epoch,
+                    c.position, st.message()));
   const Pipeline::Origin o = *rebased;
   const StreamCursor start = pipeline_->CursorAt(o.seq);
   for (auto& s : sinks_) s->ring().set_acked(start);
@@ -221,6 +224,7 @@ void Supervisor::ResumeJobAt(const StreamCursor& c, int pid) {
       "in another run): the job resumes there, {} batch(es) a rank left in epoch {}",
       pid, c.epoch, c.position, pipeline_->EpochBatches(o.epoch), o.epoch);
   (void)SaveState();  // its failure is logged; the run goes on
+  return Status::Ok();
 }
 
 Status Supervisor::CheckJob(const JobShape& job, int pid) {

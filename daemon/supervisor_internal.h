@@ -136,8 +136,9 @@ class Supervisor {
   Status AdoptJob(const JobShape& job, int pid, const std::optional<StreamCursor>& resume);
   // AdoptJob's step before Serve: a first trainer's cursor of another stream of the same order,
   // with the job's position (taken at another shape, or in a run since gone), starts the
-  // stream there (Pipeline::Rebased) instead of at the beginning.
-  void ResumeJobAt(const StreamCursor& c, int pid);
+  // stream there (Pipeline::Rebased) instead of at the beginning. An error: the cursor's
+  // position is not one of this order's (edited, or of other data); the job is not adopted.
+  Status ResumeJobAt(const StreamCursor& c, int pid);
   // An attach's cursor as this daemon serves it: one at the position the job resumed at is
   // the origin's; any other unchanged (CheckResume refuses one of another stream).
   StreamCursor Served(const StreamCursor& c) const;

@@ -369,6 +369,9 @@ class Pipeline {
   uint64_t streams() const { return static_cast<uint64_t>(cfg_.consumers) * cfg_.source.num_nodes; }
   uint64_t BaseOf(uint32_t epoch) const { return epoch == origin_.epoch ? origin_.base : 0; }
   // `numbering`: a mixture's in the lanes `base` counts in; `lanes`: shard windows' (LanesOf).
+  // The positions of an epoch's global order under `numbering` (a mixture's) or `lanes` (shard
+  // windows'): a position names the samples before it, so 0 to this number are valid.
+  uint64_t PositionsOf(const Mixture* numbering, uint32_t lanes) const;
   uint64_t PerRankFrom(uint64_t base, const Mixture* numbering, uint32_t lanes) const;
   // The lanes an origin's base counts in (Origin::lanes): a mixture's as given, shard windows'
   // nodes (at least 1), else 0.

@@ -372,12 +372,17 @@ uint32_t Pipeline::NodesOf(const Mixture* numbering, uint32_t nodes) const {
   return numbering && WindowedSource() ? nodes : 0;
 }
 
-uint64_t Pipeline::PerRankFrom(uint64_t base, const Mixture* numbering, uint32_t lanes) const {
+uint64_t Pipeline::PositionsOf(const Mixture* numbering, uint32_t lanes) const {
   uint64_t n = catalog_->size();
   if (numbering)
     n = numbering->per_lane() * numbering->lanes();
   else if (lanes)
     n = n / lanes * lanes;  // shard windows: the lanes' equal parts
+  return n;
+}
+
+uint64_t Pipeline::PerRankFrom(uint64_t base, const Mixture* numbering, uint32_t lanes) const {
+  const uint64_t n = PositionsOf(numbering, lanes);
   return (n - std::min(base, n)) / streams();
 }
 
@@ -508,6 +513,13 @@ Result<Pipeline::Origin> Pipeline::Rebased(uint32_t epoch, uint64_t position, ui
   o.base = position;
   o.lanes = LanesOf(position, lanes);
   o.nodes = NodesOf(numbering.get(), nodes);
+  // A position past the epoch's end belongs to no order of this data: never read as "the
+  // epoch is done" (an edited cursor once skipped the rest of the job that way).
+  if (const uint64_t end = PositionsOf(numbering.get(), o.lanes); position > end)
+    return Status::Invalid(fmt::format(
+        "its \"position\" {} is past the end of epoch {}'s order, which has positions 0 to {}: "
+        "the cursor was edited, or is of other data",
+        position, epoch, end));
   // Nothing a rank could have (no full row, or too few samples for a budgeted step): the next
   // epoch.
   const bool none_left =

@@ -314,14 +314,25 @@ TEST(CursorTest, TheJobsPositionRoundTripsAndComesWholeOrNotAtAll) {
   EXPECT_EQ(plain, c);
   EXPECT_FALSE(CursorToJson(plain).contains("position"));
   for (const char* bad :
-       {R"({"seq": 1, "order": 5})", R"({"seq": 1, "position": 5})",
-        R"({"seq": 1, "order": 0, "position": 5})",
-        R"({"seq": 1, "order": 4294967296, "position": 5})",
-        R"({"seq": 1, "order": 5, "position": -1})", R"({"seq": 1, "epoch": 4294967296})",
-        R"({"seq": 1, "epoch": -1})", R"({"seq": 1, "batch": "3"})",
-        R"({"seq": 1, "order": 5, "position": 5, "lanes": 0})",
-        R"({"seq": 1, "order": 5, "position": 5, "lanes": 4294967296})"})
+       {R"({"seq": 1, "stream": 9, "order": 5})", R"({"seq": 1, "stream": 9, "position": 5})",
+        R"({"seq": 1, "stream": 9, "order": 0, "position": 5})",
+        R"({"seq": 1, "stream": 9, "order": 4294967296, "position": 5})",
+        R"({"seq": 1, "stream": 9, "order": 5, "position": -1})",
+        R"({"seq": 1, "epoch": 4294967296})", R"({"seq": 1, "epoch": -1})",
+        R"({"seq": 1, "batch": "3"})",
+        R"({"seq": 1, "stream": 9, "order": 5, "position": 5, "lanes": 0})",
+        R"({"seq": 1, "stream": 9, "order": 5, "position": 5, "lanes": 4294967296})"})
     EXPECT_FALSE(CursorFromJson(nlohmann::json::parse(bad)).ok()) << bad;
+  EXPECT_TRUE(
+      CursorFromJson(nlohmann::json::parse(R"({"seq": 1, "stream": 9, "order": 5, "position": 5})"))
+          .ok());
+  // A position without the stream it is of could be read as this stream's own seq: refused.
+  for (const char* edited : {R"({"seq": 1, "order": 5, "position": 5})",
+                             R"({"seq": 1, "stream": 0, "order": 5, "position": 5})"}) {
+    Result<StreamCursor> r = CursorFromJson(nlohmann::json::parse(edited));
+    ASSERT_FALSE(r.ok()) << edited;
+    EXPECT_NE(r.status().message().find("names its \"stream\" too"), std::string::npos);
+  }
 }
 
 TEST(CudaFeederTest, WithoutAGpuTheErrorNamesTheCauseAndTheCpuPathGoesOn) {

@@ -573,6 +573,51 @@ class ReshapeTest(JobCase):
         self.assertEqual([o["samples"] for o in outs], [26 + 32] * 3, "the rest of epoch 0, then epoch 1")
         self.assertEqual(d.wait(), 0, d.log())
 
+    def test_an_edited_cursor_is_refused_never_served_as_something_else(self):
+        """A position past the epoch's end (it once resumed the job into its next epoch: 0
+        samples, exit 0) and a position without its stream tag (once read as a same-shape seq:
+        samples skipped) are refused, naming the field and the range; the honest cursor then
+        resumes the job exactly."""
+        self.life("a", 1, 2, batches=2)  # 1 node x 2 ranks: position 16 of 96
+        honest = json.loads((self.dir / "a-cursor0.json").read_text())
+        d = dt.Daemon(self.dir, config())
+        for position in (97, 2100, 10 ** 15):
+            (self.dir / "past.json").write_text(json.dumps(dict(honest, position=position)))
+            err = self.refused(d, torchrun(0, 0, 1, 3), "--cursor", str(self.dir / "past.json"))
+            self.assertIn(f'its "position" {position} is past the end of epoch 0\'s order, which has positions 0 '
+                          "to 96: the cursor was edited, or is of other data", err)
+        (self.dir / "nostream.json").write_text(json.dumps({k: v for k, v in honest.items() if k != "stream"}))
+        err = self.refused(d, torchrun(0, 0, 1, 3), "--cursor", str(self.dir / "nostream.json"))
+        self.assertIn('a cursor with "order" and "position" names its "stream" too', err)
+        # The daemon still waits for the job, which the honest cursors resume: 80 left, 26 a rank.
+        procs = [self.consume(d, torchrun(0, r, 1, 3), "--cursor", str(self.dir / f"a-cursor{min(r, 1)}.json"),
+                              "--json", "--dump", str(self.dir / f"b-dump{r}")) for r in range(3)]
+        outs = [dt.finish(c) for c in procs]
+        self.assertEqual([o["samples"] for o in outs], [26 + 32] * 3, "the rest of epoch 0, then epoch 1")
+        self.assertEqual(d.wait(), 0, d.log())
+        lives = self.delivered("a", 2, 0) + self.delivered("b", 3, 0)
+        every = [i for ids in lives for i in ids]
+        self.assertEqual(len(every), 16 + 78)
+        self.assertEqual(len(set(every)), len(every), "no sample twice in epoch 0")
+
+    def test_a_saved_origin_past_the_epochs_end_is_refused_at_start(self):
+        state = self.dir / "state"
+        cfg = config(2, "node_rank: 0, num_nodes: 1")
+        d = dt.Daemon(self.dir, cfg, extra=("--state-dir", str(state)))
+        for p in [d.consume(r, "--batches", "2") for r in range(2)]:
+            dt.finish(p)
+        d.proc.kill()
+        d.proc.wait()
+        saved = json.loads((state / "cursors.json").read_text())
+        saved["origin"]["base"] = 2100
+        (state / "cursors.json").write_text(json.dumps(saved))
+        p = subprocess.run([f"{dt.BIN}/mmfeedd", "--config", str(self.dir / "p.yaml"), "--socket",
+                            str(self.dir / "again.sock"), "--state-dir", str(state)],
+                           capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("the origin's base 2100 is not a position this pipeline resumes at: its \"position\" 2100 is "
+                      "past the end of epoch 0's order, which has positions 0 to 96", p.stderr)
+
     def test_an_explicit_shape_says_how_a_cursor_of_another_shape_resumes(self):
         self.life("a", 1, 2, batches=2)
         d = dt.Daemon(self.dir, config(1, "node_rank: 0, num_nodes: 1"))
