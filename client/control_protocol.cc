@@ -78,6 +78,8 @@ Result<ControlCommand> ParseControlRequest(std::string_view line) {
     r.cmd = ControlCommand::Cmd::kStatus;
   } else if (cmd == "stop") {
     r.cmd = ControlCommand::Cmd::kStop;
+  } else if (cmd == "end_job") {
+    r.cmd = ControlCommand::Cmd::kEndJob;
   } else if (cmd == "reload") {
     r.cmd = ControlCommand::Cmd::kReload;
     if (req.contains("config")) {

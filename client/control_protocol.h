@@ -49,7 +49,7 @@ struct JobShape {
 };
 
 struct ControlCommand {
-  enum class Cmd { kAttach, kStatus, kStop, kReload, kProfile };
+  enum class Cmd { kAttach, kStatus, kStop, kReload, kProfile, kEndJob };
   Cmd cmd = Cmd::kStatus;
   int rank = -1;                       // attach
   std::optional<StreamCursor> resume;  // attach: serve from this cursor

@@ -190,6 +190,12 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
                                    Reply({{"ok", true}, {"profile", std::move(r.value())}});
                                  });
         return;
+      case ControlCommand::Cmd::kEndJob:
+        server_.handler_.end_job([this, self = shared_from_this()](Result<nlohmann::json> r) {
+          if (!r.ok()) return Reply({{"ok", false}, {"error", r.status().message()}});
+          Reply({{"ok", true}, {"ended", std::move(r.value())}});
+        });
+        return;
       case ControlCommand::Cmd::kAttach:
         break;
     }

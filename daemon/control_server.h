@@ -54,6 +54,9 @@ class ControlServer {
     std::function<void(double seconds, bool trace,
                        std::function<void(Result<nlohmann::json>)> done)>
         profile;
+    // Ends the job a `consumers: auto` daemon adopted (no trainer attached), then calls `done`
+    // with what ended, or why not, on the io_context's thread. Returns at once.
+    std::function<void(std::function<void(Result<nlohmann::json>)> done)> end_job;
   };
 
   // `group`: a group name whose members may connect; empty for the daemon's user only.

@@ -18,6 +18,10 @@
 //                                  --at batch: a mixture's new weights start at the next batch
 //                                  boundary (refused for any other change of the order)
 //   mmfeedctl [--socket PATH] [--timeout SECONDS] stop [--json]     drain and exit
+//   mmfeedctl [--socket PATH] [--timeout SECONDS] end-job [--json]
+//                                  a `consumers: auto` daemon with no trainer attached ends
+//                                  the job it adopted now (its cursors kept) and waits for the
+//                                  next job's shape, without waiting out --job-lease
 // A daemon that does not answer within the timeout (default 10 s) is an error, exit 1.
 #include <fmt/format.h>
 #include <poll.h>
@@ -50,7 +54,8 @@ int Usage() {
       "       mmfeedctl [--socket PATH] [--timeout SECONDS] top [--iterations N] [--json]\n"
       "       mmfeedctl [--socket PATH] [--timeout SECONDS] reload [--config FILE] "
       "[--at batch|epoch] [--json]\n"
-      "       mmfeedctl [--socket PATH] [--timeout SECONDS] stop [--json]\n");
+      "       mmfeedctl [--socket PATH] [--timeout SECONDS] stop [--json]\n"
+      "       mmfeedctl [--socket PATH] [--timeout SECONDS] end-job [--json]\n");
   return 2;
 }
 
@@ -110,6 +115,16 @@ void PrintStatus(const nlohmann::json& s) {
               s["pid"].get<int>(), s["state"].get<std::string>().c_str(),
               s["uptime_s"].get<double>());
   std::printf("%s\n", JobLine(s).c_str());
+  if (s.contains("storage_stalled") && !s["storage_stalled"].is_null()) {
+    const auto& st = s["storage_stalled"];
+    std::printf(
+        "storage stalled: no request answered for %.0f s (samples wait for it, none is "
+        "skipped):\n",
+        st["stalled_seconds"].get<double>());
+    for (const auto& r : st["requests"])
+      std::printf("  %s: %s\n", r["url"].get<std::string>().c_str(),
+                  r["error"].get<std::string>().c_str());
+  }
   std::printf("config %s (hash %s); reloads: %lu ok, %lu refused%s\n",
               s["config"].get<std::string>().c_str(), s["config_hash"].get<std::string>().c_str(),
               static_cast<unsigned long>(s["reloads"]["ok"].get<uint64_t>()),
@@ -350,7 +365,7 @@ int main(int argc, char** argv) {
     } else if (a == "--trace" && i + 1 < argc && cmd == "profile")
       trace_file = argv[++i];
     else if (cmd.empty() && (a == "status" || a == "stop" || a == "reload" || a == "consumers" ||
-                             a == "top" || a == "profile"))
+                             a == "top" || a == "profile" || a == "end-job"))
       cmd = a;
     else
       return Usage();
@@ -360,7 +375,9 @@ int main(int argc, char** argv) {
     return RunTop(socket_path, static_cast<int>(timeout_s * 1000), iterations, json);
   if (cmd == "profile")
     return RunProfile(socket_path, static_cast<int>(timeout_s * 1000), seconds, trace_file, json);
-  nlohmann::json request = {{"cmd", cmd == "consumers" ? "status" : cmd}};
+  nlohmann::json request = {{"cmd", cmd == "consumers" ? "status"
+                                    : cmd == "end-job" ? "end_job"
+                                                       : cmd}};
   if (!config.empty()) {
     // The daemon runs elsewhere: the path is made absolute here.
     std::error_code ec;
@@ -376,6 +393,18 @@ int main(int argc, char** argv) {
   }
   if (cmd == "stop") {
     std::printf(json ? "{\"stopping\": true}\n" : "stopping\n");
+    return 0;
+  }
+  if (cmd == "end-job") {
+    const nlohmann::json& e = (*reply)["ended"];
+    if (json)
+      std::printf("%s\n", e.dump(2).c_str());
+    else
+      std::printf("ended the job %s (%s)%s; waiting for the next job's shape\n",
+                  e["job"].get<std::string>().c_str(), e["from"].get<std::string>().c_str(),
+                  e["cursors"].get<std::string>().empty()
+                      ? ""
+                      : (", cursors kept in " + e["cursors"].get<std::string>()).c_str());
     return 0;
   }
   if (cmd == "reload") {

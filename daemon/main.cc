@@ -3,7 +3,9 @@
 // in daemon/supervisor.h.
 //
 //   mmfeedd --config FILE [--socket PATH] [--socket-group GROUP] [--state-dir DIR]
-//           [--drain-timeout SECONDS] [--log-level LEVEL] [--allow-faults]
+//           [--drain-timeout SECONDS] [--job-lease SECONDS] [--log-level LEVEL] [--allow-faults]
+// --job-lease (consumers: auto; default 120): a job none of whose trainers has been attached
+//   for this long ends (its cursors kept) and the daemon takes the next job's shape;
 //   mmfeedd --check FILE        build the pipeline without starting it (0 ok, 2 invalid);
 //                               FILE may stand anywhere among the flags; or --check --config FILE
 // --allow-faults accepts a config's `faults:` (injected faults for tests of the profile);
@@ -36,7 +38,8 @@ struct Options {
   std::fprintf(
       code ? stderr : stdout,
       "usage: mmfeedd --config FILE [--socket PATH] [--socket-group GROUP] [--state-dir DIR]\n"
-      "               [--drain-timeout SECONDS] [--log-level LEVEL] [--allow-faults]\n"
+      "               [--drain-timeout SECONDS] [--job-lease SECONDS] [--log-level LEVEL]\n"
+      "               [--allow-faults]\n"
       "       mmfeedd --check FILE [--allow-faults]   (or --check --config FILE)\n"
       "       mmfeedd --list-stages\n"
       "       mmfeedd --schema\n");
@@ -80,6 +83,13 @@ Options ParseArgs(int argc, char** argv) {
         Usage(kExitConfig);
       }
       o.daemon.drain_timeout = *v;
+    } else if (a == "--job-lease") {
+      Result<double> v = ParseDouble(a, value(), 0, 30 * 86400);
+      if (!v.ok()) {
+        std::fprintf(stderr, "mmfeedd: %s\n", v.status().message().c_str());
+        Usage(kExitConfig);
+      }
+      o.daemon.job_lease = *v;
     } else if (a == "--log-level")
       o.log_level = value();
     else if (a == "--allow-faults")  // configs may inject faults (`faults:`): for tests only

@@ -49,6 +49,7 @@ int Supervisor::Run() {
           [this](double seconds, bool trace, std::function<void(Result<nlohmann::json>)> done) {
             Profile(seconds, trace, std::move(done));
           },
+          [this](JobEnded done) { EndJob(std::move(done)); },
       });
   Status st = server_->Listen();
   if (!st.ok()) {
@@ -195,6 +196,8 @@ Status Supervisor::AdoptJob(const JobShape& job, int pid,
   }
   job_ = job;
   job_from_ = from;
+  job_adopted_ = true;
+  trainers_gone_since_.reset();
   if (int failed = Serve()) {  // the pipeline's threads did not start: the daemon cannot go on
     failed_exit_ = failed;
     io_.stop();
@@ -241,8 +244,9 @@ Status Supervisor::CheckJob(const JobShape& job, int pid) {
     if (job == *job_) return Status::Ok();
     return Status::Invalid(fmt::format(
         "the trainer's job ({}: {}) conflicts with the job this daemon serves ({}: {}); a node's "
-        "trainers must belong to one job (restart the daemon for another)",
-        job.from.empty() ? "declared" : job.from, job.Describe(), job_from_, job_->Describe()));
+        "trainers must belong to one job: {}",
+        job.from.empty() ? "declared" : job.from, job.Describe(), job_from_, job_->Describe(),
+        job_adopted_ ? WhenJobFrees() : "restart the daemon for another"));
   }
   const bool consumers_differ = job.local_world_size != cfg_.trainers();
   const bool node_differs =
@@ -266,6 +270,7 @@ nlohmann::json Supervisor::JobJson() const {
                                : pipeline_ ? "config"
                                            : "waiting for the first trainer"}};
   if (job_) j["declared"] = job_->ToJson();
+  if (job_adopted_) j["frees"] = WhenJobFrees();
   if (resumed_)
     j["resumed"] = {
         {"epoch", resumed_->epoch}, {"position", resumed_->position}, {"from", resumed_->from}};
@@ -435,6 +440,11 @@ void Supervisor::Tick() {
       notify_.Watchdog(true);
       return Tick();
     }
+    if (ending_) {  // the job's pipeline stops; then the daemon waits for the next job
+      notify_.Watchdog(true);
+      if (pipeline_->Finished()) CompleteEndJob();
+      return Tick();
+    }
     if (ReadyToSwap()) CompleteReload();
     (void)SaveState();  // logged
     Heartbeat();
@@ -449,6 +459,8 @@ void Supervisor::Tick() {
       server_->Disconnect(holders_[t].generation);
       Detach(t, holders_[t].pid, holders_[t].generation);
     }
+    WatchJobLease();
+    if (ending_) return Tick();
     bool all_done = pipeline_->Finished();
     for (auto& s : sinks_) all_done = all_done && s->ring().Drained();
     for (bool awaited : awaiting_reattach_) all_done = all_done && !awaited;

@@ -23,6 +23,9 @@ struct SupervisorOptions {
   std::string socket_group;  // members may attach too (socket mode 0660)
   std::string state_dir;     // where acknowledged cursors are kept; empty: nowhere
   double drain_timeout = 30;
+  // `consumers: auto`: a job whose trainers have all left, none back within this many seconds,
+  // ends (its cursors saved) and the daemon takes the next job's shape (--job-lease).
+  double job_lease = 120;
   bool allow_faults = false;  // configs may inject faults (`faults:`, for tests)
 };
 

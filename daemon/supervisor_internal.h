@@ -6,6 +6,7 @@
 //   supervisor_reload.cc    reloads: prepare, apply, swap at a boundary, rank moves
 //   supervisor_state.cc     --state-dir: the saved stream (cursors, origin, kept config)
 //   supervisor_observe.cc   status, metrics, profile windows, autotune, the final report
+//   supervisor_job.cc       the end of an adopted job (lease, end-job), back to waiting
 // Every method runs on the control thread (the io_context's), except where a comment says.
 #pragma once
 
@@ -148,6 +149,27 @@ class Supervisor {
     return c.order && c.order == pipeline_->order_tag() &&
            c.stream != pipeline_->StreamBefore(c.seq);
   }
+  // The end of an adopted job (supervisor_job.cc). Every tick: a job none of whose trainers
+  // has been attached for the lease (--job-lease) ends. BeginEndJob refuses while a trainer is
+  // attached or a reload is under way; else stops the pipeline (its rings aborted), and the
+  // tick calls CompleteEndJob once its threads are done: the cursors saved, the profile
+  // reported, everything the job made dropped, the config's shape forgotten, `done` called.
+  using JobEnded = std::function<void(Result<nlohmann::json>)>;
+  void WatchJobLease();
+  Status BeginEndJob(const std::string& why, JobEnded done);
+  void CompleteEndJob();
+  void EndJob(JobEnded done);  // `mmfeedctl end-job`
+  int AttachedTrainers() const;
+  // For a refused trainer: how long until the adopted job frees the daemon ("" if not adopted).
+  std::string WhenJobFrees() const;
+  bool job_adopted_ = false;  // AdoptJob took the job's shape (consumers: auto)
+  std::optional<std::chrono::steady_clock::time_point> trainers_gone_since_;
+  struct Ending {
+    std::string why;
+    std::vector<JobEnded> done;
+  };
+  std::optional<Ending> ending_;  // BeginEndJob until CompleteEndJob
+
   // A job declared to a daemon whose shape is known: refused if it conflicts with the adopted
   // one (naming both); against the config's own values only warned of (once per shape).
   Status CheckJob(const JobShape& job, int pid);

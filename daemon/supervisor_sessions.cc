@@ -7,6 +7,10 @@ namespace mmfeed {
 Result<AttachGrant> Supervisor::Attach(int rank, int pid, int pidfd,
                                        const std::optional<StreamCursor>& resume,
                                        const std::optional<JobShape>& job) {
+  if (ending_)
+    return Status::Unavailable(fmt::format(
+        "the job {} is ending ({}): attach again in a moment, as the next job's trainer", job_from_,
+        ending_->why));
   if (!pipeline_) {  // consumers: auto, and this is the first trainer
     if (!job)
       return Status::Invalid(fmt::format(

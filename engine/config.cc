@@ -907,6 +907,15 @@ Result<PipelineConfig> LoadConfigFile(const std::string& file) {
   return ParseConfig(text, file);
 }
 
+void PipelineConfig::ForgetShape() {
+  if (consumers_auto) consumers = 1;
+  if (replicas_auto) replicas = 1;
+  if (source.node_auto) {
+    source.node_rank = 0;
+    source.num_nodes = 1;
+  }
+}
+
 Status PipelineConfig::AdoptShape(int local_world_size, int node_rank, int num_nodes,
                                   int declared_replicas) {
   if (!replicas_auto && declared_replicas && declared_replicas != replicas)

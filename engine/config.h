@@ -94,6 +94,8 @@ struct PipelineConfig {
   // declared). Refuses more than kMaxConsumers, a local_world_size that is not a multiple of
   // replicas, and a declared group size other than the config's `replicas: k`.
   Status AdoptShape(int local_world_size, int node_rank, int num_nodes, int declared_replicas);
+  // Back to what AdoptShape found (one stream, node 0 of 1) for what is auto: the next job's.
+  void ForgetShape();
   std::vector<StageConfig> stages;  // in file order; the batch stage is `batch_stage`
   int batch_stage = -1;
   int64_t batch_size = 0;

@@ -117,6 +117,61 @@ class JobTest(JobCase):
             dt.finish(c)
         self.assertEqual(d.wait(), 0, d.log())
 
+    def test_a_job_whose_trainers_left_frees_the_daemon_after_its_lease(self):
+        """A stray trainer declaring 1x4 takes two batches and leaves: it once fixed the daemon's
+        shape until a restart (the real job refused for good, the daemon never ending). Now
+        the real job is told how long until the stray one frees the daemon, and after the lease
+        (--job-lease 2) it is served whole."""
+        state = self.dir / "state"
+        d = dt.Daemon(self.dir, config(), extra=("--job-lease", "2", "--state-dir", str(state)))
+        dt.finish(self.consume(d, torchrun(0, 0, nodes=1, per_node=4), "--batches", "2", "--json"))
+        err = self.refused(d, torchrun(0, 0, nodes=1, per_node=2))
+        self.assertIn("conflicts with the job this daemon serves (pid", err)
+        self.assertRegex(err, r"no trainer of it is attached; it frees in \d s \(mmfeedd --job-lease 2\), or at once "
+                              r"with `mmfeedctl end-job`")
+        status = json.loads(d.ctl("status", "--json").stdout)
+        self.assertIn("it frees in", status["job"]["frees"])
+        for _ in range(100):
+            if json.loads(d.ctl("status", "--json").stdout)["state"] == "waiting for the job":
+                break
+            time.sleep(0.05)
+        self.assertIn("the job ended (no trainer attached for 2 s (--job-lease))", d.log())
+        self.assertTrue((state / "cursors.json").exists(), "its cursors kept as at an end")
+        outs = [dt.finish(c) for c in [self.consume(d, torchrun(0, r, nodes=1, per_node=2), "--json")
+                                       for r in range(2)]]
+        self.assertEqual([o["samples"] for o in outs], [96, 96], "the real job: both epochs, whole")
+        self.assertEqual(d.wait(), 0, d.log())
+
+    def test_end_job_frees_the_daemon_at_once_once_no_trainer_is_attached(self):
+        d = dt.Daemon(self.dir, config())
+        held = self.consume(d, torchrun(0, 0, nodes=1, per_node=1), "--json", "--hold-ms", "200")
+        for _ in range(200):
+            if json.loads(d.ctl("status", "--json").stdout)["state"] != "waiting for the job":
+                break
+            time.sleep(0.05)
+        r = d.ctl("end-job")
+        self.assertEqual(r.returncode, 1)
+        self.assertRegex(r.stderr, r"1 trainer\(s\) of the job are attached \(pid \d+\): stop them first")
+        err = self.refused(d, torchrun(0, 0, nodes=1, per_node=2))
+        self.assertIn("1 of its trainers attached; it frees 120 s after the last one leaves (mmfeedd --job-lease)",
+                      err)
+        held.kill()
+        held.communicate()
+        for _ in range(100):
+            r = d.ctl("end-job")
+            if r.returncode == 0:
+                break
+            time.sleep(0.05)  # until the daemon saw it go
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"ended the job 1 node\(s\) x 1 rank\(s\), this node 0 \(pid \d+ \(torchrun\)\); "
+                                   r"waiting for the next job's shape")
+        outs = [dt.finish(c) for c in [self.consume(d, torchrun(0, r, nodes=1, per_node=2), "--json")
+                                       for r in range(2)]]
+        self.assertEqual([o["samples"] for o in outs], [96, 96])
+        self.assertEqual(d.wait(), 0, d.log())
+        r = subprocess.run([f"{dt.BIN}/mmfeedctl", "--socket", d.socket, "end-job"], capture_output=True, text=True)
+        self.assertNotEqual(r.returncode, 0)
+
     def test_an_attach_without_a_job_is_told_how_to_declare_one_and_job_declares_it(self):
         d = dt.Daemon(self.dir, config())
         err = self.refused(d, {}, "--rank", "0", "--batches", "1")
@@ -423,7 +478,7 @@ class ReshapeTest(JobCase):
         (self.dir / "old.json").write_text(json.dumps(old))
         d = dt.Daemon(self.dir / "c-node0", cfg)
         err = self.refused(d, torchrun(0, 0, 1, 1), "--cursor", str(self.dir / "old.json"))
-        self.assertIn("the job cannot resume at its position: the cursor does not name the shape its "
+        self.assertIn("cursor (epoch 0, position 48) cannot resume it: the cursor does not name the shape its "
                       "mixture position counts in", err)
 
     def test_a_mixture_with_a_source_in_shard_windows_resumes_at_another_shape(self):
