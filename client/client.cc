@@ -275,7 +275,22 @@ Status Client::Connect(const std::optional<StreamCursor>& resume) {
 
 Client::~Client() = default;
 
-Result<std::shared_ptr<Batch>> Client::Next(int timeout_ms) {
+std::string Client::WhyNoBatch(int timeout_ms) const {
+  std::string why = fmt::format("no batch within {:.1f} s", timeout_ms / 1000.0);
+  // The daemon says whether its storage answers (a short request: the trainer waited already).
+  Result<nlohmann::json> status = ControlRequest(socket_path_, {{"cmd", "status"}}, 2000);
+  if (!status.ok() || !(*status)["status"].contains("storage_stalled") ||
+      (*status)["status"]["storage_stalled"].is_null())
+    return why;
+  const nlohmann::json& st = (*status)["status"]["storage_stalled"];
+  why += fmt::format(": the daemon's storage has answered no request for {:.0f} s",
+                     st["stalled_seconds"].get<double>());
+  for (const auto& r : st["requests"])
+    why += fmt::format("; {}: {}", r["url"].get<std::string>(), r["error"].get<std::string>());
+  return why + " (the daemon waits for it, skipping no sample, and goes on when it answers)";
+}
+
+Result<std::shared_ptr<Batch>> Client::Next(int timeout_ms, bool explain_timeout) {
   if (getpid() != pid_) return ForkedChild(pid_);
   const auto deadline = Clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
   auto reconnect_until = Clock::time_point::min();
@@ -325,7 +340,8 @@ Result<std::shared_ptr<Batch>> Client::Next(int timeout_ms) {
       continue;
     }
     if (timeout_ms >= 0 && Clock::now() >= deadline)
-      return Status::Timeout("no batch within the timeout");
+      return Status::Timeout(explain_timeout ? WhyNoBatch(timeout_ms)
+                                             : "no batch within the timeout");
   }
 }
 

@@ -98,10 +98,14 @@ class Client {
   ~Client();
 
   // Waits up to `timeout_ms` (< 0: forever) for the next batch. Returns the batch, or nullptr
-  // at the end of the data. Errors: kTimeout; kUnavailable once the daemon is gone (after
-  // the batches it had published were delivered) and could not be re-attached; kInvalid in
-  // a forked child.
-  Result<std::shared_ptr<Batch>> Next(int timeout_ms = -1);
+  // at the end of the data. Errors: kTimeout (with `explain_timeout`, saying why when the
+  // daemon knows: its storage answering no request, WhyNoBatch); kUnavailable once the daemon
+  // is gone (after the batches it had published were delivered) and could not be re-attached;
+  // kInvalid in a forked child.
+  Result<std::shared_ptr<Batch>> Next(int timeout_ms = -1, bool explain_timeout = true);
+  // Why no batch came within `timeout_ms`, as the daemon's status tells (a request on the
+  // control socket): its storage stalled, with the failing requests; else just that.
+  std::string WhyNoBatch(int timeout_ms) const;
   const nlohmann::json& info() const { return info_; }
   int rank() const { return rank_; }
 

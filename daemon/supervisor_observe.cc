@@ -49,9 +49,19 @@ nlohmann::json Supervisor::StatusJson() {
         }
     sources.push_back(std::move(s));
   }
+  // A store that answers no request (source.fetch_stall_s): named with its failing requests.
+  nlohmann::json storage = nullptr;
+  if (profile.contains("storage") && profile["storage"].value("stalled_seconds", 0.0) > 0)
+    storage = {{"stalled_seconds", profile["storage"]["stalled_seconds"]},
+               {"requests", profile["storage"]["stalled_requests"]}};
+  const char* state = draining_               ? "draining"
+                      : pipeline_->Finished() ? "finished"
+                      : !storage.is_null()    ? "storage stalled"
+                                              : "running";
   return {{"pipeline", cfg_.name},
           {"config", cfg_.file},
           {"config_hash", config_hash_},
+          {"storage_stalled", storage},
           {"uptime_s",
            std::chrono::duration<double>(std::chrono::steady_clock::now() - started_at_).count()},
           {"process",
@@ -65,9 +75,7 @@ nlohmann::json Supervisor::StatusJson() {
             {"pending", pending_ != nullptr},
             {"pending_at", pending_ ? pending_->Boundary() : ""},
             {"waiting_for_ranks", pending_ && pending_->boundary_deferred ? UnseenRanks() : ""}}},
-          {"state", draining_               ? "draining"
-                    : pipeline_->Finished() ? "finished"
-                                            : "running"},
+          {"state", state},
           {"pid", getpid()},
           {"job", JobJson()},
           {"consumers", ranks},
@@ -93,6 +101,10 @@ WindowSample Supervisor::SampleWindow() {
     w.storage.retries = st["retries"].get<uint64_t>();
     w.storage.wait_s = st["wait_seconds"].get<double>();
     w.storage.data_bytes = st["data_bytes"].get<uint64_t>();
+    w.storage.stalled_s = st.value("stalled_seconds", 0.0);
+    for (const auto& r : st.value("stalled_requests", nlohmann::json::array()))
+      w.storage.stalled_requests.emplace_back(r["url"].get<std::string>(),
+                                              r["error"].get<std::string>());
     if (st.contains("cache_hits")) {
       w.storage.cache = true;
       w.storage.cache_hits = st["cache_hits"].get<uint64_t>();
@@ -340,6 +352,10 @@ std::string Supervisor::MetricsText() {
     counter("mmfeed_storage_wait_seconds_total",
             "Seconds worker threads waited for shards from object storage.",
             st["wait_seconds"].get<double>());
+    t.Family("mmfeed_storage_stalled_seconds", "gauge",
+             "Seconds object storage has answered no request, once past source.fetch_stall_s "
+             "(0: it answers).");
+    t.Sample("mmfeed_storage_stalled_seconds", st.value("stalled_seconds", 0.0));
     if (st.contains("cache_hits")) {
       counter("mmfeed_shard_cache_hits_total", "Shards read from the disk cache (source.cache).",
               st["cache_hits"].get<double>());

@@ -239,6 +239,7 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir, bool 
                                    "fetch_concurrency",
                                    "fetch_retries",
                                    "fetch_timeout_s",
+                                   "fetch_stall_s",
                                    "max_shard_bytes",
                                    "s3",
                                    "cache"};
@@ -260,7 +261,7 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir, bool 
   if (s.remote && s.type != "webdataset")
     Fail(n["path"], "a URL path needs type: webdataset (manifests are read from files)");
   for (const char* key : {"prefetch_bytes", "fetch_concurrency", "fetch_retries", "fetch_timeout_s",
-                          "max_shard_bytes", "s3", "cache"})
+                          "fetch_stall_s", "max_shard_bytes", "s3", "cache"})
     if (n[key] && !s.remote)
       Fail(n[key], fmt::format("source.{} applies to http://, https:// and s3:// paths only", key));
   if (n["prefetch_bytes"])
@@ -278,6 +279,11 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir, bool 
     s.fetch.timeout_s = Float(n["fetch_timeout_s"], "source.fetch_timeout_s");
     if (!(s.fetch.timeout_s >= 0.1))
       Fail(n["fetch_timeout_s"], "source.fetch_timeout_s must be at least 0.1");
+  }
+  if (n["fetch_stall_s"]) {
+    s.fetch.stall_s = Float(n["fetch_stall_s"], "source.fetch_stall_s");
+    if (!(s.fetch.stall_s >= 1 && s.fetch.stall_s <= 86400))
+      Fail(n["fetch_stall_s"], "source.fetch_stall_s must be between 1 and 86400 seconds");
   }
   if (const YAML::Node c = n["cache"]) {
     CheckKeys(c, "source.cache", {"dir", "max_bytes"});

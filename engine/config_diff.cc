@@ -113,6 +113,7 @@ ConfigChanges DiffConfigs(const PipelineConfig& a, const PipelineConfig& b) {
               a.source.fetch.prefetch_bytes != b.source.fetch.prefetch_bytes ||
               a.source.fetch.retries != b.source.fetch.retries ||
               a.source.fetch.timeout_s != b.source.fetch.timeout_s ||
+              a.source.fetch.stall_s != b.source.fetch.stall_s ||
               a.source.fetch.max_shard_bytes != b.source.fetch.max_shard_bytes ||
               a.source.fetch.s3_endpoint != b.source.fetch.s3_endpoint ||
               a.source.fetch.s3_region != b.source.fetch.s3_region ||

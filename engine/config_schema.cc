@@ -121,6 +121,15 @@ json SourceSchema() {
        {"fetch_concurrency", Int("remote: shards fetched at once", 1)},
        {"fetch_retries", Int("remote: retries per request", 0)},
        {"fetch_timeout_s", {{"type", "number"}, {"minimum", 0.1}}},
+       {"fetch_stall_s",
+        {{"type", "number"},
+         {"minimum", 1},
+         {"maximum", 86400},
+         {"default", 30},
+         {"description",
+          "remote: the store answering no request for this long is reported (status, metrics, "
+          "the profile, a trainer's next() that times out); samples wait for it meanwhile, none "
+          "is skipped"}}},
        {"max_shard_bytes", Int("remote: a larger shard is refused", 1)},
        {"cache",
         Object({{"dir", {{"type", "string"}, {"description", "remote: a folder on local disk"}}},

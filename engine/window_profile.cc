@@ -239,7 +239,11 @@ nlohmann::json BuildWindowReport(const WindowSample& a, const WindowSample& b) {
         {"read_bytes_per_s", Delta(b.storage.bytes, a.storage.bytes) / window_s},
         {"wait_share", std::max(0.0, b.storage.wait_s - a.storage.wait_s) / window_s},
         {"retries", Delta(b.storage.retries, a.storage.retries)},
-        {"data_bytes", b.storage.data_bytes}};
+        {"data_bytes", b.storage.data_bytes},
+        {"stalled_seconds", b.storage.stalled_s},
+        {"stalled_requests", nlohmann::json::array()}};
+    for (const auto& [url, why] : b.storage.stalled_requests)
+      report["storage"]["stalled_requests"].push_back({{"url", url}, {"error", why}});
     if (b.storage.cache) {
       const double hits = Delta(b.storage.cache_hits, a.storage.cache_hits),
                    misses = Delta(b.storage.cache_misses, a.storage.cache_misses);
@@ -407,6 +411,20 @@ nlohmann::json BusyStageVerdict(const nlohmann::json& r, const nlohmann::json* b
 }  // namespace
 
 nlohmann::json Diagnose(const nlohmann::json& r) {
+  // A store that answers no request holds everything up, whatever the stages would do.
+  if (r.contains("storage") && NumberIn(r["storage"], "stalled_seconds") > 0) {
+    std::string failing;
+    for (const auto& q : r["storage"]["stalled_requests"])
+      failing +=
+          fmt::format("; {}: {}", q["url"].get<std::string>(), q["error"].get<std::string>());
+    return Verdict(nullptr, "io",
+                   fmt::format("storage stalled: object storage has answered no request for "
+                               "{:.0f} s{}",
+                               NumberIn(r["storage"], "stalled_seconds"), failing),
+                   "samples wait for the store (none is skipped) and the job goes on exactly "
+                   "when it answers: check the store and the network to it; the trainers' "
+                   "next() with a timeout says so");
+  }
   if (nlohmann::json v = MemoryVerdict(r); !v.is_null()) return v;
 
   // The trainers: are they attached, do they wait for data, do they hold batches?

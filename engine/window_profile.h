@@ -36,6 +36,10 @@ struct StorageSample {
   uint64_t data_bytes = 0;  // the shards' total size
   bool cache = false;       // source.cache (source/shard_cache.h)
   uint64_t cache_hits = 0, cache_misses = 0, cache_bytes = 0, cache_max_bytes = 0;
+  // The store answering no request for longer than source.fetch_stall_s: for how long, and
+  // the failing requests (url, why).
+  double stalled_s = 0;
+  std::vector<std::pair<std::string, std::string>> stalled_requests;
 };
 
 struct WindowSample {

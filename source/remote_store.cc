@@ -73,6 +73,7 @@ Status ReadCredentialsFile(const std::string& path, const std::string& profile, 
 struct RemoteStore::Request {
   std::string url;  // as the catalog names it (messages)
   bool head = false;
+  bool probe = false;  // StoreDown's: one attempt, never waits out an outage
   bool range = false;
   uint64_t offset = 0, size = 0;  // the range, or the whole object's expected size
   int fd = -1;                    // where the body goes (GET)...
@@ -311,16 +312,44 @@ Status RemoteStore::Perform(Request* req) {
   const std::string userpwd = s3_key_ + ":" + s3_secret_;
   std::mt19937_64 jitter(std::hash<std::string>()(req->url) ^ NowNs());
   std::string last_error;
-  for (int attempt = 0;; ++attempt) {
+  // Giving up on the request needs the store to answer another (StoreDown): while it is down,
+  // the request retries and its sample's time limit is paused; when it answers again, a
+  // request whose failures were the store's starts its retries afresh (once).
+  std::optional<SampleDeadlinePause> waiting_out;
+  bool fresh_round = false;
+  int attempt = 0;
+  // `force`: probe even with no failure recorded (a transfer cut at its sample's deadline).
+  auto give_up = [&](bool force = false) {
+    if (req->probe || stopping_.load()) return true;
+    bool was_out = false;
+    if (StoreDown(req->url, force, &was_out)) {
+      if (!waiting_out) {
+        spdlog::debug("{}: {}; the store answers no request: retrying until it does", req->url,
+                      last_error);
+        waiting_out.emplace();
+      }
+      return false;
+    }
+    if ((waiting_out || was_out) && !fresh_round) {
+      fresh_round = true;
+      waiting_out.reset();  // the sample's time limit starts again in full
+      attempt = 0;
+      return false;
+    }
+    return true;
+  };
+  for (;; ++attempt) {
     if (attempt > 0) {
       retries_.fetch_add(1, std::memory_order_relaxed);
       // 0.2 s, 0.4 s, ... up to 5 s, times 0.75-1.25.
       const double base = std::min(5.0, 0.2 * std::pow(2.0, attempt - 1));
       const double wait = base * std::uniform_real_distribution<double>(0.75, 1.25)(jitter);
-      std::unique_lock<std::mutex> l(mu_);
-      if (changed_.wait_for(l, std::chrono::duration<double>(wait), [&] { return stop_; }))
-        return Status::Closed(req->url + ": the store is closing");
-      if (!req->head && SampleDeadlinePassed())
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        if (changed_.wait_for(l, std::chrono::duration<double>(wait), [&] { return stop_; }))
+          return Status::Closed(req->url + ": the store is closing");
+      }
+      if (!req->head && SampleDeadlinePassed() && give_up(/*force=*/true))
         return Status::Timeout(
             fmt::format("{}: {}; gave up retrying at the sample's deadline", req->url, last_error));
     }
@@ -343,6 +372,7 @@ Status RemoteStore::Perform(Request* req) {
     bool retry = false;
     if (rc == CURLE_OK) {
       const long st = req->status;
+      if (st < 500 && st != 408 && st != 429) NoteAnswer();
       if (st >= 200 && st < 300) {
         if (req->range && st != 206)
           return Status::Unsupported(fmt::format(
@@ -373,6 +403,7 @@ Status RemoteStore::Perform(Request* req) {
       }
       last_error = fmt::format("HTTP {}", st);
       retry = st >= 500 || st == 408 || st == 429;
+      if (retry) NoteFailure(req->url, last_error);
       if (!retry) {
         if (st == 404)
           return Status::NotFound(fmt::format("{}: HTTP 404, no such object", req->url));
@@ -384,18 +415,90 @@ Status RemoteStore::Perform(Request* req) {
           req->url, req->size));
     } else if (rc == CURLE_ABORTED_BY_CALLBACK) {
       if (stopping_.load()) return Status::Closed(req->url + ": the store is closing");
-      return Status::Timeout(req->url + ": gave up at the sample's deadline (sample_timeout_s)");
+      last_error = "no answer by the sample's deadline";
+      if (give_up(/*force=*/true))  // a slow store that answers: the sample's time is up
+        return Status::Timeout(req->url + ": gave up at the sample's deadline (sample_timeout_s)");
+      NoteFailure(req->url, last_error);
+      continue;
     } else {
       last_error = curl_easy_strerror(rc);
       retry = rc != CURLE_UNSUPPORTED_PROTOCOL && rc != CURLE_URL_MALFORMAT &&
               rc != CURLE_WRITE_ERROR && rc != CURLE_OUT_OF_MEMORY;
       if (!retry) return Status::Io(fmt::format("{}: {}", req->url, last_error));
+      NoteFailure(req->url, last_error);
     }
-    if (attempt >= cfg_.retries)
+    if (attempt >= (req->probe ? 0 : cfg_.retries) && give_up())
       return Status::Io(
           fmt::format("{}: {} (after {} attempts)", req->url, last_error, attempt + 1));
     spdlog::debug("{}: {}; retrying", req->url, last_error);
   }
+}
+
+void RemoteStore::NoteAnswer() {
+  std::lock_guard<std::mutex> l(mu_);
+  const int64_t now = static_cast<int64_t>(NowNs());
+  last_answer_ns_ = now;
+  if (!outage_) return;
+  if (outage_->reported)
+    spdlog::warn("storage answers again after {:.0f} s ({} failed request(s)): the job goes on",
+                 (now - outage_->since_ns) / 1e9, outage_->failures);
+  outage_.reset();
+}
+
+void RemoteStore::NoteFailure(const std::string& url, const std::string& why) {
+  constexpr size_t kMostFailing = 8;
+  std::lock_guard<std::mutex> l(mu_);
+  const int64_t now = static_cast<int64_t>(NowNs());
+  if (!outage_) outage_ = Outage{now};
+  ++outage_->failures;
+  if (!outage_->failing.count(url) && outage_->failing.size() == kMostFailing)
+    outage_->failing.erase(outage_->failing.begin());
+  outage_->failing[url] = why;
+  if (outage_->reported || now - outage_->since_ns < static_cast<int64_t>(cfg_.stall_s * 1e9))
+    return;
+  outage_->reported = true;
+  std::string failing;
+  for (const auto& [u, w] : outage_->failing) failing += fmt::format("; {}: {}", u, w);
+  spdlog::error(
+      "storage stalled: no request answered for {:.0f} s ({} failed{}): samples wait for it "
+      "(none is skipped) and the job goes on when it answers (source.fetch_stall_s)",
+      (now - outage_->since_ns) / 1e9, outage_->failures, failing);
+}
+
+bool RemoteStore::StoreDown(const std::string& url, bool force, bool* was_out) {
+  Request probe;
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    *was_out = outage_.has_value();
+    // Answered since the caller's failure (an outage ends at an answer): the store is up.
+    if (!outage_ && !force) return false;
+    if (probing_) {  // one probe at a time: the others take its answer
+      changed_.wait(l, [&] { return !probing_ || stop_; });
+      return !last_probe_answered_;
+    }
+    const int64_t now = static_cast<int64_t>(NowNs());
+    if (now - last_probe_ns_ < 1'000'000'000) return !last_probe_answered_;  // probed just now
+    for (const auto& [other, stamp] : stamps_)
+      if (other != url) {
+        probe.url = other;
+        break;
+      }
+    if (probe.url.empty()) probe.url = url;  // the store's only object: asked again
+    last_probe_ns_ = now;
+    probing_ = true;
+  }
+  probe.head = true;
+  probe.probe = true;
+  const int64_t t0 = static_cast<int64_t>(NowNs());
+  (void)Perform(&probe);
+  bool answered;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    answered = last_probe_answered_ = last_answer_ns_ >= t0;
+    probing_ = false;
+  }
+  changed_.notify_all();
+  return !answered;
 }
 
 Result<RemoteStore::ObjectInfo> RemoteStore::Head(const std::string& url) {
@@ -577,9 +680,29 @@ Result<FieldFile> RemoteStore::OpenRange(const std::string& url, uint64_t offset
       return s.state == Shard::State::kFetching || (s.wanted && s.state == Shard::State::kIdle);
     };
     auto it = shards_.find(url);
+    // The store answering no one is not the sample's fault: its time limit pauses while the
+    // store is down, and starts again in full (once) when a wait that an outage overlapped
+    // runs past it.
+    std::optional<SampleDeadlinePause> outage;
+    bool overlapped = false, restarted = false;
     while (it != shards_.end() && busy(it->second) && !stop_) {
-      if (SampleDeadlinePassed())
-        return Status::Timeout(url + ": waited for the shard past sample_timeout_s");
+      overlapped = overlapped || outage_.has_value();
+      if (SampleDeadlinePassed()) {
+        l.unlock();
+        bool was_out = false;
+        const bool down = StoreDown(url, /*force=*/true, &was_out);
+        l.lock();
+        if (down) {
+          outage.emplace();
+        } else if ((overlapped || was_out) && !restarted) {
+          restarted = true;
+          SampleDeadlinePause{};  // restarts the limit in full
+        } else {
+          return Status::Timeout(url + ": waited for the shard past sample_timeout_s");
+        }
+        it = shards_.find(url);
+        continue;
+      }
       changed_.wait_for(l, std::chrono::milliseconds(100));
       it = shards_.find(url);
     }
@@ -735,6 +858,17 @@ nlohmann::json RemoteStore::Stats() const {
   j["data_bytes"] = data;
   j["prefetch_bytes"] = cfg_.prefetch_bytes;
   j["failed_shard_fetches"] = failed_total_;
+  // An outage older than stall_s: how long, and the requests failing (url, why).
+  j["stalled_seconds"] = 0.0;
+  j["stalled_requests"] = nlohmann::json::array();
+  if (outage_) {
+    const double age = (static_cast<int64_t>(NowNs()) - outage_->since_ns) / 1e9;
+    if (age >= cfg_.stall_s) {
+      j["stalled_seconds"] = age;
+      for (const auto& [url, why] : outage_->failing)
+        j["stalled_requests"].push_back({{"url", url}, {"error", why}});
+    }
+  }
   j["failed_shards"] = nlohmann::json::array();  // the most recent
   for (const auto& [url, reason] : failed_)
     j["failed_shards"].push_back({{"url", url}, {"reason", reason}});
@@ -751,7 +885,9 @@ nlohmann::json SumStorageStats(const std::vector<nlohmann::json>& stats) {
   for (size_t k = 1; k < stats.size(); ++k)
     for (const auto& [key, value] : stats[k].items()) {
       nlohmann::json& into = sum[key];
-      if (value.is_number_unsigned())
+      if (key == "stalled_seconds")  // the longest outage
+        into = std::max(into.get<double>(), value.get<double>());
+      else if (value.is_number_unsigned())
         into = into.get<uint64_t>() + value.get<uint64_t>();
       else if (value.is_number())
         into = into.get<double>() + value.get<double>();
@@ -771,7 +907,8 @@ std::vector<std::pair<std::string, double>> StorageMetrics(const nlohmann::json&
       {"storage_range_reads", stats["range_reads"].get<double>()},
       {"storage_retries", stats["retries"].get<double>()},
       {"storage_wait_s", stats["wait_seconds"].get<double>()},
-      {"storage_failed_shards", stats["failed_shard_fetches"].get<double>()}};
+      {"storage_failed_shards", stats["failed_shard_fetches"].get<double>()},
+      {"storage_stalled_s", stats.value("stalled_seconds", 0.0)}};
   if (stats.contains("cache_hits"))
     for (const char* k : {"hits", "misses", "evicted_bytes", "not_kept", "damaged"})
       m.emplace_back(std::string("storage_cache_") + k,

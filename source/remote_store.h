@@ -21,6 +21,16 @@
 // A shard whose whole fetch fails for good is logged with its URL and reason once, listed in
 // Stats(), and its samples fail with that reason for a minute before it is tried again.
 //
+// Failing for good needs the store to answer: a request whose retries are spent (or whose
+// sample's deadline passed) while no other request was answered asks the store about another
+// object (a HEAD, one attempt). If that is not answered either, the store is down (it hangs,
+// refuses, or answers 5xx to everything): the request goes on retrying (every 5 s at most) and
+// the deadline of the sample waiting for it moves on by the time waited, so an outage stalls
+// the job instead of skipping its samples, and the job goes on exactly when the store answers
+// again. A run of failed requests with no answer between them is an outage; one older than
+// stall_s is logged once and reported in Stats() (stalled_seconds, stalled_requests: the
+// failing URLs and why), which status, metrics, the profile and trainers' timeouts read.
+//
 // Thread-safe: Head and Stream are called while the catalog is built, OpenRange from worker
 // threads, Want from the source thread, Stats from any thread.
 #pragma once
@@ -32,6 +42,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -142,6 +153,15 @@ class RemoteStore : public RemoteReader {
   void Keep(int fd, const ShardCache::Key& key, uint64_t time);
   // Performs `req` with retries; the body goes to `fd` at `fd_offset` (none for HEAD).
   Status Perform(Request* req);
+  // An outage's bookkeeping (above): a request answered (any HTTP answer but 5xx, 408, 429),
+  // or one that failed with `why`.
+  void NoteAnswer();
+  void NoteFailure(const std::string& url, const std::string& why);
+  // Whether the store is down for a request about to give up on `url`: no request was answered
+  // since its failure (unless `force`: a wait with no failure of its own), and a probe of
+  // another object is not answered either (at most one probe a second). *was_out: an outage
+  // was in progress (a failure since the last answer).
+  bool StoreDown(const std::string& url, bool force, bool* was_out);
   void FetchLoop();
 
   RemoteConfig cfg_;
@@ -165,6 +185,19 @@ class RemoteStore : public RemoteReader {
   std::shared_ptr<const Future> future_;
   std::mutex handles_mu_;
   std::vector<void*> handles_;  // idle curl easy handles (each keeps its connections open)
+  // The outage in progress (under mu_): since when no request was answered, how many failed,
+  // the latest failing URLs and why; when the store last answered and was last probed.
+  struct Outage {
+    int64_t since_ns = 0;
+    uint64_t failures = 0;
+    std::map<std::string, std::string> failing;  // url -> why (the latest kMostFailing)
+    bool reported = false;                       // logged once past stall_s
+  };
+  std::optional<Outage> outage_;
+  int64_t last_answer_ns_ = 0;
+  int64_t last_probe_ns_ = 0;
+  bool last_probe_answered_ = true;
+  bool probing_ = false;  // a probe is under way (StoreDown): others wait for its answer
 
   std::atomic<uint64_t> bytes_{0}, shards_fetched_{0}, range_reads_{0}, retries_{0}, fetch_ns_{0},
       wait_ns_{0}, requests_{0};

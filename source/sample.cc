@@ -40,6 +40,7 @@ FieldFile::~FieldFile() {
 namespace {
 thread_local const FilePolicy* t_file_policy = nullptr;
 thread_local int64_t t_deadline_ns = 0;  // steady clock; 0: none
+thread_local int64_t t_limit_ns = 0;     // the sample's whole time limit
 
 const FilePolicy kDefaultFilePolicy;
 }  // namespace
@@ -50,13 +51,18 @@ ScopedFilePolicy::ScopedFilePolicy(const FilePolicy* policy) : previous_(t_file_
 ScopedFilePolicy::~ScopedFilePolicy() { t_file_policy = previous_; }
 
 ScopedSampleDeadline::ScopedSampleDeadline(double seconds) : previous_(t_deadline_ns) {
-  t_deadline_ns =
-      seconds > 0 ? static_cast<int64_t>(NowNs()) + static_cast<int64_t>(seconds * 1e9) : 0;
+  t_limit_ns = seconds > 0 ? static_cast<int64_t>(seconds * 1e9) : 0;
+  t_deadline_ns = seconds > 0 ? static_cast<int64_t>(NowNs()) + t_limit_ns : 0;
 }
 ScopedSampleDeadline::~ScopedSampleDeadline() { t_deadline_ns = previous_; }
 
 bool SampleDeadlinePassed() {
   return t_deadline_ns != 0 && static_cast<int64_t>(NowNs()) > t_deadline_ns;
+}
+
+SampleDeadlinePause::SampleDeadlinePause() : had_(t_deadline_ns != 0) { t_deadline_ns = 0; }
+SampleDeadlinePause::~SampleDeadlinePause() {
+  if (had_) t_deadline_ns = static_cast<int64_t>(NowNs()) + t_limit_ns;
 }
 
 bool InsideRoots(std::string_view real, const std::vector<std::string>& roots) {

@@ -96,6 +96,19 @@ class ScopedSampleDeadline {
   int64_t previous_;
 };
 bool SampleDeadlinePassed();
+// While it lives, the calling thread's sample has no time limit (it waits for something that
+// says nothing about the sample: a store that answers no one); after, its limit starts again
+// in full. No limit stays none.
+class SampleDeadlinePause {
+ public:
+  SampleDeadlinePause();
+  ~SampleDeadlinePause();
+  SampleDeadlinePause(const SampleDeadlinePause&) = delete;
+  SampleDeadlinePause& operator=(const SampleDeadlinePause&) = delete;
+
+ private:
+  bool had_;
+};
 
 // The file behind a kPath or kFileRange field, open: `size` bytes at `offset` of `fd`.
 // Move-only; closes the file.

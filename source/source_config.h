@@ -21,10 +21,13 @@ struct ConfigMark {
 // Reading shards from object storage (source/remote_store.h): `source:` keys of a
 // webdataset source whose path is an http://, https:// or s3:// URL.
 struct RemoteConfig {
-  int concurrency = 4;                     // whole shards fetched at once
-  uint64_t prefetch_bytes = 1ull << 30;    // shards held or being fetched, in bytes
-  int retries = 5;                         // per request, with exponential backoff
-  double timeout_s = 30;                   // a connect or a stalled transfer gives up after this
+  int concurrency = 4;                   // whole shards fetched at once
+  uint64_t prefetch_bytes = 1ull << 30;  // shards held or being fetched, in bytes
+  int retries = 5;                       // per request, with exponential backoff
+  double timeout_s = 30;                 // a connect or a stalled transfer gives up after this
+  // The store answering no request for this long is reported (status, metrics, the profile,
+  // a trainer's next() that times out); meanwhile samples wait for it, none is skipped.
+  double stall_s = 30;
   uint64_t max_shard_bytes = 64ull << 30;  // a larger shard (as its HEAD says) is refused
   // s3:// paths: `s3: {endpoint, region, credentials_file, profile}`; empty values come from
   // AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, AWS_REGION / AWS_DEFAULT_REGION, the

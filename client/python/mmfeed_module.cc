@@ -317,11 +317,18 @@ class PyClient {
       if (ms >= 0) step = std::min(100, mmfeed::RemainingMs(deadline));
       b = [&] {
         py::gil_scoped_release nogil;
-        return client_->Next(step);
+        return client_->Next(step, /*explain_timeout=*/false);
       }();
       if (b.ok() || b.status().code() != mmfeed::Status::Code::kTimeout) break;
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-      if (ms >= 0 && std::chrono::steady_clock::now() >= deadline) break;
+      if (ms >= 0 && std::chrono::steady_clock::now() >= deadline) {
+        const std::string why = [&] {
+          py::gil_scoped_release nogil;
+          return client_->WhyNoBatch(ms);
+        }();
+        b = mmfeed::Status::Timeout(why);
+        break;
+      }
     }
     if (!b.ok()) Raise(b.status());
     if (!*b) return py::none();

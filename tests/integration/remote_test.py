@@ -7,7 +7,8 @@ delivered once per epoch or counted. Two daemons as two nodes of one job deal ev
 
 usage: remote_test.py --bin BUILD/bin --s3rver PATH
 """
-import argparse, errno, io, json, os, pathlib, re, shutil, signal, socket, subprocess, sys, tarfile, time, unittest
+import argparse, errno, io, json, os, pathlib, re, shutil, signal, socket, subprocess, sys, tarfile, textwrap, time, \
+    unittest
 
 import daemon_test
 from daemon_test import Daemon, DaemonCase, captioned_ids, dumped_batches, finish
@@ -652,6 +653,77 @@ class FaultyServerTest(RemoteCase):
         dumps = self.run_ranks(d)
         self.assertEqual(d.wait(), 0, d.log())
         self.assertEveryEpochOnce(dumps, 1)
+
+
+class StalledStoreTest(RemoteCase):
+    def test_a_store_that_hangs_is_named_trainers_are_told_and_the_job_goes_on_exactly(self):
+        """nginx stopped (SIGSTOP: connections are accepted, nothing answers) a second into the
+        run, each sample's deadline 3 s: samples once timed out one after another, skipped, and
+        no trainer heard of it. Now they wait for the store; past fetch_stall_s the status, the
+        profile and a trainer's next(timeout_s=...) name the storage and the failing requests;
+        continued (SIGCONT), every sample of every epoch arrives once, none skipped."""
+        url, state, n = self.indexed_then(server="    limit_rate 1m;")
+        shard_bytes = (self.data / "shard-000.tar").stat().st_size
+        cfg = config(url, epochs=2, source=f"prefetch_bytes: {shard_bytes * 5 // 2}, fetch_retries: 2, "
+                                           "fetch_timeout_s: 1, fetch_stall_s: 2") + "sample_timeout_s: 3\n"
+        d = Daemon(self.dir, cfg, extra=("--state-dir", str(state)))
+        told = self.dir / "told.txt"
+        trainer = """
+            import json, sys, mmfeed
+            c = mmfeed.Client(socket=sys.argv[1], rank=1)
+            told = open(sys.argv[2], "a")
+            while True:
+                try:
+                    b = c.next(timeout_s=2)
+                except TimeoutError as e:
+                    told.write(str(e) + "\\n"); told.flush()
+                    continue
+                if b is None:
+                    break
+                print(json.dumps({"epoch": b.epoch, "ids": b.ids}), flush=True)
+        """
+        env = dict(os.environ, PYTHONPATH=str(pathlib.Path(daemon_test.BIN).parent / "python"))
+        py = subprocess.Popen([sys.executable, "-c", textwrap.dedent(trainer), d.socket, str(told)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = d.consume(0, "--json", "--dump", str(self.dir / "dump0"))
+        time.sleep(1.0)
+        n.proc.send_signal(signal.SIGSTOP)
+        try:
+            deadline = time.time() + 90
+            while True:
+                status = json.loads(d.ctl("status", "--json").stdout)
+                if status["state"] == "storage stalled":
+                    break
+                self.assertLess(time.time(), deadline, "no stall reported:\n" + d.log())
+                time.sleep(0.2)
+            stalled = status["storage_stalled"]
+            self.assertGreaterEqual(stalled["stalled_seconds"], 2)
+            self.assertTrue(any(re.search(r"/shard-00\d\.tar$", r["url"]) for r in stalled["requests"]), stalled)
+            self.assertIn("storage stalled: no request answered for", d.ctl("status").stdout)
+            while "the daemon's storage has answered no request for" not in (told.read_text() if told.exists() else ""):
+                self.assertLess(time.time(), deadline, "the trainer was not told:\n" + d.log())
+                time.sleep(0.2)
+            self.assertRegex(told.read_text(), r"no batch within 2\.0 s: the daemon's storage has answered no request "
+                                               r"for \d+ s; http://127\.0\.0\.1:\d+/shard-00\d\.tar: ")
+            r = d.ctl("profile", "--seconds", "0.5", "--json")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            diagnosis = json.loads(r.stdout)["diagnosis"]
+            self.assertEqual(diagnosis["kind"], "io")
+            self.assertIn("storage stalled: object storage has answered no request for", diagnosis["evidence"])
+            self.assertIn("storage stalled: no request answered for", d.log())
+        finally:
+            n.proc.send_signal(signal.SIGCONT)
+        finish(first, timeout=180)
+        out, err = py.communicate(timeout=180)
+        self.assertEqual(py.returncode, 0, err)
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertIn("storage answers again after", d.log())
+        self.assertIn("samples skipped: 0", d.log())
+        rank1 = [json.loads(line) for line in out.splitlines()]
+        for e in range(2):
+            got = [i for meta, _ in dumped_batches(self.dir / "dump0") if meta["epoch"] == e for i in meta["ids"]]
+            got += [i for b in rank1 if b["epoch"] == e for i in b["ids"]]
+            self.assertEqual(sorted(got), sorted(self.ids), f"epoch {e}: every sample once")
 
 
 HUGE = 100 * 10**9
