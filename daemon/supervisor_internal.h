@@ -30,6 +30,7 @@
 
 #include "base/atomic_file.h"
 #include "base/clock.h"
+#include "base/dir_fd.h"
 #include "base/rng.h"
 #include "client/report_text.h"
 #include "daemon/control_server.h"
@@ -256,8 +257,11 @@ class Supervisor {
   // attached trainer drains it and attaches again by itself.
   void MoveRank(int r, std::unique_ptr<RingSink> ring, const StreamCursor& next);
 
-  // --state-dir: the stream the trainers are in (daemon/stream_state.h).
+  // --state-dir: the stream the trainers are in (daemon/stream_state.h). The folder is opened
+  // once (ReadState; base/dir_fd.h: a symlink or another user's folder refused) and the
+  // cursors are written through it.
   std::string StatePath() const { return opt_.state_dir + "/cursors.json"; }
+  DirFd state_dir_;
 
   Result<std::optional<StreamState>> ReadState();
 

@@ -6,9 +6,11 @@
 namespace mmfeed {
 
 Result<std::optional<StreamState>> Supervisor::ReadState() {
-  std::error_code ec;
-  std::filesystem::create_directories(opt_.state_dir, ec);
-  if (ec) return Status::Io(fmt::format("--state-dir {}: {}", opt_.state_dir, ec.message()));
+  if (!state_dir_.valid()) {  // opened once: the cursors are written through it (SaveState)
+    Result<DirFd> dir = DirFd::Open(opt_.state_dir, "--state-dir", /*create=*/true);
+    if (!dir.ok()) return dir.status();
+    state_dir_ = std::move(dir.value());
+  }
   return ReadStreamState(StatePath());
 }
 
@@ -105,7 +107,11 @@ Status Supervisor::SaveState() {
   for (int r = 0; r < cfg_.consumers; ++r) state.ranks.push_back(AckedOf(r));
   std::string text = StreamStateToJson(state).dump() + "\n";
   if (text == saved_state_) return Status::Ok();
-  Status st = WriteFileAtomically(StatePath(), text);
+  Status st = state_dir_.WriteAtomically("cursors.json", text);
+  if (!st.ok() && state_dir_.Gone()) {  // deleted: made again where it was, never via a symlink
+    Status again = state_dir_.Refresh(/*create=*/true);
+    st = again.ok() ? state_dir_.WriteAtomically("cursors.json", text) : again;
+  }
   const auto now = std::chrono::steady_clock::now();
   if (st.ok()) {
     if (state_failures_)

@@ -15,6 +15,7 @@
 #include <filesystem>
 
 #include "base/clock.h"
+#include "base/dir_fd.h"
 #include "base/rng.h"
 #include "source/index_file.h"
 
@@ -34,40 +35,31 @@ static_assert(sizeof(Header) == kHeader);
 // Removes the tier folders in `dir` that no living cache holds (their `.lock` free or gone),
 // and hidden ones (a folder being made: `.` + its name until its lock is taken and it is
 // renamed, microseconds) older than a minute: a daemon killed in between left them.
-void RemoveOrphans(const std::string& dir) {
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) return;
-  std::vector<std::string> orphans;
+void RemoveOrphans(const DirFd& dir) {
   const time_t minute_ago = ::time(nullptr) - 60;
-  while (dirent* e = ::readdir(d)) {
-    const bool hidden = e->d_name[0] == '.';
-    if (std::strncmp(e->d_name + hidden, kPrefix, sizeof(kPrefix) - 1) != 0) continue;
+  for (const std::string& name : dir.List()) {
+    const bool hidden = name[0] == '.';
+    if (name.compare(hidden, sizeof(kPrefix) - 1, kPrefix) != 0) continue;
     struct stat st;
-    if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode))
-      continue;
-    const std::string folder = dir + "/" + e->d_name;
-    if (hidden) {
-      if (st.st_mtime < minute_ago) orphans.push_back(folder);
-      continue;
+    if (!dir.Stat(name, &st) || !S_ISDIR(st.st_mode)) continue;
+    bool orphan = hidden && st.st_mtime < minute_ago;
+    if (!hidden) {
+      // A folder or lock that cannot be opened (another user's daemon in a shared folder, a
+      // symlink put there) says nothing about its folder: kept. No lock at all: nobody holds it.
+      Result<DirFd> folder = dir.Sub(name, /*create=*/false);
+      if (!folder.ok()) continue;
+      const int fd = folder->OpenFile(".lock", O_RDONLY | O_NONBLOCK);
+      if (fd < 0 && errno != ENOENT) continue;
+      const bool held = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+      if (fd >= 0) ::close(fd);
+      orphan = !held;
     }
-    const int fd =
-        ::open((folder + "/.lock").c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    // A lock that cannot be opened (another user's daemon in a shared folder, a symlink put
-    // there) says nothing about its folder: kept. No lock at all: a folder nobody holds.
-    if (fd < 0 && errno != ENOENT) continue;
-    const bool held = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
-    if (fd >= 0) ::close(fd);
-    if (!held) orphans.push_back(folder);
-  }
-  ::closedir(d);
-  for (const std::string& folder : orphans) {
-    std::error_code ec;
-    const auto n = std::filesystem::remove_all(folder, ec);  // does not follow symlinks
-    if (ec)
-      spdlog::warn("stage cache: cannot remove {}, left by a daemon that is gone: {}", folder,
-                   ec.message());
+    if (!orphan) continue;
+    if (dir.RemoveTree(name))
+      spdlog::info("stage cache: removed {}/{}, left by a daemon that is gone", dir.path(), name);
     else
-      spdlog::info("stage cache: removed {} ({} files), left by a daemon that is gone", folder, n);
+      spdlog::warn("stage cache: cannot remove {}/{}, left by a daemon that is gone: {}",
+                   dir.path(), name, std::strerror(errno));
   }
 }
 
@@ -75,57 +67,71 @@ void RemoveOrphans(const std::string& dir) {
 
 Result<std::unique_ptr<SampleDisk>> SampleDisk::Open(const std::string& dir,
                                                      const std::string& stage, uint64_t max_bytes) {
-  RemoveOrphans(dir);
+  MMFEED_ASSIGN_OR_RETURN(
+      DirFd dir_fd,
+      DirFd::Open(dir, fmt::format("stage '{}': cache.disk.dir", stage), /*create=*/true));
+  RemoveOrphans(dir_fd);
   static std::atomic<uint64_t> serial{0};
   const std::string name = fmt::format("{}{}-{}", kPrefix, ::getpid(), serial.fetch_add(1));
-  std::unique_ptr<SampleDisk> disk(new SampleDisk(dir, stage, name));
+  std::unique_ptr<SampleDisk> disk(new SampleDisk(dir, stage, name, std::move(dir_fd)));
   MMFEED_RETURN_IF_ERROR(disk->MakeFolder());
-  struct statvfs fs;
-  if (::statvfs(dir.c_str(), &fs) == 0 && uint64_t{fs.f_bavail} * fs.f_frsize < max_bytes)
+  if (const uint64_t free = disk->dir_fd_.FreeBytes(); free > 0 && free < max_bytes)
     spdlog::warn(
         "stage '{}': cache.disk.max_bytes is {:.1f} GiB but {} has {:.1f} GiB free: the tier "
         "will fill the disk and then step aside (lower max_bytes or free room)",
-        stage, max_bytes / 1073741824.0, dir, uint64_t{fs.f_bavail} * fs.f_frsize / 1073741824.0);
+        stage, max_bytes / 1073741824.0, dir, free / 1073741824.0);
   return disk;
+}
+
+std::shared_ptr<const DirFd> SampleDisk::Folder() const {
+  std::lock_guard<std::mutex> made(make_mu_);
+  return folder_;
 }
 
 Status SampleDisk::MakeFolder() {
   std::lock_guard<std::mutex> made(make_mu_);
-  struct stat st;
-  if (::lstat(folder_.c_str(), &st) == 0) return Status::Ok();  // another thread made it again
-  std::error_code made_dir;
-  std::filesystem::create_directories(dir_, made_dir);  // `dir` itself may have been deleted
-  const std::string hidden = fmt::format("{}/.{}", dir_, name_);
-  auto fail = [&](const char* what) {
-    const std::string why = std::strerror(errno);
-    std::error_code ec;
-    std::filesystem::remove_all(hidden, ec);
+  if (folder_ && !folder_->Gone()) return Status::Ok();  // another thread made it again
+  auto fail = [&](const std::string& why) {
+    dir_fd_.RemoveTree("." + name_);
     return Status::Io(fmt::format(
-        "stage '{}': cache.disk.dir {}: cannot {} ({}); name a folder on a local file system "
-        "the daemon's user may write",
-        stage_, dir_, what, why));
+        "stage '{}': cache.disk.dir {}: {}; name a folder on a local file system the daemon's "
+        "user may write",
+        stage_, dir_, why));
   };
-  if (::mkdir(hidden.c_str(), 0700) != 0) return fail("create a folder in it");
-  const int lock =
-      ::open((hidden + "/.lock").c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (lock < 0) return fail("create a file in it");
-  if (::flock(lock, LOCK_EX) != 0 || ::rename(hidden.c_str(), folder_.c_str()) != 0) {
+  // `dir` itself may have been deleted: made again where it was, never through a symlink.
+  if (Status st = dir_fd_.Refresh(/*create=*/true); !st.ok()) return fail(st.message());
+  const std::string hidden = "." + name_;
+  Result<DirFd> made_hidden = dir_fd_.Sub(hidden, /*create=*/true, 0700);
+  if (!made_hidden.ok()) return fail(made_hidden.status().message());
+  const int lock = made_hidden->OpenFile(".lock", O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (lock < 0) return fail(fmt::format("cannot create a file in it ({})", std::strerror(errno)));
+  if (::flock(lock, LOCK_EX) != 0 || !dir_fd_.Rename(hidden, name_)) {
+    const std::string why = std::strerror(errno);
     ::close(lock);
-    return fail("rename a folder in it");
+    return fail(fmt::format("cannot rename a folder in it ({})", why));
+  }
+  // Opened again under its name (for its messages' path): still the folder made above.
+  Result<DirFd> folder = dir_fd_.Sub(name_, /*create=*/false);
+  struct stat a {
+  }, b{};
+  if (!folder.ok() || ::fstat(folder->fd(), &a) != 0 || ::fstat(made_hidden->fd(), &b) != 0 ||
+      a.st_ino != b.st_ino) {
+    ::close(lock);
+    return fail("its folder was swapped as it was made");
   }
   if (lock_fd_ >= 0) ::close(lock_fd_);
   lock_fd_ = lock;
+  folder_ = std::make_shared<const DirFd>(std::move(folder.value()));
   return Status::Ok();
 }
 
 SampleDisk::~SampleDisk() {
-  std::error_code ec;
-  std::filesystem::remove_all(folder_, ec);
+  dir_fd_.RemoveTree(name_);  // in the folder `dir` was when opened, whatever its path names now
   if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
 std::string SampleDisk::PathOf(uint32_t entry) const {
-  return fmt::format("{}/{}", folder_, entry);
+  return fmt::format("{}/{}", folder_path_, entry);
 }
 
 void SampleDisk::StepAside(const std::string& why) {
@@ -135,19 +141,20 @@ void SampleDisk::StepAside(const std::string& why) {
   spdlog::warn(
       "stage '{}': cache disk tier {}: {}; samples are kept in memory only for a minute (the "
       "stage computes what memory does not hold)",
-      stage_, folder_, why);
+      stage_, folder_path_, why);
 }
 
 int SampleDisk::Write(uint32_t entry, const std::string& bytes) {
   if (static_cast<int64_t>(NowNs()) < aside_until_ns_.load(std::memory_order_relaxed)) return -1;
-  int fd = ::open(folder_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0 && errno == ENOENT) {  // the folder was deleted: make it again
+  std::shared_ptr<const DirFd> folder = Folder();
+  int fd = folder->OpenUnnamed(0600);
+  if (fd < 0 && (errno == ENOENT || folder->Gone())) {  // the folder was deleted: make it again
     Status made = MakeFolder();
     if (!made.ok()) {
       StepAside(made.message());
       return -1;
     }
-    fd = ::open(folder_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    fd = Folder()->OpenUnnamed(0600);
   }
   if (fd < 0) {
     StepAside(fmt::format("cannot create a file ({})", std::strerror(errno)));
@@ -165,10 +172,8 @@ int SampleDisk::Write(uint32_t entry, const std::string& bytes) {
 }
 
 bool SampleDisk::Link(int fd, uint32_t entry) {
-  const std::string proc = fmt::format("/proc/self/fd/{}", fd), path = PathOf(entry);
-  ::unlink(path.c_str());
-  const bool ok = ::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, path.c_str(), AT_SYMLINK_FOLLOW) == 0;
-  if (!ok) StepAside(fmt::format("cannot name {} ({})", path, std::strerror(errno)));
+  const bool ok = Folder()->Link(fd, std::to_string(entry));
+  if (!ok) StepAside(fmt::format("cannot name {} ({})", PathOf(entry), std::strerror(errno)));
   ::close(fd);
   return ok;
 }
@@ -177,12 +182,12 @@ void SampleDisk::Discard(int fd) {
   if (fd >= 0) ::close(fd);
 }
 
-void SampleDisk::Remove(uint32_t entry) { ::unlink(PathOf(entry).c_str()); }
+void SampleDisk::Remove(uint32_t entry) { Folder()->Unlink(std::to_string(entry)); }
 
 Result<std::string> SampleDisk::Read(uint32_t entry) const {
   const std::string path = PathOf(entry);
   // O_NONBLOCK: a FIFO planted there must not block the read (fstat then refuses it).
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  const int fd = Folder()->OpenFile(std::to_string(entry), O_RDONLY | O_NONBLOCK);
   if (fd < 0) {
     const std::string why = fmt::format("{}: {}", path, std::strerror(errno));
     if (errno == EMFILE || errno == ENFILE || errno == ENOMEM)  // the file may be fine

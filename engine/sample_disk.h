@@ -14,6 +14,11 @@
 // that fails (a full disk, the folder deleted) makes the tier step aside for a minute, logged
 // once; then it makes its folder again if it is gone, and writes again.
 //
+// `dir` and the tier's folder are opened once and used through their descriptors
+// (base/dir_fd.h): a folder that is a symlink or belongs to another user is refused, and one
+// swapped for a symlink later redirects no write (a deleted folder is made again where it was,
+// a symlink planted under its name refused).
+//
 // Thread-safe; one entry's Link and Remove are ordered by the caller (SampleCache holds its lock).
 #pragma once
 
@@ -23,6 +28,7 @@
 #include <mutex>
 #include <string>
 
+#include "base/dir_fd.h"
 #include "base/status.h"
 
 namespace mmfeed {
@@ -49,24 +55,31 @@ class SampleDisk {
   // `entry`'s bytes, or an error naming its file and what is wrong with it; ResourceExhausted
   // when it could not be opened for want of descriptors or memory (the file may be good).
   Result<std::string> Read(uint32_t entry) const;
-  const std::string& folder() const { return folder_; }
+  const std::string& folder() const { return folder_path_; }
   uint64_t write_failures() const { return write_failures_.load(std::memory_order_relaxed); }
 
  private:
-  SampleDisk(std::string dir, std::string stage, std::string name)
+  SampleDisk(std::string dir, std::string stage, std::string name, DirFd dir_fd)
       : dir_(std::move(dir)),
         stage_(std::move(stage)),
         name_(std::move(name)),
-        folder_(dir_ + "/" + name_) {}
+        folder_path_(dir_ + "/" + name_),
+        dir_fd_(std::move(dir_fd)) {}
   // Makes the folder unless it is there (hidden, locked, renamed into place); holds its lock.
   Status MakeFolder();
+  // The folder now (MakeFolder may replace it).
+  std::shared_ptr<const DirFd> Folder() const;
   // Logs `why` and steps aside for a minute.
   void StepAside(const std::string& why);
   std::string PathOf(uint32_t entry) const;
 
-  const std::string dir_, stage_, name_, folder_;
-  std::mutex make_mu_;
-  int lock_fd_ = -1;  // guarded by make_mu_
+  const std::string dir_, stage_, name_, folder_path_;
+  // `dir` and the tier's folder, opened once: files are made and read through them, so a
+  // folder swapped for a symlink redirects nothing (base/dir_fd.h).
+  DirFd dir_fd_;  // guarded by make_mu_ for Refresh
+  mutable std::mutex make_mu_;
+  std::shared_ptr<const DirFd> folder_;  // guarded by make_mu_
+  int lock_fd_ = -1;                     // guarded by make_mu_
   std::atomic<int64_t> aside_until_ns_{0};
   std::atomic<uint64_t> write_failures_{0};
 };

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/clock.h"
+#include "base/dir_fd.h"
 #include "base/rng.h"
 #include "source/index_file.h"
 
@@ -60,17 +61,11 @@ nlohmann::json ReadTrailer(int fd, uint64_t file_size, std::string* why) {
   return j;
 }
 
-// An exclusive flock on `<dir>/.lock` while alive (re-creating the folder if it was deleted).
+// An exclusive flock on `<dir>/.lock` while alive.
 class FolderLock {
  public:
-  explicit FolderLock(const std::string& dir) {
-    const std::string path = dir + "/.lock";
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd_ < 0 && errno == ENOENT) {
-      std::error_code ec;
-      std::filesystem::create_directories(dir, ec);
-      fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-    }
+  explicit FolderLock(const DirFd& dir) {
+    fd_ = dir.OpenFile(".lock", O_RDWR | O_CREAT, 0644);
     if (fd_ >= 0)
       while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
       }
@@ -92,46 +87,46 @@ struct Cached {
 };
 
 // The cached files in `dir` (names of 16 hex digits and the suffix, regular files).
-std::vector<Cached> List(const std::string& dir) {
+std::vector<Cached> List(const DirFd& dir) {
   std::vector<Cached> out;
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) return out;
-  while (dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
+  for (const std::string& name : dir.List()) {
     if (name.size() != 16 + std::strlen(kSuffix) || name.compare(16, std::string::npos, kSuffix))
       continue;
     struct stat st;
-    if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
-      continue;
+    if (!dir.Stat(name, &st) || !S_ISREG(st.st_mode)) continue;
     out.push_back({name, static_cast<uint64_t>(st.st_size), static_cast<uint64_t>(st.st_ino),
                    st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec});
   }
-  ::closedir(d);
   return out;
 }
 
-// Removes `path` if it is still the file of inode `inode` (0: whatever is there now): another
+// Removes `name` if it is still the file of inode `inode` (0: whatever is there now): another
 // daemon may have put a good file there since it was checked. REQUIRES: the folder lock held.
-bool UnlinkIfStill(const std::string& path, uint64_t inode) {
+bool UnlinkIfStill(const DirFd& dir, const std::string& name, uint64_t inode) {
   struct stat now;
-  return ::lstat(path.c_str(), &now) == 0 &&
-         (inode == 0 || static_cast<uint64_t>(now.st_ino) == inode) && ::unlink(path.c_str()) == 0;
+  return dir.Stat(name, &now) && (inode == 0 || static_cast<uint64_t>(now.st_ino) == inode) &&
+         dir.Unlink(name);
 }
 
 }  // namespace
 
 Result<std::unique_ptr<ShardCache>> ShardCache::Open(const std::string& dir, uint64_t max_bytes) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  const int probe = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
+  Result<DirFd> folder = DirFd::Open(dir, "source.cache.dir", /*create=*/true);
+  if (!folder.ok())
+    return Status::Io(
+        fmt::format("{}; name a folder on a local file system the daemon's user "
+                    "owns and may write",
+                    folder.status().message()));
+  const int probe = folder->OpenUnnamed(0644);
   if (probe < 0)
     return Status::Io(fmt::format(
         "source.cache.dir {}: cannot create files there ({}); name a folder on a local file "
         "system the daemon's user may write",
-        dir, ec ? ec.message() : std::strerror(errno)));
+        dir, std::strerror(errno)));
   ::close(probe);
   std::unique_ptr<ShardCache> c(new ShardCache(dir, max_bytes));
-  for (const Cached& f : List(dir)) {
+  c->dir_fd_ = std::make_shared<const DirFd>(std::move(folder.value()));
+  for (const Cached& f : List(*c->dir_fd_)) {
     c->held_bytes_ += f.bytes;
     ++c->held_files_;
   }
@@ -140,8 +135,20 @@ Result<std::unique_ptr<ShardCache>> ShardCache::Open(const std::string& dir, uin
   return c;
 }
 
-std::string ShardCache::PathOf(const std::string& url) const {
-  return fmt::format("{}/{:016x}{}", dir_, HashString(url), kSuffix);
+std::string ShardCache::NameOf(const std::string& url) const {
+  return fmt::format("{:016x}{}", HashString(url), kSuffix);
+}
+
+std::shared_ptr<const DirFd> ShardCache::Dir(bool create) {
+  std::lock_guard<std::mutex> l(dir_mu_);
+  if (dir_fd_->Gone()) {  // deleted: made again where it was, never through a symlink
+    Result<DirFd> again = dir_fd_->Reopen(create);
+    if (again.ok())
+      dir_fd_ = std::make_shared<const DirFd>(std::move(again.value()));
+    else if (create)
+      spdlog::warn("shard cache: {}", again.status().message());
+  }
+  return dir_fd_;
 }
 
 std::string ShardCache::UrlOf(int fd) const {
@@ -186,22 +193,25 @@ bool ShardCache::Check(int fd, const Key& key, uint64_t offset, uint64_t n) {
 }
 
 void ShardCache::Damaged(int fd, const Key& key, const std::string& why) {
-  const std::string path = PathOf(key.url);
+  const std::string name = NameOf(key.url);
   struct stat st {};
   const bool known = ::fstat(fd, &st) == 0;
-  spdlog::warn("shard cache: {} for {}: {}; removed, fetching it again", path, key.url, why);
+  spdlog::warn("shard cache: {}/{} for {}: {}; removed, fetching it again", dir_, name, key.url,
+               why);
   {
-    FolderLock lock(dir_);
+    const std::shared_ptr<const DirFd> dir = Dir(false);
+    FolderLock lock(*dir);
     // Only this copy (by inode): another daemon may have put a good one there since.
-    if (lock.ok() && known) UnlinkIfStill(path, static_cast<uint64_t>(st.st_ino));
+    if (lock.ok() && known) UnlinkIfStill(*dir, name, static_cast<uint64_t>(st.st_ino));
   }
   std::lock_guard<std::mutex> l(mu_);
   ++damaged_;
 }
 
 int ShardCache::Find(const Key& key, bool check_all) {
-  const std::string path = PathOf(key.url);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  const std::string name = NameOf(key.url), path = dir_ + "/" + name;
+  const std::shared_ptr<const DirFd> dir = Dir(false);
+  const int fd = dir->OpenFile(name, O_RDONLY | O_NONBLOCK);
   std::string why;
   struct stat st {};
   if (fd < 0) {
@@ -249,8 +259,8 @@ int ShardCache::Find(const Key& key, bool check_all) {
   if (fd >= 0) ::close(fd);
   spdlog::warn("shard cache: {} for {}: {}; removed, fetching it again", path, key.url, why);
   {
-    FolderLock lock(dir_);
-    if (lock.ok()) UnlinkIfStill(path, fd < 0 ? 0 : static_cast<uint64_t>(st.st_ino));
+    FolderLock lock(*dir);
+    if (lock.ok()) UnlinkIfStill(*dir, name, fd < 0 ? 0 : static_cast<uint64_t>(st.st_ino));
   }
   std::lock_guard<std::mutex> l(mu_);
   ++misses_;
@@ -265,12 +275,7 @@ bool ShardCache::Usable() {
 
 int ShardCache::Begin() {
   if (!Usable()) return -1;
-  int fd = ::open(dir_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
-  if (fd < 0 && errno == ENOENT) {  // the folder was deleted: made again
-    std::error_code ec;
-    std::filesystem::create_directories(dir_, ec);
-    fd = ::open(dir_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
-  }
+  const int fd = Dir(/*create=*/true)->OpenUnnamed(0644);  // a deleted folder is made again
   if (fd < 0) WriteFailed(errno);
   return fd;
 }
@@ -318,16 +323,16 @@ void ShardCache::Commit(int fd, const Key& key, const Rank& next, uint64_t self)
     return;
   }
   const uint64_t bytes = key.size + tail.size();
-  const std::string path = PathOf(key.url);
-  const std::string name = path.substr(dir_.size() + 1);
-  FolderLock lock(dir_);
+  const std::string name = NameOf(key.url);
+  const std::shared_ptr<const DirFd> dir = Dir(/*create=*/true);
+  FolderLock lock(*dir);
   if (!lock.ok()) {
     WriteFailed(errno);
     return;
   }
   // The folder's listing is the truth (other daemons write it too); each file ranked by when
   // its shard is needed next, or, without an order, by how long ago it was used.
-  std::vector<Cached> files = List(dir_);
+  std::vector<Cached> files = List(*dir);
   uint64_t total = bytes;
   size_t listed = 0;
   std::vector<Cached> others;
@@ -344,8 +349,7 @@ void ShardCache::Commit(int fd, const Key& key, const Rank& next, uint64_t self)
         if (it != urls_.end() && it->second.first == f.inode) url = it->second.second;
       }
       if (url.empty()) {
-        const int rfd = ::openat(AT_FDCWD, (dir_ + "/" + f.name).c_str(),
-                                 O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        const int rfd = dir->OpenFile(f.name, O_RDONLY | O_NONBLOCK);
         if (rfd >= 0) {
           url = UrlOf(rfd);
           ::close(rfd);
@@ -377,14 +381,12 @@ void ShardCache::Commit(int fd, const Key& key, const Rank& next, uint64_t self)
   uint64_t held = total - bytes, evicted = 0;
   if (keep) {
     for (size_t v = 0; v < victims; ++v) {
-      if (UnlinkIfStill(dir_ + "/" + others[v].name, others[v].inode)) {
+      if (UnlinkIfStill(*dir, others[v].name, others[v].inode)) {
         evicted += others[v].bytes;
         held -= others[v].bytes;
       }
     }
-    ::unlink(path.c_str());
-    const std::string proc = fmt::format("/proc/self/fd/{}", fd);
-    if (::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, path.c_str(), AT_SYMLINK_FOLLOW) != 0) {
+    if (!dir->Link(fd, name)) {
       // Something that is not a file sits under the name (a folder): this shard is not kept.
       if (errno != EEXIST) WriteFailed(errno);
       keep = false;

@@ -17,6 +17,10 @@
 // in the future, and a shard needed later than every one it would displace is not kept.
 // Without one, the least recently used go first (file mtimes; a hit touches its file).
 //
+// The folder is opened once and used through its descriptor (base/dir_fd.h): a folder that is
+// a symlink or belongs to another user is refused at the start, and one swapped for a symlink
+// later redirects no write.
+//
 // Several daemons may share a folder: commits and removals hold an flock on `<dir>/.lock` and
 // take the folder's listing as the truth. A file removed while a reader has it open stays
 // readable through its descriptor. A write that fails (a full disk, the folder deleted) makes
@@ -34,6 +38,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "base/dir_fd.h"
 #include "base/status.h"
 
 namespace mmfeed {
@@ -85,13 +90,20 @@ class ShardCache {
 
  private:
   ShardCache(std::string dir, uint64_t max_bytes) : dir_(std::move(dir)), max_bytes_(max_bytes) {}
-  std::string PathOf(const std::string& url) const;
+  // A cached file's name in the folder.
+  std::string NameOf(const std::string& url) const;
+  // The folder, opened once (base/dir_fd.h: a symlink or another user's folder is refused, and
+  // one swapped later redirects nothing); made again, where it was, when it was deleted
+  // (`create`).
+  std::shared_ptr<const DirFd> Dir(bool create);
   // The URL a cached file's trailer names, "" when it has none readable.
   std::string UrlOf(int fd) const;
   bool Usable();  // false while stepping aside
 
   const std::string dir_;
   const uint64_t max_bytes_;
+  std::mutex dir_mu_;
+  std::shared_ptr<const DirFd> dir_fd_;  // guarded by dir_mu_
   mutable std::mutex mu_;
   int64_t aside_until_ns_ = 0;
   std::map<std::string, std::pair<uint64_t, std::string>> urls_;  // name -> (inode, URL) seen

@@ -310,6 +310,56 @@ class CacheTest(DaemonCase):
         self.assertEqual(list(tier.glob("mmfeed-samples-*")), [tier / "mmfeed-samples-1-0"],
                          "the daemon removed its folder and the dead one's, not the living one's")
 
+    def test_folders_swapped_for_symlinks_send_nothing_elsewhere(self):
+        """The disk tier's folder, its `dir` and --state-dir each swapped for a symlink to a victim
+        folder while the daemon runs (renamed away, a link in its place): the daemon goes on
+        through the folders it opened and writes nothing into the victims (it once wrote 251
+        sample files into one and left them). A symlink given at the start is refused, naming
+        it."""
+        random = dict(crop="random_resized_crop", consumers=1)
+        want, _ = self.run_dumps(config(**random, image_params=", flip: 0.5, dct_scaling: off"), "off", 1)
+        tier, state = self.dir / "tier", self.dir / "state"
+        victims = [self.dir / f"victim{k}" for k in range(3)]
+        for v in victims:
+            v.mkdir()
+        cached = config(**random, image_params=", flip: 0.5",
+                        image_cache=f" cache: {{max_bytes: 1M, disk: {{dir: {tier}, max_bytes: 1G}}}},")
+        d = Daemon(self.dir, cached, extra=("--state-dir", str(state)))
+        c = d.consume(0, "--json", "--dump", str(self.dir / "cached0"), "--hold-ms", "20")
+        deadline = time.time() + 60
+        while not [f for f in tier.glob("mmfeed-samples-*/*") if f.name.isdigit()]:
+            self.assertLess(time.time(), deadline, d.log())
+            time.sleep(0.02)
+        folder = next(tier.glob("mmfeed-samples-*"))
+        folder.rename(tier / "moved")
+        folder.symlink_to(victims[0])
+        time.sleep(0.3)
+        tier.rename(self.dir / "tier-moved")
+        tier.symlink_to(victims[1])
+        time.sleep(0.3)
+        state.rename(self.dir / "state-moved")
+        state.symlink_to(victims[2])
+        finish(c, timeout=180)
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertSameBatches(want[0], dumped_batches(self.dir / "cached0"))
+        for v in victims:
+            self.assertEqual(list(v.iterdir()), [], f"nothing written into {v}")
+        self.assertTrue((self.dir / "state-moved" / "cursors.json").exists(), "the cursors went on being saved")
+        # At the start: a symlink is refused, naming it (--check for the config's folder).
+        (self.dir / "p.yaml").write_text(cached)
+        r = subprocess.run([f"{daemon_test.BIN}/mmfeedd", "--check", str(self.dir / "p.yaml")],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertRegex(r.stderr, r"p\.yaml:5:\d+: cache\.disk\.dir \S+/tier is a symbolic link: refused")
+        tier.unlink()
+        r = subprocess.run([f"{daemon_test.BIN}/mmfeedd", "--config", str(self.dir / "p.yaml"), "--socket",
+                            str(self.dir / "again.sock"), "--state-dir", str(state)],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn(f"--state-dir: {state} is a symbolic link: refused", r.stderr)
+        for v in victims:
+            self.assertEqual(list(v.iterdir()), [])
+
     def test_status_shows_the_fill_and_a_smaller_cache_gives_memory_back(self):
         # 48 KiB kept per sample: glibc gives a freed cache of rows that size back whole.
         text = config(image_cache=" cache: {max_bytes: 64M},", epochs=0, consumers=1, size=64)

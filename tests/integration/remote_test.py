@@ -460,6 +460,38 @@ class CacheTest(RemoteCase):
         self.assertEqual(storage_figures(log)["storage_cache_damaged"], 0)
         n.kill()
 
+    def test_a_cache_folder_swapped_for_a_symlink_sends_nothing_elsewhere(self):
+        """source.cache.dir renamed away and a symlink to a victim put in its place while the
+        daemon runs: shards go on into the folder it opened, none into the victim; a symlink
+        given at the start is refused by --check, naming it."""
+        url, state, n = self.indexed_then(server="    limit_rate 2m;")
+        shard_bytes = (self.data / "shard-000.tar").stat().st_size
+        uncached = config(url, epochs=3, source=f"prefetch_bytes: {shard_bytes * 5 // 2}, fetch_concurrency: 1")
+        want, _, _ = self.run_and_count(url, state, uncached, "plain")
+        victim, cache = self.dir / "victim", self.dir / "cache"
+        victim.mkdir()
+        d = Daemon(self.dir, self.cached_config(url), extra=("--state-dir", str(state)))
+        procs = [d.consume(r, "--json", "--dump", str(self.dir / f"swapped{r}")) for r in range(2)]
+        deadline = time.time() + 60
+        while not list(cache.glob("*.shard")):
+            self.assertLess(time.time(), deadline, d.log())
+            time.sleep(0.02)
+        cache.rename(self.dir / "cache-moved")
+        cache.symlink_to(victim)
+        for p in procs:
+            finish(p, timeout=120)
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertSameBatches(want, [self.dir / f"swapped{r}" for r in range(2)])
+        self.assertEqual(list(victim.iterdir()), [], "nothing written into the victim")
+        self.assertGreater(len(list((self.dir / "cache-moved").glob("*.shard"))), 1)
+        (self.dir / "c.yaml").write_text(self.cached_config(url))
+        r = subprocess.run([f"{daemon_test.BIN}/mmfeedd", "--check", str(self.dir / "c.yaml")], capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn(f"source.cache.dir {cache} is a symbolic link: refused", r.stdout + r.stderr)
+        self.assertEqual(list(victim.iterdir()), [])
+        n.kill()
+
     def test_indexing_fills_the_cache_and_reads_from_it(self):
         """A first start indexes every shard from a whole GET: that GET fills the cache, so the
         epochs fetch nothing more; a start whose indexes are gone indexes from the cache."""
