@@ -18,3 +18,13 @@ file(MAKE_DIRECTORY "${root}/share/lintian/overrides")
 configure_file("${CPACK_MMFEED_DEB_DIR}/lintian-overrides" "${root}/share/lintian/overrides/mmfeed" COPYONLY)
 file(CHMOD "${doc}/copyright" "${doc}/changelog.gz" "${root}/share/lintian/overrides/mmfeed"
      PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
+# The package sets its files' modes itself, whatever the tree it was built from had (a `git
+# archive` extracted with umask 002 makes 0664 files, which configure_file and install(DIRECTORY)
+# carry over): folders 0755, executables 0755, every other file 0644.
+foreach(args "-type;d;-exec;chmod;0755;{};+" "-type;f;-perm;/111;-exec;chmod;0755;{};+"
+             "-type;f;!;-perm;/111;-exec;chmod;0644;{};+")
+  execute_process(COMMAND find "${CPACK_TEMPORARY_INSTALL_DIRECTORY}" ${args} RESULT_VARIABLE rc)
+  if(rc)
+    message(FATAL_ERROR "setting the package's file modes failed")
+  endif()
+endforeach()

@@ -51,12 +51,30 @@ class PackageTest(dt.DaemonCase):
         self.build = pathlib.Path(dt.BIN).parent
 
     def test_the_package_installs_runs_and_purges_without_a_trace(self):
-        made = run("bash", str(ROOT / "scripts/package.sh"), env={**os.environ, "BUILD_DIR": str(self.build)})
+        # Made as from a tree whose files are 0664 (`git archive` extracted with umask 002) under
+        # that umask: the package sets its files' modes itself (it once installed a 0664 unit).
+        installed = [ROOT / p for p in ("daemon/systemd/mmfeed.service.in", "daemon/systemd/mmfeed.sysusers",
+                                        "daemon/systemd/mmfeed.tmpfiles", "README.md", "configs/demo.yaml")]
+        modes = {p: p.stat().st_mode for p in installed}
+        try:
+            for p in installed:
+                p.chmod(0o664)
+            made = subprocess.run(["bash", str(ROOT / "scripts/package.sh")], capture_output=True, text=True,
+                                  timeout=600, env={**os.environ, "BUILD_DIR": str(self.build)},
+                                  preexec_fn=lambda: os.umask(0o002))
+        finally:
+            for p, m in modes.items():
+                p.chmod(m & 0o7777)
         self.assertEqual(made.returncode, 0, made.stdout[-3000:] + made.stderr[-3000:])
         self.assertIn("lintian: no warning", made.stdout)
         debs = sorted(self.build.glob("mmfeed_*_amd64.deb"))
         self.assertEqual(len(debs), 1, debs)
         deb = debs[0]
+        listing = run("dpkg-deb", "-c", str(deb)).stdout.splitlines()
+        self.assertTrue(listing)
+        for line in listing:
+            mode = line.split()[0]
+            self.assertIn(mode, ("drwxr-xr-x", "-rw-r--r--", "-rwxr-xr-x", "lrwxrwxrwx"), line)
         info = run("dpkg-deb", "-f", str(deb), "Depends").stdout
         for lib in ("libyaml-cpp", "libavcodec", "libturbojpeg", "python3-numpy"):  # shlibdeps' and ours
             if lib == "libturbojpeg" and "libjpeg62-turbo" in info:
