@@ -475,15 +475,20 @@ StageSchema BatchStageSchema() {
       StageKind::kBatch,
       /*field_is_path=*/false,
       {
-          {"batch_size", ParamType::kInt, std::nullopt,
-           "samples per batch (with a budget: the most; the ring holds this many)"},
+          Ranged({"batch_size", ParamType::kInt, std::nullopt,
+                  "samples per batch (with a budget: the most; the ring holds this many)"},
+                 1, std::nullopt),
           {"drop_last", ParamType::kBool, false, "drop a short last batch at the end of an epoch"},
-          {"max_tokens", ParamType::kInt, int64_t{0},
-           "token budget: whole samples until their text tokens (the text or qwen_chat stage's "
-           "<name>_lengths, vision pads included) would pass this; 0: none"},
-          {"max_patches", ParamType::kInt, int64_t{0},
-           "patch budget: whole samples until their vision patches (qwen_vision, qwen_video) would "
-           "pass this; 0: none"},
+          Ranged(
+              {"max_tokens", ParamType::kInt, int64_t{0},
+               "token budget: whole samples until their text tokens (the text or qwen_chat stage's "
+               "<name>_lengths, vision pads included) would pass this; 0: none"},
+              0, 4294967295),
+          Ranged({"max_patches", ParamType::kInt, int64_t{0},
+                  "patch budget: whole samples until their vision patches (qwen_vision, "
+                  "qwen_video) would "
+                  "pass this; 0: none"},
+                 0, 4294967295),
       },
       nullptr};
 }

@@ -168,6 +168,21 @@ Placement ParsePlacement(const YAML::Node& n, const std::string& what) {
   return p;
 }
 
+// A number of a parameter checked against its spec's range.
+template <typename T>
+T InRange(const ParamSpec& spec, const YAML::Node& n, const std::string& what, T v) {
+  const double x = static_cast<double>(v);
+  if ((spec.minimum && x < *spec.minimum) || (spec.maximum && x > *spec.maximum)) {
+    const std::string lo = spec.minimum ? fmt::format("{}", *spec.minimum) : "";
+    const std::string hi = spec.maximum ? fmt::format("{}", *spec.maximum) : "";
+    Fail(n, spec.minimum && spec.maximum
+                ? fmt::format("{} must be in {}..{}, got {}", what, lo, hi, v)
+            : spec.minimum ? fmt::format("{} must be at least {}, got {}", what, lo, v)
+                           : fmt::format("{} must be at most {}, got {}", what, hi, v));
+  }
+  return v;
+}
+
 ParamValue ParseParam(const ParamSpec& spec, const YAML::Node& n, const std::string& what) {
   auto list = [&](auto elem) {
     if (!n.IsSequence())
@@ -182,9 +197,9 @@ ParamValue ParseParam(const ParamSpec& spec, const YAML::Node& n, const std::str
     case ParamType::kBool:
       return Bool(n, what);
     case ParamType::kInt:
-      return Int(n, what);
+      return InRange(spec, n, what, Int(n, what));
     case ParamType::kFloat:
-      return Float(n, what);
+      return InRange(spec, n, what, Float(n, what));
     case ParamType::kString: {
       std::string s = Str(n, what);
       if (!spec.choices.empty() &&
@@ -194,9 +209,13 @@ ParamValue ParseParam(const ParamSpec& spec, const YAML::Node& n, const std::str
       return s;
     }
     case ParamType::kIntList:
-      return list([&](const YAML::Node& e) { return Int(e, what + " element"); });
+      return list([&](const YAML::Node& e) {
+        return InRange(spec, e, what + " element", Int(e, what + " element"));
+      });
     case ParamType::kFloatList:
-      return list([&](const YAML::Node& e) { return Float(e, what + " element"); });
+      return list([&](const YAML::Node& e) {
+        return InRange(spec, e, what + " element", Float(e, what + " element"));
+      });
   }
   Fail(n, "unsupported parameter type");
 }

@@ -67,6 +67,9 @@ json ParamSchema(const ParamSpec& p) {
       list("number");
       break;
   }
+  json& number = p.type == ParamType::kIntList || p.type == ParamType::kFloatList ? s["items"] : s;
+  if (p.minimum) number["minimum"] = *p.minimum;
+  if (p.maximum) number["maximum"] = *p.maximum;
   s["description"] = p.doc;
   if (p.default_value) s["default"] = ParamValueJson(*p.default_value);
   return s;

@@ -31,7 +31,16 @@ struct ParamSpec {
   std::string doc;
   std::vector<std::string> choices;  // for kString: the allowed values, if restricted
   int list_size = 0;                 // for lists: the required length, 0 = any
+  // For numbers and lists of numbers (each element): the range the parser enforces, naming the
+  // line, and the schema carries (mmfeedd --schema); nullopt: unbounded on that side.
+  std::optional<double> minimum, maximum;
 };
+// `spec` with the range [lo, hi] (std::nullopt: unbounded).
+inline ParamSpec Ranged(ParamSpec spec, std::optional<double> lo, std::optional<double> hi) {
+  spec.minimum = lo;
+  spec.maximum = hi;
+  return spec;
+}
 
 // `dtype`, `mean` and `std` of the stages that output pixels: uint8 as decoded, or float32 =
 // (pixel/255 - mean) / std, or that rounded to bfloat16.

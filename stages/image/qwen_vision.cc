@@ -145,12 +145,15 @@ void QwenPatchify(const uint8_t* const* frames, int height, int width, const Qwe
 
 std::vector<ParamSpec> QwenParamSpecs() {
   return {
-      {"patch_size", ParamType::kInt, int64_t{16}, "side of a patch, in pixels"},
-      {"temporal_patch_size", ParamType::kInt, int64_t{2},
-       "frames per patch (an image is its frame repeated; a video's last frame repeats to fill "
-       "its last patch)"},
-      {"merge_size", ParamType::kInt, int64_t{2},
-       "patches per side of a merge window: sides are multiples of patch_size * merge_size"},
+      Ranged({"patch_size", ParamType::kInt, int64_t{16}, "side of a patch, in pixels"}, 1, 64),
+      Ranged(
+          {"temporal_patch_size", ParamType::kInt, int64_t{2},
+           "frames per patch (an image is its frame repeated; a video's last frame repeats to fill "
+           "its last patch)"},
+          1, 8),
+      Ranged({"merge_size", ParamType::kInt, int64_t{2},
+              "patches per side of a merge window: sides are multiples of patch_size * merge_size"},
+             1, 8),
       {"mean",
        ParamType::kFloatList,
        std::vector<double>{0.5, 0.5, 0.5},
@@ -362,10 +365,14 @@ std::vector<ParamSpec> QwenVisionParamSpecs() {
   specs.insert(
       specs.end(),
       {
-          {"min_pixels", ParamType::kInt, int64_t{65536}, "smart_resize: smaller images grow"},
-          {"max_pixels", ParamType::kInt, int64_t{16777216},
-           "smart_resize: larger images shrink; also sizes the ring (max_pixels / patch_size^2 "
-           "patches per image)"},
+          Ranged(
+              {"min_pixels", ParamType::kInt, int64_t{65536}, "smart_resize: smaller images grow"},
+              0, std::nullopt),
+          Ranged(
+              {"max_pixels", ParamType::kInt, int64_t{16777216},
+               "smart_resize: larger images shrink; also sizes the ring (max_pixels / patch_size^2 "
+               "patches per image)"},
+              std::nullopt, 1073741824),
           {"dct_scaling",
            ParamType::kString,
            std::string("on"),
@@ -373,13 +380,16 @@ std::vector<ParamSpec> QwenVisionParamSpecs() {
            "much smaller (faster; pixels differ slightly from a full decode) | off: always full "
            "size",
            {"on", "off"}},
-          {"max_source_pixels", ParamType::kInt, int64_t{89478485},
-           "refuse source images with more pixels (checked before decoding)"},
+          Ranged({"max_source_pixels", ParamType::kInt, int64_t{89478485},
+                  "refuse source images with more pixels (checked before decoding)"},
+                 1, std::nullopt),
           {"grid", ParamType::kString, std::string("image_grid_thw"),
            "name of the grid output ([t, h, w] per image; <grid>_count: the sample's images)"},
-          {"max_images", ParamType::kInt, int64_t{1},
-           "the most images a sample's field may list (\"images\": [...]); the ring reserves "
-           "max_images * max_pixels / patch_size^2 patches per sample"},
+          Ranged(
+              {"max_images", ParamType::kInt, int64_t{1},
+               "the most images a sample's field may list (\"images\": [...]); the ring reserves "
+               "max_images * max_pixels / patch_size^2 patches per sample"},
+              1, kMaxListItems),
       });
   return specs;
 }

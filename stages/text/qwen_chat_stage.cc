@@ -380,10 +380,13 @@ MMFEED_REGISTER_STAGE((StageSchema{
          "Qwen3-VL / Qwen3.5 video text: the qwen_video stage's <grid>_seconds; {video} becomes, "
          "per temporal patch, \"<t seconds>\" then its own <|vision_start|> pads "
          "<|vision_end|>. \"\": one block of t * h * w / merge_size^2 pads (Qwen2-VL)"},
-        {"merge_size", ParamType::kInt, int64_t{2},
-         "the vision stage's merge_size: one pad token per merge_size^2 patches"},
-        {"max_len", ParamType::kInt, int64_t{2048},
-         "tokens per sample; a longer sample is refused (cutting would break the pad count)"},
+        Ranged({"merge_size", ParamType::kInt, int64_t{2},
+                "the vision stage's merge_size: one pad token per merge_size^2 patches"},
+               1, 8),
+        Ranged(
+            {"max_len", ParamType::kInt, int64_t{2048},
+             "tokens per sample; a longer sample is refused (cutting would break the pad count)"},
+            1, 16777216),
         {"pad_token", ParamType::kString, std::string("<|endoftext|>"),
          "the token written past a sample's end"},
         {"labels", ParamType::kString, std::string("labels"), "name of the labels output"},

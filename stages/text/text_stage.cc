@@ -172,7 +172,8 @@ MMFEED_REGISTER_STAGE((StageSchema{
     {
         {"tokenizer", ParamType::kString, std::string("bytes"),
          "bytes, or a tokenizer.json / tokenizer.json.gz path (BPE)"},
-        {"max_len", ParamType::kInt, int64_t{128}, "tokens per sample (truncate or pad)"},
+        Ranged({"max_len", ParamType::kInt, int64_t{128}, "tokens per sample (truncate or pad)"}, 1,
+               16777216),
         {"pad_id", ParamType::kInt, int64_t{0}, "id written after the last token"},
         {"truncation",
          ParamType::kString,

@@ -255,27 +255,36 @@ std::vector<ParamSpec> QwenVideoParamSpecs() {
   specs.insert(
       specs.end(),
       {
-          {"fps", ParamType::kFloat, 2.0,
-           "frames sampled per second of video: int(frames / source fps * fps)"},
-          {"min_frames", ParamType::kInt, int64_t{4},
-           "fewest frames sampled (if the video has them)"},
-          {"max_frames", ParamType::kInt, int64_t{768}, "most frames sampled"},
-          {"min_pixels", ParamType::kInt, int64_t{131072},
-           "smart_resize: frames * height * width below this grow (128 * 32 * 32)"},
-          {"max_pixels", ParamType::kInt, int64_t{786432},
-           "smart_resize: frames * height * width above this shrink (768 * 32 * 32); also "
-           "sizes the ring (max_pixels / patch_size^2 patches per video)"},
+          Ranged({"fps", ParamType::kFloat, 2.0,
+                  "frames sampled per second of video: int(frames / source fps * fps)"},
+                 std::nullopt, 1000),
+          Ranged({"min_frames", ParamType::kInt, int64_t{4},
+                  "fewest frames sampled (if the video has them)"},
+                 1, 4096),
+          Ranged({"max_frames", ParamType::kInt, int64_t{768}, "most frames sampled"}, 1, 4096),
+          Ranged({"min_pixels", ParamType::kInt, int64_t{131072},
+                  "smart_resize: frames * height * width below this grow (128 * 32 * 32)"},
+                 0, std::nullopt),
+          Ranged({"max_pixels", ParamType::kInt, int64_t{786432},
+                  "smart_resize: frames * height * width above this shrink (768 * 32 * 32); also "
+                  "sizes the ring (max_pixels / patch_size^2 patches per video)"},
+                 std::nullopt, 1073741824),
           {"grid", ParamType::kString, std::string("video_grid_thw"),
            "name of the grid output ([t, h, w]; <grid>_count, <grid>_seconds)"},
-          {"max_videos", ParamType::kInt, int64_t{1},
-           "the most videos a sample's field may list (\"videos\": [...]); the ring reserves "
-           "max_videos * max_pixels / patch_size^2 patches per sample"},
-          {"max_source_pixels", ParamType::kInt, int64_t{7680} * 4320,
-           "refuse videos with larger frames, before allocating"},
-          {"threads", ParamType::kInt, int64_t{1},
-           "decoder threads per worker (workers are the main parallelism)"},
-          {"index_cache", ParamType::kInt, int64_t{4096},
-           "files whose keyframe index is kept (LRU)"},
+          Ranged(
+              {"max_videos", ParamType::kInt, int64_t{1},
+               "the most videos a sample's field may list (\"videos\": [...]); the ring reserves "
+               "max_videos * max_pixels / patch_size^2 patches per sample"},
+              1, kMaxListItems),
+          Ranged({"max_source_pixels", ParamType::kInt, int64_t{7680} * 4320,
+                  "refuse videos with larger frames, before allocating"},
+                 1, std::nullopt),
+          Ranged({"threads", ParamType::kInt, int64_t{1},
+                  "decoder threads per worker (workers are the main parallelism)"},
+                 0, 64),
+          Ranged({"index_cache", ParamType::kInt, int64_t{4096},
+                  "files whose keyframe index is kept (LRU)"},
+                 0, std::nullopt),
       });
   return specs;
 }

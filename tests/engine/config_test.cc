@@ -264,7 +264,7 @@ TEST_F(ConfigTest, TokenBudgetsCountWhatTheirStagesMake) {
   EXPECT_NE(patches.find("no input of this batch stage has vision patches"), std::string::npos)
       << patches;
   EXPECT_NE(Error(Replace(kCanonical, "batch_size: 32}", "batch_size: 32, max_tokens: -1}"))
-                .find("max_tokens and max_patches must be in 0..4294967295"),
+                .find("max_tokens must be in 0..4294967295, got -1"),
             std::string::npos);
   EXPECT_NE(Error(Replace(kCanonical, "batch_size: 32}",
                           "batch_size: 32, max_tokens: 64, drop_last: true}"))

@@ -67,6 +67,63 @@ class SchemaTest(unittest.TestCase):
             self.assertNotEqual(text, GOOD, why)
             self.assertNotEqual(self.errors(text), [], why)
 
+    def check(self, text):
+        """mmfeedd --check of `text` on a two-sample manifest: (exit status, output)."""
+        import shutil, tempfile
+        with tempfile.TemporaryDirectory(prefix="mmfeed-schema-") as d:
+            d = pathlib.Path(d)
+            photo = ROOT / "tests/data/photos/photo00.jpg"
+            shutil.copy(photo, d / "a.jpg")
+            (d / "manifest.jsonl").write_text('{"id": "a", "image": "a.jpg", "text": "t"}\n' * 2)
+            (d / "p.yaml").write_text(text.replace("/nvme/samples", str(d / "tier")))
+            r = subprocess.run([f"{BIN}/mmfeedd", "--check", str(d / "p.yaml")], capture_output=True, text=True,
+                               timeout=60)
+            return r.returncode, r.stdout + r.stderr
+
+    def test_the_parser_and_the_schema_refuse_the_same_out_of_range_numbers(self):
+        """Each number below is refused by the parser (naming the line) and by the schema: they
+        once disagreed (`batch_size: -1` passed --schema)."""
+        self.assertEqual(self.check(GOOD)[0], 0, self.check(GOOD)[1])
+        for change in (
+                ("batch_size: 8", "batch_size: -1"), ("batch_size: 8", "batch_size: 0"),
+                ("batch_size: 8", "batch_size: 8, max_tokens: -1"), ("max_len: 32", "max_len: 0"),
+                ("max_len: 32", "max_len: 16777217"), ("size: [224, 224]", "size: [0, 224]"),
+                ("size: [224, 224]", "size: [224, 16385]"), ("dtype: float32", "dtype: float32, flip: 1.5"),
+                ("dtype: float32", "dtype: float32, resize: -1"), ("dtype: float32", "dtype: float32, max_pixels: 0"),
+                ("ring_slots: 4", "ring_slots: 1"), ("ring_slots: 4", "ring_slots: 497"),
+                ("consumers: 2", "consumers: 0"), ("workers: auto", "workers: 0"), ("cpu_budget: 4", "cpu_budget: 0"),
+                ("seed: 3", "seed: -1"), ("cpu_budget: 4", "cpu_budget: 4\nsample_timeout_s: -1"),
+                ("cpu_budget: 4", "cpu_budget: 4\nsample_timeout_s: 86401")):
+            text = GOOD.replace(*change)
+            self.assertNotEqual(text, GOOD, change)
+            code, out = self.check(text)
+            self.assertEqual(code, 2, f"the parser accepts {change[1]!r}: {out}")
+            self.assertRegex(out, r"p\.yaml:\d+:\d+: ", change)
+            self.assertNotEqual(self.errors(text), [], f"the schema accepts {change[1]!r}")
+        # And the other way: every range the schema gives a parameter of these stages, one below
+        # its minimum or above its maximum, is refused by the parser too.
+        stage = self.schema["properties"]["stages"]["items"]
+        params = {c["if"]["properties"]["type"]["const"]: c["then"]["properties"]["params"]["properties"]
+                  for c in stage["allOf"]}
+        tried = 0
+        for index, kind in ((0, "image"), (1, "text"), (2, "batch")):
+            for name, p in params[kind].items():
+                number = p.get("items", p) if p.get("type") == "array" else p
+                for bound, step in (("minimum", -1), ("maximum", 1)):
+                    if bound not in number or number.get("type") not in ("integer", "number"):
+                        continue
+                    value = number[bound] + step
+                    value = int(value) if number["type"] == "integer" else value
+                    cfg = yaml.safe_load(GOOD)
+                    cfg["stages"][index]["params"][name] = [value] * p.get("minItems", 1) \
+                        if p.get("type") == "array" else value
+                    text = json.dumps(cfg)
+                    self.assertNotEqual(self.errors(text), [], (kind, name, value))
+                    code, out = self.check(text)
+                    self.assertEqual(code, 2, f"{kind}.{name}: {value} passes the parser: {out}")
+                    tried += 1
+        self.assertGreater(tried, 8)
+
     def test_every_stage_type_and_parameter_of_the_registry_is_described(self):
         listing = subprocess.run([f"{BIN}/mmfeedd", "--list-stages"], capture_output=True, text=True,
                                  check=True).stdout
