@@ -2,11 +2,14 @@
 
 #include <fmt/format.h>
 #include <poll.h>
+#include <pwd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -142,6 +145,58 @@ Result<ControlCommand> ParseControlRequest(std::string_view line) {
 
 using Clock = std::chrono::steady_clock;
 
+namespace {
+
+std::string UserName(uid_t uid) {
+  passwd pw{}, *found = nullptr;
+  char buf[1024];
+  if (getpwuid_r(uid, &pw, buf, sizeof buf, &found) == 0 && found) return pw.pw_name;
+  return std::to_string(uid);
+}
+
+}  // namespace
+
+Status CheckDaemonUser(int fd, const std::string& path) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+    return Status::Io(
+        fmt::format("{}: who serves it cannot be told ({})", path, std::strerror(errno)));
+  const uid_t me = geteuid();
+  if (cred.uid == me || cred.uid == 0) return Status::Ok();
+  if (const char* want = std::getenv("MMFEED_DAEMON_USER"); want && *want) {
+    passwd pw{}, *found = nullptr;
+    char buf[1024];
+    char* end = nullptr;
+    const unsigned long n = std::strtoul(want, &end, 10);
+    const bool named =
+        *end != 0 ? getpwnam_r(want, &pw, buf, sizeof buf, &found) == 0 && found : true;
+    const uid_t uid =
+        *end != 0 ? (named ? pw.pw_uid : static_cast<uid_t>(-1)) : static_cast<uid_t>(n);
+    if (named && uid == cred.uid) return Status::Ok();
+    return Status::Invalid(fmt::format(
+        "the daemon on {} runs as user {} (uid {}), not as MMFEED_DAEMON_USER={}: refused", path,
+        UserName(cred.uid), cred.uid, want));
+  }
+  // The service's layout: the socket in a folder of the daemon's user that nobody else can
+  // write (/run/mmfeed, 0750), so nobody else can have put it there.
+  const size_t slash = path.rfind('/');
+  const std::string folder = slash == std::string::npos ? "."
+                             : slash == 0               ? "/"
+                                                        : path.substr(0, slash);
+  struct stat st {};
+  if (stat(folder.c_str(), &st) == 0 && st.st_uid == cred.uid &&
+      (st.st_mode & (S_IWGRP | S_IWOTH)) == 0)
+    return Status::Ok();
+  return Status::Invalid(fmt::format(
+      "the daemon on {} runs as user {} (uid {}), not as you ({}) or root, and {} is not that "
+      "user's own folder: anyone may have put a socket there. If {}'s daemon is the one you "
+      "mean, set MMFEED_DAEMON_USER={} (or serve from a folder of that user's that others "
+      "cannot write, as the service's /run/mmfeed)",
+      path, UserName(cred.uid), cred.uid, UserName(me), folder, UserName(cred.uid),
+      UserName(cred.uid)));
+}
+
 Result<int> ConnectControl(const std::string& path) {
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Status::Io(fmt::format("socket: {}", std::strerror(errno)));
@@ -163,6 +218,10 @@ Result<int> ConnectControl(const std::string& path) {
                           "MMFEED_SOCKET)",
                           kDefaultSocket, kServiceSocket)
             : ""));
+  }
+  if (Status st = CheckDaemonUser(fd, path); !st.ok()) {
+    ::close(fd);
+    return st;
   }
   return fd;
 }

@@ -65,8 +65,13 @@ constexpr double kMaxProfileSeconds = 600;
 
 Result<ControlCommand> ParseControlRequest(std::string_view line);
 
-// The sending end. ConnectControl: a connected socket (close it), or why not.
+// The sending end. ConnectControl: a connected socket (close it), or why not: the daemon must
+// run as the caller's user, as root, as MMFEED_DAEMON_USER (a name or uid) when set, or as the
+// user owning the folder the socket lies in when no one else can write that folder (the
+// service's /run/mmfeed): a socket another user put in /tmp is refused, naming its user
+// (CheckDaemonUser).
 Result<int> ConnectControl(const std::string& socket_path);
+Status CheckDaemonUser(int connected_fd, const std::string& socket_path);
 // Writes `request` as one line.
 Status SendControlLine(int fd, const nlohmann::json& request);
 // Reads one reply line within `timeout_ms`: the reply when its "ok" is true, else its "error".

@@ -350,8 +350,30 @@ Status ControlServer::Listen() {
   // The lock proves a live daemon on this path; the kernel drops it when that daemon dies.
   std::string lock_path = path_ + ".lock";
   lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (lock_fd_ < 0) return LockFileError(lock_path, errno);
-  if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0)
+  // Another user's lock file (sticky /tmp keeps it; Linux refuses even root an O_CREAT open of
+  // it there): if no daemon holds it, its daemon is gone, and whoever may remove it (root, the
+  // folder's owner) takes the path over. The old lock stays held until the new one is.
+  int stale = -1;
+  if (lock_fd_ < 0 && (errno == EACCES || errno == EPERM)) {
+    const int err = errno;
+    stale = ::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    struct stat old {};
+    if (stale >= 0 && flock(stale, LOCK_EX | LOCK_NB) == 0 && fstat(stale, &old) == 0 &&
+        ::unlink(lock_path.c_str()) == 0) {
+      lock_fd_ =
+          ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+      if (lock_fd_ >= 0)
+        spdlog::info("took over {}: the lock file of uid {}'s daemon, which is gone", lock_path,
+                     old.st_uid);
+    }
+    if (lock_fd_ < 0) {
+      if (stale >= 0) ::close(stale);
+      return LockFileError(lock_path, err);
+    }
+  }
+  const bool locked = flock(lock_fd_, LOCK_EX | LOCK_NB) == 0;
+  if (stale >= 0) ::close(stale);
+  if (!locked)
     return Status::Invalid(
         fmt::format("another mmfeedd is serving on {} (it holds {})", path_, lock_path));
   struct stat st;

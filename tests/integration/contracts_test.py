@@ -458,7 +458,13 @@ class ContractsTest(dt.DaemonCase):
         (self.dir / "manifest.jsonl").chmod(0o644)
         (self.dir / "p.yaml").write_text(self.config(consumers=1, epochs=0))
         (self.dir / "p.yaml").chmod(0o644)
-        sock = str(self.dir / "group.sock")
+        # As the service lays it out (/run/mmfeed, 0750): the socket in a folder of the daemon's
+        # user that no one else can write, which is how a trainer of another user trusts it.
+        run = self.dir / "run"
+        run.mkdir()
+        os.chown(run, 65534, 100)
+        run.chmod(0o750)
+        sock = str(run / "group.sock")
         log = open(self.dir / "group.log", "w")
         # The daemon as `nobody`, a member of `users` (gid 100), serving the members of that group.
         d = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--groups=100", f"{dt.BIN}/mmfeedd",
@@ -505,6 +511,105 @@ class ContractsTest(dt.DaemonCase):
         self.assertIn(f"lock file {lock} belongs to user root (uid 0): a daemon of that user serves, or served, "
                       f"on {self.dir}/shared.sock; start this one on a socket of your own (e.g. --socket "
                       "/tmp/mmfeed-nobody.sock, and MMFEED_SOCKET set to it for the trainers)", p.stderr)
+
+    def test_root_takes_over_a_users_stale_lock_file_but_not_a_live_one(self):
+        """A user's daemon left its lock file in sticky /tmp: it once kept root's daemon off that
+        socket path for good. Not held by a live daemon, it is taken over; held, root's daemon is
+        refused, naming the user."""
+        if os.geteuid() != 0:
+            self.skipTest("needs root to leave a lock file of another user (setpriv)")
+        make_texts(self.dir, 8)
+        os.chmod(self.dir, 0o1777)
+        (self.dir / "p.yaml").write_text(self.config(consumers=1))
+        (self.dir / "p.yaml").chmod(0o644)
+        (self.dir / "manifest.jsonl").chmod(0o644)
+        lock = self.dir / "mmfeed.sock.lock"
+        lock.touch(mode=0o600)
+        os.chown(lock, 65534, 65534)  # as nobody's daemon leaves it
+        # Linux refuses root an O_CREAT open of another user's file in a sticky folder only
+        # with fs.protected_regular (systemd's default 1; some containers have 0): on for this.
+        knob = pathlib.Path("/proc/sys/fs/protected_regular")
+        was = knob.read_text().strip() if knob.exists() else None
+        try:
+            if was == "0":
+                knob.write_text("1")
+        except OSError:
+            pass
+        try:
+            protected = knob.exists() and knob.read_text().strip() != "0"
+            d = dt.Daemon(self.dir, self.config(consumers=1))
+        finally:
+            if was == "0":
+                try:
+                    knob.write_text("0")
+                except OSError:
+                    pass
+        if protected:
+            self.assertIn(f"took over {lock}: the lock file of uid 65534's daemon, which is gone", d.log())
+            self.assertEqual(os.stat(lock).st_uid, 0)
+        dt.finish(d.consume(0))
+        self.assertEqual(d.wait(), 0, d.log())
+        # Held by nobody's live daemon: root's is refused.
+        lock.unlink()
+        pathlib.Path(d.socket).unlink(missing_ok=True)
+        log = open(self.dir / "nobody.log", "w")
+        theirs = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", f"{dt.BIN}/mmfeedd",
+                                   "--config", str(self.dir / "p.yaml"), "--socket", d.socket,
+                                   "--drain-timeout", "1"], stdout=log, stderr=log)
+        try:
+            deadline = time.time() + 20
+            while not os.path.exists(d.socket):
+                self.assertLess(time.time(), deadline, (self.dir / "nobody.log").read_text())
+                time.sleep(0.02)
+            p = subprocess.run([f"{dt.BIN}/mmfeedd", "--config", str(self.dir / "p.yaml"), "--socket", d.socket],
+                               capture_output=True, text=True, timeout=30)
+            self.assertNotEqual(p.returncode, 0, p.stderr)
+            self.assertRegex(p.stderr, f"another mmfeedd is serving on {d.socket}|lock file {lock} belongs to user "
+                                       r"nobody \(uid 65534\)")
+        finally:
+            theirs.send_signal(signal.SIGTERM)
+            theirs.wait(30)
+            log.close()
+
+    def test_a_trainer_refuses_another_users_daemon_in_a_shared_folder(self):
+        """A socket in a folder anyone may write (/tmp) served by another user's daemon: the
+        trainer's attach and mmfeedctl refuse it, naming that user and how to accept it."""
+        if os.geteuid() != 0:
+            self.skipTest("needs root to run the daemon as another user (setpriv)")
+        make_texts(self.dir, 16)
+        os.chmod(self.dir, 0o1777)
+        (self.dir / "manifest.jsonl").chmod(0o644)
+        (self.dir / "p.yaml").write_text(self.config(consumers=1))
+        (self.dir / "p.yaml").chmod(0o644)
+        sock = str(self.dir / "theirs.sock")
+        log = open(self.dir / "theirs.log", "w")
+        theirs = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", f"{dt.BIN}/mmfeedd",
+                                   "--config", str(self.dir / "p.yaml"), "--socket", sock, "--drain-timeout", "1"],
+                                  stdout=log, stderr=log)
+        try:
+            deadline = time.time() + 20
+            while not os.path.exists(sock):
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.02)
+            os.chmod(sock, 0o666)  # reachable: the check is the trainer's, not the socket mode's
+            env = {k: v for k, v in os.environ.items() if k != "MMFEED_DAEMON_USER"}
+            p = subprocess.run([f"{dt.BIN}/mmfeed-consume", "--socket", sock, "--rank", "0", "--batches", "1"],
+                               capture_output=True, text=True, timeout=30, env=env)
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertIn(f"the daemon on {sock} runs as user nobody (uid 65534), not as you (root) or root, and "
+                          f"{self.dir} is not that user's own folder: anyone may have put a socket there. If "
+                          "nobody's daemon is the one you mean, set MMFEED_DAEMON_USER=nobody", p.stderr)
+            r = subprocess.run([f"{dt.BIN}/mmfeedctl", "--socket", sock, "status"], capture_output=True, text=True,
+                               timeout=30, env=env)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("runs as user nobody", r.stderr)
+            ok = subprocess.run([f"{dt.BIN}/mmfeed-consume", "--socket", sock, "--rank", "0", "--batches", "1"],
+                                capture_output=True, text=True, timeout=30, env={**env, "MMFEED_DAEMON_USER": "nobody"})
+            self.assertEqual(ok.returncode, 0, ok.stderr)
+        finally:
+            theirs.send_signal(signal.SIGTERM)
+            theirs.wait(30)
+            log.close()
 
     def test_numeric_flags_reject_bad_values(self):
         make_texts(self.dir, 8)
