@@ -22,13 +22,13 @@ if [ "${MMFEED_SKIP_SANITIZERS:-0}" != 1 ]; then
      ctest --output-on-failure -j2)
 fi
 if [ "${MMFEED_SKIP_FUZZ:-0}" != 1 ]; then
-  fuzzers="config image source ring_reader ring_control control_protocol tokenizer tokenizer_json video"
+  fuzzers="config image source ring_reader ring_control control_protocol tokenizer tokenizer_json video cursor"
   # Only the fuzzers (and the libraries they link): the daemon and tools are not run from here.
   BUILD_DIR=build-fuzz BUILD_TARGETS="$(printf 'fuzz_%s ' $fuzzers)" \
     CXX=clang++ bash scripts/build.sh -DMMFEED_FUZZ=ON -DMMFEED_TESTS=OFF \
       -DCMAKE_UNITY_BUILD=OFF
   seeds=build-fuzz/seeds
-  rm -rf "$seeds" && mkdir -p "$seeds"/{config,image,source,ring_reader,ring_control,control_protocol,tokenizer,tokenizer_json,video}
+  rm -rf "$seeds" && mkdir -p "$seeds"/{config,image,source,ring_reader,ring_control,control_protocol,tokenizer,tokenizer_json,video,cursor}
   head -c 200 /dev/urandom > "$seeds/ring_control/random"
   cp configs/*.yaml "$seeds/config/"
   cp tests/data/photos/photo0[0-3]*.jpg tests/data/photos/*.png "$seeds/image/"
@@ -41,6 +41,10 @@ if [ "${MMFEED_SKIP_FUZZ:-0}" != 1 ]; then
   cp tests/data/tokenizer/tiny-tokenizer.json "$seeds/tokenizer_json/"
   printf '{"cmd": "attach", "rank": 1, "resume": {"seq": 7, "epoch": 0, "batch": 7}}' > "$seeds/control_protocol/attach"
   printf '{"cmd": "status"}' > "$seeds/control_protocol/status"
+  printf '{"epoch": 0, "batch": 2, "seq": 2, "stream": 7, "order": 9, "position": 16}' > "$seeds/cursor/honest"
+  printf '{"epoch": 0, "batch": 2, "seq": 2, "stream": 7, "order": 9, "position": 2100, "lanes": 2}' \
+    > "$seeds/cursor/past-the-end"
+  printf '{"epoch": 1, "seq": 30}' > "$seeds/cursor/seq"
   printf '{"cmd": "reload", "config": "/etc/mmfeed/pipeline.yaml"}' > "$seeds/control_protocol/reload"
   printf '{"cmd": "profile", "seconds": 2.5, "trace": true}' > "$seeds/control_protocol/profile"
   { cat configs/demo.yaml; printf 'metrics: {listen: "127.0.0.1:9464"}\nsample_timeout_s: 30\n'; } \
