@@ -146,6 +146,15 @@ StreamCursor Supervisor::Served(const StreamCursor& c) const {
 
 Status Supervisor::CheckResume(int rank, shm::RingWriter& ring, const StreamCursor& c) {
   const uint64_t seq = c.seq;
+  // A position of this order must lie in its epoch, whatever stream the cursor names: an
+  // edited one is refused, never served as another (its seq is what this stream resumes at).
+  if (c.order && c.order == pipeline_->order_tag() && pipeline_->positional()) {
+    if (Result<Pipeline::Origin> o = pipeline_->Rebased(c.epoch, c.position, c.lanes, c.nodes);
+        !o.ok())
+      return o.status().WithContext(
+          fmt::format("rank {}: resume refused: the cursor (epoch {}, position {})", rank, c.epoch,
+                      c.position));
+  }
   if (const uint32_t ours = pipeline_->StreamBefore(seq); c.stream && ours && c.stream != ours) {
     std::string why =
         "the cursor was saved in another run or with another config or data (restart the "

@@ -18,7 +18,15 @@ checkers:
   kill-rank   SIGKILL of a trainer, then a new one resuming from its cursor file: an
               mmfeed-consume --cursor, or (a third of the lives, where the Python module is
               built) a Python trainer with mmfeed.torch.MmfeedDataset's load_state_dict
+              (half of those: a Python trainer on mmfeed.Client whose own SIGALRM handler raises
+              KeyboardInterrupt, TimeoutError or an exception of its own around next(), and
+              which catches them and goes on)
   stop-rank   SIGSTOP of a trainer (its rank lags, an epoch or more behind), SIGCONT later
+  tamper-cache cached files edited in place, their size kept: the text stage's disk tier (every
+              run has one) and, in the remote runs, the shards' disk cache
+  edit-cursor a trainer killed and started on an edited copy of its cursor (a seq far ahead, a
+              position past the end of the epoch, a position without its stream tag): it must
+              be refused and receive nothing; then the trainer resumes from its own cursor
   wait        time passes
 
 At the end every trainer is let run to the end of the data, and everything it received, over
@@ -84,7 +92,51 @@ for n, b in enumerate(torch.utils.data.DataLoader(ds, batch_size=None, num_worke
     os.replace(cursor_file + ".tmp", cursor_file)
     del b
 """
+# A trainer in Python whose own signal handler raises exceptions (KeyboardInterrupt, TimeoutError,
+# one of its own) at random points around mmfeed.Client.next(): it catches them and calls next()
+# again, resuming from the cursor file mmfeed-consume keeps. No batch may be lost to them.
+PY_INTERRUPTED = r"""
+import json, os, random, signal, sys, time
+import numpy as np
+import mmfeed
+sock, rank, cursor_file, dump, hold = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
+class Preempted(Exception): pass
+rng = random.Random(rank * 7919 + os.getpid())
+state = {"armed": False}
+def handler(signum, frame):
+    if state["armed"]:
+        state["armed"] = False
+        raise rng.choice([KeyboardInterrupt, TimeoutError, Preempted])()
+signal.signal(signal.SIGALRM, handler)
+signal.setitimer(signal.ITIMER_REAL, 0.003, 0.0037)
+resume = json.load(open(cursor_file)) if os.path.exists(cursor_file) else None
+c = mmfeed.Client(socket=sock, rank=rank, resume=resume, reconnect_s=120)
+n = 0
+while True:
+    try:
+        state["armed"] = True
+        b = c.next()
+        state["armed"] = False
+    except (KeyboardInterrupt, TimeoutError, Preempted):
+        continue
+    if b is None:
+        break
+    d = os.path.join(dump, f"{n:06d}")
+    os.makedirs(d)
+    np.save(os.path.join(d, "text.npy"), b["text"])
+    np.save(os.path.join(d, "text_lengths.npy"), b["text_lengths"])
+    with open(os.path.join(d, "meta.json"), "w") as f:
+        json.dump({"seq": b.seq, "epoch": b.epoch, "ids": b.ids}, f)
+    n += 1
+    time.sleep(hold / 1000)
+    with open(cursor_file + ".tmp", "w") as f:
+        json.dump(b.cursor, f)
+    os.replace(cursor_file + ".tmp", cursor_file)
+    b.release()
+signal.setitimer(signal.ITIMER_REAL, 0)
+"""
 PYTHON_DIR = None  # BUILD/python when the Python module is built (not under the sanitizers)
+VERBOSE = False  # --verbose: print every run's operations
 
 SAMPLES = 480  # 2 ranks x 240
 CONSUMERS = 2  # streams always served; stream 2 too while consumers is 3 (x replicas)
@@ -100,14 +152,18 @@ def config(p):
 mix: {{seed: {p['seed']}, epochs: {EPOCHS}, samples_per_epoch: {SAMPLES}}}"""
     else:
         kind = "type: webdataset, fields: {text: [txt]}" if p["remote"] else "type: manifest"
-        source = f"""source: {{{kind}, path: "{p['path']}", shuffle: true, seed: {p['seed']}, epochs: {EPOCHS}}}"""
+        # Remote shards kept in a disk cache whose files tamper-cache edits.
+        cache = f", cache: {{dir: {p['work']}/shards, max_bytes: 1G}}" if p["remote"] else ""
+        source = f"""source: {{{kind}, path: "{p['path']}", shuffle: true, seed: {p['seed']}, epochs: {EPOCHS}{cache}}}"""
     budget = f", max_tokens: {p['max_tokens']}" if p["max_tokens"] and not p["remote"] else ""
     return f"""pipeline: stateful
 {source}
 consumers: {p['consumers'] * p['replicas']}
 replicas: {p['replicas']}
 stages:
-  - {{name: text, type: text, field: text, workers: {p['workers']}, params: {{tokenizer: bytes, max_len: {p['max_len']}}}}}
+  - {{name: text, type: text, field: text, workers: {p['workers']},
+     cache: {{max_bytes: 4K, disk: {{dir: {p['work']}/tier, max_bytes: 64M}}}},
+     params: {{tokenizer: bytes, max_len: {p['max_len']}}}}}
   - {{name: batch, type: batch, inputs: [text], params: {{batch_size: {p['batch']}, drop_last: {str(p['drop_last']).lower()}{budget}}}}}
 output: {{ring_slots: 4}}
 on_error: fail
@@ -189,6 +245,7 @@ class World:
         self.params["remote"] = remote
         self.params["mix"] = self.mix = mix
         self.params["replicas"] = self.replicas = replicas
+        self.params["work"] = str(work)
         # Trainer ranks: those of the streams always served, then those of stream 2.
         self.ranks = list(range(CONSUMERS * replicas))
         self.extra = list(range(CONSUMERS * replicas, (CONSUMERS + 1) * replicas))
@@ -261,10 +318,12 @@ class World:
         cursor, dump = str(self.dir / f"cursor{rank}.json"), self.dir / f"r{rank}" / f"life{life:03d}"
         if PYTHON_DIR and self.rng.random() < 1 / 3:
             dump.mkdir(parents=True)
+            interrupted = self.rng.random() < 0.5
             self.trainers[rank] = subprocess.Popen(
-                ["/usr/bin/python3", "-c", PY_TRAINER, self.sock, str(rank), cursor, str(dump), str(hold)],
+                ["/usr/bin/python3", "-c", PY_INTERRUPTED if interrupted else PY_TRAINER, self.sock, str(rank), cursor,
+                 str(dump), str(hold)],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=PYTHON_DIR))
-            return "python"
+            return "python, interrupted by exceptions" if interrupted else "python"
         self.trainers[rank] = subprocess.Popen(
             [f"{self.bin}/mmfeed-consume", "--socket", self.sock, "--rank", str(rank), "--cursor", cursor,
              "--reconnect", "120", "--hold-ms", str(hold), "--dump", str(dump)], stdout=subprocess.PIPE,
@@ -435,6 +494,60 @@ def op_stop_rank(w):
     return f"SIGSTOP trainer {rank}"
 
 
+def op_tamper_cache(w):
+    """Edits cached files in place, their size kept: the text stage's disk tier, and the remote
+    shards' disk cache. The checksums must catch every one (the check finds any row whose text
+    is not its id's)."""
+    files = [f for f in (w.dir / "tier").glob("mmfeed-samples-*/*") if f.name.isdigit()]
+    files += list((w.dir / "shards").glob("*.shard"))
+    edited = 0
+    for f in w.rng.sample(files, min(len(files), w.rng.choice([1, 3, 10]))):
+        try:
+            size = f.stat().st_size
+            if size == 0:
+                continue
+            with open(f, "r+b") as fh:
+                at = w.rng.randrange(size)
+                fh.seek(at)
+                b = fh.read(1)
+                fh.seek(at)
+                fh.write(bytes([b[0] ^ 0x41]))
+            edited += 1
+        except (OSError, IndexError):
+            pass  # removed meanwhile
+    return f"tamper-cache: {edited} cached file(s) edited in place"
+
+
+def op_edit_cursor(w):
+    """A trainer killed, then started on an edited copy of its cursor (a position past the end of
+    the epoch, a position without its stream tag, a seq far ahead): refused, receiving nothing;
+    then the trainer resumes from its honest cursor."""
+    rank = w.rng.choice(w.ranks)
+    path = w.dir / f"cursor{rank}.json"
+    if not path.exists() or rank in w.stopped:
+        return op_wait(w)
+    p = w.trainers[rank]
+    if p.poll() is None:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    honest = json.loads(path.read_text())
+    edits = [dict(honest, seq=honest["seq"] + 10 ** 6)]
+    if "position" in honest:
+        edits.append(dict(honest, position=10 ** 9))
+        edits.append({k: v for k, v in honest.items() if k != "stream"})
+    edited = w.rng.choice(edits)
+    forged = w.dir / f"edited{rank}.json"
+    forged.write_text(json.dumps(edited))
+    dump = w.dir / f"edited-dump{rank}"
+    r = subprocess.run([f"{w.bin}/mmfeed-consume", "--socket", w.sock, "--rank", str(rank), "--cursor", str(forged),
+                        "--dump", str(dump)], capture_output=True, text=True, timeout=60)
+    if r.returncode == 0 or (dump.exists() and any(dump.iterdir())):
+        raise Failure(f"trainer {rank} resumed from an edited cursor {edited}: {r.stderr.strip()[-300:]}")
+    kind = w.start_trainer(rank)
+    what = "seq" if edited["seq"] != honest["seq"] else "position" if "stream" in edited else "stream tag"
+    return f"edit-cursor of trainer {rank} ({what}): refused ({r.stderr.strip()[-90:]}); resumed by {kind}"
+
+
 def op_wait(w):
     t = w.rng.choice([0.05, 0.2, 0.5])
     time.sleep(t)
@@ -442,10 +555,10 @@ def op_wait(w):
 
 
 OPS = [(op_reload, 5), (op_storm, 1), (op_edit_data, 1), (op_kill_daemon, 2), (op_kill_rank, 3), (op_stop_rank, 2),
-       (op_wait, 4)]
+       (op_tamper_cache, 1), (op_edit_cursor, 1), (op_wait, 4)]
 # A mixture's: reweighs most, other reloads less (their epoch boundaries hold reweighs off).
 MIX_OPS = [(op_reweigh, 6), (op_reload, 2), (op_kill_daemon, 2), (op_kill_rank, 3), (op_stop_rank, 2),
-           (op_wait, 4)]
+           (op_tamper_cache, 1), (op_edit_cursor, 1), (op_wait, 4)]
 
 
 def received(w, rank):
@@ -631,6 +744,8 @@ def run(bin_dir, seed, n_ops):
               f"{batches} batches per stream in {EPOCHS} epochs ({rank2} on stream 2 while consumers was 3), "
               + ("every epoch within its passes" if w.mix else f"every epoch exact (data versions by epoch: {versions})"),
               flush=True)
+        if VERBOSE:
+            print("operations:\n  " + "\n  ".join(log))
         shutil.rmtree(work, ignore_errors=True)
         return True
     except Failure as e:
@@ -650,6 +765,7 @@ def main():
     ap.add_argument("--runs", type=int, default=4)
     ap.add_argument("--ops", type=int, help="operations per run (default 60, 40 under the sanitizers)")
     ap.add_argument("--long", action="store_true", help="20 runs of 150 operations, seeds from the clock")
+    ap.add_argument("--verbose", action="store_true", help="print every run's operations")
     a = ap.parse_args()
     bin_dir = os.path.abspath(a.bin)
     if a.long:
@@ -659,7 +775,8 @@ def main():
         a.runs = max(1, a.runs // 2)
         a.ops = a.ops or 40
     a.ops = a.ops or 60
-    global PYTHON_DIR
+    global PYTHON_DIR, VERBOSE
+    VERBOSE = a.verbose
     python = pathlib.Path(bin_dir).parent / "python"
     if (python / "mmfeed").is_dir() and subprocess.run(
             ["/usr/bin/python3", "-c", "import torch, mmfeed.torch"], env=dict(os.environ, PYTHONPATH=str(python)),
