@@ -13,7 +13,10 @@
 // exits. A client used in a forked child (a DataLoader worker) refuses with a clear error, and
 // a batch dropped in a child does not release the parent's slot.
 //
-// Next() is for one thread at a time.
+// Next() is for one thread at a time. A batch it takes from the ring is the caller's once Next()
+// returns it: nothing in C++ can interrupt between the take and the return (the Python binding,
+// where a signal handler's exception can, hands such a batch back: client/python/
+// mmfeed_module.cc, Delivery).
 #pragma once
 
 #include <atomic>

@@ -52,11 +52,12 @@ std::string Folder() {
 }
 
 std::unique_ptr<Plan> Build(const std::string& source) {
-  const std::string text = source +
-                           "consumers: 2\n"
-                           "stages:\n"
-                           "  - {name: text, type: text, field: text, params: {max_len: 8}}\n"
-                           "  - {name: batch, type: batch, inputs: [text], params: {batch_size: 4}}\n";
+  const std::string text =
+      source +
+      "consumers: 2\n"
+      "stages:\n"
+      "  - {name: text, type: text, field: text, params: {max_len: 8}}\n"
+      "  - {name: batch, type: batch, inputs: [text], params: {batch_size: 4}}\n";
   Result<PipelineConfig> cfg = ParseConfig("pipeline: fuzz\n" + text, Folder() + "/p.yaml");
   if (!cfg.ok()) {
     std::fprintf(stderr, "%s\n", cfg.status().message().c_str());
@@ -80,12 +81,14 @@ std::unique_ptr<Plan> Build(const std::string& source) {
 const std::vector<std::unique_ptr<Plan>>& Plans() {
   static const auto plans = [] {
     std::vector<std::unique_ptr<Plan>> v;
-    v.push_back(Build("source: {type: manifest, path: manifest.jsonl, shuffle: true, seed: 5, "
-                      "epochs: 2}\n"));
-    v.push_back(Build("sources:\n"
-                      "  - {name: captions, type: manifest, path: manifest.jsonl, weight: 3}\n"
-                      "  - {name: qa, type: manifest, path: qa.jsonl, weight: 1}\n"
-                      "mix: {seed: 5, epochs: 2, samples_per_epoch: 96}\n"));
+    v.push_back(
+        Build("source: {type: manifest, path: manifest.jsonl, shuffle: true, seed: 5, "
+              "epochs: 2}\n"));
+    v.push_back(
+        Build("sources:\n"
+              "  - {name: captions, type: manifest, path: manifest.jsonl, weight: 3}\n"
+              "  - {name: qa, type: manifest, path: qa.jsonl, weight: 1}\n"
+              "mix: {seed: 5, epochs: 2, samples_per_epoch: 96}\n"));
     return v;
   }();
   return plans;
