@@ -172,18 +172,7 @@ Status Supervisor::AdoptJob(const JobShape& job, int pid,
   // edited cursor must not end a node's service, nor fix its job's shape.
   const auto refuse = [&](const std::string& why) {
     spdlog::error("the job {} cannot be served: {}", job.Describe(), why);
-    pipeline_.reset();
-    metrics_.reset();
-    pipeline_sinks_.clear();
-    packers_.clear();
-    sinks_.clear();
-    moved_from_.clear();
-    awaiting_reattach_.clear();
-    holders_.clear();
-    rates_.clear();
-    unseen_since_restart_.clear();
-    resumed_.reset();
-    ring_bytes_ = 0;
+    DropJobParts();
     cfg_ = before;
     then_reload_.clear();
     kept_waits_for_job_ = kept_waited && saved_.has_value();

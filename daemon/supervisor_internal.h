@@ -160,6 +160,10 @@ class Supervisor {
   Status BeginEndJob(const std::string& why, JobEnded done);
   void CompleteEndJob();
   void EndJob(JobEnded done);  // `mmfeedctl end-job`
+  // Everything Build and Serve made for a job (the pipeline, rings, sinks, holders, the
+  // metrics endpoint, the tuner's state), dropped: a refused adoption and an ended job. A member
+  // Build gains is reset here.
+  void DropJobParts();
   int AttachedTrainers() const;
   // For a refused trainer: how long until the adopted job frees the daemon ("" if not adopted).
   std::string WhenJobFrees() const;

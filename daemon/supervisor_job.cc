@@ -6,6 +6,27 @@
 
 namespace mmfeed {
 
+void Supervisor::DropJobParts() {
+  pipeline_.reset();
+  metrics_.reset();
+  pipeline_sinks_.clear();
+  packers_.clear();
+  sinks_.clear();
+  moved_from_.clear();
+  awaiting_reattach_.clear();
+  holders_.clear();
+  rates_.clear();
+  unseen_since_restart_.clear();
+  resumed_.reset();
+  tuner_.reset();
+  tune_sample_.reset();
+  tune_decisions_.clear();
+  ring_bytes_ = 0;
+  moved_published_ = 0;
+  saved_state_.clear();
+  warned_missing_trainers_ = false;
+}
+
 int Supervisor::AttachedTrainers() const {
   int n = 0;
   for (const Holder& h : holders_) n += h.pid != 0;
@@ -88,25 +109,7 @@ void Supervisor::CompleteEndJob() {
                                 {"why", ending_->why},
                                 {"cursors", opt_.state_dir.empty() ? "" : StatePath()}};
   std::vector<JobEnded> done = std::move(ending_->done);
-  // Everything the job made goes; the daemon counters (Retire) stay.
-  pipeline_.reset();
-  metrics_.reset();
-  pipeline_sinks_.clear();
-  packers_.clear();
-  sinks_.clear();
-  moved_from_.clear();
-  awaiting_reattach_.clear();
-  holders_.clear();
-  rates_.clear();
-  unseen_since_restart_.clear();
-  resumed_.reset();
-  tuner_.reset();
-  tune_sample_.reset();
-  tune_decisions_.clear();
-  ring_bytes_ = 0;
-  moved_published_ = 0;
-  saved_state_.clear();
-  warned_missing_trainers_ = false;
+  DropJobParts();  // everything the job made goes; the daemon counters (Retire) stay
   job_.reset();
   job_from_.clear();
   job_warned_.clear();
