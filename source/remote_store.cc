@@ -472,6 +472,9 @@ bool RemoteStore::StoreDown(const std::string& url, bool force, bool* was_out) {
     *was_out = outage_.has_value();
     // Answered since the caller's failure (an outage ends at an answer): the store is up.
     if (!outage_ && !force) return false;
+    // Never answered in this run: no store to wait for (a wrong URL, nothing listening at the
+    // start); the request fails as it always did.
+    if (last_answer_ns_ == 0) return false;
     if (probing_) {  // one probe at a time: the others take its answer
       changed_.wait(l, [&] { return !probing_ || stop_; });
       return !last_probe_answered_;

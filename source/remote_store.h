@@ -21,7 +21,8 @@
 // A shard whose whole fetch fails for good is logged with its URL and reason once, listed in
 // Stats(), and its samples fail with that reason for a minute before it is tried again.
 //
-// Failing for good needs the store to answer: a request whose retries are spent (or whose
+// Failing for good needs the store to answer (once it has answered at all in this run: a store
+// down from the start fails the start as before): a request whose retries are spent (or whose
 // sample's deadline passed) while no other request was answered asks the store about another
 // object (a HEAD, one attempt). If that is not answered either, the store is down (it hangs,
 // refuses, or answers 5xx to everything): the request goes on retrying (every 5 s at most) and
@@ -157,9 +158,10 @@ class RemoteStore : public RemoteReader {
   // or one that failed with `why`.
   void NoteAnswer();
   void NoteFailure(const std::string& url, const std::string& why);
-  // Whether the store is down for a request about to give up on `url`: no request was answered
-  // since its failure (unless `force`: a wait with no failure of its own), and a probe of
-  // another object is not answered either (at most one probe a second). *was_out: an outage
+  // Whether the store is down for a request about to give up on `url`: it answered before in
+  // this run (a store that never did is not waited for), no request was answered since the
+  // caller's failure (unless `force`: a wait with no failure of its own), and a probe of another
+  // object is not answered either (at most one probe a second). *was_out: an outage
   // was in progress (a failure since the last answer).
   bool StoreDown(const std::string& url, bool force, bool* was_out);
   void FetchLoop();

@@ -688,6 +688,19 @@ class FaultyServerTest(RemoteCase):
 
 
 class StalledStoreTest(RemoteCase):
+    def test_a_store_down_from_the_start_fails_the_start_and_is_not_waited_for(self):
+        """Nothing listens at the URL: --check fails after its retries, naming the URL, rather
+        than waiting for a store that never answered (the wait is for one that did)."""
+        port = free_port()
+        (self.dir / "c.yaml").write_text(config(f"http://127.0.0.1:{port}/shard-{{000..005}}.tar",
+                                                source="fetch_retries: 1, fetch_timeout_s: 1"))
+        t0 = time.time()
+        r = subprocess.run([f"{daemon_test.BIN}/mmfeedd", "--check", str(self.dir / "c.yaml")], capture_output=True,
+                           text=True, timeout=120)
+        self.assertNotEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn(f"http://127.0.0.1:{port}/shard-000.tar", r.stdout + r.stderr)
+        self.assertLess(time.time() - t0, 60)
+
     def test_a_store_that_hangs_is_named_trainers_are_told_and_the_job_goes_on_exactly(self):
         """nginx stopped (SIGSTOP: connections are accepted, nothing answers) a second into the
         run, each sample's deadline 3 s: samples once timed out one after another, skipped, and
