@@ -454,7 +454,12 @@ void RemoteStore::NoteFailure(const std::string& url, const std::string& why) {
   if (!outage_->failing.count(url) && outage_->failing.size() == kMostFailing)
     outage_->failing.erase(outage_->failing.begin());
   outage_->failing[url] = why;
-  if (outage_->reported || now - outage_->since_ns < static_cast<int64_t>(cfg_.stall_s * 1e9))
+  LogStallOnce(now);
+}
+
+void RemoteStore::LogStallOnce(int64_t now) const {
+  if (!outage_ || outage_->reported ||
+      now - outage_->since_ns < static_cast<int64_t>(cfg_.stall_s * 1e9))
     return;
   outage_->reported = true;
   std::string failing;
@@ -865,6 +870,8 @@ nlohmann::json RemoteStore::Stats() const {
   j["stalled_seconds"] = 0.0;
   j["stalled_requests"] = nlohmann::json::array();
   if (outage_) {
+    // Logged here too: a stall with requests hung in long transfers may see no new failure.
+    LogStallOnce(static_cast<int64_t>(NowNs()));
     const double age = (static_cast<int64_t>(NowNs()) - outage_->since_ns) / 1e9;
     if (age >= cfg_.stall_s) {
       j["stalled_seconds"] = age;

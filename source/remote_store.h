@@ -158,6 +158,8 @@ class RemoteStore : public RemoteReader {
   // or one that failed with `why`.
   void NoteAnswer();
   void NoteFailure(const std::string& url, const std::string& why);
+  // Logs the outage once it is older than stall_s (once per outage). REQUIRES: mu_ held.
+  void LogStallOnce(int64_t now) const;
   // Whether the store is down for a request about to give up on `url`: it answered before in
   // this run (a store that never did is not waited for), no request was answered since the
   // caller's failure (unless `force`: a wait with no failure of its own), and a probe of another
@@ -195,7 +197,7 @@ class RemoteStore : public RemoteReader {
     std::map<std::string, std::string> failing;  // url -> why (the latest kMostFailing)
     bool reported = false;                       // logged once past stall_s
   };
-  std::optional<Outage> outage_;
+  mutable std::optional<Outage> outage_;  // mutable: Stats() logs a stall once (LogStallOnce)
   int64_t last_answer_ns_ = 0;
   int64_t last_probe_ns_ = 0;
   bool last_probe_answered_ = true;
