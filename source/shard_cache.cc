@@ -198,14 +198,17 @@ void ShardCache::Damaged(int fd, const Key& key, const std::string& why) {
   const bool known = ::fstat(fd, &st) == 0;
   spdlog::warn("shard cache: {}/{} for {}: {}; removed, fetching it again", dir_, name, key.url,
                why);
+  // Counted once: two readers of one copy may both find it damaged; the one that removes it
+  // counts it.
+  bool counted = true;
   {
     const std::shared_ptr<const DirFd> dir = Dir(false);
     FolderLock lock(*dir);
     // Only this copy (by inode): another daemon may have put a good one there since.
-    if (lock.ok() && known) UnlinkIfStill(*dir, name, static_cast<uint64_t>(st.st_ino));
+    if (lock.ok() && known) counted = UnlinkIfStill(*dir, name, static_cast<uint64_t>(st.st_ino));
   }
   std::lock_guard<std::mutex> l(mu_);
-  ++damaged_;
+  if (counted) ++damaged_;
 }
 
 int ShardCache::Find(const Key& key, bool check_all) {
@@ -257,14 +260,16 @@ int ShardCache::Find(const Key& key, bool check_all) {
     return fd;
   }
   if (fd >= 0) ::close(fd);
+  bool counted = true;
   spdlog::warn("shard cache: {} for {}: {}; removed, fetching it again", path, key.url, why);
   {
     FolderLock lock(*dir);
-    if (lock.ok()) UnlinkIfStill(*dir, name, fd < 0 ? 0 : static_cast<uint64_t>(st.st_ino));
+    if (lock.ok())
+      counted = UnlinkIfStill(*dir, name, fd < 0 ? 0 : static_cast<uint64_t>(st.st_ino));
   }
   std::lock_guard<std::mutex> l(mu_);
   ++misses_;
-  ++damaged_;
+  if (counted) ++damaged_;  // once: a second reader of the same copy finds it gone
   return -1;
 }
 
