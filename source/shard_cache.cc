@@ -176,17 +176,22 @@ std::string ShardCache::Verify(int fd, uint64_t size, const char* data, uint64_t
   return "";
 }
 
-bool ShardCache::Check(int fd, const Key& key, uint64_t offset, uint64_t n) {
-  const uint64_t from = offset / kBlock * kBlock;
-  const uint64_t to = std::min(key.size, (offset + n + kBlock - 1) / kBlock * kBlock);
-  std::vector<char> buf(std::min(kChunk, to - std::min(to, from)));
+std::string ShardCache::ReadAndVerify(int fd, uint64_t size, uint64_t from, uint64_t to) const {
+  std::vector<char> buf(std::max<uint64_t>(std::min(kChunk, to - std::min(to, from)), 1));
   std::string why;
   for (uint64_t at = from; why.empty() && at < to; at += buf.size()) {
     const uint64_t len = std::min<uint64_t>(buf.size(), to - at);
     why = index_file::FullPread(fd, buf.data(), len, at)
-              ? Verify(fd, key.size, buf.data(), at, len)
+              ? Verify(fd, size, buf.data(), at, len)
               : fmt::format("bytes at {} cannot be read ({})", at, std::strerror(errno));
   }
+  return why;
+}
+
+bool ShardCache::Check(int fd, const Key& key, uint64_t offset, uint64_t n) {
+  const uint64_t from = offset / kBlock * kBlock;
+  const uint64_t to = std::min(key.size, (offset + n + kBlock - 1) / kBlock * kBlock);
+  const std::string why = ReadAndVerify(fd, key.size, from, to);
   if (why.empty()) return true;
   Damaged(fd, key, why);
   return false;
@@ -244,13 +249,7 @@ int ShardCache::Find(const Key& key, bool check_all) {
   if (why.empty() && check_all) {
     // Every block against its checksum, one pass (the reads that follow find the bytes in the
     // page cache).
-    std::vector<char> buf(std::min(kChunk, std::max<uint64_t>(key.size, 1)));
-    for (uint64_t at = 0; why.empty() && at < key.size; at += buf.size()) {
-      const uint64_t len = std::min<uint64_t>(buf.size(), key.size - at);
-      why = index_file::FullPread(fd, buf.data(), len, at)
-                ? Verify(fd, key.size, buf.data(), at, len)
-                : fmt::format("bytes at {} cannot be read ({})", at, std::strerror(errno));
-    }
+    why = ReadAndVerify(fd, key.size, 0, key.size);
   }
   if (why.empty()) {
     ::futimens(fd, nullptr);  // recently used (the order-less eviction reads mtimes)

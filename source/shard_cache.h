@@ -71,6 +71,9 @@ class ShardCache {
   // "" when `data`, the n bytes at `offset` of `fd` (from Find; `offset` a multiple of kBlock,
   // n one too or reaching the shard's end), match their checksums; else what differs.
   std::string Verify(int fd, uint64_t size, const char* data, uint64_t offset, uint64_t n) const;
+  // Reads the bytes [from, to) of `fd` (block-aligned `from`) and Verifies them chunk by chunk:
+  // "" or what differs (or cannot be read).
+  std::string ReadAndVerify(int fd, uint64_t size, uint64_t from, uint64_t to) const;
   // The copy `fd` of `key` is damaged (`why`): removed (if still the file under its name) and
   // counted.
   void Damaged(int fd, const Key& key, const std::string& why);
