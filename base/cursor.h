@@ -25,7 +25,7 @@ struct StreamCursor {
   // The job's position, independent of its shape: when every rank has finished the batches
   // before this cursor, the samples dealt are positions [0, position) of epoch `epoch`'s global
   // order, the order tagged `order` (Pipeline::order_tag: the data, seed and shuffle, not the
-  // shape). A job restarted at another shape resumes there (docs/control_protocol.md,
+  // shape). A job restarted at another shape resumes there (docs/reference/control_protocol.md,
   // "Resuming at another shape"). Set by the client from the attach's "position" rule; 0 (no
   // order): not known. Not part of the cursor's identity (operator==).
   uint32_t order = 0;

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --bench
-CXX=g++ bash scripts/build.sh  # the compiler the README's figures were measured with
+CXX=g++ bash scripts/build.sh  # the compiler the benchmark pages' figures were measured with
 /usr/bin/python3 bench/image_text_bench.py
 /usr/bin/python3 bench/python_client_bench.py
 /usr/bin/python3 bench/train_loop_bench.py

@@ -31,8 +31,8 @@ class Connection {
   int sock = -1;
   std::unique_ptr<shm::RingReader> ring;
   int owner_pid = 0;
-  // The attach reply's "position" rule (docs/control_protocol.md): how a cursor of epoch >=
-  // `epoch` maps to the job's position. Unset when the daemon's order has none.
+  // The attach reply's "position" rule (docs/reference/control_protocol.md): how a cursor of epoch
+  // >= `epoch` maps to the job's position. Unset when the daemon's order has none.
   struct PositionRule {
     uint32_t order = 0, epoch = 0;
     uint64_t streams = 0, batch_size = 0, base = 0;

@@ -1,9 +1,9 @@
-// The control protocol (docs/control_protocol.md), both ends: one JSON object per line on a
-// Unix socket, one reply line per request, file descriptors passed with an attach's reply.
-// The daemon parses requests here (daemon/control_server.cc; apart from the server so that it
-// can be fuzzed on its own: any line yields a command or a message saying what is wrong with
-// it, never an exception); the client library and mmfeedctl send them through the functions
-// below. Needs base/ only.
+// The control protocol (docs/reference/control_protocol.md), both ends: one JSON object per line on
+// a Unix socket, one reply line per request, file descriptors passed with an attach's reply. The
+// daemon parses requests here (daemon/control_server.cc; apart from the server so that it can be
+// fuzzed on its own: any line yields a command or a message saying what is wrong with it, never an
+// exception); the client library and mmfeedctl send them through the functions below. Needs base/
+// only.
 #pragma once
 
 #include <cstdint>

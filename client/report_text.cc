@@ -142,4 +142,43 @@ std::string FormatWindowReport(const nlohmann::json& r) {
   return s;
 }
 
+std::string ProfileExplanation() {
+  return R"(What the profile's figures mean (mmfeedctl profile, and the report mmfeedd prints at exit).
+Shares are of the window (profile) or of the run (at exit).
+
+Per stage:
+  workers   threads taking items now (workers: auto moves them)
+  items/s   samples the stage finished per second
+  errors    samples it failed (skipped and counted; their rows refilled)
+  work s    seconds its workers spent working on items, summed over the workers
+  share     its work seconds over all stages' work seconds
+  busy      of its threads' time: working on an item (per worker: 100% is every worker
+            working all the time)
+  starved   of its threads' time: waiting for input (the stage before it is slower)
+  blocked   of its threads' time: waiting for room downstream (a ring: for a trainer to free
+            a slot)
+  cpu       of the busy time: on a CPU. The rest of busy is IO, page faults or locks,
+            or runq: runnable but waiting for a CPU (more runnable threads than cores)
+  p50, p99  work time per item, median and 99th percentile
+  queue     the mean fill of its mailbox (its `queue:` capacity)
+  cores     CPU its threads used, in cores
+
+Host: cores used by the daemon, RSS and its growth, page faults, reads (all, and from storage
+rather than the page cache), memory available; pressure: /proc/pressure's "some avg10", the
+share of time some task stalled on CPU, IO or memory.
+
+Per trainer rank:
+  batches/s  batches the trainer released per second
+  waited     of the window: the trainer's time inside next() waiting for a batch (its data
+             stall, measured by the client)
+  held       not a share: the mean number of batches the trainer held (taken, not released);
+             1.00 is one batch held all the time
+  ready      batches published and not yet taken
+  taken      batches taken and not yet released, now
+
+The diagnosis names the stage and kind (cpu, io, memory, consumer, none), the figures that show
+it and what to do. Its rules: docs/guide/profile.md.
+)";
+}
+
 }  // namespace mmfeed

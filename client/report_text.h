@@ -15,4 +15,8 @@ std::string FormatProfile(const nlohmann::json& profile);
 // A profile window's report: stages, host, consumers, diagnosis.
 std::string FormatWindowReport(const nlohmann::json& report);
 
+// What every column and percentage of the two reports above means (`mmfeedctl profile
+// --explain`; docs/reference/cli.md shows it).
+std::string ProfileExplanation();
+
 }  // namespace mmfeed

@@ -1,6 +1,7 @@
 // ControlServer: the daemon's unix socket, served on one Asio io_context thread.
 //
-// The protocol (one JSON object per line each way) is documented in docs/control_protocol.md.
+// The protocol (one JSON object per line each way) is documented in
+// docs/reference/control_protocol.md.
 //
 // Who may connect: the daemon's user, root, and members of `group` when one is given (the
 // socket is then mode 0660 and owned by that group); checked with SO_PEERCRED.

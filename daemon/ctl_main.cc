@@ -6,7 +6,7 @@
 //   mmfeedctl [--socket PATH] [--timeout SECONDS] profile [--seconds N] [--json] [--trace FILE]
 //                                  measures the daemon for N seconds (default 5): per stage,
 //                                  host, consumers, and a diagnosis of what limits the job
-//                                  (docs/profile.md); --trace writes the window as a Chrome
+//                                  (docs/guide/profile.md); --trace writes the window as a Chrome
 //                                  trace (Perfetto)
 //   mmfeedctl [--socket PATH] [--timeout SECONDS] top [--iterations N] [--json]
 //                                  a live view, refreshed every second; q quits (--json: one
@@ -51,6 +51,7 @@ int Usage() {
       "       mmfeedctl [--socket PATH] [--timeout SECONDS] consumers [--json]\n"
       "       mmfeedctl [--socket PATH] [--timeout SECONDS] profile [--seconds N] [--json] "
       "[--trace FILE]\n"
+      "       mmfeedctl profile --explain   (what each column and percentage means)\n"
       "       mmfeedctl [--socket PATH] [--timeout SECONDS] top [--iterations N] [--json]\n"
       "       mmfeedctl [--socket PATH] [--timeout SECONDS] reload [--config FILE] "
       "[--at batch|epoch] [--json]\n"
@@ -264,7 +265,16 @@ int RunTop(const std::string& socket_path, int timeout_ms, int iterations, bool 
   Top top;
   RawTerminal term;
   const bool tty = isatty(STDOUT_FILENO);
+  // Every frame's rates are over the second before it: the first frame comes after a window
+  // from a first, unshown sample (`--iterations 1` printed zeros before).
+  Result<nlohmann::json> first = ControlRequest(socket_path, {{"cmd", "status"}}, timeout_ms);
+  if (!first.ok()) {
+    std::fprintf(stderr, "mmfeedctl: %s\n", first.status().message().c_str());
+    return 1;
+  }
+  (void)top.Render((*first)["status"], 0);
   auto last = std::chrono::steady_clock::now();
+  if (term.QuitPressed(1000)) return 0;
   for (int i = 0; iterations <= 0 || i < iterations; ++i) {
     Result<nlohmann::json> reply = ControlRequest(socket_path, {{"cmd", "status"}}, timeout_ms);
     if (!reply.ok()) {
@@ -272,7 +282,7 @@ int RunTop(const std::string& socket_path, int timeout_ms, int iterations, bool 
       return 1;
     }
     auto now = std::chrono::steady_clock::now();
-    double dt = i == 0 ? 0 : std::chrono::duration<double>(now - last).count();
+    double dt = std::chrono::duration<double>(now - last).count();
     last = now;
     if (json) {  // for scripts: one line per refresh
       std::printf("%s\n", (*reply)["status"].dump().c_str());
@@ -362,6 +372,9 @@ int main(int argc, char** argv) {
         return 2;
       }
       seconds = *t;
+    } else if (a == "--explain" && cmd == "profile") {
+      std::printf("%s", ProfileExplanation().c_str());
+      return 0;
     } else if (a == "--trace" && i + 1 < argc && cmd == "profile")
       trace_file = argv[++i];
     else if (cmd.empty() && (a == "status" || a == "stop" || a == "reload" || a == "consumers" ||
@@ -411,9 +424,15 @@ int main(int argc, char** argv) {
     const nlohmann::json& r = (*reply)["reload"];
     if (json)
       std::printf("%s\n", r.dump(2).c_str());
-    else
-      std::printf("reloaded %s: %s; applied %s\n", r["config"].get<std::string>().c_str(),
-                  r["summary"].get<std::string>().c_str(), r["applied"].get<std::string>().c_str());
+    else {
+      // When each change reaches the trainers: "when" (a daemon before issue #60 has none).
+      const std::string when = r.value("when", std::string());
+      const std::string rings = r.value("rings", std::string("unchanged"));
+      std::printf("reloaded %s: %s; applied %s%s%s\n", r["config"].get<std::string>().c_str(),
+                  r["summary"].get<std::string>().c_str(), r["applied"].get<std::string>().c_str(),
+                  when.empty() ? "" : ("; " + when).c_str(),
+                  rings == "unchanged" ? "" : ("; rings " + rings).c_str());
+    }
     return 0;
   }
   const nlohmann::json& status = (*reply)["status"];

@@ -1,5 +1,5 @@
 // mmfeedd: the mmfeed daemon. Loads a pipeline graph, runs it, and serves batches to trainer
-// processes through shared-memory rings. See README.md and docs/threads.md; the lifecycle is
+// processes through shared-memory rings. See README.md and docs/design/threads.md; the lifecycle is
 // in daemon/supervisor.h.
 //
 //   mmfeedd --config FILE [--socket PATH] [--socket-group GROUP] [--state-dir DIR]
@@ -12,6 +12,7 @@
 // without it such a config is refused.
 //   mmfeedd --list-stages       print every stage type and its parameters
 //   mmfeedd --schema            print the config's JSON Schema (engine/config_schema.h)
+#include <fmt/format.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -152,7 +153,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", summary.status().message().c_str());
       return kExitConfig;
     }
-    std::printf("%s: ok %s\n", file.c_str(), summary->c_str());
+    // One line per item, each ended, and flushed before anything else can be written.
+    std::string text = fmt::format("{}: ok {}", file, *summary);
+    while (!text.empty() && text.back() == '\n') text.pop_back();
+    std::printf("%s\n", text.c_str());
+    std::fflush(stdout);
     return 0;
   }
   return RunSupervisor(std::move(cfg.value()), opt.daemon);

@@ -14,7 +14,7 @@
 //
 // The config's own text is kept (not its path alone) because the file may be edited before
 // the daemon restarts: a restart on an edited file first continues the stream with the kept
-// config, then switches to the edited one as a reload would (docs/threads.md, "Restarts").
+// config, then switches to the edited one as a reload would (docs/design/threads.md, "Restarts").
 // Version 1 files (no "version", no "config") are read; they continue only on an unchanged
 // config.
 //

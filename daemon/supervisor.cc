@@ -458,6 +458,30 @@ void Supervisor::Tick() {
       return;
     }
     if (!pipeline_->status().ok() && !draining_) BeginDrain("on_error: fail");
+    // Nobody to drain for: with no trainer attached, the published batches wait for no one.
+    // They are not lost: a trainer resuming from its cursor gets them again (the stream is a
+    // function of the config and the data). So the stop completes now, exit 0.
+    if (draining_ && !drain_timed_out_ && !drained_unattended_ && pipeline_->status().ok()) {
+      // Waiting is for attached trainers only: one that still has batches to take, or may get
+      // more while the stages finish.
+      bool waiting = false;
+      for (int t = 0; t < static_cast<int>(holders_.size()); ++t)
+        waiting = waiting ||
+                  (holders_[t].pid != 0 && (!pipeline_->Finished() ||
+                                            holders_[t].sink->ring().Unfinished(MemberOf(t)) > 0));
+      if (!waiting) {
+        spdlog::info(
+            "no attached trainer has batches left to take: stopping now rather than waiting "
+            "for one");
+        drained_unattended_ = true;
+        for (auto& s : sinks_) s->Abort();
+        pipeline_->RequestStop();
+      }
+    }
+    if (drained_unattended_ && pipeline_->Finished()) {
+      io_.stop();
+      return;
+    }
     const auto now = std::chrono::steady_clock::now();
     if (draining_ && now > drain_deadline_) {
       if (!drain_timed_out_) {  // once: the rest of the wait is bounded below
@@ -557,7 +581,8 @@ Status CheckSampleFiles(const PipelineConfig& cfg, const PathCheck& c) {
     return Status::Invalid(fmt::format(
         "{}: {} of the {} sample files checked ({}) lie outside the data roots ({}), e.g. {}: "
         "the daemon opens only files inside them and would skip every such sample. Add this "
-        "line to {} (README, \"data_roots\"):\n  data_roots: [{}]\nor `data_roots: any` to let "
+        "line to {} (docs/guide/data.md, \"data_roots\"):\n  data_roots: [{}]\nor `data_roots: "
+        "any` to let "
         "samples name any file the daemon's user can read",
         where, c.outside.count, c.files, how, fmt::join(in_force, ", "), c.outside.example,
         cfg.file, fmt::join(wanted, ", ")));
@@ -580,6 +605,47 @@ Status CheckSampleFiles(const PipelineConfig& cfg, const PathCheck& c) {
       "{}; those samples will be skipped{}", text,
       cfg.mixed() ? ", their rows refilled from their source or, failing that, the mix" : "");
   return Status::Ok();
+}
+
+// What the pipeline will do, defaults included, for `--check` (issue #60: a user could not see
+// the epochs, order, workers or ring sizes in force without reading the source).
+std::string SettingsInForce(const PipelineConfig& cfg, const Pipeline& p, const RingPlan& plan) {
+  const SourceConfig& s = cfg.source;
+  std::string out = "in force:\n";
+  out += fmt::format(
+      "  order: {} (seed {}), {} ({}){}\n",
+      s.shuffle ? "shuffled every epoch" : "the data's own order, the same every epoch", s.seed,
+      s.epochs ? fmt::format("{} epoch(s)", s.epochs) : std::string("epochs: 0, until stopped"),
+      s.shuffle ? "shuffle: true" : "shuffle: false: add `shuffle: true` to `source:` to shuffle",
+      cfg.mixed() ? "; a mixture's `mix:` shuffles unless `shuffle: false`" : "");
+  if (s.num_nodes > 1 || s.node_auto)
+    out += fmt::format("  nodes: node {} of {}{}\n", s.node_rank, s.num_nodes,
+                       s.node_auto ? " (auto: from the first trainer's job)" : "");
+  std::string stages;
+  for (const StageConfig& sc : cfg.stages) {
+    if (&sc == &cfg.stages[cfg.batch_stage]) continue;
+    stages += fmt::format(
+        "{}{} {}", stages.empty() ? "" : ", ", sc.name,
+        sc.workers_auto ? std::string("workers: auto") : fmt::format("{} worker(s)", sc.workers));
+    if (sc.cache_max_bytes)
+      stages += fmt::format(" (cache {:.1f} MiB)", sc.cache_max_bytes / 1048576.0);
+  }
+  out += fmt::format("  stages: {}{}\n", stages,
+                     cfg.cpu_budget ? fmt::format("; cpu_budget {}", cfg.cpu_budget) : "");
+  out += fmt::format(
+      "  batches: {} sample(s){}{}, drop_last {}, {} per rank per epoch; on_error {}; "
+      "sample_timeout_s {}\n",
+      cfg.batch_size, cfg.budgeted() ? " at most (token budget)" : "",
+      cfg.packed_stage >= 0 ? " (packed rows)" : "", cfg.drop_last ? "true" : "false",
+      p.batches_per_epoch(), cfg.on_error == ErrorPolicy::kSkip ? "skip" : "fail",
+      cfg.sample_timeout_s);
+  out += fmt::format("  rings: {} ring(s) x {} slots of {:.1f} MiB = {:.1f} MiB\n", cfg.consumers,
+                     cfg.ring_slots,
+                     cfg.consumers && cfg.ring_slots
+                         ? plan.total_bytes / 1048576.0 / cfg.consumers / cfg.ring_slots
+                         : 0.0,
+                     plan.total_bytes / 1048576.0);
+  return out;
 }
 
 Result<std::string> CheckPipeline(const PipelineConfig& cfg) {
@@ -605,7 +671,8 @@ Result<std::string> CheckPipeline(const PipelineConfig& cfg) {
       p->batches_per_epoch(),
       p->budgeted() ? "in epoch 0 (token budget: the count varies by epoch)" : "per epoch",
       plan.total_bytes / 1073741824.0, files.files,
-      cfg.mixed() ? "\nthe mixture, per epoch:\n" + p->MixPlan() : "");
+      "\n" + SettingsInForce(cfg, *p, plan) +
+          (cfg.mixed() ? "the mixture, per epoch:\n" + p->MixPlan() : ""));
 }
 
 Result<PipelineConfig> LoadDaemonConfig(const std::string& file, const SupervisorOptions& options) {

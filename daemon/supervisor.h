@@ -3,7 +3,7 @@
 // trainers (pidfds) and the rings (cut-off readers), persists the acknowledged cursors
 // (--state-dir), reloads the config (SIGHUP, reload), drains on SIGTERM/SIGINT/stop and reports.
 // Everything runs on the calling thread's Asio io_context, except the pipeline's own threads
-// (docs/threads.md).
+// (docs/design/threads.md).
 #pragma once
 
 #include <string>

@@ -405,6 +405,9 @@ class Supervisor {
   std::chrono::steady_clock::time_point state_warned_at_;
   uint64_t ring_bytes_ = 0;
   bool draining_ = false;
+  // The drain ended early: no attached trainer had batches left to take (a stop with nobody
+  // to wait for returns at once, exit 0).
+  bool drained_unattended_ = false;
   bool drain_timed_out_ = false;
   // Per rank, true while its trainer has not attached since the daemon continued from saved
   // cursors: the trainer may be past them (the state is written once a tick, a kill loses the

@@ -424,13 +424,28 @@ int Supervisor::Report() {
     std::fprintf(stderr, "mmfeedd: stopped on error: %s\n", st.message().c_str());
     return pipeline_->stopped_on_unusable_data() ? kExitConfig : 1;
   }
+  if (drained_unattended_ && !drain_timed_out_) {
+    if (unreleased > 0)
+      std::fprintf(stderr,
+                   "mmfeedd: stopped: %lu published batch(es) were left in the rings of ranks "
+                   "with no trainer attached; they are not lost: %s\n",
+                   static_cast<unsigned long>(unreleased),
+                   opt_.state_dir.empty()
+                       ? "a trainer resuming from its cursor (state_dict, --cursor) gets them "
+                         "again from the next daemon"
+                       : "the next start continues from the saved cursors and makes them again");
+    return 0;
+  }
   if (drain_timed_out_ && unreleased > 0) {
     std::fprintf(
         stderr,
-        "mmfeedd: the drain timed out: %lu published batch(es) were never taken by a trainer%s\n",
+        "mmfeedd: the drain timed out: %lu published batch(es) were never taken by the "
+        "attached trainer(s) within --drain-timeout and are dropped: %s\n",
         static_cast<unsigned long>(unreleased),
-        opt_.state_dir.empty() ? " and are lost"
-                               : " (the next start regenerates them from the saved cursors)");
+        opt_.state_dir.empty()
+            ? "a trainer resuming from its cursor (state_dict, --cursor) gets them again from "
+              "the next daemon; without a cursor, its rank starts over and they are lost"
+            : "the next start regenerates them from the saved cursors");
     return kExitLost;
   }
   if (drain_timed_out_) {

@@ -1,6 +1,6 @@
 // Supervisor: reloads. A config is checked and its pipeline built on a thread of its own,
 // then takes over at once or at an epoch boundary; ranks move to new rings. See
-// daemon/supervisor_internal.h and docs/threads.md.
+// daemon/supervisor_internal.h and docs/design/threads.md.
 #include "base/malloc_tuning.h"
 #include "daemon/supervisor_internal.h"
 
@@ -143,6 +143,23 @@ Result<nlohmann::json> Supervisor::ApplyReload(PreparedReload& p) {
   // After a restart from saved cursors a trainer may be past them: the boundary is the
   // furthest rank's once every trainer has said where it is.
   const std::string unseen = at_epoch || at_batch ? UnseenRanks() : std::string();
+  // When an epoch boundary is waited for: why, and the changes that would have applied at once
+  // but wait for it too (the whole pipeline is swapped there).
+  const std::string epoch_why =
+      !at_epoch  ? ""
+      : renumber ? "the batches per epoch or the ranks change"
+                 : "the order of the samples changes (seed, shuffle, weights or the data)";
+  std::string others;
+  for (const char* key : {"stages_changed", "workers", "stages_added", "stages_removed"})
+    if (at_epoch && p.changes.json.contains(key) && !p.changes.json[key].empty())
+      others = " the other changes (stages, workers) wait for that boundary too";
+  // The furthest rank's next epoch: the boundary is there or, if ranks move on before the
+  // stages stop, later.
+  uint64_t boundary = 0;
+  for (int r = 0; r < cfg_.consumers; ++r) {
+    const StreamCursor c = pipeline_->CursorAt(pipeline_->NextCommit(r));
+    boundary = std::max<uint64_t>(boundary, c.epoch + (c.batch ? 1 : 0));
+  }
   nlohmann::json reply = {
       {"config", p.cfg.file},
       {"changes", p.changes.json},
@@ -161,11 +178,22 @@ Result<nlohmann::json> Supervisor::ApplyReload(PreparedReload& p) {
                                       : fmt::format(", chosen once the trainers of rank(s) {} "
                                                     "are back after the restart",
                                                     unseen))},
-      {"rings", !grow       ? "unchanged"
-                : new_ranks ? fmt::format("re-made for {} consumer rank(s); trainers attach to "
-                                          "them by themselves",
-                                          p.cfg.trainers())
-                            : "re-made larger; trainers attach to them by themselves"}};
+      // When the trainers see it, in words (the plain-text reply prints it).
+      {"when", at_epoch ? fmt::format("from batch 0 of epoch {}{}, for every rank at once, "
+                                      "because {};{}",
+                                      boundary, unseen.empty() ? "" : " or later", epoch_why,
+                                      others.empty() ? " nothing else changes" : others)
+                        : std::string()},
+      {"rings", !grow ? "unchanged"
+                : new_ranks
+                    ? fmt::format("re-made for {} consumer rank(s); trainers attach to them by "
+                                  "themselves",
+                                  p.cfg.trainers())
+                    : fmt::format("re-made {}; trainers attach to them by themselves",
+                                  p.plan.total_bytes >= ring_bytes_ ? "larger" : "smaller")},
+      {"ring_bytes",
+       {{"before", ring_bytes_}, {"after", grow ? p.plan.total_bytes : ring_bytes_}}}};
+  if (at_epoch) reply["boundary"] = {{"epoch", boundary}, {"why", epoch_why}};
   pending_ = std::make_unique<PendingReload>(PendingReload{std::move(next), std::move(p.cfg),
                                                            std::move(p.plan), std::move(p.rings),
                                                            at_epoch, at_batch, !unseen.empty()});
@@ -176,7 +204,24 @@ Result<nlohmann::json> Supervisor::ApplyReload(PreparedReload& p) {
   } else {
     pipeline_->Quiesce();
     pipeline_->Wait();
+    // Where the new config starts: each rank's next batch. Its trainer sees it after the
+    // batches its ring already holds.
+    nlohmann::json first = nlohmann::json::array();
+    std::string text;
+    for (int r = 0; r < cfg_.consumers; ++r) {
+      const uint64_t seq = pipeline_->NextCommit(r), ahead = sinks_[r]->ring().Unfinished(0);
+      first.push_back({{"stream", r}, {"seq", seq}, {"ahead_in_ring", ahead}});
+      text += fmt::format(
+          "{}{} {} (after {} in its ring)", r ? ", " : "",
+          cfg_.replicas > 1 ? "stream " + std::to_string(r) : "rank " + std::to_string(r), seq,
+          ahead);
+    }
     CompleteReload();
+    reply["first_batches"] = std::move(first);
+    reply["when"] = fmt::format(
+        "the first batch made with it is seq {}: the trainers see it after the batches their "
+        "rings already hold",
+        text);
   }
   return reply;
 }

@@ -41,7 +41,7 @@ namespace {
 std::string UnusableDataHint(const std::string& reasons) {
   if (reasons.find("outside the data roots") != std::string::npos)
     return ". Files outside the data roots: `mmfeedd --check` on the config names the "
-           "data_roots line to add (README, \"data_roots\")";
+           "data_roots line to add (docs/guide/data.md, \"data_roots\")";
   if (reasons.find("no such file") != std::string::npos)
     return ". Missing files: a manifest's relative paths are read from its folder";
   return "";

@@ -1,5 +1,6 @@
 #include "engine/config.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include <sstream>
 
 #include "base/rng.h"
+#include "engine/config_schema.h"
 #include "source/brace.h"
 
 namespace mmfeed {
@@ -155,7 +157,7 @@ Placement ParsePlacement(const YAML::Node& n, const std::string& what) {
     p.strict = true;
     return p;
   }
-  CheckKeys(n, what, {"numa_node", "strict"});
+  CheckKeys(n, what, SchemaKeys("/properties/placement/oneOf/1/properties"));
   if (n["numa_node"])
     p.numa_node = static_cast<int>(IntAtLeast(n["numa_node"], what + ".numa_node", 0));
   if (n["strict"]) {
@@ -261,25 +263,8 @@ void ParseNodeShare(const YAML::Node& n, const std::string& what, SourceConfig* 
 // `source:`, or one of `sources:` (in_mix: a name and a share; the order's epochs and the
 // node's share are the mix's).
 SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir, bool in_mix = false) {
-  std::vector<std::string> keys = {"type",
-                                   "path",
-                                   "shuffle",
-                                   "seed",
-                                   "fields",
-                                   "max_bytes",
-                                   "index",
-                                   "shuffle_window",
-                                   "prefetch_bytes",
-                                   "fetch_concurrency",
-                                   "fetch_retries",
-                                   "fetch_timeout_s",
-                                   "fetch_stall_s",
-                                   "max_shard_bytes",
-                                   "s3",
-                                   "cache"};
-  for (const char* k : in_mix ? std::vector<const char*>{"name", "weight", "repeat"}
-                              : std::vector<const char*>{"epochs", "node_rank", "num_nodes"})
-    keys.push_back(k);
+  const std::vector<std::string>& keys =
+      SchemaKeys(in_mix ? "/properties/sources/items/properties" : "/properties/source/properties");
   CheckKeys(n, in_mix ? "a source of 'sources' (epochs and the node's share are mix's)" : "source",
             keys);
   SourceConfig s;
@@ -320,7 +305,7 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir, bool 
       Fail(n["fetch_stall_s"], "source.fetch_stall_s must be between 1 and 86400 seconds");
   }
   if (const YAML::Node c = n["cache"]) {
-    CheckKeys(c, "source.cache", {"dir", "max_bytes"});
+    CheckKeys(c, "source.cache", SchemaKeys("/properties/source/properties/cache/properties"));
     if (!c["dir"] || !c["max_bytes"])
       Fail(c, "source.cache needs a 'dir' (a folder on local disk) and 'max_bytes' (like 500G)");
     s.fetch.cache_dir = WritableFolder(c["dir"], "source.cache.dir", base_dir);
@@ -329,7 +314,7 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir, bool 
   if (const YAML::Node s3 = n["s3"]) {
     if (!s3.IsMap())
       Fail(s3, "source.s3 must be a mapping {endpoint, region, credentials_file, profile}");
-    CheckKeys(s3, "source.s3", {"endpoint", "region", "credentials_file", "profile"});
+    CheckKeys(s3, "source.s3", SchemaKeys("/properties/source/properties/s3/properties"));
     if (s.path.rfind("s3://", 0) != 0) Fail(s3, "source.s3 applies to s3:// paths only");
     if (s3["endpoint"]) s.fetch.s3_endpoint = Str(s3["endpoint"], "source.s3.endpoint");
     if (s3["region"]) s.fetch.s3_region = Str(s3["region"], "source.s3.region");
@@ -422,6 +407,16 @@ void ParseStageParams(StageConfig* sc, const YAML::Node& stage_node, const std::
       if (spec == schema.params.end()) {
         std::vector<std::string> names;
         for (const auto& p : schema.params) names.push_back(p.name);
+        // A stage-level key put inside params (a common slip): say where it goes.
+        const std::vector<std::string>& stage_keys =
+            SchemaKeys("/properties/stages/items/properties");
+        if (key != "params" && key != "name" && key != "type" &&
+            std::find(stage_keys.begin(), stage_keys.end(), key) != stage_keys.end())
+          Fail(it->first,
+               fmt::format("'{}' is not a parameter of {}: it is a stage-level key; did you mean "
+                           "to put `{}` beside `params`, not inside it? (e.g. {{name: {}, type: "
+                           "{}, {}: ..., params: {{...}}}})",
+                           key, where, key, sc->name, sc->type, key));
         Fail(it->first, fmt::format("unknown parameter '{}' for {}; known: {}", key, where,
                                     fmt::join(names, ", ")));
       }
@@ -445,9 +440,7 @@ void ParseStageParams(StageConfig* sc, const YAML::Node& stage_node, const std::
 }
 
 StageConfig ParseStage(const YAML::Node& n, const std::string& base_dir) {
-  CheckKeys(
-      n, "a stage",
-      {"name", "type", "field", "inputs", "workers", "queue", "params", "placement", "cache"});
+  CheckKeys(n, "a stage", SchemaKeys("/properties/stages/items/properties"));
   StageConfig sc;
   sc.mark = ToMark(n.Mark());
   if (!n["name"]) Fail(n, "stage needs a 'name'");
@@ -491,7 +484,7 @@ StageConfig ParseStage(const YAML::Node& n, const std::string& base_dir) {
   ParseStageParams(&sc, n, base_dir);
   if (const YAML::Node& c = n["cache"]) {
     if (!c.IsMap()) Fail(c, "cache must be a mapping {max_bytes}, e.g. cache: {max_bytes: 16G}");
-    CheckKeys(c, "cache", {"max_bytes", "disk"});
+    CheckKeys(c, "cache", SchemaKeys("/properties/stages/items/properties/cache/properties"));
     if (sc.schema->kind == StageKind::kBatch)
       Fail(c, "a batch stage keeps no per-sample outputs: put 'cache' on the stages it joins");
     if (sc.stage) {
@@ -505,7 +498,8 @@ StageConfig ParseStage(const YAML::Node& n, const std::string& base_dir) {
     if (const YAML::Node& d = c["disk"]) {
       if (!d.IsMap() || !d["dir"] || !d["max_bytes"])
         Fail(d, "cache.disk needs a 'dir' (a folder on local disk) and 'max_bytes' (like 200G)");
-      CheckKeys(d, "cache.disk", {"dir", "max_bytes"});
+      CheckKeys(d, "cache.disk",
+                SchemaKeys("/properties/stages/items/properties/cache/properties/disk/properties"));
       sc.cache_disk_dir = WritableFolder(d["dir"], "cache.disk.dir", base_dir);
       sc.cache_disk_max_bytes = ByteSize(d["max_bytes"], "cache.disk.max_bytes");
     }
@@ -658,7 +652,7 @@ void ValidateGraph(PipelineConfig* cfg, const YAML::Node& stages) {
 
 // `metrics:` {listen: PORT, HOST:PORT or [IPV6]:PORT}.
 void ParseMetrics(const YAML::Node& m, PipelineConfig* cfg) {
-  CheckKeys(m, "metrics", {"listen"});
+  CheckKeys(m, "metrics", SchemaKeys("/properties/metrics/properties"));
   if (m["listen"]) {
     cfg->metrics_listen = Str(m["listen"], "metrics.listen");
     cfg->metrics_mark = {m["listen"].Mark().line + 1, m["listen"].Mark().column + 1};
@@ -682,7 +676,7 @@ void ParseMetrics(const YAML::Node& m, PipelineConfig* cfg) {
 
 // `faults:` (tests of the profile's diagnosis): the stage, a read delay, a leak per item.
 void ParseFaults(const YAML::Node& f, PipelineConfig* cfg) {
-  CheckKeys(f, "faults", {"stage", "read_delay_ms", "leak_bytes_per_item"});
+  CheckKeys(f, "faults", SchemaKeys("/properties/faults/properties"));
   cfg->faults.mark = ToMark(f.Mark());
   if (!f["stage"]) Fail(f, "faults needs a 'stage': the stage to inject them into");
   cfg->faults.stage = Str(f["stage"], "faults.stage");
@@ -716,8 +710,7 @@ void ParseMixture(const YAML::Node& list, const YAML::Node& mix, PipelineConfig*
   order.type = "mix";
   order.shuffle = true;
   if (mix) {
-    CheckKeys(mix, "mix",
-              {"mode", "seed", "shuffle", "epochs", "samples_per_epoch", "node_rank", "num_nodes"});
+    CheckKeys(mix, "mix", SchemaKeys("/properties/mix/properties"));
     if (mix["mode"]) {
       cfg->mix.mode = Str(mix["mode"], "mix.mode");
       if (cfg->mix.mode != "weighted" && cfg->mix.mode != "epochs")
@@ -789,10 +782,7 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
   cfg.file = file;
   cfg.base_dir = std::filesystem::path(file).parent_path().string();
   if (cfg.base_dir.empty()) cfg.base_dir = ".";
-  CheckKeys(root, "the pipeline config",
-            {"pipeline", "source", "sources", "mix", "consumers", "replicas", "stages", "output",
-             "on_error", "placement", "data_roots", "metrics", "sample_timeout_s", "faults",
-             "cpu_budget", "cache_budget"});
+  CheckKeys(root, "the pipeline config", SchemaKeys("/properties"));
   if (root["pipeline"]) cfg.name = Str(root["pipeline"], "pipeline");
   if (root["source"] && root["sources"])
     Fail(root["sources"], "give either 'source' (one) or 'sources' (a mixture), not both");
@@ -857,7 +847,7 @@ PipelineConfig ParseRoot(const YAML::Node& root, const std::string& file) {
   }
   if (root["output"]) {
     const YAML::Node& o = root["output"];
-    CheckKeys(o, "output", {"ring_slots"});
+    CheckKeys(o, "output", SchemaKeys("/properties/output/properties"));
     if (o["ring_slots"])
       cfg.ring_slots = static_cast<int>(IntAtLeast(o["ring_slots"], "output.ring_slots", 2));
     if (cfg.ring_slots > 496)
@@ -936,13 +926,36 @@ Status CheckFaultsAllowed(const PipelineConfig& cfg, bool allowed) {
 Result<PipelineConfig> LoadConfigFile(const std::string& file) {
   // A config is small: anything else (a folder, a FIFO, /dev/zero, a huge file) is refused
   // before it is read, so that parsing cannot exhaust memory.
+  // A file that cannot be opened is named by its absolute path, with the system's reason and
+  // whether its folder exists: "pipeline.yaml" alone does not say where the daemon looked.
+  std::error_code ec;
+  const std::filesystem::path abs = std::filesystem::absolute(file, ec).lexically_normal();
+  const std::string where = ec ? file : abs.string();
+  if (const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY); fd < 0) {
+    const int e = errno;
+    std::string hint;
+    if (e == ENOENT)
+      hint =
+          std::filesystem::is_directory(abs.parent_path(), ec)
+              ? fmt::format("; the folder {} exists, the file does not", abs.parent_path().string())
+              : fmt::format("; the folder {} does not exist", abs.parent_path().string());
+    else if (e == EACCES)
+      hint = fmt::format("; the daemon runs as uid {}", ::getuid());
+    const std::string msg = fmt::format("cannot open config file {}: {} (errno {}){}", where,
+                                        std::strerror(e), e, hint);
+    return e == ENOENT ? Status::NotFound(msg) : Status::Io(msg);
+  } else {
+    ::close(fd);
+  }
   FieldValue f{FieldValue::Kind::kPath, file};
   std::string text;
   Result<std::string_view> bytes = FieldBytes(f, &text, kMaxConfigBytes);
   if (!bytes.ok()) {
-    if (bytes.status().code() == Status::Code::kNotFound)
-      return Status::NotFound(fmt::format("{}: cannot open config file", file));
-    return Status::Invalid(fmt::format("config: {}", bytes.status().message()));
+    const std::string msg = bytes.status().message();
+    // FieldBytes names the path as given: name the absolute one.
+    return Status::Invalid(
+        fmt::format("config file {}: {}", where,
+                    msg.rfind(file + ": ", 0) == 0 ? msg.substr(file.size() + 2) : msg));
   }
   return ParseConfig(text, file);
 }

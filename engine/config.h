@@ -34,8 +34,8 @@ struct StageConfig {
   int queue = 0;  // mailbox capacity; 0 = default (4 x workers, at least 8)
   Placement placement;
   // `cache: {max_bytes: 16G}`: keep the stage's outputs per sample in memory (SampleCache,
-  // docs/cache.md). `cache: {}` under a top-level cache_budget takes an equal share of what the
-  // stages with their own max_bytes leave. 0: no cache.
+  // docs/design/cache.md). `cache: {}` under a top-level cache_budget takes an equal share of what
+  // the stages with their own max_bytes leave. 0: no cache.
   bool cache = false;
   uint64_t cache_max_bytes = 0;
   // `cache: {disk: {dir, max_bytes}}`: the cache's disk tier (SampleDisk); "" and 0: none.

@@ -1,5 +1,5 @@
 // What a config reload changes, and whether the running daemon can apply it (see the
-// "Reloading the config" section of docs/threads.md).
+// "Reloading the config" section of docs/design/threads.md).
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -860,6 +860,14 @@ std::vector<StageInfo> Pipeline::StageInfos() const {
     infos.push_back({b->cfg->name, b->cfg->type, b->active.load(), b->inbox.capacity(),
                      &b->counters, b->cfg->stage->Metrics(), b->inbox.SizeApprox(), b->threads,
                      b->cfg->workers_auto});
+    const Stage& stage = *b->cfg->stage;
+    infos.back().tuning = {
+        {"cpu_advice", stage.CpuAdvice()},
+        {"cache_entry_bytes", stage.CacheEntryBytes()},
+        {"cacheable", stage.WhyNotCacheable().empty() || !stage.OwnCache().empty()},
+        {"epoch_samples", batches_per_epoch_ * static_cast<uint64_t>(cfg_.batch_size) *
+                              static_cast<uint64_t>(cfg_.consumers)},
+        {"cache_max_bytes", b->cache ? b->cache->stats().max_bytes : 0}};
     if (b->cache) {
       const SampleCache::Stats c = b->cache->stats();
       infos.back().cache = {

@@ -9,7 +9,7 @@
 //
 // A rank's stream is a pure function of (data, seed, epoch, node rank/count, consumers, rank):
 // every epoch has the same number of batches for every rank, whatever fails, and batch
-// (epoch, index) can be regenerated on its own. See docs/threads.md, "Batches and failures".
+// (epoch, index) can be regenerated on its own. See docs/design/threads.md, "Batches and failures".
 //
 // All methods may be called from any one controlling thread (the daemon's supervisor); the
 // pipeline's own threads only touch their stage's state, the mailboxes and relaxed counters.

@@ -96,6 +96,7 @@ StageSample SampleStage(const StageInfo& info) {
   s.threads = info.threads ? info.threads : info.workers;
   s.auto_workers = info.auto_workers;
   s.queue_capacity = info.queue_capacity;
+  s.tuning = info.tuning;
   s.items = c.items.load(std::memory_order_relaxed);
   s.errors = c.errors.load(std::memory_order_relaxed);
   s.busy_ns = c.busy_ns.load(std::memory_order_relaxed);

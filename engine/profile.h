@@ -43,6 +43,7 @@ struct StageSample {
   uint64_t items = 0, errors = 0, busy_ns = 0, cpu_ns = 0, runnable_ns = 0, starved_ns = 0,
            blocked_ns = 0, parked_ns = 0, fill_sum = 0, fill_samples = 0;
   std::array<uint64_t, kLatencyBuckets> latency{};
+  nlohmann::json tuning;  // StageInfo::tuning
 };
 
 struct StageInfo {
@@ -58,6 +59,11 @@ struct StageInfo {
   int threads = 0;
   bool auto_workers = false;
   nlohmann::json cache;  // the stage's `cache:` (SampleCache::Stats), or null
+  // What the profile's advice for a CPU-bound stage reads: {"cpu_advice": Stage::CpuAdvice(),
+  // "cache_entry_bytes": Stage::CacheEntryBytes(), "cacheable", "epoch_samples" (what the node
+  // reads an epoch), "cache_max_bytes" (its cache's, 0 without one)}; null for the source and
+  // batch stages.
+  nlohmann::json tuning;
 };
 
 StageSample SampleStage(const StageInfo& info);

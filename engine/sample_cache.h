@@ -1,6 +1,6 @@
 // SampleCache: one stage's outputs kept in memory per sample (catalog entry), up to a byte
 // budget, so that a later epoch copies them instead of decoding again (a stage's `cache:`,
-// docs/cache.md).
+// docs/design/cache.md).
 //
 // The order is a pure function of (seed, epoch, position), so the cache knows when each sample
 // is read next (Pipeline::NextUse: the inverse of the coming epochs' orders) and evicts by

@@ -1,5 +1,5 @@
 // SampleDisk: the files of a stage cache's disk tier (`cache: {disk: {dir, max_bytes}}`,
-// docs/cache.md). SampleCache decides what is kept; this class only stores and checks.
+// docs/design/cache.md). SampleCache decides what is kept; this class only stores and checks.
 //
 // The tier's folder is `<dir>/mmfeed-samples-<pid>-<n>`, private to one cache (mode 0700) and
 // held by an flock on its `.lock` while the cache lives; the cache removes it when it goes (a

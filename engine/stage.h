@@ -112,6 +112,20 @@ class Stage {
   // For a stage whose outputs change per epoch: what a `cache:` keeps of its work instead (it
   // reads and fills SampleContext::memo), and what its outputs then equal; "" if nothing.
   virtual std::string OwnCache() const { return ""; }
+  // What the profile may advise when this stage limits the job on CPU: its own settings that
+  // would make each item cheaper, each "key: value (why)", only those not in force already.
+  virtual std::vector<std::string> CpuAdvice() const { return {}; }
+  // The bytes a `cache:` keeps per sample of this stage: its outputs when they are cacheable and
+  // of fixed size, what OwnCache keeps when the stage measures it, else 0 (not known).
+  virtual double CacheEntryBytes() const {
+    if (!WhyNotCacheable().empty()) return 0;
+    double bytes = 0;
+    for (const TensorSpec& s : OutputSpecs()) {
+      if (!s.rows_from.empty()) return 0;  // ragged: its size depends on the sample
+      bytes += static_cast<double>(s.NumBytes());
+    }
+    return bytes;
+  }
 };
 
 }  // namespace mmfeed

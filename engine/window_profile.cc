@@ -11,7 +11,7 @@
 namespace mmfeed {
 namespace {
 
-// The diagnosis's thresholds (docs/profile.md).
+// The diagnosis's thresholds (docs/guide/profile.md).
 constexpr double kSaturatedBusy = 0.7;        // a stage this busy limits the pipeline
 constexpr double kWaiting = 0.05;             // trainers waiting less never notice the host
 constexpr double kStallingWait = 0.2;         // trainers waiting this much are starved of data
@@ -144,6 +144,7 @@ nlohmann::json StageReport(const WindowSample& a, const WindowSample& b, double 
         {"thread_cpu_cores", ps.cpu_ns / window_ns},
         {"minor_faults_per_s", ps.minor / window_s},
         {"major_faults_per_s", ps.major / window_s}};
+    if (!s.tuning.is_null()) j["tuning"] = s.tuning;
     stages.push_back(std::move(j));
   }
   return stages;
@@ -312,6 +313,34 @@ nlohmann::json MemoryVerdict(const nlohmann::json& r) {
 }
 
 // The busiest stage limits the job: on CPU, on memory, or waiting on IO (storage).
+// What else makes a CPU-bound stage cheaper, from what the stage says of itself (its tuning):
+// a `cache:` when the epoch's samples fit in the memory it could use (later epochs copy instead
+// of working again), then the stage's own settings not yet in force.
+std::string CpuBoundExtras(const nlohmann::json& stage, const nlohmann::json& host) {
+  if (!stage.contains("tuning")) return "";
+  const nlohmann::json& t = stage["tuning"];
+  std::string out;
+  const double entry = NumberIn(t, "cache_entry_bytes"), samples = NumberIn(t, "epoch_samples");
+  const double have = NumberIn(t, "cache_max_bytes");
+  const double need = std::ceil(entry * samples * 1.05 / (1 << 20));  // MiB, 5% for overhead
+  // Memory the daemon could use for it: half of what the machine has available now (the rest
+  // is the trainers' and the page cache's), on top of what a cache already holds.
+  const double room = NumberIn(host, "mem_available_bytes") / 2 + have;
+  const std::string name = stage["name"].get<std::string>();
+  if (t.value("cacheable", false) && entry > 0 && samples > 0 && need * (1 << 20) > have &&
+      need * (1 << 20) <= room)
+    out += fmt::format(
+        "; {}: {}cache: {{max_bytes: {:.0f}M}} keeps its work for all {:.0f} samples of an "
+        "epoch ({} of the {} available), so epochs after the first copy it instead of "
+        "working again",
+        name, have > 0 ? "a larger " : "", need, samples, Mebibytes(need * (1 << 20)),
+        Mebibytes(NumberIn(host, "mem_available_bytes")));
+  if (t.contains("cpu_advice"))
+    for (const auto& a : t["cpu_advice"])
+      out += fmt::format("; {}: {}", name, a.get<std::string>());
+  return out;
+}
+
 nlohmann::json BusyStageVerdict(const nlohmann::json& r, const nlohmann::json* busiest,
                                 const nlohmann::json* batch, int attached, double wait) {
   const nlohmann::json& host = r["host"];
@@ -362,13 +391,13 @@ nlohmann::json BusyStageVerdict(const nlohmann::json& r, const nlohmann::json* b
     const double idle = host.contains("idle_cores")
                             ? NumberIn(host, "idle_cores")
                             : host["cpus"].get<double>() - NumberIn(host, "cpu_cores_used");
-    std::string advice =
-        idle >= 0.8 ? fmt::format("add {} workers ({:.1f} idle cores)", name, idle)
-                    : fmt::format(
-                          "no idle core (the daemon uses {:.1f} of its {}, other work the "
-                          "rest): give it more cores, or less work per item (smaller outputs, "
-                          "max_pixels, dct_scaling)",
-                          NumberIn(host, "cpu_cores_used"), host["cpus"].get<int>());
+    std::string advice = idle >= 0.8
+                             ? fmt::format("add {} workers ({:.1f} idle cores)", name, idle)
+                             : fmt::format(
+                                   "no idle core (the daemon uses {:.1f} of its {}, other work the "
+                                   "rest): give it more cores, or less work per item",
+                                   NumberIn(host, "cpu_cores_used"), host["cpus"].get<int>());
+    advice += CpuBoundExtras(*busiest, host);
     if (runq >= 0.25)
       advice += fmt::format(
           "; its threads waited for a CPU {} of their busy time: more "
@@ -454,10 +483,10 @@ nlohmann::json Diagnose(const nlohmann::json& r) {
   if (attached && hold_share >= kHolding && (rings_full >= kRingsFull || wait < kWaiting))
     return Verdict(
         nullptr, "consumer",
-        fmt::format("consumer-bound: trainers hold batches {} of the time, the rings were full "
-                    "{} of the window ({:.0f} batches ready and not taken), trainers waited "
-                    "for data {}",
-                    Percent(hold_share), Percent(rings_full), ready, Percent(wait)),
+        fmt::format("consumer-bound: each trainer holds {:.2f} batches on average (1.00: one "
+                    "batch held all the time), the rings were full {} of the window ({:.0f} "
+                    "batches ready and not taken), trainers waited for data {}",
+                    hold_share, Percent(rings_full), ready, Percent(wait)),
         "the host is not the limit: the trainers' step time is; release each batch as soon as "
         "it is copied to the GPU, or add trainers; mmfeed could do with fewer workers");
 
@@ -475,8 +504,8 @@ nlohmann::json Diagnose(const nlohmann::json& r) {
   else if (rings_full >= kRingsFull)
     evidence = fmt::format(
         "the rings were full {} of the window and trainers take batches "
-        "promptly (held {}, waited for data {})",
-        Percent(rings_full), Percent(hold_share), Percent(wait));
+        "promptly ({:.2f} batches held on average, waited for data {})",
+        Percent(rings_full), hold_share, Percent(wait));
   else
     evidence = fmt::format("trainers waited for data {} of the time", Percent(wait));
   if (busiest)

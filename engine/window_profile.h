@@ -3,7 +3,7 @@
 // accounting), taken N seconds apart. The report is their difference, and its diagnosis names
 // what limits the job, of which kind (cpu, io, memory, consumer, or none), with the numbers
 // that show it and what to do. Everything is measured; the diagnosis never knows about faults
-// injected for tests (docs/profile.md lists the rules).
+// injected for tests (docs/guide/profile.md lists the rules).
 #pragma once
 
 #include <array>

@@ -22,7 +22,7 @@ if [ "${MMFEED_DEMO_SETUP:-1}" != 0 ]; then
   SETUP=$!
 fi
 # A new tree builds with clang++: the demo's targets take a quarter less CPU time than with g++
-# (README, "What the demo shows"). The tests build with g++; CI runs this demo too, built with
+# (docs/benchmarks/demo.md). The tests build with g++; CI runs this demo too, built with
 # clang++ (scripts/test.sh).
 if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then export CXX=${CXX:-clang++}; fi
 # Only what the demo runs: not the unit tests, benchmarks or tools (bash scripts/test.sh builds all).

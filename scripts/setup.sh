@@ -50,6 +50,7 @@ TEST_PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev clang-format libclang-rt-14-dev
   python3-av python3-yaml python3-jsonschema
   python3-venv python3-pip python3-setuptools python3-wheel lintian dpkg-dev
+  mkdocs mkdocs-material chromium python3-websocket  # the docs site: built --strict, opened in Chromium
 )
 demo=0
 build_only=0

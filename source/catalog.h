@@ -181,8 +181,8 @@ uint64_t HashMixSwitch(const MixSwitch& s, uint64_t h);
 //   shards in a seeded order (ShardWindows) and permutes the samples within each run of W
 //   shards; node k takes the k-th of num_nodes contiguous parts of that sequence, so a node
 //   reads each shard of its part whole (shards at the parts' edges are read by two nodes) and
-//   holds W shards at a time. docs/remote.md compares it with a full permutation. The epoch's
-//   global order interleaves the nodes' parts (its lanes): position g is part g % lanes'
+//   holds W shards at a time. docs/design/remote.md compares it with a full permutation. The
+//   epoch's global order interleaves the nodes' parts (its lanes): position g is part g % lanes'
 //   position g / lanes. From a `base`, the rest of that order in the lanes of the shape it was
 //   taken at is dealt round-robin over this shape's nodes (a node then reads from every part
 //   its positions fall in).

@@ -9,7 +9,7 @@
 // With good round functions, four or more rounds make the network indistinguishable from a
 // random permutation for an observer of few positions (Luby-Rackoff); six leave a margin. It is
 // not a uniform draw among all n! orders (the key is 64 bits), which no training order needs.
-// docs/shuffle.md gives the measured quality.
+// docs/design/shuffle.md gives the measured quality.
 #pragma once
 
 #include <array>

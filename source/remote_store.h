@@ -3,8 +3,8 @@
 //
 // Shards are fetched whole into anonymous memory files (memfd) by `concurrency` fetch threads,
 // in the order the pipeline's source asks for them (SetWanted: the shards of the windows its
-// ranks read now and next, docs/remote.md). At most `prefetch_bytes` of shards are held or in
-// flight; shards no longer wanted are dropped, least recently read first, when a wanted one
+// ranks read now and next, docs/design/remote.md). At most `prefetch_bytes` of shards are held or
+// in flight; shards no longer wanted are dropped, least recently read first, when a wanted one
 // needs their room (readers keep their own descriptor of a dropped shard). A sample read
 // (OpenRange) is served from its shard's memory, waits for the shard if it is being fetched or
 // is wanted, and otherwise reads just the member with a range request (a refill drawn from an

@@ -1,6 +1,6 @@
 // ShardCache: whole remote shards kept in a local folder (`source.cache: {dir, max_bytes}`,
-// docs/remote.md "Disk cache"), so that a shard fetched once is read from disk in later epochs
-// and after restarts, by every daemon of the node that reads the same store.
+// docs/design/remote.md "Disk cache"), so that a shard fetched once is read from disk in later
+// epochs and after restarts, by every daemon of the node that reads the same store.
 //
 // A cached shard is one file, `<dir>/<16 hex digits of a hash of its URL>.shard`: the shard's
 // bytes, a checksum (HashBytes, as the stage cache's disk tier) of each kBlock bytes, then a

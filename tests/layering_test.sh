@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks the include layering of docs/architecture.md ("Layers") and what the binaries link.
+# Checks the include layering of docs/design/architecture.md ("Layers") and what the binaries link.
 # The order is one way: base <- shm <- source <- engine <- stages <- daemon; client/ uses shm/
 # and base/ only. A folder may include its own files and those of the folders before it.
 # usage: layering_test.sh SOURCE_DIR BIN_DIR

@@ -4,6 +4,7 @@
 // worker count.
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <opencv2/core.hpp>
@@ -110,9 +111,15 @@ void MapAxes(int width, int height, const ImageParams& p, Rng& rng, AxisMap* x, 
   *y = BoxAxis(box->y, box->height, p.out_h);
 }
 
+// What the workers decoded at full size for a `cache:` (OwnCache): the profile's estimate of a
+// cache entry's bytes.
+struct DecodeTally {
+  std::atomic<uint64_t> images{0}, bytes{0};
+};
+
 class ImageWorker : public StageWorker {
  public:
-  explicit ImageWorker(const ImageParams& p) : p_(p) {}
+  ImageWorker(const ImageParams& p, DecodeTally* tally) : p_(p), tally_(tally) {}
 
   Status Process(const SampleContext& ctx, const FieldValue& in, const OutputRow& out) override {
     int w = 0, h = 0;
@@ -123,6 +130,8 @@ class ImageWorker : public StageWorker {
       MMFEED_ASSIGN_OR_RETURN(std::string_view bytes, FieldBytes(in, &file_));
       MMFEED_RETURN_IF_ERROR(decoder_.Open(bytes, p_.max_pixels, "max_pixels", &w, &h));
     }
+    tally_->images.fetch_add(1, std::memory_order_relaxed);
+    tally_->bytes.fetch_add(8 + static_cast<uint64_t>(w) * h * 3, std::memory_order_relaxed);
     Rng rng(ctx.seed, ctx.epoch, ctx.id, p_.name);
     AxisMap x, y;
     cv::Rect box;
@@ -181,6 +190,7 @@ class ImageWorker : public StageWorker {
   }
 
   const ImageParams& p_;
+  DecodeTally* tally_;
   ImageDecoder decoder_;
   Resampler resampler_;
   std::string file_;
@@ -191,7 +201,7 @@ class ImageStage : public Stage {
   explicit ImageStage(ImageParams p) : p_(std::move(p)) {}
   std::vector<TensorSpec> OutputSpecs() const override { return ImageWorker::OutputSpecs(p_); }
   std::unique_ptr<StageWorker> NewWorker() const override {
-    return std::make_unique<ImageWorker>(p_);
+    return std::make_unique<ImageWorker>(p_, &tally_);
   }
   std::string WhyNotCacheable() const override {
     const std::string decoded =
@@ -206,9 +216,29 @@ class ImageStage : public Stage {
     return "each image decoded at full size (width x height x 3 bytes), then cropped, resized and "
            "flipped per epoch: outputs equal dct_scaling: off";
   }
+  std::vector<std::string> CpuAdvice() const override {
+    std::vector<std::string> out;
+    if (p_.dtype != DType::kUInt8)
+      out.push_back(fmt::format(
+          "dtype: uint8 with the normalization on the GPU (mmfeed.torch.normalize, or the CUDA "
+          "feeder's kernel): {} of {}'s bytes to write and copy, and no float math here",
+          p_.dtype == DType::kFloat32 ? "a quarter" : "half", DTypeName(p_.dtype)));
+    if (!p_.dct_scaling)
+      out.push_back(
+          "dct_scaling: on (JPEGs decoded at 1/2, 1/4 or 1/8 size when the output is that much "
+          "smaller; pixels differ slightly from a full decode)");
+    return out;
+  }
+  double CacheEntryBytes() const override {
+    if (WhyNotCacheable().empty()) return Stage::CacheEntryBytes();
+    if (OwnCache().empty()) return 0;
+    const uint64_t n = tally_.images.load(std::memory_order_relaxed);
+    return n ? static_cast<double>(tally_.bytes.load(std::memory_order_relaxed)) / n : 0;
+  }
 
  private:
   ImageParams p_;
+  mutable DecodeTally tally_;
 };
 
 Result<std::unique_ptr<Stage>> MakeImageStage(const StageArgs& a) {

@@ -1,6 +1,6 @@
 // VideoSampler's work: one Sample(), Probe() or SampleFrames() call is a Run, which opens the
 // input, reads its timeline, plans the frames, then seeks and decodes as little as it can
-// (docs/video.md). The sampler's stats, keyframe cache and output specs: video_sampler.cc.
+// (docs/design/video.md). The sampler's stats, keyframe cache and output specs: video_sampler.cc.
 #include <fmt/format.h>
 
 #include <algorithm>

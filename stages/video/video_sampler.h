@@ -6,7 +6,7 @@
 // the stream's end is padding (mask 0). A reference that decodes every frame and applies this
 // rule picks the same frames (tests/integration/video_reference_test.py checks it with PyAV).
 //
-// How it stays cheap (see docs/video.md):
+// How it stays cheap (see docs/design/video.md):
 // - seeks to the keyframe before a target when that skips frames, and otherwise decodes
 //   forward; keyframe positions come from the container's index, kept per file in a bounded
 //   LRU shared by a stage's workers (containers without an index are scanned once);
@@ -48,7 +48,7 @@ enum class VideoResize { kStretch, kCover };
 // Where the resize works: rgb24 (swscale resizes and converts to RGB24 in one call: the bytes
 // PyAV's reformat(width, height, 'rgb24') gives) or yuv (swscale resizes the decoder's planes at
 // their own chroma subsampling, then converts the frame at the output size: about 3x less work,
-// chroma interpolated at the planes' resolution; docs/video.md says how far from rgb24).
+// chroma interpolated at the planes' resolution; docs/design/video.md says how far from rgb24).
 enum class VideoScaleIn { kRgb24, kYuv };
 
 struct VideoOptions {

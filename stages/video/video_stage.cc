@@ -190,7 +190,7 @@ MMFEED_REGISTER_STAGE((StageSchema{
          std::string("rgb24"),
          "rgb24: resize and convert to RGB24 in one swscale call (PyAV's reformat bytes) | yuv: "
          "resize the decoder's YUV planes, then convert at the output size (about 3x cheaper; "
-         "chroma differs slightly at colour edges, docs/video.md)",
+         "chroma differs slightly at colour edges, docs/design/video.md)",
          {"rgb24", "yuv"}},
         {"threads", ParamType::kInt, int64_t{1},
          "decoder threads per worker (workers are the main parallelism)"},

@@ -77,7 +77,21 @@ TEST_F(ConfigTest, OnlyASmallRegularFileIsReadAsAConfig) {
   testing::WriteFile(dir / "big.yaml", big);
   EXPECT_NE(error(dir / "big.yaml").find("more than max_bytes 1048576"), std::string::npos)
       << error(dir / "big.yaml");
-  EXPECT_NE(error(dir / "none.yaml").find("none.yaml: cannot open config file"), std::string::npos);
+  // Issue #60: the absolute path, the system's reason with its errno, and where it looked.
+  EXPECT_EQ(error(dir / "none.yaml"), "cannot open config file " + (dir / "none.yaml") +
+                                          ": No such file or directory (errno 2); the folder " +
+                                          dir.path() + " exists, the file does not");
+  EXPECT_NE(error(dir / "no/none.yaml").find("; the folder " + (dir / "no") + " does not exist"),
+            std::string::npos)
+      << error(dir / "no/none.yaml");
+  // A relative path is named absolute.
+  const std::string cwd = std::filesystem::current_path().string();
+  std::filesystem::current_path(dir.path());
+  const std::string relative = error("none.yaml");
+  std::filesystem::current_path(cwd);
+  EXPECT_NE(relative.find("cannot open config file " + (dir / "none.yaml") + ":"),
+            std::string::npos)
+      << relative;
 }
 
 TEST_F(ConfigTest, PlacementStrictAndDataRoots) {
@@ -144,6 +158,125 @@ TEST_F(ConfigTest, UnknownParameterIsRejected) {
   EXPECT_NE(e.find("p.yaml:6:60: unknown parameter 'flop' for stage 'image' (image)"),
             std::string::npos)
       << e;
+}
+
+// Issue #60: `workers` placed inside params got no hint.
+TEST_F(ConfigTest, AStageLevelKeyInsideParamsSaysWhereItGoes) {
+  std::string e = Error(Replace(kCanonical, "flip: 0.5", "workers: 4"));
+  EXPECT_NE(e.find("p.yaml:6:60: 'workers' is not a parameter of stage 'image' (image): it is a "
+                   "stage-level key; did you mean to put `workers` beside `params`, not inside "
+                   "it?"),
+            std::string::npos)
+      << e;
+  e = Error(Replace(kCanonical, "flip: 0.5", "cache: {max_bytes: 1G}"));
+  EXPECT_NE(e.find("did you mean to put `cache` beside `params`"), std::string::npos) << e;
+}
+
+// Issue #60: the schema is the config's one description. A config with every default the
+// schema states spelled out parses to the same settings as one without them, so a default
+// written in the schema is the parser's.
+nlohmann::json SettingsOf(const PipelineConfig& c) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (const StageConfig& s : c.stages) stages.push_back({s.workers, s.queue, s.cache_max_bytes});
+  const SourceConfig& s = c.source;
+  return {{"source",
+           {s.shuffle, s.seed, s.epochs, s.max_bytes, s.index, s.shuffle_window,
+            s.fetch.concurrency, s.fetch.prefetch_bytes, s.fetch.retries, s.fetch.timeout_s,
+            s.fetch.stall_s, s.fetch.max_shard_bytes}},
+          {"top",
+           {c.consumers, c.replicas, c.ring_slots, static_cast<int>(c.on_error), c.sample_timeout_s,
+            c.placement.strict}},
+          {"mix", c.mix.mode},
+          {"stages", stages}};
+}
+
+TEST_F(ConfigTest, TheSchemasDefaultsAreTheParsersDefaults) {
+  const nlohmann::json schema = ConfigSchema();
+  auto d = [&](const std::string& pointer) {
+    return schema.at(nlohmann::json::json_pointer(pointer + "/default")).dump();
+  };
+  const std::string stages =
+      "stages:\n"
+      "  - {name: image, type: image, field: image%W, params: {size: [8, 8]}}\n"
+      "  - {name: text, type: text, field: text, params: {tokenizer: bytes, max_len: 4}}\n"
+      "  - {name: batch, type: batch, inputs: [image, text], params: {batch_size: 1}}\n";
+  auto with_workers = [&](const std::string& w) {
+    std::string s = stages;
+    s.replace(s.find("%W"), 2, w);
+    return s;
+  };
+  const std::string src = "/properties/source/properties/";
+  auto parse = [&](const std::string& yaml) {
+    Result<PipelineConfig> r = ParseConfig(yaml, dir_ / "p.yaml");
+    EXPECT_TRUE(r.ok()) << r.status().message() << "\n" << yaml;
+    return r.ok() ? SettingsOf(*r) : nlohmann::json();
+  };
+  // One local source; the top level's keys.
+  const std::string bare = "source: {type: manifest, path: manifest.jsonl}\n" + with_workers("");
+  const std::string spelt =
+      "source: {type: manifest, path: manifest.jsonl, shuffle: " + d(src + "shuffle") +
+      ", seed: " + d(src + "seed") + ", epochs: " + d(src + "epochs") +
+      ", max_bytes: " + d(src + "max_bytes") + ", index: " + d(src + "index") + "}\n" +
+      with_workers(", workers: " + d("/properties/stages/items/properties/workers")) +
+      "consumers: " + d("/properties/consumers") + "\nreplicas: " + d("/properties/replicas") +
+      "\noutput: {ring_slots: " + d("/properties/output/properties/ring_slots") +
+      "}\non_error: " + d("/properties/on_error") +
+      "\nsample_timeout_s: " + d("/properties/sample_timeout_s") +
+      "\nplacement: {strict: " + d("/properties/placement/oneOf/1/properties/strict") + "}\n";
+  EXPECT_EQ(parse(bare), parse(spelt)) << spelt;
+  // Shards in object storage: the fetch keys.
+  const std::string url = "source: {type: webdataset, path: \"http://127.0.0.1:9/s.tar\"";
+  const std::string remote = url + ", prefetch_bytes: " + d(src + "prefetch_bytes") +
+                             ", fetch_concurrency: " + d(src + "fetch_concurrency") +
+                             ", fetch_retries: " + d(src + "fetch_retries") +
+                             ", fetch_timeout_s: " + d(src + "fetch_timeout_s") +
+                             ", fetch_stall_s: " + d(src + "fetch_stall_s") +
+                             ", max_shard_bytes: " + d(src + "max_shard_bytes") + "}\n" +
+                             with_workers("");
+  EXPECT_EQ(parse(url + "}\n" + with_workers("")), parse(remote)) << remote;
+  // A mixture: mix's keys.
+  WriteFile(dir_ / "b.jsonl", "{\"id\":\"b\",\"image\":\"y.jpg\",\"text\":\"u\"}\n");
+  const std::string sources =
+      "sources:\n  - {name: a, type: manifest, path: manifest.jsonl, weight: 1}\n"
+      "  - {name: b, type: manifest, path: b.jsonl, weight: 1}\n";
+  const std::string mix = "/properties/mix/properties/";
+  const std::string mixed = sources + "mix: {mode: " + d(mix + "mode") +
+                            ", seed: " + d(mix + "seed") + ", shuffle: " + d(mix + "shuffle") +
+                            ", epochs: " + d(mix + "epochs") + "}\n" + with_workers("");
+  EXPECT_EQ(parse(sources + with_workers("")), parse(mixed)) << mixed;
+}
+
+// Every key the schema knows has a description, and every optional scalar states its default
+// (a value, or in words: "x-default"), so the generated reference leaves no key unexplained.
+TEST_F(ConfigTest, EveryKeyInTheSchemaIsDescribedWithItsDefault) {
+  std::vector<std::string> missing;
+  std::function<void(const nlohmann::json&, const std::string&, const nlohmann::json&)> walk =
+      [&](const nlohmann::json& props, const std::string& at, const nlohmann::json& required) {
+        for (const auto& [name, s] : props.items()) {
+          const std::string path = at + name;
+          const bool is_required =
+              std::find(required.begin(), required.end(), name) != required.end();
+          if (!s.contains("description")) missing.push_back(path + ": no description");
+          const bool object =
+              s.value("type", "") == "object" ||
+              s.contains("oneOf") && s["oneOf"].dump().find("properties") != std::string::npos;
+          const bool list = s.value("type", "") == "array";
+          if (!is_required && !object && !list && !s.contains("default") &&
+              !s.contains("x-default") && name != "pipeline" && name != "data_roots" &&
+              name != "cache_budget" && name != "samples_per_epoch" && name != "weight" &&
+              name != "fields" && name != "max_bytes" && name != "listen" && name != "dir" &&
+              name != "read_delay_ms" && name != "leak_bytes_per_item" && name != "numa_node" &&
+              name != "name" && name != "field")
+            missing.push_back(path + ": no default");
+          if (s.contains("properties"))
+            walk(s["properties"], path + ".", s.value("required", nlohmann::json::array()));
+        }
+      };
+  const nlohmann::json schema = ConfigSchema();
+  walk(schema["properties"], "", schema["required"]);
+  walk(schema["properties"]["stages"]["items"]["properties"], "stages[].",
+       schema["properties"]["stages"]["items"]["required"]);
+  EXPECT_TRUE(missing.empty()) << ::testing::PrintToString(missing);
 }
 
 TEST_F(ConfigTest, UnknownTopLevelKeyIsRejected) {

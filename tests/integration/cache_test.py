@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Processed-sample caches (a stage's `cache:`, docs/cache.md): the real mmfeedd keeping stage
+"""Processed-sample caches (a stage's `cache:`, docs/design/cache.md): the real mmfeedd keeping stage
 outputs across epochs, against uncached runs of the same config on the same files.
 
 usage: cache_test.py --bin BUILD/bin

@@ -247,6 +247,18 @@ class DaemonTest(DaemonCase):
         (self.dir / "good.yaml").write_text(self.config())
         p = subprocess.run([f"{BIN}/mmfeedd", "--check", str(self.dir / "good.yaml")], capture_output=True, text=True)
         self.assertEqual(p.returncode, 0, p.stderr)
+        # The settings in force, defaults included, each on its own ended line (issue #60).
+        self.assertTrue(p.stdout.endswith("\n") and not p.stdout.endswith("\n\n"), repr(p.stdout))
+        self.assertIn("\nin force:\n  order: shuffled every epoch (seed 1), 1 epoch(s) (shuffle: true)\n", p.stdout)
+        self.assertIn("\n  stages: image 2 worker(s), text 1 worker(s)\n", p.stdout)
+        self.assertRegex(p.stdout, r"\n  batches: 16 sample\(s\), drop_last false, \d+ per rank per epoch; on_error skip; "
+                                   r"sample_timeout_s 60\n")
+        self.assertRegex(p.stdout, r"\n  rings: 2 ring\(s\) x 4 slots of [\d.]+ MiB = [\d.]+ MiB\n")
+        (self.dir / "plain.yaml").write_text(self.config().replace("shuffle: true, seed: 1, ", ""))
+        p = subprocess.run([f"{BIN}/mmfeedd", "--check", str(self.dir / "plain.yaml")], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("order: the data's own order, the same every epoch (seed 0), 1 epoch(s) (shuffle: false: "
+                      "add `shuffle: true` to `source:` to shuffle)", p.stdout)
         p = subprocess.run([f"{BIN}/mmfeedd", "--list-stages"], capture_output=True, text=True)
         self.assertEqual(p.returncode, 0)
         for word in ("image", "text", "batch", "random_resized_crop", "max_len", "batch_size"):
@@ -305,14 +317,32 @@ class DaemonTest(DaemonCase):
         got = [i for meta, _ in dumped_batches(self.dir / "w") for i in meta["ids"]]
         self.assertEqual(sorted(got), ids)
         self.assertEqual(d.wait(), 0, d.log())
-        d = Daemon(self.dir, self.config(epochs=0, consumers=1), extra=("--drain-timeout", "1"))
+        # No trainer attached: nobody to drain for, so stop returns at once, exit 0, and the
+        # log says the published batches are not lost (a drain of 30 s was waited out, exit 3,
+        # "are lost", before issue #60).
+        d = Daemon(self.dir, self.config(epochs=0, consumers=1), extra=("--drain-timeout", "30"))
+        time.sleep(1)  # batches published into the ring
+        started = time.monotonic()
         p = d.ctl("stop")
         self.assertEqual(p.returncode, 0, p.stderr)
-        # Nobody consumes: the drain gives up after its timeout, says how many batches were
-        # lost, and exits 3.
+        self.assertEqual(d.wait(60), 0, d.log())
+        self.assertLess(time.monotonic() - started, 15, "the stop waited for a trainer that was not there")
+        self.assertRegex(d.log(), r"stopped: \d+ published batch\(es\) were left in the rings of ranks with no "
+                                  r"trainer attached; they are not lost: a trainer resuming from its cursor")
+        self.assertNotIn("are lost", d.log())
+        # A trainer attached that takes nothing more (it holds its batch): the drain waits for it,
+        # gives up after its timeout, says what the dropped batches mean, and exits 3.
+        d = Daemon(self.dir, self.config(epochs=0, consumers=1), extra=("--drain-timeout", "1"))
+        c = d.consume(0, "--hold-ms", "60000")
+        time.sleep(1.5)
+        p = d.ctl("stop")
+        self.assertEqual(p.returncode, 0, p.stderr)
         self.assertEqual(d.wait(60), 3, d.log())
+        c.kill()
+        c.communicate()
         self.assertIn("left in rings", d.log())
-        self.assertRegex(d.log(), r"the drain timed out: \d+ published batch\(es\) were never taken by a trainer and are lost")
+        self.assertRegex(d.log(), r"the drain timed out: \d+ published batch\(es\) were never taken by the attached "
+                                  r"trainer\(s\) within --drain-timeout and are dropped: a trainer resuming from its cursor")
 
 
 class BadFilesTest(DaemonCase):

@@ -90,6 +90,13 @@ class PlantedBottleneckTest(ProfileCase):
         # Workers are advised only while cores are idle (not so on a loaded machine).
         advice = report["diagnosis"]["advice"]
         self.assertIn("add image workers" if report["host"]["idle_cores"] >= 0.8 else "no idle core", advice)
+        # Its work (a center crop: the same every epoch) fits in memory: a cache is advised with
+        # the size the epoch needs (64 samples x 224x224x3 bytes, 5% more: 10 MiB); a center
+        # crop decodes at full size (dct_scaling: auto is off for it), so that is advised; its
+        # outputs are uint8 already, so no dtype advice (issue #60).
+        self.assertIn("image: cache: {max_bytes: 10M} keeps its work for all 64 samples of an epoch", advice)
+        self.assertIn("image: dct_scaling: on", advice)
+        self.assertNotIn("dtype: uint8", advice)
         # The trainer is starved, and says so through its ring's control area.
         self.assertGreater(report["consumers"][0]["wait_share"], 0.5)
 
@@ -123,6 +130,7 @@ class PlantedBottleneckTest(ProfileCase):
         d = self.start(config(workers=1, consumers=2), "--hold-ms", "400", consumers=2)
         report = self.profile(d)
         self.assertDiagnosis(report, None, "consumer")
+        self.assertRegex(report["diagnosis"]["evidence"], r"each trainer holds [01]\.\d\d batches on average")
         for c in report["consumers"]:
             self.assertGreater(c["held_batches"], 0.8)
             self.assertGreater(c["hold_share"], 0.8)

@@ -5,7 +5,7 @@ of the configs on the same data.
 
 usage: reload_test.py --bin BUILD/bin
 """
-import json, os, pathlib, signal, subprocess, time
+import json, os, pathlib, re, signal, subprocess, time
 
 import numpy as np
 
@@ -156,6 +156,43 @@ class ReloadTest(ReloadCase):
         self.assertGreater(sizes_of[0].index(96), 0, "rank 0 drained its old ring, then moved")
         self.assertGreater(sizes_of[1].index(96), 0,
                            "rank 1, attached after the move, was served its old ring's batches first")
+
+    def test_the_reply_says_when_each_change_reaches_the_trainers(self):
+        """Issue #60: a crop reload replied "applied now" while the trainer saw it 7 batches
+        later; a reload of crop plus batch size waited for the epoch boundary without saying
+        so; the rings were said to be "re-made larger" when they shrank."""
+        d, cs = self.start_slow(config(epochs=2), hold_ms=30)
+        self.wait_batches(4)
+        (self.dir / "p.yaml").write_text(config(epochs=2).replace("max_len: 32", "max_len: 8"))
+        r = d.ctl("reload", "--config", str(self.dir / "p.yaml"))
+        self.assertEqual(r.returncode, 0, r.stderr + d.log())
+        m = re.search(r"applied now; the first batch made with it is seq rank 0 (\d+) \(after (\d+) in its ring\), "
+                      r"rank 1 (\d+)", r.stdout)
+        self.assertIsNotNone(m, r.stdout)
+        first = [int(m.group(1)), int(m.group(3))]
+        # Crop plus batch size: the whole reload waits for the epoch boundary, and says so; the
+        # rings are re-made (the text rows no longer fit) smaller (24 rows of 16x16 float32
+        # images and 2048 tokens: 270 kB a batch, against 16 rows of 64x64 images: 790 kB).
+        both = config(epochs=2, batch=24).replace("max_len: 32", "max_len: 2048").replace("size: [64, 64]", "size: [16, 16]")
+        (self.dir / "b.yaml").write_text(both)
+        r = d.ctl("reload", "--config", str(self.dir / "b.yaml"), "--json")
+        self.assertEqual(r.returncode, 0, r.stderr + d.log())
+        reply = json.loads(r.stdout)
+        self.assertTrue(reply["applied"].startswith("at the next epoch boundary"), reply)
+        self.assertIn("from batch 0 of epoch 1, for every rank at once, because the batches per epoch or the "
+                      "ranks change; the other changes (stages, workers) wait for that boundary too", reply["when"])
+        self.assertEqual(reply["boundary"]["epoch"], 1)
+        self.assertEqual(reply["rings"], "re-made smaller; trainers attach to them by themselves")
+        self.assertLess(reply["ring_bytes"]["after"], reply["ring_bytes"]["before"])
+        got = self.finish_all(d, cs)
+        for rank in (0, 1):
+            metas = [(meta, np.load(p / "text.npy").shape[1], np.load(p / "image.npy").shape[2]) for meta, p in got[rank]]
+            # The first batch of max_len 8 is the one the reply named.
+            self.assertEqual(next(meta["seq"] for meta, n, _ in metas if n == 8), first[rank], f"rank {rank}")
+            # The crop changes with the first batch of epoch 1, not before.
+            crops = [(meta["epoch"], size) for meta, _, size in metas]
+            self.assertEqual({s for e, s in crops if e == 0}, {64})
+            self.assertEqual({s for e, s in crops if e == 1}, {16})
 
     def test_sighup_reloads_a_new_max_len(self):
         want = self.reference(config(), "ref")

@@ -2,7 +2,7 @@
 """Elastic jobs under a real Slurm (issue #31): Debian's slurmctld and two slurmd, each
 simulated node in its own network and UTS namespace (node0 at 10.214.0.2, node1 at 10.214.1.2,
 the controller's namespace routing between them), munge on a socket of the test's own. The job
-is the README's sbatch script: one mmfeedd per node (srun --ntasks-per-node=1) with
+is the sbatch script of docs/guide/trainers.md: one mmfeedd per node (srun --ntasks-per-node=1) with
 `consumers: auto` and `node_rank`/`num_nodes: auto`, then two trainers per node
 (mmfeed-consume without --rank, reading Slurm's variables). Each daemon adopts its node's share
 of the job, and the four trainers together get every sample once an epoch.
@@ -165,7 +165,7 @@ stages:
   - {name: text, type: text, field: text, params: {tokenizer: bytes, max_len: 16}}
   - {name: batch, type: batch, inputs: [text], params: {batch_size: 4}}
 """)
-        # The README's script; every simulated node shares /tmp, so sockets are named per node.
+        # docs/guide/trainers.md's script; every simulated node shares /tmp, so sockets are named per node.
         # --time bounds a job that hangs: the test then fails with the logs, not ctest's timeout.
         (d / "job.sbatch").write_text(f"""#!/bin/bash
 #SBATCH --nodes={NODES} --ntasks-per-node=2 --time=2 --output={d}/job.out

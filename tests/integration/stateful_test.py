@@ -60,7 +60,7 @@ A failing run prints its seed and its operations: `--seed S --ops N` replays the
 
 usage: stateful_test.py --bin BUILD/bin [--seed S] [--runs R] [--ops N] [--long]
   CI runs the short mode (4 runs of 60 operations, 2 of 40 under the sanitizers); --long runs 20
-  runs of 150 operations with seeds from the clock (README, "Reliability").
+  runs of 150 operations with seeds from the clock (docs/design/reliability.md).
 """
 import argparse, json, os, pathlib, random, shutil, signal, subprocess, sys, tempfile, time
 

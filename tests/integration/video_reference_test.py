@@ -215,7 +215,7 @@ COVER_VIDEOS = {
     "portrait_25fps.mp4": ("testsrc2=size=240x320:rate=25", 3),
 }
 COVER_SIZE = (24, 40)  # H, W: wider than 16:9 sources are tall, taller than portrait ones
-YUV_MEAN_LEVELS = 10  # scale_in: yuv against rgb24, the most mean difference allowed (docs/video.md)
+YUV_MEAN_LEVELS = 10  # scale_in: yuv against rgb24, the most mean difference allowed (docs/design/video.md)
 COVER_CLIP = {"sampling": "clip", "frames": 17, "fps": 16, "clip_start": "0.3"}
 
 
