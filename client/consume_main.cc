@@ -1,31 +1,8 @@
 // mmfeed-consume: attaches to mmfeedd like a trainer would and consumes batches.
 //
-//   mmfeed-consume --socket PATH [--rank R] [--batches N] [--json] [--dump DIR]
-//                  [--cursor FILE] [--reconnect SECONDS] [--hold-ms MS] [--pause-ms MS]
-//                  [--abort-after N] [--timeout SECONDS]
-//                  [--job NUM_NODES,NODE_RANK,LOCAL_WORLD_SIZE[,REPLICAS]]
 //
-// Without --rank the rank is the launcher's local rank (torchrun's or Slurm's variables, as
-// the client library reads them), and the attach declares the launcher's job shape; --job
-// declares one explicitly (with --rank, the local rank): a daemon with `consumers: auto`
-// adopts the first shape declared; REPLICAS (or $MMFEED_REPLICAS) declares the model-parallel
-// group size, which `replicas: auto` adopts.
-// --json prints one line: {"batches":..,"samples":..,"seconds":..,"samples_per_s":..,
-// "sample_ids_sha256":"..","batch_us_median":..} (the hash is over the sample ids in received
-// order, each followed by '\n'; batch_us_median is the median time of Next() plus the release,
-// waits included). --dump writes DIR/<batch>/<tensor>.npy and DIR/<batch>/meta.json per batch.
-// --cursor resumes from FILE if it exists and, after each finished batch (after --dump wrote
-// it), atomically replaces FILE with that batch's cursor {"seq":..,"epoch":..,"batch":..}.
-// --reconnect survives a daemon restart: the client re-attaches and resumes after the last
-// batch it received. --hold-ms simulates a trainer's step time: it keeps each batch MS ms before
-// releasing it (how a user checks, before a run, whether the host keeps up with a step time).
-// --pause-ms waits MS ms after releasing each batch instead (a trainer that copies its batch
-// out and releases it at once, then computes). --abort-after exits abruptly after N batches
-// without releasing the last one (tests use it to play a crashed trainer). --timeout fails
-// (exit 1) when no batch arrives within SECONDS while the daemon lives (a stopped or hung
-// daemon); without it the consumer waits as long as the daemon does.
-// Exit status: 0 at the end of the data (or after --batches), 1 on an error, including a
-// daemon that stopped before the end of the data, 2 on bad arguments.
+// Its command line is in one place, Usage() below: what --help prints and
+// docs/reference/cli.md shows.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <openssl/evp.h>
@@ -51,13 +28,39 @@ namespace {
 
 [[noreturn]] void Usage(int code) {
   std::fprintf(
-      stderr,
+      code ? stderr : stdout,
       "usage: mmfeed-consume --socket PATH [--rank R] [--batches N] [--json] [--dump DIR]\n"
       "                      [--cursor FILE] [--reconnect SECONDS] [--hold-ms MS] "
       "[--pause-ms MS]\n"
       "                      [--abort-after N] [--timeout SECONDS]\n"
       "                      [--job NUM_NODES,NODE_RANK,LOCAL_WORLD_SIZE[,REPLICAS]]\n"
-      "without --rank: the launcher's local rank ($LOCAL_RANK, $SLURM_LOCALID)\n");
+      "attaches to mmfeedd as a trainer would and takes its batches.\n"
+      "\n"
+      "  --socket PATH        the daemon's socket (default $MMFEED_SOCKET)\n"
+      "  --rank R             the trainer rank; without it, the launcher's local rank\n"
+      "                       ($LOCAL_RANK, $SLURM_LOCALID), and the attach declares the\n"
+      "                       launcher's job shape (consumers: auto adopts it)\n"
+      "  --job N,R,L[,K]      declare a job by hand: N nodes, this one R, L ranks a node, K\n"
+      "                       ranks a model-parallel group (or $MMFEED_REPLICAS)\n"
+      "  --batches N          stop after N batches (default: the end of the data)\n"
+      "  --json               print one line at the end: batches, samples, seconds,\n"
+      "                       samples_per_s, sample_ids_sha256 (over the ids in received\n"
+      "                       order, each followed by a newline), batch_us_median\n"
+      "  --dump DIR           write DIR/<batch>/<tensor>.npy and DIR/<batch>/meta.json (ids,\n"
+      "                       seq, epoch, cursor) for every batch\n"
+      "  --cursor FILE        resume from FILE if it exists; after each finished batch,\n"
+      "                       replace FILE atomically with its cursor\n"
+      "  --reconnect SECONDS  survive a daemon restart: re-attach within SECONDS and resume\n"
+      "                       after the last batch received\n"
+      "  --hold-ms MS         keep each batch MS ms before releasing it (a trainer's step:\n"
+      "                       does the host keep up with it?)\n"
+      "  --pause-ms MS        wait MS ms after releasing each batch instead\n"
+      "  --abort-after N      exit abruptly after N batches, the last one unreleased (a\n"
+      "                       crashed trainer, for tests)\n"
+      "  --timeout SECONDS    fail when no batch comes within SECONDS from a daemon that\n"
+      "                       lives (stopped, hung); default: wait as long as it lives\n"
+      "exit status: 0 the end of the data (or --batches), 1 an error (a daemon that stopped\n"
+      "or went away before the end of the data), 2 bad arguments, 3 --abort-after\n");
   std::exit(code);
 }
 

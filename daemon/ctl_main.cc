@@ -1,28 +1,8 @@
 // mmfeedctl: talks to a running mmfeedd.
 //
-//   mmfeedctl [--socket PATH] [--timeout SECONDS] status [--json]   profile, consumers, errors
-//   mmfeedctl [--socket PATH] [--timeout SECONDS] consumers [--json]
-//                                  per rank: trainer pid, cursor, samples/s, lag, last take
-//   mmfeedctl [--socket PATH] [--timeout SECONDS] profile [--seconds N] [--json] [--trace FILE]
-//                                  measures the daemon for N seconds (default 5): per stage,
-//                                  host, consumers, and a diagnosis of what limits the job
-//                                  (docs/guide/profile.md); --trace writes the window as a Chrome
-//                                  trace (Perfetto)
-//   mmfeedctl [--socket PATH] [--timeout SECONDS] top [--iterations N] [--json]
-//                                  a live view, refreshed every second; q quits (--json: one
-//                                  status object a line, every second)
-//   mmfeedctl [--socket PATH] [--timeout SECONDS] reload [--config FILE] [--at batch|epoch]
-//                                  [--json]
-//                                  check FILE (default: the running config's) and swap it in;
-//                                  exit 1 with the daemon's reason (file:line:col) if refused;
-//                                  --at batch: a mixture's new weights start at the next batch
-//                                  boundary (refused for any other change of the order)
-//   mmfeedctl [--socket PATH] [--timeout SECONDS] stop [--json]     drain and exit
-//   mmfeedctl [--socket PATH] [--timeout SECONDS] end-job [--json]
-//                                  a `consumers: auto` daemon with no trainer attached ends
-//                                  the job it adopted now (its cursors kept) and waits for the
-//                                  next job's shape, without waiting out --job-lease
-// A daemon that does not answer within the timeout (default 10 s) is an error, exit 1.
+//
+// Its command line is in one place, Usage() below: what --help prints and
+// docs/reference/cli.md shows.
 #include <fmt/format.h>
 #include <poll.h>
 #include <termios.h>
@@ -44,20 +24,39 @@ using namespace mmfeed;
 
 namespace {
 
-int Usage() {
+int Usage(bool help = false) {
   std::fprintf(
-      stderr,
-      "usage: mmfeedctl [--socket PATH] [--timeout SECONDS] status [--json]\n"
-      "       mmfeedctl [--socket PATH] [--timeout SECONDS] consumers [--json]\n"
-      "       mmfeedctl [--socket PATH] [--timeout SECONDS] profile [--seconds N] [--json] "
-      "[--trace FILE]\n"
-      "       mmfeedctl profile --explain   (what each column and percentage means)\n"
-      "       mmfeedctl [--socket PATH] [--timeout SECONDS] top [--iterations N] [--json]\n"
-      "       mmfeedctl [--socket PATH] [--timeout SECONDS] reload [--config FILE] "
-      "[--at batch|epoch] [--json]\n"
-      "       mmfeedctl [--socket PATH] [--timeout SECONDS] stop [--json]\n"
-      "       mmfeedctl [--socket PATH] [--timeout SECONDS] end-job [--json]\n");
-  return 2;
+      help ? stdout : stderr,
+      "usage: mmfeedctl [--socket PATH] [--timeout SECONDS] COMMAND [OPTIONS]\n"
+      "\n"
+      "  status [--json]          the pipeline, its profile since start, the trainers, rings,\n"
+      "                           placement, reloads and errors\n"
+      "  consumers [--json]       per rank: trainer pid, cursor, samples/s, lag, last take\n"
+      "  profile [--seconds N] [--json] [--trace FILE]\n"
+      "                           measure the daemon for N seconds (default 5, at most 600) and\n"
+      "                           say what limits the job (cpu, io, memory, consumer or none),\n"
+      "                           with the figures and what to do; --trace FILE writes the\n"
+      "                           window as a Chrome trace (open it in Perfetto)\n"
+      "  profile --explain        what each column and percentage of a profile means\n"
+      "  top [--iterations N] [--json]\n"
+      "                           a live view: each second's figures (the first after one\n"
+      "                           second); q quits; --json: one status object a line\n"
+      "  reload [--config FILE] [--at batch|epoch] [--json]\n"
+      "                           check FILE (default: the running config's file) and swap it\n"
+      "                           in; the reply says when each change reaches the trainers;\n"
+      "                           exit 1 with the reason (file:line:col) if refused, the\n"
+      "                           running pipeline unchanged; --at batch: a mixture's new\n"
+      "                           weights start at the next batch boundary\n"
+      "  stop [--json]            drain (while attached trainers take what was published) and\n"
+      "                           exit; with no trainer attached the daemon stops at once\n"
+      "  end-job [--json]         consumers: auto, no trainer attached: end the adopted job now\n"
+      "                           (cursors kept) and wait for the next job's shape\n"
+      "\n"
+      "  --socket PATH            the daemon's socket (default $MMFEED_SOCKET, else\n"
+      "                           /tmp/mmfeed.sock)\n"
+      "  --timeout SECONDS        how long to wait for the daemon's answer (default 10)\n"
+      "exit status: 0 done, 1 the daemon refused or did not answer, 2 bad arguments\n");
+  return help ? 0 : 2;
 }
 
 std::string Cursor(const nlohmann::json& c) {
@@ -377,6 +376,8 @@ int main(int argc, char** argv) {
       return 0;
     } else if (a == "--trace" && i + 1 < argc && cmd == "profile")
       trace_file = argv[++i];
+    else if (a == "--help" || a == "-h")
+      return Usage(/*help=*/true);
     else if (cmd.empty() && (a == "status" || a == "stop" || a == "reload" || a == "consumers" ||
                              a == "top" || a == "profile" || a == "end-job"))
       cmd = a;

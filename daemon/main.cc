@@ -2,16 +2,9 @@
 // processes through shared-memory rings. See README.md and docs/design/threads.md; the lifecycle is
 // in daemon/supervisor.h.
 //
-//   mmfeedd --config FILE [--socket PATH] [--socket-group GROUP] [--state-dir DIR]
-//           [--drain-timeout SECONDS] [--job-lease SECONDS] [--log-level LEVEL] [--allow-faults]
-// --job-lease (consumers: auto; default 120): a job none of whose trainers has been attached
-//   for this long ends (its cursors kept) and the daemon takes the next job's shape;
-//   mmfeedd --check FILE        build the pipeline without starting it (0 ok, 2 invalid);
-//                               FILE may stand anywhere among the flags; or --check --config FILE
-// --allow-faults accepts a config's `faults:` (injected faults for tests of the profile);
-// without it such a config is refused.
-//   mmfeedd --list-stages       print every stage type and its parameters
-//   mmfeedd --schema            print the config's JSON Schema (engine/config_schema.h)
+//
+// Its command line is in one place, Usage() below: what --help prints and
+// docs/reference/cli.md shows.
 #include <fmt/format.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -43,7 +36,29 @@ struct Options {
       "               [--allow-faults]\n"
       "       mmfeedd --check FILE [--allow-faults]   (or --check --config FILE)\n"
       "       mmfeedd --list-stages\n"
-      "       mmfeedd --schema\n");
+      "       mmfeedd --schema\n"
+      "\n"
+      "  --config FILE          run the pipeline of FILE (YAML; docs/reference/config.md)\n"
+      "  --check FILE           build the pipeline without starting it, open a spread of its\n"
+      "                         sample files, print the settings in force: exit 0, or 2 with\n"
+      "                         the reason as file:line:col (FILE may stand anywhere)\n"
+      "  --socket PATH          the control socket trainers attach to (default $MMFEED_SOCKET,\n"
+      "                         else /tmp/mmfeed.sock); at most 107 characters\n"
+      "  --socket-group GROUP   members of GROUP may attach too (the socket becomes 0660)\n"
+      "  --state-dir DIR        keep each rank's cursor and the stream's config in\n"
+      "                         DIR/cursors.json, and indexes there: a restart continues\n"
+      "  --drain-timeout S      on stop, wait at most S seconds (default 30) for attached\n"
+      "                         trainers to take the published batches\n"
+      "  --job-lease S          consumers: auto: a job none of whose trainers is attached for\n"
+      "                         S seconds (default 120) ends, cursors kept; 0: never\n"
+      "  --log-level LEVEL      trace, debug, info (default), warn, error\n"
+      "  --allow-faults         accept a config's faults: (injected faults, for tests)\n"
+      "  --list-stages          every stage type with its parameters, types and defaults\n"
+      "  --schema               the config's JSON Schema (draft 2020-12), for editors\n"
+      "  --help                 this text\n"
+      "exit status: 0 done (a finite run taken whole, or stopped), 1 on_error: fail or no\n"
+      "memory for the rings, 2 a bad config or unusable data, 3 the drain timed out with\n"
+      "batches attached trainers never took\n");
   std::exit(code);
 }
 

@@ -119,6 +119,9 @@ def cli_page(bin_dir):
         r = subprocess.run([f"{bin_dir}/{b}", "--help"], capture_output=True, text=True, timeout=30)
         text = (r.stdout + r.stderr).strip()
         lines += [f"## `{b}`", "", "```text", text, "```", ""]
+    r = subprocess.run([f"{bin_dir}/mmfeedctl", "profile", "--explain"], capture_output=True,
+                       text=True, timeout=30)
+    lines += ["## `mmfeedctl profile --explain`", "", "```text", r.stdout.strip(), "```", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 

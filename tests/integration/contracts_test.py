@@ -380,7 +380,7 @@ class ContractsTest(dt.DaemonCase):
         grown = rss_kib() - before
         self.assertLess(grown, 16 * 1024, f"RSS grew {grown} KiB")
         d.proc.send_signal(signal.SIGTERM)
-        self.assertEqual(d.wait(), 3, d.log())  # nobody took the published batches
+        self.assertEqual(d.wait(), 0, d.log())  # no trainer attached: nobody to drain for
 
     def test_fd_exhaustion_is_survived_and_never_counted_as_bad_samples(self):
         (self.dir / "t").mkdir()

@@ -16,7 +16,7 @@ A `sh` or `python` block without a marker must run; cpp, yaml and text blocks ar
 usage: docs_test.py --bin BUILD/bin --python BUILD/python [--no-site]
 """
 import argparse, http.server, json, os, pathlib, re, shutil, socketserver, subprocess, sys, tempfile
-import threading, unittest, urllib.request
+import threading, time, unittest, urllib.parse, urllib.request
 
 import yaml
 
@@ -240,11 +240,18 @@ class Site(unittest.TestCase):
                     if r.get("id") == seq[0]:
                         return r
 
+            def evaluate(js):
+                r = call("Runtime.evaluate", expression=js, awaitPromise=True, returnByValue=True)
+                return r.get("result", {}).get("result", {}).get("value")
+
             def search(query):
-                call("Page.enable")
-                call("Page.navigate", url=f"{self.base}/index.html")
-                while json.loads(ws.recv()).get("method") != "Page.loadEventFired":
-                    pass
+                # A page of its own per query, loaded before anything is typed.
+                url = f"{self.base}/index.html?query={urllib.parse.quote(query)}"
+                call("Page.navigate", url=url)
+                deadline = time.monotonic() + 30
+                while evaluate("document.readyState === 'complete' && location.href") != url:
+                    self.assertLess(time.monotonic(), deadline, f"{url} did not load")
+                    time.sleep(0.1)
                 js = ("(async () => {"
                       "for (let k = 0; k < 100 && !document.querySelector('input.md-search__input'); k++)"
                       "  await new Promise(r => setTimeout(r, 100));"
@@ -252,22 +259,26 @@ class Site(unittest.TestCase):
                       f"i.focus(); i.value = {json.dumps(query)};"
                       "i.dispatchEvent(new Event('input', {bubbles: true}));"
                       "i.dispatchEvent(new KeyboardEvent('keyup', {bubbles: true}));"
-                      "for (let k = 0; k < 100; k++) {"
+                      "for (let k = 0; k < 300; k++) {"
                       "  await new Promise(r => setTimeout(r, 100));"
                       "  const l = document.querySelectorAll('.md-search-result__item a');"
                       "  if (l.length) return Array.from(l).map(a => a.href).join(' ');"
                       "}"
                       "return '';})()")
-                r = call("Runtime.evaluate", expression=js, awaitPromise=True, returnByValue=True)
-                return r["result"]["result"].get("value", "")
+                return evaluate(js) or ""
 
-            for key in ("shuffle_window", "ring_slots", "cache_budget"):
-                self.assertIn("reference/config.html", search(key), key)
+            for key in ("ring_slots", "shuffle_window", "cache_budget", "fetch_stall_s"):
+                hits = search(key).split()
+                self.assertTrue(hits, f"the search found nothing for {key}")
+                for url in hits[:5]:  # each result's page has the key
+                    page = url.split(self.base + "/", 1)[1].split("?")[0]
+                    self.assertIn(key, (self.site / page).read_text(), f"{key}: {url}")
             self.assertEqual(search("zzqqxxnotaword"), "")
             ws.close()
         finally:
             proc.kill()
             proc.wait()
+            proc.stderr.close()
 
 
 def main():
