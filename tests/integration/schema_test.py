@@ -5,7 +5,7 @@ every shipped config validates against it, and it refuses what ParseConfig refus
 
 usage: schema_test.py --bin BUILD/bin
 """
-import argparse, json, pathlib, subprocess, sys, unittest
+import argparse, json, pathlib, re, subprocess, sys, unittest
 
 import jsonschema
 import yaml
@@ -137,6 +137,34 @@ class SchemaTest(unittest.TestCase):
             for name, p in params[t].items():
                 self.assertIn(name, listing, f"{t}.{name}")
                 self.assertTrue(p.get("description"), f"{t}.{name} has no description")
+
+    def test_the_generated_reference_covers_every_key_the_schema_knows(self):
+        """docs/reference/config.md (scripts/gen_reference.py) has a row for every key of the
+        schema, with the schema's default, and a section for every stage type's parameters."""
+        page = (ROOT / "docs/reference/config.md").read_text()
+        rows = {}
+        for line in page.splitlines():
+            if line.startswith("| `"):
+                cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+                rows.setdefault(cells[0].strip("`"), []).append(cells)
+
+        def walk(props, prefix):
+            for name, s in props.items():
+                key = prefix + name
+                self.assertIn(key, rows, f"{key} is not in docs/reference/config.md")
+                if "default" in s:
+                    self.assertTrue(any(json.dumps(s["default"]) in r[2] for r in rows[key]), key)
+                if "x-default" in s:
+                    self.assertTrue(any(s["x-default"] in r[2] for r in rows[key]), key)
+                if s.get("type") == "object" and "properties" in s:
+                    walk(s["properties"], key + ".")
+
+        top = self.schema["properties"]
+        walk({k: v for k, v in top.items() if k != "stages"}, "")
+        walk({k: v for k, v in top["stages"]["items"]["properties"].items() if k != "params"}, "")
+        for c in top["stages"]["items"]["allOf"]:
+            t = c["if"]["properties"]["type"]["const"]
+            self.assertIn(f"### `{t}`", page)
 
 
 def main():
