@@ -12,9 +12,6 @@ namespace mmfeed {
 
 // 64-bit FNV-1a, used to turn ids and names into seeds.
 uint64_t HashString(std::string_view s, uint64_t h = 0xcbf29ce484222325ull);
-// A 64-bit hash of a buffer, eight bytes at a time in four independent lanes (several GB/s a
-// core), to check that bytes read back are the bytes written (not for seeds).
-uint64_t HashBytes(const void* data, size_t size);
 
 class Rng {
  public:

@@ -3,9 +3,11 @@
 // check: no disk time hides it).
 //   mmfeed-bench-shard-cache --dir DIR [--mb 256] [--member-kb 100] [--rounds 5]
 // Prints JSON: MB/s of each way of reading, and the ratios to the unchecked read:
-//   whole:  the shard held whole (Find with check_all, then read) against Find, then read;
+//   whole:  the shard held whole (Find with check_all into a private memory copy, as the remote
+//           store holds it, then read) against Find, then read;
 //   stream: a streamed shard (each 1 MiB chunk verified, then used) against the same reads;
-//   member: members of --member-kb at random offsets (Check, then read) against the reads.
+//   member: members of --member-kb at random offsets (CheckedCopy of their blocks, then read
+//           from the copy) against the reads.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -86,7 +88,7 @@ int main(int argc, char** argv) {
     plain += Seconds(t0);
 
     t0 = std::chrono::steady_clock::now();
-    fd = (*cache)->Find(key, true);
+    fd = (*cache)->Find(key, true, /*private_copy=*/true);
     sink += ReadAll(fd, size, &buf);
     ::close(fd);
     whole += Seconds(t0);
@@ -108,10 +110,14 @@ int main(int argc, char** argv) {
       t0 = std::chrono::steady_clock::now();
       fd = (*cache)->Find(key, false);
       for (uint64_t at : members) {
-        if (check && !(*cache)->Check(fd, key, at, m.size())) return 1;
-        if (::pread(fd, m.data(), m.size(), static_cast<off_t>(at)) !=
+        // Checked: the member's blocks copied into a private memory file as they are checked
+        // (what the remote store serves), then read from there.
+        const int from = check ? (*cache)->CheckedCopy(fd, key, at, m.size()) : fd;
+        if (from < 0) return 1;
+        if (::pread(from, m.data(), m.size(), static_cast<off_t>(at)) !=
             static_cast<ssize_t>(m.size()))
           return 1;
+        if (check) ::close(from);
         sink += static_cast<unsigned char>(m[0]);
       }
       ::close(fd);

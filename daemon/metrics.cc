@@ -31,7 +31,10 @@ std::string Number(double v) {
 }  // namespace
 
 void PromText::Family(const std::string& name, const std::string& type, const std::string& help) {
-  text_ += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+  // HELP escapes a backslash and a line break (the text format's rule for it).
+  std::string escaped;
+  for (char c : help) escaped += c == '\\' ? "\\\\" : c == '\n' ? "\\n" : std::string(1, c);
+  text_ += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, escaped, name, type);
 }
 
 void PromText::Sample(const std::string& name, const std::map<std::string, std::string>& labels,

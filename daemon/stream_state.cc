@@ -41,9 +41,13 @@ Result<StreamState> StreamStateFromJson(const nlohmann::json& j, const std::stri
         path, what));
   };
   if (!j.is_object()) return bad("not a JSON object");
-  const int version = j.contains("version") && j["version"].is_number_unsigned()
-                          ? j["version"].get<int>()
-                          : (j.contains("version") ? -1 : 1);
+  // An integer however it was made (parsed from text it is unsigned; StreamStateToJson's is
+  // signed): a state written is read back, in memory as from its file.
+  const int version = !j.contains("version") ? 1
+                      : j["version"].is_number_integer() && j["version"].get<int64_t>() >= 1 &&
+                              j["version"].get<int64_t>() <= 2
+                          ? static_cast<int>(j["version"].get<int64_t>())
+                          : -1;
   if (version != 1 && version != 2) return bad("unknown \"version\"");
   StreamState s;
   if (!j.contains("fingerprint") || !j["fingerprint"].is_string())

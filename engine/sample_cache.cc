@@ -7,57 +7,6 @@
 
 namespace mmfeed {
 
-bool MinSet::Admit(uint32_t entry, uint64_t next, uint64_t size, std::vector<uint32_t>* out) {
-  uint64_t freed = 0;
-  auto first_out = by_next_.end();
-  while (bytes_ - freed + size > max_bytes_ && first_out != by_next_.begin() &&
-         next != SampleCache::kNever) {
-    auto prev = std::prev(first_out);
-    if (prev->first <= next) break;
-    freed += kept_[prev->second].second;
-    first_out = prev;
-  }
-  if (bytes_ - freed + size > max_bytes_) return false;
-  for (auto it = first_out; it != by_next_.end(); ++it) {
-    kept_.erase(it->second);
-    out->push_back(it->second);
-  }
-  by_next_.erase(first_out, by_next_.end());
-  bytes_ += size - freed;
-  kept_[entry] = {next, size};
-  by_next_.emplace(next, entry);
-  return true;
-}
-
-void MinSet::Rank(uint32_t entry, uint64_t next) {
-  auto it = kept_.find(entry);
-  if (it == kept_.end()) return;
-  by_next_.erase({it->second.first, entry});
-  it->second.first = next;
-  by_next_.emplace(next, entry);
-}
-
-std::optional<uint64_t> MinSet::NextOf(uint32_t entry) const {
-  auto it = kept_.find(entry);
-  if (it == kept_.end()) return std::nullopt;
-  return it->second.first;
-}
-
-void MinSet::Erase(uint32_t entry) {
-  auto it = kept_.find(entry);
-  if (it == kept_.end()) return;
-  bytes_ -= it->second.second;
-  by_next_.erase({it->second.first, entry});
-  kept_.erase(it);
-}
-
-std::vector<std::pair<uint64_t, uint32_t>> MinSet::Before(uint64_t now) const {
-  std::vector<std::pair<uint64_t, uint32_t>> out;
-  for (auto it = by_next_.begin(); it != by_next_.end() && it->first < now; ++it)
-    out.push_back(*it);
-  return out;
-}
-
 SampleCache::SampleCache(uint64_t max_bytes, NextUse next_use, std::unique_ptr<SampleDisk> disk,
                          uint64_t disk_max_bytes)
     : next_use_(std::move(next_use)),

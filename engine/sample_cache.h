@@ -27,41 +27,15 @@
 #include <vector>
 
 #include "engine/sample_disk.h"
+#include "source/cache_policy.h"
 
 namespace mmfeed {
-
-// Belady's MIN with bypass over items of any size: which entries a tier keeps, by next read.
-class MinSet {
- public:
-  explicit MinSet(uint64_t max_bytes) : max_bytes_(max_bytes) {}
-  bool contains(uint32_t entry) const { return kept_.count(entry) != 0; }
-  uint64_t bytes() const { return bytes_; }
-  size_t size() const { return kept_.size(); }
-  // Keeps `entry` (`size` bytes, next read `next`) if MIN does: room is made from the entries
-  // needed after it, furthest first (appended to `out`); if they cannot free enough, keeping it
-  // would displace entries needed sooner, and it is not kept (false). One needed by no read in
-  // sight (kNever) takes only free room. REQUIRES: !contains(entry).
-  bool Admit(uint32_t entry, uint64_t next, uint64_t size, std::vector<uint32_t>* out);
-  // Ranks `entry` by its next read `next`, if it is kept.
-  void Rank(uint32_t entry, uint64_t next);
-  // The next read `entry` is ranked by, if it is kept.
-  std::optional<uint64_t> NextOf(uint32_t entry) const;
-  void Erase(uint32_t entry);
-  // The kept entries whose next read is before `now`, as (next read, entry).
-  std::vector<std::pair<uint64_t, uint32_t>> Before(uint64_t now) const;
-
- private:
-  const uint64_t max_bytes_;
-  uint64_t bytes_ = 0;
-  std::unordered_map<uint32_t, std::pair<uint64_t, uint64_t>> kept_;  // entry -> (next, size)
-  std::set<std::pair<uint64_t, uint32_t>> by_next_;                   // (next read, entry)
-};
 
 class SampleCache {
  public:
   // When `entry` is read next after its read in epoch `after`: epoch << 32 | position in that
   // epoch's order, or kNever (not within the epochs looked at, or past the run's end).
-  static constexpr uint64_t kNever = UINT64_MAX;
+  static constexpr uint64_t kNever = kNeverRead;
   using NextUse = std::function<uint64_t(uint32_t entry, uint32_t after)>;
 
   // `disk`: the disk tier's files (null: memory only), holding up to `disk_max_bytes`.

@@ -16,14 +16,14 @@
 
 #include "base/clock.h"
 #include "base/dir_fd.h"
-#include "base/rng.h"
+#include "source/cache_policy.h"
 #include "source/index_file.h"
 
 namespace mmfeed {
 namespace {
 
 constexpr char kPrefix[] = "mmfeed-samples-";
-constexpr uint64_t kMagic = 0x3130504d53464d4dull;  // "MMFSMP01"
+constexpr uint64_t kMagic = 0x3230504d53464d4dull;  // "MMFSMP02": an XXH3 checksum
 constexpr size_t kHeader = 32;                      // magic, entry (8 bytes), size, hash
 constexpr int64_t kAsideNs = 60'000'000'000;
 
@@ -160,7 +160,7 @@ int SampleDisk::Write(uint32_t entry, const std::string& bytes) {
     StepAside(fmt::format("cannot create a file ({})", std::strerror(errno)));
     return -1;
   }
-  const Header h{kMagic, entry, bytes.size(), HashBytes(bytes.data(), bytes.size())};
+  const Header h{kMagic, entry, bytes.size(), Checksum(bytes.data(), bytes.size())};
   if (!index_file::FullWrite(fd, &h, sizeof(h)) ||
       !index_file::FullWrite(fd, bytes.data(), bytes.size())) {
     StepAside(fmt::format("cannot write a sample of {} bytes ({})", bytes.size(),
@@ -209,7 +209,7 @@ Result<std::string> SampleDisk::Read(uint32_t entry) const {
     bytes.resize(h.size);
     if (!index_file::FullPread(fd, bytes.data(), h.size, kHeader))
       return Status::Io(std::strerror(errno));
-    if (HashBytes(bytes.data(), bytes.size()) != h.hash)
+    if (Checksum(bytes.data(), bytes.size()) != h.hash)
       return Status::Io("its bytes differ from those written (checksum)");
     return Status::Ok();
   }();

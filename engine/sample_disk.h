@@ -7,8 +7,8 @@
 // tier opened in `dir` removes it. A folder is made under a hidden name and renamed into place
 // with its lock held, so it is never seen unlocked.
 //
-// A sample is the file `<folder>/<entry>`: a 32-byte header (magic, entry, size, HashBytes of the
-// bytes) then the bytes. It is written unnamed (O_TMPFILE) and linked under its name whole, so
+// A sample is the file `<folder>/<entry>`: a 32-byte header (magic, entry, size, Checksum (XXH3) of
+// the bytes) then the bytes. It is written unnamed (O_TMPFILE) and linked under its name whole, so
 // no reader sees a partial file; Read checks all four, so a file truncated, scribbled on,
 // replaced or deleted is an error naming it (a miss for the cache), never wrong bytes. A write
 // that fails (a full disk, the folder deleted) makes the tier step aside for a minute, logged

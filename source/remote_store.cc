@@ -19,6 +19,7 @@
 #include <set>
 
 #include "base/clock.h"
+#include "source/cache_policy.h"
 #include "source/index_file.h"
 #include "source/shard_index.h"
 
@@ -552,10 +553,30 @@ bool RemoteStore::CacheKey(const std::string& url, ShardCache::Key* key) const {
   return true;
 }
 
+// `size` bytes of `fd` copied into a new in-memory file.
+static Result<int> MemoryCopy(int fd, uint64_t size) {
+  const int copy = ::memfd_create("mmfeed-shard", MFD_CLOEXEC);
+  if (copy < 0) return Status::ResourceExhausted(fmt::format("memfd: {}", std::strerror(errno)));
+  std::vector<char> buf(std::min<uint64_t>(std::max<uint64_t>(size, 1), 8 << 20));
+  for (uint64_t at = 0; at < size; at += buf.size()) {
+    const uint64_t len = std::min<uint64_t>(buf.size(), size - at);
+    if (!index_file::FullPread(fd, buf.data(), len, at) ||
+        !index_file::FullPwrite(copy, buf.data(), len, at)) {
+      const int e = errno;
+      ::close(copy);
+      return Status::Io(fmt::format("copying a fetched shard into memory: {}", std::strerror(e)));
+    }
+  }
+  return copy;
+}
+
 Result<int> RemoteStore::Load(const std::string& url, uint64_t size, uint64_t time) {
   ShardCache::Key key;
   if (!CacheKey(url, &key) || key.size != size) return FetchAll(url, size);
-  if (const int fd = cache_->Find(key, /*check_all=*/true); fd >= 0) return fd;
+  // A held shard is a private copy, never the cache's file: a descriptor of the file would see
+  // any edit made to it after the check (a cached copy is checked whole as it is copied).
+  if (const int fd = cache_->Find(key, /*check_all=*/true, /*private_copy=*/true); fd >= 0)
+    return fd;
   const int into = cache_->Begin();
   if (into < 0) return FetchAll(url, size);
   int write_errno = 0;
@@ -565,8 +586,11 @@ Result<int> RemoteStore::Load(const std::string& url, uint64_t size, uint64_t ti
     cache_->WriteFailed(write_errno);  // a full disk: this shard into memory
     return FetchAll(url, size);
   }
+  // Copied while the file is still unnamed (no one else can open it), then kept.
+  Result<int> held = MemoryCopy(*fd, size);
   Keep(*fd, key, time);
-  return fd;
+  ::close(*fd);
+  return held;
 }
 
 void RemoteStore::Keep(int fd, const ShardCache::Key& key, uint64_t time) {
@@ -729,11 +753,14 @@ Result<FieldFile> RemoteStore::OpenRange(const std::string& url, uint64_t offset
   // no request).
   if (ShardCache::Key key; size > 0 && CacheKey(url, &key)) {
     if (const int fd = cache_->Find(key, /*check_all=*/false); fd >= 0) {
-      // The member and its header block, checked against their checksums before they are read.
+      // The member and its header block, checked against their checksums as they are copied:
+      // what was checked is what the stage reads, whatever is done to the file meanwhile.
       const uint64_t from = offset - std::min<uint64_t>(offset, kTarBlock);
-      if (offset + size <= key.size && cache_->Check(fd, key, from, offset + size - from))
-        return from_shard(fd, key.size);
-      ::close(fd);  // damaged (removed and counted): the member from the store
+      const int copy =
+          offset + size <= key.size ? cache_->CheckedCopy(fd, key, from, offset + size - from) : -1;
+      ::close(fd);
+      if (copy >= 0) return from_shard(copy, key.size);
+      // damaged (removed and counted): the member from the store
     }
   }
   if (size == 0) {
@@ -789,27 +816,31 @@ void RemoteStore::FetchLoop() {
       auto it = shards_.find(u);
       if (it == shards_.end() || !it->second.wanted || it->second.state != Shard::State::kIdle)
         continue;
-      // Room is made by dropping the shards no longer wanted: the one read next furthest in the
-      // future first, or without a future the least recently read (workers may still read the
-      // last window's shards while the source deals the next).
+      // Room is made by dropping the shards no longer wanted, by the caches' one rule
+      // (source/cache_policy.h): the one read next furthest in the future first, or without a
+      // future the least recently read (workers may still read the last window's shards while
+      // the source deals the next). No bypass: the wanted shard must be held.
       const uint64_t now = it->second.read_time;
-      while (held_bytes_ + it->second.size > cfg_.prefetch_bytes) {
-        Shard* victim = nullptr;
-        uint64_t victim_next = 0;
-        for (auto& [vu, v] : shards_) {
-          if (v.wanted || v.state != Shard::State::kReady) continue;
-          const uint64_t next = future_ && now != Future::kNever ? future_->NextAfter(vu, now) : 0;
-          if (!victim || next > victim_next ||
-              (next == victim_next && v.last_use_ns < victim->last_use_ns))
-            victim = &v, victim_next = next;
-        }
-        if (!victim) break;
-        ::close(victim->fd);
-        victim->fd = -1;
-        victim->state = Shard::State::kIdle;
-        held_bytes_ -= victim->size;
+      std::vector<Shard*> held;
+      std::vector<EvictionCandidate> candidates;
+      for (auto& [vu, v] : shards_) {
+        if (v.wanted || v.state != Shard::State::kReady) continue;
+        held.push_back(&v);
+        candidates.push_back(
+            {future_ && now != Future::kNever ? future_->NextAfter(vu, now) : kNeverRead, v.size,
+             v.last_use_ns});
       }
-      if (held_bytes_ + it->second.size <= cfg_.prefetch_bytes) url = u;
+      const Eviction plan = PlanEviction(candidates, held_bytes_, it->second.size, kNeverRead,
+                                         cfg_.prefetch_bytes, /*bypass=*/false);
+      if (plan.keep) {
+        for (size_t v : plan.victims) {
+          ::close(held[v]->fd);
+          held[v]->fd = -1;
+          held[v]->state = Shard::State::kIdle;
+          held_bytes_ -= held[v]->size;
+        }
+        url = u;
+      }
       break;  // in order: a later shard never overtakes one waiting for room
     }
     if (url.empty()) {

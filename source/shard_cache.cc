@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,14 +18,18 @@
 #include "base/clock.h"
 #include "base/dir_fd.h"
 #include "base/rng.h"
+#include "source/cache_policy.h"
 #include "source/index_file.h"
 
 namespace mmfeed {
 namespace {
 
 // Version 2 added the checksums; a file of version 1 (no checksums) is removed when met.
-constexpr char kShardCacheMagic[8] = {'M', 'M', 'F', 'S', 'H', 'R', 'D', '2'};
+// Format 3: XXH3 block checksums (source/cache_policy.h). Formats 1 (no checksums) and 2 (the
+// checksum before XXH3) are removed when met, and the shard fetched again.
+constexpr char kShardCacheMagic[8] = {'M', 'M', 'F', 'S', 'H', 'R', 'D', '3'};
 constexpr char kShardCacheMagicV1[8] = {'M', 'M', 'F', 'S', 'H', 'R', 'D', '1'};
+constexpr char kShardCacheMagicV2[8] = {'M', 'M', 'F', 'S', 'H', 'R', 'D', '2'};
 constexpr uint64_t kTail = 16;  // the trailer's length, then the magic
 constexpr uint64_t kMostTrailer = 1 << 16;
 constexpr int64_t kAsideNs = 60'000'000'000;
@@ -41,6 +46,10 @@ nlohmann::json ReadTrailer(int fd, uint64_t file_size, std::string* why) {
     return nullptr;
   if (std::memcmp(tail + 8, kShardCacheMagicV1, 8) == 0) {
     *why = "written by an older mmfeed, without checksums";
+    return nullptr;
+  }
+  if (std::memcmp(tail + 8, kShardCacheMagicV2, 8) == 0) {
+    *why = "written by an older mmfeed, with another checksum";
     return nullptr;
   }
   if (std::memcmp(tail + 8, kShardCacheMagic, 8) != 0) return nullptr;
@@ -169,14 +178,15 @@ std::string ShardCache::Verify(int fd, uint64_t size, const char* data, uint64_t
     return fmt::format("its checksums cannot be read ({})", std::strerror(errno));
   for (uint64_t b = 0; b < count; ++b) {
     const uint64_t len = std::min(kBlock, n - b * kBlock);
-    if (HashBytes(data + b * kBlock, len) != want[b])
+    if (Checksum(data + b * kBlock, len) != want[b])
       return fmt::format("bytes {}..{} differ from those written (checksum)", offset + b * kBlock,
                          offset + b * kBlock + len);
   }
   return "";
 }
 
-std::string ShardCache::ReadAndVerify(int fd, uint64_t size, uint64_t from, uint64_t to) const {
+std::string ShardCache::ReadAndVerify(int fd, uint64_t size, uint64_t from, uint64_t to,
+                                      int copy_to) const {
   std::vector<char> buf(std::max<uint64_t>(std::min(kChunk, to - std::min(to, from)), 1));
   std::string why;
   for (uint64_t at = from; why.empty() && at < to; at += buf.size()) {
@@ -184,17 +194,22 @@ std::string ShardCache::ReadAndVerify(int fd, uint64_t size, uint64_t from, uint
     why = index_file::FullPread(fd, buf.data(), len, at)
               ? Verify(fd, size, buf.data(), at, len)
               : fmt::format("bytes at {} cannot be read ({})", at, std::strerror(errno));
+    if (why.empty() && copy_to >= 0 && !index_file::FullPwrite(copy_to, buf.data(), len, at))
+      why = fmt::format("copy: {}", std::strerror(errno));
   }
   return why;
 }
 
-bool ShardCache::Check(int fd, const Key& key, uint64_t offset, uint64_t n) {
+int ShardCache::CheckedCopy(int fd, const Key& key, uint64_t offset, uint64_t n) {
   const uint64_t from = offset / kBlock * kBlock;
   const uint64_t to = std::min(key.size, (offset + n + kBlock - 1) / kBlock * kBlock);
-  const std::string why = ReadAndVerify(fd, key.size, from, to);
-  if (why.empty()) return true;
-  Damaged(fd, key, why);
-  return false;
+  const int copy = ::memfd_create("mmfeed-shard-copy", MFD_CLOEXEC);
+  if (copy < 0) return -1;
+  const std::string why = ReadAndVerify(fd, key.size, from, to, copy);
+  if (why.empty()) return copy;
+  ::close(copy);
+  if (why.rfind("copy: ", 0) != 0) Damaged(fd, key, why);  // out of memory is not damage
+  return -1;
 }
 
 void ShardCache::Damaged(int fd, const Key& key, const std::string& why) {
@@ -216,7 +231,7 @@ void ShardCache::Damaged(int fd, const Key& key, const std::string& why) {
   if (counted) ++damaged_;
 }
 
-int ShardCache::Find(const Key& key, bool check_all) {
+int ShardCache::Find(const Key& key, bool check_all, bool private_copy) {
   const std::string name = NameOf(key.url), path = dir_ + "/" + name;
   const std::shared_ptr<const DirFd> dir = Dir(false);
   const int fd = dir->OpenFile(name, O_RDONLY | O_NONBLOCK);
@@ -246,16 +261,33 @@ int ShardCache::Find(const Key& key, bool check_all) {
     else
       why.clear();
   }
+  int copy = -1;
   if (why.empty() && check_all) {
     // Every block against its checksum, one pass (the reads that follow find the bytes in the
-    // page cache).
-    why = ReadAndVerify(fd, key.size, 0, key.size);
+    // page cache), into a private copy when asked.
+    if (private_copy && (copy = ::memfd_create("mmfeed-shard-copy", MFD_CLOEXEC)) < 0) {
+      ::close(fd);
+      return -1;  // no memory file now: not a miss of the cache's making
+    }
+    why = ReadAndVerify(fd, key.size, 0, key.size, copy);
+    if (!why.empty() && copy >= 0) {
+      ::close(copy);
+      copy = -1;
+      if (why.rfind("copy: ", 0) == 0) {  // out of memory: the copy on disk may be good
+        ::close(fd);
+        return -1;
+      }
+    }
   }
   if (why.empty()) {
     ::futimens(fd, nullptr);  // recently used (the order-less eviction reads mtimes)
     spdlog::debug("shard cache: hit {}", key.url);
     std::lock_guard<std::mutex> l(mu_);
     ++hits_;
+    if (copy >= 0) {
+      ::close(fd);
+      return copy;
+    }
     return fd;
   }
   if (fd >= 0) ::close(fd);
@@ -309,7 +341,7 @@ void ShardCache::Commit(int fd, const Key& key, const Rank& next, uint64_t self)
         return;
       }
       for (uint64_t b = 0; b < len; b += kBlock) {
-        const uint64_t h = HashBytes(buf.data() + b, std::min(kBlock, len - b));
+        const uint64_t h = Checksum(buf.data() + b, std::min(kBlock, len - b));
         tail.append(reinterpret_cast<const char*>(&h), 8);
       }
     }
@@ -364,27 +396,28 @@ void ShardCache::Commit(int fd, const Key& key, const Rank& next, uint64_t self)
       }
       f.rank = url.empty() ? UINT64_MAX : next(url);  // a file without a trailer goes first
     } else {
-      f.rank = UINT64_MAX - static_cast<uint64_t>(std::max<int64_t>(f.mtime_ns, 0));
+      f.rank = kNeverRead;  // no order: the least recently used goes first
     }
     // One that cannot be opened now (out of descriptors) is never a victim for that.
     if (readable) others.push_back(f);
   }
-  // The victims: needed furthest in the future first. A shard needed later than one of them is
-  // not kept instead (MIN); without an order the new shard always stays.
-  std::sort(others.begin(), others.end(),
-            [](const Cached& a, const Cached& b) { return a.rank > b.rank; });
-  size_t victims = 0;
-  uint64_t freed = 0;
-  bool keep = bytes <= max_bytes_;
-  while (keep && total - freed > max_bytes_ && victims < others.size()) {
-    if (next && others[victims].rank < self) keep = false;
-    freed += others[victims++].bytes;
-  }
+  // The caches' one rule (source/cache_policy.h): needed furthest in the future first, and a
+  // shard needed later than one it would displace is not kept (MIN); without an order the
+  // least recently used go and the new shard stays.
+  std::vector<EvictionCandidate> candidates;
+  for (const Cached& f : others)
+    candidates.push_back(
+        {f.rank, f.bytes, static_cast<uint64_t>(std::max<int64_t>(f.mtime_ns, 0))});
+  const Eviction plan = PlanEviction(candidates, total - bytes, bytes, next ? self : kNeverRead,
+                                     max_bytes_, /*bypass=*/static_cast<bool>(next));
+  const bool keep = plan.keep;
+  const size_t victims = plan.victims.size();
   spdlog::debug("shard cache: {} (next use {}): {}, {} evicted", key.url, self,
-                keep ? "kept" : "not kept", keep ? victims : 0);
+                keep ? "kept" : "not kept", victims);
   uint64_t held = total - bytes, evicted = 0;
+  bool linked = keep;
   if (keep) {
-    for (size_t v = 0; v < victims; ++v) {
+    for (size_t v : plan.victims) {
       if (UnlinkIfStill(*dir, others[v].name, others[v].inode)) {
         evicted += others[v].bytes;
         held -= others[v].bytes;
@@ -393,7 +426,7 @@ void ShardCache::Commit(int fd, const Key& key, const Rank& next, uint64_t self)
     if (!dir->Link(fd, name)) {
       // Something that is not a file sits under the name (a folder): this shard is not kept.
       if (errno != EEXIST) WriteFailed(errno);
-      keep = false;
+      linked = false;
     } else {
       held += bytes;
     }
@@ -402,11 +435,11 @@ void ShardCache::Commit(int fd, const Key& key, const Rank& next, uint64_t self)
   const uint64_t inode = ::fstat(fd, &own) == 0 ? static_cast<uint64_t>(own.st_ino) : 0;
   std::lock_guard<std::mutex> l(mu_);
   held_bytes_ = held;
-  held_files_ = listed + (keep ? 1 : 0) - (keep ? victims : 0);
+  held_files_ = listed + (linked ? 1 : 0) - (keep ? victims : 0);
   evicted_bytes_ += evicted;
   evicted_files_ += keep ? victims : 0;
-  if (!keep) ++not_kept_;
-  if (keep) urls_[name] = {inode, key.url};
+  if (!linked) ++not_kept_;
+  if (linked) urls_[name] = {inode, key.url};
 }
 
 nlohmann::json ShardCache::Stats() const {

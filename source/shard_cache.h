@@ -3,7 +3,7 @@
 // epochs and after restarts, by every daemon of the node that reads the same store.
 //
 // A cached shard is one file, `<dir>/<16 hex digits of a hash of its URL>.shard`: the shard's
-// bytes, a checksum (HashBytes, as the stage cache's disk tier) of each kBlock bytes, then a
+// bytes, a checksum (Checksum, XXH3, as the stage cache's disk tier) of each kBlock bytes, then a
 // trailer (JSON {url, size, stamp, block}, its length, a magic). It is written unnamed
 // (O_TMPFILE), synced, and linked under its name only when whole, so a reader never sees a
 // partial file; on use it is checked against the URL, size and stamp (ETag and Last-Modified)
@@ -63,17 +63,24 @@ class ShardCache {
   // A read-only descriptor of `key`'s cached copy (the shard's bytes from offset 0), or -1 when
   // there is none (a damaged or stale copy is removed). Counts a hit or a miss. `check_all`:
   // every byte is checked against its checksum first; else the caller checks what it reads
-  // (Check, Verify) before using it.
-  int Find(const Key& key, bool check_all);
-  // Checks the bytes [offset, offset + n) of `fd` (from Find) against their checksums, reading
-  // the blocks that hold them. false: they differ; the copy was removed and counted damaged.
-  bool Check(int fd, const Key& key, uint64_t offset, uint64_t n);
+  // (CheckedCopy, Verify) before using it. `check_all` with `private_copy`: the bytes are
+  // checked as they are copied into a private in-memory file, which is returned instead of the
+  // cache's file: a copy held for a while stays what was checked, whatever is done to the file
+  // (a descriptor of the file itself sees any later edit of it).
+  int Find(const Key& key, bool check_all, bool private_copy = false);
+  // The bytes of `fd` (from Find) that hold [offset, offset + n), whole blocks, checked against
+  // their checksums as they are copied into a private in-memory file at the same offsets (the
+  // rest of it a hole): what was checked is what is read from it. -1 when they differ (the copy
+  // was removed and counted damaged) or no memory file can be made.
+  int CheckedCopy(int fd, const Key& key, uint64_t offset, uint64_t n);
   // "" when `data`, the n bytes at `offset` of `fd` (from Find; `offset` a multiple of kBlock,
   // n one too or reaching the shard's end), match their checksums; else what differs.
   std::string Verify(int fd, uint64_t size, const char* data, uint64_t offset, uint64_t n) const;
-  // Reads the bytes [from, to) of `fd` (block-aligned `from`) and Verifies them chunk by chunk:
-  // "" or what differs (or cannot be read).
-  std::string ReadAndVerify(int fd, uint64_t size, uint64_t from, uint64_t to) const;
+  // Reads the bytes [from, to) of `fd` (block-aligned `from`) and Verifies them chunk by chunk,
+  // writing each verified chunk at its offset of `copy_to` when one is given: "" or what differs
+  // (or cannot be read or written).
+  std::string ReadAndVerify(int fd, uint64_t size, uint64_t from, uint64_t to,
+                            int copy_to = -1) const;
   // The copy `fd` of `key` is damaged (`why`): removed (if still the file under its name) and
   // counted.
   void Damaged(int fd, const Key& key, const std::string& why);

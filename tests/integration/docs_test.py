@@ -267,7 +267,7 @@ class Site(unittest.TestCase):
                       "return '';})()")
                 return evaluate(js) or ""
 
-            for key in ("ring_slots", "shuffle_window", "cache_budget", "fetch_stall_s"):
+            for key in ("ring_slots", "shuffle_window", "cache_budget", "drop_last"):
                 hits = search(key).split()
                 self.assertTrue(hits, f"the search found nothing for {key}")
                 for url in hits[:5]:  # each result's page has the key

@@ -460,6 +460,43 @@ class CacheTest(RemoteCase):
         self.assertEqual(storage_figures(log)["storage_cache_damaged"], 0)
         n.kill()
 
+    def test_bytes_edited_while_the_daemon_holds_them_are_never_served(self):
+        """Cached shards edited in place while the daemon runs on them, after it checked them:
+        it holds a private copy of what it checked (a descriptor of the file itself would see
+        the edit: the stateful test's seed 2 once stopped on a tar header it read that way), so
+        the batches equal the uncached run's."""
+        url, state, n = self.indexed_then()
+        shard_bytes = (self.data / "shard-000.tar").stat().st_size
+        uncached = config(url, epochs=3, source=f"prefetch_bytes: {shard_bytes * 5 // 2}, fetch_concurrency: 1")
+        want, _, _ = self.run_and_count(url, state, uncached, "plain")
+        self.run_and_count(url, state, self.cached_config(url), "cached")
+        smallest = min((self.data / f"shard-{k:03d}.tar").stat().st_size for k in range(SHARDS))
+        d = Daemon(self.dir, self.cached_config(url), extra=("--state-dir", str(state)))
+        procs = [d.consume(r, "--json", "--hold-ms", "15", "--dump", str(self.dir / f"held{r}")) for r in range(2)]
+        edited = set()
+        while any(p.poll() is None for p in procs):
+            for f in (self.dir / "cache").glob("*.shard"):
+                try:
+                    ino = f.stat().st_ino
+                    if ino in edited:
+                        continue
+                    with open(f, "r+b") as fh:
+                        for at in range(700, smallest, 4096):
+                            fh.seek(at)
+                            b = fh.read(1)
+                            fh.seek(at)
+                            fh.write(bytes([b[0] ^ 0x55]))
+                    edited.add(ino)
+                except FileNotFoundError:
+                    pass  # removed meanwhile (damaged, or evicted)
+            time.sleep(0.03)
+        for p in procs:
+            finish(p, timeout=120)
+        self.assertEqual(d.wait(), 0, d.log())
+        self.assertGreaterEqual(len(edited), SHARDS, "every cached shard was edited while the daemon ran")
+        self.assertSameBatches(want, [self.dir / f"held{r}" for r in range(2)])
+        n.kill()
+
     def test_a_cache_folder_swapped_for_a_symlink_sends_nothing_elsewhere(self):
         """source.cache.dir renamed away and a symlink to a victim put in its place while the
         daemon runs: shards go on into the folder it opened, none into the victim; a symlink

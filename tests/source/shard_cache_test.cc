@@ -137,12 +137,34 @@ TEST(ShardCacheTest, BytesEditedInPlaceAreCaughtByTheChecksums) {
   tamper(3 * ShardCache::kBlock + 10);
   int fd = (*c)->Find(key, false);
   ASSERT_GE(fd, 0);
-  EXPECT_TRUE((*c)->Check(fd, key, 100, 2 * ShardCache::kBlock));
-  EXPECT_TRUE((*c)->Check(fd, key, 4 * ShardCache::kBlock, body.size() - 4 * ShardCache::kBlock));
-  EXPECT_FALSE((*c)->Check(fd, key, 3 * ShardCache::kBlock - 10, 30));
+  auto read_at = [](int f, uint64_t at, uint64_t n) {
+    std::string s(n, '\0');
+    EXPECT_EQ(::pread(f, s.data(), n, static_cast<off_t>(at)), static_cast<ssize_t>(n));
+    return s;
+  };
+  const int near = (*c)->CheckedCopy(fd, key, 100, 2 * ShardCache::kBlock);
+  ASSERT_GE(near, 0);
+  EXPECT_EQ(read_at(near, 100, 2 * ShardCache::kBlock), body.substr(100, 2 * ShardCache::kBlock));
+  const int last =
+      (*c)->CheckedCopy(fd, key, 4 * ShardCache::kBlock, body.size() - 4 * ShardCache::kBlock);
+  ASSERT_GE(last, 0);
+  // What was checked stays what is read, whatever is done to the file afterwards.
+  tamper(4 * ShardCache::kBlock + 1);
+  EXPECT_EQ(read_at(last, 4 * ShardCache::kBlock, 20), body.substr(4 * ShardCache::kBlock, 20));
+  ::close(near);
+  ::close(last);
+  EXPECT_EQ((*c)->CheckedCopy(fd, key, 3 * ShardCache::kBlock - 10, 30), -1);
   ::close(fd);
   EXPECT_EQ((*c)->Stats()["damaged"], ++damaged);
   EXPECT_TRUE(CachedFiles(tmp / "cache").empty());
+  // A private copy of the whole shard: checked as it is copied, and unaffected by later edits.
+  Put(c->get(), key.url, body);
+  fd = (*c)->Find(key, true, /*private_copy=*/true);
+  ASSERT_GE(fd, 0);
+  tamper(9);
+  EXPECT_EQ(read_at(fd, 0, body.size()), body);
+  ::close(fd);
+  std::filesystem::remove(CachedFiles(tmp / "cache")[0]);
   // Streamed: Verify says which bytes differ.
   Put(c->get(), key.url, body);
   tamper(7);
