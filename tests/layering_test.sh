@@ -16,6 +16,14 @@ check source 'engine/|stages/|daemon/|client/'
 check engine 'stages/|daemon/|client/'
 check stages 'daemon/|client/'
 check client 'source/|engine/|stages/|daemon/'
+# Stage families share code through stages/common/ (and FFmpeg input through stages/ffmpeg/),
+# never through each other's folders.
+for family in image text audio video ffmpeg common; do
+  others=$(ls "$src/stages" | grep -vxE "$family|common|ffmpeg" | sed 's|$|/|' | paste -sd'|')
+  [ "$family" = common ] && others=$(ls "$src/stages" | grep -vx common | sed 's|$|/|' | paste -sd'|')
+  [ "$family" = ffmpeg ] && others=$(ls "$src/stages" | grep -vxE 'ffmpeg|common' | sed 's|$|/|' | paste -sd'|')
+  check "stages/$family" "stages/($others)"
+done
 # What a trainer links (the client library) and what the control tool links: no daemon library.
 for b in mmfeed-consume mmfeedctl; do
   libs=$(ldd "$bin/$b") || { echo "ldd $b failed"; exit 1; }

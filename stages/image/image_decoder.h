@@ -10,7 +10,7 @@
 
 #include "base/status.h"
 #include "stages/image/jpeg_decoder.h"
-#include "stages/image/resample.h"
+#include "stages/common/resample.h"
 
 namespace mmfeed {
 

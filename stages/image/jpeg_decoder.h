@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "stages/image/resample.h"
+#include "stages/common/resample.h"
 
 namespace mmfeed {
 

@@ -28,8 +28,8 @@
 
 #include "engine/registry.h"
 #include "stages/ffmpeg/av_input.h"
-#include "stages/image/qwen_vision.h"
-#include "stages/image/resample.h"
+#include "stages/common/qwen_patches.h"
+#include "stages/common/resample.h"
 #include "stages/video/video_sampler.h"
 
 namespace mmfeed {

@@ -6,7 +6,7 @@
 
 #include "base/simd.h"
 #include "stages/image/jpeg_decoder.h"
-#include "stages/image/resample.h"
+#include "stages/common/resample.h"
 #include "tests/stage_util.h"
 #include "tests/test_util.h"
 

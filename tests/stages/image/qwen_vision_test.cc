@@ -1,4 +1,4 @@
-#include "stages/image/qwen_vision.h"
+#include "stages/common/qwen_patches.h"
 
 #include <gtest/gtest.h>
 

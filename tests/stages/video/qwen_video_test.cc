@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "stages/image/qwen_vision.h"
+#include "stages/common/qwen_patches.h"
 #include "tests/stage_util.h"
 #include "tests/test_util.h"
 

@@ -1,4 +1,4 @@
-#include "stages/image/resample.h"
+#include "stages/common/resample.h"
 
 #include <immintrin.h>
 

@@ -1,5 +1,6 @@
 // The arithmetic of Qwen's vision preprocessing (Hugging Face's Qwen2VLImageProcessor and
-// Qwen3VLVideoProcessor), shared by the qwen_vision and qwen_video stages and their tests.
+// Qwen3VLVideoProcessor), shared by the qwen_vision and qwen_video stages and their tests: the
+// stage families share it here (stages/common/), not through each other's folders.
 #pragma once
 
 #include <cstdint>
