@@ -1,9 +1,8 @@
-#include "stages/common/qwen_patches.h"
-
 #include <gtest/gtest.h>
 
 #include <opencv2/imgcodecs.hpp>
 
+#include "stages/common/qwen_patches.h"
 #include "tests/stage_util.h"
 #include "tests/test_util.h"
 
