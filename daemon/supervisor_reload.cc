@@ -117,16 +117,16 @@ Result<nlohmann::json> Supervisor::ApplyReload(PreparedReload& p) {
   // boundary, each source going on from where it stood.
   const bool at_batch = p.at_batch && at_epoch;
   if (at_batch) {
-    const std::string why_not =
+    const WhyNot why_not =
         renumber || !p.changes.weights_only
             ? fmt::format("it changes more than a weighted mixture's weights ({})",
                           p.changes.Summary())
             : next->WhyNotSwitchWeights(*pipeline_);
-    if (!why_not.empty())
+    if (why_not)
       return Status::Unsupported(fmt::format(
           "reload at a batch boundary refused: {}; reload without --at batch to switch at the "
           "next epoch boundary",
-          why_not));
+          *why_not));
     at_epoch = false;
   }
   // A new metrics endpoint is listening before anything changes, or the reload is refused.

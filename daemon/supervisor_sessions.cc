@@ -170,7 +170,7 @@ Status Supervisor::CheckResume(int rank, shm::RingWriter& ring, const StreamCurs
           c.epoch, c.position, resumed_->epoch, resumed_->position, resumed_->from);
     else if (c.order && !pipeline_->positional())
       why += fmt::format("; this pipeline cannot resume a job at a position: {}",
-                         pipeline_->why_not_positional());
+                         *pipeline_->why_not_positional());
     else if (c.order) {
       const Result<Pipeline::Origin> o = pipeline_->Rebased(c.epoch, c.position, c.lanes, c.nodes);
       why = !o.ok() ? fmt::format("{}; the job cannot resume at its position: {}", why,

@@ -55,7 +55,7 @@ Status Supervisor::LoadState(std::optional<StreamState> saved) {
         StatePath(), saved->origin_base, why));
   };
   if (saved->origin_base) {
-    if (!pipeline_->positional()) return bad_base(": " + pipeline_->why_not_positional());
+    if (!pipeline_->positional()) return bad_base(": " + *pipeline_->why_not_positional());
     Result<Pipeline::Origin> o = pipeline_->Rebased(saved->origin_epoch, saved->origin_base,
                                                     saved->origin_lanes, saved->origin_nodes);
     if (!o.ok()) return bad_base(": " + o.status().message());

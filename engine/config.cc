@@ -488,9 +488,9 @@ StageConfig ParseStage(const YAML::Node& n, const std::string& base_dir) {
     if (sc.schema->kind == StageKind::kBatch)
       Fail(c, "a batch stage keeps no per-sample outputs: put 'cache' on the stages it joins");
     if (sc.stage) {
-      const std::string why = sc.stage->WhyNotCacheable();
-      if (!why.empty() && sc.stage->OwnCache().empty())
-        Fail(c, fmt::format("stage '{}' ({}) cannot be cached: {}", sc.name, sc.type, why));
+      const WhyNot why = sc.stage->WhyNotCacheable();
+      if (why && !sc.stage->OwnCache())
+        Fail(c, fmt::format("stage '{}' ({}) cannot be cached: {}", sc.name, sc.type, *why));
     }
     sc.cache = true;
     sc.cache_mark = ToMark(c.Mark());

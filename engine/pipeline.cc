@@ -125,7 +125,7 @@ void Pipeline::QuiesceAtBatch() {
   stop_at_batch_.store(true, std::memory_order_release);
 }
 
-std::string Pipeline::WhyNotSwitchWeights(const Pipeline& running) const {
+WhyNot Pipeline::WhyNotSwitchWeights(const Pipeline& running) const {
   if (!catalog_->mixture || !running.catalog_->mixture) return "not a mixture";
   if (budgeted()) return "token budgets plan whole epochs";
   if (cfg_.packed_stage >= 0) return "a packed text stream's rows cross batches";
@@ -138,7 +138,8 @@ std::string Pipeline::WhyNotSwitchWeights(const Pipeline& running) const {
         "next epoch-boundary reload",
         running.origin_.epoch, running.origin_.base);
   const Status st = Mixture::CanSwitch(*running.catalog_->mixture, *catalog_->mixture);
-  return st.ok() ? "" : st.message();
+  if (st.ok()) return std::nullopt;
+  return st.message();
 }
 
 Status Pipeline::SwitchWeightsAt(const Pipeline& running, uint64_t seq) {
@@ -864,7 +865,7 @@ std::vector<StageInfo> Pipeline::StageInfos() const {
     infos.back().tuning = {
         {"cpu_advice", stage.CpuAdvice()},
         {"cache_entry_bytes", stage.CacheEntryBytes()},
-        {"cacheable", stage.WhyNotCacheable().empty() || !stage.OwnCache().empty()},
+        {"cacheable", !stage.WhyNotCacheable() || stage.OwnCache().has_value()},
         {"epoch_samples", batches_per_epoch_ * static_cast<uint64_t>(cfg_.batch_size) *
                               static_cast<uint64_t>(cfg_.consumers)},
         {"cache_max_bytes", b->cache ? b->cache->stats().max_bytes : 0}};

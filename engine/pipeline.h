@@ -174,8 +174,8 @@ class Pipeline {
   // permutation mode or in shard windows (its nodes' parts interleaved); a mixture (its lanes
   // interleaved) without a weight switch (and with a budget, under 2^32 draws an epoch: the
   // rings carry a budgeted position in 32 bits). Else the reason it has none.
-  bool positional() const { return why_not_positional().empty(); }
-  std::string why_not_positional() const;
+  bool positional() const { return !why_not_positional(); }
+  WhyNot why_not_positional() const;
   // With a token budget: the job's position at cursor `c`, where the step of its batch starts
   // (EpochPlan::steps). The rings carry it in each slot (the client cannot compute it).
   uint64_t StepStart(const StreamCursor& c) const;
@@ -213,11 +213,11 @@ class Pipeline {
   // `running` at a batch boundary ("") or not, and why: not a weighted mixture on one node, a
   // source read in shard windows, token budgets, a packed text stream, or the sources' data
   // changed.
-  std::string WhyNotSwitchWeights(const Pipeline& running) const;
+  WhyNot WhyNotSwitchWeights(const Pipeline& running) const;
   // Takes over from `running` at its batch `seq` (every rank's next): `running`'s mixture
   // before it, this one's weights after, each source's draws going on from where it stood
   // (Mixture::Switched); MixSwitches() then names every switch so far.
-  // REQUIRES: WhyNotSwitchWeights(running) is "", before Start().
+  // REQUIRES: WhyNotSwitchWeights(running) says nothing, before Start().
   Status SwitchWeightsAt(const Pipeline& running, uint64_t seq);
   // The weight switches its mixture makes (MixConfig::switches).
   std::vector<MixSwitch> MixSwitches() const {

@@ -435,13 +435,13 @@ Status Pipeline::MakeCaches() {
     if (!b->cfg->cache) continue;
     for (size_t from : b->read_branches) {
       const StageConfig& read = *branches_[from]->cfg;
-      const std::string why = read.stage->WhyNotCacheable();
-      if (!why.empty())
+      const WhyNot why = read.stage->WhyNotCacheable();
+      if (why)
         return Status::Invalid(fmt::format(
             "{}:{}:{}: stage '{}' cannot be cached: it reads stage '{}', whose outputs change "
             "per epoch ({})",
             cfg_.file, b->cfg->cache_mark.line, b->cfg->cache_mark.column, b->cfg->name, read.name,
-            why));
+            *why));
     }
     // A ragged output keeps its rows only, unless another output counts its rows by it (an
     // image grid whose unused rows must stay zero: RaggedRows reads all of them).
@@ -453,7 +453,7 @@ Status Pipeline::MakeCaches() {
     }
     for (int from : std::vector<int>(b->cache_rows_from))
       if (from >= 0) b->cache_rows_from[from] = -1;
-    b->own_cache = !b->cfg->stage->WhyNotCacheable().empty();
+    b->own_cache = b->cfg->stage->WhyNotCacheable().has_value();
     std::unique_ptr<SampleDisk> disk;
     if (!b->cfg->cache_disk_dir.empty()) {
       MMFEED_ASSIGN_OR_RETURN(disk, SampleDisk::Open(b->cfg->cache_disk_dir, b->cfg->name,
@@ -481,7 +481,7 @@ int Pipeline::RowsOf(uint32_t epoch, uint64_t index) const {
   return static_cast<int>(std::min(bs, PerRank(epoch) - index * bs));
 }
 
-std::string Pipeline::why_not_positional() const {
+WhyNot Pipeline::why_not_positional() const {
   if (catalog_->mixture && !catalog_->mixture->switches().empty())
     return "the mixture's weights changed at a batch boundary";
   if (cfg_.packed_stage >= 0) return "a packed text stream's rows cross batches";
@@ -489,7 +489,7 @@ std::string Pipeline::why_not_positional() const {
       catalog_->mixture->per_lane() * catalog_->mixture->lanes() > UINT32_MAX)
     return "a token-budget mixture's epoch holds 4G draws or more (the rings carry a budgeted "
            "position in 32 bits)";
-  return "";
+  return std::nullopt;
 }
 
 uint64_t Pipeline::StepStart(const StreamCursor& c) const {

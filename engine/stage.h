@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -16,6 +17,9 @@
 #include "source/sample.h"
 
 namespace mmfeed {
+
+// Why something cannot be done; nothing (std::nullopt) when it can.
+using WhyNot = std::optional<std::string>;
 
 // A stage's `cache:` for a stage that keeps the deterministic first part of its own work
 // (Stage::OwnCache): what it kept for this sample in an earlier epoch, and a way to keep it.
@@ -103,22 +107,23 @@ class Stage {
     std::string tokens, patches;
   };
   virtual CostOutputs Costs() const { return {}; }
-  // Why a `cache:` cannot keep this stage's outputs, or "" when they are a function of the
-  // sample alone (its fields, and the tensors it reads of other such stages): the same in every
-  // epoch, so that a later epoch may copy them (engine/sample_cache.h).
-  virtual std::string WhyNotCacheable() const {
+  // Why a `cache:` cannot keep this stage's outputs, or nothing when they are a function of
+  // the sample alone (its fields, and the tensors it reads of other such stages): the same in
+  // every epoch, so that a later epoch may copy them (engine/sample_cache.h).
+  virtual WhyNot WhyNotCacheable() const {
     return "its outputs are not declared the same in every epoch";
   }
   // For a stage whose outputs change per epoch: what a `cache:` keeps of its work instead (it
-  // reads and fills SampleContext::memo), and what its outputs then equal; "" if nothing.
-  virtual std::string OwnCache() const { return ""; }
+  // reads and fills SampleContext::memo), and what its outputs then equal; nothing if it keeps
+  // none.
+  virtual std::optional<std::string> OwnCache() const { return std::nullopt; }
   // What the profile may advise when this stage limits the job on CPU: its own settings that
   // would make each item cheaper, each "key: value (why)", only those not in force already.
   virtual std::vector<std::string> CpuAdvice() const { return {}; }
   // The bytes a `cache:` keeps per sample of this stage: its outputs when they are cacheable and
   // of fixed size, what OwnCache keeps when the stage measures it, else 0 (not known).
   virtual double CacheEntryBytes() const {
-    if (!WhyNotCacheable().empty()) return 0;
+    if (WhyNotCacheable()) return 0;
     double bytes = 0;
     for (const TensorSpec& s : OutputSpecs()) {
       if (!s.rows_from.empty()) return 0;  // ragged: its size depends on the sample

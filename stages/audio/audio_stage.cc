@@ -105,10 +105,11 @@ class AudioStage : public Stage {
   std::unique_ptr<StageWorker> NewWorker() const override {
     return std::make_unique<AudioWorker>(p_);
   }
-  std::string WhyNotCacheable() const override {
-    return p_.random_crop ? "crop: random draws a new window every epoch" : "";
+  WhyNot WhyNotCacheable() const override {
+    if (p_.random_crop) return "crop: random draws a new window every epoch";
+    return std::nullopt;
   }
-  std::string OwnCache() const override {
+  std::optional<std::string> OwnCache() const override {
     return "the waveform decoded and resampled (4 bytes a sample), then cut and its features "
            "computed per epoch: outputs equal the config without cache:";
   }

@@ -203,16 +203,16 @@ class ImageStage : public Stage {
   std::unique_ptr<StageWorker> NewWorker() const override {
     return std::make_unique<ImageWorker>(p_, &tally_);
   }
-  std::string WhyNotCacheable() const override {
+  WhyNot WhyNotCacheable() const override {
     const std::string decoded =
         p_.dct_asked ? "; with dct_scaling: auto or off, a cache keeps the decoded pixels" : "";
     if (p_.crop == Crop::kRandomResized)
       return "crop: random_resized_crop draws a new crop every epoch" + decoded;
     if (p_.flip > 0) return "flip draws a new flip every epoch" + decoded;
-    return "";
+    return std::nullopt;
   }
-  std::string OwnCache() const override {
-    if (p_.dct_asked) return "";  // the pixels of a full decode are not those it asked for
+  std::optional<std::string> OwnCache() const override {
+    if (p_.dct_asked) return std::nullopt;  // a full decode's pixels are not those it asked for
     return "each image decoded at full size (width x height x 3 bytes), then cropped, resized and "
            "flipped per epoch: outputs equal dct_scaling: off";
   }
@@ -230,8 +230,8 @@ class ImageStage : public Stage {
     return out;
   }
   double CacheEntryBytes() const override {
-    if (WhyNotCacheable().empty()) return Stage::CacheEntryBytes();
-    if (OwnCache().empty()) return 0;
+    if (!WhyNotCacheable()) return Stage::CacheEntryBytes();
+    if (!OwnCache()) return 0;
     const uint64_t n = tally_.images.load(std::memory_order_relaxed);
     return n ? static_cast<double>(tally_.bytes.load(std::memory_order_relaxed)) / n : 0;
   }

@@ -106,7 +106,7 @@ class QwenVisionStage : public Stage {
     return std::make_unique<QwenVisionWorker>(p_);
   }
   CostOutputs Costs() const override { return {"", p_.q.name}; }
-  std::string WhyNotCacheable() const override { return ""; }
+  WhyNot WhyNotCacheable() const override { return std::nullopt; }
 
  private:
   QwenParams p_;

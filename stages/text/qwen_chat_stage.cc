@@ -231,7 +231,7 @@ class ChatStage : public Stage {
   }
   CostOutputs Costs() const override { return {p_.name + "_lengths", ""}; }
   Inputs ExtraInputs() const override { return p_.inputs; }
-  std::string WhyNotCacheable() const override { return ""; }
+  WhyNot WhyNotCacheable() const override { return std::nullopt; }
 
  private:
   ChatParams p_;

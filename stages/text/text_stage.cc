@@ -113,7 +113,7 @@ class TextStage : public Stage {
     return std::make_unique<TextWorker>(p_);
   }
   CostOutputs Costs() const override { return {p_.name + "_lengths", ""}; }
-  std::string WhyNotCacheable() const override { return ""; }
+  WhyNot WhyNotCacheable() const override { return std::nullopt; }
 
  private:
   TextParams p_;

@@ -27,9 +27,9 @@
 #include <functional>
 
 #include "engine/registry.h"
-#include "stages/ffmpeg/av_input.h"
 #include "stages/common/qwen_patches.h"
 #include "stages/common/resample.h"
+#include "stages/ffmpeg/av_input.h"
 #include "stages/video/video_sampler.h"
 
 namespace mmfeed {
@@ -214,7 +214,7 @@ class QwenVideoStage : public Stage {
   }
   std::vector<std::pair<std::string, double>> Metrics() const override { return shared_.Metrics(); }
   CostOutputs Costs() const override { return {"", p_.q.name}; }
-  std::string WhyNotCacheable() const override { return ""; }
+  WhyNot WhyNotCacheable() const override { return std::nullopt; }
 
  private:
   QwenVideoParams p_;

@@ -113,12 +113,12 @@ class VideoStage : public Stage {
     return std::make_unique<VideoWorker>(name_, o_, &cache_, &shared_);
   }
   std::vector<std::pair<std::string, double>> Metrics() const override { return shared_.Metrics(); }
-  std::string WhyNotCacheable() const override {
+  WhyNot WhyNotCacheable() const override {
     if (o_.sampling == VideoSampling::kClip && o_.clip_start < 0)
       return "clip_start: random draws a new clip every epoch (the decoded video it is cut from "
              "is many times the clip: a fixed clip_start, or uniform, timestamps or keyframes "
              "sampling, is cacheable)";
-    return "";
+    return std::nullopt;
   }
 
  private:

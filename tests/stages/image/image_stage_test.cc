@@ -5,8 +5,8 @@
 #include <random>
 
 #include "base/simd.h"
-#include "stages/image/jpeg_decoder.h"
 #include "stages/common/resample.h"
+#include "stages/image/jpeg_decoder.h"
 #include "tests/stage_util.h"
 #include "tests/test_util.h"
 
@@ -82,10 +82,17 @@ TEST(ImageStageTest, ACachedDecodeGivesTheBytesOfDctScalingOff) {
                                                     {"dct_scaling", std::string("off")}};
   auto plain = MakeStage("image", "image", params);
   auto cached = MakeStage("image", "image", params);
-  EXPECT_NE(plain->OwnCache(), "");
+  EXPECT_TRUE(plain->OwnCache().has_value());
   auto with_on = params;
   with_on["dct_scaling"] = std::string("on");
-  EXPECT_EQ(MakeStage("image", "image", with_on)->OwnCache(), "") << "not what it asked for";
+  EXPECT_FALSE(MakeStage("image", "image", with_on)->OwnCache()) << "not what it asked for";
+  // Why not, or nothing: a random crop says why; a center crop without flip is cacheable.
+  EXPECT_NE(plain->WhyNotCacheable().value_or("").find("random_resized_crop"), std::string::npos);
+  auto center = params;
+  center["crop"] = std::string("center");
+  center["flip"] = 0.0;
+  EXPECT_FALSE(MakeStage("image", "image", center)->WhyNotCacheable().has_value());
+  EXPECT_EQ(MakeStage("image", "image", center)->CacheEntryBytes(), 96.0 * 64 * 3 * 4);
   for (const char* name : {"photo00.jpg", "photo00_progressive.jpg", "photo01_gray.jpg",
                            "photo02.png", "photo07.jpg", "photo13.jpg"}) {
     const FieldValue in = PathField(TestData(std::string("photos/") + name));
