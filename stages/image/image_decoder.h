@@ -9,8 +9,8 @@
 #include <string_view>
 
 #include "base/status.h"
-#include "stages/image/jpeg_decoder.h"
 #include "stages/common/resample.h"
+#include "stages/image/jpeg_decoder.h"
 
 namespace mmfeed {
 
