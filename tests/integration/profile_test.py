@@ -5,7 +5,7 @@ with the config's `faults:` (refused without --allow-faults, tested here too).
 
 usage: profile_test.py --bin BUILD/bin
 """
-import json, os, pathlib, socket, subprocess, sys, time, unittest
+import json, os, pathlib, re, socket, subprocess, sys, time, unittest
 
 import daemon_test
 from daemon_test import Daemon, DaemonCase, make_dataset
@@ -241,6 +241,18 @@ class ProfileToolTest(ProfileCase):
         _, err = waiting.communicate(timeout=30)
         self.assertEqual(waiting.returncode, 1)
         self.assertTrue("stopped before the profile's window ended" in err or "closed" in err, err)
+
+    def test_explain_says_what_every_column_means(self):
+        """Issue #60: "trainers hold batches 107% of the time" was unexplained. Every column of
+        both reports is explained, held as a count; no daemon is needed to ask."""
+        r = subprocess.run([f"{daemon_test.BIN}/mmfeedctl", "--socket", "/nonexistent.sock", "profile", "--explain"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for column in ("workers", "items/s", "errors", "work s", "share", "busy", "starved", "blocked", "cpu",
+                       "runq", "p50, p99", "queue", "cores", "batches/s", "waited", "held", "ready", "taken",
+                       "pressure"):
+            self.assertRegex(r.stdout, rf"(?m)^\s*{re.escape(column)}\b|{re.escape(column)}:", column)
+        self.assertIn("not a share: the mean number of batches the trainer held", r.stdout)
 
     def test_bad_arguments(self):
         make_dataset(self.dir, 64)
