@@ -25,7 +25,7 @@ inline constexpr char kServiceSocket[] = "/run/mmfeed/mmfeed.sock";
 
 // The job a trainer process belongs to, as its launcher says (torchrun's or Slurm's variables,
 // or explicit arguments; client/client.h, JobShapeFromEnvironment): what a daemon with
-// `consumers: auto` adopts (issue #31). A node runs `local_world_size` trainers, one per
+// `consumers: auto` adopts. A node runs `local_world_size` trainers, one per
 // consumer rank; the job has `num_nodes` such nodes, this one is `node_rank`.
 struct JobShape {
   int rank = 0, world_size = 1;              // the trainer's global rank, of world_size

@@ -426,7 +426,7 @@ int main(int argc, char** argv) {
     if (json)
       std::printf("%s\n", r.dump(2).c_str());
     else {
-      // When each change reaches the trainers: "when" (a daemon before issue #60 has none).
+      // When each change reaches the trainers: "when" (absent from an older daemon's reply).
       const std::string when = r.value("when", std::string());
       const std::string rings = r.value("rings", std::string("unchanged"));
       std::printf("reloaded %s: %s; applied %s%s%s\n", r["config"].get<std::string>().c_str(),

@@ -607,8 +607,8 @@ Status CheckSampleFiles(const PipelineConfig& cfg, const PathCheck& c) {
   return Status::Ok();
 }
 
-// What the pipeline will do, defaults included, for `--check` (issue #60: a user could not see
-// the epochs, order, workers or ring sizes in force without reading the source).
+// What the pipeline will do, defaults included, for `--check`: the epochs, order, workers and
+// ring sizes in force, so that no one needs the source to know them.
 std::string SettingsInForce(const PipelineConfig& cfg, const Pipeline& p, const RingPlan& plan) {
   const SourceConfig& s = cfg.source;
   std::string out = "in force:\n";

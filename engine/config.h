@@ -83,7 +83,7 @@ struct PipelineConfig {
   int replicas = 1;
   int trainers() const { return consumers * replicas; }
   // `consumers: auto` (and source.node_auto: `node_rank`/`num_nodes: auto`): the job's shape
-  // comes from the trainers' attach (issue #31); consumers 1 (node 0 of 1) until AdoptShape.
+  // comes from the trainers' attach; consumers 1 (node 0 of 1) until AdoptShape.
   bool consumers_auto = false;
   // `replicas: auto` (with consumers: auto): the group size the trainers declare (JobShape::
   // replicas; 1 when they declare none); replicas 1 until AdoptShape.

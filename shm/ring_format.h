@@ -20,7 +20,9 @@ constexpr uint64_t kControlMagic = 0x4c52544344464d4dull;  // "MMFDCTRL" little-
 // Bump whenever a struct below, a constant, or the meaning of a field changes.
 // 2: control area split from the data area; attach generations; the cursor in descriptors.
 // 3: the reader's wait_ns and hold_ns in the control header (the trainers' data stall).
-constexpr uint32_t kRingLayoutVersion = 3;
+// 4: the slot descriptor's next_stream and next_position, in what were reserved words (given
+//    their meanings under version 3 without the bump the rule asks for: now bumped).
+constexpr uint32_t kRingLayoutVersion = 4;
 
 constexpr uint32_t kMaxTensors = 16;
 constexpr uint32_t kMaxDims = 6;
@@ -109,14 +111,14 @@ struct SlotDescriptor {
   uint32_t epoch;
   uint32_t num_samples;
   uint32_t num_tensors;
-  // A token-budget order's position after this batch (ring_format.md; 0 from older daemons).
+  // A token-budget order's position after this batch (ring_format.md).
   uint32_t next_position;
   uint64_t ids_offset;  // sample ids: num_samples NUL-terminated strings, from the slot's start
   uint64_t ids_bytes;
   uint64_t payload_bytes;  // bytes used from payload_offset
   // The rank's stream cursor after this batch: attach with it to continue after this batch.
   uint32_t next_epoch;
-  uint32_t next_stream;  // the stream's tag (0 from daemons before it was named)
+  uint32_t next_stream;  // the stream's tag
   uint64_t next_batch;   // index of the next batch within next_epoch
   uint64_t next_seq;
   TensorDesc tensors[kMaxTensors];

@@ -1,5 +1,5 @@
 // Mixture: many sources in one stream, as a pure function of (seed, epoch, lane, position), so
-// that any cursor is reached without replaying anything (issue #30).
+// that any cursor is reached without replaying anything.
 //
 // Quotas. Every epoch each source gets a fixed number of draws: weighted mode apportions
 // `samples_per_epoch` by weight with largest remainders (the quotas sum to it exactly); epochs

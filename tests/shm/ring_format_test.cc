@@ -10,7 +10,7 @@ namespace mmfeed::shm {
 namespace {
 
 TEST(RingFormatTest, VersionAndMagic) {
-  EXPECT_EQ(kRingLayoutVersion, 3u);
+  EXPECT_EQ(kRingLayoutVersion, 4u);
   EXPECT_EQ(kRingMagic, 0x474e495244464d4dull);
   EXPECT_EQ(std::memcmp(&kRingMagic, "MMFDRING", 8), 0);
   EXPECT_EQ(std::memcmp(&kControlMagic, "MMFDCTRL", 8), 0);
