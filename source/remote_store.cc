@@ -19,6 +19,7 @@
 #include <set>
 
 #include "base/clock.h"
+#include "source/aws_credentials.h"
 #include "source/cache_policy.h"
 #include "source/index_file.h"
 #include "source/shard_index.h"
@@ -40,33 +41,6 @@ std::string Trim(const std::string& s) {
   const size_t b = s.find_first_not_of(" \t\r");
   if (b == std::string::npos) return "";
   return s.substr(b, s.find_last_not_of(" \t\r") - b + 1);
-}
-
-// aws_access_key_id, aws_secret_access_key and aws_session_token of `profile` in an AWS
-// credentials file (INI: "[profile]" then "key = value" lines).
-Status ReadCredentialsFile(const std::string& path, const std::string& profile, std::string* key,
-                           std::string* secret, std::string* token) {
-  std::ifstream in(path);
-  if (!in) return Status::NotFound(fmt::format("{}: cannot open the credentials file", path));
-  std::string line, section;
-  while (std::getline(in, line)) {
-    line = Trim(line);
-    if (line.empty() || line[0] == '#' || line[0] == ';') continue;
-    if (line.front() == '[' && line.back() == ']') {
-      section = Trim(line.substr(1, line.size() - 2));
-      continue;
-    }
-    const size_t eq = line.find('=');
-    if (section != profile || eq == std::string::npos) continue;
-    const std::string k = Trim(line.substr(0, eq)), v = Trim(line.substr(eq + 1));
-    if (k == "aws_access_key_id") *key = v;
-    if (k == "aws_secret_access_key") *secret = v;
-    if (k == "aws_session_token") *token = v;
-  }
-  if (key->empty() || secret->empty())
-    return Status::Invalid(fmt::format(
-        "{}: profile [{}] has no aws_access_key_id and aws_secret_access_key", path, profile));
-  return Status::Ok();
 }
 
 }  // namespace
@@ -249,9 +223,12 @@ Result<std::unique_ptr<RemoteStore>> RemoteStore::Create(const RemoteConfig& cfg
               path));
       }
     }
-    if (!file.empty())
-      MMFEED_RETURN_IF_ERROR(
-          ReadCredentialsFile(file, profile, &s->s3_key_, &s->s3_secret_, &s->s3_token_));
+    if (!file.empty()) {
+      MMFEED_ASSIGN_OR_RETURN(AwsCredentials c, ReadAwsCredentials(file, profile));
+      s->s3_key_ = std::move(c.key);
+      s->s3_secret_ = std::move(c.secret);
+      s->s3_token_ = std::move(c.token);
+    }
   }
   if (!cfg.cache_dir.empty()) {
     MMFEED_ASSIGN_OR_RETURN(s->cache_, ShardCache::Open(cfg.cache_dir, cfg.cache_max_bytes));
