@@ -12,7 +12,8 @@
 
 namespace mmfeed {
 
-Status WriteFileAtomically(const std::string& path, const std::string& text) {
+Status WriteAtomicallyAt(int dir_fd, const std::string& name, const std::string& shown,
+                         const std::string& text) {
   // A fresh name per call (pid, a counter): two writers never share a temporary file, and
   // O_EXCL | O_NOFOLLOW refuse anything already there, a planted symlink included.
   // A name taken by something planted there is skipped.
@@ -20,28 +21,35 @@ Status WriteFileAtomically(const std::string& path, const std::string& text) {
   std::string tmp;
   int fd = -1;
   for (int attempt = 0; fd < 0 && attempt < 100; ++attempt) {
-    tmp = fmt::format("{}.tmp.{}.{}", path, ::getpid(), counter.fetch_add(1));
-    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    tmp = fmt::format("{}.tmp.{}.{}", name, ::getpid(), counter.fetch_add(1));
+    fd = ::openat(dir_fd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0 && errno != EEXIST) break;
   }
-  if (fd < 0) return Status::Io(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
+  if (fd < 0)
+    return Status::Io(
+        fmt::format("cannot write {}: {}", dir_fd == AT_FDCWD ? tmp : shown, std::strerror(errno)));
   int err = 0;
   size_t done = 0;
   while (done < text.size() && !err) {
-    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
     if (n < 0 && errno != EINTR) err = errno;
     if (n > 0) done += static_cast<size_t>(n);
   }
   if (!err && ::fsync(fd) != 0) err = errno;
   if (::close(fd) != 0 && !err) err = errno;
-  if (!err && std::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (!err && ::renameat(dir_fd, tmp.c_str(), dir_fd, name.c_str()) != 0) err = errno;
   if (err) {
-    ::unlink(tmp.c_str());
-    return Status::Io(fmt::format("cannot write {}: {}", path, std::strerror(err)));
+    ::unlinkat(dir_fd, tmp.c_str(), 0);
+    return Status::Io(fmt::format("cannot write {}: {}", shown, std::strerror(err)));
   }
-  size_t slash = path.rfind('/');
-  std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  return Status::Ok();
+}
+
+Status WriteFileAtomically(const std::string& path, const std::string& text) {
+  MMFEED_RETURN_IF_ERROR(WriteAtomicallyAt(AT_FDCWD, path, path, text));
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);

@@ -20,6 +20,11 @@
 namespace mmfeed {
 
 Status WriteFileAtomically(const std::string& path, const std::string& text);
+// The same for `name` in the folder open as `dir_fd` (AT_FDCWD: `name` is a path), without the
+// folder's fsync (the caller's, who holds the folder): DirFd::WriteAtomically and the above.
+// `shown` names the file in errors.
+Status WriteAtomicallyAt(int dir_fd, const std::string& name, const std::string& shown,
+                         const std::string& text);
 
 // std::nullopt when the file does not exist.
 Result<std::optional<std::string>> ReadSmallFile(const std::string& path, size_t max_bytes);

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include "base/atomic_file.h"
+
 namespace mmfeed {
 namespace {
 
@@ -198,30 +200,7 @@ bool DirFd::Stat(const std::string& name, struct stat* st) const {
 }
 
 Status DirFd::WriteAtomically(const std::string& name, const std::string& text) const {
-  static std::atomic<uint64_t> counter{0};
-  std::string tmp;
-  int fd = -1;
-  for (int attempt = 0; fd < 0 && attempt < 100; ++attempt) {
-    tmp = fmt::format("{}.tmp.{}.{}", name, ::getpid(), counter.fetch_add(1));
-    fd = OpenFile(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
-    if (fd < 0 && errno != EEXIST) break;
-  }
-  const std::string path = path_ + "/" + name;
-  if (fd < 0) return Status::Io(fmt::format("cannot write {}: {}", path, std::strerror(errno)));
-  int err = 0;
-  size_t done = 0;
-  while (done < text.size() && !err) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno != EINTR) err = errno;
-    if (n > 0) done += static_cast<size_t>(n);
-  }
-  if (!err && ::fsync(fd) != 0) err = errno;
-  if (::close(fd) != 0 && !err) err = errno;
-  if (!err && !Rename(tmp, name)) err = errno;
-  if (err) {
-    Unlink(tmp);
-    return Status::Io(fmt::format("cannot write {}: {}", path, std::strerror(err)));
-  }
+  MMFEED_RETURN_IF_ERROR(WriteAtomicallyAt(fd_, name, path_ + "/" + name, text));
   ::fsync(fd_);
   return Status::Ok();
 }

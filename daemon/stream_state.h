@@ -38,12 +38,12 @@ struct StreamState {
   std::string fingerprint;  // Pipeline::fingerprint() of the pipeline making batches from origin
   uint32_t origin_epoch = 0;
   uint64_t origin_seq = 0;
-  uint32_t origin_stream = 0, origin_previous = 0;  // Pipeline::Origin (0: not kept)
+  uint32_t origin_stream = 0, origin_previous = 0;  // StreamOrigin (0: not kept)
   std::vector<StreamCursor> ranks;
   std::string config_file, config_text;  // empty text: a version 1 file
-  uint64_t origin_base = 0;              // Pipeline::Origin::base
-  uint32_t origin_lanes = 0;             // Pipeline::Origin::lanes
-  uint32_t origin_nodes = 0;             // Pipeline::Origin::nodes
+  uint64_t origin_base = 0;              // StreamOrigin::base
+  uint32_t origin_lanes = 0;             // StreamOrigin::lanes
+  uint32_t origin_nodes = 0;             // StreamOrigin::nodes
   std::vector<MixSwitch> mix_switches;   // MixConfig::switches of the config
 };
 

@@ -6,16 +6,6 @@
 
 namespace mmfeed {
 
-Result<std::unique_ptr<Pipeline>> BuildOnly(const PipelineConfig& cfg,
-                                            std::vector<std::unique_ptr<UnusedSink>>* owned) {
-  std::vector<BatchSink*> sinks;
-  for (int r = 0; r < cfg.consumers; ++r) {
-    owned->push_back(std::make_unique<UnusedSink>());
-    sinks.push_back(owned->back().get());
-  }
-  return Pipeline::Create(cfg, sinks);
-}
-
 int Supervisor::Run() {
   if (!opt_.state_dir.empty()) {
     Result<std::optional<StreamState>> read = SavedStream();
@@ -86,7 +76,6 @@ int Supervisor::Build(std::string* why) {
   if (!fits.ok()) return fail(1, fits.message());
   const shm::SlotLayout& layout = plan.layout;
   ring_bytes_ = plan.total_bytes;
-  const StageConfig* packed = cfg_.packed_stage >= 0 ? &cfg_.stages[cfg_.packed_stage] : nullptr;
   std::vector<BatchSink*>& sinks = pipeline_sinks_;
   auto rings = MakeRings(cfg_, plan);
   if (!rings.ok()) return fail(1, rings.status().message());
@@ -95,10 +84,8 @@ int Supervisor::Build(std::string* why) {
   awaiting_reattach_.resize(cfg_.trainers());
   for (int r = 0; r < cfg_.consumers; ++r) {
     sinks.push_back(sinks_[r].get());
-    if (packed) {
-      packers_.push_back(std::make_unique<PackingSink>(
-          sinks.back(), packed->params.GetInt("max_len"), cfg_.batch_size,
-          static_cast<int32_t>(packed->params.GetInt("pad_id"))));
+    if (std::unique_ptr<PackingSink> packer = PackingSink::For(cfg_, sinks.back())) {
+      packers_.push_back(std::move(packer));
       sinks.back() = packers_.back().get();
     }
   }
@@ -109,7 +96,7 @@ int Supervisor::Build(std::string* why) {
                    : "");
   auto pipeline = Pipeline::Create(cfg_, sinks);
   if (pipeline.ok() && saved_ && !cfg_.mix.switches.empty() &&
-      (*pipeline)->fingerprint() != saved_->fingerprint) {
+      (*pipeline)->stream().fingerprint() != saved_->fingerprint) {
     // The saved weight switches belong to the saved stream: a stream started fresh (LoadState
     // says why) has the config's own weights.
     cfg_.mix.switches.clear();
@@ -197,24 +184,25 @@ Status Supervisor::AdoptJob(const JobShape& job, int pid,
 
 Status Supervisor::ResumeJobAt(const StreamCursor& c, int pid) {
   const uint32_t epochs = static_cast<uint32_t>(cfg_.source.epochs);
-  if (!c.stream || !OfAnotherStreamOfOurOrder(c) || !pipeline_->positional() ||
+  if (!c.stream || !OfAnotherStreamOfOurOrder(c) || !pipeline_->stream().positional() ||
       c.epoch >= (epochs ? epochs : UINT32_MAX - 1))
     return Status::Ok();  // this stream's own cursor, or one Attach refuses (CheckResume says why)
-  Result<Pipeline::Origin> rebased = pipeline_->Rebased(c.epoch, c.position, c.lanes, c.nodes);
+  Result<Pipeline::Origin> rebased =
+      pipeline_->stream().Rebased(c.epoch, c.position, c.lanes, c.nodes);
   Status st = rebased.ok() ? pipeline_->SetOrigin(*rebased) : rebased.status();
   if (!st.ok())
     return Status::Invalid(
         fmt::format("pid {}'s cursor (epoch {}, position {}) cannot resume it: {}", pid, c.epoch,
                     c.position, st.message()));
   const Pipeline::Origin o = *rebased;
-  const StreamCursor start = pipeline_->CursorAt(o.seq);
+  const StreamCursor start = pipeline_->stream().CursorAt(o.seq);
   for (auto& s : sinks_) s->ring().set_acked(start);
   unseen_since_restart_.clear();  // saved cursors of another stream no longer apply
   resumed_ = Resumed{c.epoch, c.position, fmt::format("pid {}", pid)};
   spdlog::info(
       "pid {}'s cursor is at epoch {}, position {} of the job's order (taken at another shape or "
       "in another run): the job resumes there, {} batch(es) a rank left in epoch {}",
-      pid, c.epoch, c.position, pipeline_->EpochBatches(o.epoch), o.epoch);
+      pid, c.epoch, c.position, pipeline_->stream().EpochBatches(o.epoch), o.epoch);
   (void)SaveState();  // its failure is logged; the run goes on
   return Status::Ok();
 }
@@ -637,7 +625,7 @@ std::string SettingsInForce(const PipelineConfig& cfg, const Pipeline& p, const 
       "sample_timeout_s {}\n",
       cfg.batch_size, cfg.budgeted() ? " at most (token budget)" : "",
       cfg.packed_stage >= 0 ? " (packed rows)" : "", cfg.drop_last ? "true" : "false",
-      p.batches_per_epoch(), cfg.on_error == ErrorPolicy::kSkip ? "skip" : "fail",
+      p.stream().batches_per_epoch(), cfg.on_error == ErrorPolicy::kSkip ? "skip" : "fail",
       cfg.sample_timeout_s);
   out += fmt::format("  rings: {} ring(s) x {} slots of {:.1f} MiB = {:.1f} MiB\n", cfg.consumers,
                      cfg.ring_slots,
@@ -649,8 +637,7 @@ std::string SettingsInForce(const PipelineConfig& cfg, const Pipeline& p, const 
 }
 
 Result<std::string> CheckPipeline(const PipelineConfig& cfg) {
-  std::vector<std::unique_ptr<UnusedSink>> owned;
-  MMFEED_ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> p, BuildOnly(cfg, &owned));
+  MMFEED_ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> p, Pipeline::Create(cfg, {}));
   MMFEED_ASSIGN_OR_RETURN(RingPlan plan, PlanRings(cfg));
   MMFEED_RETURN_IF_ERROR(CheckMemory(plan, cfg.CacheBytes()));
   const PathCheck files = p->CheckSamplePaths(kCheckedSamples);
@@ -668,8 +655,8 @@ Result<std::string> CheckPipeline(const PipelineConfig& cfg) {
                         cfg.source.node_rank, cfg.source.num_nodes,
                         cfg.replicas_auto ? ", replicas: auto its declared group size" : "")
           : "",
-      p->batches_per_epoch(),
-      p->budgeted() ? "in epoch 0 (token budget: the count varies by epoch)" : "per epoch",
+      p->stream().batches_per_epoch(),
+      p->stream().budgeted() ? "in epoch 0 (token budget: the count varies by epoch)" : "per epoch",
       plan.total_bytes / 1073741824.0, files.files,
       "\n" + SettingsInForce(cfg, *p, plan) +
           (cfg.mixed() ? "the mixture, per epoch:\n" + p->MixPlan() : ""));

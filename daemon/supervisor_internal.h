@@ -42,29 +42,16 @@
 #include "engine/autotune.h"
 #include "engine/config_diff.h"
 #include "engine/pipeline.h"
+#include "engine/text_packing.h"
 #include "engine/trace.h"
 #include "engine/window_profile.h"
 #include "source/catalog.h"
-#include "stages/text/packing_sink.h"
 
 namespace mmfeed {
 
 // What a refused reload says when a restart applies the change.
 inline constexpr char kRestartHint[] = "; restart the daemon with the new config to apply it";
 inline constexpr int kExitLost = 3;  // the drain timed out (batches no trainer took are dropped)
-
-// Stands in for the rings when a pipeline is only built (--check): takes nothing.
-class UnusedSink : public BatchSink {
- public:
-  Reservation Reserve(BatchMemory*, int) override { return Reservation::kClosed; }
-  void Commit(const BatchMemory&, const BatchInfo&) override {}
-  void Discard(const BatchMemory&) override {}
-  void Finish(bool) override {}
-};
-
-// A pipeline of `cfg` built and not started (--check, and a restart's kept config).
-Result<std::unique_ptr<Pipeline>> BuildOnly(const PipelineConfig& cfg,
-                                            std::vector<std::unique_ptr<UnusedSink>>* owned);
 
 class Supervisor {
  public:
@@ -138,7 +125,7 @@ class Supervisor {
   Status AdoptJob(const JobShape& job, int pid, const std::optional<StreamCursor>& resume);
   // AdoptJob's step before Serve: a first trainer's cursor of another stream of the same order,
   // with the job's position (taken at another shape, or in a run since gone), starts the
-  // stream there (Pipeline::Rebased) instead of at the beginning. An error: the cursor's
+  // stream there (StreamPlan::Rebased) instead of at the beginning. An error: the cursor's
   // position is not one of this order's (edited, or of other data); the job is not adopted.
   Status ResumeJobAt(const StreamCursor& c, int pid);
   // An attach's cursor as this daemon serves it: one at the position the job resumed at is
@@ -147,8 +134,8 @@ class Supervisor {
   // A cursor of another stream of this pipeline's order, carrying the job's position: what
   // ResumeJobAt starts a job at and Served maps to the origin.
   bool OfAnotherStreamOfOurOrder(const StreamCursor& c) const {
-    return c.order && c.order == pipeline_->order_tag() &&
-           c.stream != pipeline_->StreamBefore(c.seq);
+    return c.order && c.order == pipeline_->stream().order_tag() &&
+           c.stream != pipeline_->stream().StreamBefore(c.seq);
   }
   // The end of an adopted job (supervisor_job.cc). Every tick: a job none of whose trainers
   // has been attached for the lease (--job-lease) ends. BeginEndJob refuses while a trainer is

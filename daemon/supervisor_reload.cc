@@ -106,13 +106,15 @@ Result<nlohmann::json> Supervisor::ApplyReload(PreparedReload& p) {
   // Another number of batches per epoch (batch size, drop_last, the source's size; with a
   // token budget, any change of which samples go where): every rank switches at one epoch
   // boundary, where the new numbering starts.
-  const bool renumber = new_ranks || next->batches_per_epoch() != pipeline_->batches_per_epoch() ||
-                        ((next->budgeted() || pipeline_->budgeted()) &&
-                         next->order_fingerprint() != pipeline_->order_fingerprint());
+  const bool renumber =
+      new_ranks || next->stream().batches_per_epoch() != pipeline_->stream().batches_per_epoch() ||
+      ((next->stream().budgeted() || pipeline_->stream().budgeted()) &&
+       next->stream().order_fingerprint() != pipeline_->stream().order_fingerprint());
   if (renumber && p.cfg.packed_stage >= 0)
     return Status::Unsupported(std::string("a packed text stream's batch numbering cannot change") +
                                kRestartHint);
-  bool at_epoch = renumber || next->order_fingerprint() != pipeline_->order_fingerprint();
+  bool at_epoch =
+      renumber || next->stream().order_fingerprint() != pipeline_->stream().order_fingerprint();
   // Asked for: only the mixture's weights change, and every rank switches at one batch
   // boundary, each source going on from where it stood.
   const bool at_batch = p.at_batch && at_epoch;
@@ -157,7 +159,7 @@ Result<nlohmann::json> Supervisor::ApplyReload(PreparedReload& p) {
   // stages stop, later.
   uint64_t boundary = 0;
   for (int r = 0; r < cfg_.consumers; ++r) {
-    const StreamCursor c = pipeline_->CursorAt(pipeline_->NextCommit(r));
+    const StreamCursor c = pipeline_->stream().CursorAt(pipeline_->NextCommit(r));
     boundary = std::max<uint64_t>(boundary, c.epoch + (c.batch ? 1 : 0));
   }
   nlohmann::json reply = {
@@ -290,22 +292,23 @@ void Supervisor::CompleteReload() {
   if (p->at_epoch) {
     // Every rank stands at the same epoch boundary: the new order or numbering starts there,
     // and cursors before it are refused (the batches before it came from another config).
-    StreamCursor at = pipeline_->CursorAt(stop);
+    StreamCursor at = pipeline_->stream().CursorAt(stop);
     if (!together || at.batch != 0) {  // QuiesceAtEpochEnd(true) guarantees it: a bug
       spdlog::error("the reload is abandoned: the ranks did not stop at one epoch boundary");
       for (BatchSink* s : pipeline_sinks_) s->Finish(false);
       return;
     }
-    const Pipeline::Origin& before = pipeline_->origin();
+    const Pipeline::Origin& before = pipeline_->stream().origin();
     // At a resumed origin itself (no batch since the job resumed mid-epoch there), a config of
     // the same order (another batch size or consumer count) deals the same rest of that epoch.
     const bool at_base = at.epoch == before.epoch && at.seq == before.seq && before.base &&
-                         p->pipeline->positional() &&
-                         p->pipeline->order_tag() == pipeline_->order_tag();
+                         p->pipeline->stream().positional() &&
+                         p->pipeline->stream().order_tag() == pipeline_->stream().order_tag();
     const Status st = p->pipeline->SetOrigin(
         {at.epoch, at.seq,
-         Pipeline::NextStreamTag(before, at.seq, p->pipeline->order_fingerprint()), before.stream,
-         at_base ? before.base : 0, at_base ? before.lanes : 0, at_base ? before.nodes : 0});
+         StreamPlan::NextStreamTag(before, at.seq, p->pipeline->stream().order_fingerprint()),
+         before.stream, at_base ? before.base : 0, at_base ? before.lanes : 0,
+         at_base ? before.nodes : 0});
     if (!st.ok()) {  // the same order deals to the lanes it dealt to before: a bug
       spdlog::error("the reload is abandoned: {}", st.message());
       for (BatchSink* s : pipeline_sinks_) s->Finish(false);
@@ -327,7 +330,8 @@ void Supervisor::CompleteReload() {
     }
     // The same numbering goes on (a mixture's switch waits for an epoch boundary while the
     // origin has a base: WhyNotSwitchWeights).
-    if (const Status st = p->pipeline->SetOrigin(pipeline_->origin()); !st.ok()) {  // a bug
+    if (const Status st = p->pipeline->SetOrigin(pipeline_->stream().origin());
+        !st.ok()) {  // a bug
       spdlog::error("the reload is abandoned: {}", st.message());
       for (BatchSink* s : pipeline_sinks_) s->Finish(false);
       return;
@@ -347,8 +351,9 @@ void Supervisor::CompleteReload() {
   }
   std::vector<StreamCursor> start;
   for (int r = 0; r < p->cfg.consumers; ++r) {
-    uint64_t seq = r < cfg_.consumers ? pipeline_->NextCommit(r) : p->pipeline->origin().seq;
-    start.push_back(p->pipeline->CursorAt(seq));
+    uint64_t seq =
+        r < cfg_.consumers ? pipeline_->NextCommit(r) : p->pipeline->stream().origin().seq;
+    start.push_back(p->pipeline->stream().CursorAt(seq));
     if (!p->rings.empty()) MoveRank(r, std::move(p->rings[r]), start.back());
   }
   if (!p->rings.empty()) {

@@ -83,19 +83,19 @@ Result<AttachGrant> Supervisor::Attach(int rank, int pid, int pidfd,
     unseen_since_restart_[rank] = false;
     if (UnseenRanks().empty()) EveryRankBack();
   }
-  return AttachGrant{
-      {ring.data_fd(), control},
-      {{"rank", rank},
-       {"stream", stream},
-       {"replicas", cfg_.replicas},
-       {"generation", h.generation},
-       {"ring_bytes", ring.size()},
-       {"consumers", cfg_.trainers()},
-       {"job", JobJson()},
-       // A token budget's rule has its own key: a client from before it would
-       // compute the positions from the batch index, wrongly, so it sees none.
-       {pipeline_->budgeted() ? "step_position" : "position", pipeline_->PositionJson()},
-       {"pipeline", cfg_.name}}};
+  return AttachGrant{{ring.data_fd(), control},
+                     {{"rank", rank},
+                      {"stream", stream},
+                      {"replicas", cfg_.replicas},
+                      {"generation", h.generation},
+                      {"ring_bytes", ring.size()},
+                      {"consumers", cfg_.trainers()},
+                      {"job", JobJson()},
+                      // A token budget's rule has its own key: a client from before it would
+                      // compute the positions from the batch index, wrongly, so it sees none.
+                      {pipeline_->stream().budgeted() ? "step_position" : "position",
+                       pipeline_->stream().PositionJson()},
+                      {"pipeline", cfg_.name}}};
 }
 
 Status Supervisor::Resume(int rank, const StreamCursor& c) {
@@ -127,8 +127,8 @@ Status Supervisor::Resume(int rank, const StreamCursor& c) {
   }
   // The acknowledged cursor is where every rank of the group stands: a replica moves it back,
   // never forward.
-  if (c.seq >= pipeline_->origin().seq && (cfg_.replicas == 1 || c.seq < ring.acked().seq))
-    ring.set_acked(pipeline_->CursorAt(c.seq));
+  if (c.seq >= pipeline_->stream().origin().seq && (cfg_.replicas == 1 || c.seq < ring.acked().seq))
+    ring.set_acked(pipeline_->stream().CursorAt(c.seq));
   spdlog::info("rank {}: resuming at batch {} ({} finished batch(es) dropped from the ring, {})",
                rank, c.seq, finished,
                waits           ? "its group's stream is behind it: batches before it skipped"
@@ -141,26 +141,29 @@ StreamCursor Supervisor::Served(const StreamCursor& c) const {
   if (!resumed_ || !OfAnotherStreamOfOurOrder(c) || c.epoch != resumed_->epoch ||
       c.position != resumed_->position)
     return c;
-  return pipeline_->CursorAt(pipeline_->origin().seq);  // stream 0: the origin is every rank's
+  return pipeline_->stream().CursorAt(
+      pipeline_->stream().origin().seq);  // stream 0: the origin is every rank's
 }
 
 Status Supervisor::CheckResume(int rank, shm::RingWriter& ring, const StreamCursor& c) {
   const uint64_t seq = c.seq;
   // A position of this order must lie in its epoch, whatever stream the cursor names: an
   // edited one is refused, never served as another (its seq is what this stream resumes at).
-  if (c.order && c.order == pipeline_->order_tag() && pipeline_->positional()) {
-    if (Result<Pipeline::Origin> o = pipeline_->Rebased(c.epoch, c.position, c.lanes, c.nodes);
+  if (c.order && c.order == pipeline_->stream().order_tag() && pipeline_->stream().positional()) {
+    if (Result<Pipeline::Origin> o =
+            pipeline_->stream().Rebased(c.epoch, c.position, c.lanes, c.nodes);
         !o.ok())
       return o.status().WithContext(
           fmt::format("rank {}: resume refused: the cursor (epoch {}, position {})", rank, c.epoch,
                       c.position));
   }
-  if (const uint32_t ours = pipeline_->StreamBefore(seq); c.stream && ours && c.stream != ours) {
+  if (const uint32_t ours = pipeline_->stream().StreamBefore(seq);
+      c.stream && ours && c.stream != ours) {
     std::string why =
         "the cursor was saved in another run or with another config or data (restart the "
         "daemon with that run's config and --state-dir, or attach without it to start the "
         "rank over)";
-    if (c.order && c.order != pipeline_->order_tag())
+    if (c.order && c.order != pipeline_->stream().order_tag())
       why += "; its order differs too (other data, seed or shuffle)";
     else if (c.order && resumed_)
       why = fmt::format(
@@ -168,11 +171,12 @@ Status Supervisor::CheckResume(int rank, shm::RingWriter& ring, const StreamCurs
           "the job at epoch {}, position {} ({}'s cursor): every rank resumes from the "
           "checkpoint of the same step",
           c.epoch, c.position, resumed_->epoch, resumed_->position, resumed_->from);
-    else if (c.order && !pipeline_->positional())
+    else if (c.order && !pipeline_->stream().positional())
       why += fmt::format("; this pipeline cannot resume a job at a position: {}",
-                         *pipeline_->why_not_positional());
+                         *pipeline_->stream().why_not_positional());
     else if (c.order) {
-      const Result<Pipeline::Origin> o = pipeline_->Rebased(c.epoch, c.position, c.lanes, c.nodes);
+      const Result<Pipeline::Origin> o =
+          pipeline_->stream().Rebased(c.epoch, c.position, c.lanes, c.nodes);
       why = !o.ok() ? fmt::format("{}; the job cannot resume at its position: {}", why,
                                   o.status().message())
                     : fmt::format(
@@ -189,7 +193,7 @@ Status Supervisor::CheckResume(int rank, shm::RingWriter& ring, const StreamCurs
   }
   const uint64_t first = ring.MinPublishedSeq(), next = pipeline_->NextCommit(StreamOf(rank));
   if (seq <= next && (first == UINT64_MAX ? seq == next : first <= seq)) return Status::Ok();
-  Status st = pipeline_->CheckCursor(seq);
+  Status st = pipeline_->stream().CheckCursor(seq);
   return st.ok() ? st : st.WithContext(fmt::format("rank {}: resume refused", rank));
 }
 

@@ -28,10 +28,9 @@ Result<PipelineConfig> Supervisor::KeptConfig(const StreamState& s, const JobSha
     return Status::Unsupported(
         fmt::format("the edited config changes what a reload cannot: {}", changes.needs_restart));
   // It must still make the saved stream (its data may be gone or changed since).
-  std::vector<std::unique_ptr<UnusedSink>> owned;
-  Result<std::unique_ptr<Pipeline>> p = BuildOnly(*cfg, &owned);
+  Result<std::unique_ptr<Pipeline>> p = Pipeline::Create(*cfg, {});
   if (!p.ok()) return p.status().WithContext("the kept config cannot be built");
-  if ((*p)->fingerprint() != s.fingerprint)
+  if ((*p)->stream().fingerprint() != s.fingerprint)
     return Status::Invalid("its data changed since the state was saved");
   return cfg;
 }
@@ -41,11 +40,11 @@ Status Supervisor::LoadState(std::optional<StreamState> saved) {
     spdlog::info("no saved cursors in {}: starting every rank at the beginning", StatePath());
     return Status::Ok();
   }
-  if (saved->fingerprint != pipeline_->fingerprint()) {
+  if (saved->fingerprint != pipeline_->stream().fingerprint()) {
     spdlog::warn(
         "{} is for another stream (fingerprint {}, this config makes {}: the data or the "
         "config changed): starting fresh",
-        StatePath(), saved->fingerprint, pipeline_->fingerprint());
+        StatePath(), saved->fingerprint, pipeline_->stream().fingerprint());
     return Status::Ok();
   }
   const auto bad_base = [&](const std::string& why) {
@@ -55,16 +54,17 @@ Status Supervisor::LoadState(std::optional<StreamState> saved) {
         StatePath(), saved->origin_base, why));
   };
   if (saved->origin_base) {
-    if (!pipeline_->positional()) return bad_base(": " + *pipeline_->why_not_positional());
-    Result<Pipeline::Origin> o = pipeline_->Rebased(saved->origin_epoch, saved->origin_base,
-                                                    saved->origin_lanes, saved->origin_nodes);
+    if (!pipeline_->stream().positional())
+      return bad_base(": " + *pipeline_->stream().why_not_positional());
+    Result<Pipeline::Origin> o = pipeline_->stream().Rebased(
+        saved->origin_epoch, saved->origin_base, saved->origin_lanes, saved->origin_nodes);
     if (!o.ok()) return bad_base(": " + o.status().message());
     if (o->base != saved->origin_base) return bad_base("");
   }
   // A reload that changed the order or the numbering started this config's batches there.
   MMFEED_RETURN_IF_ERROR(pipeline_->SetOrigin(
       {saved->origin_epoch, saved->origin_seq,
-       saved->origin_stream ? saved->origin_stream : pipeline_->origin().stream,
+       saved->origin_stream ? saved->origin_stream : pipeline_->stream().origin().stream,
        saved->origin_previous, saved->origin_base, saved->origin_lanes, saved->origin_nodes}));
   for (size_t r = 0; r < saved->ranks.size(); ++r) {
     StreamCursor& c = saved->ranks[r];
@@ -77,7 +77,7 @@ Status Supervisor::LoadState(std::optional<StreamState> saved) {
           "{}); a trainer that finished them goes on there, one that resumes before it is "
           "refused",
           r, c.seq, saved->origin_seq - 1, saved->origin_seq, saved->origin_epoch);
-      c = pipeline_->CursorAt(saved->origin_seq);
+      c = pipeline_->stream().CursorAt(saved->origin_seq);
     }
   }
   Status valid = pipeline_->SetStart(saved->ranks);
@@ -96,9 +96,15 @@ Status Supervisor::LoadState(std::optional<StreamState> saved) {
 
 Status Supervisor::SaveState() {
   if (opt_.state_dir.empty()) return Status::Ok();
-  const Pipeline::Origin origin = pipeline_->origin();
-  StreamState state{cfg_.name,     pipeline_->fingerprint(), origin.epoch, origin.seq,
-                    origin.stream, origin.previous,          {},           cfg_.file,
+  const Pipeline::Origin origin = pipeline_->stream().origin();
+  StreamState state{cfg_.name,
+                    pipeline_->stream().fingerprint(),
+                    origin.epoch,
+                    origin.seq,
+                    origin.stream,
+                    origin.previous,
+                    {},
+                    cfg_.file,
                     cfg_.text};
   state.origin_base = origin.base;
   state.origin_lanes = origin.lanes;

@@ -54,7 +54,7 @@ std::vector<TensorSpec> BatchSpecs(const PipelineConfig& cfg);
 // A grid: int32 [n, 3], a [t, h, w] per row (Qwen's image_grid_thw, video_grid_thw).
 bool IsGrid(const TensorSpec& s);
 
-// Packed text's tensors (stages/text/packing_sink.h), per row: `name` [max_len],
+// Packed text's tensors (engine/text_packing.h), per row: `name` [max_len],
 // `name`_lengths [] and `name`_doc_ids [max_len], all int32.
 std::vector<TensorSpec> PackedTextSpecs(const std::string& name, int64_t max_len);
 

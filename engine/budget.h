@@ -14,8 +14,8 @@
 //    among equals) until the next sample does not fit there; that position is G_(s + 1). So
 //    when every rank has finished its batches before step s, the samples consumed are the
 //    usable ones of positions [G_0, G_s), one number, whatever the shape: a job resumed at
-//    another shape plans the rest of the epoch from G_s over its own streams (Pipeline::Origin
-//    ::base), as fixed-size batches do. The plan is a pure function of the costs, the order and
+//    another shape plans the rest of the epoch from G_s over its own streams (StreamOrigin::
+//    base), as fixed-size batches do. The plan is a pure function of the costs, the order and
 //    the budgets, so every node computes the same K and G.
 // 3. The epoch ends with the order: a last step that cannot give every stream a sample is not
 //    made (fewer than `streams` usable samples wait for the next epoch, as a remainder does).
@@ -50,6 +50,11 @@ struct BatchBudget {
   std::string Refuses(const SampleCost& c) const;
 };
 
+// The batch stage's budgets (max_rows: batch_size).
+inline BatchBudget BudgetOf(const PipelineConfig& cfg) {
+  return {cfg.batch_size, cfg.max_tokens, cfg.max_patches};
+}
+
 // One rank's epoch: batch b holds catalog entries entries[starts[b]] .. entries[starts[b + 1] -
 // 1].
 struct RankPlan {
@@ -75,7 +80,7 @@ class Mixture;
 // a permutation of costs.size() samples) whose entries cost `costs`; `with_ranks`: also this
 // node's rank plans (else only K and G). From `base` on, a mixture numbered by `numbering` (the
 // catalog's Mixture dealt to the lanes the base counts in), `lanes` those of shard windows
-// (Pipeline::Origin).
+// (StreamOrigin).
 EpochPlan PlanEpoch(const std::vector<SampleCost>& costs, const SourceConfig& source,
                     uint32_t epoch, int consumers, const BatchBudget& budget, bool with_ranks,
                     const Catalog* catalog = nullptr, uint64_t base = 0,

@@ -64,11 +64,11 @@ class Pipeline::Collator {
       return;
     }
     const CatalogEntry& e = *s.sample;
-    if (status.ok() && p_->budgeted()) {  // the plan counted what was measured at start
+    if (status.ok() && p_->cfg_.budgeted()) {  // the plan counted what was measured at start
       const Provisional& b = *s.batch;
       const SampleCost got = p_->CostOf(
           [&](size_t t) { return b.memory.base[t] + s.row * p_->plan_.specs[t].NumBytes(); });
-      const SampleCost& want = p_->costs_[s.entry];
+      const SampleCost& want = p_->stream_->costs()[s.entry];
       if (got.tokens != want.tokens || got.patches != want.patches) {
         status = Status::Corrupt(fmt::format(
             "it changed since it was measured at start: {} tokens and {} patches, measured {} "
@@ -94,9 +94,9 @@ class Pipeline::Collator {
         c.errors.fetch_add(1, std::memory_order_relaxed);
         c.by_code[static_cast<size_t>(status.code())].fetch_add(1, std::memory_order_relaxed);
       }
-      if (p_->budgeted()) {  // its cost leaves the batch with it
-        o.tokens -= p_->costs_[s.entry].tokens;
-        o.patches -= p_->costs_[s.entry].patches;
+      if (p_->cfg_.budgeted()) {  // its cost leaves the batch with it
+        o.tokens -= p_->stream_->costs()[s.entry].tokens;
+        o.patches -= p_->stream_->costs()[s.entry].patches;
       }
       if (s.refill) {
         p_->refills_failed_.fetch_add(1, std::memory_order_relaxed);
@@ -197,10 +197,10 @@ class Pipeline::Collator {
   }
 
   void Refill(Open& o) {
-    const uint64_t limit = 4 * p_->per_rank_ + 256;
+    const uint64_t limit = 4 * p_->stream_->per_rank() + 256;
     const uint32_t epoch = o.batch->epoch;
-    const EpochOrder order = p_->OrderOf(epoch);
-    const uint64_t per_rank = p_->PerRank(epoch);
+    const EpochOrder order = p_->stream_->OrderOf(epoch);
+    const uint64_t per_rank = p_->stream_->PerRank(epoch);
     std::vector<Pipeline::Refill> requests;
     bool give_up = false;
     while (!give_up && o.outstanding == 0 && !o.holes.empty()) {  // one round per pass
@@ -215,7 +215,7 @@ class Pipeline::Collator {
           p_->Fail(Status::Corrupt(fmt::format(
               "rank {}, epoch {}, batch {}: {} draws in a row from the rank's {} samples failed; "
               "the data has (almost) no usable sample. Why they failed: {}{}",
-              rank_, o.batch->epoch, o.batch->index, o.failed_run, p_->per_rank_, reasons,
+              rank_, o.batch->epoch, o.batch->index, o.failed_run, p_->stream_->per_rank(), reasons,
               UnusableDataHint(reasons))));
         }
         if (give_up) {
@@ -239,9 +239,9 @@ class Pipeline::Collator {
           o.holes.push_back(row);
           continue;
         }
-        if (p_->budgeted()) {
-          const SampleCost& c = p_->costs_[entry];
-          if (!p_->budget_.Fits(1, o.tokens + c.tokens, o.patches + c.patches)) {
+        if (p_->cfg_.budgeted()) {
+          const SampleCost& c = p_->stream_->costs()[entry];
+          if (!p_->stream_->budget().Fits(1, o.tokens + c.tokens, o.patches + c.patches)) {
             if (++o.misfits >= kMaxMisfits) {
               o.dropped.push_back(row);
               o.misfits = 0;
@@ -282,9 +282,9 @@ class Pipeline::Collator {
     if (!f.dropped.empty()) DropRows(f);
     info.rows = static_cast<uint32_t>(f.batch->rows - f.dropped.size());
     info.ids = std::move(f.ids);
-    info.next = p_->CursorAfter(info.seq);
-    info.next.stream = p_->origin_.stream;
-    if (p_->budgeted()) info.next.position = p_->StepStart(info.next);
+    info.next = p_->stream_->CursorAt(info.seq + 1);
+    info.next.stream = p_->stream_->origin().stream;
+    if (p_->cfg_.budgeted()) info.next.position = p_->stream_->StepStart(info.next);
     info.ragged_rows = p_->PackRagged(f.batch->memory, info.rows);
     uint64_t t0 = NowNs();
     p_->sinks_[rank_]->Commit(f.batch->memory, info);
@@ -420,7 +420,8 @@ void Pipeline::BatchLoop() {
   };
   std::unordered_map<uint64_t, Pending> pending;  // by key: the branches reported so far
   std::vector<bool> known_bad(catalog_->size());
-  for (size_t i = 0; i < costs_.size(); ++i) known_bad[i] = !costs_[i].usable();
+  const std::vector<SampleCost>& costs = stream_->costs();
+  for (size_t i = 0; i < costs.size(); ++i) known_bad[i] = !costs[i].usable();
   std::vector<Collator> collators;
   for (int r = 0; r < cfg_.consumers; ++r)
     collators.emplace_back(this, static_cast<uint32_t>(r), start_[r].seq, &known_bad);

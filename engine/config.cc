@@ -601,6 +601,7 @@ void ValidateGraph(PipelineConfig* cfg, const YAML::Node& stages) {
                                   "be the only input of batch stage '{}'",
                                   s.name, batch.name));
     cfg->packed_stage = static_cast<int>(i);
+    cfg->packing = {s.params.GetInt("max_len"), static_cast<int32_t>(s.params.GetInt("pad_id"))};
   }
   if (cfg->batch_size < 1) Fail(stages[batches[0]], "batch_size must be at least 1");
   cfg->max_tokens = batch.params.GetInt("max_tokens");

@@ -104,8 +104,13 @@ struct PipelineConfig {
   int64_t max_tokens = 0, max_patches = 0;
   bool budgeted() const { return max_tokens > 0 || max_patches > 0; }
   // Set when the batch's only input is a text stage with `pack: true`: its samples are
-  // concatenated into fixed-length rows (see stages/text/packing_sink.h).
+  // concatenated into fixed-length rows of its max_len, padded with its pad_id (the engine's
+  // batch transform: engine/text_packing.h).
   int packed_stage = -1;
+  struct Packing {
+    int64_t max_len = 0;
+    int32_t pad_id = 0;
+  } packing;
   int ring_slots = 8;
   // Folders sample files must lie in (resolved against the config's folder), besides the
   // source's own; `data_roots: any` lifts the check.

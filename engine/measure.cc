@@ -198,7 +198,7 @@ Status Pipeline::MeasureCatalog() {
   const size_t unreadable = failures.size();
   for (size_t i = 0; i < n; ++i) {
     if (!costs_[i].usable()) continue;
-    const std::string refused = budget_.Refuses(costs_[i]);
+    const std::string refused = BudgetOf(cfg_).Refuses(costs_[i]);
     if (refused.empty()) continue;
     costs_[i].tokens = SampleCost::kUnusable;
     failures.push_back({static_cast<uint32_t>(i), cfg_.stages[cfg_.batch_stage].name,

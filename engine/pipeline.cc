@@ -88,14 +88,17 @@ Pipeline::~Pipeline() {
 }
 
 Status Pipeline::Start() {
+  if (sinks_.empty()) return Status::Invalid("a pipeline only built (no batch sinks) cannot start");
   start_ns_ = NowNs();
-  spdlog::info("pipeline '{}': {} samples, {} consumer rank(s), batch {}{}", cfg_.name,
-               catalog_->size(), cfg_.consumers, cfg_.batch_size,
-               budgeted() ? fmt::format(" at most, within max_tokens {} and max_patches {} (0: "
-                                        "none): {} batches per rank in epoch {}",
-                                        cfg_.max_tokens, cfg_.max_patches,
-                                        EpochBatches(origin_.epoch), origin_.epoch)
-                          : "");
+  spdlog::info(
+      "pipeline '{}': {} samples, {} consumer rank(s), batch {}{}", cfg_.name, catalog_->size(),
+      cfg_.consumers, cfg_.batch_size,
+      cfg_.budgeted()
+          ? fmt::format(" at most, within max_tokens {} and max_patches {} (0: "
+                        "none): {} batches per rank in epoch {}",
+                        cfg_.max_tokens, cfg_.max_patches,
+                        stream_->EpochBatches(stream_->origin().epoch), stream_->origin().epoch)
+          : "");
   if (catalog_->mixture) spdlog::info("the mixture, per epoch:\n{}", MixPlan());
   threads_.emplace_back([this] { BatchLoop(); });
   for (auto& b : branches_) live_workers_ += b->threads;
@@ -127,23 +130,23 @@ void Pipeline::QuiesceAtBatch() {
 
 WhyNot Pipeline::WhyNotSwitchWeights(const Pipeline& running) const {
   if (!catalog_->mixture || !running.catalog_->mixture) return "not a mixture";
-  if (budgeted()) return "token budgets plan whole epochs";
+  if (cfg_.budgeted()) return "token budgets plan whole epochs";
   if (cfg_.packed_stage >= 0) return "a packed text stream's rows cross batches";
-  if (const SourceConfig* windowed = WindowedSource())
+  if (const SourceConfig* windowed = stream_->WindowedSource())
     return fmt::format("source '{}' is read in shard windows", windowed->name);
-  if (running.origin_.base)
+  if (const StreamOrigin& o = running.stream_->origin(); o.base)
     return fmt::format(
         "the job resumed at another shape in epoch {} (position {}), whose rest is dealt in the "
         "order of the shape it stood at; weights change at batch boundaries again after the "
         "next epoch-boundary reload",
-        running.origin_.epoch, running.origin_.base);
+        o.epoch, o.base);
   const Status st = Mixture::CanSwitch(*running.catalog_->mixture, *catalog_->mixture);
   if (st.ok()) return std::nullopt;
   return st.message();
 }
 
 Status Pipeline::SwitchWeightsAt(const Pipeline& running, uint64_t seq) {
-  const StreamCursor at = running.CursorAt(seq);  // this one's origin is not set yet
+  const StreamCursor at = running.stream_->CursorAt(seq);  // this one's origin is not set yet
   Result<Mixture> m = Mixture::Switched(running.catalog_->mixture, *catalog_->mixture, at.epoch,
                                         at.batch * static_cast<uint64_t>(cfg_.batch_size));
   if (!m.ok()) return m.status();
@@ -151,7 +154,7 @@ Status Pipeline::SwitchWeightsAt(const Pipeline& running, uint64_t seq) {
   cat->mixture = std::make_shared<const Mixture>(std::move(m.value()));
   cat->mix_fingerprint = HashMixSwitch(cat->mixture->switches().back(), cat->mix_fingerprint);
   catalog_ = std::move(cat);
-  Fingerprint();
+  stream_ = stream_->WithCatalog(catalog_);
   return Status::Ok();
 }
 
@@ -268,25 +271,6 @@ class Pipeline::WindowFuture : public RemoteStore::Future {
   uint64_t span_;
 };
 
-std::vector<uint32_t> Pipeline::ReadingOrder(uint32_t epoch, size_t part) const {
-  constexpr int kAll = std::numeric_limits<int>::max();
-  if (!catalog_->mixture) return OrderOf(epoch).WindowShards(0, kAll);
-  // A mixture's source: this node's draws of it in `epoch` are one run (its lanes' first to
-  // last draw), read in its passes' window orders.
-  const Mixture& mix = *catalog_->mixture;
-  const uint32_t src = static_cast<uint32_t>(part);
-  uint64_t lo = UINT64_MAX, hi = 0;
-  for (int r = 0; r < cfg_.consumers; ++r) {
-    const uint32_t lane = static_cast<uint32_t>(cfg_.source.node_rank * cfg_.consumers + r);
-    const uint64_t q = mix.LaneQuota(src, lane);
-    if (q == 0) continue;
-    lo = std::min(lo, mix.DrawOf(epoch, lane, src, 0).draw);
-    hi = std::max(hi, mix.DrawOf(epoch, lane, src, q - 1).draw);
-  }
-  if (lo > hi) return {};
-  return catalog_->parts[part]->PassShards(catalog_->part_sources[part], lo, hi, hi, 0, kAll);
-}
-
 std::shared_ptr<const Pipeline::WindowFuture> Pipeline::FutureFrom(uint32_t epoch, size_t part) {
   const ShardIndex& index = IndexOf(part);
   const size_t n = index.shard_count();
@@ -297,13 +281,13 @@ std::shared_ptr<const Pipeline::WindowFuture> Pipeline::FutureFrom(uint32_t epoc
     tables.ids = std::move(ids);
   }
   std::vector<std::shared_ptr<const EpochReads>> reads;
-  for (uint32_t e = epoch; e < epoch + kFutureEpochs; ++e) {
+  for (uint32_t e = epoch; e < epoch + StreamPlan::kFutureEpochs; ++e) {
     if (cfg_.source.epochs > 0 && e >= static_cast<uint32_t>(cfg_.source.epochs)) break;
     auto& table = tables.reads[e];
     if (!table) {
       auto t = std::make_shared<EpochReads>();
       t->at.assign(n, UINT32_MAX);
-      const std::vector<uint32_t> order = ReadingOrder(e, part);
+      const std::vector<uint32_t> order = stream_->ReadingOrder(e, part);
       t->count = order.size();
       for (size_t pos = 0; pos < order.size(); ++pos)
         if (t->at[order[pos]] == UINT32_MAX) t->at[order[pos]] = static_cast<uint32_t>(pos);
@@ -337,8 +321,8 @@ void Pipeline::WantShards(const std::vector<StreamCursor>& next, const std::vect
   uint32_t oldest_epoch = UINT32_MAX;
   for (int r = 0; r < consumers; ++r) {
     if (done[r]) continue;
-    const StreamCursor oldest = CursorAt(std::min(next[r].seq, NextCommit(r)));
-    const EpochOrder from = OrderOf(oldest.epoch), to = OrderOf(next[r].epoch);
+    const StreamCursor oldest = stream_->CursorAt(std::min(next[r].seq, NextCommit(r)));
+    const EpochOrder from = stream_->OrderOf(oldest.epoch), to = stream_->OrderOf(next[r].epoch);
     const uint64_t a = oldest.batch * bs * consumers + r, b = next[r].batch * bs * consumers + r;
     if (!from.windowed() || a >= from.size()) continue;
     const size_t first = from.WindowOf(a);
@@ -421,7 +405,7 @@ void Pipeline::WantMixShards(const std::vector<StreamCursor>& next, const std::v
         const uint64_t c = static_cast<uint64_t>(static_cast<unsigned __int128>(p) * q / len);
         return mix.DrawOf(epoch, lane, src, std::min(c, q - 1)).draw;
       };
-      const StreamCursor oldest = CursorAt(std::min(next[r].seq, NextCommit(r)));
+      const StreamCursor oldest = stream_->CursorAt(std::min(next[r].seq, NextCommit(r)));
       const uint64_t a = draw_at(oldest.epoch, oldest.batch * bs),
                      b = draw_at(next[r].epoch, next[r].batch * bs);
       // Its last draw of the epoch: windows ahead stop at its node's part of the source.
@@ -452,26 +436,15 @@ void Pipeline::WantMixShards(const std::vector<StreamCursor>& next, const std::v
 // `index` holds the share's positions index * batch_size ..., or (a budget) what `plan` says.
 void Pipeline::Deal(const std::shared_ptr<Provisional>& pb, int r, const StreamCursor& at,
                     uint64_t gen, const EpochPlan* plan) {
-  const int consumers = cfg_.consumers;
-  const uint64_t bs = static_cast<uint64_t>(cfg_.batch_size);
   pb->gen = gen;
   pb->rank = static_cast<uint32_t>(r);
   pb->epoch = at.epoch;
   pb->index = at.batch;
   pb->seq = at.seq;
-  std::vector<uint32_t> entries;
-  if (plan) {
-    const RankPlan& rp = plan->ranks[r];
-    entries.assign(rp.entries.begin() + rp.starts[pb->index],
-                   rp.entries.begin() + rp.starts[pb->index + 1]);
-    for (uint32_t entry : entries) {
-      pb->tokens += costs_[entry].tokens;
-      pb->patches += costs_[entry].patches;
-    }
-  } else {
-    const EpochOrder order = OrderOf(pb->epoch);
-    for (int row = 0; row < RowsOf(pb->epoch, pb->index); ++row)
-      entries.push_back(order[(pb->index * bs + row) * consumers + r]);
+  const std::vector<uint32_t> entries = stream_->BatchEntries(r, at, plan);
+  for (uint32_t entry : entries) {
+    pb->tokens += stream_->costs().empty() ? 0 : stream_->costs()[entry].tokens;
+    pb->patches += stream_->costs().empty() ? 0 : stream_->costs()[entry].patches;
   }
   pb->rows = static_cast<int>(entries.size());
   open_batches_.fetch_add(1, std::memory_order_acq_rel);
@@ -568,10 +541,10 @@ void Pipeline::SourceLoop() {
       const int r = (turn + i) % consumers;
       if (done[r]) continue;
       std::shared_ptr<const EpochPlan> plan;
-      if (budgeted()) {
+      if (cfg_.budgeted()) {
         const uint32_t epoch = next[r].epoch;
         if (planner.joinable() && planning == epoch) planner.join();
-        plan = PlanOf(epoch);
+        plan = stream_->PlanOf(epoch);
         if (!plan->status.ok()) {
           Fail(plan->status);
           break;
@@ -582,7 +555,7 @@ void Pipeline::SourceLoop() {
             !past_end(StreamCursor{epoch + 1, 0, 0})) {
           if (planner.joinable()) planner.join();
           planning = epoch + 1;
-          planner = std::thread([this, epoch] { PlanOf(epoch + 1); });
+          planner = std::thread([this, epoch] { stream_->PlanOf(epoch + 1); });
         }
       }
       auto pb = std::make_shared<Provisional>();
@@ -591,7 +564,7 @@ void Pipeline::SourceLoop() {
       any_full |= res == Reservation::kFull;
       if (res != Reservation::kReserved) continue;
       Deal(pb, r, next[r], gen[r], plan.get());
-      next[r] = CursorAfter(next[r].seq);
+      next[r] = stream_->CursorAt(next[r].seq + 1);
       done[r] = is_done(r);
       progressed = true;
     }
@@ -866,9 +839,9 @@ std::vector<StageInfo> Pipeline::StageInfos() const {
         {"cpu_advice", stage.CpuAdvice()},
         {"cache_entry_bytes", stage.CacheEntryBytes()},
         {"cacheable", !stage.WhyNotCacheable() || stage.OwnCache().has_value()},
-        {"epoch_samples", batches_per_epoch_ * static_cast<uint64_t>(cfg_.batch_size) *
+        {"epoch_samples", stream_->batches_per_epoch() * static_cast<uint64_t>(cfg_.batch_size) *
                               static_cast<uint64_t>(cfg_.consumers)},
-        {"cache_max_bytes", b->cache ? b->cache->stats().max_bytes : 0}};
+        {"cache_max_bytes", b->cache ? b->cfg->cache_max_bytes : 0}};
     if (b->cache) {
       const SampleCache::Stats c = b->cache->stats();
       infos.back().cache = {

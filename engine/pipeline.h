@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -34,6 +35,7 @@
 #include "engine/budget.h"
 #include "engine/config.h"
 #include "engine/profile.h"
+#include "engine/stream_plan.h"
 #include "source/path_check.h"
 
 namespace mmfeed {
@@ -126,8 +128,10 @@ class ErrorLog {
 class Pipeline {
  public:
   // Loads the source catalog and builds the stages. `sinks` has one entry per consumer rank
-  // and must outlive the pipeline. `start` (empty, or one per rank) is where each rank's
-  // stream begins. A load error under on_error: fail, or an empty dataset, is returned here.
+  // and must outlive the pipeline; none (empty): the pipeline is only built, to ask its plan and
+  // check its files (--check, a restart's kept config), and cannot be started or rewound. `start`
+  // (empty, or one per rank) is where each rank's stream begins. A load error under on_error: fail,
+  // or an empty dataset, is returned here.
   static Result<std::unique_ptr<Pipeline>> Create(const PipelineConfig& cfg,
                                                   std::vector<BatchSink*> sinks,
                                                   std::vector<StreamCursor> start = {});
@@ -137,59 +141,14 @@ class Pipeline {
   // cursor is checked (CheckCursor, and its epoch and batch against its seq); the error names
   // the rank. REQUIRES: before Start().
   Status SetStart(std::vector<StreamCursor> start);
-  // Where this pipeline's batch numbering starts: batch `index` of epoch `e` (e >= epoch) is
-  // seq `seq + (e - epoch) * batches_per_epoch() + index`. {0, 0} unless a reload changed the
-  // batches per epoch at an epoch boundary (the earlier epochs were numbered by another
-  // pipeline). Cursors before it cannot be served. Resets the start cursors to the origin.
+  // Where this pipeline's numbering starts, and the stream it continues (StreamOrigin), instead
+  // of {0, 0}: the plan is rebuilt from it (StreamPlan::WithOrigin) and the start cursors reset
+  // to the origin. Refused (nothing changed): a mixture's base in lanes it cannot be dealt to.
   // REQUIRES: before Start().
-  // Where this pipeline's numbering starts, and the stream it continues: `stream` tags the
-  // batches from the origin on (StreamCursor::stream), `previous` the batches before it (0:
-  // unknown). A fresh stream's tag is FirstStreamTag of the order; an order-changing reload
-  // chains NextStreamTag, so equal tags mean the same order and reload history.
-  // `base`: the origin epoch is dealt from that position of its global order on, the rest of
-  // it over this pipeline's ranks (a job resumed at another shape: Rebased); later epochs whole.
-  // `lanes`: those of the shape whose global order `base` counts in (StreamCursor::lanes): a
-  // mixture's lanes, or the nodes whose shard-window parts that order interleaves; `nodes`:
-  // that shape's nodes, for a mixture with a source in shard windows (StreamCursor::nodes).
-  struct Origin {
-    uint32_t epoch = 0;
-    uint64_t seq = 0;
-    uint32_t stream = 0, previous = 0;
-    uint64_t base = 0;
-    uint32_t lanes = 0, nodes = 0;
-  };
-  static uint32_t FirstStreamTag(const std::string& order_fingerprint);
-  static uint32_t NextStreamTag(const Origin& before, uint64_t seq,
-                                const std::string& order_fingerprint);
-  // The tag of the batch before cursor seq `seq` (0 when unknown or seq is 0).
-  uint32_t StreamBefore(uint64_t seq) const {
-    return seq == 0 ? 0 : seq > origin_.seq ? origin_.stream : origin_.previous;
-  }
-  // Refused (nothing changed): a mixture's base in lanes it cannot be dealt to.
+  using Origin = StreamOrigin;
   Status SetOrigin(Origin origin);
-  Origin origin() const { return origin_; }
-  // Positions (StreamCursor::order, position) need an order that is one global sequence whose
-  // every prefix of steps the ranks consume together (dealt round-robin to fixed-size batches,
-  // or in a token budget's steps: engine/budget.h), not a packed stream's: one source in
-  // permutation mode or in shard windows (its nodes' parts interleaved); a mixture (its lanes
-  // interleaved) without a weight switch (and with a budget, under 2^32 draws an epoch: the
-  // rings carry a budgeted position in 32 bits). Else the reason it has none.
-  bool positional() const { return !why_not_positional(); }
-  WhyNot why_not_positional() const;
-  // With a token budget: the job's position at cursor `c`, where the step of its batch starts
-  // (EpochPlan::steps). The rings carry it in each slot (the client cannot compute it).
-  uint64_t StepStart(const StreamCursor& c) const;
-  // The data, seed and shuffle (not the shape): what a cursor's `order` must match.
-  uint32_t order_tag() const { return order_tag_; }
-  // The origin of a stream that resumes the job at `position` of epoch `epoch`'s global order
-  // (a mixture's or shard windows' in `lanes` lanes, a mixture with a source in shard windows'
-  // over `nodes` nodes) with this pipeline's shape (an epoch with no full row a stream left is
-  // skipped: the next epoch's start). Refused: a mixture's cursor without its lanes (or nodes
-  // where they count), or lanes the mixture cannot be dealt to. REQUIRES: positional().
-  Result<Origin> Rebased(uint32_t epoch, uint64_t position, uint32_t lanes, uint32_t nodes) const;
-  // The attach reply's "position" rule ("step_position" with a token budget): how a client
-  // turns the cursors of epochs >= the origin's into positions (null when not positional()).
-  nlohmann::json PositionJson() const;
+  // The stream's arithmetic (cursors, epochs, positions, fingerprints): engine/stream_plan.h.
+  const StreamPlan& stream() const { return *stream_; }
   Status Start();
   // The source stops dealing at a batch boundary; batches already dealt are completed
   // (refilled where samples fail) and committed, then the sinks are finished.
@@ -260,25 +219,6 @@ class Pipeline {
   // Where each stage's threads run: [{"stage", "threads", "cpus": "0-3", "numa_node"}].
   nlohmann::json PlacementJson() const;
   const ErrorLog& errors() const { return errors_; }
-  // Every rank's epoch has this many batches; batch `index` of an epoch has RowsOf(index) rows.
-  // With a token budget (budgeted()) the count depends on the epoch (EpochBatches) and this is
-  // the origin epoch's.
-  uint64_t batches_per_epoch() const { return batches_per_epoch_; }
-  int RowsOf(uint32_t epoch, uint64_t index) const;
-  // Samples in each rank's share of epoch `epoch` (fewer in a rebased origin epoch).
-  uint64_t PerRank(uint32_t epoch) const;
-  bool budgeted() const { return cfg_.budgeted(); }
-  // Every rank's batches in epoch `epoch` (>= origin().epoch).
-  uint64_t EpochBatches(uint32_t epoch) const;
-  // The cursor of batch `seq` of a rank, and the one that follows it. REQUIRES: seq >=
-  // origin().seq (Rewind and SetStart check it).
-  StreamCursor CursorAt(uint64_t seq) const;
-  StreamCursor CursorAfter(uint64_t seq) const { return CursorAt(seq + 1); }
-  // Whether this pipeline can serve a rank from batch `seq` on: at or after the origin, at most
-  // the end of the data, in an epoch a cursor can name (and, with a token budget, not
-  // kMaxEpochsAhead epochs ahead). Every cursor from outside (an attach's resume, a saved state)
-  // is checked here before it is used.
-  Status CheckCursor(uint64_t seq) const;
   // Serves rank `rank` from `from` on (a cursor its trainer finished at): the rank's batches
   // not yet in its sink are abandoned, the sink's unheld ones dropped (DropPublished), and
   // the rank's stream restarts there. Other ranks are untouched. Refused for packed text and
@@ -288,13 +228,6 @@ class Pipeline {
   uint64_t NextCommit(uint32_t rank) const {
     return next_commit_[rank].load(std::memory_order_acquire);
   }
-  // Identifies the streams this pipeline makes: the catalog's ids and every setting that
-  // changes which samples go where or their bytes. Equal fingerprints, equal batches.
-  const std::string& fingerprint() const { return fingerprint_; }
-  // The same, for only what decides which sample goes into which batch row (the catalog's ids,
-  // seed, shuffle, nodes, consumers, batch size): equal, equal ids batch by batch.
-  const std::string& order_fingerprint() const { return order_fingerprint_; }
-
   struct WorkItem;  // internal: one sample's field travelling through a branch
 
  private:
@@ -310,7 +243,6 @@ class Pipeline {
   Status LinkReaders();
   Status ApplyPolicies();
   Status LoadSource(const std::set<std::string>& needed, const std::set<std::string>& path_fields);
-  void Fingerprint();
   void WantShards(const std::vector<StreamCursor>& next, const std::vector<bool>& done,
                   std::vector<uint32_t>* last);
   void WantMixShards(const std::vector<StreamCursor>& next, const std::vector<bool>& done,
@@ -323,15 +255,11 @@ class Pipeline {
   // The remote store and shard index of the source (`part` 0) or of a mixture's source `part`.
   RemoteStore* StoreOf(size_t part) const;
   const ShardIndex& IndexOf(size_t part) const;
-  // How far ahead the caches look: the remote shards' (FutureFrom) and the stages' (NextUse).
-  static constexpr uint32_t kFutureEpochs = 3;
   // When this node reads each remote shard of the source (`part` 0), or of a mixture's source
   // `part`, from epoch `epoch` on over kFutureEpochs epochs (WantShards and WantMixShards tell
   // the store, for its eviction).
   class WindowFuture;
   std::shared_ptr<const WindowFuture> FutureFrom(uint32_t epoch, size_t part);
-  // The shards this node reads in `epoch`, in reading order (with repeats at windows' edges).
-  std::vector<uint32_t> ReadingOrder(uint32_t epoch, size_t part) const;
   void SourceLoop();
   void Deal(const std::shared_ptr<Provisional>& batch, int rank, const StreamCursor& at,
             uint64_t gen, const EpochPlan* plan);
@@ -353,53 +281,8 @@ class Pipeline {
   Status MeasureEntries(const std::vector<bool>& measured, MeasuredCatalog* m);
   // A sample's cost from its outputs: `row(t)` gives tensor t's bytes for the sample.
   SampleCost CostOf(const std::function<const uint8_t*(size_t)>& row) const;
-  // Epoch `epoch`'s plan (from the origin's base in the origin epoch); PlanOf keeps the last few.
-  EpochPlan PlanAt(uint32_t epoch, bool with_ranks) const;
-  // The plan of `epoch` from global position `base` of `lanes` lanes (a mixture's: `numbering`).
-  EpochPlan PlanFrom(uint32_t epoch, bool with_ranks, uint64_t base, const Mixture* numbering,
-                     uint32_t lanes) const;
-  std::shared_ptr<const EpochPlan> PlanOf(uint32_t epoch) const;
-  uint64_t EpochBatchesLocked(uint32_t epoch) const;
-  // The epoch holding batch `seq` (>= origin().seq) and its first batch's seq; false past
-  // kMaxEpochsAhead epochs.
-  bool Locate(uint64_t seq, uint32_t* epoch, uint64_t* first) const;
-  // The job's streams (every node's ranks), where epoch `epoch`'s order starts (Origin::base in
-  // the origin epoch, else 0), the samples a stream gets from position `base` of an epoch on,
-  // and the batches of a rank with `per_rank` samples.
-  uint64_t streams() const { return static_cast<uint64_t>(cfg_.consumers) * cfg_.source.num_nodes; }
-  uint64_t BaseOf(uint32_t epoch) const { return epoch == origin_.epoch ? origin_.base : 0; }
-  // `numbering`: a mixture's in the lanes `base` counts in; `lanes`: shard windows' (LanesOf).
-  // The positions of an epoch's global order under `numbering` (a mixture's) or `lanes` (shard
-  // windows'): a position names the samples before it, so 0 to this number are valid.
-  uint64_t PositionsOf(const Mixture* numbering, uint32_t lanes) const;
-  uint64_t PerRankFrom(uint64_t base, const Mixture* numbering, uint32_t lanes) const;
-  // The lanes an origin's base counts in (Origin::lanes): a mixture's as given, shard windows'
-  // nodes (at least 1), else 0.
-  uint32_t LanesOf(uint64_t base, uint32_t lanes) const;
-  // The nodes an origin's mixture numbering counts in (Origin::nodes): `nodes` where a source in
-  // shard windows makes them count, else 0.
-  uint32_t NodesOf(const Mixture* numbering, uint32_t nodes) const;
-  // Epoch `epoch`'s order of this node (from the origin's base in the origin epoch).
-  EpochOrder OrderOf(uint32_t epoch) const;
-  // For the stages' caches (SampleCache::NextUse): when this node reads catalog entry `entry`
-  // next after epoch `after`, over kFutureEpochs epochs: epoch << 32 | its position. A
-  // permutation order is inverted per entry (EpochOrder::PositionOf); a window or mixture order
-  // is walked once per epoch into a table (4 bytes per catalog entry).
-  uint64_t NextUse(uint32_t entry, uint32_t after) const;
-  struct EpochInverse;
-  std::shared_ptr<const EpochInverse> InverseOf(uint32_t epoch) const;
   // Makes the stages' caches (`cache:`), once their reads are linked.
   Status MakeCaches();
-  // What numbers a base's positions (Origin::base, lanes, nodes): a mixture's catalog Mixture
-  // dealt to `lanes` (over `nodes` nodes where a source in shard windows makes them count);
-  // null without a mixture or a base.
-  Result<std::shared_ptr<const Mixture>> NumberingOf(uint64_t base, uint32_t lanes,
-                                                     uint32_t nodes) const;
-  // The first source of a mixture read in shard windows, or null.
-  const SourceConfig* WindowedSource() const;
-  uint64_t BatchesOf(uint64_t per_rank) const;
-  Status Reachable(uint64_t seq) const;
-  static constexpr size_t kMaxEpochsAhead = 1000;
   class ThreadTag;
 
   PipelineConfig cfg_;
@@ -407,22 +290,13 @@ class Pipeline {
   BatchPlan plan_;       // the batch's tensors (branch b's are from plan_.first_tensor[b] on)
   int read_stages_ = 0;  // stages whose outputs other stages read
   std::vector<int> control_cpus_;  // where the source and batch threads run (top-level placement)
+  // The catalog (shared with the plan), and the stream's arithmetic made from it once loaded
+  // (and, with a token budget, measured: costs_ until then).
   std::shared_ptr<const Catalog> catalog_;
-  std::shared_ptr<const Mixture> numbering_;  // a mixture's origin base's (NumberingOf)
-  uint64_t per_rank_ = 0;                     // samples in a rank's share of an epoch
-  uint64_t batches_per_epoch_ = 0;
-  // Token-budget batches: every catalog entry's cost, and the epochs' plans (computed when
-  // first asked for; the last few kept) and batch counts (all kept), guarded by plans_mu_.
-  BatchBudget budget_;
-  std::vector<SampleCost> costs_;
+  std::optional<StreamPlan> stream_;
+  std::vector<SampleCost> costs_;                      // measured; moved into the plan
   std::vector<size_t> token_tensors_, patch_tensors_;  // what a budget counts (Stage::Costs)
-  mutable std::mutex plans_mu_;
-  mutable std::map<uint32_t, std::shared_ptr<const EpochPlan>> plans_;
-  mutable std::map<uint32_t, uint64_t> epoch_batches_;
-  mutable std::vector<uint64_t> epoch_starts_;  // [i]: seq of epoch origin + i's first batch
-  uint64_t min_epoch_batches_ = 1;              // a lower bound of every epoch's count
   std::vector<StreamCursor> start_;
-  Origin origin_;
   std::unique_ptr<RefillQueue> refills_;
   // FutureFrom's tables per part (source thread only): per epoch, each shard's position in this
   // node's reading order (UINT32_MAX: not read); shard ids by URL.
@@ -435,8 +309,6 @@ class Pipeline {
     std::shared_ptr<const std::unordered_map<std::string, uint32_t>> ids;
   };
   std::map<size_t, ReadTables> read_tables_;
-  mutable std::mutex inverse_mu_;  // InverseOf's, the last few epochs
-  mutable std::map<uint32_t, std::shared_ptr<const EpochInverse>> inverses_;
   std::atomic<int64_t> open_batches_{0};  // dealt and not yet committed or discarded
   // Rewinds, guarded by rewind_mu_: per rank the stream generation, where it restarts, and
   // whether the source and the collator have taken it up yet.
@@ -450,8 +322,6 @@ class Pipeline {
   bool source_exited_ = false;
   std::atomic<bool> rewind_pending_{false};
   std::unique_ptr<std::atomic<uint64_t>[]> next_commit_;
-  std::string fingerprint_, order_fingerprint_;
-  uint32_t order_tag_ = 0;
   uint64_t next_key_ = 0;  // source thread: one per dispatched sample
   // Sample accounting: dealt = first-time positions; refill draws are counted apart.
   std::atomic<uint64_t> dealt_{0}, failed_{0}, refills_ok_{0}, refills_failed_{0};

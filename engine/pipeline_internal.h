@@ -1,8 +1,8 @@
 // The pipeline's internals, shared by its files (and by nothing else): the work items that
 // carry a sample through the stages, the batches being filled, the source's refill queue, the
 // stages' branches. engine/pipeline.h is the interface; the code is split by role:
-//   pipeline_build.cc  Create (the graph from a config) and the stream position (origin,
-//                      cursors, epochs, Rewind)
+//   pipeline_build.cc  Create (the graph from a config, then its StreamPlan), the start
+//                      cursors, the origin and Rewind (the arithmetic: engine/stream_plan.h)
 //   pipeline.cc        the threads: start/stop, the source thread, the workers, introspection
 //   collator.cc        the batch thread: joining, refills, collation, ragged packing
 //   measure.cc         token budgets: every sample's cost, measured or read from its index

@@ -197,7 +197,7 @@ uint64_t HashMixSwitch(const MixSwitch& s, uint64_t h);
 class EpochOrder {
  public:
   // Permutation mode. `base`: the order starts at that position of the epoch's global order (a
-  // job resumed at another shape mid-epoch; Pipeline::Origin::base).
+  // job resumed at another shape mid-epoch; StreamOrigin::base).
   EpochOrder(size_t catalog_size, const SourceConfig& source, uint32_t epoch, int consumers,
              uint64_t base = 0);
   // Window mode when source.shuffle_window > 0 and the catalog is of tar shards (from a `base`,

@@ -504,7 +504,7 @@ Result<int> RemoteStore::Get(const std::string& url, bool range, uint64_t offset
   req.range = range;
   req.offset = offset;
   req.size = size;
-  req.fd = into >= 0 ? into : memfd_create(range ? "mmfeed-member" : "mmfeed-shard", MFD_CLOEXEC);
+  req.fd = into >= 0 ? into : ShardCache::MemoryFile(range ? "mmfeed-member" : "mmfeed-shard");
   if (req.fd < 0) return Status::ResourceExhausted(fmt::format("memfd: {}", std::strerror(errno)));
   const uint64_t t0 = NowNs();
   Status st = Perform(&req);
@@ -530,23 +530,6 @@ bool RemoteStore::CacheKey(const std::string& url, ShardCache::Key* key) const {
   return true;
 }
 
-// `size` bytes of `fd` copied into a new in-memory file.
-static Result<int> MemoryCopy(int fd, uint64_t size) {
-  const int copy = ::memfd_create("mmfeed-shard", MFD_CLOEXEC);
-  if (copy < 0) return Status::ResourceExhausted(fmt::format("memfd: {}", std::strerror(errno)));
-  std::vector<char> buf(std::min<uint64_t>(std::max<uint64_t>(size, 1), 8 << 20));
-  for (uint64_t at = 0; at < size; at += buf.size()) {
-    const uint64_t len = std::min<uint64_t>(buf.size(), size - at);
-    if (!index_file::FullPread(fd, buf.data(), len, at) ||
-        !index_file::FullPwrite(copy, buf.data(), len, at)) {
-      const int e = errno;
-      ::close(copy);
-      return Status::Io(fmt::format("copying a fetched shard into memory: {}", std::strerror(e)));
-    }
-  }
-  return copy;
-}
-
 Result<int> RemoteStore::Load(const std::string& url, uint64_t size, uint64_t time) {
   ShardCache::Key key;
   if (!CacheKey(url, &key) || key.size != size) return FetchAll(url, size);
@@ -563,14 +546,25 @@ Result<int> RemoteStore::Load(const std::string& url, uint64_t size, uint64_t ti
     cache_->WriteFailed(write_errno);  // a full disk: this shard into memory
     return FetchAll(url, size);
   }
-  // Copied while the file is still unnamed (no one else can open it), then kept.
-  Result<int> held = MemoryCopy(*fd, size);
-  Keep(*fd, key, time);
+  // Copied into memory while the file is still unnamed (no one else can open it), in the same
+  // pass that computes its checksums, then kept.
+  const int held = ShardCache::MemoryFile("mmfeed-shard");
+  if (held < 0) {
+    const int e = errno;
+    ::close(*fd);
+    return Status::ResourceExhausted(fmt::format("memfd: {}", std::strerror(e)));
+  }
+  const bool copied = Keep(*fd, key, time, held);
   ::close(*fd);
-  return held;
+  if (copied) return held;
+  ::close(held);
+  return Status::Io(
+      fmt::format("{}: the fetched shard could not be read back or copied into "
+                  "memory (see the shard cache's warning)",
+                  url));
 }
 
-void RemoteStore::Keep(int fd, const ShardCache::Key& key, uint64_t time) {
+bool RemoteStore::Keep(int fd, const ShardCache::Key& key, uint64_t time, int copy_to) {
   std::shared_ptr<const Future> future;
   std::set<std::string> held;  // in memory: their reads within the fetch lead come from there
   uint64_t lead = 0;
@@ -582,8 +576,7 @@ void RemoteStore::Keep(int fd, const ShardCache::Key& key, uint64_t time) {
       if (s.state == Shard::State::kReady || s.state == Shard::State::kFetching) held.insert(url);
   }
   if (!future || time == Future::kNever) {
-    cache_->Commit(fd, key, nullptr, 0);
-    return;
+    return cache_->Commit(fd, key, nullptr, 0, copy_to);
   }
   // A shard's next read from disk: a held shard's next read within the lead (the shards wanted
   // now, this one included) is served from memory (it stays held while wanted), so its disk
@@ -594,7 +587,7 @@ void RemoteStore::Keep(int fd, const ShardCache::Key& key, uint64_t time) {
       return future->NextAfter(url, n);
     return n;
   };
-  cache_->Commit(fd, key, next, next(key.url));
+  return cache_->Commit(fd, key, next, next(key.url), copy_to);
 }
 
 void RemoteStore::SetFuture(std::shared_ptr<const Future> future) {
@@ -660,7 +653,7 @@ Status RemoteStore::Stream(const std::string& url, uint64_t size, BodySink* sink
     if (tee.write_errno != 0)
       cache_->WriteFailed(tee.write_errno);
     else if (st.ok())
-      Keep(tee.fd, key, Future::kNever);
+      (void)Keep(tee.fd, key, Future::kNever);
     ::close(tee.fd);
   }
   return st;
@@ -741,7 +734,7 @@ Result<FieldFile> RemoteStore::OpenRange(const std::string& url, uint64_t offset
     }
   }
   if (size == 0) {
-    const int fd = memfd_create("mmfeed-member", MFD_CLOEXEC);
+    const int fd = ShardCache::MemoryFile("mmfeed-member");
     if (fd < 0) return Status::ResourceExhausted(fmt::format("memfd: {}", std::strerror(errno)));
     return FieldFile::Adopt(fd, 0, 0, identity);
   }

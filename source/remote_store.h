@@ -150,8 +150,9 @@ class RemoteStore : public RemoteReader {
   // The cache's key of `url` as its HEAD described it (false: no cache, or not HEADed).
   bool CacheKey(const std::string& url, ShardCache::Key* key) const;
   // Commits `fd` (from ShardCache::Begin, holding `key`'s bytes, read at `time`) to the cache,
-  // ranked by the future when there is one and the time is known.
-  void Keep(int fd, const ShardCache::Key& key, uint64_t time);
+  // ranked by the future when there is one and the time is known; its bytes copied into
+  // `copy_to` as they are read (ShardCache::Commit: false when they could not all be).
+  bool Keep(int fd, const ShardCache::Key& key, uint64_t time, int copy_to = -1);
   // Performs `req` with retries; the body goes to `fd` at `fd_offset` (none for HEAD).
   Status Perform(Request* req);
   // An outage's bookkeeping (above): a request answered (any HTTP answer but 5xx, 408, 429),

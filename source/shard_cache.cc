@@ -185,25 +185,36 @@ std::string ShardCache::Verify(int fd, uint64_t size, const char* data, uint64_t
   return "";
 }
 
-std::string ShardCache::ReadAndVerify(int fd, uint64_t size, uint64_t from, uint64_t to,
-                                      int copy_to) const {
+std::string ShardCache::ReadChunks(int fd, uint64_t from, uint64_t to, const ChunkFn& each,
+                                   int copy_to) const {
   std::vector<char> buf(std::max<uint64_t>(std::min(kChunk, to - std::min(to, from)), 1));
   std::string why;
   for (uint64_t at = from; why.empty() && at < to; at += buf.size()) {
     const uint64_t len = std::min<uint64_t>(buf.size(), to - at);
     why = index_file::FullPread(fd, buf.data(), len, at)
-              ? Verify(fd, size, buf.data(), at, len)
-              : fmt::format("bytes at {} cannot be read ({})", at, std::strerror(errno));
+              ? each(at, buf.data(), len)
+              : fmt::format("bytes at {} cannot be read ({})", at,
+                            std::strerror(errno ? errno : EIO));
     if (why.empty() && copy_to >= 0 && !index_file::FullPwrite(copy_to, buf.data(), len, at))
       why = fmt::format("copy: {}", std::strerror(errno));
   }
   return why;
 }
 
+std::string ShardCache::ReadAndVerify(int fd, uint64_t size, uint64_t from, uint64_t to,
+                                      int copy_to) const {
+  return ReadChunks(
+      fd, from, to,
+      [&](uint64_t at, const char* data, uint64_t len) { return Verify(fd, size, data, at, len); },
+      copy_to);
+}
+
+int ShardCache::MemoryFile(const char* name) { return ::memfd_create(name, MFD_CLOEXEC); }
+
 int ShardCache::CheckedCopy(int fd, const Key& key, uint64_t offset, uint64_t n) {
   const uint64_t from = offset / kBlock * kBlock;
   const uint64_t to = std::min(key.size, (offset + n + kBlock - 1) / kBlock * kBlock);
-  const int copy = ::memfd_create("mmfeed-shard-copy", MFD_CLOEXEC);
+  const int copy = MemoryFile("mmfeed-shard-copy");
   if (copy < 0) return -1;
   const std::string why = ReadAndVerify(fd, key.size, from, to, copy);
   if (why.empty()) return copy;
@@ -265,7 +276,7 @@ int ShardCache::Find(const Key& key, bool check_all, bool private_copy) {
   if (why.empty() && check_all) {
     // Every block against its checksum, one pass (the reads that follow find the bytes in the
     // page cache), into a private copy when asked.
-    if (private_copy && (copy = ::memfd_create("mmfeed-shard-copy", MFD_CLOEXEC)) < 0) {
+    if (private_copy && (copy = MemoryFile("mmfeed-shard-copy")) < 0) {
       ::close(fd);
       return -1;  // no memory file now: not a miss of the cache's making
     }
@@ -328,23 +339,25 @@ void ShardCache::WriteFailed(int err) {
       dir_, std::strerror(err), kAsideNs / 1000000000);
 }
 
-void ShardCache::Commit(int fd, const Key& key, const Rank& next, uint64_t self) {
-  // A checksum per block, of the bytes as written (read back from the page cache).
+bool ShardCache::Commit(int fd, const Key& key, const Rank& next, uint64_t self, int copy_to) {
+  // A checksum per block, of the bytes as written (read back from the page cache), copied as
+  // they are read when asked.
   std::string tail;
   tail.reserve(8 * BlocksOf(key.size) + 256);
-  {
-    std::vector<char> buf(std::min(kChunk, std::max<uint64_t>(key.size, 1)));
-    for (uint64_t at = 0; at < key.size; at += buf.size()) {
-      const uint64_t len = std::min<uint64_t>(buf.size(), key.size - at);
-      if (!index_file::FullPread(fd, buf.data(), len, at)) {
-        WriteFailed(errno ? errno : EIO);
-        return;
-      }
-      for (uint64_t b = 0; b < len; b += kBlock) {
-        const uint64_t h = Checksum(buf.data() + b, std::min(kBlock, len - b));
-        tail.append(reinterpret_cast<const char*>(&h), 8);
-      }
-    }
+  const std::string why = ReadChunks(
+      fd, 0, key.size,
+      [&](uint64_t, const char* data, uint64_t len) {
+        for (uint64_t b = 0; b < len; b += kBlock) {
+          const uint64_t h = Checksum(data + b, std::min(kBlock, len - b));
+          tail.append(reinterpret_cast<const char*>(&h), 8);
+        }
+        return std::string();
+      },
+      copy_to);
+  if (!why.empty()) {
+    spdlog::warn("shard cache: {} not kept: {}", key.url, why);
+    if (why.rfind("copy: ", 0) != 0) WriteFailed(errno ? errno : EIO);
+    return false;
   }
   const std::string trailer = nlohmann::json{
       {"url", key.url},
@@ -356,7 +369,7 @@ void ShardCache::Commit(int fd, const Key& key, const Rank& next, uint64_t self)
   tail.append(reinterpret_cast<const char*>(&n), 8).append(kShardCacheMagic, 8);
   if (!index_file::FullPwrite(fd, tail.data(), tail.size(), key.size) || ::fdatasync(fd) != 0) {
     WriteFailed(errno);
-    return;
+    return true;  // the bytes were read (and copied); only keeping them failed
   }
   const uint64_t bytes = key.size + tail.size();
   const std::string name = NameOf(key.url);
@@ -364,7 +377,7 @@ void ShardCache::Commit(int fd, const Key& key, const Rank& next, uint64_t self)
   FolderLock lock(*dir);
   if (!lock.ok()) {
     WriteFailed(errno);
-    return;
+    return true;  // the bytes were read (and copied); only keeping them failed
   }
   // The folder's listing is the truth (other daemons write it too); each file ranked by when
   // its shard is needed next, or, without an order, by how long ago it was used.
@@ -440,6 +453,7 @@ void ShardCache::Commit(int fd, const Key& key, const Rank& next, uint64_t self)
   evicted_files_ += keep ? victims : 0;
   if (!linked) ++not_kept_;
   if (linked) urls_[name] = {inode, key.url};
+  return true;
 }
 
 nlohmann::json ShardCache::Stats() const {

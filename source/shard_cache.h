@@ -78,9 +78,11 @@ class ShardCache {
   std::string Verify(int fd, uint64_t size, const char* data, uint64_t offset, uint64_t n) const;
   // Reads the bytes [from, to) of `fd` (block-aligned `from`) and Verifies them chunk by chunk,
   // writing each verified chunk at its offset of `copy_to` when one is given: "" or what differs
-  // (or cannot be read or written).
+  // (or cannot be read or written: "copy: ..." when `copy_to` could not be written).
   std::string ReadAndVerify(int fd, uint64_t size, uint64_t from, uint64_t to,
                             int copy_to = -1) const;
+  // A new private in-memory file (the held copies' and members' kind), or -1 (errno set).
+  static int MemoryFile(const char* name);
   // The copy `fd` of `key` is damaged (`why`): removed (if still the file under its name) and
   // counted.
   void Damaged(int fd, const Key& key, const std::string& why);
@@ -89,8 +91,10 @@ class ShardCache {
   int Begin();
   // `fd` (from Begin) holds `key`'s bytes: keeps it under its name when its rank earns the room
   // (see above; `next` ranks the shards, `self` is this shard's own next use after the read it
-  // was fetched for). The descriptor stays the caller's and readable either way.
-  void Commit(int fd, const Key& key, const Rank& next, uint64_t self);
+  // was fetched for). The descriptor stays the caller's and readable either way. The bytes are
+  // read once, for their checksums, and copied as they are read into `copy_to` when one is
+  // given: false when they could not all be read or copied (the shard is then not kept).
+  bool Commit(int fd, const Key& key, const Rank& next, uint64_t self, int copy_to = -1);
   // A fetch into a file from Begin failed writing it (errno `err`): the cache steps aside.
   void WriteFailed(int err);
 
@@ -108,6 +112,12 @@ class ShardCache {
   std::shared_ptr<const DirFd> Dir(bool create);
   // The URL a cached file's trailer names, "" when it has none readable.
   std::string UrlOf(int fd) const;
+  // Reads the bytes [from, to) of `fd` in chunks, hands each to `each` (its offset, bytes and
+  // length; a non-empty answer stops the pass) and, when `copy_to` >= 0, writes it at its offset
+  // there: "" or why the pass stopped ("copy: ..." when `copy_to` could not be written).
+  using ChunkFn = std::function<std::string(uint64_t at, const char* data, uint64_t len)>;
+  std::string ReadChunks(int fd, uint64_t from, uint64_t to, const ChunkFn& each,
+                         int copy_to) const;
   bool Usable();  // false while stepping aside
 
   const std::string dir_;

@@ -16,6 +16,9 @@ check source 'engine/|stages/|daemon/|client/'
 check engine 'stages/|daemon/|client/'
 check stages 'daemon/|client/'
 check client 'source/|engine/|stages/|daemon/'
+# The daemon asks the engine (the registry, Stage, batch transforms such as text packing), never
+# a stage's own folder: a stage is reached through its registration only.
+check daemon 'stages/'
 # Stage families share code through stages/common/ (and FFmpeg input through stages/ffmpeg/),
 # never through each other's folders.
 for family in image text audio video ffmpeg common; do

@@ -259,7 +259,7 @@ TEST_F(ConfigTest, EveryKeyInTheSchemaIsDescribedWithItsDefault) {
           if (!s.contains("description")) missing.push_back(path + ": no description");
           const bool object =
               s.value("type", "") == "object" ||
-              s.contains("oneOf") && s["oneOf"].dump().find("properties") != std::string::npos;
+              (s.contains("oneOf") && s["oneOf"].dump().find("properties") != std::string::npos);
           const bool list = s.value("type", "") == "array";
           if (!is_required && !object && !list && !s.contains("default") &&
               !s.contains("x-default") && name != "pipeline" && name != "data_roots" &&

@@ -899,8 +899,8 @@ TEST(PipelineTest, QuiescedPipelineHandsItsSinksToTheNextOne) {
   r0.Hold(false);
   (*first)->Wait();
   EXPECT_FALSE(r0.finished || r1.finished) << "quiesce leaves the sinks open";
-  std::vector<StreamCursor> next = {(*first)->CursorAt((*first)->NextCommit(0)),
-                                    (*first)->CursorAt((*first)->NextCommit(1))};
+  std::vector<StreamCursor> next = {(*first)->stream().CursorAt((*first)->NextCommit(0)),
+                                    (*first)->stream().CursorAt((*first)->NextCommit(1))};
   EXPECT_LT(next[0].seq, 74u);
   auto second = Pipeline::Create(*cfg, {&r0, &r1}, next);
   ASSERT_TRUE(second.ok());
@@ -928,7 +928,7 @@ TEST(PipelineTest, QuiescingAtTheEpochEndHandsOverAtTheBoundary) {
   PipelineRun run_a = RunPipeline(dir, TextConfig(2, 8, a));
   PipelineRun run_b = RunPipeline(dir, TextConfig(2, 8, b));
   ASSERT_TRUE(run_a.pipeline && run_b.pipeline);
-  const uint64_t per_epoch = run_a.pipeline->batches_per_epoch();
+  const uint64_t per_epoch = run_a.pipeline->stream().batches_per_epoch();
   WriteFile(dir / "a.yaml", TextConfig(2, 8, a));
   WriteFile(dir / "b.yaml", TextConfig(2, 8, b));
   Result<PipelineConfig> cfg_a = LoadConfigFile(dir / "a.yaml"),
@@ -945,10 +945,11 @@ TEST(PipelineTest, QuiescingAtTheEpochEndHandsOverAtTheBoundary) {
   (*first)->Wait();
   EXPECT_FALSE(r0.finished || r1.finished);
   for (uint32_t r = 0; r < 2; ++r) EXPECT_EQ((*first)->NextCommit(r), per_epoch) << "rank " << r;
-  auto second = Pipeline::Create(*cfg_b, {&r0, &r1},
-                                 {(*first)->CursorAt(per_epoch), (*first)->CursorAt(per_epoch)});
+  auto second = Pipeline::Create(
+      *cfg_b, {&r0, &r1},
+      {(*first)->stream().CursorAt(per_epoch), (*first)->stream().CursorAt(per_epoch)});
   ASSERT_TRUE(second.ok());
-  EXPECT_NE((*first)->order_fingerprint(), (*second)->order_fingerprint());
+  EXPECT_NE((*first)->stream().order_fingerprint(), (*second)->stream().order_fingerprint());
   ASSERT_TRUE((*second)->Start().ok());
   (*second)->Wait();
   EXPECT_TRUE(r0.finished && r1.finished);
@@ -974,8 +975,8 @@ TEST(PipelineTest, ABatchSizeChangeHandsOverAtOneEpochForEveryRank) {
   PipelineRun run_a = RunPipeline(dir, TextConfig(2, 8, source));
   PipelineRun run_b = RunPipeline(dir, TextConfig(2, 16, source));
   ASSERT_TRUE(run_a.pipeline && run_b.pipeline);
-  const uint64_t per_a = run_a.pipeline->batches_per_epoch(),
-                 per_b = run_b.pipeline->batches_per_epoch();
+  const uint64_t per_a = run_a.pipeline->stream().batches_per_epoch(),
+                 per_b = run_b.pipeline->stream().batches_per_epoch();
   ASSERT_NE(per_a, per_b);
   WriteFile(dir / "a.yaml", TextConfig(2, 8, source));
   WriteFile(dir / "b.yaml", TextConfig(2, 16, source));
@@ -984,8 +985,9 @@ TEST(PipelineTest, ABatchSizeChangeHandsOverAtOneEpochForEveryRank) {
   ASSERT_TRUE(cfg_a.ok() && cfg_b.ok());
   MemorySink r0(BatchSpecs(*cfg_a), 16), r1(BatchSpecs(*cfg_a), 16);
   // Rank 0 in epoch 0, rank 1 in epoch 1: both stop at the start of epoch 2.
-  auto first = Pipeline::Create(*cfg_a, {&r0, &r1},
-                                {run_a.pipeline->CursorAt(3), run_a.pipeline->CursorAt(per_a + 5)});
+  auto first = Pipeline::Create(
+      *cfg_a, {&r0, &r1},
+      {run_a.pipeline->stream().CursorAt(3), run_a.pipeline->stream().CursorAt(per_a + 5)});
   ASSERT_TRUE(first.ok());
   (*first)->QuiesceAtEpochEnd(/*together=*/true);
   ASSERT_TRUE((*first)->Start().ok());
@@ -996,17 +998,19 @@ TEST(PipelineTest, ABatchSizeChangeHandsOverAtOneEpochForEveryRank) {
   ASSERT_TRUE(second.ok());
   // The batches name their stream (StreamCursor::stream): each order its own tag, and the
   // reload's a chain of the tag before it, so a fresh run of config b is another stream.
-  const Pipeline::Origin o = (*first)->origin();
-  EXPECT_EQ(o.stream, Pipeline::FirstStreamTag((*first)->order_fingerprint()));
-  EXPECT_NE(o.stream, Pipeline::FirstStreamTag((*second)->order_fingerprint()));
-  const uint32_t next = Pipeline::NextStreamTag(o, 2 * per_a, (*second)->order_fingerprint());
-  EXPECT_NE(next, Pipeline::FirstStreamTag((*second)->order_fingerprint()));
+  const Pipeline::Origin o = (*first)->stream().origin();
+  EXPECT_EQ(o.stream, StreamPlan::FirstStreamTag((*first)->stream().order_fingerprint()));
+  EXPECT_NE(o.stream, StreamPlan::FirstStreamTag((*second)->stream().order_fingerprint()));
+  const uint32_t next =
+      StreamPlan::NextStreamTag(o, 2 * per_a, (*second)->stream().order_fingerprint());
+  EXPECT_NE(next, StreamPlan::FirstStreamTag((*second)->stream().order_fingerprint()));
   EXPECT_NE(next, 0u);
   ASSERT_TRUE((*second)->SetOrigin({2, 2 * per_a, next, o.stream}).ok());
-  EXPECT_EQ((*second)->StreamBefore(2 * per_a), o.stream);  // batch 2 per_a - 1: config a's
-  EXPECT_EQ((*second)->StreamBefore(2 * per_a + 1), next);
-  EXPECT_EQ((*second)->StreamBefore(0), 0u);
-  EXPECT_EQ((*second)->CursorAt(2 * per_a + per_b + 1),
+  EXPECT_EQ((*second)->stream().StreamBefore(2 * per_a),
+            o.stream);  // batch 2 per_a - 1: config a's
+  EXPECT_EQ((*second)->stream().StreamBefore(2 * per_a + 1), next);
+  EXPECT_EQ((*second)->stream().StreamBefore(0), 0u);
+  EXPECT_EQ((*second)->stream().CursorAt(2 * per_a + per_b + 1),
             (StreamCursor{3, 1, 2 * per_a + per_b + 1}));
   EXPECT_FALSE((*second)->SetStart({StreamCursor{1, 0, per_a}, StreamCursor{1, 0, per_a}}).ok());
   Status before = (*second)->Rewind(0, 2 * per_a - 1);
@@ -1052,8 +1056,8 @@ TEST(PipelineTest, StartingAtACursorRegeneratesTheSameBatches) {
   MakeTextDataset(dir, 400, [](int i) { return i % 7 == 3 || (i >= 100 && i < 160); });
   PipelineRun full = RunPipeline(dir, TextConfig(3, 8, ", shuffle: true, epochs: 3"));
   ASSERT_TRUE(full.pipeline);
-  ASSERT_EQ(full.pipeline->batches_per_epoch(), 25u);
-  StreamCursor c = full.pipeline->CursorAfter(36);  // epoch 1, batch 12
+  ASSERT_EQ(full.pipeline->stream().batches_per_epoch(), 25u);
+  StreamCursor c = full.pipeline->stream().CursorAfter(36);  // epoch 1, batch 12
   EXPECT_EQ(c.epoch, 1u);
   EXPECT_EQ(c.batch, 12u);
   EXPECT_EQ(c.seq, 37u);
@@ -1110,7 +1114,7 @@ TEST(PipelineTest, AMixtureResumedAtAnyCursorIsTheUninterruptedStream) {
       "  - {name: batch, type: batch, inputs: [text], params: {batch_size: 4}}\n";
   PipelineRun full = RunPipeline(dir, yaml);
   ASSERT_TRUE(full.pipeline);
-  const uint64_t total = 3 * full.pipeline->batches_per_epoch();
+  const uint64_t total = 3 * full.pipeline->stream().batches_per_epoch();
   ASSERT_EQ(full.sinks[0]->batches.size(), total);
   ASSERT_EQ(full.sinks[1]->batches.size(), total);
   Result<PipelineConfig> cfg = LoadConfigFile(dir / "p.yaml");
@@ -1119,8 +1123,9 @@ TEST(PipelineTest, AMixtureResumedAtAnyCursorIsTheUninterruptedStream) {
   for (int trial = 0; trial < 100; ++trial) {
     const uint64_t s0 = rng.Below(total), s1 = rng.Below(total);
     MemorySink r0(BatchSpecs(*cfg), 4), r1(BatchSpecs(*cfg), 4);
-    auto p = Pipeline::Create(*cfg, {&r0, &r1},
-                              {full.pipeline->CursorAt(s0), full.pipeline->CursorAt(s1)});
+    auto p = Pipeline::Create(
+        *cfg, {&r0, &r1},
+        {full.pipeline->stream().CursorAt(s0), full.pipeline->stream().CursorAt(s1)});
     ASSERT_TRUE(p.ok()) << p.status().message();
     ASSERT_TRUE((*p)->Start().ok());
     (*p)->Wait();
@@ -1169,7 +1174,7 @@ std::vector<std::multiset<std::string>> CheckBudgetedText(const PipelineRun& run
   for (const auto& sink : run.sinks) {
     uint64_t seq = 0;
     for (int e = 0; e < epochs; ++e) {
-      const uint64_t k = run.pipeline->EpochBatches(e);
+      const uint64_t k = run.pipeline->stream().EpochBatches(e);
       EXPECT_GT(k, 0u);
       for (uint64_t b = 0; b < k; ++b, ++seq) {
         if (seq >= sink->batches.size()) {
@@ -1179,7 +1184,8 @@ std::vector<std::multiset<std::string>> CheckBudgetedText(const PipelineRun& run
         const MemBatch& batch = *sink->batches[seq];
         EXPECT_EQ(batch.seq, seq);
         EXPECT_EQ(batch.epoch, static_cast<uint32_t>(e));
-        EXPECT_EQ(run.pipeline->CursorAt(seq), (StreamCursor{static_cast<uint32_t>(e), b, seq}));
+        EXPECT_EQ(run.pipeline->stream().CursorAt(seq),
+                  (StreamCursor{static_cast<uint32_t>(e), b, seq}));
         EXPECT_LE(batch.ids.size(), 16u);
         int64_t tokens = 0;
         for (size_t r = 0; r < batch.ids.size(); ++r) {
@@ -1224,7 +1230,8 @@ TEST(PipelineTest, TokenBudgetBatchesHoldWholeSamplesWithEqualCountsPerRank) {
   double tokens = 0;
   for (int i = 0; i < n; ++i) tokens += i % 50 != 7 ? BudgetTextLength(i) : 0;
   const double full = tokens / 2 / 200;  // per rank and epoch, were every batch exactly full
-  for (int e = 0; e < 2; ++e) EXPECT_LT(run.pipeline->EpochBatches(e), 1.2 * full + 1) << full;
+  for (int e = 0; e < 2; ++e)
+    EXPECT_LT(run.pipeline->stream().EpochBatches(e), 1.2 * full + 1) << full;
 
   // Same bytes whatever the worker count, and from any cursor.
   EXPECT_EQ(Fingerprint(RunPipeline(dir, BudgetTextConfig(1))), Fingerprint(run));
@@ -1232,9 +1239,10 @@ TEST(PipelineTest, TokenBudgetBatchesHoldWholeSamplesWithEqualCountsPerRank) {
   Result<PipelineConfig> cfg = LoadConfigFile(dir / "p.yaml");
   ASSERT_TRUE(cfg.ok());
   MemorySink r0(BatchSpecs(*cfg), 16, 2), r1(BatchSpecs(*cfg), 16, 2);
-  const uint64_t from = run.pipeline->EpochBatches(0) + 3;  // epoch 1, batch 3
+  const uint64_t from = run.pipeline->stream().EpochBatches(0) + 3;  // epoch 1, batch 3
   auto p =
-      Pipeline::Create(*cfg, {&r0, &r1}, {run.pipeline->CursorAt(from), run.pipeline->CursorAt(5)});
+      Pipeline::Create(*cfg, {&r0, &r1},
+                       {run.pipeline->stream().CursorAt(from), run.pipeline->stream().CursorAt(5)});
   ASSERT_TRUE(p.ok()) << p.status().message();
   ASSERT_TRUE((*p)->Start().ok());
   (*p)->Wait();
@@ -1251,7 +1259,8 @@ TEST(PipelineTest, TokenBudgetBatchesHoldWholeSamplesWithEqualCountsPerRank) {
       << far.status().message();
   // A cursor that does not fit the plan's numbering is refused.
   auto bad = Pipeline::Create(
-      *cfg, {&r0, &r1}, {StreamCursor{0, run.pipeline->EpochBatches(0), from}, StreamCursor{}});
+      *cfg, {&r0, &r1},
+      {StreamCursor{0, run.pipeline->stream().EpochBatches(0), from}, StreamCursor{}});
   EXPECT_FALSE(bad.ok());
 }
 
@@ -1315,7 +1324,7 @@ TEST(PipelineTest, PatchAndTokenBudgetsBatchQwenSamples) {
   PipelineRun run = RunPipeline(dir, yaml);
   ASSERT_TRUE(run.pipeline) << run.create_status.message();
   ASSERT_TRUE(run.pipeline->status().ok()) << run.pipeline->status().message();
-  const uint64_t k = run.pipeline->EpochBatches(0);
+  const uint64_t k = run.pipeline->stream().EpochBatches(0);
   ASSERT_EQ(run.sinks[0]->batches.size(), k);
   std::multiset<std::string> seen;
   for (auto& b : run.sinks[0]->batches) {
@@ -1363,7 +1372,7 @@ TEST(PipelineTest, AStageTheBudgetDoesNotCountIsNotMeasured) {
   EXPECT_EQ(run.pipeline->errors().ToJson()["total"], 0);
   std::multiset<std::string> seen;
   for (const auto& sink : run.sinks) {
-    EXPECT_EQ(sink->batches.size(), run.pipeline->EpochBatches(0));
+    EXPECT_EQ(sink->batches.size(), run.pipeline->stream().EpochBatches(0));
     for (const auto& b : sink->batches) {
       const int32_t* lengths = reinterpret_cast<const int32_t*>(b->tensors[2].data.data());
       EXPECT_LE(std::accumulate(lengths, lengths + b->ids.size(), 0), 40);

@@ -105,12 +105,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const auto& plan : Plans()) {
     const Pipeline& p = *plan->pipeline;
     if (c->order) {
-      Result<Pipeline::Origin> o = p.Rebased(c->epoch, c->position, c->lanes, c->nodes);
+      Result<Pipeline::Origin> o = p.stream().Rebased(c->epoch, c->position, c->lanes, c->nodes);
       if (o.ok() && (c->position > kSamples || o->base > kSamples ||
                      (o->epoch != c->epoch && o->epoch != c->epoch + 1)))
         __builtin_trap();  // a position outside the epoch served as something else
     }
-    if (p.CheckCursor(c->seq).ok() && p.CursorAt(c->seq).seq != c->seq) __builtin_trap();
+    if (p.stream().CheckCursor(c->seq).ok() && p.stream().CursorAt(c->seq).seq != c->seq)
+      __builtin_trap();
   }
   return 0;
 }

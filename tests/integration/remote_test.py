@@ -66,6 +66,17 @@ def wait_listening(port, proc, what, timeout=20):
             time.sleep(0.05)
 
 
+def flip_bytes_in_place(path, end):
+    """Flips one byte in every 4 KiB of `path`'s first `end` bytes, in place (size, inode and
+    trailer kept): what a disk's bit rot or a stray writer would do to a cached shard."""
+    with open(path, "r+b") as fh:
+        for at in range(700, end, 4096):
+            fh.seek(at)
+            b = fh.read(1)
+            fh.seek(at)
+            fh.write(bytes([b[0] ^ 0x55]))
+
+
 class Nginx:
     """nginx serving `root` on 127.0.0.1:port, one process (killing it kills the server)."""
 
@@ -443,12 +454,7 @@ class CacheTest(RemoteCase):
         smallest = min((self.data / f"shard-{k:03d}.tar").stat().st_size for k in range(SHARDS))
         for f in files:
             size = f.stat().st_size
-            with open(f, "r+b") as fh:
-                for at in range(700, smallest, 4096):
-                    fh.seek(at)
-                    b = fh.read(1)
-                    fh.seek(at)
-                    fh.write(bytes([b[0] ^ 0x55]))
+            flip_bytes_in_place(f, smallest)
             self.assertEqual(f.stat().st_size, size)
         got, gets, log = self.run_and_count(url, state, self.cached_config(url), "tampered")
         self.assertSameBatches(want, got)
@@ -480,12 +486,7 @@ class CacheTest(RemoteCase):
                     ino = f.stat().st_ino
                     if ino in edited:
                         continue
-                    with open(f, "r+b") as fh:
-                        for at in range(700, smallest, 4096):
-                            fh.seek(at)
-                            b = fh.read(1)
-                            fh.seek(at)
-                            fh.write(bytes([b[0] ^ 0x55]))
+                    flip_bytes_in_place(f, smallest)
                     edited.add(ino)
                 except FileNotFoundError:
                     pass  # removed meanwhile (damaged, or evicted)

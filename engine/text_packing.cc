@@ -1,4 +1,4 @@
-#include "stages/text/packing_sink.h"
+#include "engine/text_packing.h"
 
 #include <spdlog/spdlog.h>
 
@@ -9,6 +9,12 @@ namespace mmfeed {
 
 PackingSink::PackingSink(BatchSink* inner, int64_t max_len, int64_t batch_size, int32_t pad_id)
     : inner_(inner), max_len_(max_len), batch_size_(batch_size), pad_id_(pad_id) {}
+
+std::unique_ptr<PackingSink> PackingSink::For(const PipelineConfig& cfg, BatchSink* inner) {
+  if (cfg.packed_stage < 0) return nullptr;
+  return std::make_unique<PackingSink>(inner, cfg.packing.max_len, cfg.batch_size,
+                                       cfg.packing.pad_id);
+}
 
 Reservation PackingSink::Reserve(BatchMemory* memory, int /*timeout_ms*/) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -1,5 +1,7 @@
-// PackingSink: sequence packing for text-only pretraining. It sits in front of a rank's real
-// sink and turns batches of samples (each a tokenized document, `<name>` [max_len] padded plus
+// PackingSink: sequence packing for text-only pretraining, a transform of the engine's batches
+// (PipelineConfig::packing says when: a text stage with `pack: true` as the batch's only input).
+// It sits in front of a rank's real sink and turns batches of samples (each a tokenized document,
+// `<name>` [max_len] padded plus
 // `<name>_lengths`) into batches of full rows: documents are concatenated in the rank's order
 // and cut into rows of max_len tokens, a document that does not fit continuing on the next row.
 // No padding is wasted except in the last row before an epoch ends or the data stops.
@@ -14,6 +16,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -25,6 +28,9 @@ namespace mmfeed {
 class PackingSink : public BatchSink {
  public:
   PackingSink(BatchSink* inner, int64_t max_len, int64_t batch_size, int32_t pad_id);
+  // The transform `cfg` asks for in front of `inner`, or null when its batches are not packed.
+  // It outlives pipelines as the sink does: a reload's next pipeline fills the same open row.
+  static std::unique_ptr<PackingSink> For(const PipelineConfig& cfg, BatchSink* inner);
 
   Reservation Reserve(BatchMemory* memory, int timeout_ms) override;
   void Commit(const BatchMemory& memory, const BatchInfo& info) override;

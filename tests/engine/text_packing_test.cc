@@ -1,4 +1,4 @@
-#include "stages/text/packing_sink.h"
+#include "engine/text_packing.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
