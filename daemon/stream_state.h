@@ -35,7 +35,7 @@ namespace mmfeed {
 
 struct StreamState {
   std::string pipeline;
-  std::string fingerprint;  // Pipeline::fingerprint() of the pipeline making batches from origin
+  std::string fingerprint;  // StreamPlan::fingerprint() of the stream from origin
   uint32_t origin_epoch = 0;
   uint64_t origin_seq = 0;
   uint32_t origin_stream = 0, origin_previous = 0;  // StreamOrigin (0: not kept)

@@ -296,7 +296,7 @@ void Supervisor::WarnRanksWithoutTrainers() {
 // --state-dir: the stream the trainers are in. A restart on an edited config continues it
 // with the config it was made from, then switches as a reload would (KeepSavedConfig).
 Result<std::optional<StreamState>> Supervisor::SavedStream() {
-  MMFEED_ASSIGN_OR_RETURN(std::optional<StreamState> saved, ReadState());
+  MMFEED_ASSIGN_OR_RETURN(std::optional<StreamState> saved, state_.Read());
   // The weights reloads switched at batch boundaries are part of the saved stream.
   if (saved) cfg_.mix.switches = saved->mix_switches;
   return saved;
@@ -312,7 +312,7 @@ void Supervisor::KeepSavedConfig(const JobShape* job) {
     spdlog::info(
         "{} differs from the config the saved stream in {} was made with: whether that config "
         "continues the stream is decided when the first trainer declares the job",
-        cfg_.file, StatePath());
+        cfg_.file, state_.path());
     return;
   }
   Result<PipelineConfig> kept = KeptConfig(*saved_, job);
@@ -321,11 +321,11 @@ void Supervisor::KeepSavedConfig(const JobShape* job) {
         "{} differs from the config the saved stream in {} was made with: continuing the "
         "stream with that config, then reloading {} (applied as a reload would: at once or "
         "at the next epoch boundary)",
-        cfg_.file, StatePath(), cfg_.file);
+        cfg_.file, state_.path(), cfg_.file);
     then_reload_ = cfg_.file;
     cfg_ = std::move(kept.value());
   } else {
-    spdlog::warn("{}: the saved stream cannot be continued ({}): starting fresh", StatePath(),
+    spdlog::warn("{}: the saved stream cannot be continued ({}): starting fresh", state_.path(),
                  kept.status().message());
     saved_.reset();
     cfg_.mix.switches.clear();

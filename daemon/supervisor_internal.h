@@ -30,13 +30,13 @@
 
 #include "base/atomic_file.h"
 #include "base/clock.h"
-#include "base/dir_fd.h"
 #include "base/rng.h"
 #include "client/report_text.h"
 #include "daemon/control_server.h"
 #include "daemon/metrics.h"
 #include "daemon/ring_sink.h"
 #include "daemon/service_notify.h"
+#include "daemon/state_store.h"
 #include "daemon/stream_state.h"
 #include "daemon/supervisor.h"
 #include "engine/autotune.h"
@@ -248,14 +248,6 @@ class Supervisor {
   // attached trainer drains it and attaches again by itself.
   void MoveRank(int r, std::unique_ptr<RingSink> ring, const StreamCursor& next);
 
-  // --state-dir: the stream the trainers are in (daemon/stream_state.h). The folder is opened
-  // once (ReadState; base/dir_fd.h: a symlink or another user's folder refused) and the
-  // cursors are written through it.
-  std::string StatePath() const { return opt_.state_dir + "/cursors.json"; }
-  DirFd state_dir_;
-
-  Result<std::optional<StreamState>> ReadState();
-
   // The config a saved stream was made with, loaded as the daemon loads its file (relative
   // paths from where that file was), with `job`'s shape when it takes it from the trainers.
   Result<PipelineConfig> KeptConfig(const StreamState& s, const JobShape* job) const;
@@ -263,8 +255,7 @@ class Supervisor {
   // Starts every rank from its saved cursor when `saved` is this pipeline's stream.
   Status LoadState(std::optional<StreamState> saved);
 
-  // Writes the stream's state when it changed (daemon/stream_state.h). A failure is logged
-  // when it first happens and then once a minute with a count, not at every tick.
+  // Writes the stream's state (StateStore: only when it changed; failures logged sparingly).
   Status SaveState();
 
   void Detach(int rank, int pid, uint32_t generation);
@@ -313,6 +304,7 @@ class Supervisor {
 
   PipelineConfig cfg_;
   SupervisorOptions opt_;
+  StateStore state_{opt_.state_dir};  // --state-dir: the stream the trainers are in
   asio::io_context io_;
   std::set<std::shared_ptr<asio::steady_timer>> windows_;  // profile windows under way
   uint64_t pipeline_id_ = 0;                               // bumped when a reload swaps
@@ -387,9 +379,6 @@ class Supervisor {
   std::unique_ptr<ControlServer> server_;
   std::vector<Holder> holders_;
   uint32_t last_generation_ = 0;
-  std::string saved_state_;      // the last state written to --state-dir
-  uint64_t state_failures_ = 0;  // writes of it that failed in a row
-  std::chrono::steady_clock::time_point state_warned_at_;
   uint64_t ring_bytes_ = 0;
   bool draining_ = false;
   // The drain ended early: no attached trainer had batches left to take (a stop with nobody

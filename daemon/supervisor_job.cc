@@ -23,7 +23,7 @@ void Supervisor::DropJobParts() {
   tune_decisions_.clear();
   ring_bytes_ = 0;
   moved_published_ = 0;
-  saved_state_.clear();
+  state_.Forget();
   warned_missing_trainers_ = false;
 }
 
@@ -107,7 +107,7 @@ void Supervisor::CompleteEndJob() {
   const nlohmann::json ended = {{"job", job_ ? job_->Describe() : ""},
                                 {"from", job_from_},
                                 {"why", ending_->why},
-                                {"cursors", opt_.state_dir.empty() ? "" : StatePath()}};
+                                {"cursors", opt_.state_dir.empty() ? "" : state_.path()}};
   std::vector<JobEnded> done = std::move(ending_->done);
   DropJobParts();  // everything the job made goes; the daemon counters (Retire) stay
   job_.reset();

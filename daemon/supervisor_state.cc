@@ -5,15 +5,6 @@
 
 namespace mmfeed {
 
-Result<std::optional<StreamState>> Supervisor::ReadState() {
-  if (!state_dir_.valid()) {  // opened once: the cursors are written through it (SaveState)
-    Result<DirFd> dir = DirFd::Open(opt_.state_dir, "--state-dir", /*create=*/true);
-    if (!dir.ok()) return dir.status();
-    state_dir_ = std::move(dir.value());
-  }
-  return ReadStreamState(StatePath());
-}
-
 Result<PipelineConfig> Supervisor::KeptConfig(const StreamState& s, const JobShape* job) const {
   Result<PipelineConfig> cfg = ParseConfig(s.config_text, s.config_file);
   if (!cfg.ok()) return cfg;
@@ -37,21 +28,21 @@ Result<PipelineConfig> Supervisor::KeptConfig(const StreamState& s, const JobSha
 
 Status Supervisor::LoadState(std::optional<StreamState> saved) {
   if (!saved) {
-    spdlog::info("no saved cursors in {}: starting every rank at the beginning", StatePath());
+    spdlog::info("no saved cursors in {}: starting every rank at the beginning", state_.path());
     return Status::Ok();
   }
   if (saved->fingerprint != pipeline_->stream().fingerprint()) {
     spdlog::warn(
         "{} is for another stream (fingerprint {}, this config makes {}: the data or the "
         "config changed): starting fresh",
-        StatePath(), saved->fingerprint, pipeline_->stream().fingerprint());
+        state_.path(), saved->fingerprint, pipeline_->stream().fingerprint());
     return Status::Ok();
   }
   const auto bad_base = [&](const std::string& why) {
     return Status::Invalid(fmt::format(
         "{}: the origin's base {} is not a position this pipeline resumes at{} (move the file "
         "away to start every rank at the beginning)",
-        StatePath(), saved->origin_base, why));
+        state_.path(), saved->origin_base, why));
   };
   if (saved->origin_base) {
     if (!pipeline_->stream().positional())
@@ -85,12 +76,12 @@ Status Supervisor::LoadState(std::optional<StreamState> saved) {
     return valid.WithContext(fmt::format(
         "{}: the saved cursors do not fit this config (move the file away to start every rank "
         "at the beginning)",
-        StatePath()));
+        state_.path()));
   for (int r = 0; r < cfg_.consumers; ++r) sinks_[r]->ring().set_acked(saved->ranks[r]);
   unseen_since_restart_.assign(cfg_.trainers(), true);
   std::string at;
   for (const StreamCursor& c : saved->ranks) at += fmt::format(" {}", c.seq);
-  spdlog::info("continuing from the saved cursors in {}: ranks at batch{}", StatePath(), at);
+  spdlog::info("continuing from the saved cursors in {}: ranks at batch{}", state_.path(), at);
   return Status::Ok();
 }
 
@@ -111,25 +102,7 @@ Status Supervisor::SaveState() {
   state.origin_nodes = origin.nodes;
   state.mix_switches = pipeline_->MixSwitches();
   for (int r = 0; r < cfg_.consumers; ++r) state.ranks.push_back(AckedOf(r));
-  std::string text = StreamStateToJson(state).dump() + "\n";
-  if (text == saved_state_) return Status::Ok();
-  Status st = state_dir_.WriteAtomically("cursors.json", text);
-  if (!st.ok() && state_dir_.Gone()) {  // deleted: made again where it was, never via a symlink
-    Status again = state_dir_.Refresh(/*create=*/true);
-    st = again.ok() ? state_dir_.WriteAtomically("cursors.json", text) : again;
-  }
-  const auto now = std::chrono::steady_clock::now();
-  if (st.ok()) {
-    if (state_failures_)
-      spdlog::info("{} written again after {} failed attempt(s)", StatePath(), state_failures_);
-    state_failures_ = 0;
-    saved_state_ = std::move(text);
-  } else if (state_failures_++ == 0 || now - state_warned_at_ >= std::chrono::minutes(1)) {
-    spdlog::error("{} (the cursors a restart would continue from are {}; {} attempt(s) failed)",
-                  st.message(), state_failures_ > 1 ? "stale" : "not saved", state_failures_);
-    state_warned_at_ = now;
-  }
-  return st;
+  return state_.Write(state);
 }
 
 }  // namespace mmfeed
