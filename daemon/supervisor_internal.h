@@ -35,6 +35,7 @@
 #include "daemon/control_server.h"
 #include "daemon/metrics.h"
 #include "daemon/ring_sink.h"
+#include "daemon/run_totals.h"
 #include "daemon/service_notify.h"
 #include "daemon/state_store.h"
 #include "daemon/stream_state.h"
@@ -293,9 +294,6 @@ class Supervisor {
   // The config file's content hash, to tell which version runs ("" if unreadable).
   static std::string HashFile(const std::string& path);
 
-  // The counters of a pipeline a reload replaced: the metrics go on counting from them.
-  void Retire(const nlohmann::json& profile);
-
   // The /metrics page (Prometheus text format). Counters belong to the daemon: those of
   // pipelines replaced by reloads are included.
   std::string MetricsText();
@@ -348,32 +346,8 @@ class Supervisor {
   std::vector<Rate> rates_;  // per rank, updated by Heartbeat
   std::unique_ptr<MetricsServer> metrics_;
   int ticks_ = 0;
-  // A stage's counters summed over pipelines, from their profile entries.
-  struct StageTotals {
-    double items = 0, errors = 0, busy = 0, starved = 0, blocked = 0;
-    void Add(const nlohmann::json& stage) {
-      items += stage["items"].get<double>();
-      errors += stage["errors"].get<double>();
-      busy += stage["busy_seconds"].get<double>();
-      starved += stage["starved_seconds"].get<double>();
-      blocked += stage["blocked_seconds"].get<double>();
-    }
-  };
-  std::map<std::string, StageTotals> retired_stages_;  // of pipelines reloads replaced
-  std::map<std::string, uint64_t> retired_errors_;
-  // A mixture's source, over every pipeline so far: samples committed in batches, failed (also
-  // by reason), and passes (samples over the source's size then).
-  struct SourceTotal {
-    uint64_t samples = 0, errors = 0;
-    double passes = 0;
-    std::map<std::string, uint64_t> reasons;
-  };
-  std::map<std::string, SourceTotal> retired_sources_;  // of pipelines reloads replaced
-  // Per source, the counts of every pipeline so far: the current `sources:` in order, then
-  // those reloads removed, by name.
-  std::vector<std::pair<std::string, SourceTotal>> SourceTotals(
-      const nlohmann::json& profile) const;
-  uint64_t watchdog_progress_ = 0;                   // Heartbeat's last sign of life
+  RunTotals totals_;                // the counters of the pipelines reloads replaced
+  uint64_t watchdog_progress_ = 0;  // Heartbeat's last sign of life
   std::chrono::steady_clock::time_point status_at_;  // the last STATUS= line, and its count
   uint64_t status_published_ = 0;
   std::unique_ptr<ControlServer> server_;

@@ -102,7 +102,7 @@ Status Supervisor::BeginEndJob(const std::string& why, JobEnded done) {
 void Supervisor::CompleteEndJob() {
   pipeline_->Wait();
   (void)SaveState();  // logged
-  Retire(pipeline_->Profile());
+  totals_.Retire(pipeline_->Profile());
   (void)Report();  // the job's profile, as at a daemon's end
   const nlohmann::json ended = {{"job", job_ ? job_->Describe() : ""},
                                 {"from", job_from_},

@@ -35,7 +35,7 @@ nlohmann::json Supervisor::StatusJson() {
   nlohmann::json profile = pipeline_->Profile();
   // A mixture: per source, what it gave since the start (over reloads) and its planned share.
   nlohmann::json sources = nlohmann::json::array();
-  for (const auto& [name, n] : SourceTotals(profile)) {
+  for (const auto& [name, n] : totals_.Sources(profile)) {
     nlohmann::json s = {{"name", name},
                         {"samples", n.samples},
                         {"errors", n.errors},
@@ -227,66 +227,30 @@ std::string Supervisor::StatusLine() {
                      published, attached, cfg_.trainers());
 }
 
-void Supervisor::Retire(const nlohmann::json& profile) {
-  for (const auto& st : profile["stages"]) {
-    if (st["type"] == "ring") continue;  // the rings' counters outlive pipelines anyway
-    retired_stages_[st["name"].get<std::string>()].Add(st);
-  }
-  for (const auto& [reason, n] : profile["errors"]["by_reason"].items())
-    retired_errors_[reason] += n.get<uint64_t>();
-  for (auto& [name, total] : SourceTotals(profile)) retired_sources_[name] = std::move(total);
-}
-
-std::vector<std::pair<std::string, Supervisor::SourceTotal>> Supervisor::SourceTotals(
-    const nlohmann::json& profile) const {
-  std::vector<std::pair<std::string, SourceTotal>> totals;
-  std::set<std::string> current;
-  if (profile.contains("sources"))
-    for (const auto& s : profile["sources"]) {
-      const std::string name = s["name"].get<std::string>();
-      auto retired = retired_sources_.find(name);
-      SourceTotal t = retired == retired_sources_.end() ? SourceTotal() : retired->second;
-      t.samples += s["samples"].get<uint64_t>();
-      t.errors += s["errors"].get<uint64_t>();
-      t.passes += s["passes"].get<double>();
-      for (const auto& [reason, n] : s["errors_by_reason"].items())
-        t.reasons[reason] += n.get<uint64_t>();
-      totals.emplace_back(name, std::move(t));
-      current.insert(name);
-    }
-  for (const auto& [name, t] : retired_sources_)
-    if (!current.count(name)) totals.emplace_back(name, t);
-  return totals;
-}
-
 std::string Supervisor::MetricsText() {
   nlohmann::json profile = pipeline_->Profile();
-  std::map<std::string, StageTotals> stages = retired_stages_;
+  const std::map<std::string, RunTotals::Stage> stages = totals_.Stages(profile);
   std::map<std::string, double> depth;
-  for (const auto& st : profile["stages"]) {
-    const std::string name = st["name"].get<std::string>();
-    stages[name].Add(st);
-    depth[name] = st["queue_depth"].get<double>();
-  }
-  std::map<std::string, uint64_t> errors = retired_errors_;
-  for (const auto& [reason, n] : profile["errors"]["by_reason"].items())
-    errors[reason] += n.get<uint64_t>();
+  for (const auto& st : profile["stages"])
+    depth[st["name"].get<std::string>()] = st["queue_depth"].get<double>();
+  const std::map<std::string, uint64_t> errors = totals_.Errors(profile);
 
   PromText t;
-  auto per_stage = [&](const char* name, const char* help, double StageTotals::*field) {
+  auto per_stage = [&](const char* name, const char* help, double RunTotals::Stage::*field) {
     t.Family(name, "counter", help);
     for (const auto& [stage, v] : stages) t.Sample(name, {{"stage", stage}}, v.*field);
   };
   per_stage("mmfeed_stage_items_total",
-            "Items a stage finished: samples, or batches for a ring stage.", &StageTotals::items);
-  per_stage("mmfeed_stage_errors_total", "Items a stage failed.", &StageTotals::errors);
+            "Items a stage finished: samples, or batches for a ring stage.",
+            &RunTotals::Stage::items);
+  per_stage("mmfeed_stage_errors_total", "Items a stage failed.", &RunTotals::Stage::errors);
   per_stage("mmfeed_stage_busy_seconds_total", "Thread time a stage spent working.",
-            &StageTotals::busy);
+            &RunTotals::Stage::busy);
   per_stage("mmfeed_stage_starved_seconds_total", "Thread time a stage waited for input.",
-            &StageTotals::starved);
+            &RunTotals::Stage::starved);
   per_stage("mmfeed_stage_blocked_seconds_total",
             "Thread time a stage waited for downstream (a ring: for trainers).",
-            &StageTotals::blocked);
+            &RunTotals::Stage::blocked);
   t.Family("mmfeed_stage_queue_depth", "gauge", "Items in a stage's mailbox now.");
   for (const auto& [stage, v] : depth) t.Sample("mmfeed_stage_queue_depth", {{"stage", stage}}, v);
   t.Family("mmfeed_sample_errors_total", "counter", "Samples skipped, by reason.");
@@ -370,7 +334,7 @@ std::string Supervisor::MetricsText() {
       t.Sample("mmfeed_shard_cache_bytes", {{"of", "max"}}, st["cache_max_bytes"].get<double>());
     }
   }
-  if (const auto sources = SourceTotals(profile); !sources.empty()) {
+  if (const auto sources = totals_.Sources(profile); !sources.empty()) {
     t.Family("mmfeed_source_samples_total", "counter",
              "A mixture's samples committed in batches, by source.");
     for (const auto& [name, n] : sources)

@@ -376,7 +376,7 @@ void Supervisor::CompleteReload() {
   for (const StreamCursor& c : start) at += fmt::format(" {}", c.seq);
   spdlog::info("the reloaded pipeline took over: ranks at batch{}", at);
   config_hash_ = HashFile(p->cfg.file);
-  Retire(pipeline_->Profile());
+  totals_.Retire(pipeline_->Profile());
   // The old pipeline's stage caches are freed with it, and given back to the system.
   if (cfg_.CacheBytes() > 0)
     FreeAndGiveBack([&] { pipeline_ = std::move(p->pipeline); });
@@ -411,7 +411,7 @@ void Supervisor::MoveRank(int r, std::unique_ptr<RingSink> ring, const StreamCur
   }
   ring->ring().set_acked(old->ring().acked());
   old->ring().CloseMoved();
-  retired_stages_[old->info().name].Add(BuildProfile({old->info()}, 1)["stages"][0]);
+  totals_.RetireStage(old->info().name, BuildProfile({old->info()}, 1)["stages"][0]);
   moved_published_ += old->ring().published();
   sinks_[r] = std::move(ring);
   moved_from_[r] = std::move(old);

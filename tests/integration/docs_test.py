@@ -229,7 +229,7 @@ class Site(unittest.TestCase):
             self.assertIsNotNone(port, "chromium printed no DevTools address")
             tabs = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json", timeout=30))
             ws = websocket.create_connection(
-                [t for t in tabs if t["type"] == "page"][0]["webSocketDebuggerUrl"], timeout=60)
+                [t for t in tabs if t["type"] == "page"][0]["webSocketDebuggerUrl"], timeout=150)
             seq = [0]
 
             def call(method, **params):
@@ -244,7 +244,7 @@ class Site(unittest.TestCase):
                 r = call("Runtime.evaluate", expression=js, awaitPromise=True, returnByValue=True)
                 return r.get("result", {}).get("result", {}).get("value")
 
-            def search(query):
+            def search(query, tenths=300):
                 # A page of its own per query, loaded before anything is typed.
                 url = f"{self.base}/index.html?query={urllib.parse.quote(query)}"
                 call("Page.navigate", url=url)
@@ -252,15 +252,23 @@ class Site(unittest.TestCase):
                 while evaluate("document.readyState === 'complete' && location.href") != url:
                     self.assertLess(time.monotonic(), deadline, f"{url} did not load")
                     time.sleep(0.1)
+                # Typed once the search worker has built its index (the result list says
+                # "Initializing search" until then: a query typed before is never answered),
+                # and typed again every 2 s (cleared first: the same value twice is one query).
                 js = ("(async () => {"
+                      "const sleep = () => new Promise(r => setTimeout(r, 100));"
                       "for (let k = 0; k < 100 && !document.querySelector('input.md-search__input'); k++)"
-                      "  await new Promise(r => setTimeout(r, 100));"
+                      "  await sleep();"
                       "const i = document.querySelector('input.md-search__input');"
-                      f"i.focus(); i.value = {json.dumps(query)};"
-                      "i.dispatchEvent(new Event('input', {bubbles: true}));"
-                      "i.dispatchEvent(new KeyboardEvent('keyup', {bubbles: true}));"
-                      "for (let k = 0; k < 300; k++) {"
-                      "  await new Promise(r => setTimeout(r, 100));"
+                      "const meta = () => (document.querySelector('.md-search-result__meta') || {}).textContent || '';"
+                      "for (let k = 0; k < 600 && meta().includes('Initializing'); k++) await sleep();"
+                      "const type = v => { i.value = v;"
+                      "  i.dispatchEvent(new Event('input', {bubbles: true}));"
+                      "  i.dispatchEvent(new KeyboardEvent('keyup', {bubbles: true})); };"
+                      f"i.focus(); type({json.dumps(query)});"
+                      f"for (let k = 0; k < {tenths}; k++) {{"
+                      f"  if (k % 20 == 19) {{ type(''); type({json.dumps(query)}); }}"
+                      "  await sleep();"
                       "  const l = document.querySelectorAll('.md-search-result__item a');"
                       "  if (l.length) return Array.from(l).map(a => a.href).join(' ');"
                       "}"
@@ -273,7 +281,7 @@ class Site(unittest.TestCase):
                 for url in hits[:5]:  # each result's page has the key
                     page = url.split(self.base + "/", 1)[1].split("?")[0]
                     self.assertIn(key, (self.site / page).read_text(), f"{key}: {url}")
-            self.assertEqual(search("zzqqxxnotaword"), "")
+            self.assertEqual(search("zzqqxxnotaword", tenths=100), "")
             ws.close()
         finally:
             proc.kill()
