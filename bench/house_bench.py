@@ -128,22 +128,23 @@ def main():
             for _ in range(a.rounds):
                 for side, build in builds.items():
                     got[side].append(resume_seconds(build, data, 3))
-            ratio = statistics.median(b / t for t, b in zip(got["this"], got["baseline"]))
+            ratios = [b / t for t, b in zip(got["this"], got["baseline"])]
             rows.append((name, "s to the first batch", statistics.median(got["this"]),
-                         statistics.median(got["baseline"]), ratio))
+                         statistics.median(got["baseline"]), statistics.median(ratios), min(ratios), max(ratios)))
             continue
         got = {side: [] for side in builds}
         for _ in range(a.rounds):
             for side, build in builds.items():
                 got[side].append(rate(build, data, name, a.epochs))
-        ratio = statistics.median(t / b for t, b in zip(got["this"], got["baseline"]))
-        rows.append((name, "samples/s", statistics.median(got["this"]), statistics.median(got["baseline"]), ratio))
-    print(f"{'pipeline':<8} {'unit':<22} {'this':>10} {'baseline':>10} {'ratio':>7}")
-    for name, unit, this, base, ratio in rows:
-        print(f"{name:<8} {unit:<22} {this:>10.3f} {base:>10.3f} {ratio:>6.3f}x")
+        ratios = [t / b for t, b in zip(got["this"], got["baseline"])]
+        rows.append((name, "samples/s", statistics.median(got["this"]), statistics.median(got["baseline"]),
+                     statistics.median(ratios), min(ratios), max(ratios)))
+    print(f"{'pipeline':<8} {'unit':<22} {'this':>10} {'baseline':>10} {'ratio':>7}  rounds' range")
+    for name, unit, this, base, ratio, lo, hi in rows:
+        print(f"{name:<8} {unit:<22} {this:>10.3f} {base:>10.3f} {ratio:>6.3f}x  {lo:.3f}-{hi:.3f}")
     print("(ratio: this build's speed over the baseline's, median of the rounds; > 1 is faster)")
-    (data / "house.json").write_text(json.dumps([dict(zip(("pipeline", "unit", "this", "baseline", "ratio"), r))
-                                                  for r in rows], indent=1))
+    keys = ("pipeline", "unit", "this", "baseline", "ratio", "ratio_min", "ratio_max")
+    (data / "house.json").write_text(json.dumps([dict(zip(keys, r)) for r in rows], indent=1))
 
 
 if __name__ == "__main__":
