@@ -169,3 +169,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 if [ ! -x "$root/build-tools/node_modules/.bin/s3rver" ]; then
   npm install --prefix "$root/build-tools" --no-audit --no-fund --loglevel=error s3rver@3.7.1
 fi
+# DuckDB (npm): the independent writer and reader of the Parquet tests' files.
+if [ ! -f "$root/build-tools/node_modules/@duckdb/node-api/package.json" ]; then
+  npm install --prefix "$root/build-tools" --no-audit --no-fund --loglevel=error @duckdb/node-api@1.5.6-r.1
+fi

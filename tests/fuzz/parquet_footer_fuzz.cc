@@ -1,0 +1,35 @@
+// libFuzzer target: a Parquet file's footer (source/parquet/metadata.h) as a tampered or
+// truncated file may hold it. Any bytes are metadata that passes the checks (every chunk inside
+// the file, one per leaf, rows adding up) or an error naming the file; never a crash, a hang or
+// an allocation the bytes do not pay for.
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "source/parquet/metadata.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace mmfeed::parquet;
+  const std::string_view file(reinterpret_cast<const char*>(data), size);
+  if (size < kFooterBytes) return 0;
+  mmfeed::Result<uint64_t> len =
+      MetadataLength(file.substr(size - kFooterBytes), size, "f.parquet");
+  if (!len.ok()) {
+    if (len.status().message().rfind("f.parquet: ", 0) != 0) __builtin_trap();
+    return 0;
+  }
+  mmfeed::Result<FileMetaData> m =
+      ParseMetadata(file.substr(size - kFooterBytes - *len, *len), size, "f.parquet");
+  if (!m.ok()) {
+    if (m.status().message().find("f.parquet") == std::string::npos) __builtin_trap();
+    return 0;
+  }
+  for (const RowGroup& g : m->row_groups) {
+    if (g.columns.size() != m->leaves.size()) __builtin_trap();
+    for (const ColumnChunk& c : g.columns)
+      if (c.start() < 4 || static_cast<uint64_t>(c.start() + c.total_compressed_size) > size)
+        __builtin_trap();
+  }
+  (void)MetadataJson(*m);
+  return 0;
+}
