@@ -38,6 +38,7 @@ PKGS=(
   libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev libturbojpeg0-dev
   libjpeg62-turbo-dev libnuma-dev libsystemd-dev
   libicu-dev zlib1g-dev libcurl4-openssl-dev libxxhash-dev
+  libsnappy-dev libzstd-dev liblz4-dev libbrotli-dev
   libavformat-dev libavcodec-dev libavutil-dev libswscale-dev libswresample-dev
   python3-dev pybind11-dev
 )

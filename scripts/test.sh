@@ -22,13 +22,13 @@ if [ "${MMFEED_SKIP_SANITIZERS:-0}" != 1 ]; then
      ctest --output-on-failure -j2)
 fi
 if [ "${MMFEED_SKIP_FUZZ:-0}" != 1 ]; then
-  fuzzers="config image source ring_reader ring_control control_protocol tokenizer tokenizer_json video cursor stream_state parquet_footer"
+  fuzzers="config image source ring_reader ring_control control_protocol tokenizer tokenizer_json video cursor stream_state parquet"
   # Only the fuzzers (and the libraries they link): the daemon and tools are not run from here.
   BUILD_DIR=build-fuzz BUILD_TARGETS="$(printf 'fuzz_%s ' $fuzzers)" \
     CXX=clang++ bash scripts/build.sh -DMMFEED_FUZZ=ON -DMMFEED_TESTS=OFF \
       -DCMAKE_UNITY_BUILD=OFF
   seeds=build-fuzz/seeds
-  rm -rf "$seeds" && mkdir -p "$seeds"/{config,image,source,ring_reader,ring_control,control_protocol,tokenizer,tokenizer_json,video,cursor,stream_state,parquet_footer}
+  rm -rf "$seeds" && mkdir -p "$seeds"/{config,image,source,ring_reader,ring_control,control_protocol,tokenizer,tokenizer_json,video,cursor,stream_state,parquet}
   head -c 200 /dev/urandom > "$seeds/ring_control/random"
   cp configs/*.yaml "$seeds/config/"
   cp tests/data/photos/photo0[0-3]*.jpg tests/data/photos/*.png "$seeds/image/"
@@ -48,8 +48,8 @@ if [ "${MMFEED_SKIP_FUZZ:-0}" != 1 ]; then
   printf '%s' '{"version": 2, "pipeline": "p", "fingerprint": "f", "origin": {"epoch": 1, "batch": 0, "seq": 8, "stream": 3, "base": 5, "base_lanes": 2}, "ranks": [{"epoch": 1, "batch": 2, "seq": 10, "stream": 3}], "config": {"file": "p.yaml", "text": "x"}, "mix_switches": [{"epoch": 0, "position": 4, "weights": [1, 2]}]}' \
     > "$seeds/stream_state/v2"
   # Parquet seeds: DuckDB's files (every codec, row groups, nested columns), written fresh.
-  node tests/data/parquet/write_files.mjs build-tools/node_modules/@duckdb/node-api "$seeds/parquet_footer"
-  rm -f "$seeds/parquet_footer"/*.json
+  node tests/data/parquet/write_files.mjs build-tools/node_modules/@duckdb/node-api "$seeds/parquet"
+  rm -f "$seeds/parquet"/*.json
   printf '{"cmd": "reload", "config": "/etc/mmfeed/pipeline.yaml"}' > "$seeds/control_protocol/reload"
   printf '{"cmd": "profile", "seconds": 2.5, "trace": true}' > "$seeds/control_protocol/profile"
   { cat configs/demo.yaml; printf 'metrics: {listen: "127.0.0.1:9464"}\nsample_timeout_s: 30\n'; } \

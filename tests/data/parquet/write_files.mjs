@@ -1,18 +1,20 @@
 // Writes the Parquet test files with DuckDB (an independent writer: @duckdb/node-api, installed
 // by scripts/setup.sh into build-tools/), and beside each `<name>.parquet` DuckDB's own reading
-// of its metadata, `<name>.reference.json` (parquet_metadata and parquet_schema), which the tests
-// hold mmfeed's reader against.
+// of its metadata and values, `<name>.reference.json` (parquet_metadata, parquet_schema, and
+// each leaf column's values in file order, nulls left out), which the tests hold mmfeed's reader
+// against.
 // usage: node write_files.mjs DUCKDB_MODULE_DIR OUT_DIR
 import { createRequire } from 'node:module';
 import path from 'node:path';
 import fs from 'node:fs';
 
 const [moduleDir, out] = process.argv.slice(2);
-const require = createRequire(path.join(moduleDir, 'package.json'));
+const require = createRequire(path.join(path.resolve(moduleDir), 'package.json'));
 const { DuckDBInstance } = require('@duckdb/node-api');
 fs.mkdirSync(out, { recursive: true });
 const db = await DuckDBInstance.create(':memory:');
 const c = await db.connect();
+await c.run('SET threads = 1');  // values in file order
 
 // HF `datasets` keeps images as struct<bytes: binary, path: string> and chats as
 // list<struct<role, content>>; captions repeat (dictionary pages), some values are null.
@@ -42,6 +44,20 @@ for (const [name, opts] of Object.entries(files)) {
   const schema = (await c.runAndReadAll(`SELECT name, type, repetition_type, num_children,
       converted_type, logical_type FROM parquet_schema('${file}')`)).getRowObjectsJson();
   const count = (await c.runAndReadAll(`SELECT count(*) AS n FROM '${file}'`)).getRowObjectsJson();
+  const column = async (sql) =>
+    (await c.runAndReadAll(sql)).getRowObjectsJson().map((r) => r.v).filter((v) => v !== null);
+  const values = {
+    'id': await column(`SELECT id AS v FROM '${file}'`),
+    'text': await column(`SELECT text AS v FROM '${file}'`),
+    'image.bytes': await column(`SELECT image.bytes::VARCHAR AS v FROM '${file}'`),
+    'image.path': await column(`SELECT image.path AS v FROM '${file}'`),
+    'conversations.list.element.content':
+        await column(`SELECT t.c.content AS v FROM (SELECT unnest(conversations) AS c FROM '${file}') t`),
+    'conversations.list.element.role':
+        await column(`SELECT t.c.role AS v FROM (SELECT unnest(conversations) AS c FROM '${file}') t`),
+    'numbers.list.element': await column(`SELECT unnest(numbers) AS v FROM '${file}'`),
+    'score': await column(`SELECT (score * 100)::BIGINT AS v FROM '${file}'`),
+  };
   fs.writeFileSync(path.join(out, `${name}.reference.json`),
-                   JSON.stringify({ metadata: meta, schema, rows: Number(count[0].n) }));
+                   JSON.stringify({ metadata: meta, schema, rows: Number(count[0].n), values }));
 }

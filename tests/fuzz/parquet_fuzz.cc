@@ -1,11 +1,13 @@
-// libFuzzer target: a Parquet file's footer (source/parquet/metadata.h) as a tampered or
-// truncated file may hold it. Any bytes are metadata that passes the checks (every chunk inside
-// the file, one per leaf, rows adding up) or an error naming the file; never a crash, a hang or
-// an allocation the bytes do not pay for.
+// libFuzzer target: a Parquet file (source/parquet/) as a tampered or truncated file may hold
+// it. Its footer is metadata that passes the checks (every chunk inside the file, one per leaf,
+// rows adding up) or an error naming the file; then every column chunk's pages are decoded, or
+// refused with an error naming the file and the column; never a crash, a hang or an allocation
+// the bytes do not pay for.
 #include <cstdint>
 #include <string>
 #include <string_view>
 
+#include "source/parquet/column.h"
 #include "source/parquet/metadata.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -31,5 +33,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         __builtin_trap();
   }
   (void)MetadataJson(*m);
+  for (const RowGroup& g : m->row_groups)
+    for (size_t k = 0; k < g.columns.size(); ++k) {
+      const ColumnChunk& c = g.columns[k];
+      mmfeed::Result<ColumnValues> v = ReadColumn(
+          file.substr(static_cast<size_t>(c.start()), static_cast<size_t>(c.total_compressed_size)),
+          c, m->leaves[k], "f.parquet");
+      if (!v.ok() && v.status().message().rfind("f.parquet: column '", 0) != 0) __builtin_trap();
+      if (v.ok() && v->size() > static_cast<size_t>(c.num_values)) __builtin_trap();
+    }
   return 0;
 }
