@@ -19,7 +19,16 @@ namespace {
 constexpr uint64_t kMaxDecodedBytes = 1ull << 30;
 
 enum PageType : int32_t { kDataPage = 0, kIndexPage = 1, kDictionaryPage = 2, kDataPageV2 = 3 };
-enum Encoding : int32_t { kPlain = 0, kPlainDictionary = 2, kRle = 3, kRleDictionary = 8 };
+enum Encoding : int32_t {
+  kPlain = 0,
+  kPlainDictionary = 2,
+  kRle = 3,
+  kDeltaBinaryPacked = 5,
+  kDeltaLengthByteArray = 6,
+  kDeltaByteArray = 7,
+  kRleDictionary = 8,
+  kByteStreamSplit = 9,
+};
 
 struct PageHeader {
   int32_t type = -1;
@@ -190,6 +199,148 @@ Status DecodePlain(std::string_view in, const LeafColumn& leaf, size_t count, Co
       return Status::Ok();
   }
   return Status::Corrupt("unknown type");
+}
+
+// DELTA_BINARY_PACKED (Encodings.md): a header (values per block, miniblocks per block, the
+// value count, the first value), then blocks of a minimum delta, each miniblock's bit width, and
+// the miniblocks' bit-packed deltas over the minimum. Values are 32- or 64-bit integers whose
+// sums wrap. `*used`: the bytes the encoded values took.
+Status DecodeDeltaBinary(std::string_view in, bool wide, size_t count, std::vector<int64_t>* out,
+                         size_t* used) {
+  size_t at = 0;
+  auto varint = [&](uint64_t* v) -> Status {
+    *v = 0;
+    for (int shift = 0;; shift += 7) {
+      if (at >= in.size() || shift > 63) return Status::Corrupt("a delta header ends early");
+      const uint8_t b = static_cast<uint8_t>(in[at++]);
+      *v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if (!(b & 0x80)) return Status::Ok();
+    }
+  };
+  auto zigzag = [](uint64_t z) { return static_cast<int64_t>((z >> 1) ^ (~(z & 1) + 1)); };
+  uint64_t block = 0, miniblocks = 0, total = 0, first = 0;
+  MMFEED_RETURN_IF_ERROR(varint(&block));
+  MMFEED_RETURN_IF_ERROR(varint(&miniblocks));
+  MMFEED_RETURN_IF_ERROR(varint(&total));
+  MMFEED_RETURN_IF_ERROR(varint(&first));
+  if (block == 0 || block % 128 != 0 || miniblocks == 0 || block % miniblocks != 0 ||
+      (block / miniblocks) % 32 != 0 || block > (1u << 20))
+    return Status::Corrupt(
+        fmt::format("a delta block of {} values in {} miniblocks", block, miniblocks));
+  if (total != count)
+    return Status::Corrupt(
+        fmt::format("{} delta-encoded values where {} were expected", total, count));
+  const uint64_t per_mini = block / miniblocks;
+  auto wrap = [wide](int64_t v) {
+    return wide ? v : static_cast<int64_t>(static_cast<int32_t>(static_cast<uint32_t>(v)));
+  };
+  int64_t value = wrap(zigzag(first));
+  if (total > 0) out->push_back(value);
+  uint64_t done = total > 0 ? 1 : 0;
+  while (done < total) {
+    uint64_t z = 0;
+    MMFEED_RETURN_IF_ERROR(varint(&z));
+    const int64_t min_delta = zigzag(z);
+    if (miniblocks > in.size() - at) return Status::Corrupt("delta bit widths past the end");
+    const std::string_view widths = in.substr(at, miniblocks);
+    at += miniblocks;
+    for (uint64_t m = 0; m < miniblocks && done < total; ++m) {
+      const int w = static_cast<uint8_t>(widths[m]);
+      if (w > (wide ? 64 : 32)) return Status::Corrupt(fmt::format("a delta bit width of {}", w));
+      const uint64_t bytes = per_mini * static_cast<uint64_t>(w) / 8;
+      if (bytes > in.size() - at) return Status::Corrupt("a delta miniblock past the end");
+      const auto* p = reinterpret_cast<const uint8_t*>(in.data() + at);
+      for (uint64_t i = 0; i < per_mini && done < total; ++i, ++done) {
+        uint64_t d = 0;
+        const uint64_t bit = i * static_cast<uint64_t>(w);
+        for (int k = 0; k < w; ++k) {
+          const uint64_t b = bit + static_cast<uint64_t>(k);
+          d |= static_cast<uint64_t>((p[b >> 3] >> (b & 7)) & 1) << k;
+        }
+        value = wrap(static_cast<int64_t>(static_cast<uint64_t>(value) +
+                                          static_cast<uint64_t>(min_delta) + d));
+        out->push_back(value);
+      }
+      at += static_cast<size_t>(bytes);
+    }
+  }
+  *used = at;
+  return Status::Ok();
+}
+
+// The delta encodings and BYTE_STREAM_SPLIT: `count` values of the column from `in`.
+Status DecodeOther(int32_t encoding, std::string_view in, const LeafColumn& leaf, size_t count,
+                   ColumnValues* out) {
+  const bool ints = leaf.type == PhysicalType::kInt32 || leaf.type == PhysicalType::kInt64;
+  const bool arrays =
+      leaf.type == PhysicalType::kByteArray || leaf.type == PhysicalType::kFixedLenByteArray;
+  std::vector<int64_t> a, b;
+  size_t used = 0, used2 = 0;
+  switch (encoding) {
+    case kDeltaBinaryPacked: {
+      if (!ints) break;
+      const bool wide = leaf.type == PhysicalType::kInt64;
+      MMFEED_RETURN_IF_ERROR(DecodeDeltaBinary(in, wide, count, &a, &used));
+      for (int64_t v : a) {
+        const int32_t v32 = static_cast<int32_t>(v);
+        out->data.append(
+            wide ? reinterpret_cast<const char*>(&v) : reinterpret_cast<const char*>(&v32),
+            wide ? 8 : 4);
+        out->offsets.push_back(out->data.size());
+      }
+      return Status::Ok();
+    }
+    case kDeltaLengthByteArray: {
+      if (leaf.type != PhysicalType::kByteArray) break;
+      MMFEED_RETURN_IF_ERROR(DecodeDeltaBinary(in, false, count, &a, &used));
+      size_t at = used;
+      for (int64_t n : a) {
+        if (n < 0 || static_cast<uint64_t>(n) > in.size() - at)
+          return Status::Corrupt("a byte array's length past the page's end");
+        out->data.append(in.substr(at, static_cast<size_t>(n)));
+        at += static_cast<size_t>(n);
+        out->offsets.push_back(out->data.size());
+      }
+      return Status::Ok();
+    }
+    case kDeltaByteArray: {
+      if (!arrays) break;
+      MMFEED_RETURN_IF_ERROR(DecodeDeltaBinary(in, false, count, &a, &used));
+      MMFEED_RETURN_IF_ERROR(DecodeDeltaBinary(in.substr(used), false, count, &b, &used2));
+      size_t at = used + used2;
+      std::string previous;
+      for (size_t i = 0; i < count; ++i) {
+        if (a[i] < 0 || static_cast<uint64_t>(a[i]) > previous.size() || b[i] < 0 ||
+            static_cast<uint64_t>(b[i]) > in.size() - at)
+          return Status::Corrupt("a prefix or suffix past its bounds");
+        previous.resize(static_cast<size_t>(a[i]));
+        previous.append(in.substr(at, static_cast<size_t>(b[i])));
+        at += static_cast<size_t>(b[i]);
+        out->data.append(previous);
+        out->offsets.push_back(out->data.size());
+        if (out->data.size() > kMaxDecodedBytes) return Status::TooLarge("over 1 GiB decoded");
+      }
+      return Status::Ok();
+    }
+    case kByteStreamSplit: {
+      size_t width = 0;
+      if (leaf.type == PhysicalType::kInt32 || leaf.type == PhysicalType::kFloat) width = 4;
+      if (leaf.type == PhysicalType::kInt64 || leaf.type == PhysicalType::kDouble) width = 8;
+      if (leaf.type == PhysicalType::kFixedLenByteArray)
+        width = static_cast<size_t>(std::max(leaf.type_length, 0));
+      if (width == 0) break;
+      if (count > in.size() / width) return Status::Corrupt("split streams past the page's end");
+      for (size_t i = 0; i < count; ++i) {
+        for (size_t k = 0; k < width; ++k) out->data.push_back(in[k * count + i]);
+        out->offsets.push_back(out->data.size());
+      }
+      return Status::Ok();
+    }
+    default:
+      return Status::Unsupported(fmt::format("encoding {} is not read", EncodingName(encoding)));
+  }
+  return Status::Corrupt(
+      fmt::format("encoding {} for a {} column", EncodingName(encoding), Name(leaf.type)));
 }
 
 }  // namespace
@@ -408,8 +559,7 @@ Result<ColumnValues> ReadColumn(std::string_view bytes, const ColumnChunk& chunk
         if (out.data.size() > kMaxDecodedBytes) return fail(Status::TooLarge("over 1 GiB decoded"));
       }
     } else {
-      return fail(Status::Unsupported(
-          fmt::format("encoding {} is not read yet", EncodingName(h.encoding))));
+      MMFEED_RETURN_IF_ERROR(fail(DecodeOther(h.encoding, values, leaf, present, &out)));
     }
     if (out.data.size() > kMaxDecodedBytes) return fail(Status::TooLarge("over 1 GiB decoded"));
     entries += n;

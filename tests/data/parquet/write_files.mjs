@@ -23,7 +23,9 @@ const rows = `SELECT i AS id,
     CASE WHEN i % 5 = 0 THEN NULL ELSE i * 0.25 END AS score,
     {'bytes': repeat(chr((65 + i % 26)::INTEGER), (10 + i % 50)::INTEGER)::BLOB, 'path': 'img' || i || '.jpg'} AS image,
     [{'role': 'user', 'content': 'q' || i}, {'role': 'assistant', 'content': 'a' || i}] AS conversations,
-    [i, i + 1, i + 2] AS numbers
+    [i, i + 1, i + 2] AS numbers,
+    i / 7.0 AS ratio,
+    (i % 100)::FLOAT / 8 AS small
   FROM range(2000) t(i)`;
 const files = {
   plain_uncompressed: "COMPRESSION uncompressed",
@@ -57,6 +59,8 @@ for (const [name, opts] of Object.entries(files)) {
         await column(`SELECT t.c.role AS v FROM (SELECT unnest(conversations) AS c FROM '${file}') t`),
     'numbers.list.element': await column(`SELECT unnest(numbers) AS v FROM '${file}'`),
     'score': await column(`SELECT (score * 100)::BIGINT AS v FROM '${file}'`),
+    'ratio': await column(`SELECT ratio AS v FROM '${file}'`),
+    'small': await column(`SELECT small AS v FROM '${file}'`),
   };
   fs.writeFileSync(path.join(out, `${name}.reference.json`),
                    JSON.stringify({ metadata: meta, schema, rows: Number(count[0].n), values }));
