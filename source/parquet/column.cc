@@ -345,6 +345,12 @@ Status DecodeOther(int32_t encoding, std::string_view in, const LeafColumn& leaf
 
 }  // namespace
 
+Status DecodeValues(int32_t encoding, std::string_view in, const LeafColumn& leaf, size_t count,
+                    ColumnValues* out) {
+  if (encoding == kPlain) return DecodePlain(in, leaf, count, out);
+  return DecodeOther(encoding, in, leaf, count, out);
+}
+
 Result<std::string> Decompress(Codec codec, std::string_view in, size_t size) {
   std::string out(size, '\0');
   auto wrong = [&](const char* what) {

@@ -37,6 +37,11 @@ struct ColumnValues {
 Result<ColumnValues> ReadColumn(std::string_view bytes, const ColumnChunk& chunk,
                                 const LeafColumn& leaf, const std::string& name);
 
+// `count` values of `leaf`'s type in `encoding` (any but the dictionary ones, whose indices need
+// their page's dictionary) from a data page's value bytes `in`, appended to `out`.
+Status DecodeValues(int32_t encoding, std::string_view in, const LeafColumn& leaf, size_t count,
+                    ColumnValues* out);
+
 // `in` decompressed with `codec` to exactly `size` bytes.
 Result<std::string> Decompress(Codec codec, std::string_view in, size_t size);
 
