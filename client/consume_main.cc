@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <thread>
 
@@ -177,7 +178,11 @@ int main(int argc, char** argv) {
   auto t0 = std::chrono::steady_clock::now();
   Result<std::unique_ptr<Client>> client = Client::Attach(socket_path, rank, options);
   if (!client.ok()) return Fail(client.status());
-  EVP_MD_CTX* sha = EVP_MD_CTX_new();
+  // Freed on every path out (an error returns early: LeakSanitizer once failed a trainer that
+  // exited 1 when its daemon was killed, for the context left behind).
+  const std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> sha_ctx(EVP_MD_CTX_new(),
+                                                                        &EVP_MD_CTX_free);
+  EVP_MD_CTX* sha = sha_ctx.get();
   EVP_DigestInit_ex(sha, EVP_sha256(), nullptr);
   uint64_t batches = 0, samples = 0;
   std::vector<double> batch_us;  // per batch: Next() plus the release (waits included)
@@ -221,7 +226,6 @@ int main(int argc, char** argv) {
   unsigned char digest[32];
   unsigned int len = 0;
   EVP_DigestFinal_ex(sha, digest, &len);
-  EVP_MD_CTX_free(sha);
   std::string hex;
   for (unsigned i = 0; i < len; ++i) hex += fmt::format("{:02x}", digest[i]);
   if (json) {
