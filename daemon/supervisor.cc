@@ -7,7 +7,7 @@
 namespace mmfeed {
 
 int Supervisor::Run() {
-  if (!opt_.state_dir.empty()) {
+  if (state_.enabled()) {
     Result<std::optional<StreamState>> read = SavedStream();
     if (!read.ok()) {
       spdlog::error("{}", read.status().message());
@@ -108,7 +108,7 @@ int Supervisor::Build(std::string* why) {
   Status files = CheckSampleFiles(cfg_, pipeline_->CheckSamplePaths(kCheckedSamples));
   if (!files.ok()) spdlog::warn("{}", files.message());
   for (auto& s : sinks_) pipeline_->AddProfiledStage(s->info());
-  if (!opt_.state_dir.empty()) {
+  if (state_.enabled()) {
     Status st = LoadState(saved_);
     // The state is written once now: a --state-dir that cannot be written is an error at
     // start, not a stale file found by the next restart.

@@ -107,7 +107,7 @@ void Supervisor::CompleteEndJob() {
   const nlohmann::json ended = {{"job", job_ ? job_->Describe() : ""},
                                 {"from", job_from_},
                                 {"why", ending_->why},
-                                {"cursors", opt_.state_dir.empty() ? "" : state_.path()}};
+                                {"cursors", state_.enabled() ? state_.path() : ""}};
   std::vector<JobEnded> done = std::move(ending_->done);
   DropJobParts();  // everything the job made goes; the daemon counters (Retire) stay
   job_.reset();
@@ -120,7 +120,7 @@ void Supervisor::CompleteEndJob() {
   // The next job continues the saved stream when it is the same job (a restart would too).
   saved_.reset();
   kept_waits_for_job_ = false;
-  if (!opt_.state_dir.empty()) {
+  if (state_.enabled()) {
     Result<std::optional<StreamState>> read = SavedStream();
     if (read.ok()) {
       saved_ = std::move(read.value());

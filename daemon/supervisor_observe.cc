@@ -394,7 +394,7 @@ int Supervisor::Report() {
                    "mmfeedd: stopped: %lu published batch(es) were left in the rings of ranks "
                    "with no trainer attached; they are not lost: %s\n",
                    static_cast<unsigned long>(unreleased),
-                   opt_.state_dir.empty()
+                   !state_.enabled()
                        ? "a trainer resuming from its cursor (state_dict, --cursor) gets them "
                          "again from the next daemon"
                        : "the next start continues from the saved cursors and makes them again");
@@ -406,7 +406,7 @@ int Supervisor::Report() {
         "mmfeedd: the drain timed out: %lu published batch(es) were never taken by the "
         "attached trainer(s) within --drain-timeout and are dropped: %s\n",
         static_cast<unsigned long>(unreleased),
-        opt_.state_dir.empty()
+        !state_.enabled()
             ? "a trainer resuming from its cursor (state_dict, --cursor) gets them again from "
               "the next daemon; without a cursor, its rank starts over and they are lost"
             : "the next start regenerates them from the saved cursors");

@@ -86,7 +86,7 @@ Status Supervisor::LoadState(std::optional<StreamState> saved) {
 }
 
 Status Supervisor::SaveState() {
-  if (opt_.state_dir.empty()) return Status::Ok();
+  if (!state_.enabled()) return Status::Ok();
   const Pipeline::Origin origin = pipeline_->stream().origin();
   StreamState state{cfg_.name,
                     pipeline_->stream().fingerprint(),

@@ -141,7 +141,7 @@ Status Pipeline::MeasureEntries(const std::vector<bool>& measured, MeasuredCatal
 // a video's stream, a text's tokens) on as many threads as the measured stages have workers, or
 // read from the cost index an earlier start kept (indexed sources). Costs are measured for the
 // whole catalog, not only this node's share: every node plans every rank.
-Status Pipeline::MeasureCatalog() {
+Result<std::vector<SampleCost>> Pipeline::MeasureCatalog() {
   const uint64_t t0 = NowNs();
   const size_t n = catalog_->size();
   // The tensors holding tokens, and the patch tensors (null rows when measuring). The stages
@@ -193,14 +193,15 @@ Status Pipeline::MeasureCatalog() {
   }
 
   // A sample over a budget on its own can never be batched.
-  costs_ = std::move(m.costs);
+  std::vector<SampleCost> costs = std::move(m.costs);
   std::vector<MeasuredCatalog::Failure> failures = std::move(m.failures);
   const size_t unreadable = failures.size();
+  const BatchBudget budget = BudgetOf(cfg_);
   for (size_t i = 0; i < n; ++i) {
-    if (!costs_[i].usable()) continue;
-    const std::string refused = BudgetOf(cfg_).Refuses(costs_[i]);
+    if (!costs[i].usable()) continue;
+    const std::string refused = budget.Refuses(costs[i]);
     if (refused.empty()) continue;
-    costs_[i].tokens = SampleCost::kUnusable;
+    costs[i].tokens = SampleCost::kUnusable;
     failures.push_back({static_cast<uint32_t>(i), cfg_.stages[cfg_.batch_stage].name,
                         Status::TooLarge("the sample alone has " + refused)});
   }
@@ -220,7 +221,7 @@ Status Pipeline::MeasureCatalog() {
   }
   spdlog::info("token budget: {} samples {} in {:.3f}s, {} unusable", n, how, (NowNs() - t0) / 1e9,
                failures.size());
-  return Status::Ok();
+  return costs;
 }
 
 }  // namespace mmfeed

@@ -442,9 +442,11 @@ void Pipeline::Deal(const std::shared_ptr<Provisional>& pb, int r, const StreamC
   pb->index = at.batch;
   pb->seq = at.seq;
   const std::vector<uint32_t> entries = stream_->BatchEntries(r, at, plan);
-  for (uint32_t entry : entries) {
-    pb->tokens += stream_->costs().empty() ? 0 : stream_->costs()[entry].tokens;
-    pb->patches += stream_->costs().empty() ? 0 : stream_->costs()[entry].patches;
+  if (const std::vector<SampleCost>& costs = stream_->costs(); !costs.empty()) {
+    for (uint32_t entry : entries) {
+      pb->tokens += costs[entry].tokens;
+      pb->patches += costs[entry].patches;
+    }
   }
   pb->rows = static_cast<int>(entries.size());
   open_batches_.fetch_add(1, std::memory_order_acq_rel);

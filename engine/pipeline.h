@@ -277,7 +277,9 @@ class Pipeline {
   void ReleaseReaders(Readers* readers, std::atomic<uint64_t>* blocked_ns);
   std::vector<int64_t> PackRagged(const BatchMemory& memory, uint32_t rows) const;
   std::vector<StageInfo> StageInfos() const;
-  Status MeasureCatalog();
+  // Token budgets: every catalog entry's cost (engine/measure.cc), those over a budget on their
+  // own unusable; their failures are counted as samples' errors.
+  Result<std::vector<SampleCost>> MeasureCatalog();
   Status MeasureEntries(const std::vector<bool>& measured, MeasuredCatalog* m);
   // A sample's cost from its outputs: `row(t)` gives tensor t's bytes for the sample.
   SampleCost CostOf(const std::function<const uint8_t*(size_t)>& row) const;
@@ -291,10 +293,9 @@ class Pipeline {
   int read_stages_ = 0;  // stages whose outputs other stages read
   std::vector<int> control_cpus_;  // where the source and batch threads run (top-level placement)
   // The catalog (shared with the plan), and the stream's arithmetic made from it once loaded
-  // (and, with a token budget, measured: costs_ until then).
+  // (and, with a token budget, its costs measured).
   std::shared_ptr<const Catalog> catalog_;
   std::optional<StreamPlan> stream_;
-  std::vector<SampleCost> costs_;                      // measured; moved into the plan
   std::vector<size_t> token_tensors_, patch_tensors_;  // what a budget counts (Stage::Costs)
   std::vector<StreamCursor> start_;
   std::unique_ptr<RefillQueue> refills_;

@@ -217,8 +217,11 @@ Status Pipeline::LoadSource(const std::set<std::string>& needed,
   catalog_ = std::make_shared<Catalog>(std::move(cat));
   if (catalog_->mixture) source_counts_ = std::make_unique<SourceCounts[]>(catalog_->parts.size());
   for (auto& b : branches_) b->files.remote = catalog_->remote_reader();
-  if (cfg_.budgeted()) MMFEED_RETURN_IF_ERROR(MeasureCatalog());
-  MMFEED_ASSIGN_OR_RETURN(StreamPlan stream, StreamPlan::Make(cfg_, catalog_, std::move(costs_)));
+  std::vector<SampleCost> costs;  // token budgets: every sample's, measured
+  if (cfg_.budgeted()) {
+    MMFEED_ASSIGN_OR_RETURN(costs, MeasureCatalog());
+  }
+  MMFEED_ASSIGN_OR_RETURN(StreamPlan stream, StreamPlan::Make(cfg_, catalog_, std::move(costs)));
   stream_ = std::move(stream);
   return Status::Ok();
 }

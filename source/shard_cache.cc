@@ -355,8 +355,11 @@ bool ShardCache::Commit(int fd, const Key& key, const Rank& next, uint64_t self,
       },
       copy_to);
   if (!why.empty()) {
-    spdlog::warn("shard cache: {} not kept: {}", key.url, why);
-    if (why.rfind("copy: ", 0) != 0) WriteFailed(errno ? errno : EIO);
+    const int err = errno ? errno : EIO;  // before anything else can change it
+    if (why.rfind("copy: ", 0) == 0)      // memory ran out, not the cache: it stays in use
+      spdlog::warn("shard cache: {} not kept: {}", key.url, why);
+    else
+      WriteFailed(err);  // logs, and the cache steps aside
     return false;
   }
   const std::string trailer = nlohmann::json{

@@ -7,10 +7,18 @@
 
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
 namespace mmfeed::testing {
+
+// Bytes written out one by one (a hand-encoded fixture): Bytes({0x15, 0x05, 'a'}).
+inline std::string Bytes(std::initializer_list<int> b) {
+  std::string s;
+  for (int x : b) s.push_back(static_cast<char>(x));
+  return s;
+}
 
 inline std::string TestData(const std::string& rel) {
   return std::string(MMFEED_TEST_DATA) + "/" + rel;

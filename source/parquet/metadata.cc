@@ -28,6 +28,13 @@ Result<int32_t> Int32(ThriftReader& r, uint8_t type) {
   return static_cast<int32_t>(v);
 }
 
+// A physical type (parquet.thrift's Type: 0 to 7).
+Result<PhysicalType> Physical(ThriftReader& r, uint8_t type) {
+  MMFEED_ASSIGN_OR_RETURN(const int32_t t, Int32(r, type));
+  if (t < 0 || t > 7) return Status::Corrupt(fmt::format("unknown physical type {}", t));
+  return static_cast<PhysicalType>(t);
+}
+
 Status Strings(ThriftReader& r, uint8_t type, std::vector<std::string>* out) {
   return r.List(type, [&](uint8_t e) -> Status {
     MMFEED_ASSIGN_OR_RETURN(std::string s, r.Binary(e));
@@ -55,9 +62,7 @@ Status ReadSchemaElement(ThriftReader& r, SchemaElement* e) {
   return r.Struct([&](int16_t id, uint8_t type) -> Status {
     switch (id) {
       case 1: {
-        MMFEED_ASSIGN_OR_RETURN(const int32_t t, Int32(r, type));
-        if (t < 0 || t > 7) return Status::Corrupt(fmt::format("unknown physical type {}", t));
-        e->type = static_cast<PhysicalType>(t);
+        MMFEED_ASSIGN_OR_RETURN(e->type, Physical(r, type));
         return Status::Ok();
       }
       case 2: {
@@ -98,9 +103,7 @@ Status ReadColumnMeta(ThriftReader& r, ColumnChunk* c) {
   return r.Struct([&](int16_t id, uint8_t type) -> Status {
     switch (id) {
       case 1: {
-        MMFEED_ASSIGN_OR_RETURN(const int32_t t, Int32(r, type));
-        if (t < 0 || t > 7) return Status::Corrupt(fmt::format("unknown physical type {}", t));
-        c->type = static_cast<PhysicalType>(t);
+        MMFEED_ASSIGN_OR_RETURN(c->type, Physical(r, type));
         return Status::Ok();
       }
       case 2:

@@ -9,15 +9,12 @@
 #include <vector>
 
 #include "source/parquet/column.h"
+#include "tests/test_util.h"
 
 namespace mmfeed::parquet {
 namespace {
 
-std::string Bytes(std::initializer_list<int> b) {
-  std::string s;
-  for (int x : b) s.push_back(static_cast<char>(x));
-  return s;
-}
+using testing::Bytes;
 
 // A DELTA_BINARY_PACKED block of 128 values in 4 miniblocks holding up to 4 values, whose
 // deltas over the minimum fit 3 bits: the header, the minimum delta, the widths [3, 0, 0, 0],

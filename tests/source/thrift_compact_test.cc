@@ -9,14 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "tests/test_util.h"
+
 namespace mmfeed::parquet {
 namespace {
 
-std::string Bytes(std::initializer_list<int> b) {
-  std::string s;
-  for (int x : b) s.push_back(static_cast<char>(x));
-  return s;
-}
+using testing::Bytes;
 
 TEST(ThriftCompactTest, ReadsFieldsByDeltaAndByExplicitId) {
   // field 1 i32 = -3 (zigzag 5), field 2 string "ab", field 5 (delta 3) true,
