@@ -148,7 +148,10 @@ class DaemonCase(unittest.TestCase):
                 d.proc.kill()
                 d.proc.wait()
             d.stderr.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if os.environ.get("MMFEED_KEEP_TEST_DIRS"):  # to read a failed test's logs and dumps
+            print(f"kept {self.dir}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def run_to_end(self, config, samples=None, dump="dump"):
         """Runs `config` with one consumer that dumps every batch into self.dir/dump; returns
