@@ -20,6 +20,7 @@
 #include "base/rng.h"
 #include "engine/config_schema.h"
 #include "source/brace.h"
+#include "source/catalog.h"
 
 namespace mmfeed {
 namespace {
@@ -268,17 +269,24 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir, bool 
   CheckKeys(n, in_mix ? "a source of 'sources' (epochs and the node's share are mix's)" : "source",
             keys);
   SourceConfig s;
-  if (!n["type"]) Fail(n, "source needs a 'type' (manifest or webdataset)");
+  if (!n["type"]) Fail(n, "source needs a 'type' (manifest, webdataset or parquet)");
   s.type = Str(n["type"], "source.type");
-  if (s.type != "manifest" && s.type != "webdataset")
+  if (s.type != "manifest" && s.type != "webdataset" && s.type != "parquet")
     Fail(n["type"],
-         fmt::format("unknown source type '{}'; expected manifest or webdataset", s.type));
+         fmt::format("unknown source type '{}'; expected manifest, webdataset or parquet", s.type));
   if (!n["path"]) Fail(n, "source needs a 'path'");
   s.path = ResolvePath(base_dir, Str(n["path"], "source.path"));
   s.path_mark = ToMark(n["path"].Mark());
   s.remote = IsRemotePath(s.path);
   if (s.remote && s.type != "webdataset")
-    Fail(n["path"], "a URL path needs type: webdataset (manifests are read from files)");
+    Fail(n["path"],
+         fmt::format("a URL path needs type: webdataset ({}s are read from local files)", s.type));
+  for (const char* key : {"split", "row_group_cache_bytes"})
+    if (n[key] && s.type != "parquet")
+      Fail(n[key], fmt::format("source.{} applies to type: parquet only", key));
+  if (n["split"]) s.split = Str(n["split"], "source.split");
+  if (n["row_group_cache_bytes"])
+    s.row_group_cache_bytes = ByteSize(n["row_group_cache_bytes"], "source.row_group_cache_bytes");
   for (const char* key : {"prefetch_bytes", "fetch_concurrency", "fetch_retries", "fetch_timeout_s",
                           "fetch_stall_s", "max_shard_bytes", "s3", "cache"})
     if (n[key] && !s.remote)
@@ -349,15 +357,19 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir, bool 
               {"text", {"txt", "caption", "text"}},
               {"video", {"mp4", "mkv", "webm"}},
               {"audio", {"flac", "wav", "mp3", "ogg", "opus", "m4a"}}};
-  if (n["fields"] && s.type == "manifest") {
-    // The pipeline's field name -> the manifest key it is read from.
+  if (n["fields"] && s.type != "webdataset") {
+    // The pipeline's field name -> the manifest key (or Parquet column) it is read from.
     const YAML::Node& f = n["fields"];
-    if (!f.IsMap()) Fail(f, "a manifest's fields must map field names to manifest keys");
+    if (!f.IsMap())
+      Fail(f, fmt::format("a {}'s fields must map field names to {}", s.type,
+                          s.type == "manifest" ? "manifest keys" : "columns"));
     CheckUniqueKeys(f, "source.fields");
     for (auto it = f.begin(); it != f.end(); ++it) {
       const YAML::Node name = it->first, value = it->second;
       s.keys[name.as<std::string>()] =
-          Str(value, fmt::format("the manifest key of field '{}'", name.as<std::string>()));
+          Str(value,
+              fmt::format("the {} of field '{}'", s.type == "manifest" ? "manifest key" : "column",
+                          name.as<std::string>()));
     }
   } else if (n["fields"]) {
     const YAML::Node& f = n["fields"];
@@ -381,6 +393,9 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir, bool 
   if (s.type == "manifest") {
     if (!std::filesystem::is_regular_file(s.path))
       Fail(n["path"], fmt::format("manifest '{}' not found", s.path));
+  } else if (s.type == "parquet") {
+    Result<std::vector<std::string>> files = ParquetFiles(s);
+    if (!files.ok()) Fail(n["path"], files.status().message());
   } else {
     Result<std::vector<std::string>> shards = ExpandBraces(s.path);
     if (!shards.ok()) Fail(n["path"], shards.status().message());

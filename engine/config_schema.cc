@@ -122,12 +122,24 @@ json FieldsSchema() {
 
 json SourceSchema() {
   return Object(
-      {{"type", {{"enum", {"manifest", "webdataset"}}, {"description", "the kind of source"}}},
+      {{"type",
+        {{"enum", {"manifest", "webdataset", "parquet"}}, {"description", "the kind of source"}}},
        {"path",
         {{"type", "string"},
          {"description",
-          "a JSON-lines manifest, or tar shards (brace ranges: shard-{000..099}.tar; http://, "
-          "https:// or s3:// URLs for object storage), relative to the config's folder"}}},
+          "a JSON-lines manifest, tar shards (brace ranges: shard-{000..099}.tar; http://, "
+          "https:// or s3:// URLs for object storage), or Parquet files (brace lists and globs: "
+          "data/train-*.parquet; or a Hugging Face dataset folder), relative to the config's "
+          "folder"}}},
+       {"split", With({{"type", "string"},
+                       {"description",
+                        "parquet, a Hugging Face dataset folder: the split read (its "
+                        "data/<split>-*.parquet files)"}},
+                      "train")},
+       {"row_group_cache_bytes",
+        With(ByteSizeSchema("parquet: decoded row groups kept in memory (the least recently used "
+                            "dropped first); a row group larger than this decoded is refused"),
+             "1G")},
        {"shuffle",
         {{"type", "boolean"},
          {"default", false},
@@ -149,7 +161,8 @@ json SourceSchema() {
        {"fields",
         {{"description",
           "webdataset: field name -> the member extensions that provide it; manifest: field "
-          "name -> the manifest key it is read from"},
+          "name -> the manifest key it is read from; parquet: field name -> the column (or a "
+          "path into a struct column: image.bytes) it is read from"},
          {"anyOf",
           {FieldsSchema(), {{"type", "object"}, {"additionalProperties", {{"type", "string"}}}}}}}},
        {"max_bytes",

@@ -158,7 +158,10 @@ Status Pipeline::ApplyPolicies() {
   if (!cfg_.data_roots_any) {
     std::vector<std::string> roots = cfg_.data_roots;
     for (const SourceConfig& s : cfg_.mixed() ? cfg_.sources : std::vector{cfg_.source})
-      if (!s.remote) roots.push_back(std::filesystem::path(s.path).parent_path().string());
+      if (!s.remote)  // the folder above the path's first brace list or glob
+        roots.push_back(std::filesystem::path(s.path.substr(0, s.path.find_first_of("{*?[")))
+                            .parent_path()
+                            .string());
     for (const std::string& r : roots) {
       std::error_code ec;
       std::string real = std::filesystem::canonical(r.empty() ? "." : r, ec).string();

@@ -240,6 +240,7 @@ Status Catalog::Read(size_t i, CatalogEntry* e) const {
     *e = part.entries[at];
     return Status::Ok();
   }
+  if (parquet) return ReadParquet(i, e);
   if (shards) {
     const std::string* shard = nullptr;
     std::string key;
@@ -261,6 +262,7 @@ Status Catalog::Read(size_t i, CatalogEntry* e) const {
 
 Result<Catalog> LoadCatalog(const SourceConfig& source, const std::set<std::string>& needed,
                             const std::set<std::string>& path_fields) {
+  if (source.type == "parquet") return LoadParquet(source, needed, path_fields);
   if (source.type != "manifest") return LoadWebDataset(source, needed);
   bool indexed = source.index == "on";
   if (source.index == "auto") {

@@ -21,6 +21,7 @@
 #include "shm/ring_format.h"
 #include "source/manifest_index.h"
 #include "source/mixture.h"
+#include "source/parquet/dataset.h"
 #include "source/permutation.h"
 #include "source/remote_store.h"
 #include "source/sample.h"
@@ -35,6 +36,15 @@ struct CatalogEntry {
   std::string id;
   std::string origin;  // "manifest.jsonl:12" or "shard-00003.tar:sample0042"
   std::vector<std::pair<std::string, FieldValue>> fields;
+};
+
+// A Parquet source's field: the column it reads (`column`: "image", or a path into a struct such
+// as "image.bytes"), as the dataset's top-level column `top` and the keys `inside` it.
+struct ParquetField {
+  std::string name, column;
+  size_t top = 0;
+  std::vector<std::string> inside;
+  bool path = false;  // a field of files: a string value is a path
 };
 
 struct LoadError {
@@ -78,6 +88,11 @@ struct Catalog {
   // or indexed tar shards, whose records Read looks up.
   std::shared_ptr<const ShardIndex> shards;
   std::map<std::string, std::string> ext_to_field;
+  // Or Parquet files (source/parquet/dataset.h), whose rows Read decodes: the fields' columns
+  // and the column giving ids (Dataset::Options::columns indexes).
+  std::shared_ptr<const parquet::Dataset> parquet;
+  std::vector<ParquetField> parquet_fields;
+  size_t parquet_id = 0;
   // Remote shards (http://, https://, s3://) are read through this store.
   std::shared_ptr<RemoteStore> remote;
   // A manifest's keys of fields not read from their own name (SourceConfig::keys).
@@ -103,7 +118,7 @@ struct Catalog {
   size_t PartOf(size_t i) const {
     return std::upper_bound(part_first.begin(), part_first.end(), i) - part_first.begin() - 1;
   }
-  bool indexed() const { return index || shards || !parts.empty(); }
+  bool indexed() const { return index || shards || parquet || !parts.empty(); }
   // A mixture's part k read in shard windows (a source with shuffle_window over indexed tar
   // shards). REQUIRES: k < parts.size().
   bool windowed(size_t k) const { return parts[k]->InWindows(part_sources[k]); }
@@ -118,12 +133,16 @@ struct Catalog {
     return !parts.empty() ? part_first.back() + parts.back()->size()
            : index        ? index->size()
            : shards       ? shards->size()
+           : parquet      ? parquet->size()
                           : entries.size();
   }
   // Names the indexed source's contents (a mixture's: every source's, and the shares).
   // REQUIRES: indexed().
   uint64_t index_fingerprint() const {
-    return !parts.empty() ? mix_fingerprint : index ? index->fingerprint() : shards->fingerprint();
+    return !parts.empty() ? mix_fingerprint
+           : index        ? index->fingerprint()
+           : parquet      ? parquet->fingerprint()
+                          : shards->fingerprint();
   }
   // An indexed source's entry i, read and parsed (REQUIRES: indexed(), i < size()). On failure
   // `*e` still has the sample's id and origin ("manifest.jsonl:12", "shard-00003.tar:key").
@@ -139,6 +158,7 @@ struct Catalog {
                                    uint64_t limit, int ahead, int most) const;
 
  private:
+  Status ReadParquet(size_t i, CatalogEntry* e) const;  // source/parquet_catalog.cc
   struct WindowCache {
     std::mutex mu;
     // By epoch, seed, shuffle and window (tests ask one catalog for several orders).
@@ -154,6 +174,14 @@ Result<Catalog> LoadManifest(const std::string& path, const std::set<std::string
                              const std::map<std::string, std::string>& keys = {},
                              bool fields_optional = false);
 Result<Catalog> LoadWebDataset(const SourceConfig& source, const std::set<std::string>& needed);
+// `type: parquet`: the files its path names (source/parquet_catalog.cc): a Hugging Face dataset
+// folder's files of source.split, or a path with brace lists and globs (each must match).
+Result<std::vector<std::string>> ParquetFiles(const SourceConfig& source);
+// Parquet files' rows: each needed field read from its column (source.keys maps a field to
+// another column or a path inside one); refused, naming the file: a field's column missing
+// (unless fields_optional), or of a type a field of files cannot take.
+Result<Catalog> LoadParquet(const SourceConfig& source, const std::set<std::string>& needed,
+                            const std::set<std::string>& path_fields);
 Result<Catalog> LoadCatalog(const SourceConfig& source, const std::set<std::string>& needed,
                             const std::set<std::string>& path_fields);
 // `sources:` (local manifests and shards), dealt to `consumers` ranks on each of

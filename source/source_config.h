@@ -40,7 +40,7 @@ struct RemoteConfig {
 };
 
 struct SourceConfig {
-  std::string type;  // manifest | webdataset
+  std::string type;  // manifest | webdataset | parquet
   std::string path;  // resolved against the config's folder
   bool shuffle = false;
   uint64_t seed = 0;
@@ -67,8 +67,12 @@ struct SourceConfig {
   bool remote = false;  // the path is an http(s):// or s3:// URL
   RemoteConfig fetch;
   // manifest: the pipeline's field name -> the manifest key it is read from (`fields:`, for
-  // datasets whose keys differ); a field not named here is read from its own key.
+  // datasets whose keys differ); a field not named here is read from its own key. parquet: the
+  // column it is read from, or a path into one ("image.bytes").
   std::map<std::string, std::string> keys;
+  // parquet: a Hugging Face dataset folder's split, and the decoded row groups kept in memory.
+  std::string split = "train";
+  uint64_t row_group_cache_bytes = 1ull << 30;
   // A source of a mixture (`sources:`, source/mixture.h): its name and its share.
   std::string name;
   double weight = 0;  // mix mode weighted

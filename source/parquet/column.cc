@@ -17,6 +17,8 @@ namespace {
 
 // Decoded values past this are refused (a dictionary's long value repeated by a forged page).
 constexpr uint64_t kMaxDecodedBytes = 1ull << 30;
+// The most values (level entries) a chunk may hold: 6 bytes each in levels, more in rows.
+constexpr uint64_t kMaxEntries = 32ull << 20;
 
 enum PageType : int32_t { kDataPage = 0, kIndexPage = 1, kDictionaryPage = 2, kDataPageV2 = 3 };
 enum Encoding : int32_t {
@@ -470,6 +472,9 @@ Result<ColumnValues> ReadColumn(std::string_view bytes, const ColumnChunk& chunk
         static_cast<uint64_t>(h.num_values) > static_cast<uint64_t>(chunk.num_values) - entries)
       return fail(Status::Corrupt(
           fmt::format("a page of {} values past the chunk's {}", h.num_values, chunk.num_values)));
+    // Levels cost memory per entry whatever bytes encode them (a run of 2^31 in a few bytes).
+    if (entries + static_cast<uint64_t>(h.num_values) > kMaxEntries)
+      return fail(Status::TooLarge(fmt::format("over {} values in one column chunk", kMaxEntries)));
     if (h.type == kDictionaryPage) {
       if (have_dictionary) return fail(Status::Corrupt("a second dictionary page"));
       if (h.encoding != kPlain && h.encoding != kPlainDictionary)

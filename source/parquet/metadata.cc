@@ -242,6 +242,7 @@ Status Leaves(FileMetaData* m) {
   if (s[0].type) return Status::Corrupt("the schema's root is not a group");
   size_t next = 1;
   std::vector<std::string> path;
+  std::vector<size_t> elements;
   // Depth first: element `i` at depth `depth` (bounded: each level takes an element).
   std::function<Status(size_t, int16_t, int16_t)> walk = [&](size_t children, int16_t def,
                                                              int16_t rep) -> Status {
@@ -254,10 +255,11 @@ Status Leaves(FileMetaData* m) {
       const int16_t d = static_cast<int16_t>(def + (e.repetition != Repetition::kRequired));
       const int16_t rr = static_cast<int16_t>(rep + (e.repetition == Repetition::kRepeated));
       path.push_back(e.name);
+      elements.push_back(i);
       if (e.type) {
         if (e.num_children > 0)
           return Status::Corrupt(fmt::format("column '{}' has a type and children", e.name));
-        m->leaves.push_back({path, *e.type, e.type_length, d, rr, i});
+        m->leaves.push_back({path, *e.type, e.type_length, d, rr, i, elements});
       } else {
         if (e.num_children <= 0)
           return Status::Corrupt(fmt::format("group '{}' has no children", e.name));
@@ -265,6 +267,7 @@ Status Leaves(FileMetaData* m) {
         MMFEED_RETURN_IF_ERROR(walk(static_cast<size_t>(e.num_children), d, rr));
       }
       path.pop_back();
+      elements.pop_back();
     }
     return Status::Ok();
   };
@@ -370,30 +373,30 @@ Result<FileMetaData> ParseMetadata(std::string_view bytes, uint64_t size, const 
   return m;
 }
 
+Result<FileMetaData> ReadFooter(int fd, uint64_t size, const std::string& name) {
+  char last8[kFooterBytes];
+  if (size >= kFooterBytes && !index_file::FullPread(fd, last8, kFooterBytes, size - kFooterBytes))
+    return Status::Io(fmt::format("{}: {}", name, std::strerror(errno)));
+  MMFEED_ASSIGN_OR_RETURN(
+      const uint64_t len,
+      MetadataLength(std::string_view(last8, size >= kFooterBytes ? kFooterBytes : 0), size, name));
+  std::string meta(len, '\0');
+  if (!index_file::FullPread(fd, meta.data(), meta.size(), size - kFooterBytes - len))
+    return Status::Io(fmt::format("{}: {}", name, std::strerror(errno)));
+  return ParseMetadata(meta, size, name);
+}
+
 Result<FileMetaData> ReadFooter(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Status::Io(fmt::format("{}: {}", path, std::strerror(errno)));
   struct stat st {};
-  auto fail = [&](Status s) {
-    ::close(fd);
-    return s;
-  };
+  Result<FileMetaData> m = Status::Invalid(fmt::format("{}: not a regular file", path));
   if (::fstat(fd, &st) != 0)
-    return fail(Status::Io(fmt::format("{}: {}", path, std::strerror(errno))));
-  if (!S_ISREG(st.st_mode))
-    return fail(Status::Invalid(fmt::format("{}: not a regular file", path)));
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  char last8[kFooterBytes];
-  if (size >= kFooterBytes && !index_file::FullPread(fd, last8, kFooterBytes, size - kFooterBytes))
-    return fail(Status::Io(fmt::format("{}: {}", path, std::strerror(errno))));
-  Result<uint64_t> len =
-      MetadataLength(std::string_view(last8, size >= kFooterBytes ? kFooterBytes : 0), size, path);
-  if (!len.ok()) return fail(len.status());
-  std::string meta(*len, '\0');
-  if (!index_file::FullPread(fd, meta.data(), meta.size(), size - kFooterBytes - *len))
-    return fail(Status::Io(fmt::format("{}: {}", path, std::strerror(errno))));
+    m = Status::Io(fmt::format("{}: {}", path, std::strerror(errno)));
+  else if (S_ISREG(st.st_mode))
+    m = ReadFooter(fd, static_cast<uint64_t>(st.st_size), path);
   ::close(fd);
-  return ParseMetadata(meta, size, path);
+  return m;
 }
 
 std::string MetadataJson(const FileMetaData& m) {

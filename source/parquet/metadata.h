@@ -81,6 +81,8 @@ struct LeafColumn {
   int32_t type_length = 0;
   int16_t max_definition = 0, max_repetition = 0;
   size_t schema_index = 0;  // its SchemaElement
+  // The SchemaElements from the root's child down to this leaf (the last is schema_index).
+  std::vector<size_t> elements;
 };
 
 struct FileMetaData {
@@ -101,7 +103,9 @@ Result<uint64_t> MetadataLength(std::string_view last8, uint64_t size, const std
 // The metadata, from its `bytes` (the MetadataLength bytes before the last 8), checked against
 // the file's `size`.
 Result<FileMetaData> ParseMetadata(std::string_view bytes, uint64_t size, const std::string& name);
-// Reads a local file's footer (two reads at most).
+// Reads a local file's footer (two reads at most): of the open regular file `fd` of `size` bytes
+// (`name` names it in errors), or of the file at `path`.
+Result<FileMetaData> ReadFooter(int fd, uint64_t size, const std::string& name);
 Result<FileMetaData> ReadFooter(const std::string& path);
 
 // The metadata as JSON (mmfeed-parquet's output; the tests compare it with another reader's).
