@@ -606,6 +606,17 @@ std::string SettingsInForce(const PipelineConfig& cfg, const Pipeline& p, const 
       s.epochs ? fmt::format("{} epoch(s)", s.epochs) : std::string("epochs: 0, until stopped"),
       s.shuffle ? "shuffle: true" : "shuffle: false: add `shuffle: true` to `source:` to shuffle",
       cfg.mixed() ? "; a mixture's `mix:` shuffles unless `shuffle: false`" : "");
+  if (const Catalog& cat = *p.stream().catalog(); cat.parquet) {
+    std::string fields;
+    for (const ParquetField& f : cat.parquet_fields)
+      fields += fmt::format("{}{} <- {}", fields.empty() ? "" : ", ", f.name, f.column);
+    out += fmt::format(
+        "  source: {} Parquet file(s){}, {} rows; fields: {}; row groups decoded when dealt, up "
+        "to {:.1f} MiB kept (row_group_cache_bytes)\n",
+        cat.parquet->file_count(),
+        std::filesystem::is_directory(s.path) ? fmt::format(" of split '{}'", s.split) : "",
+        cat.parquet->size(), fields, s.row_group_cache_bytes / 1048576.0);
+  }
   if (s.num_nodes > 1 || s.node_auto)
     out += fmt::format("  nodes: node {} of {}{}\n", s.node_rank, s.num_nodes,
                        s.node_auto ? " (auto: from the first trainer's job)" : "");

@@ -333,8 +333,9 @@ SourceConfig ParseSource(const YAML::Node& n, const std::string& base_dir, bool 
   }
   s.shuffle_window = s.remote ? 8 : 0;
   if (n["shuffle_window"]) {
-    if (s.type != "webdataset")
-      Fail(n["shuffle_window"], "source.shuffle_window applies to webdataset sources only");
+    if (s.type == "manifest")
+      Fail(n["shuffle_window"],
+           "source.shuffle_window applies to webdataset and parquet sources only");
     s.shuffle_window =
         static_cast<int>(IntAtLeast(n["shuffle_window"], "source.shuffle_window", 0));
     if (s.remote && s.shuffle_window == 0)
@@ -636,7 +637,7 @@ void ValidateGraph(PipelineConfig* cfg, const YAML::Node& stages) {
            "token budgets (max_tokens, max_patches) need a permutation order: they are not "
            "available with source.shuffle_window (remote shards) yet");
     for (const SourceConfig& s : cfg->sources)
-      if (s.shuffle_window > 0)  // webdataset sources only (checked above)
+      if (s.shuffle_window > 0)  // webdataset and parquet sources only (checked above)
         Fail(stages[batches[0]],
              fmt::format("token budgets (max_tokens, max_patches) need a permutation order: "
                          "source '{}' is read in shard windows (shuffle_window: {}){}",

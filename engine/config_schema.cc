@@ -180,7 +180,7 @@ json SourceSchema() {
        {"shuffle_window",
         WithDefaultIn(Int("webdataset: shards read in a seeded order, the samples of each run of "
                           "this many shards shuffled together (0: a permutation of every "
-                          "sample)",
+                          "sample); parquet: the same over row groups",
                           0),
                       "8 for remote shards, 0 for local ones")},
        {"prefetch_bytes",

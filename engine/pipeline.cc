@@ -956,9 +956,11 @@ std::string Pipeline::MixPlan() const {
   for (size_t k = 0; k < catalog_->parts.size(); ++k)
     if (catalog_->windowed(k))
       plan += fmt::format(
-          "\n  {} is read in windows of {} shard(s) (shuffle_window), each node its own part "
-          "of the shard order{}",
+          "\n  {} is read in windows of {} {}(s) (shuffle_window), each node its own part "
+          "of the {} order{}",
           names[k], catalog_->part_sources[k].shuffle_window,
+          catalog_->parts[k]->parquet ? "row group" : "shard",
+          catalog_->parts[k]->parquet ? "row group" : "shard",
           catalog_->parts[k]->remote ? ", fetched ahead within its prefetch_bytes" : "");
   for (const std::string& lacks : catalog_->part_lacks)
     if (!lacks.empty())

@@ -433,9 +433,9 @@ std::pair<size_t, size_t> WindowAt(const ShardWindows& w, uint64_t g) {
   return {a, std::min<size_t>(a + w.window, w.shards.size())};
 }
 
-// The sample (ShardIndex entry) at position g of the window order `w`: the samples of each
-// window permuted by `seed` (unless !shuffle).
-uint64_t WindowSample(const ShardWindows& w, const ShardIndex& shards, bool shuffle, uint64_t seed,
+// The sample (entry of `units`, a catalog of shards or row groups) at position g of the window
+// order `w`: the samples of each window permuted by `seed` (unless !shuffle).
+uint64_t WindowSample(const ShardWindows& w, const Catalog& units, bool shuffle, uint64_t seed,
                       uint64_t g) {
   const auto [a, b] = WindowAt(w, g);
   const uint64_t lo = w.starts[a], hi = w.starts[b];
@@ -443,7 +443,7 @@ uint64_t WindowSample(const ShardWindows& w, const ShardIndex& shards, bool shuf
   if (shuffle) q = lo + Permutation(hi - lo, seed ^ (a * 0x9E3779B97F4A7C15ull))(g - lo);
   const size_t u =
       std::upper_bound(w.starts.begin() + a, w.starts.begin() + b + 1, q) - w.starts.begin() - 1;
-  return shards.shard(w.shards[u]).first + (q - w.starts[u]);
+  return units.unit_first(w.shards[u]) + (q - w.starts[u]);
 }
 
 uint64_t WindowSeed(const SourceConfig& source, uint32_t epoch) {
@@ -482,14 +482,14 @@ std::shared_ptr<const ShardWindows> Catalog::WindowsOf(const SourceConfig& sourc
   auto& cached = window_cache_->epochs[{epoch, source.seed, source.shuffle, source.shuffle_window}];
   if (cached) return cached;
   auto w = std::make_shared<ShardWindows>();
-  const size_t n = shards->shard_count();
+  const size_t n = unit_count();
   w->window = static_cast<uint32_t>(std::max(1, source.shuffle_window));
   w->shards.resize(n);
   w->starts.assign(1, 0);
   const Permutation perm(n ? n : 1, Rng(source.seed, epoch, "", "shard order").Next());
   for (size_t t = 0; t < n; ++t) {
     w->shards[t] = static_cast<uint32_t>(source.shuffle ? perm(t) : t);
-    w->starts.push_back(w->starts.back() + shards->shard(w->shards[t]).count);
+    w->starts.push_back(w->starts.back() + unit_size(w->shards[t]));
   }
   cached = w;
   while (window_cache_->epochs.size() > 8)  // ranks are an epoch or two apart at most
@@ -515,7 +515,7 @@ EpochOrder::EpochOrder(const Catalog& cat, const SourceConfig& source, uint32_t 
   }
   if (!cat.InWindows(source)) return;
   windows_ = cat.WindowsOf(source, epoch);
-  shards_ = cat.shards.get();
+  units_ = &cat;
   window_seed_ = WindowSeed(source, epoch);
   lanes_ = base_ && lanes ? lanes : nodes_;
   lane_size_ = cat.size() / lanes_;
@@ -539,7 +539,7 @@ uint32_t EpochOrder::EntryOf(const MixDraw& d) const {
     const Catalog& part = *mixed_->parts[d.source];
     const SourceConfig& source = mixed_->part_sources[d.source];
     const uint32_t pass = static_cast<uint32_t>(d.draw / part.size());
-    sample = WindowSample(*part.WindowsOf(source, pass), *part.shards, source.shuffle,
+    sample = WindowSample(*part.WindowsOf(source, pass), part, source.shuffle,
                           WindowSeed(source, pass), d.sample);
   }
   return static_cast<uint32_t>(mixed_->part_first[d.source] + sample);
@@ -562,7 +562,7 @@ uint32_t EpochOrder::SameSource(uint32_t entry, int rank, uint64_t random) const
 
 uint32_t EpochOrder::SequenceAt(uint64_t g) const {
   return static_cast<uint32_t>(
-      WindowSample(*windows_, *shards_, shuffle_, window_seed_, Sequence(g)));
+      WindowSample(*windows_, *units_, shuffle_, window_seed_, Sequence(g)));
 }
 
 std::vector<uint32_t> Catalog::PassShards(const SourceConfig& source, uint64_t from, uint64_t to,

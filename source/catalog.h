@@ -60,9 +60,10 @@ constexpr uint64_t kIndexAutoBytes = 64ull << 20;
 // Samples of each source of a mixture looked at for the fields they lack (LoadMixture).
 constexpr uint64_t kFieldLookups = 4096;
 
-// Window mode (source.shuffle_window > 0, tar shards): one epoch's shards in reading order.
+// Window mode (source.shuffle_window > 0, tar shards or Parquet row groups: the units): one
+// epoch's units in reading order.
 struct ShardWindows {
-  std::vector<uint32_t> shards;  // shard indexes (ShardIndex::shard) in reading order
+  std::vector<uint32_t> shards;  // unit indexes (Catalog::unit) in reading order
   std::vector<uint64_t> starts;  // starts[t]: the samples of shards[0..t); starts.back() = size
   uint32_t window = 1;           // shards per window
 };
@@ -122,9 +123,20 @@ struct Catalog {
   // A mixture's part k read in shard windows (a source with shuffle_window over indexed tar
   // shards). REQUIRES: k < parts.size().
   bool windowed(size_t k) const { return parts[k]->InWindows(part_sources[k]); }
-  // Whether `source` (this catalog's config) deals its samples in shard windows: indexed tar
-  // shards with a shuffle_window.
-  bool InWindows(const SourceConfig& source) const { return shards && source.shuffle_window > 0; }
+  // Whether `source` (this catalog's config) deals its samples in windows: indexed tar shards,
+  // or Parquet files' row groups, with a shuffle_window.
+  bool InWindows(const SourceConfig& source) const {
+    return (shards || parquet) && source.shuffle_window > 0;
+  }
+  // Window mode's units: the shards, or the row groups; unit k holds catalog positions
+  // [unit_first(k), unit_first(k) + unit_size(k)). REQUIRES: shards || parquet.
+  size_t unit_count() const { return shards ? shards->shard_count() : parquet->group_count(); }
+  uint64_t unit_first(size_t k) const {
+    return shards ? shards->shard(k).first : parquet->group(k).first;
+  }
+  uint64_t unit_size(size_t k) const {
+    return shards ? shards->shard(k).count : parquet->group(k).count;
+  }
   // Where the pipeline's workers read remote shards' members (none: no remote source).
   RemoteReader* remote_reader() const {
     return router ? static_cast<RemoteReader*>(router.get()) : remote.get();
@@ -281,7 +293,7 @@ class EpochOrder {
   bool shuffle_;
   Permutation perm_;
   std::shared_ptr<const ShardWindows> windows_;
-  const ShardIndex* shards_ = nullptr;
+  const Catalog* units_ = nullptr;      // window mode: the catalog whose units the windows hold
   uint64_t lanes_ = 1, lane_size_ = 0;  // window mode: the parts the global order interleaves
   uint64_t window_seed_ = 0;
   // Mixture mode: position i is rank i % consumers' position i / consumers, a lane of the

@@ -79,6 +79,9 @@ Result<std::unique_ptr<Dataset>> Dataset::Open(const std::vector<std::string>& f
     }
     f.first = d->total_;
     d->total_ += f.rows;
+    for (size_t g = 0; g < f.starts.size(); ++g)
+      d->groups_.push_back(
+          {f.first + f.starts[g], static_cast<uint64_t>(f.meta.row_groups[g].num_rows)});
     d->files_.push_back(std::move(f));
   }
   d->fingerprint_ = h;

@@ -44,6 +44,12 @@ class Dataset {
 
   size_t size() const { return total_; }
   size_t file_count() const { return files_.size(); }
+  // Every file's row groups, in dataset order: row group k holds rows [first, first + count).
+  struct Span {
+    uint64_t first = 0, count = 0;
+  };
+  size_t group_count() const { return groups_.size(); }
+  Span group(size_t k) const { return groups_[k]; }
   const std::string& path(size_t file) const { return files_[file].path; }
   // Names the files' contents (each one's size, mtime, inode and ends, in order).
   uint64_t fingerprint() const { return fingerprint_; }
@@ -90,6 +96,7 @@ class Dataset {
 
   Options options_;
   std::vector<File> files_;
+  std::vector<Span> groups_;
   uint64_t total_ = 0, fingerprint_ = 0;
   mutable std::mutex mu_;
   mutable std::map<std::pair<size_t, size_t>, std::shared_ptr<Slot>> cache_;

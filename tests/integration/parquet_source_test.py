@@ -135,6 +135,20 @@ class ParquetSource(dt.DaemonCase):
         self.assertEqual([i for m, _ in got[0] for i in m["ids"]], self.ids[:35], "the first file's rows, in order")
         self.assertIn(f"skipped {second} (source): its footer claims", log)
 
+    def many_captions(self):
+        """captions.jsonl and many.parquet: 5,000 captions, the Parquet file in row groups of
+        2,048 (DuckDB groups rows by 2,048-row vectors); returns its path and metadata."""
+        with open(self.dir / "captions.jsonl", "w") as f:
+            for i in range(5000):
+                f.write(json.dumps({"id": f"c{i:05d}", "text": f"caption {i}"}) + "\n")
+        many = self.dir / "many.parquet"
+        duckdb(f"COPY (SELECT * FROM read_json('{self.dir}/captions.jsonl', format='newline_delimited', "
+               f"columns={{id: 'VARCHAR', text: 'VARCHAR'}})) TO '{many}' (FORMAT parquet, ROW_GROUP_SIZE 2048)")
+        meta = json.loads(subprocess.run([f"{dt.BIN}/mmfeed-parquet", str(many)], capture_output=True, text=True,
+                                         check=True).stdout)
+        self.assertEqual([g["num_rows"] for g in meta["row_groups"]], [2048, 2048, 904])
+        return many, meta
+
     def text_run(self, source, name):
         """A text-only pipeline over `source`, 2 ranks: per rank, per batch (ids, tokens)."""
         cfg = (f"pipeline: t\nsource: {source}\nconsumers: 2\nstages:\n"
@@ -153,15 +167,7 @@ class ParquetSource(dt.DaemonCase):
         batches as the manifest, shuffled, with a cache too small for every row group (each
         decoded again when dropped); then row group 1's first page header overwritten: its rows
         are skipped, named, and the others served."""
-        with open(self.dir / "captions.jsonl", "w") as f:
-            for i in range(5000):
-                f.write(json.dumps({"id": f"c{i:05d}", "text": f"caption {i}"}) + "\n")
-        many = self.dir / "many.parquet"
-        duckdb(f"COPY (SELECT * FROM read_json('{self.dir}/captions.jsonl', format='newline_delimited', "
-               f"columns={{id: 'VARCHAR', text: 'VARCHAR'}})) TO '{many}' (FORMAT parquet, ROW_GROUP_SIZE 2048)")
-        meta = json.loads(subprocess.run([f"{dt.BIN}/mmfeed-parquet", str(many)], capture_output=True, text=True,
-                                         check=True).stdout)
-        self.assertEqual([g["num_rows"] for g in meta["row_groups"]], [2048, 2048, 904])
+        many, meta = self.many_captions()
         want, _ = self.text_run("{type: manifest, path: captions.jsonl, shuffle: true, seed: 9}", "m")
         got, _ = self.text_run("{type: parquet, path: many.parquet, shuffle: true, seed: 9, "
                                "row_group_cache_bytes: 300K}", "p")
@@ -179,6 +185,24 @@ class ParquetSource(dt.DaemonCase):
         self.assertRegex(log, rf"skipped {re.escape(str(many))}:row (2\d\d\d|3\d\d\d|40\d\d) \(source\): "
                               r"row group 1: column 'id': page header at chunk byte 0")
         self.assertIn("samples skipped: 2048", log)
+
+    def test_windows_of_row_groups_read_one_row_group_at_a_time(self):
+        """shuffle_window over row groups (as over shards): row groups in a seeded order, the rows
+        of each window permuted among themselves; with a window of one row group, the epoch's
+        first 2,048 positions are one row group's rows, every row is dealt once, and a cache of
+        about one decoded row group suffices."""
+        self.many_captions()
+        got, log = self.text_run("{type: parquet, path: many.parquet, shuffle: true, seed: 3, shuffle_window: 1, "
+                                 "row_group_cache_bytes: 300K}", "w")
+        ids = [[i for batch, _ in rank for i in batch] for rank in got]
+        order = [ids[p % 2][p // 2] for p in range(len(ids[0]) + len(ids[1]))]  # position p: rank p % 2
+        self.assertEqual(len(order), 5000)
+        self.assertEqual(sorted(order), [f"c{i:05d}" for i in range(5000)], "every row once")
+        groups = [int(i[1:]) // 2048 for i in order]
+        runs = [g for k, g in enumerate(groups) if k == 0 or g != groups[k - 1]]
+        self.assertEqual(sorted(runs), [0, 1, 2], f"one run per row group, in a seeded order: {runs}")
+        self.assertNotEqual(order[:2048], sorted(order[:2048]), "the rows of a window shuffled")
+        self.assertIn("samples skipped: 0", log)
 
     def test_a_parquet_source_in_a_mixture(self):
         cfg = self.config("{type: manifest, path: manifest.jsonl}", consumers=1).replace(
