@@ -27,6 +27,17 @@ struct Dataset::Slot {
   uint64_t bytes = 0, last_use = 0;
 };
 
+namespace {
+
+// `why` without the leading "path: " the reader's messages start with: the origin an error is
+// reported with names the file once.
+std::string WithoutPath(std::string why, const std::string& path) {
+  if (why.rfind(path + ": ", 0) == 0) why.erase(0, path.size() + 2);
+  return why;
+}
+
+}  // namespace
+
 const json* Dataset::Row::column(size_t c) const {
   if (!decoded || c >= decoded->columns.size() || decoded->columns[c].empty()) return nullptr;
   return &decoded->columns[c][in_group];
@@ -61,10 +72,7 @@ Result<std::unique_ptr<Dataset>> Dataset::Open(const std::vector<std::string>& f
     }
     if (fd >= 0) ::close(fd);
     if (!status.ok()) {
-      // ReadFooter's messages start with the path: the origin says it once.
-      std::string why = status.message();
-      if (why.rfind(path + ": ", 0) == 0) why = why.substr(path.size() + 2);
-      damage->push_back({path, why});
+      damage->push_back({path, WithoutPath(status.message(), path)});
       continue;
     }
     f.tree = std::make_unique<SchemaTree>(f.meta);
@@ -102,8 +110,7 @@ std::vector<std::string> Dataset::Columns(size_t file) const {
   return out;
 }
 
-Result<std::shared_ptr<const Group>> Dataset::Decode(const File& f, size_t g,
-                                                     uint64_t* read) const {
+Result<std::shared_ptr<const Group>> Dataset::Decode(const File& f, size_t g) const {
   const RowGroup& rg = f.meta.row_groups[g];
   uint64_t decoded = 0;
   for (const std::vector<size_t>& leaves : f.leaves)
@@ -130,7 +137,6 @@ Result<std::shared_ptr<const Group>> Dataset::Decode(const File& f, size_t g,
                                     errno ? std::strerror(errno) : "the file is shorter"));
         break;
       }
-      *read += bytes.size();
       Result<ColumnValues> v = ReadColumn(bytes, chunk, f.meta.leaves[k], f.path);
       if (!v.ok()) {
         st = v.status();
@@ -188,41 +194,28 @@ Status Dataset::Read(size_t i, Row* row) const {
     }
     slot = s;
     slot->last_use = ++clock_;
-    ++stats_.rows_read;
   }
   if (mine) {
-    uint64_t read = 0;
-    Result<std::shared_ptr<const Group>> d = Decode(f, row->group, &read);
-    std::shared_ptr<const Group> g;
-    if (d.ok()) {
-      g = d.value();
-    } else {  // the row's origin names the file: the message says it once
-      std::string why = d.status().message();
-      if (why.rfind(f.path + ": ", 0) == 0) why = why.substr(f.path.size() + 2);
-      g = std::make_shared<const Group>(Group{
-          Status(d.status().code(), fmt::format("row group {}: {}", row->group, why)), {}, 0});
-    }
+    Result<std::shared_ptr<const Group>> d = Decode(f, row->group);
+    std::shared_ptr<const Group> g =
+        d.ok()
+            ? d.value()
+            : std::make_shared<const Group>(Group{
+                  Status(d.status().code(), fmt::format("row group {}: {}", row->group,
+                                                        WithoutPath(d.status().message(), f.path))),
+                  {},
+                  0});
     slot->promise.set_value(g);
     std::lock_guard<std::mutex> lock(mu_);
     slot->ready = true;
     slot->bytes = g->bytes;
     held_ += g->bytes;
-    stats_.bytes_read += read;
-    if (d.ok()) {
-      ++stats_.groups_decoded;
-      stats_.bytes_decoded += g->bytes;
-    } else if (d.status().code() == Status::Code::kIo) {
+    if (!d.ok() && d.status().code() == Status::Code::kIo)
       cache_.erase({k, row->group});  // the file may be readable again: a later row retries
-    }
     EvictLocked();
   }
   row->decoded = slot->future.get();
   return row->decoded->status;
-}
-
-Dataset::Stats Dataset::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
 }
 
 }  // namespace mmfeed::parquet

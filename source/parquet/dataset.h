@@ -73,11 +73,6 @@ class Dataset {
   // On failure (the row group cannot be read or decoded) `row` still names the file and row.
   Status Read(size_t i, Row* row) const;
 
-  struct Stats {
-    uint64_t groups_decoded = 0, bytes_read = 0, bytes_decoded = 0, rows_read = 0;
-  };
-  Stats stats() const;
-
  private:
   struct File {
     std::string path;
@@ -90,8 +85,8 @@ class Dataset {
   };
   struct Slot;
   Dataset() = default;
-  // Row group `group` of `f`, its columns read and decoded; its bytes read in `*read`.
-  Result<std::shared_ptr<const Group>> Decode(const File& f, size_t group, uint64_t* read) const;
+  // Row group `group` of `f`, its columns read and decoded.
+  Result<std::shared_ptr<const Group>> Decode(const File& f, size_t group) const;
   void EvictLocked() const;  // drops least recently used decoded row groups until they fit
 
   Options options_;
@@ -101,7 +96,6 @@ class Dataset {
   mutable std::mutex mu_;
   mutable std::map<std::pair<size_t, size_t>, std::shared_ptr<Slot>> cache_;
   mutable uint64_t held_ = 0, clock_ = 0;
-  mutable Stats stats_;
 };
 
 // A row group's decoded columns (Dataset::Row keeps one alive).
